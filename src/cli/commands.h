@@ -1,0 +1,15 @@
+// The `blend` subcommands. Each file in cli/ registers one family on the CLI11 app; the
+// callbacks throw blend::Error for bad input, which main() turns into a message and exit 1.
+#pragma once
+
+namespace CLI {
+class App;
+}
+
+namespace blend::cli {
+
+void register_model_commands(CLI::App& app);     // blend model init | info
+void register_tokenize_command(CLI::App& app);   // blend tokenize
+void register_template_command(CLI::App& app);   // blend template
+
+}  // namespace blend::cli

@@ -1,0 +1,28 @@
+// `blend`: one executable, one subcommand per job (DESIGN.md §1).
+#include <cstdio>
+#include <exception>
+
+#include <CLI/CLI.hpp>
+
+#include "cli/commands.h"
+#include "core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"blend: serve and batch-run Llama-family models (BlendServe, NanoFlow, BROS, BlockLLM)"};
+  app.require_subcommand(1);
+  blend::cli::register_model_commands(app);
+  blend::cli::register_tokenize_command(app);
+  blend::cli::register_template_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const blend::Error& e) {
+    std::fprintf(stderr, "blend: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "blend: internal error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}

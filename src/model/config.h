@@ -1,0 +1,66 @@
+// ModelConfig — what the engine needs from a Hugging Face model folder's config.json (and
+// generation_config.json): shapes, RoPE, norm epsilon, special token ids. Supports
+// LlamaForCausalLM, Qwen2ForCausalLM (QKV bias) and MistralForCausalLM; anything else is a
+// blend::Error naming the field, never a silently wrong model.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "core/dtype.h"
+
+namespace blend {
+
+// RoPE frequency scaling. "llama3" is the piecewise scheme of Llama 3.1/3.2; "linear" divides
+// every frequency by `factor`; "none" leaves them alone.
+struct RopeScaling {
+  std::string type = "none";
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+struct ModelConfig {
+  std::string architecture;  // e.g. "LlamaForCausalLM"
+  std::string model_type;    // e.g. "llama"
+  int64_t hidden_size = 0;
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t intermediate_size = 0;
+  int64_t vocab_size = 0;
+  int64_t max_position_embeddings = 0;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  double rms_norm_eps = 1e-5;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;              // q/k/v projections carry a bias (Qwen2)
+  std::optional<int64_t> sliding_window;    // Mistral; unset = full attention
+  std::optional<int32_t> bos_token_id;
+  std::vector<int32_t> eos_token_ids;       // generation_config.json wins over config.json
+  DType dtype = DType::kBF16;               // torch_dtype of the checkpoint
+
+  int64_t q_dim() const { return num_heads * head_dim; }
+  int64_t kv_dim() const { return num_kv_heads * head_dim; }  // H_kv of DESIGN.md §3
+  // Parameters of the dense model (embedding, layers, final norm, lm_head unless tied).
+  int64_t num_parameters() const;
+  // Parameters touched per token excluding the embedding lookup (the "P" of the cost model).
+  int64_t num_matmul_parameters() const;
+
+  // Throws blend::Error on a missing or inconsistent field.
+  void validate() const;
+
+  static ModelConfig from_json(const nlohmann::json& config);
+  // Reads DIR/config.json and, when present, DIR/generation_config.json.
+  static ModelConfig from_dir(const std::filesystem::path& dir);
+  nlohmann::json to_json() const;  // Hugging Face config.json layout
+};
+
+}  // namespace blend
