@@ -8,7 +8,8 @@
 #include "core/error.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"blend: serve and batch-run Llama-family models (BlendServe, NanoFlow, BROS, BlockLLM)"};
+  CLI::App app{
+      "blend: serve and batch-run Llama-family models (BlendServe, NanoFlow, BROS, BlockLLM)"};
   app.require_subcommand(1);
   blend::cli::register_model_commands(app);
   blend::cli::register_tokenize_command(app);

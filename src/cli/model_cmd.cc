@@ -1,7 +1,103 @@
+// blend model init | info
+#include <cstdio>
+
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "core/error.h"
+#include "cost/model_shapes.h"
+#include "model/presets.h"
+#include "model/random_init.h"
+#include "model/safetensors.h"
+#include "model/weights.h"
 
 namespace blend::cli {
-void register_model_commands(CLI::App&) {}
+namespace {
+
+struct InitArgs {
+  std::string preset;
+  std::string out;
+  uint64_t seed = 0;
+  std::string dtype = "bf16";
+  std::string tokenizer;
+  double shard_mib = 0;
+};
+
+DType parse_dtype_flag(const std::string& s) {
+  if (s == "bf16") return DType::kBF16;
+  if (s == "f32") return DType::kF32;
+  if (s == "f16") return DType::kF16;
+  throw Error("--dtype must be bf16, f16 or f32, not '" + s + "'");
+}
+
+void run_init(const InitArgs& a) {
+  auto config = find_model_preset(a.preset);
+  if (!config) {
+    std::string names;
+    for (const auto& n : model_preset_names()) names += " " + n;
+    if (find_model_shape(a.preset))
+      throw Error("preset '" + a.preset +
+                  "' is shape-only (too large to generate here); generated presets:" + names);
+    throw Error("unknown preset '" + a.preset + "'; generated presets:" + names);
+  }
+  RandomInitOptions options;
+  options.seed = a.seed;
+  options.dtype = parse_dtype_flag(a.dtype);
+  options.tokenizer_dir =
+      a.tokenizer.empty() ? default_tokenizer_dir() : std::filesystem::path(a.tokenizer);
+  options.max_shard_bytes = static_cast<uint64_t>(a.shard_mib * 1024 * 1024);
+  write_random_model(*config, a.out, options);
+  std::printf("wrote %s: %s, %.1fM parameters, %s\n", a.out.c_str(), a.preset.c_str(),
+              static_cast<double>(config->num_parameters()) / 1e6, a.dtype.c_str());
+}
+
+void run_info(const std::string& dir) {
+  const ModelConfig config = ModelConfig::from_dir(dir);
+  const TensorStore store = TensorStore::open_dir(dir);
+  const DType dtype = check_tensors(config, store);
+  uint64_t bytes = 0;
+  for (const auto& [name, view] : store.tensors()) bytes += view->nbytes;
+  nlohmann::json info = {{"architecture", config.architecture},
+                         {"hidden_size", config.hidden_size},
+                         {"num_layers", config.num_layers},
+                         {"num_heads", config.num_heads},
+                         {"num_kv_heads", config.num_kv_heads},
+                         {"head_dim", config.head_dim},
+                         {"intermediate_size", config.intermediate_size},
+                         {"vocab_size", config.vocab_size},
+                         {"tie_word_embeddings", config.tie_word_embeddings},
+                         {"parameters", config.num_parameters()},
+                         {"tensors", store.tensors().size()},
+                         {"weight_bytes", bytes},
+                         {"dtype", dtype_name(dtype)},
+                         {"eos_token_ids", config.eos_token_ids}};
+  std::printf("%s\n", info.dump(2).c_str());
+}
+
+}  // namespace
+
+void register_model_commands(CLI::App& app) {
+  CLI::App* model = app.add_subcommand("model", "Create and inspect model folders");
+  model->require_subcommand(1);
+
+  auto init_args = std::make_shared<InitArgs>();
+  CLI::App* init = model->add_subcommand(
+      "init", "Write a model folder with deterministic random weights and the Llama-3 tokenizer");
+  init->add_option("--preset", init_args->preset, "tiny | smollm-135m | llama-3.2-1b")->required();
+  init->add_option("--out", init_args->out, "Output folder")->required();
+  init->add_option("--seed", init_args->seed, "Weight seed");
+  init->add_option("--dtype", init_args->dtype, "bf16 | f16 | f32");
+  init->add_option("--tokenizer", init_args->tokenizer,
+                   "Folder with tokenizer.json and tokenizer_config.json");
+  init->add_option("--shard-size", init_args->shard_mib,
+                   "Split weights into shards of at most this many MiB (with an index)");
+  init->callback([init_args] { run_init(*init_args); });
+
+  auto info_dir = std::make_shared<std::string>();
+  CLI::App* info = model->add_subcommand("info", "Load a model folder, check it, print a summary");
+  info->add_option("--model", *info_dir, "Model folder")->required();
+  info->callback([info_dir] { run_info(*info_dir); });
+}
+
 }  // namespace blend::cli

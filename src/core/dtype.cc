@@ -4,7 +4,9 @@
 
 namespace blend {
 
-size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
+size_t dtype_size(DType t) {
+  return t == DType::kF32 ? 4 : 2;
+}
 
 std::string_view dtype_name(DType t) {
   switch (t) {

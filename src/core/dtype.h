@@ -17,7 +17,9 @@ size_t dtype_size(DType t);
 std::string_view dtype_name(DType t);  // safetensors spelling: F32, BF16, F16
 std::optional<DType> parse_dtype(std::string_view safetensors_name);
 
-inline float bf16_to_f32(uint16_t h) { return std::bit_cast<float>(uint32_t{h} << 16); }
+inline float bf16_to_f32(uint16_t h) {
+  return std::bit_cast<float>(uint32_t{h} << 16);
+}
 
 inline uint16_t f32_to_bf16(float f) {
   uint32_t u = std::bit_cast<uint32_t>(f);

@@ -5,8 +5,8 @@
 namespace blend {
 namespace {
 
-ModelConfig shape(std::string arch, int64_t hidden, int64_t layers, int64_t heads,
-                  int64_t kv_heads, int64_t ffn, int64_t vocab, double theta, int64_t max_pos) {
+ModelConfig shape(std::string arch, int64_t hidden, int64_t layers, int64_t heads, int64_t kv_heads,
+                  int64_t ffn, int64_t vocab, double theta, int64_t max_pos) {
   ModelConfig c;
   c.architecture = std::move(arch);
   c.model_type = c.architecture == "Qwen2ForCausalLM" ? "qwen2" : "llama";

@@ -111,8 +111,8 @@ ModelConfig ModelConfig::from_json(const json& j) {
   c.num_kv_heads = optional_value<int64_t>(j, "num_key_value_heads", c.num_heads);
   c.intermediate_size = required_int(j, "intermediate_size");
   c.vocab_size = required_int(j, "vocab_size");
-  c.head_dim = optional_value<int64_t>(j, "head_dim", c.num_heads > 0 ? c.hidden_size / c.num_heads
-                                                                       : 0);
+  c.head_dim =
+      optional_value<int64_t>(j, "head_dim", c.num_heads > 0 ? c.hidden_size / c.num_heads : 0);
   c.max_position_embeddings = optional_value<int64_t>(j, "max_position_embeddings", 2048);
   c.rope_theta = optional_value<double>(j, "rope_theta", 10000.0);
   c.rms_norm_eps = optional_value<double>(j, "rms_norm_eps", 1e-6);
@@ -220,8 +220,9 @@ json ModelConfig::to_json() const {
   } else if (!eos_token_ids.empty()) {
     j["eos_token_id"] = eos_token_ids;
   }
-  j["torch_dtype"] = dtype == DType::kF32 ? "float32" : dtype == DType::kF16 ? "float16"
-                                                                             : "bfloat16";
+  j["torch_dtype"] = dtype == DType::kF32   ? "float32"
+                     : dtype == DType::kF16 ? "float16"
+                                            : "bfloat16";
   return j;
 }
 

@@ -41,11 +41,11 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   double rms_norm_eps = 1e-5;
   bool tie_word_embeddings = false;
-  bool attention_bias = false;              // q/k/v projections carry a bias (Qwen2)
-  std::optional<int64_t> sliding_window;    // Mistral; unset = full attention
+  bool attention_bias = false;            // q/k/v projections carry a bias (Qwen2)
+  std::optional<int64_t> sliding_window;  // Mistral; unset = full attention
   std::optional<int32_t> bos_token_id;
-  std::vector<int32_t> eos_token_ids;       // generation_config.json wins over config.json
-  DType dtype = DType::kBF16;               // torch_dtype of the checkpoint
+  std::vector<int32_t> eos_token_ids;  // generation_config.json wins over config.json
+  DType dtype = DType::kBF16;          // torch_dtype of the checkpoint
 
   int64_t q_dim() const { return num_heads * head_dim; }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }  // H_kv of DESIGN.md §3

@@ -3,8 +3,8 @@
 namespace blend {
 namespace {
 
-ModelConfig llama_like(int64_t hidden, int64_t layers, int64_t heads, int64_t kv_heads,
-                       int64_t ffn, bool tied) {
+ModelConfig llama_like(int64_t hidden, int64_t layers, int64_t heads, int64_t kv_heads, int64_t ffn,
+                       bool tied) {
   ModelConfig c;
   c.architecture = "LlamaForCausalLM";
   c.model_type = "llama";
@@ -46,6 +46,8 @@ std::optional<ModelConfig> find_model_preset(std::string_view name) {
   return std::nullopt;
 }
 
-std::vector<std::string> model_preset_names() { return {"tiny", "smollm-135m", "llama-3.2-1b"}; }
+std::vector<std::string> model_preset_names() {
+  return {"tiny", "smollm-135m", "llama-3.2-1b"};
+}
 
 }  // namespace blend

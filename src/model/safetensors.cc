@@ -1,0 +1,262 @@
+#include "model/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <limits>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace blend {
+namespace {
+
+using nlohmann::json;
+
+// A header larger than this is corruption, not a model (the reference reader uses 100 MB).
+constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
+
+[[noreturn]] void fail(const std::filesystem::path& path, const std::string& what) {
+  throw Error(path.string() + ": " + what);
+}
+
+}  // namespace
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+int64_t TensorView::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+float TensorView::at(int64_t i) const {
+  switch (dtype) {
+    case DType::kF32: {
+      float f;
+      std::memcpy(&f, data + i * 4, 4);
+      return f;
+    }
+    case DType::kBF16: {
+      uint16_t h;
+      std::memcpy(&h, data + i * 2, 2);
+      return bf16_to_f32(h);
+    }
+    case DType::kF16: {
+      uint16_t h;
+      std::memcpy(&h, data + i * 2, 2);
+      return f16_to_f32(h);
+    }
+  }
+  return 0.0f;
+}
+
+std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::filesystem::path& path) {
+  std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
+  file->path_ = path;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(path, std::string("cannot open: ") + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    fail(path, "cannot stat");
+  }
+  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  if (file_size < 8) {
+    ::close(fd);
+    fail(path, "truncated: " + std::to_string(file_size) + " bytes, no header");
+  }
+  void* map = ::mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (map == MAP_FAILED) fail(path, std::string("mmap failed: ") + std::strerror(errno));
+  file->map_ = map;
+  file->map_size_ = file_size;
+  const auto* base = static_cast<const std::byte*>(map);
+
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, base, 8);  // little-endian on every machine we build for
+  if (header_len > kMaxHeaderBytes || header_len > file_size - 8)
+    fail(path, "corrupted or truncated: header length " + std::to_string(header_len) +
+                   " exceeds the file (" + std::to_string(file_size) + " bytes)");
+  json header;
+  try {
+    header = json::parse(reinterpret_cast<const char*>(base) + 8,
+                         reinterpret_cast<const char*>(base) + 8 + header_len);
+  } catch (const json::parse_error& e) {
+    fail(path, std::string("corrupted header (invalid JSON): ") + e.what());
+  }
+  if (!header.is_object()) fail(path, "corrupted header: not a JSON object");
+
+  const std::byte* data = base + 8 + header_len;
+  const uint64_t data_size = file_size - 8 - header_len;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      if (!entry.is_object()) fail(path, "__metadata__ is not an object");
+      for (const auto& [k, v] : entry.items())
+        if (v.is_string()) file->metadata_[k] = v.get<std::string>();
+      continue;
+    }
+    auto bad = [&](const std::string& what) { fail(path, "tensor '" + name + "': " + what); };
+    if (!entry.is_object()) bad("entry is not an object");
+    auto dt = entry.find("dtype");
+    auto sh = entry.find("shape");
+    auto off = entry.find("data_offsets");
+    if (dt == entry.end() || !dt->is_string()) bad("missing dtype");
+    if (sh == entry.end() || !sh->is_array()) bad("missing shape");
+    if (off == entry.end() || !off->is_array() || off->size() != 2 ||
+        !(*off)[0].is_number_unsigned() || !(*off)[1].is_number_unsigned())
+      bad("missing or malformed data_offsets");
+    const auto dtype = parse_dtype(dt->get<std::string>());
+    if (!dtype) bad("unsupported dtype " + dt->get<std::string>() + " (supported: BF16, F16, F32)");
+
+    TensorView view;
+    view.name = name;
+    view.dtype = *dtype;
+    view.file = &file->path_;
+    uint64_t numel = 1;
+    for (const auto& d : *sh) {
+      if (!d.is_number_unsigned()) bad("shape holds a negative or non-integer dimension");
+      const uint64_t dim = d.get<uint64_t>();
+      if (dim != 0 && numel > std::numeric_limits<uint64_t>::max() / 16 / dim)
+        bad("shape overflows");
+      numel *= dim;
+      view.shape.push_back(static_cast<int64_t>(dim));
+    }
+    const uint64_t begin = (*off)[0].get<uint64_t>();
+    const uint64_t end = (*off)[1].get<uint64_t>();
+    if (begin > end) bad("data_offsets are reversed");
+    if (end > data_size)
+      bad("data ends at byte " + std::to_string(end) + " but the file holds only " +
+          std::to_string(data_size) + " data bytes (truncated?)");
+    const uint64_t expected = numel * dtype_size(*dtype);
+    if (end - begin != expected)
+      bad("holds " + std::to_string(end - begin) + " bytes but shape " + shape_string(view.shape) +
+          " of " + std::string(dtype_name(*dtype)) + " needs " + std::to_string(expected));
+    view.data = data + begin;
+    view.nbytes = static_cast<size_t>(expected);
+    ranges.emplace_back(begin, end);
+    file->tensors_.emplace(name, std::move(view));
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i)
+    if (ranges[i].first < ranges[i - 1].second) fail(path, "corrupted: tensor data ranges overlap");
+  return file;
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_) ::munmap(map_, map_size_);
+}
+
+TensorStore TensorStore::open_dir(const std::filesystem::path& dir) {
+  TensorStore store;
+  store.dir_ = dir;
+  const auto index_path = dir / "model.safetensors.index.json";
+  std::vector<std::string> shard_names;
+  json weight_map;
+  if (std::filesystem::exists(index_path)) {
+    std::ifstream in(index_path);
+    json index;
+    try {
+      index = json::parse(in);
+    } catch (const json::parse_error& e) {
+      fail(index_path, std::string("invalid JSON: ") + e.what());
+    }
+    if (!index.contains("weight_map") || !index["weight_map"].is_object())
+      fail(index_path, "missing weight_map");
+    weight_map = index["weight_map"];
+    for (const auto& [tensor, shard] : weight_map.items()) {
+      if (!shard.is_string()) fail(index_path, "weight_map['" + tensor + "'] is not a file name");
+      const std::string s = shard.get<std::string>();
+      if (s.find('/') != std::string::npos || s == "..")
+        fail(index_path, "weight_map['" + tensor + "'] points outside the folder: " + s);
+      if (std::find(shard_names.begin(), shard_names.end(), s) == shard_names.end())
+        shard_names.push_back(s);
+    }
+  } else if (std::filesystem::exists(dir / "model.safetensors")) {
+    shard_names.push_back("model.safetensors");
+  } else {
+    throw Error(dir.string() + ": no model.safetensors or model.safetensors.index.json");
+  }
+  for (const auto& shard : shard_names) {
+    store.files_.push_back(SafetensorsFile::open(dir / shard));
+    for (const auto& [name, view] : store.files_.back()->tensors()) {
+      if (!store.tensors_.emplace(name, &view).second)
+        throw Error(dir.string() + ": tensor '" + name + "' appears in more than one shard");
+    }
+  }
+  if (!weight_map.is_null()) {
+    for (const auto& [tensor, shard] : weight_map.items()) {
+      auto it = store.tensors_.find(tensor);
+      if (it == store.tensors_.end() || it->second->file->filename() != shard.get<std::string>())
+        throw Error(index_path.string() + ": tensor '" + tensor + "' is not in " +
+                    shard.get<std::string>());
+    }
+  }
+  return store;
+}
+
+const TensorView& TensorStore::get(const std::string& name) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) throw Error(dir_.string() + ": missing tensor '" + name + "'");
+  return *it->second;
+}
+
+const TensorView& TensorStore::get(const std::string& name,
+                                   const std::vector<int64_t>& shape) const {
+  const TensorView& t = get(name);
+  if (t.shape != shape)
+    throw Error(t.file->string() + ": tensor '" + name + "' has shape " + shape_string(t.shape) +
+                ", expected " + shape_string(shape));
+  return t;
+}
+
+void write_safetensors(const std::filesystem::path& path, const std::vector<TensorToWrite>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  json header = json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  std::vector<uint64_t> sizes;
+  for (const auto& t : tensors) {
+    uint64_t n = dtype_size(t.dtype);
+    for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
+    header[t.name] = {
+        {"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + n}}};
+    sizes.push_back(n);
+    offset += n;
+  }
+  std::string header_text = header.dump();
+  header_text.append((8 - header_text.size() % 8) % 8, ' ');
+
+  const auto tmp = std::filesystem::path(path.string() + ".tmp");
+  std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+  if (!out) throw Error("cannot write " + tmp.string());
+  const uint64_t header_len = header_text.size();
+  out.write(reinterpret_cast<const char*>(&header_len), 8);
+  out.write(header_text.data(), static_cast<std::streamsize>(header_text.size()));
+  std::vector<std::byte> chunk(16u << 20);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    for (uint64_t done = 0; done < sizes[i];) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk.size(), sizes[i] - done));
+      tensors[i].fill(static_cast<size_t>(done), std::span<std::byte>(chunk.data(), n));
+      out.write(reinterpret_cast<const char*>(chunk.data()), static_cast<std::streamsize>(n));
+      done += n;
+    }
+  }
+  out.close();
+  if (!out) throw Error("write failed: " + tmp.string());
+  std::filesystem::rename(tmp, path);
+}
+
+}  // namespace blend

@@ -1,0 +1,56 @@
+#include "model/weights.h"
+
+namespace blend {
+
+std::string layer_tensor_name(int64_t layer, const char* suffix) {
+  return "model.layers." + std::to_string(layer) + "." + suffix;
+}
+
+std::vector<TensorSpec> llama_tensor_specs(const ModelConfig& c) {
+  using K = TensorSpec::Kind;
+  const int64_t h = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), f = c.intermediate_size;
+  std::vector<TensorSpec> specs;
+  specs.push_back({"model.embed_tokens.weight", {c.vocab_size, h}, K::kEmbedding, 0});
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    auto name = [&](const char* s) { return layer_tensor_name(i, s); };
+    specs.push_back({name("input_layernorm.weight"), {h}, K::kNorm, 0});
+    specs.push_back({name("self_attn.q_proj.weight"), {q, h}, K::kLinear, h});
+    specs.push_back({name("self_attn.k_proj.weight"), {kv, h}, K::kLinear, h});
+    specs.push_back({name("self_attn.v_proj.weight"), {kv, h}, K::kLinear, h});
+    if (c.attention_bias) {
+      specs.push_back({name("self_attn.q_proj.bias"), {q}, K::kBias, 0});
+      specs.push_back({name("self_attn.k_proj.bias"), {kv}, K::kBias, 0});
+      specs.push_back({name("self_attn.v_proj.bias"), {kv}, K::kBias, 0});
+    }
+    specs.push_back({name("self_attn.o_proj.weight"), {h, q}, K::kResidualOutput, q});
+    specs.push_back({name("post_attention_layernorm.weight"), {h}, K::kNorm, 0});
+    specs.push_back({name("mlp.gate_proj.weight"), {f, h}, K::kLinear, h});
+    specs.push_back({name("mlp.up_proj.weight"), {f, h}, K::kLinear, h});
+    specs.push_back({name("mlp.down_proj.weight"), {h, f}, K::kResidualOutput, f});
+  }
+  specs.push_back({"model.norm.weight", {h}, K::kNorm, 0});
+  if (!c.tie_word_embeddings) specs.push_back({"lm_head.weight", {c.vocab_size, h}, K::kLmHead, h});
+  return specs;
+}
+
+}  // namespace blend
+
+#include "core/error.h"
+#include "model/safetensors.h"
+
+namespace blend {
+
+DType check_tensors(const ModelConfig& config, const TensorStore& store) {
+  std::optional<DType> dtype;
+  for (const auto& spec : llama_tensor_specs(config)) {
+    const TensorView& t = store.get(spec.name, spec.shape);
+    if (dtype && t.dtype != *dtype)
+      throw Error(t.file->string() + ": tensor '" + spec.name + "' is " +
+                  std::string(dtype_name(t.dtype)) + " but earlier tensors are " +
+                  std::string(dtype_name(*dtype)) + " (mixed dtypes are not supported)");
+    dtype = t.dtype;
+  }
+  return *dtype;
+}
+
+}  // namespace blend

@@ -1,0 +1,36 @@
+// The tensor layout of a Llama-family checkpoint (Hugging Face names and shapes), shared by the
+// loader and by `blend model init`, so that what we write is exactly what we expect to read.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+
+namespace blend {
+
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  enum class Kind { kEmbedding, kNorm, kBias, kLinear, kResidualOutput, kLmHead } kind;
+  int64_t fan_in = 0;  // input features of a linear layer (0 for others)
+};
+
+// Every tensor a LlamaForCausalLM / Qwen2ForCausalLM / MistralForCausalLM folder holds, in the
+// order HF writes them (embedding, layers 0..L-1, final norm, lm_head unless tied).
+std::vector<TensorSpec> llama_tensor_specs(const ModelConfig& config);
+
+std::string layer_tensor_name(int64_t layer, const char* suffix);  // model.layers.{i}.{suffix}
+
+}  // namespace blend
+
+namespace blend {
+
+class TensorStore;
+
+// Checks that `store` holds every tensor of llama_tensor_specs(config) with the right shape and
+// one dtype; throws blend::Error naming the first offender. Returns the dtype.
+DType check_tensors(const ModelConfig& config, const TensorStore& store);
+
+}  // namespace blend

@@ -1,0 +1,64 @@
+// `blend model init | info` as a user runs them.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace blend {
+namespace {
+
+std::string blend_cmd(const std::string& args) {
+  return std::string("BLEND_TOKENIZER_DIR='") + BLEND_TEST_TOKENIZER_DIR + "' '" + BLEND_BINARY +
+         "' " + args;
+}
+
+TEST(ModelCli, InitThenInfo) {
+  testing::TempDir dir;
+  const auto model = (dir / "tiny").string();
+  auto r = testing::run_command(blend_cmd("model init --preset tiny --out " + model + " --seed 5"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = testing::run_command(blend_cmd("model info --model " + model));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto info = nlohmann::json::parse(r.output);
+  EXPECT_EQ(info["hidden_size"], 64);
+  EXPECT_EQ(info["num_layers"], 2);
+  EXPECT_EQ(info["dtype"], "BF16");
+  EXPECT_EQ(info["vocab_size"], 128256);
+}
+
+TEST(ModelCli, BadInputGivesMessageAndNonZeroExit) {
+  testing::TempDir dir;
+  auto r = testing::run_command(
+      blend_cmd("model init --preset nope --out " + (dir / "x").string() + " 2>&1"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("unknown preset 'nope'"), std::string::npos) << r.output;
+
+  r = testing::run_command(
+      blend_cmd("model init --preset llama-3-70b --out " + (dir / "x").string() + " 2>&1"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("shape-only"), std::string::npos) << r.output;
+
+  r = testing::run_command(
+      blend_cmd("model init --preset tiny --dtype int4 --out " + (dir / "x").string() + " 2>&1"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("--dtype"), std::string::npos) << r.output;
+
+  // A corrupted weight file: the message names the file.
+  const auto model = (dir / "m").string();
+  ASSERT_EQ(testing::run_command(blend_cmd("model init --preset tiny --out " + model)).exit_code,
+            0);
+  const auto weights = dir / "m" / "model.safetensors";
+  const std::string bytes = testing::read_file(weights);
+  testing::write_file(weights, bytes.substr(0, bytes.size() / 2));
+  r = testing::run_command(blend_cmd("model info --model " + model + " 2>&1"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("model.safetensors"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("internal error"), std::string::npos) << r.output;
+
+  r = testing::run_command(blend_cmd("model info --model " + (dir / "nothing").string() + " 2>&1"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("config.json"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace blend

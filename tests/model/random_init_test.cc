@@ -1,0 +1,116 @@
+#include "model/random_init.h"
+
+#include <cmath>
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "model/presets.h"
+#include "model/safetensors.h"
+#include "model/weights.h"
+#include "test_util.h"
+
+namespace blend {
+namespace {
+
+RandomInitOptions options(uint64_t seed, DType dtype) {
+  RandomInitOptions o;
+  o.seed = seed;
+  o.dtype = dtype;
+  o.tokenizer_dir = BLEND_TEST_TOKENIZER_DIR;
+  return o;
+}
+
+float rounded(float v, DType dtype) {
+  if (dtype == DType::kBF16) return bf16_to_f32(f32_to_bf16(v));
+  if (dtype == DType::kF16) return f16_to_f32(f32_to_f16(v));
+  return v;
+}
+
+// Loads the folder back and checks every tensor's shape and a spread of its elements against
+// the generator (first, last and a stride through the middle).
+void expect_loads_back(const std::filesystem::path& dir, const ModelConfig& config, uint64_t seed,
+                       DType dtype) {
+  const ModelConfig loaded = ModelConfig::from_dir(dir);
+  EXPECT_EQ(loaded.hidden_size, config.hidden_size);
+  EXPECT_EQ(loaded.num_layers, config.num_layers);
+  EXPECT_EQ(loaded.dtype, dtype);
+  const TensorStore store = TensorStore::open_dir(dir);
+  EXPECT_EQ(check_tensors(loaded, store), dtype);
+  const auto specs = llama_tensor_specs(config);
+  EXPECT_EQ(store.tensors().size(), specs.size());
+  for (const auto& spec : specs) {
+    const TensorView& t = store.get(spec.name, spec.shape);
+    const int64_t n = t.numel();
+    const int64_t stride = std::max<int64_t>(1, n / 997);
+    for (int64_t i = 0; i < n; i += stride)
+      ASSERT_EQ(t.at(i), rounded(random_init_value(spec, config, seed, i), dtype))
+          << spec.name << "[" << i << "]";
+    ASSERT_EQ(t.at(n - 1), rounded(random_init_value(spec, config, seed, n - 1), dtype));
+  }
+}
+
+TEST(RandomInit, Smollm135mLoadsBackIdentically) {
+  testing::TempDir dir;
+  const ModelConfig config = *find_model_preset("smollm-135m");
+  write_random_model(config, dir.path(), options(7, DType::kBF16));
+  expect_loads_back(dir.path(), config, 7, DType::kBF16);
+  EXPECT_TRUE(std::filesystem::exists(dir / "tokenizer.json"));
+  EXPECT_TRUE(std::filesystem::exists(dir / "tokenizer_config.json"));
+  EXPECT_TRUE(std::filesystem::exists(dir / "generation_config.json"));
+}
+
+TEST(RandomInit, ShardedF32TinyLoadsBack) {
+  testing::TempDir dir;
+  const ModelConfig config = *find_model_preset("tiny");
+  RandomInitOptions o = options(3, DType::kF32);
+  o.max_shard_bytes = 8u << 20;
+  write_random_model(config, dir.path(), o);
+  EXPECT_TRUE(std::filesystem::exists(dir / "model.safetensors.index.json"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "model.safetensors"));
+  expect_loads_back(dir.path(), config, 3, DType::kF32);
+}
+
+TEST(RandomInit, DeterministicPerSeed) {
+  testing::TempDir a, b, c;
+  const ModelConfig config = *find_model_preset("tiny");
+  write_random_model(config, a.path(), options(1, DType::kBF16));
+  write_random_model(config, b.path(), options(1, DType::kBF16));
+  write_random_model(config, c.path(), options(2, DType::kBF16));
+  const std::string wa = testing::read_file(a / "model.safetensors");
+  EXPECT_EQ(wa, testing::read_file(b / "model.safetensors"));
+  EXPECT_NE(wa, testing::read_file(c / "model.safetensors"));
+}
+
+TEST(RandomInit, ValuesAreScaledAndFinite) {
+  const ModelConfig config = *find_model_preset("smollm-135m");
+  for (const auto& spec : llama_tensor_specs(config)) {
+    double sum_sq = 0;
+    const int n = 4096;
+    for (int i = 0; i < n; ++i) {
+      const float v = random_init_value(spec, config, 0, i);
+      ASSERT_TRUE(std::isfinite(v));
+      sum_sq += double(v) * v;
+    }
+    const double rms = std::sqrt(sum_sq / n);
+    if (spec.kind == TensorSpec::Kind::kLinear) {
+      EXPECT_NEAR(rms * std::sqrt(double(spec.fan_in)), 1.0, 0.05) << spec.name;
+    } else if (spec.kind == TensorSpec::Kind::kNorm) {
+      EXPECT_NEAR(rms, 1.0, 0.01) << spec.name;
+    }
+  }
+}
+
+TEST(RandomInit, RefusesHugeModelsAndMissingTokenizer) {
+  testing::TempDir dir;
+  ModelConfig config = *find_model_preset("llama-3.2-1b");
+  RandomInitOptions o = options(0, DType::kF32);
+  o.max_total_bytes = 1u << 30;
+  EXPECT_THROW(write_random_model(config, dir.path(), o), Error);
+  o = options(0, DType::kBF16);
+  o.tokenizer_dir = dir / "no-such-dir";
+  EXPECT_THROW(write_random_model(*find_model_preset("tiny"), dir.path(), o), Error);
+}
+
+}  // namespace
+}  // namespace blend

@@ -1,0 +1,210 @@
+#include "model/safetensors.h"
+
+#include <cstring>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "test_util.h"
+
+namespace blend {
+namespace {
+
+TensorToWrite iota_tensor(std::string name, DType dtype, std::vector<int64_t> shape) {
+  TensorToWrite t{std::move(name), dtype, std::move(shape), nullptr};
+  t.fill = [dtype](size_t offset, std::span<std::byte> out) {
+    const size_t es = dtype_size(dtype);
+    for (size_t i = 0; i < out.size() / es; ++i) {
+      const float v = static_cast<float>(offset / es + i) * 0.5f;
+      if (dtype == DType::kF32) {
+        std::memcpy(out.data() + i * 4, &v, 4);
+      } else {
+        const uint16_t h = dtype == DType::kBF16 ? f32_to_bf16(v) : f32_to_f16(v);
+        std::memcpy(out.data() + i * 2, &h, 2);
+      }
+    }
+  };
+  return t;
+}
+
+// Rewrites the JSON header of a safetensors file (keeping the data section).
+void patch_header(const std::filesystem::path& path,
+                  const std::function<void(nlohmann::json&)>& edit) {
+  std::string bytes = testing::read_file(path);
+  uint64_t len;
+  std::memcpy(&len, bytes.data(), 8);
+  nlohmann::json header = nlohmann::json::parse(bytes.substr(8, len));
+  edit(header);
+  std::string text = header.dump();
+  const uint64_t new_len = text.size();
+  std::string out(8, '\0');
+  std::memcpy(out.data(), &new_len, 8);
+  testing::write_file(path, out + text + bytes.substr(8 + len));
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Safetensors, WriteThenReadEveryDtype) {
+  testing::TempDir dir;
+  const auto path = dir / "model.safetensors";
+  write_safetensors(
+      path,
+      {iota_tensor("a", DType::kF32, {3, 5}), iota_tensor("b", DType::kBF16, {7}),
+       iota_tensor("c", DType::kF16, {2, 2, 3}), iota_tensor("empty", DType::kF32, {0, 4})},
+      {{"format", "pt"}});
+  auto file = SafetensorsFile::open(path);
+  ASSERT_EQ(file->tensors().size(), 4u);
+  EXPECT_EQ(file->metadata().at("format"), "pt");
+  const TensorView& a = file->tensors().at("a");
+  EXPECT_EQ(a.shape, (std::vector<int64_t>{3, 5}));
+  EXPECT_EQ(a.nbytes, 60u);
+  for (int64_t i = 0; i < a.numel(); ++i) EXPECT_EQ(a.at(i), 0.5f * static_cast<float>(i));
+  const TensorView& b = file->tensors().at("b");
+  EXPECT_EQ(b.dtype, DType::kBF16);
+  EXPECT_EQ(b.at(6), 3.0f);
+  const TensorView& c = file->tensors().at("c");
+  EXPECT_EQ(c.dtype, DType::kF16);
+  EXPECT_EQ(c.at(11), 5.5f);
+  EXPECT_EQ(file->tensors().at("empty").numel(), 0);
+  // The header is padded to 8 bytes, as the reference writer does.
+  uint64_t header_len;
+  std::memcpy(&header_len, testing::read_file(path).data(), 8);
+  EXPECT_EQ(header_len % 8, 0u);
+}
+
+TEST(Safetensors, TruncatedFileNamesFileAndTensor) {
+  testing::TempDir dir;
+  const auto path = dir / "model.safetensors";
+  write_safetensors(path, {iota_tensor("first", DType::kF32, {16}),
+                           iota_tensor("layers.0.weight", DType::kF32, {64})});
+  const std::string bytes = testing::read_file(path);
+  testing::write_file(path, bytes.substr(0, bytes.size() - 10));
+  const std::string msg = error_of([&] { SafetensorsFile::open(path); });
+  EXPECT_NE(msg.find("model.safetensors"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("layers.0.weight"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("truncated"), std::string::npos) << msg;
+
+  // Cut inside the header, and below the length prefix.
+  testing::write_file(path, bytes.substr(0, 20));
+  EXPECT_NE(error_of([&] { SafetensorsFile::open(path); }).find("header"), std::string::npos);
+  testing::write_file(path, bytes.substr(0, 5));
+  EXPECT_NE(error_of([&] { SafetensorsFile::open(path); }).find("truncated"), std::string::npos);
+  testing::write_file(path, "");
+  EXPECT_THROW(SafetensorsFile::open(path), Error);
+}
+
+TEST(Safetensors, CorruptedHeadersAreErrors) {
+  testing::TempDir dir;
+  const auto path = dir / "m.safetensors";
+  auto fresh = [&] {
+    write_safetensors(
+        path, {iota_tensor("w", DType::kBF16, {4, 4}), iota_tensor("v", DType::kBF16, {4})});
+  };
+  struct Case {
+    const char* what;
+    std::function<void(nlohmann::json&)> edit;
+    const char* expect;
+  };
+  const std::vector<Case> cases = {
+      {"shape/size mismatch",
+       [](auto& h) {
+         h["w"]["shape"] = {4, 5};
+       },
+       "needs"},
+      {"reversed offsets",
+       [](auto& h) {
+         h["w"]["data_offsets"] = {32, 0};
+       },
+       "reversed"},
+      {"past the end",
+       [](auto& h) {
+         h["v"]["data_offsets"] = {32, 4000};
+       },
+       "truncated"},
+      {"overlap",
+       [](auto& h) {
+         h["v"]["data_offsets"] = {0, 8};
+         h["v"]["shape"] = {4};
+       },
+       "overlap"},
+      {"bad dtype", [](auto& h) { h["w"]["dtype"] = "I64"; }, "unsupported dtype"},
+      {"negative dim",
+       [](auto& h) {
+         h["w"]["shape"] = {-4, -4};
+       },
+       "negative"},
+      {"missing offsets", [](auto& h) { h["w"].erase("data_offsets"); }, "data_offsets"},
+      {"not an object", [](auto& h) { h = nlohmann::json::array(); }, "not a JSON object"},
+  };
+  for (const auto& c : cases) {
+    fresh();
+    patch_header(path, c.edit);
+    const std::string msg = error_of([&] { SafetensorsFile::open(path); });
+    EXPECT_NE(msg.find(c.expect), std::string::npos) << c.what << ": " << msg;
+    EXPECT_NE(msg.find("m.safetensors"), std::string::npos) << c.what << ": " << msg;
+  }
+  // A header length far beyond the file.
+  fresh();
+  std::string bytes = testing::read_file(path);
+  const uint64_t huge = 1ull << 40;
+  std::memcpy(bytes.data(), &huge, 8);
+  testing::write_file(path, bytes);
+  EXPECT_NE(error_of([&] { SafetensorsFile::open(path); }).find("header length"),
+            std::string::npos);
+  // Garbage JSON.
+  fresh();
+  bytes = testing::read_file(path);
+  bytes[9] = '#';
+  testing::write_file(path, bytes);
+  EXPECT_NE(error_of([&] { SafetensorsFile::open(path); }).find("invalid JSON"), std::string::npos);
+}
+
+TEST(Safetensors, ShardedStoreWithIndex) {
+  testing::TempDir dir;
+  write_safetensors(dir / "model-00001-of-00002.safetensors",
+                    {iota_tensor("x", DType::kF32, {2}), iota_tensor("y", DType::kF32, {3})});
+  write_safetensors(dir / "model-00002-of-00002.safetensors", {iota_tensor("z", DType::kF32, {4})});
+  nlohmann::json index = {{"weight_map",
+                           {{"x", "model-00001-of-00002.safetensors"},
+                            {"y", "model-00001-of-00002.safetensors"},
+                            {"z", "model-00002-of-00002.safetensors"}}}};
+  testing::write_file(dir / "model.safetensors.index.json", index.dump());
+  TensorStore store = TensorStore::open_dir(dir.path());
+  EXPECT_EQ(store.tensors().size(), 3u);
+  EXPECT_EQ(store.get("z").at(3), 1.5f);
+  EXPECT_EQ(store.get("z", {4}).numel(), 4);
+  EXPECT_NE(error_of([&] { store.get("z", {2, 2}); }).find("expected [2, 2]"), std::string::npos);
+  EXPECT_NE(error_of([&] { store.get("nope"); }).find("missing tensor 'nope'"), std::string::npos);
+
+  // The index names a tensor its shard does not hold.
+  index["weight_map"]["w"] = "model-00002-of-00002.safetensors";
+  testing::write_file(dir / "model.safetensors.index.json", index.dump());
+  EXPECT_NE(error_of([&] { TensorStore::open_dir(dir.path()); }).find("'w'"), std::string::npos);
+  // The index points outside the folder.
+  index["weight_map"]["w"] = "../evil.safetensors";
+  testing::write_file(dir / "model.safetensors.index.json", index.dump());
+  EXPECT_NE(error_of([&] { TensorStore::open_dir(dir.path()); }).find("outside"),
+            std::string::npos);
+  // A shard is missing.
+  index["weight_map"].erase("w");
+  testing::write_file(dir / "model.safetensors.index.json", index.dump());
+  std::filesystem::remove(dir / "model-00002-of-00002.safetensors");
+  EXPECT_NE(error_of([&] { TensorStore::open_dir(dir.path()); }).find("model-00002"),
+            std::string::npos);
+}
+
+TEST(Safetensors, EmptyFolderIsAnError) {
+  testing::TempDir dir;
+  EXPECT_THROW(TensorStore::open_dir(dir.path()), Error);
+}
+
+}  // namespace
+}  // namespace blend
