@@ -1,0 +1,49 @@
+// Backend — one interface, several implementations (DESIGN.md §2): cpu (real arithmetic),
+// cuda, sim (virtual clock). A backend owns the model weights in its preferred layout and the
+// KV cache storage; which pages belong to whom is decided outside (kv/), the backend only reads
+// and writes the pages a ForwardBatch names.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "core/forward_batch.h"
+#include "model/config.h"
+
+namespace blend {
+
+class TensorStore;
+
+struct BackendOptions {
+  int threads = 0;             // 0 = all hardware threads
+  bool deterministic = false;  // results independent of batch composition (see cpu backend)
+  int page_size = 16;          // tokens per KV page
+  int64_t num_pages = 0;       // KV pages to allocate (the engine sizes this from --kv-memory)
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual const ModelConfig& config() const = 0;
+  virtual std::string name() const = 0;
+  // Bytes of KV cache storage one page takes across all layers (K and V).
+  virtual int64_t kv_bytes_per_page() const = 0;
+  virtual int64_t num_pages() const = 0;
+
+  // Runs all layers over the batch, writes the batch's K/V into its pages, and fills `logits`
+  // with one row of vocab_size floats per chunk that wants logits (in chunk order).
+  virtual void forward(const ForwardBatch& batch, std::span<float> logits) = 0;
+
+  // Copies one page's K/V (all layers) to another page (copy-on-write of a shared last page).
+  virtual void copy_page(PageId src, PageId dst) = 0;
+};
+
+// KV bytes per token for a model whose cache holds elements of `kv_elem_bytes` bytes.
+inline int64_t kv_bytes_per_token(const ModelConfig& c, int64_t kv_elem_bytes) {
+  return 2 * c.num_layers * c.kv_dim() * kv_elem_bytes;
+}
+
+}  // namespace blend

@@ -1,0 +1,39 @@
+// ForwardBatch — what one engine step asks a backend to compute: a flat batch of tokens from
+// several sequences (prefill chunks and decode tokens mixed, Sarathi/NanoFlow style), each
+// sequence's slice described by a SeqChunk. The KV of every token in the batch is written to
+// the pages named by its sequence's block table before attention reads it, so a token's result
+// never depends on whether its context was computed in this step or an earlier one.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/types.h"
+
+namespace blend {
+
+struct SeqChunk {
+  SeqId seq = 0;
+  int32_t num_cached = 0;   // tokens of this sequence already in the KV cache (context)
+  int32_t num_tokens = 0;   // tokens of this sequence in this batch (1 for a decode step)
+  int32_t token_offset = 0;  // index of this chunk's first token in ForwardBatch::tokens
+  // Pages holding positions [0, num_cached + num_tokens); position p lives in
+  // block_table[p / page_size], slot p % page_size.
+  std::vector<PageId> block_table;
+  bool wants_logits = false;  // produce logits for the chunk's last token
+};
+
+struct ForwardBatch {
+  std::vector<TokenId> tokens;    // all chunks' tokens, concatenated in chunk order
+  std::vector<int32_t> positions;  // position of each token within its sequence
+  std::vector<SeqChunk> chunks;
+
+  int32_t num_tokens() const { return static_cast<int32_t>(tokens.size()); }
+  int32_t num_logit_rows() const {
+    int32_t n = 0;
+    for (const auto& c : chunks) n += c.wants_logits ? 1 : 0;
+    return n;
+  }
+};
+
+}  // namespace blend
