@@ -1,0 +1,37 @@
+// Sequence — one request's state inside the engine: its tokens, how many of them have KV in
+// the cache, the pages that hold them, and where it stands in the scheduler's queues.
+// Plain data: the scheduler, KV manager and engine each update their own fields.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/types.h"
+
+namespace blend {
+
+enum class SeqStatus { kWaiting, kRunning, kFinished };
+
+struct Sequence {
+  SeqId id = 0;
+  std::vector<TokenId> tokens;  // prompt followed by the generated tokens
+  int32_t prompt_len = 0;
+  SamplingParams params;
+  uint64_t rng_seed = 0;  // sampling randomness is a function of (rng_seed, output index)
+
+  SeqStatus status = SeqStatus::kWaiting;
+  int32_t num_computed = 0;  // tokens whose K/V are in the cache
+  std::vector<PageId> block_table;
+  int32_t num_preemptions = 0;
+  int64_t arrival = 0;  // admission order, for FCFS and preemption victims
+
+  FinishReason finish = FinishReason::kNone;
+
+  int32_t num_tokens() const { return static_cast<int32_t>(tokens.size()); }
+  int32_t num_generated() const { return num_tokens() - prompt_len; }
+  // Tokens still to feed through the model before the next token can be sampled.
+  int32_t num_uncomputed() const { return num_tokens() - num_computed; }
+};
+
+}  // namespace blend

@@ -1,0 +1,70 @@
+#include "kv/page_pool.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "core/error.h"
+
+namespace blend {
+
+PagePool::PagePool(int64_t num_pages, int32_t page_size)
+    : page_size_(page_size), refcount_(static_cast<size_t>(num_pages), 0) {
+  if (page_size <= 0) throw Error("page size must be positive");
+  if (num_pages <= 0) throw Error("the KV cache must hold at least one page");
+  free_.reserve(static_cast<size_t>(num_pages));
+  for (int64_t p = num_pages - 1; p >= 0; --p) free_.push_back(static_cast<PageId>(p));
+}
+
+bool PagePool::allocate(int64_t count, std::vector<PageId>& out) {
+  if (count > num_free()) return false;
+  for (int64_t i = 0; i < count; ++i) {
+    const PageId p = free_.back();
+    free_.pop_back();
+    refcount_[static_cast<size_t>(p)] = 1;
+    out.push_back(p);
+  }
+  if (num_used() > peak_used_) peak_used_ = num_used();
+  return true;
+}
+
+void PagePool::retain(PageId page) {
+  int32_t& rc = refcount_[static_cast<size_t>(page)];
+  if (rc <= 0) {
+    std::fprintf(stderr, "PagePool: retain of free page %d\n", page);
+    std::abort();
+  }
+  ++rc;
+}
+
+void PagePool::release(PageId page) {
+  int32_t& rc = refcount_[static_cast<size_t>(page)];
+  if (rc <= 0) {
+    std::fprintf(stderr, "PagePool: double free of page %d\n", page);
+    std::abort();
+  }
+  if (--rc == 0) free_.push_back(page);
+}
+
+void PagePool::release_all(std::vector<PageId>& pages) {
+  for (PageId p : pages) release(p);
+  pages.clear();
+}
+
+void PagePool::check_invariants() const {
+  std::vector<char> is_free(refcount_.size(), 0);
+  for (PageId p : free_) {
+    if (is_free[static_cast<size_t>(p)] || refcount_[static_cast<size_t>(p)] != 0) {
+      std::fprintf(stderr, "PagePool: page %d on the free list twice or still referenced\n", p);
+      std::abort();
+    }
+    is_free[static_cast<size_t>(p)] = 1;
+  }
+  for (size_t p = 0; p < refcount_.size(); ++p) {
+    if (!is_free[p] && refcount_[p] <= 0) {
+      std::fprintf(stderr, "PagePool: page %zu leaked (not free, refcount %d)\n", p, refcount_[p]);
+      std::abort();
+    }
+  }
+}
+
+}  // namespace blend

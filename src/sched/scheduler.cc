@@ -1,0 +1,130 @@
+#include "sched/scheduler.h"
+
+#include <algorithm>
+
+namespace blend {
+
+Scheduler::Scheduler(PagePool& pool, SchedulerOptions options) : pool_(pool), options_(options) {}
+
+void Scheduler::add(Sequence* seq) {
+  seq->status = SeqStatus::kWaiting;
+  seq->arrival = next_arrival_++;
+  waiting_.push_back(seq);
+}
+
+bool Scheduler::grow(Sequence* seq, int32_t new_tokens) {
+  const int64_t need = pool_.pages_for(seq->num_computed + new_tokens) -
+                       static_cast<int64_t>(seq->block_table.size());
+  return need <= 0 || pool_.allocate(need, seq->block_table);
+}
+
+void Scheduler::preempt(Sequence* seq) {
+  // Recompute preemption (vLLM V1, SGLang): drop the KV, keep the tokens; when the sequence
+  // runs again its prompt and generated tokens are prefilled anew.
+  pool_.release_all(seq->block_table);
+  seq->num_computed = 0;
+  seq->status = SeqStatus::kWaiting;
+  ++seq->num_preemptions;
+  ++num_preemptions_;
+  running_.erase(std::find(running_.begin(), running_.end(), seq));
+  waiting_.push_front(seq);
+}
+
+int64_t Scheduler::expected_output(const Sequence& seq) const {
+  const int64_t guess = finished_count_ > 0 ? finished_output_tokens_ / finished_count_
+                                            : options_.initial_output_estimate;
+  const int64_t at_least = seq.num_generated() + 1;
+  return std::min<int64_t>(seq.params.max_tokens, std::max(guess, at_least));
+}
+
+// NanoFlow §4.4: predict each running sequence's completion from the expected output length and
+// admit the candidate only if the highest future page usage still fits. Usage peaks when some
+// sequence finishes, so it is enough to evaluate it at each predicted completion step.
+bool Scheduler::fits_peak_memory(const Sequence& candidate) const {
+  struct Future {
+    int64_t remaining;  // steps until predicted completion
+    int64_t tokens;     // tokens now
+  };
+  std::vector<Future> futures;
+  futures.reserve(running_.size() + 1);
+  auto add = [&](const Sequence& s) {
+    futures.push_back(
+        {std::max<int64_t>(0, expected_output(s) - s.num_generated()), s.num_tokens()});
+  };
+  for (const Sequence* s : running_) add(*s);
+  add(candidate);
+  std::sort(futures.begin(), futures.end(),
+            [](const Future& a, const Future& b) { return a.remaining < b.remaining; });
+  // At step t = futures[k].remaining, sequences k..n-1 are alive, each holding tokens + t tokens
+  // (upper bound in pages: one partly filled page per sequence).
+  int64_t suffix_tokens = 0;
+  for (size_t k = futures.size(); k-- > 0;) {
+    suffix_tokens += futures[k].tokens;
+    const int64_t alive = static_cast<int64_t>(futures.size() - k);
+    const int64_t tokens = suffix_tokens + alive * futures[k].remaining;
+    if (tokens / pool_.page_size() + alive > pool_.num_pages()) return false;
+  }
+  return true;
+}
+
+StepPlan Scheduler::schedule() {
+  StepPlan plan;
+  int32_t budget = options_.max_batch_tokens;
+
+  // 1. Running sequences, oldest first. When pages run out, the newest running sequence is
+  //    preempted; it has not been scheduled yet in this step (or is the one asking).
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    Sequence* seq = running_[i];
+    const int32_t n = std::min(seq->num_uncomputed(), budget);
+    bool scheduled = true;
+    while (!grow(seq, n)) {
+      Sequence* victim = running_.back();
+      preempt(victim);
+      plan.preempted.push_back(victim);
+      if (victim == seq) {
+        scheduled = false;
+        break;
+      }
+    }
+    if (!scheduled) continue;  // seq was removed; running_[i] is the next one
+    plan.chunks.push_back({seq, n, seq->num_computed + n == seq->num_tokens()});
+    budget -= n;
+    ++i;
+  }
+
+  // 2. Admit waiting sequences while the budget, the running-set limit and the predicted peak
+  //    memory allow. Nothing new is admitted in a step that had to preempt.
+  while (plan.preempted.empty() && budget > 0 && !waiting_.empty() &&
+         running_.size() < static_cast<size_t>(options_.max_running)) {
+    Sequence* seq = waiting_.front();
+    if (!running_.empty() && !fits_peak_memory(*seq)) break;
+    int32_t n = std::min(seq->num_uncomputed(), budget);
+    if (!grow(seq, n)) {
+      if (!running_.empty()) break;
+      // Alone in the engine: take what fits now, the rest in later steps.
+      n = static_cast<int32_t>(std::min<int64_t>(
+          n,
+          (static_cast<int64_t>(seq->block_table.size()) + pool_.num_free()) * pool_.page_size() -
+              seq->num_computed));
+      if (n <= 0 || !grow(seq, n)) break;
+    }
+    waiting_.pop_front();
+    seq->status = SeqStatus::kRunning;
+    running_.push_back(seq);
+    plan.chunks.push_back({seq, n, seq->num_computed + n == seq->num_tokens()});
+    budget -= n;
+  }
+  plan.num_tokens = options_.max_batch_tokens - budget;
+  return plan;
+}
+
+void Scheduler::finish(Sequence* seq) {
+  pool_.release_all(seq->block_table);
+  seq->status = SeqStatus::kFinished;
+  if (auto it = std::find(running_.begin(), running_.end(), seq); it != running_.end())
+    running_.erase(it);
+  ++finished_count_;
+  finished_output_tokens_ += seq->num_generated();
+}
+
+}  // namespace blend
