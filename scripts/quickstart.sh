@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's first command: set up a fresh machine, build blend, make a small model with
-# random weights and the real Llama-3 tokenizer, and run the main job on it.
+# random weights and the real Llama-3 tokenizer, and run the main job on it: an offline batch
+# of OpenAI Batch API requests (examples/requests.jsonl) -> results.jsonl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,15 +10,18 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$(nproc)"
 
 model=models/smollm-135m
-build/blend model init --preset smollm-135m --out "$model" --seed 0
-build/blend model info --model "$model" | head -n 8
+[ -f "$model/config.json" ] || build/blend model init --preset smollm-135m --out "$model" --seed 0
 
-echo "== chat template: render a conversation"
-prompt=$(echo '[{"role":"system","content":"You are terse."},{"role":"user","content":"Name a prime."}]' |
-  build/blend template --model "$model")
-printf '%s\n' "$prompt"
-echo "== tokenizer: encode the rendered prompt, then decode it back"
-ids=$(printf '%s' "$prompt" | build/blend tokenize --model "$model")
-echo "$ids"
-printf '%s' "$ids" | build/blend tokenize --model "$model" --decode
+echo "== chat template and tokenizer on the first request's messages"
+head -n 1 examples/requests.jsonl | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["body"]["messages"]))' |
+  build/blend template --model "$model" | tee /tmp/blend-prompt.txt
 echo
+build/blend tokenize --model "$model" </tmp/blend-prompt.txt
+
+echo "== blend batch: examples/requests.jsonl -> results.jsonl (random weights: the text is noise)"
+rm -f results.jsonl
+build/blend batch --model "$model" --input examples/requests.jsonl --output results.jsonl \
+  --stats results.stats.json
+head -c 600 results.jsonl
+echo
+cat results.stats.json

@@ -11,5 +11,6 @@ namespace blend::cli {
 void register_model_commands(CLI::App& app);    // blend model init | info
 void register_tokenize_command(CLI::App& app);  // blend tokenize
 void register_template_command(CLI::App& app);  // blend template
+void register_batch_command(CLI::App& app);     // blend batch
 
 }  // namespace blend::cli

@@ -1,7 +1,48 @@
+// blend template — OpenAI-style messages (JSON) on stdin -> the rendered chat prompt.
+#include <cstdio>
+#include <iostream>
+#include <iterator>
+#include <memory>
+
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "core/error.h"
+#include "model/chat_template.h"
 
 namespace blend::cli {
-void register_template_command(CLI::App&) {}
+namespace {
+
+struct TemplateArgs {
+  std::string model;
+  bool no_generation_prompt = false;
+};
+
+void run_template(const TemplateArgs& a) {
+  const ChatTemplate tmpl = ChatTemplate::from_dir(a.model);
+  const std::string input((std::istreambuf_iterator<char>(std::cin)),
+                          std::istreambuf_iterator<char>());
+  nlohmann::ordered_json messages;
+  try {
+    messages = nlohmann::ordered_json::parse(input);
+  } catch (const nlohmann::json::parse_error&) {
+    throw Error("expected a JSON array of messages on stdin");
+  }
+  if (!messages.is_array()) throw Error("expected a JSON array of messages on stdin");
+  const std::string text = tmpl.render(messages, !a.no_generation_prompt);
+  std::fwrite(text.data(), 1, text.size(), stdout);
+}
+
+}  // namespace
+
+void register_template_command(CLI::App& app) {
+  auto args = std::make_shared<TemplateArgs>();
+  CLI::App* cmd = app.add_subcommand("template", "Render the chat template for messages on stdin");
+  cmd->add_option("--model", args->model, "Model folder (tokenizer_config.json)")->required();
+  cmd->add_flag("--no-generation-prompt", args->no_generation_prompt,
+                "Do not append the assistant header");
+  cmd->callback([args] { run_template(*args); });
+}
+
 }  // namespace blend::cli

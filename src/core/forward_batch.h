@@ -14,8 +14,8 @@ namespace blend {
 
 struct SeqChunk {
   SeqId seq = 0;
-  int32_t num_cached = 0;   // tokens of this sequence already in the KV cache (context)
-  int32_t num_tokens = 0;   // tokens of this sequence in this batch (1 for a decode step)
+  int32_t num_cached = 0;    // tokens of this sequence already in the KV cache (context)
+  int32_t num_tokens = 0;    // tokens of this sequence in this batch (1 for a decode step)
   int32_t token_offset = 0;  // index of this chunk's first token in ForwardBatch::tokens
   // Pages holding positions [0, num_cached + num_tokens); position p lives in
   // block_table[p / page_size], slot p % page_size.
@@ -24,7 +24,7 @@ struct SeqChunk {
 };
 
 struct ForwardBatch {
-  std::vector<TokenId> tokens;    // all chunks' tokens, concatenated in chunk order
+  std::vector<TokenId> tokens;     // all chunks' tokens, concatenated in chunk order
   std::vector<int32_t> positions;  // position of each token within its sequence
   std::vector<SeqChunk> chunks;
 

@@ -1,0 +1,153 @@
+#include "api/batch_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <random>
+
+#include "core/error.h"
+
+namespace blend {
+namespace {
+
+using nlohmann::json;
+
+}  // namespace
+
+std::string make_id(const std::string& prefix) {
+  static std::atomic<uint64_t> counter{0};
+  static const uint64_t base =
+      std::random_device{}() ^
+      static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  uint64_t x = base + 0x9e3779b97f4a7c15ull * ++counter;
+  x = (x ^ (x >> 31)) * 0xbf58476d1ce4e5b9ull;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%016llx%08x", static_cast<unsigned long long>(x),
+                static_cast<unsigned>(counter.load() & 0xffffffffu));
+  return prefix + buf;
+}
+
+std::vector<BatchInputLine> read_batch_input(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) throw Error("cannot read " + path.string());
+  std::vector<BatchInputLine> lines;
+  std::unordered_set<std::string> seen;
+  std::string text;
+  int64_t number = 0;
+  while (std::getline(in, text)) {
+    ++number;
+    if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
+    BatchInputLine line;
+    line.line_number = number;
+    line.custom_id = "line-" + std::to_string(number);
+    json j;
+    try {
+      j = json::parse(text);
+    } catch (const json::parse_error& e) {
+      line.error = "line " + std::to_string(number) + " is not valid JSON";
+    }
+    if (!line.error) {
+      if (!j.is_object()) {
+        line.error = "line " + std::to_string(number) + " is not a JSON object";
+      } else if (!j.contains("custom_id") || !j["custom_id"].is_string() ||
+                 j["custom_id"].get_ref<const std::string&>().empty()) {
+        line.error = "missing 'custom_id'";
+      } else {
+        line.custom_id = j["custom_id"].get<std::string>();
+        if (j.contains("method") && j["method"] != "POST") {
+          line.error = "'method' must be POST";
+        } else if (!j.contains("url") || !j["url"].is_string()) {
+          line.error = "missing 'url'";
+        } else if (!j.contains("body") || !j["body"].is_object()) {
+          line.error = "missing 'body' object";
+        } else {
+          line.url = j["url"].get<std::string>();
+          line.body = std::move(j["body"]);
+        }
+      }
+    }
+    if (!seen.insert(line.custom_id).second)
+      throw Error(path.string() + ": custom_id '" + line.custom_id + "' appears twice (line " +
+                  std::to_string(number) + "); custom_ids must be unique");
+    lines.push_back(std::move(line));
+  }
+  return lines;
+}
+
+BatchResultWriter::BatchResultWriter(const std::filesystem::path& path) : path_(path) {
+  // Read what an earlier run finished; a last line without its newline was torn by a kill.
+  std::string content;
+  {
+    std::ifstream in(path, std::ios::binary);
+    if (in) content.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  size_t keep = content.size();
+  if (!content.empty() && content.back() != '\n') {
+    const size_t nl = content.rfind('\n');
+    keep = nl == std::string::npos ? 0 : nl + 1;
+  }
+  size_t start = 0;
+  while (start < keep) {
+    const size_t end = content.find('\n', start);
+    const std::string line = content.substr(start, end - start);
+    start = end + 1;
+    try {
+      const json j = json::parse(line);
+      if (j.contains("custom_id") && j["custom_id"].is_string())
+        done_.insert(j["custom_id"].get<std::string>());
+    } catch (const json::parse_error&) {
+      // Not ours to judge: keep it, it does not count as done.
+    }
+  }
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw Error("cannot open " + path.string() + ": " + std::strerror(errno));
+  if (keep < content.size() && ::ftruncate(fd_, static_cast<off_t>(keep)) != 0)
+    throw Error("cannot repair " + path.string() + ": " + std::strerror(errno));
+}
+
+BatchResultWriter::~BatchResultWriter() {
+  if (fd_ >= 0) {
+    ::fsync(fd_);
+    ::close(fd_);
+  }
+}
+
+void BatchResultWriter::append(const json& line) {
+  // One write(2) per line on an O_APPEND descriptor: the kernel keeps the line whole even if
+  // the process is killed right after, and concurrent appenders do not interleave.
+  const std::string text = line.dump() + "\n";
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd_, text.data() + done, text.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw Error("cannot write " + path_.string() + ": " + std::strerror(errno));
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (line.contains("custom_id") && line["custom_id"].is_string())
+    done_.insert(line["custom_id"].get<std::string>());
+}
+
+void BatchResultWriter::write_success(const std::string& custom_id, const json& body) {
+  append({{"id", make_id("batch_req_")},
+          {"custom_id", custom_id},
+          {"response", {{"status_code", 200}, {"request_id", make_id("req_")}, {"body", body}}},
+          {"error", nullptr}});
+}
+
+void BatchResultWriter::write_error(const std::string& custom_id, int status,
+                                    const json& error_body) {
+  append({{"id", make_id("batch_req_")},
+          {"custom_id", custom_id},
+          {"response",
+           {{"status_code", status}, {"request_id", make_id("req_")}, {"body", error_body}}},
+          {"error", nullptr}});
+}
+
+}  // namespace blend

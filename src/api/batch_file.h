@@ -1,0 +1,55 @@
+// OpenAI Batch API files (DESIGN.md §1): input JSONL lines {custom_id, method, url, body} and
+// result lines {id, custom_id, response: {status_code, request_id, body}, error}. Results are
+// appended one line per write(2) as requests finish, so a killed job leaves whole lines behind
+// (at worst a torn last line, which reopening removes); rerunning skips custom_ids already done.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace blend {
+
+struct BatchInputLine {
+  int64_t line_number = 0;  // 1-based
+  std::string custom_id;
+  std::string url;
+  nlohmann::json body;
+  std::optional<std::string> error;  // why the line cannot run (reported as its result)
+};
+
+// Reads every non-blank line. Malformed lines become entries with `error` set (their custom_id
+// is "line-N" when none can be read). Throws blend::Error if the file cannot be read or two
+// lines share a custom_id (the Batch API requires them unique).
+std::vector<BatchInputLine> read_batch_input(const std::filesystem::path& path);
+
+// Appends result lines to a JSONL file.
+class BatchResultWriter {
+ public:
+  // Opens (creating) `path`; a torn last line left by a killed run is cut off first. The
+  // custom_ids already present are returned by done_ids().
+  explicit BatchResultWriter(const std::filesystem::path& path);
+  ~BatchResultWriter();
+  BatchResultWriter(const BatchResultWriter&) = delete;
+  BatchResultWriter& operator=(const BatchResultWriter&) = delete;
+
+  const std::unordered_set<std::string>& done_ids() const { return done_; }
+  void write_success(const std::string& custom_id, const nlohmann::json& body);
+  void write_error(const std::string& custom_id, int status, const nlohmann::json& error_body);
+
+ private:
+  void append(const nlohmann::json& line);
+  std::filesystem::path path_;
+  int fd_ = -1;
+  std::unordered_set<std::string> done_;
+};
+
+// A random-looking id such as "batch_req_6f1c..." (prefix + 24 hex digits).
+std::string make_id(const std::string& prefix);
+
+}  // namespace blend

@@ -1,0 +1,157 @@
+// blend batch — an OpenAI Batch API input file in, a result file out (DESIGN.md §1).
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <optional>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "api/batch_file.h"
+#include "api/openai.h"
+#include "cli/commands.h"
+#include "cli/progress.h"
+#include "core/error.h"
+#include "engine/engine.h"
+#include "model/chat_template.h"
+
+namespace blend::cli {
+namespace {
+
+struct BatchArgs {
+  std::string model;
+  std::string input;
+  std::string output;
+  std::string stats;
+  EngineOptions engine;
+  bool quiet = false;
+};
+
+std::optional<ChatTemplate> load_chat_template(const std::filesystem::path& dir) {
+  try {
+    return ChatTemplate::from_dir(dir);
+  } catch (const Error&) {
+    return std::nullopt;  // chat requests then fail one by one with a clear message
+  }
+}
+
+void run_batch(const BatchArgs& args) {
+  const auto t_load = std::chrono::steady_clock::now();
+  const std::vector<BatchInputLine> lines = read_batch_input(args.input);
+  Engine engine(args.model, args.engine);
+  const std::optional<ChatTemplate> chat_template = load_chat_template(args.model);
+  BatchResultWriter writer(args.output);
+  std::string model_name = std::filesystem::path(args.model).filename().string();
+  if (model_name.empty())
+    model_name = std::filesystem::path(args.model).parent_path().filename().string();
+  const double load_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
+
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t created = std::chrono::duration_cast<std::chrono::seconds>(
+                              std::chrono::system_clock::now().time_since_epoch())
+                              .count();
+  int64_t total = 0, done = 0, failed = 0, skipped = 0;
+  for (const BatchInputLine& line : lines) {
+    if (writer.done_ids().count(line.custom_id)) {
+      ++skipped;
+      continue;
+    }
+    ++total;
+    try {
+      if (line.error) throw ApiError(400, *line.error);
+      const Endpoint endpoint = parse_endpoint(line.url);
+      ApiRequest request = parse_api_request(endpoint, line.body, engine.tokenizer(),
+                                             chat_template ? &*chat_template : nullptr);
+      GenerationRequest gen{line.custom_id, request.prompt, request.params};
+      request.prompt.clear();  // the engine holds the tokens now
+      engine.submit(std::move(gen), [&, request, id = line.custom_id](GenerationResult&& r) {
+        const char* prefix = request.endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-";
+        writer.write_success(id, make_response(request, r, make_id(prefix), model_name, created,
+                                               engine.tokenizer()));
+        ++done;
+      });
+    } catch (const ApiError& e) {
+      writer.write_error(line.custom_id, e.status(), e.body());
+      ++failed;
+    } catch (const Error& e) {
+      writer.write_error(line.custom_id, 400, ApiError(400, e.what()).body());
+      ++failed;
+    }
+  }
+
+  Progress progress(total, !args.quiet && ::isatty(STDERR_FILENO));
+  while (engine.has_work()) {
+    engine.step();
+    const EngineStats s = engine.stats();
+    progress.update(done + failed, s.prompt_tokens + s.output_tokens);
+  }
+  progress.finish();
+
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const EngineStats s = engine.stats();
+  const int64_t tokens = s.prompt_tokens + s.output_tokens;
+  nlohmann::json stats = {
+      {"requests", total},
+      {"completed", done},
+      {"failed", failed},
+      {"skipped_already_done", skipped},
+      {"input_tokens", s.prompt_tokens},
+      {"output_tokens", s.output_tokens},
+      {"wall_seconds", wall},
+      {"load_seconds", load_seconds},
+      {"throughput_tokens_per_s", wall > 0 ? static_cast<double>(tokens) / wall : 0.0},
+      {"output_tokens_per_s", wall > 0 ? static_cast<double>(s.output_tokens) / wall : 0.0},
+      {"steps", s.steps},
+      {"mean_batch_tokens",
+       s.steps ? static_cast<double>(s.batch_tokens) / static_cast<double>(s.steps) : 0.0},
+      {"preemptions", s.preemptions},
+      {"kv_peak_bytes", s.kv_peak_bytes},
+      {"kv_capacity_bytes", s.kv_capacity_bytes},
+      {"deterministic", args.engine.deterministic},
+      {"threads", args.engine.threads}};
+  if (!args.quiet)
+    std::fprintf(stderr,
+                 "blend batch: %lld requests (%lld failed, %lld already done), %lld in + %lld out "
+                 "tokens in %.2f s = %.1f tokens/s, %lld steps\n",
+                 static_cast<long long>(total), static_cast<long long>(failed),
+                 static_cast<long long>(skipped), static_cast<long long>(s.prompt_tokens),
+                 static_cast<long long>(s.output_tokens), wall,
+                 stats["throughput_tokens_per_s"].get<double>(), static_cast<long long>(s.steps));
+  if (!args.stats.empty()) {
+    std::ofstream out(args.stats);
+    out << stats.dump(2) << "\n";
+    if (!out) throw Error("cannot write " + args.stats);
+  }
+}
+
+}  // namespace
+
+void register_batch_command(CLI::App& app) {
+  auto args = std::make_shared<BatchArgs>();
+  CLI::App* cmd = app.add_subcommand("batch", "Run an OpenAI Batch API JSONL file offline");
+  cmd->add_option("--model", args->model, "Model folder")->required();
+  cmd->add_option("--input", args->input, "Batch input JSONL")->required();
+  cmd->add_option("--output", args->output,
+                  "Result JSONL (appended; custom_ids already there are skipped)")
+      ->required();
+  cmd->add_option("--stats", args->stats, "Write run statistics as JSON here");
+  cmd->add_option("--max-batch-tokens", args->engine.scheduler.max_batch_tokens,
+                  "Token budget of one step (prefill chunks + decodes)");
+  cmd->add_option("--max-running", args->engine.scheduler.max_running,
+                  "Most sequences decoding at once");
+  cmd->add_option("--kv-memory", args->engine.kv_memory_gb,
+                  "KV cache size in GB (fractions allowed); default: a share of free memory");
+  cmd->add_option("--page-size", args->engine.page_size, "Tokens per KV page");
+  cmd->add_option("--threads", args->engine.threads, "Compute threads (default: all)");
+  cmd->add_flag("--deterministic", args->engine.deterministic,
+                "Same seed, same tokens, whatever the batch or order");
+  cmd->add_option("--seed", args->engine.seed, "Seed for requests without one");
+  cmd->add_flag("--quiet", args->quiet, "No progress bar or summary");
+  cmd->callback([args] { run_batch(*args); });
+}
+
+}  // namespace blend::cli

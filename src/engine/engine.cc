@@ -1,0 +1,245 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <fstream>
+#include <string>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "model/weights.h"
+
+namespace blend {
+namespace {
+
+// MemAvailable from /proc/meminfo, in bytes (0 when unknown).
+int64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return 0;
+}
+
+uint64_t hash_string(const std::string& s, uint64_t seed) {
+  uint64_t h = 0xcbf29ce484222325ull ^ seed;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+}  // namespace
+
+struct Engine::Active {
+  Sequence seq;
+  std::string request_id;
+  Callback on_done;
+  std::unique_ptr<IncrementalDetokenizer> detok;
+  std::string text;
+  size_t max_stop_len = 0;
+  std::vector<SampledToken> logprobs;
+  bool stopped_by_string = false;
+};
+
+Engine::Engine(const std::filesystem::path& model_dir, const EngineOptions& options)
+    : options_(options),
+      config_(ModelConfig::from_dir(model_dir)),
+      tokenizer_(Tokenizer::from_dir(model_dir)) {
+  weights_ = std::make_unique<TensorStore>(TensorStore::open_dir(model_dir));
+  const DType dtype = check_tensors(config_, *weights_);
+  const int64_t kv_elem = dtype == DType::kF32 ? 4 : 2;
+  const int64_t page_bytes = kv_bytes_per_token(config_, kv_elem) * options.page_size;
+  int64_t kv_bytes = static_cast<int64_t>(options.kv_memory_gb * 1e9);
+  if (kv_bytes <= 0) {
+    // A third of what is free after the weights, at most 8 GB: leaves room for activations,
+    // the page cache of the weight file and other processes on a shared machine.
+    int64_t weight_bytes = 0;
+    for (const auto& [name, view] : weights_->tensors()) weight_bytes += view->nbytes;
+    kv_bytes =
+        std::clamp<int64_t>((available_memory_bytes() - weight_bytes) / 3, 64 << 20, 8'000'000'000);
+  }
+  const int64_t num_pages = kv_bytes / page_bytes;
+  if (num_pages < 1)
+    throw Error("--kv-memory is too small: one KV page of " + std::to_string(options.page_size) +
+                " tokens takes " + std::to_string(page_bytes) + " bytes");
+
+  BackendOptions bo;
+  bo.threads = options.threads;
+  bo.deterministic = options.deterministic;
+  bo.page_size = options.page_size;
+  bo.num_pages = num_pages;
+  backend_ = make_cpu_backend(config_, *weights_, bo);
+  if (backend_->kv_bytes_per_page() != page_bytes)
+    throw Error("internal: backend KV page size disagrees with the engine's estimate");
+  pool_ = std::make_unique<PagePool>(num_pages, options.page_size);
+  scheduler_ = std::make_unique<Scheduler>(*pool_, options.scheduler);
+  stats_.kv_capacity_bytes = num_pages * page_bytes;
+}
+
+Engine::~Engine() = default;
+
+int64_t Engine::max_sequence_tokens() const {
+  return std::min<int64_t>(config_.max_position_embeddings,
+                           pool_->num_pages() * pool_->page_size());
+}
+
+void Engine::submit(GenerationRequest request, Callback on_done) {
+  if (request.prompt.empty()) throw Error("the prompt is empty");
+  for (TokenId t : request.prompt)
+    if (t < 0 || t >= config_.vocab_size)
+      throw Error("prompt token id " + std::to_string(t) + " is out of range [0, " +
+                  std::to_string(config_.vocab_size) + ")");
+  const int64_t limit = max_sequence_tokens();
+  const int64_t prompt_len = static_cast<int64_t>(request.prompt.size());
+  if (prompt_len >= limit)
+    throw Error("the prompt has " + std::to_string(prompt_len) +
+                " tokens; this engine holds at most " + std::to_string(limit - 1) +
+                " prompt tokens (context window and KV memory)");
+  SamplingParams& p = request.params;
+  if (p.max_tokens < 0) throw Error("max_tokens must be non-negative");
+  p.max_tokens = static_cast<int32_t>(std::min<int64_t>(p.max_tokens, limit - prompt_len));
+  if (p.temperature < 0) throw Error("temperature must be non-negative");
+  if (p.top_p <= 0 || p.top_p > 1) throw Error("top_p must be in (0, 1]");
+  if (p.min_p < 0 || p.min_p > 1) throw Error("min_p must be in [0, 1]");
+
+  auto a = std::make_unique<Active>();
+  a->seq.id = next_id_++;
+  a->seq.prompt_len = static_cast<int32_t>(prompt_len);
+  a->seq.tokens = std::move(request.prompt);
+  a->seq.params = p;
+  a->seq.rng_seed = p.seed ? *p.seed : hash_string(request.id, options_.seed);
+  a->request_id = std::move(request.id);
+  a->on_done = std::move(on_done);
+  a->detok = std::make_unique<IncrementalDetokenizer>(tokenizer_, /*skip_special=*/true);
+  for (const auto& s : p.stop) a->max_stop_len = std::max(a->max_stop_len, s.size());
+  stats_.prompt_tokens += prompt_len;
+
+  Active& ref = *a;
+  active_.emplace(ref.seq.id, std::move(a));
+  if (p.max_tokens == 0) {  // nothing to generate: an empty completion, at once
+    ref.seq.finish = FinishReason::kLength;
+    finish(ref);
+    return;
+  }
+  scheduler_->add(&ref.seq);
+}
+
+bool Engine::append_token(Active& a, const SampledToken& sampled) {
+  Sequence& seq = a.seq;
+  const SamplingParams& p = seq.params;
+  seq.tokens.push_back(sampled.token);
+  if (p.logprobs) a.logprobs.push_back(sampled);
+  const bool is_eos =
+      !p.ignore_eos && std::find(config_.eos_token_ids.begin(), config_.eos_token_ids.end(),
+                                 sampled.token) != config_.eos_token_ids.end();
+  const bool is_stop_id = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(),
+                                    sampled.token) != p.stop_token_ids.end();
+  if (is_eos || is_stop_id) {
+    seq.finish = FinishReason::kStop;
+    return true;
+  }
+  const size_t before = a.text.size();
+  a.text += a.detok->push(sampled.token);
+  if (!p.stop.empty() && a.text.size() > before) {
+    // A stop string may straddle the previous text; search only the tail that could hold it.
+    const size_t from = before >= a.max_stop_len ? before - a.max_stop_len + 1 : 0;
+    size_t cut = std::string::npos;
+    for (const auto& s : p.stop) {
+      if (s.empty()) continue;
+      const size_t at = a.text.find(s, from);
+      if (at != std::string::npos) cut = std::min(cut, at);
+    }
+    if (cut != std::string::npos) {
+      a.text.resize(cut);
+      a.stopped_by_string = true;
+      seq.finish = FinishReason::kStop;
+      return true;
+    }
+  }
+  if (seq.num_generated() >= p.max_tokens) {
+    seq.finish = FinishReason::kLength;
+    return true;
+  }
+  return false;
+}
+
+void Engine::finish(Active& a) {
+  if (!a.stopped_by_string) a.text += a.detok->flush();
+  GenerationResult r;
+  r.id = a.request_id;
+  r.prompt_tokens = a.seq.prompt_len;
+  r.tokens.assign(a.seq.tokens.begin() + a.seq.prompt_len, a.seq.tokens.end());
+  r.text = std::move(a.text);
+  r.finish = a.seq.finish;
+  r.logprobs = std::move(a.logprobs);
+  r.num_preemptions = a.seq.num_preemptions;
+  stats_.output_tokens += static_cast<int64_t>(r.tokens.size());
+  ++stats_.finished;
+  Callback cb = std::move(a.on_done);
+  active_.erase(a.seq.id);  // `a` is gone from here on
+  if (cb) cb(std::move(r));
+}
+
+void Engine::step() {
+  StepPlan plan = scheduler_->schedule();
+  if (plan.empty()) {
+    if (scheduler_->has_work())
+      throw Error("internal: the scheduler has waiting requests but scheduled nothing");
+    return;
+  }
+  ForwardBatch batch;
+  batch.tokens.reserve(static_cast<size_t>(plan.num_tokens));
+  batch.positions.reserve(static_cast<size_t>(plan.num_tokens));
+  for (const ScheduledChunk& c : plan.chunks) {
+    const Sequence& seq = *c.seq;
+    SeqChunk chunk;
+    chunk.seq = seq.id;
+    chunk.num_cached = seq.num_computed;
+    chunk.num_tokens = c.num_tokens;
+    chunk.token_offset = batch.num_tokens();
+    chunk.block_table = seq.block_table;
+    chunk.wants_logits = c.samples;
+    for (int32_t i = 0; i < c.num_tokens; ++i) {
+      batch.tokens.push_back(seq.tokens[static_cast<size_t>(seq.num_computed + i)]);
+      batch.positions.push_back(seq.num_computed + i);
+    }
+    batch.chunks.push_back(std::move(chunk));
+  }
+  const size_t vocab = static_cast<size_t>(config_.vocab_size);
+  logits_.resize(static_cast<size_t>(batch.num_logit_rows()) * vocab);
+  backend_->forward(batch, logits_);
+
+  ++stats_.steps;
+  stats_.batch_tokens += batch.num_tokens();
+  stats_.kv_peak_bytes =
+      std::max(stats_.kv_peak_bytes, pool_->peak_used() * backend_->kv_bytes_per_page());
+  size_t row = 0;
+  std::vector<Active*> done;
+  for (const ScheduledChunk& c : plan.chunks) {
+    Sequence& seq = *c.seq;
+    seq.num_computed += c.num_tokens;
+    if (!c.samples) continue;
+    Active& a = *active_.at(seq.id);
+    const std::span<const float> logits(logits_.data() + row * vocab, vocab);
+    ++row;
+    const SampledToken sampled =
+        sample_token(logits, seq.params, seq.rng_seed, seq.num_generated());
+    if (append_token(a, sampled)) done.push_back(&a);
+  }
+  for (Active* a : done) {
+    scheduler_->finish(&a->seq);
+    finish(*a);
+  }
+}
+
+void Engine::run_until_done() {
+  while (has_work()) step();
+}
+
+EngineStats Engine::stats() const {
+  EngineStats s = stats_;
+  s.preemptions = scheduler_->num_preemptions();
+  return s;
+}
+
+}  // namespace blend

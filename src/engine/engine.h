@@ -1,0 +1,105 @@
+// Engine — the one-way loop of DESIGN.md §2: scheduler -> step plan -> backend forward ->
+// sampler -> outputs. It owns the model (config, tokenizer, backend with weights and KV
+// storage), the KV page pool and the scheduler; callers submit tokenized requests and get one
+// result per request through a callback, in the order requests finish.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/sequence.h"
+#include "engine/sampler.h"
+#include "kv/page_pool.h"
+#include "model/config.h"
+#include "model/safetensors.h"
+#include "model/tokenizer.h"
+#include "sched/scheduler.h"
+
+namespace blend {
+
+struct EngineOptions {
+  int threads = 0;             // 0 = all hardware threads
+  bool deterministic = false;  // batch-invariant numerics (see backend/cpu)
+  int32_t page_size = 16;
+  double kv_memory_gb = 0;  // KV cache size; 0 = a share of the free memory
+  SchedulerOptions scheduler;
+  uint64_t seed = 0;  // mixed into the seed of requests that bring none
+};
+
+struct GenerationRequest {
+  std::string id;  // the caller's id (custom_id); also seeds requests without a seed
+  std::vector<TokenId> prompt;
+  SamplingParams params;
+};
+
+struct GenerationResult {
+  std::string id;
+  int32_t prompt_tokens = 0;
+  std::vector<TokenId> tokens;  // generated tokens (a final eos/stop token included)
+  std::string text;             // their text, cut before a stop string or stop token
+  FinishReason finish = FinishReason::kNone;
+  std::vector<SampledToken> logprobs;  // one per generated token, when asked
+  int32_t num_preemptions = 0;
+};
+
+struct EngineStats {
+  int64_t steps = 0;
+  int64_t batch_tokens = 0;  // sum over steps of tokens computed
+  int64_t prompt_tokens = 0;
+  int64_t output_tokens = 0;
+  int64_t finished = 0;
+  int64_t preemptions = 0;
+  int64_t kv_peak_bytes = 0;
+  int64_t kv_capacity_bytes = 0;
+};
+
+class Engine {
+ public:
+  using Callback = std::function<void(GenerationResult&&)>;
+
+  Engine(const std::filesystem::path& model_dir, const EngineOptions& options);
+  ~Engine();
+
+  const ModelConfig& config() const { return config_; }
+  const Tokenizer& tokenizer() const { return tokenizer_; }
+  // Longest prompt + output one sequence may reach (context window and KV capacity).
+  int64_t max_sequence_tokens() const;
+
+  // Checks the request (empty prompt, token ids out of range, prompt too long) and queues it;
+  // throws blend::Error for a bad request. max_tokens is capped at what the context allows.
+  void submit(GenerationRequest request, Callback on_done);
+
+  bool has_work() const { return scheduler_->has_work(); }
+  void step();  // one iteration
+  void run_until_done();
+
+  EngineStats stats() const;
+  size_t num_running() const { return scheduler_->num_running(); }
+  size_t num_waiting() const { return scheduler_->num_waiting(); }
+
+ private:
+  struct Active;
+  bool append_token(Active& a, const SampledToken& sampled);  // true when finished
+  void finish(Active& a);
+
+  EngineOptions options_;
+  ModelConfig config_;
+  Tokenizer tokenizer_;
+  std::unique_ptr<TensorStore> weights_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<PagePool> pool_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unordered_map<SeqId, std::unique_ptr<Active>> active_;
+  SeqId next_id_ = 1;
+  EngineStats stats_;
+  std::vector<float> logits_;
+};
+
+}  // namespace blend

@@ -1,0 +1,178 @@
+#include "api/openai.h"
+
+#include <gtest/gtest.h>
+
+#include "api/batch_file.h"
+#include "model/chat_template.h"
+#include "model/tokenizer.h"
+#include "test_util.h"
+
+namespace blend {
+namespace {
+
+using nlohmann::json;
+
+class OpenAiTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    tokenizer_ = new Tokenizer(Tokenizer::from_dir(BLEND_TEST_TOKENIZER_DIR));
+    template_ = new ChatTemplate(ChatTemplate::from_dir(BLEND_TEST_TOKENIZER_DIR));
+  }
+  static void TearDownTestSuite() {
+    delete tokenizer_;
+    delete template_;
+  }
+  static ApiRequest parse(Endpoint e, const std::string& body) {
+    return parse_api_request(e, json::parse(body), *tokenizer_, template_);
+  }
+  static std::string error_param(Endpoint e, const std::string& body) {
+    try {
+      parse(e, body);
+    } catch (const ApiError& err) {
+      EXPECT_EQ(err.status(), 400);
+      return err.param();
+    }
+    return "<no error>";
+  }
+  static Tokenizer* tokenizer_;
+  static ChatTemplate* template_;
+};
+
+Tokenizer* OpenAiTest::tokenizer_ = nullptr;
+ChatTemplate* OpenAiTest::template_ = nullptr;
+
+TEST_F(OpenAiTest, CompletionDefaultsAndFields) {
+  ApiRequest r = parse(Endpoint::kCompletions, R"({"model":"m","prompt":"Hello, my dog"})");
+  EXPECT_EQ(r.prompt, (std::vector<TokenId>{9906, 11, 856, 5679}));
+  EXPECT_EQ(r.params.max_tokens, 16);  // OpenAI's default for completions
+  EXPECT_FLOAT_EQ(r.params.temperature, 1.0f);
+  r = parse(Endpoint::kCompletions,
+            R"({"prompt":[[5,6,7]],"max_tokens":9,"temperature":0,"top_p":0.5,"top_k":4,)"
+            R"("min_p":0.1,"seed":3,"stop":["x","yz"],"ignore_eos":true,"logprobs":3})");
+  EXPECT_EQ(r.prompt, (std::vector<TokenId>{5, 6, 7}));
+  EXPECT_EQ(r.params.max_tokens, 9);
+  EXPECT_EQ(r.params.top_k, 4);
+  EXPECT_EQ(r.params.seed, 3u);
+  EXPECT_EQ(r.params.stop, (std::vector<std::string>{"x", "yz"}));
+  EXPECT_TRUE(r.params.ignore_eos);
+  EXPECT_EQ(r.params.logprobs, 3);
+}
+
+TEST_F(OpenAiTest, ChatRendersTheTemplate) {
+  ApiRequest r = parse(Endpoint::kChatCompletions,
+                       R"({"messages":[{"role":"user","content":"Hi"}],"max_completion_tokens":7,)"
+                       R"("logprobs":true,"top_logprobs":2,"stream":true,)"
+                       R"("stream_options":{"include_usage":true}})");
+  const std::string text = tokenizer_->decode(r.prompt);
+  EXPECT_EQ(text,
+            "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  EXPECT_EQ(r.prompt.front(), 128000);
+  EXPECT_EQ(r.params.max_tokens, 7);
+  EXPECT_EQ(r.params.logprobs, 2);
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+}
+
+TEST_F(OpenAiTest, BadFieldsNameTheParameter) {
+  EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"max_tokens":4})"), "prompt");
+  EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","temperature":3})"),
+            "temperature");
+  EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","max_tokens":-1})"), "max_tokens");
+  EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","max_tokens":1.5})"),
+            "max_tokens");
+  EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","n":2})"), "n");
+  EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","stop":5})"), "stop");
+  EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":["a","b"]})"), "prompt");
+  EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":[1,-2]})"), "prompt");
+  EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","top_p":0})"), "top_p");
+  EXPECT_EQ(error_param(Endpoint::kChatCompletions, R"({"messages":[]})"), "messages");
+  EXPECT_EQ(error_param(Endpoint::kChatCompletions, R"({"messages":[{"content":"x"}]})"),
+            "messages");
+  // Invalid UTF-8 in a prompt string.
+  json body = {{"prompt", std::string("ab\xff", 3)}};
+  EXPECT_THROW(parse_api_request(Endpoint::kCompletions, body, *tokenizer_, template_), ApiError);
+  try {
+    parse_endpoint("/v1/embeddings");
+    FAIL();
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.body()["error"]["type"], "invalid_request_error");
+    EXPECT_EQ(e.body()["error"]["param"], "url");
+  }
+}
+
+TEST_F(OpenAiTest, ResponseShapes) {
+  ApiRequest req = parse(Endpoint::kCompletions, R"({"prompt":"Hi","logprobs":1})");
+  GenerationResult res;
+  res.prompt_tokens = 1;
+  res.tokens = {9906, 11};
+  res.text = "Hello,";
+  res.finish = FinishReason::kLength;
+  res.logprobs = {{9906, -0.5f, {{9906, -0.5f}}}, {11, -1.0f, {{11, -1.0f}}}};
+  json body = make_response(req, res, "cmpl-1", "m", 123, *tokenizer_);
+  EXPECT_EQ(body["object"], "text_completion");
+  EXPECT_EQ(body["choices"][0]["text"], "Hello,");
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(body["usage"]["total_tokens"], 3);
+  EXPECT_EQ(body["choices"][0]["logprobs"]["tokens"], (json{"Hello", ","}));
+  EXPECT_EQ(body["choices"][0]["logprobs"]["text_offset"], (json{0, 5}));
+
+  req = parse(Endpoint::kChatCompletions, R"({"messages":[{"role":"user","content":"Hi"}]})");
+  res.finish = FinishReason::kStop;
+  body = make_response(req, res, "chatcmpl-1", "m", 123, *tokenizer_);
+  EXPECT_EQ(body["object"], "chat.completion");
+  EXPECT_EQ(body["choices"][0]["message"]["content"], "Hello,");
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "stop");
+  EXPECT_TRUE(body["choices"][0]["logprobs"].is_null());
+}
+
+TEST(BatchFile, ReadsLinesAndRejectsDuplicateIds) {
+  testing::TempDir dir;
+  testing::write_file(
+      dir / "in.jsonl",
+      R"({"custom_id":"a","method":"POST","url":"/v1/completions","body":{"prompt":"x"}})"
+      "\n\n{oops\n"
+      R"({"custom_id":"b","url":"/v1/completions"})"
+      "\n");
+  auto lines = read_batch_input(dir / "in.jsonl");
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_FALSE(lines[0].error.has_value());
+  EXPECT_EQ(lines[1].custom_id, "line-3");
+  EXPECT_TRUE(lines[1].error.has_value());
+  EXPECT_EQ(lines[2].custom_id, "b");
+  EXPECT_TRUE(lines[2].error.has_value());  // no body
+  testing::write_file(dir / "dup.jsonl", "{\"custom_id\":\"a\"}\n{\"custom_id\":\"a\"}\n");
+  EXPECT_THROW(read_batch_input(dir / "dup.jsonl"), Error);
+  EXPECT_THROW(read_batch_input(dir / "missing.jsonl"), Error);
+}
+
+TEST(BatchFile, WriterRepairsATornLastLineAndKnowsWhatIsDone) {
+  testing::TempDir dir;
+  const auto path = dir / "out.jsonl";
+  {
+    BatchResultWriter w(path);
+    w.write_success("a", {{"x", 1}});
+    w.write_error("b", 400, {{"error", {{"message", "no"}}}});
+  }
+  // A kill in the middle of a write leaves a partial line.
+  testing::write_file(path,
+                      testing::read_file(path) + R"({"id":"batch_req_1","custom_id":"c","resp)");
+  BatchResultWriter w(path);
+  EXPECT_EQ(w.done_ids().size(), 2u);
+  EXPECT_TRUE(w.done_ids().count("a"));
+  EXPECT_FALSE(w.done_ids().count("c"));
+  w.write_success("c", {{"x", 3}});
+  const std::string text = testing::read_file(path);
+  size_t lines = 0;
+  for (char ch : text) lines += ch == '\n';
+  EXPECT_EQ(lines, 3u);
+  EXPECT_EQ(text.find("resp)"), std::string::npos);
+  for (size_t start = 0; start < text.size();) {
+    const size_t end = text.find('\n', start);
+    EXPECT_NO_THROW(json::parse(text.substr(start, end - start)));
+    start = end + 1;
+  }
+}
+
+}  // namespace
+}  // namespace blend

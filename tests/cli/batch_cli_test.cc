@@ -1,0 +1,197 @@
+// `blend batch` as a user runs it: OpenAI Batch files in and out, bad lines, stats, and a run
+// killed with SIGKILL then rerun (nothing lost, nothing duplicated, same tokens).
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <map>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "model/presets.h"
+#include "model/random_init.h"
+#include "test_util.h"
+
+namespace blend {
+namespace {
+
+using nlohmann::json;
+
+class BatchCli : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new testing::TempDir();
+    RandomInitOptions o;
+    o.seed = 3;
+    o.tokenizer_dir = BLEND_TEST_TOKENIZER_DIR;
+    write_random_model(*find_model_preset("tiny"), *dir_ / "tiny", o);
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  static std::string model() { return (*dir_ / "tiny").string(); }
+
+  // Whole lines only: a line still being written (no newline yet) is not counted.
+  static std::vector<json> read_jsonl(const std::filesystem::path& path) {
+    std::vector<json> out;
+    std::string text = testing::read_file(path);
+    text.resize(text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1);
+    std::istringstream in(text);
+    std::string line;
+    while (std::getline(in, line))
+      if (!line.empty()) out.push_back(json::parse(line));
+    return out;
+  }
+
+  static std::string batch_cmd(const std::string& input, const std::string& output,
+                               const std::string& extra = "") {
+    return std::string("'") + BLEND_BINARY + "' batch --model " + model() + " --input " + input +
+           " --output " + output + " --threads 2 --kv-memory 0.05 --deterministic --quiet " + extra;
+  }
+
+  static testing::TempDir* dir_;
+};
+
+testing::TempDir* BatchCli::dir_ = nullptr;
+
+TEST_F(BatchCli, CompletionsChatAndBadLines) {
+  testing::TempDir work;
+  std::string input;
+  input +=
+      R"({"custom_id":"c1","method":"POST","url":"/v1/completions","body":{"model":"tiny","prompt":"Hello there","max_tokens":5,"temperature":0}})"
+      "\n";
+  input +=
+      R"({"custom_id":"c2","method":"POST","url":"/v1/completions","body":{"model":"tiny","prompt":[1,2,3,4],"max_tokens":3,"logprobs":2,"ignore_eos":true}})"
+      "\n";
+  input +=
+      R"({"custom_id":"chat1","method":"POST","url":"/v1/chat/completions","body":{"model":"tiny","messages":[{"role":"user","content":"Hi!"}],"max_tokens":4,"seed":5,"logprobs":true,"top_logprobs":1}})"
+      "\n";
+  input += "this is not json\n";
+  input += R"({"custom_id":"badurl","method":"POST","url":"/v1/embeddings","body":{"input":"x"}})"
+           "\n";
+  input +=
+      R"({"custom_id":"badtemp","method":"POST","url":"/v1/completions","body":{"prompt":"x","temperature":"hot"}})"
+      "\n";
+  input += "\n";
+  testing::write_file(work / "in.jsonl", input);
+  const auto r =
+      testing::run_command(batch_cmd((work / "in.jsonl").string(), (work / "out.jsonl").string(),
+                                     "--stats " + (work / "stats.json").string()) +
+                           " 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::map<std::string, json> by_id;
+  for (const json& line : read_jsonl(work / "out.jsonl")) by_id[line["custom_id"]] = line;
+  ASSERT_EQ(by_id.size(), 6u);
+
+  const json& c1 = by_id["c1"]["response"];
+  EXPECT_EQ(c1["status_code"], 200);
+  EXPECT_EQ(c1["body"]["object"], "text_completion");
+  EXPECT_EQ(c1["body"]["model"], "tiny");
+  EXPECT_EQ(c1["body"]["usage"]["prompt_tokens"], 2);  // "Hello", " there"
+  EXPECT_LE(c1["body"]["usage"]["completion_tokens"].get<int>(), 5);
+  EXPECT_TRUE(c1["body"]["choices"][0]["text"].is_string());
+
+  const json& c2 = by_id["c2"]["response"]["body"];
+  EXPECT_EQ(c2["usage"]["completion_tokens"], 3);
+  EXPECT_EQ(c2["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(c2["choices"][0]["logprobs"]["token_logprobs"].size(), 3u);
+  EXPECT_EQ(c2["choices"][0]["logprobs"]["top_logprobs"][0].size(), 2u);
+
+  const json& chat = by_id["chat1"]["response"]["body"];
+  EXPECT_EQ(chat["object"], "chat.completion");
+  EXPECT_EQ(chat["choices"][0]["message"]["role"], "assistant");
+  EXPECT_GT(chat["usage"]["prompt_tokens"].get<int>(), 5);  // the template adds headers
+  EXPECT_EQ(chat["choices"][0]["logprobs"]["content"][0]["top_logprobs"].size(), 1u);
+
+  EXPECT_EQ(by_id["line-4"]["response"]["status_code"], 400);
+  EXPECT_EQ(by_id["badurl"]["response"]["status_code"], 400);
+  EXPECT_NE(by_id["badurl"]["response"]["body"]["error"]["message"].get<std::string>().find(
+                "unsupported url"),
+            std::string::npos);
+  EXPECT_EQ(by_id["badtemp"]["response"]["body"]["error"]["param"], "temperature");
+
+  const json stats = json::parse(testing::read_file(work / "stats.json"));
+  for (const char* key : {"requests", "input_tokens", "output_tokens", "wall_seconds",
+                          "throughput_tokens_per_s", "steps", "mean_batch_tokens", "kv_peak_bytes"})
+    EXPECT_TRUE(stats.contains(key)) << key;
+  EXPECT_EQ(stats["requests"], 6);
+  EXPECT_EQ(stats["failed"], 3);
+  EXPECT_GT(stats["throughput_tokens_per_s"].get<double>(), 0.0);
+
+  // Rerunning with the same output skips everything already there.
+  const auto again = testing::run_command(
+      batch_cmd((work / "in.jsonl").string(), (work / "out.jsonl").string()) + " 2>&1");
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_EQ(read_jsonl(work / "out.jsonl").size(), 6u);
+}
+
+TEST_F(BatchCli, KillNineThenRerunLosesAndDuplicatesNothing) {
+  testing::TempDir work;
+  std::string input;
+  const int n = 48;
+  for (int i = 0; i < n; ++i) {
+    json line = {{"custom_id", "req-" + std::to_string(i)},
+                 {"method", "POST"},
+                 {"url", "/v1/completions"},
+                 {"body",
+                  {{"prompt", "Request number " + std::to_string(i) + " asks for a story."},
+                   {"max_tokens", 24 + i % 16},
+                   {"temperature", 0.7},
+                   {"ignore_eos", true}}}};
+    input += line.dump() + "\n";
+  }
+  testing::write_file(work / "in.jsonl", input);
+  const std::string in = (work / "in.jsonl").string();
+
+  // The reference: one clean run.
+  ASSERT_EQ(
+      testing::run_command(batch_cmd(in, (work / "clean.jsonl").string(), "--max-batch-tokens 64"))
+          .exit_code,
+      0);
+  std::map<std::string, std::string> clean;
+  for (const json& l : read_jsonl(work / "clean.jsonl"))
+    clean[l["custom_id"]] = l["response"]["body"]["choices"][0]["text"];
+  ASSERT_EQ(clean.size(), static_cast<size_t>(n));
+
+  // A run killed with SIGKILL once some (not all) results are written.
+  const auto out = work / "out.jsonl";
+  const std::string model_dir = model();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int devnull = ::open("/dev/null", O_WRONLY);
+    ::dup2(devnull, 1);
+    ::dup2(devnull, 2);
+    ::execl(BLEND_BINARY, "blend", "batch", "--model", model_dir.c_str(), "--input", in.c_str(),
+            "--output", out.c_str(), "--threads", "2", "--kv-memory", "0.05", "--deterministic",
+            "--quiet", "--max-batch-tokens", "64", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (std::filesystem::exists(out) && read_jsonl(out).size() >= 3) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFSIGNALED(status)) << "the run finished before it could be killed";
+  const size_t partial = read_jsonl(out).size();
+  EXPECT_GE(partial, 3u);
+
+  ASSERT_EQ(testing::run_command(batch_cmd(in, out.string())).exit_code, 0);
+  std::map<std::string, int> seen;
+  for (const json& l : read_jsonl(out)) {
+    ++seen[l["custom_id"]];
+    EXPECT_EQ(l["response"]["body"]["choices"][0]["text"], clean[l["custom_id"]]) << l["custom_id"];
+  }
+  EXPECT_EQ(seen.size(), static_cast<size_t>(n));
+  for (const auto& [id, count] : seen) EXPECT_EQ(count, 1) << id;
+}
+
+}  // namespace
+}  // namespace blend

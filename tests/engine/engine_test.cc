@@ -1,0 +1,163 @@
+// The engine end to end on the cpu backend with the tiny preset: determinism across batch
+// composition and order, chunking, KV exhaustion, stop handling, bad requests.
+#include "engine/engine.h"
+
+#include <map>
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "model/presets.h"
+#include "model/random_init.h"
+#include "test_util.h"
+
+namespace blend {
+namespace {
+
+class EngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new testing::TempDir();
+    RandomInitOptions o;
+    o.seed = 11;
+    o.tokenizer_dir = BLEND_TEST_TOKENIZER_DIR;
+    write_random_model(*find_model_preset("tiny"), dir_->path(), o);
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  static EngineOptions options() {
+    EngineOptions o;
+    o.threads = 2;
+    o.deterministic = true;
+    o.kv_memory_gb = 0.05;
+    return o;
+  }
+
+  static std::vector<TokenId> prompt(uint32_t seed, int len) {
+    std::mt19937 rng(seed);
+    std::vector<TokenId> p;
+    for (int i = 0; i < len; ++i) p.push_back(static_cast<TokenId>(rng() % 120000));
+    return p;
+  }
+
+  // Runs the requests and returns each one's result by id.
+  static std::map<std::string, GenerationResult> run(Engine& engine,
+                                                     std::vector<GenerationRequest> requests) {
+    std::map<std::string, GenerationResult> out;
+    for (auto& r : requests)
+      engine.submit(std::move(r), [&out](GenerationResult&& g) { out[g.id] = std::move(g); });
+    engine.run_until_done();
+    return out;
+  }
+
+  static GenerationRequest request(const std::string& id, uint32_t seed, int len, int max_tokens,
+                                   float temperature = 0.0f) {
+    GenerationRequest r;
+    r.id = id;
+    r.prompt = prompt(seed, len);
+    r.params.max_tokens = max_tokens;
+    r.params.temperature = temperature;
+    r.params.top_p = 0.9f;
+    r.params.seed = seed;
+    r.params.ignore_eos = true;
+    return r;
+  }
+
+  static testing::TempDir* dir_;
+};
+
+testing::TempDir* EngineTest::dir_ = nullptr;
+
+TEST_F(EngineTest, TokensDoNotDependOnTheBatchOrItsOrder) {
+  std::vector<GenerationRequest> probes = {request("greedy", 1, 37, 12),
+                                           request("sampled", 2, 21, 12, 0.8f)};
+  std::map<std::string, GenerationResult> alone;
+  for (const auto& p : probes) {
+    Engine engine(dir_->path(), options());
+    auto r = run(engine, {p});
+    alone[p.id] = r[p.id];
+    EXPECT_EQ(alone[p.id].tokens.size(), 12u);
+  }
+  // The same probes among 64 others of varied lengths, then in reverse order with a small
+  // token budget (so prefills are chunked differently).
+  std::vector<GenerationRequest> crowd = probes;
+  for (int i = 0; i < 64; ++i)
+    crowd.push_back(request("other" + std::to_string(i), 100 + i, 5 + (i * 7) % 60, 3 + i % 9,
+                            i % 2 ? 0.7f : 0.0f));
+  {
+    Engine engine(dir_->path(), options());
+    auto r = run(engine, crowd);
+    for (const auto& p : probes) EXPECT_EQ(r[p.id].tokens, alone[p.id].tokens) << p.id;
+  }
+  {
+    std::reverse(crowd.begin(), crowd.end());
+    EngineOptions o = options();
+    o.scheduler.max_batch_tokens = 29;
+    Engine engine(dir_->path(), o);
+    auto r = run(engine, crowd);
+    for (const auto& p : probes) EXPECT_EQ(r[p.id].tokens, alone[p.id].tokens) << p.id;
+  }
+}
+
+TEST_F(EngineTest, KvExhaustionPreemptsAndStillGivesTheSameTokens) {
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 12; ++i) reqs.push_back(request("r" + std::to_string(i), 300 + i, 40, 30));
+  Engine roomy(dir_->path(), options());
+  auto expected = run(roomy, reqs);
+  EXPECT_EQ(roomy.stats().preemptions, 0);
+
+  EngineOptions o = options();
+  // tiny: 2 layers x 32 kv dims x 2 (K,V) x 2 bytes = 256 bytes a token; 16 pages of 16 tokens.
+  o.kv_memory_gb = 256.0 * 16 * 16 / 1e9;
+  o.scheduler.initial_output_estimate = 1;  // optimistic admission: forces preemption
+  Engine tight(dir_->path(), o);
+  auto got = run(tight, reqs);
+  EXPECT_GT(tight.stats().preemptions, 0);
+  ASSERT_EQ(got.size(), reqs.size());
+  for (const auto& [id, r] : expected) EXPECT_EQ(got[id].tokens, r.tokens) << id;
+}
+
+TEST_F(EngineTest, StopStringsTokenIdsAndMaxTokens) {
+  Engine engine(dir_->path(), options());
+  auto free_run = run(engine, {request("a", 5, 10, 24)})["a"];
+  ASSERT_EQ(free_run.tokens.size(), 24u);
+  EXPECT_EQ(free_run.finish, FinishReason::kLength);
+  ASSERT_GT(free_run.text.size(), 6u);
+
+  // A stop string taken from the middle of the free-running text cuts the text before it.
+  const std::string stop = free_run.text.substr(free_run.text.size() / 2, 3);
+  GenerationRequest r = request("b", 5, 10, 24);
+  r.params.stop = {stop};
+  auto stopped = run(engine, {r})["b"];
+  EXPECT_EQ(stopped.finish, FinishReason::kStop);
+  EXPECT_EQ(stopped.text, free_run.text.substr(0, free_run.text.find(stop)));
+  EXPECT_LT(stopped.tokens.size(), 24u);
+
+  // A stop token id ends generation with that token.
+  r = request("c", 5, 10, 24);
+  r.params.stop_token_ids = {free_run.tokens[5]};
+  auto by_id = run(engine, {r})["c"];
+  EXPECT_EQ(by_id.finish, FinishReason::kStop);
+  const auto first = std::find(free_run.tokens.begin(), free_run.tokens.end(), free_run.tokens[5]);
+  EXPECT_EQ(by_id.tokens.size(), static_cast<size_t>(first - free_run.tokens.begin() + 1));
+
+  r = request("d", 5, 10, 0);
+  auto none = run(engine, {r})["d"];
+  EXPECT_TRUE(none.tokens.empty());
+  EXPECT_EQ(none.finish, FinishReason::kLength);
+}
+
+TEST_F(EngineTest, BadRequestsAreErrorsAndTheEngineCarriesOn) {
+  Engine engine(dir_->path(), options());
+  EXPECT_THROW(engine.submit(request("empty", 1, 0, 4), nullptr), Error);
+  GenerationRequest bad = request("range", 1, 4, 4);
+  bad.prompt[2] = 999999;
+  EXPECT_THROW(engine.submit(bad, nullptr), Error);
+  EXPECT_THROW(engine.submit(request("long", 1, 9000, 4), nullptr), Error);
+  auto ok = run(engine, {request("fine", 1, 4, 4)});
+  EXPECT_EQ(ok["fine"].tokens.size(), 4u);
+}
+
+}  // namespace
+}  // namespace blend
