@@ -213,18 +213,24 @@ void Engine::step() {
   stats_.batch_tokens += batch.num_tokens();
   stats_.kv_peak_bytes =
       std::max(stats_.kv_peak_bytes, pool_->peak_used() * backend_->kv_bytes_per_page());
-  size_t row = 0;
-  std::vector<Active*> done;
+  // Sample every row that wants a token, in parallel: each draw depends only on its own row,
+  // seed and output index, so the order of work does not matter.
+  std::vector<const ScheduledChunk*> sampling;
   for (const ScheduledChunk& c : plan.chunks) {
-    Sequence& seq = *c.seq;
-    seq.num_computed += c.num_tokens;
-    if (!c.samples) continue;
-    Active& a = *active_.at(seq.id);
-    const std::span<const float> logits(logits_.data() + row * vocab, vocab);
-    ++row;
-    const SampledToken sampled =
-        sample_token(logits, seq.params, seq.rng_seed, seq.num_generated());
-    if (append_token(a, sampled)) done.push_back(&a);
+    c.seq->num_computed += c.num_tokens;
+    if (c.samples) sampling.push_back(&c);
+  }
+  std::vector<SampledToken> sampled(sampling.size());
+#pragma omp parallel for schedule(dynamic, 1) if (sampling.size() > 1)
+  for (size_t r = 0; r < sampling.size(); ++r) {
+    const Sequence& seq = *sampling[r]->seq;
+    const std::span<const float> logits(logits_.data() + r * vocab, vocab);
+    sampled[r] = sample_token(logits, seq.params, seq.rng_seed, seq.num_generated());
+  }
+  std::vector<Active*> done;
+  for (size_t r = 0; r < sampling.size(); ++r) {
+    Active& a = *active_.at(sampling[r]->seq->id);
+    if (append_token(a, sampled[r])) done.push_back(&a);
   }
   for (Active* a : done) {
     scheduler_->finish(&a->seq);

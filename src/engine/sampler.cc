@@ -1,6 +1,7 @@
 #include "engine/sampler.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -15,6 +16,26 @@ uint64_t mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// exp(x) for x <= 0 to about 2 ulp, branch-free so that loops over the vocabulary vectorise
+// (the libm call was most of the sampler's time on a 128K vocabulary). Below -87 it is 0.
+inline float exp_nonpositive(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  // n = round(x / ln 2) by the 1.5 * 2^23 trick (no libm call, vectorises).
+  const float shifter = 12582912.0f;
+  const float n = (x * 1.44269504088896341f + shifter) - shifter;
+  const float r = (x - n * 0.693145751953125f) - n * 1.428606765330187045e-06f;
+  // exp(r) for |r| <= ln2/2: Taylor polynomial of degree 6 (relative error < 3e-7).
+  float p = 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const int32_t e = static_cast<int32_t>(n) + 127;
+  return p * std::bit_cast<float>(static_cast<uint32_t>(e) << 23);  // e >= 1: x >= -87
+}
+
 TokenId argmax(std::span<const float> logits) {
   // Ties go to the lowest id, so greedy decoding is reproducible everywhere.
   size_t best = 0;
@@ -23,18 +44,27 @@ TokenId argmax(std::span<const float> logits) {
   return static_cast<TokenId>(best);
 }
 
-struct Candidate {
-  TokenId token;
-  float logit;
-};
+float max_of(std::span<const float> v) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (float x : v) m = std::max(m, x);
+  return m;
+}
 
-// log(sum(exp(logits))) computed stably in double.
-double log_sum_exp(std::span<const float> logits) {
-  float max = -std::numeric_limits<float>::infinity();
-  for (float v : logits) max = std::max(max, v);
-  double sum = 0;
-  for (float v : logits) sum += std::exp(static_cast<double>(v - max));
-  return max + std::log(sum);
+// Sum in fixed-size blocks of float, blocks added in double: fast, and the same order every time.
+double stable_sum(const float* w, size_t n) {
+  double total = 0;
+  for (size_t b = 0; b < n; b += 256) {
+    float block = 0;
+    const size_t e = std::min(n, b + 256);
+    for (size_t i = b; i < e; ++i) block += w[i];
+    total += block;
+  }
+  return total;
+}
+
+bool more_likely(std::span<const float> logits, TokenId a, TokenId b) {
+  const float la = logits[static_cast<size_t>(a)], lb = logits[static_cast<size_t>(b)];
+  return la > lb || (la == lb && a < b);
 }
 
 }  // namespace
@@ -48,87 +78,124 @@ SampledToken sample_token(std::span<const float> logits, const SamplingParams& p
                           uint64_t seed, int64_t step) {
   SampledToken out;
   const size_t vocab = logits.size();
+  thread_local std::vector<float> weight;
+  thread_local std::vector<TokenId> ids;
   if (params.temperature <= 0.0f || params.top_k == 1) {
     out.token = argmax(logits);
   } else {
-    // Candidates, most likely first. top_k bounds how many we need; otherwise sort lazily:
-    // the first few hundred tokens nearly always hold the top_p mass.
-    std::vector<Candidate> cand(vocab);
-    for (size_t i = 0; i < vocab; ++i) cand[i] = {static_cast<TokenId>(i), logits[i]};
-    auto by_logit = [](const Candidate& a, const Candidate& b) {
-      return a.logit > b.logit || (a.logit == b.logit && a.token < b.token);
-    };
-    size_t keep = vocab;
-    if (params.top_k > 0) keep = std::min<size_t>(vocab, static_cast<size_t>(params.top_k));
-    size_t sorted = std::min<size_t>(keep, 1024);
-    std::partial_sort(cand.begin(), cand.begin() + static_cast<ptrdiff_t>(sorted), cand.end(),
-                      by_logit);
-    const double inv_t = 1.0 / params.temperature;
-    const double max_logit = cand[0].logit;
-    // Softmax mass of the kept set, computed over all kept candidates.
-    double total = 0;
-    for (size_t i = 0; i < keep; ++i) total += std::exp((cand[i].logit - max_logit) * inv_t);
-    auto prob = [&](size_t i) { return std::exp((cand[i].logit - max_logit) * inv_t) / total; };
-    // min-p: drop tokens below min_p times the top probability (the top has prob(0)).
-    if (params.min_p > 0.0f) {
-      const double floor = params.min_p * prob(0);
-      size_t n = 1;
-      while (n < sorted && prob(n) >= floor) ++n;
-      if (n == sorted && sorted < keep) {  // need more of the order
-        std::sort(cand.begin() + static_cast<ptrdiff_t>(sorted),
-                  cand.begin() + static_cast<ptrdiff_t>(keep), by_logit);
-        sorted = keep;
-        while (n < keep && prob(n) >= floor) ++n;
+    // Unnormalised probabilities exp((logit - max) / T) of every token, then the filters
+    // restrict the candidate set `ids` (all tokens unless top-k/min-p/top-p cut it).
+    const float max_logit = max_of(logits);
+    const float inv_t = 1.0f / params.temperature;
+    weight.resize(vocab);
+    float* w = weight.data();  // plain pointers: the thread_local wrapper blocks vectorisation
+    const float* l = logits.data();
+    for (size_t i = 0; i < vocab; ++i) w[i] = exp_nonpositive((l[i] - max_logit) * inv_t);
+    const bool restrict = params.top_k > 0 || params.min_p > 0.0f || params.top_p < 1.0f;
+    ids.clear();
+    if (restrict) {
+      // min-p first (it is a plain threshold), then top-k by logit.
+      const float floor = params.min_p;  // the top token has weight 1
+      for (size_t i = 0; i < vocab; ++i)
+        if (weight[i] >= floor && weight[i] > 0.0f) ids.push_back(static_cast<TokenId>(i));
+      auto by_logit = [&](TokenId a, TokenId b) { return more_likely(logits, a, b); };
+      if (params.top_k > 0 && ids.size() > static_cast<size_t>(params.top_k)) {
+        std::nth_element(ids.begin(), ids.begin() + params.top_k - 1, ids.end(), by_logit);
+        ids.resize(static_cast<size_t>(params.top_k));
       }
-      keep = n;
-    }
-    // top-p: the smallest prefix whose mass reaches top_p.
-    if (params.top_p < 1.0f) {
-      double cum = 0;
-      size_t n = 0;
-      while (n < keep) {
-        if (n == sorted) {
-          std::sort(cand.begin() + static_cast<ptrdiff_t>(sorted),
-                    cand.begin() + static_cast<ptrdiff_t>(keep), by_logit);
-          sorted = keep;
+      if (params.top_p < 1.0f) {
+        // The smallest most-likely set holding top_p of the mass, without sorting the whole
+        // vocabulary: bucket the weights by their float bits (monotonic for positive floats),
+        // take every bucket above the one where the mass crosses top_p, and sort only that one.
+        constexpr int kShift = 19;  // 8 exponent + 4 mantissa bits: 4096 buckets
+        thread_local std::vector<double> bucket_mass;
+        bucket_mass.assign(size_t{1} << (32 - kShift), 0.0);
+        auto bucket = [&](TokenId t) {
+          return std::bit_cast<uint32_t>(weight[static_cast<size_t>(t)]) >> kShift;
+        };
+        double total = 0;
+        for (TokenId t : ids) {
+          bucket_mass[bucket(t)] += weight[static_cast<size_t>(t)];
+          total += weight[static_cast<size_t>(t)];
         }
-        cum += prob(n);
-        ++n;
-        if (cum >= params.top_p) break;
+        const double target = params.top_p * total;
+        double above = 0;  // mass of the buckets strictly above the crossing one
+        size_t cross = bucket_mass.size();
+        while (cross-- > 0) {
+          if (above + bucket_mass[cross] >= target) break;
+          above += bucket_mass[cross];
+        }
+        std::vector<TokenId> kept, edge;
+        for (TokenId t : ids) {
+          const uint32_t b = bucket(t);
+          if (b > cross) kept.push_back(t);
+          if (b == cross) edge.push_back(t);
+        }
+        std::sort(edge.begin(), edge.end(), by_logit);
+        double cum = above;
+        for (TokenId t : edge) {
+          if (cum >= target && !kept.empty()) break;
+          kept.push_back(t);
+          cum += weight[static_cast<size_t>(t)];
+        }
+        ids = std::move(kept);
       }
-      keep = std::max<size_t>(n, 1);
     }
-    if (sorted < keep) {
-      std::sort(cand.begin() + static_cast<ptrdiff_t>(sorted),
-                cand.begin() + static_cast<ptrdiff_t>(keep), by_logit);
+    // Inverse-CDF draw in a fixed order (token id order, or the filtered order).
+    double total;
+    if (restrict) {
+      total = 0;
+      for (TokenId t : ids) total += weight[static_cast<size_t>(t)];
+    } else {
+      total = stable_sum(weight.data(), vocab);
     }
-    // Inverse-CDF draw over the kept candidates in their fixed (logit, id) order.
-    double mass = 0;
-    for (size_t i = 0; i < keep; ++i) mass += prob(i);
-    const double u = sampling_uniform(seed, step) * mass;
+    const double u = sampling_uniform(seed, step) * total;
     double acc = 0;
-    out.token = cand[keep - 1].token;
-    for (size_t i = 0; i < keep; ++i) {
-      acc += prob(i);
-      if (u < acc) {
-        out.token = cand[i].token;
+    if (restrict) {
+      out.token = ids.back();
+      for (TokenId t : ids) {
+        acc += weight[static_cast<size_t>(t)];
+        if (u < acc) {
+          out.token = t;
+          break;
+        }
+      }
+    } else {
+      out.token = static_cast<TokenId>(vocab - 1);
+      for (size_t b = 0; b < vocab; b += 256) {  // same blocks as stable_sum
+        const size_t e = std::min(vocab, b + 256);
+        float block = 0;
+        for (size_t i = b; i < e; ++i) block += weight[i];
+        if (u >= acc + block) {
+          acc += block;
+          continue;
+        }
+        for (size_t i = b; i < e; ++i) {
+          acc += weight[i];
+          if (u < acc) {
+            out.token = static_cast<TokenId>(i);
+            break;
+          }
+        }
         break;
       }
     }
   }
   if (params.logprobs) {
-    const double lse = log_sum_exp(logits);
+    // log-softmax of the raw logits (temperature 1), as OpenAI reports them.
+    const float max_logit = max_of(logits);
+    weight.resize(vocab);
+    float* w = weight.data();
+    const float* l = logits.data();
+    for (size_t i = 0; i < vocab; ++i) w[i] = exp_nonpositive(l[i] - max_logit);
+    const double lse = max_logit + std::log(stable_sum(weight.data(), vocab));
     out.logprob = static_cast<float>(logits[static_cast<size_t>(out.token)] - lse);
     const size_t n = std::min<size_t>(vocab, static_cast<size_t>(std::max(0, *params.logprobs)));
     if (n > 0) {
-      std::vector<TokenId> ids(vocab);
+      ids.resize(vocab);
       std::iota(ids.begin(), ids.end(), 0);
-      std::partial_sort(
-          ids.begin(), ids.begin() + static_cast<ptrdiff_t>(n), ids.end(),
-          [&](TokenId a, TokenId b) {
-            return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)] ||
-                   (logits[static_cast<size_t>(a)] == logits[static_cast<size_t>(b)] && a < b);
-          });
+      std::partial_sort(ids.begin(), ids.begin() + static_cast<ptrdiff_t>(n), ids.end(),
+                        [&](TokenId a, TokenId b) { return more_likely(logits, a, b); });
       for (size_t i = 0; i < n; ++i)
         out.top.push_back({ids[i], static_cast<float>(logits[static_cast<size_t>(ids[i])] - lse)});
     }

@@ -84,7 +84,7 @@ TEST_F(EngineTest, TokensDoNotDependOnTheBatchOrItsOrder) {
   std::vector<GenerationRequest> crowd = probes;
   for (int i = 0; i < 64; ++i)
     crowd.push_back(request("other" + std::to_string(i), 100 + i, 5 + (i * 7) % 60, 3 + i % 9,
-                            i % 2 ? 0.7f : 0.0f));
+                            i % 4 ? 0.0f : 0.7f));
   {
     Engine engine(dir_->path(), options());
     auto r = run(engine, crowd);
