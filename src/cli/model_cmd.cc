@@ -1,4 +1,4 @@
-// blend model init | info
+// blend model init | info | export-gguf
 #include <cstdio>
 
 #include <CLI/CLI.hpp>
@@ -7,6 +7,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "cost/model_shapes.h"
+#include "model/gguf.h"
 #include "model/presets.h"
 #include "model/random_init.h"
 #include "model/safetensors.h"
@@ -75,6 +76,22 @@ void run_info(const std::string& dir) {
   std::printf("%s\n", info.dump(2).c_str());
 }
 
+struct ExportGgufArgs {
+  std::string model;
+  std::string out;
+  std::string dtype;  // empty: the checkpoint's
+};
+
+void run_export_gguf(const ExportGgufArgs& a) {
+  GgufExportOptions options;
+  if (!a.dtype.empty()) options.dtype = parse_dtype_flag(a.dtype);
+  const GgufExportSummary s = export_gguf(a.model, a.out, options);
+  std::printf("wrote %s: GGUF v3, architecture %s, %zu tensors, %zu metadata keys, %s, %.1f MiB\n",
+              a.out.c_str(), s.architecture.c_str(), s.tensor_count, s.metadata_count,
+              std::string(dtype_name(s.dtype)).c_str(),
+              static_cast<double>(s.file_bytes) / (1024.0 * 1024.0));
+}
+
 }  // namespace
 
 void register_model_commands(CLI::App& app) {
@@ -98,6 +115,15 @@ void register_model_commands(CLI::App& app) {
   CLI::App* info = model->add_subcommand("info", "Load a model folder, check it, print a summary");
   info->add_option("--model", *info_dir, "Model folder")->required();
   info->callback([info_dir] { run_info(*info_dir); });
+
+  auto gguf_args = std::make_shared<ExportGgufArgs>();
+  CLI::App* gguf = model->add_subcommand(
+      "export-gguf", "Write a model folder as one GGUF v3 file (llama.cpp's format)");
+  gguf->add_option("--model", gguf_args->model, "Model folder")->required();
+  gguf->add_option("--out", gguf_args->out, "Output .gguf file")->required();
+  gguf->add_option("--dtype", gguf_args->dtype,
+                   "bf16 | f16 | f32 for the matrices (default: the checkpoint's dtype)");
+  gguf->callback([gguf_args] { run_export_gguf(*gguf_args); });
 }
 
 }  // namespace blend::cli

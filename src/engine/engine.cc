@@ -51,12 +51,17 @@ Engine::Engine(const std::filesystem::path& model_dir, const EngineOptions& opti
   const int64_t page_bytes = kv_bytes_per_token(config_, kv_elem) * options.page_size;
   int64_t kv_bytes = static_cast<int64_t>(options.kv_memory_gb * 1e9);
   if (kv_bytes <= 0) {
-    // A third of what is free after the weights, at most 8 GB: leaves room for activations,
-    // the page cache of the weight file and other processes on a shared machine.
+    // A third of what is free after the weights, at most 8 GB (room for activations, the page
+    // cache of the weight file and other processes on a shared machine), and no more than
+    // max_running full-length sequences could ever use.
     int64_t weight_bytes = 0;
     for (const auto& [name, view] : weights_->tensors()) weight_bytes += view->nbytes;
-    kv_bytes =
-        std::clamp<int64_t>((available_memory_bytes() - weight_bytes) / 3, 64 << 20, 8'000'000'000);
+    const int64_t useful = page_bytes * options.scheduler.max_running *
+                           ((config_.max_position_embeddings + options.page_size - 1) /
+                            options.page_size);
+    kv_bytes = std::clamp<int64_t>((available_memory_bytes() - weight_bytes) / 3, 64 << 20,
+                                   8'000'000'000);
+    kv_bytes = std::min(kv_bytes, useful);
   }
   const int64_t num_pages = kv_bytes / page_bytes;
   if (num_pages < 1)

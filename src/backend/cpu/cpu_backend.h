@@ -1,0 +1,72 @@
+// The cpu backend: the real forward pass of a Llama-family model (LlamaForCausalLM,
+// Qwen2ForCausalLM with QKV bias, MistralForCausalLM with sliding window) over a flat ragged
+// batch of prefill chunks and decode tokens, with a paged KV cache it owns.
+//
+// Numerics: f32 weights run f32 GEMMs with an f32 KV cache; bf16 and f16 checkpoints run bf16
+// GEMMs (f16 converted to bf16 at load) with f32 accumulation and a bf16 KV cache. The residual
+// stream, norms, RoPE, softmax and activations are f32 throughout.
+//
+// Deterministic mode (BackendOptions::deterministic): a sequence's logits are bitwise identical
+// whatever other sequences share the batch, in whatever order, and however its prompt was split
+// into chunks (one, several, or token by token). GEMMs run on fixed-size row tiles, attention
+// reduces keys in position-aligned blocks from the window start upward, norms reduce per row in
+// a fixed order. The default mode differs only in the GEMMs (one call over the whole batch).
+//
+// The guarantee holds for one backend configuration (thread count, page size, machine); the
+// default mode is close to it (same math, GEMM blocking may vary with the batch size).
+//
+// Threads: BackendOptions::threads OpenMP threads (0 = all) for GEMMs, attention and the
+// element-wise ops; the constructor and forward() set the calling thread's OpenMP thread count
+// to it. forward() may be called from any one thread at a time.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+
+namespace blend {
+
+class TensorStore;
+
+// Wall time spent per operation since the last reset, summed over layers and steps.
+struct CpuOpTimes {
+  double embed = 0;      // embedding lookup, RoPE tables, batch checks
+  double norm = 0;       // RMSNorms (and conversion to the GEMM input dtype)
+  double qkv = 0;        // fused Q/K/V projection
+  double rope_kv = 0;    // RoPE on q and k, writing K/V into the cache
+  double attention = 0;  // paged attention
+  double o_proj = 0;     // output projection + residual
+  double gate_up = 0;    // fused gate/up projection
+  double act = 0;        // SiLU(gate) * up
+  double down = 0;       // down projection + residual
+  double lm_head = 0;    // final norm of the logit rows and the lm_head GEMM
+  int64_t steps = 0;
+  int64_t tokens = 0;
+
+  double layer_gemms() const { return qkv + o_proj + gate_up + down; }
+  double total() const {
+    return embed + norm + qkv + rope_kv + attention + o_proj + gate_up + act + down + lm_head;
+  }
+};
+
+// Which library runs the f32 GEMMs (bf16 GEMMs always use oneDNN).
+enum class CpuGemmLib { kOneDnn, kOpenBlas };
+
+class CpuBackend : public Backend {
+ public:
+  virtual const CpuOpTimes& op_times() const = 0;
+  virtual void reset_op_times() = 0;
+  // What runs the GEMMs, e.g. "onednn bf16 brg:avx512_core_bf16, row tile 32".
+  virtual std::string gemm_info() const = 0;
+};
+
+// Loads the weights of `config` from `weights` (checked against llama_tensor_specs), packs them
+// for the GEMM kernels, and allocates options.num_pages KV pages of options.page_size tokens.
+// Throws blend::Error on missing or mis-shaped tensors and bad options.
+std::unique_ptr<Backend> make_cpu_backend(const ModelConfig& config, const TensorStore& weights,
+                                          const BackendOptions& options);
+std::unique_ptr<CpuBackend> make_cpu_backend(const ModelConfig& config, const TensorStore& weights,
+                                             const BackendOptions& options, CpuGemmLib f32_gemm);
+
+}  // namespace blend

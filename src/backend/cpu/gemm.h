@@ -1,0 +1,94 @@
+// GEMMs of the cpu backend: a linear layer y = x W^T (+ b) whose weight is converted and packed
+// once at load into the layout the kernel wants, then run through oneDNN's matmul (bf16 x bf16
+// -> f32 or f32 x f32 -> f32) or, for f32, OpenBLAS sgemm.
+//
+// Row contract: a call on m rows reads and writes padded_rows(m) rows of x and y (the extra rows
+// are scratch the caller provides), and row i of y depends only on row i of x. In deterministic
+// mode (row_tile > 0) every call runs the kernel on tiles of exactly row_tile rows, so each row
+// goes through the same kernel with the same K-loop whatever m is and wherever the row sits:
+// a row's output bits do not depend on the batch it came in. The default mode runs one kernel
+// call over m rounded up to a multiple of 16 (fewer, larger calls; a row's bits may then depend
+// on m through the library's blocking choices).
+//
+// Not thread-safe: one forward pass at a time (the kernels themselves use all threads).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <dnnl.hpp>
+
+#include "backend/cpu/memory.h"
+#include "core/dtype.h"
+
+namespace blend {
+struct TensorView;
+}
+
+namespace blend::cpu {
+
+enum class GemmLib { kOneDnn, kOpenBlas };
+
+struct GemmOptions {
+  DType compute = DType::kBF16;    // kBF16 or kF32: activations fed to GEMMs and packed weights
+  GemmLib lib = GemmLib::kOneDnn;  // kOpenBlas needs compute == kF32
+  int64_t row_tile = 0;  // > 0: deterministic mode, kernels run on tiles of this many rows
+};
+
+class GemmContext {
+ public:
+  explicit GemmContext(const GemmOptions& options);
+  const GemmOptions& options() const { return options_; }
+  size_t elem_size() const { return dtype_size(options_.compute); }
+  // Rows the caller must provide in x and y for a call on m rows.
+  int64_t padded_rows(int64_t m) const;
+  // Distinct kernel instances created so far (one per row count and shape).
+  size_t cached_primitives() const { return cache_.size(); }
+
+ private:
+  friend class Linear;
+  using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool>;  // m, k, n, bias, accumulate
+  dnnl::matmul& primitive(int64_t m, int64_t k, int64_t n, bool bias, bool accumulate,
+                          const dnnl::memory::desc& weights);
+
+  GemmOptions options_;
+  dnnl::engine engine_;
+  dnnl::stream stream_;
+  std::map<Key, dnnl::matmul> cache_;
+};
+
+class Linear {
+ public:
+  // Stacks the [n_i, k] weight matrices `parts` along the output dimension (fused Q/K/V or
+  // gate/up) and packs them; `bias_parts` is empty or holds one [n_i] bias per part. Tensors may
+  // be F32, BF16 or F16; they are converted to the context's compute dtype.
+  Linear(GemmContext& ctx, const std::vector<const TensorView*>& parts,
+         const std::vector<const TensorView*>& bias_parts = {});
+
+  int64_t k() const { return k_; }
+  int64_t n() const { return n_; }
+  // Implementation oneDNN picked (e.g. "brg:avx512_core_bf16") or "openblas".
+  std::string impl() const;
+
+  // y[m][n] = x[m][k] W^T + b, or y += ... when `accumulate`. x holds compute-dtype elements,
+  // y f32; both row-major with padded_rows(m) rows available.
+  void forward(const void* x, int64_t m, float* y, bool accumulate = false);
+
+ private:
+  void run(int64_t rows, const void* x, float* y, bool accumulate);
+
+  GemmContext& ctx_;
+  int64_t k_ = 0, n_ = 0;
+  dnnl::memory::desc packed_desc_;
+  Buffer packed_data_;
+  dnnl::memory packed_;       // oneDNN: weights in the kernel's blocked layout
+  std::vector<float> plain_;  // OpenBLAS: weights [n][k] f32
+  std::vector<float> bias_;   // [n] or empty
+  dnnl::memory bias_mem_;
+};
+
+}  // namespace blend::cpu

@@ -1,0 +1,61 @@
+// The element-wise and per-row operations of the cpu forward pass: RMSNorm, RoPE (with
+// Llama-3 and linear frequency scaling), SwiGLU, and the f32 -> GEMM-input conversion.
+//
+// Every function treats each row on its own, with a fixed order of arithmetic inside the row,
+// so a row's result does not depend on the other rows or on how rows are split among threads
+// (the batch invariance of the deterministic mode rests on this). Rows are spread over
+// `threads` OpenMP threads. Hot loops are compiled for several ISAs and picked at run time.
+#pragma once
+
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <vector>
+
+#include "core/dtype.h"
+#include "model/config.h"
+
+namespace blend::cpu {
+
+// exp(x) to about 1 ulp for x in [-87, 88] (clamped outside), written so that compilers can
+// vectorise it: Cody-Waite range reduction, degree-6 polynomial, exponent by bit arithmetic.
+inline float exp_approx(float x) {
+  x = std::max(-87.0f, std::min(x, 88.0f));  // min/max, not branches: one vector path
+  constexpr float kRound = 12582912.0f;      // 1.5 * 2^23: adding it rounds to an integer
+  const float n = (x * 1.44269504088896341f + kRound) - kRound;
+  float r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  return p * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+}
+
+// Writes n floats as `dtype` (F32 copy or BF16 round-to-nearest-even) to out.
+void store_row(const float* in, int64_t n, DType dtype, void* out);
+
+// out[r] = weight * x[r] / sqrt(mean(x[r]^2) + eps) for rows r < rows; x rows are x_stride
+// floats apart, out rows dim elements of `out_dtype`.
+void rmsnorm(const float* x, int64_t x_stride, int64_t rows, int64_t dim, const float* weight,
+             float eps, DType out_dtype, void* out, int threads);
+
+// out[r][i] = silu(gate_up[r][i]) * gate_up[r][f + i] for i < f (gate and up halves of one row).
+void swiglu(const float* gate_up, int64_t rows, int64_t f, DType out_dtype, void* out, int threads);
+
+// RoPE inverse frequencies inv_freq[i] = theta^(-2i/head_dim), i < head_dim / 2, with the
+// config's scaling applied (Hugging Face _compute_llama3_parameters / linear), in double.
+std::vector<double> rope_inv_freq(const ModelConfig& config);
+
+// cos and sin of position * inv_freq[i], [n][half] each, computed in double then rounded.
+void rope_tables(const int32_t* positions, int64_t n, const std::vector<double>& inv_freq,
+                 float* cos, float* sin, int threads);
+
+// Rotates `heads` consecutive head vectors of length 2 * half in place, Hugging Face
+// rotate_half convention: element i pairs with element i + half.
+void rope_apply(float* x, int64_t heads, int64_t half, const float* cos, const float* sin);
+
+}  // namespace blend::cpu

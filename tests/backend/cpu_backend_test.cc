@@ -1,0 +1,620 @@
+#include "backend/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <numbers>
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "backend/cpu/simd.h"
+#include "core/error.h"
+#include "model/presets.h"
+#include "model/random_init.h"
+#include "model/safetensors.h"
+#include "test_util.h"
+
+namespace blend {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Test models: the "tiny" preset (hidden 64, 2 layers, 4 heads, 2 KV heads, head_dim 16,
+// untied lm_head) and variants of it, generated once per test program.
+
+struct TestModel {
+  testing::TempDir dir;
+  ModelConfig config;
+  TensorStore store;
+};
+
+ModelConfig variant_config(const std::string& variant) {
+  ModelConfig c = *find_model_preset("tiny");
+  // A small vocabulary keeps generation, loading and the reference's lm_head cheap (the tests
+  // also run under sanitizers); the lm_head code path does not depend on the vocabulary size,
+  // and the benchmark runs the real one.
+  c.vocab_size = 4096;
+  if (variant == "qwen2") {
+    c.architecture = "Qwen2ForCausalLM";
+    c.model_type = "qwen2";
+    c.attention_bias = true;
+  } else if (variant == "llama3") {
+    // Small original context so that head_dim 16's frequencies fall in all three bands
+    // (kept, interpolated, divided by factor); tied embeddings on this one.
+    c.rope_scaling = {.type = "llama3",
+                      .factor = 8.0,
+                      .low_freq_factor = 1.0,
+                      .high_freq_factor = 4.0,
+                      .original_max_position_embeddings = 64};
+    c.tie_word_embeddings = true;
+  } else if (variant == "linear") {
+    c.rope_scaling = {.type = "linear", .factor = 4.0};
+  } else if (variant == "hd64") {
+    // head_dim 64 (the common size) with q_dim != hidden and 2 query heads per KV head.
+    c.num_heads = 2;
+    c.num_kv_heads = 1;
+    c.head_dim = 64;
+  } else if (variant == "mistral") {
+    c.architecture = "MistralForCausalLM";
+    c.model_type = "mistral";
+    c.sliding_window = 6;
+  }
+  return c;
+}
+
+const TestModel& model(const std::string& variant, DType dtype = DType::kF32) {
+  static std::map<std::pair<std::string, DType>, std::unique_ptr<TestModel>> cache;
+  auto& slot = cache[{variant, dtype}];
+  if (!slot) {
+    auto m = std::make_unique<TestModel>();
+    RandomInitOptions o;
+    o.seed = 11;
+    o.dtype = dtype;
+    o.tokenizer_dir = BLEND_TEST_TOKENIZER_DIR;
+    write_random_model(variant_config(variant), m->dir.path(), o);
+    m->config = ModelConfig::from_dir(m->dir.path());
+    m->store = TensorStore::open_dir(m->dir.path());
+    slot = std::move(m);
+  }
+  return *slot;
+}
+
+std::unique_ptr<CpuBackend> make_backend(const TestModel& m, bool deterministic, int page_size = 16,
+                                         int64_t num_pages = 256,
+                                         CpuGemmLib lib = CpuGemmLib::kOneDnn) {
+  BackendOptions o;
+  o.deterministic = deterministic;
+  o.page_size = page_size;
+  o.num_pages = num_pages;
+  return make_cpu_backend(m.config, m.store, o, lib);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The float64 reference: the same layer math written out plainly, one sequence at a time.
+
+class Reference {
+ public:
+  explicit Reference(const TestModel& m) : c_(m.config), store_(m.store) {}
+
+  // Logits of the last token of `tokens` (at positions 0..n-1).
+  std::vector<double> logits(const std::vector<TokenId>& tokens) {
+    const int64_t n = static_cast<int64_t>(tokens.size()), h = c_.hidden_size, d = c_.head_dim;
+    const int64_t nh = c_.num_heads, nkv = c_.num_kv_heads, group = nh / nkv;
+    const auto& embed = w("model.embed_tokens.weight");
+    std::vector<std::vector<double>> x(n, std::vector<double>(h));
+    for (int64_t p = 0; p < n; ++p)
+      for (int64_t i = 0; i < h; ++i) x[p][i] = embed[tokens[p] * h + i];
+    for (int64_t l = 0; l < c_.num_layers; ++l) {
+      auto name = [&](const char* s) { return layer_tensor_name(l, s); };
+      std::vector<std::vector<double>> q(n), k(n), v(n);
+      for (int64_t p = 0; p < n; ++p) {
+        const auto xn = rmsnorm(x[p], w(name("input_layernorm.weight")));
+        q[p] = matvec(w(name("self_attn.q_proj.weight")), xn);
+        k[p] = matvec(w(name("self_attn.k_proj.weight")), xn);
+        v[p] = matvec(w(name("self_attn.v_proj.weight")), xn);
+        if (c_.attention_bias) {
+          add(q[p], w(name("self_attn.q_proj.bias")));
+          add(k[p], w(name("self_attn.k_proj.bias")));
+          add(v[p], w(name("self_attn.v_proj.bias")));
+        }
+        for (int64_t hh = 0; hh < nh; ++hh) rope(&q[p][hh * d], p);
+        for (int64_t hh = 0; hh < nkv; ++hh) rope(&k[p][hh * d], p);
+      }
+      for (int64_t p = 0; p < n; ++p) {
+        std::vector<double> out(nh * d, 0.0);
+        const int64_t lo = c_.sliding_window ? std::max<int64_t>(0, p - *c_.sliding_window + 1) : 0;
+        for (int64_t hh = 0; hh < nh; ++hh) {
+          const int64_t g = hh / group;
+          std::vector<double> s;
+          double mx = -INFINITY;
+          for (int64_t j = lo; j <= p; ++j) {
+            double dot = 0;
+            for (int64_t i = 0; i < d; ++i) dot += q[p][hh * d + i] * k[j][g * d + i];
+            s.push_back(dot / std::sqrt(static_cast<double>(d)));
+            mx = std::max(mx, s.back());
+          }
+          double sum = 0;
+          for (double& e : s) sum += (e = std::exp(e - mx));
+          for (int64_t j = lo; j <= p; ++j)
+            for (int64_t i = 0; i < d; ++i) out[hh * d + i] += s[j - lo] / sum * v[j][g * d + i];
+        }
+        add(x[p], matvec(w(name("self_attn.o_proj.weight")), out));
+      }
+      for (int64_t p = 0; p < n; ++p) {
+        const auto xn = rmsnorm(x[p], w(name("post_attention_layernorm.weight")));
+        const auto gate = matvec(w(name("mlp.gate_proj.weight")), xn);
+        const auto up = matvec(w(name("mlp.up_proj.weight")), xn);
+        std::vector<double> a(gate.size());
+        for (size_t i = 0; i < a.size(); ++i) a[i] = gate[i] / (1.0 + std::exp(-gate[i])) * up[i];
+        add(x[p], matvec(w(name("mlp.down_proj.weight")), a));
+      }
+    }
+    const auto xn = rmsnorm(x[n - 1], w("model.norm.weight"));
+    return matvec(w(c_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"), xn);
+  }
+
+ private:
+  const std::vector<float>& w(const std::string& name) {
+    auto& t = weights_[name];
+    if (t.empty()) {
+      const TensorView& view = store_.get(name);
+      t.resize(view.numel());
+      for (int64_t i = 0; i < view.numel(); ++i) t[i] = view.at(i);
+    }
+    return t;
+  }
+  std::vector<double> rmsnorm(const std::vector<double>& x,
+                              const std::vector<float>& weight) const {
+    double ss = 0;
+    for (double e : x) ss += e * e;
+    const double inv = 1.0 / std::sqrt(ss / static_cast<double>(x.size()) + c_.rms_norm_eps);
+    std::vector<double> y(x.size());
+    for (size_t i = 0; i < x.size(); ++i) y[i] = weight[i] * x[i] * inv;
+    return y;
+  }
+  static std::vector<double> matvec(const std::vector<float>& m, const std::vector<double>& x) {
+    const size_t cols = x.size(), rows = m.size() / cols;
+    std::vector<double> y(rows, 0.0);
+    for (size_t r = 0; r < rows; ++r)
+      for (size_t i = 0; i < cols; ++i) y[r] += m[r * cols + i] * x[i];
+    return y;
+  }
+  static void add(std::vector<double>& a, const std::vector<double>& b) {
+    for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
+  }
+  static void add(std::vector<double>& a, const std::vector<float>& b) {
+    for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
+  }
+  // Hugging Face rotate_half RoPE with the default / linear / llama3 frequencies.
+  void rope(double* x, int64_t pos) const {
+    const int64_t half = c_.head_dim / 2;
+    for (int64_t i = 0; i < half; ++i) {
+      double f =
+          std::pow(c_.rope_theta, -2.0 * static_cast<double>(i) / static_cast<double>(c_.head_dim));
+      const RopeScaling& s = c_.rope_scaling;
+      if (s.type == "linear") f /= s.factor;
+      if (s.type == "llama3") {
+        const double old_len = static_cast<double>(s.original_max_position_embeddings);
+        const double wavelen = 2 * std::numbers::pi / f;
+        if (wavelen > old_len / s.low_freq_factor) {
+          f /= s.factor;
+        } else if (wavelen >= old_len / s.high_freq_factor) {
+          const double smooth =
+              (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+          f = (1 - smooth) * f / s.factor + smooth * f;
+        }
+      }
+      const double a = static_cast<double>(pos) * f, cs = std::cos(a), sn = std::sin(a);
+      const double x0 = x[i], x1 = x[i + half];
+      x[i] = x0 * cs - x1 * sn;
+      x[i + half] = x1 * cs + x0 * sn;
+    }
+  }
+
+  ModelConfig c_;
+  const TensorStore& store_;
+  std::map<std::string, std::vector<float>> weights_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Sequences, pages and steps.
+
+struct Seq {
+  SeqId id = 0;
+  std::vector<TokenId> tokens;  // every token the sequence will have
+  std::vector<PageId> pages;    // block table
+  int32_t cached = 0;           // tokens already in the KV cache
+};
+
+// Hands out page ids in a shuffled order, so block tables are never contiguous.
+class Pages {
+ public:
+  explicit Pages(int64_t n, uint32_t seed = 5) {
+    for (PageId p = 0; p < n; ++p) free_.push_back(p);
+    std::shuffle(free_.begin(), free_.end(), std::mt19937(seed));
+  }
+  Seq seq(SeqId id, std::vector<TokenId> tokens, int page_size) {
+    Seq s{id, std::move(tokens), {}, 0};
+    const size_t pages = (s.tokens.size() + page_size - 1) / page_size;
+    for (size_t i = 0; i < pages; ++i) {
+      s.pages.push_back(free_.back());
+      free_.pop_back();
+    }
+    return s;
+  }
+
+ private:
+  std::vector<PageId> free_;
+};
+
+std::vector<TokenId> random_tokens(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<TokenId> dist(0, 4095);  // inside every test model's vocabulary
+  std::vector<TokenId> t(n);
+  for (auto& e : t) e = dist(rng);
+  return t;
+}
+
+class Step {
+ public:
+  // The next n tokens of s as one chunk.
+  Step& add(Seq& s, int32_t n, bool logits = true) {
+    SeqChunk c;
+    c.seq = s.id;
+    c.num_cached = s.cached;
+    c.num_tokens = n;
+    c.token_offset = batch_.num_tokens();
+    c.block_table = s.pages;
+    c.wants_logits = logits;
+    for (int32_t i = 0; i < n; ++i) {
+      batch_.tokens.push_back(s.tokens.at(s.cached + i));
+      batch_.positions.push_back(s.cached + i);
+    }
+    batch_.chunks.push_back(c);
+    added_.push_back(&s);
+    return *this;
+  }
+  // Runs the step and returns one logits row per added chunk (empty when it wanted none).
+  std::vector<std::vector<float>> run(Backend& backend) {
+    const int64_t vocab = backend.config().vocab_size;
+    std::vector<float> flat(batch_.num_logit_rows() * vocab);
+    backend.forward(batch_, flat);
+    std::vector<std::vector<float>> rows;
+    int64_t r = 0;
+    for (size_t i = 0; i < batch_.chunks.size(); ++i) {
+      added_[i]->cached += batch_.chunks[i].num_tokens;
+      if (!batch_.chunks[i].wants_logits) {
+        rows.emplace_back();
+        continue;
+      }
+      rows.emplace_back(flat.begin() + r * vocab, flat.begin() + (r + 1) * vocab);
+      ++r;
+    }
+    return rows;
+  }
+  const ForwardBatch& batch() const { return batch_; }
+
+ private:
+  ForwardBatch batch_;
+  std::vector<Seq*> added_;
+};
+
+double rel_err(const std::vector<float>& a, const std::vector<double>& ref) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    diff = std::max(diff, std::abs(a[i] - ref[i]));
+    scale = std::max(scale, std::abs(ref[i]));
+  }
+  return diff / scale;
+}
+
+double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+  return rel_err(a, std::vector<double>(b.begin(), b.end()));
+}
+
+::testing::AssertionResult Bitwise(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return ::testing::AssertionFailure() << "sizes differ";
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0)
+      return ::testing::AssertionFailure() << "first difference at " << i << ": " << a[i] << " vs "
+                                           << b[i] << " (rel err " << rel_err(a, b) << ")";
+  return ::testing::AssertionSuccess();
+}
+
+std::vector<TokenId> prefix(const Seq& s, int32_t n) {
+  return {s.tokens.begin(), s.tokens.begin() + n};
+}
+
+// Three sequences over three steps: multi-page prompts, a prompt split in two chunks, decode
+// tokens mixed with a prefill chunk. Every logits row is checked against the reference.
+void check_against_reference(const TestModel& m, double tol, bool deterministic, int page_size = 16,
+                             CpuGemmLib lib = CpuGemmLib::kOneDnn) {
+  auto backend = make_backend(m, deterministic, page_size, 256, lib);
+  Reference ref(m);
+  Pages pages(256);
+  Seq a = pages.seq(1, random_tokens(42, 1), page_size);
+  Seq b = pages.seq(2, random_tokens(28, 2), page_size);
+  Seq c = pages.seq(3, random_tokens(27, 3), page_size);
+  auto expect_close = [&](const std::vector<float>& got, const Seq& s, const char* what) {
+    const double err = rel_err(got, ref.logits(prefix(s, s.cached)));
+    if (std::getenv("BLEND_TEST_VERBOSE"))
+      std::printf("%s seq %ld: rel err %.3g\n", what, (long)s.id, err);
+    EXPECT_LT(err, tol) << what << " (seq " << s.id << ", " << s.cached << " tokens)";
+  };
+
+  auto rows = Step().add(a, 40).add(b, 25).add(c, 17, /*logits=*/false).run(*backend);
+  EXPECT_TRUE(rows[2].empty());
+  expect_close(rows[0], a, "40-token prompt");
+  expect_close(rows[1], b, "25-token prompt");
+
+  rows = Step().add(b, 1).add(c, 9).add(a, 1).run(*backend);
+  expect_close(rows[0], b, "decode");
+  expect_close(rows[1], c, "second prefill chunk");
+  expect_close(rows[2], a, "decode");
+
+  rows = Step().add(a, 1).add(c, 1).add(b, 2).run(*backend);
+  expect_close(rows[0], a, "decode");
+  expect_close(rows[1], c, "decode after chunked prefill");
+  expect_close(rows[2], b, "two-token chunk");
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST(CpuBackend, MatchesFloat64ReferenceF32) {
+  check_against_reference(model("llama"), 1e-5, false);
+  check_against_reference(model("llama"), 1e-5, true);
+}
+
+TEST(CpuBackend, MatchesFloat64ReferenceOtherPageSizes) {
+  check_against_reference(model("llama"), 1e-5, true, /*page_size=*/8);
+  check_against_reference(model("llama"), 1e-5, false, /*page_size=*/32);
+}
+
+TEST(CpuBackend, MatchesFloat64ReferenceQwen2Bias) {
+  check_against_reference(model("qwen2"), 1e-5, false);
+}
+
+TEST(CpuBackend, MatchesFloat64ReferenceLlama3RopeScalingTied) {
+  check_against_reference(model("llama3"), 1e-5, false);
+}
+
+TEST(CpuBackend, MatchesFloat64ReferenceLinearRopeScaling) {
+  check_against_reference(model("linear"), 1e-5, false);
+}
+
+TEST(CpuBackend, MatchesFloat64ReferenceHeadDim64) {
+  check_against_reference(model("hd64"), 1e-5, true);
+}
+
+TEST(CpuBackend, MatchesFloat64ReferenceMistralSlidingWindow) {
+  check_against_reference(model("mistral"), 1e-5, true);
+}
+
+TEST(CpuBackend, MatchesFloat64ReferenceBF16AndF16) {
+  check_against_reference(model("llama", DType::kBF16), 2e-2, false);
+  check_against_reference(model("llama", DType::kBF16), 2e-2, true);
+  check_against_reference(model("hd64", DType::kF16), 2e-2, false);
+}
+
+TEST(CpuBackend, OpenBlasF32Path) {
+  check_against_reference(model("llama"), 1e-5, false, 16, CpuGemmLib::kOpenBlas);
+  check_against_reference(model("llama"), 1e-5, true, 16, CpuGemmLib::kOpenBlas);
+}
+
+// Prefill in one chunk, in several chunks, token by token, then decode; and full recompute of
+// every prefix. In deterministic mode all give the same bits; in default mode, close values.
+void check_chunking(const TestModel& m, bool deterministic, double tol) {
+  auto backend = make_backend(m, deterministic);
+  Pages pages(256);
+  const auto tokens = random_tokens(42, 7);
+  const int32_t prompt = 37;
+  auto same = [&](const std::vector<float>& a, const std::vector<float>& b) {
+    if (deterministic) {
+      EXPECT_TRUE(Bitwise(a, b));
+    } else {
+      EXPECT_LT(rel_err(a, b), tol);
+    }
+  };
+
+  std::map<int32_t, std::vector<float>> one_shot;  // logits after k tokens
+  Seq s = pages.seq(1, tokens, 16);
+  one_shot[prompt] = Step().add(s, prompt).run(*backend)[0];
+  while (s.cached < 42) {
+    auto row = Step().add(s, 1).run(*backend)[0];
+    one_shot[s.cached] = std::move(row);
+  }
+
+  Seq chunked = pages.seq(2, tokens, 16);
+  Step().add(chunked, 10, false).run(*backend);
+  Step().add(chunked, 16).run(*backend);
+  same(Step().add(chunked, 11).run(*backend)[0], one_shot[prompt]);
+  while (chunked.cached < 42) {
+    const auto row = Step().add(chunked, 1).run(*backend)[0];
+    same(row, one_shot[chunked.cached]);
+  }
+
+  Seq single = pages.seq(3, tokens, 16);
+  while (single.cached < 42) {
+    const auto row = Step().add(single, 1).run(*backend)[0];
+    if (single.cached >= prompt) same(row, one_shot[single.cached]);
+  }
+
+  for (int32_t k = prompt + 1; k <= 42; ++k) {
+    Seq full = pages.seq(10 + k, prefix(s, k), 16);
+    same(Step().add(full, k).run(*backend)[0], one_shot[k]);
+  }
+}
+
+TEST(CpuBackend, ChunkingAndIncrementalDecodeDeterministic) {
+  check_chunking(model("llama"), true, 0);
+  check_chunking(model("llama", DType::kBF16), true, 0);
+  check_chunking(model("mistral"), true, 0);
+}
+
+TEST(CpuBackend, ChunkingAndIncrementalDecodeDefaultMode) {
+  check_chunking(model("llama"), false, 1e-5);
+  check_chunking(model("llama", DType::kBF16), false, 1e-2);
+}
+
+// A sequence's logits alone and inside batches of 24+ other sequences (prefill chunks and
+// decodes of varied lengths), in different orders: bitwise identical in deterministic mode.
+void check_batch_invariance(const TestModel& m) {
+  constexpr int kOthers = 24;
+  auto backend = make_backend(m, true, 16, 1024);
+  Pages pages(1024);
+  const auto target_tokens = random_tokens(26, 99);
+
+  Seq alone = pages.seq(0, target_tokens, 16);
+  std::vector<std::vector<float>> expected;
+  expected.push_back(Step().add(alone, 23).run(*backend)[0]);
+  for (int i = 0; i < 3; ++i) expected.push_back(Step().add(alone, 1).run(*backend)[0]);
+
+  Seq target = pages.seq(1, target_tokens, 16);
+  std::vector<Seq> others;
+  std::mt19937 rng(3);
+  for (int i = 0; i < kOthers; ++i) {
+    const int len = 1 + static_cast<int>(rng() % 60);
+    others.push_back(pages.seq(100 + i, random_tokens(len + 8, 1000 + i), 16));
+  }
+  auto run_with_others = [&](std::vector<int> order, auto add_other) {
+    std::shuffle(order.begin(), order.end(), rng);
+    Step step;
+    size_t target_index = 0;
+    for (int i : order) {
+      if (i < 0) {
+        target_index = step.batch().chunks.size();
+        step.add(target, 1);
+      } else {
+        add_other(step, others[i]);
+      }
+    }
+    EXPECT_EQ(step.batch().chunks.size(), static_cast<size_t>(kOthers + 1));
+    return step.run(*backend)[target_index];
+  };
+  std::vector<int> order(kOthers + 1);
+  for (int i = 0; i <= kOthers; ++i) order[i] = i - 1;  // -1 is the target
+
+  // Step 1: everybody's prompt at once (the target's 23 tokens among ~750).
+  {
+    Step step;
+    size_t target_index = 0;
+    for (int i = 0; i < kOthers; ++i) {
+      if (i == 7) {
+        target_index = step.batch().chunks.size();
+        step.add(target, 23);
+      }
+      step.add(others[i], static_cast<int32_t>(others[i].tokens.size()) - 8, i % 3 == 0);
+    }
+    ASSERT_GT(step.batch().num_tokens(), 400);
+    EXPECT_TRUE(Bitwise(step.run(*backend)[target_index], expected[0])) << "prefill in a crowd";
+  }
+  // Steps 2-4: decodes for all, in shuffled orders; some others take 2-3 tokens at once.
+  for (int k = 1; k <= 3; ++k) {
+    const auto row = run_with_others(
+        order, [&](Step& st, Seq& o) { st.add(o, o.id % 4 == 0 && k < 3 ? 2 : 1); });
+    EXPECT_TRUE(Bitwise(row, expected[k])) << "decode step " << k;
+  }
+}
+
+TEST(CpuBackend, BatchInvariantInDeterministicModeF32) {
+  check_batch_invariance(model("llama"));
+}
+
+TEST(CpuBackend, BatchInvariantInDeterministicModeBF16) {
+  check_batch_invariance(model("llama", DType::kBF16));
+}
+
+// The kernels used where AVX-512 is absent: same reference, same determinism guarantees.
+TEST(CpuBackend, PortableAttentionKernel) {
+  cpu::set_force_portable_kernels(true);
+  check_against_reference(model("llama"), 1e-5, true);
+  check_against_reference(model("mistral"), 1e-5, false);
+  check_chunking(model("llama", DType::kBF16), true, 0);
+  check_batch_invariance(model("hd64"));
+  cpu::set_force_portable_kernels(false);
+}
+
+TEST(CpuBackend, KvBytesPerPageAndCopyPage) {
+  const TestModel& m = model("llama", DType::kBF16);
+  const ModelConfig& c = m.config;
+  auto backend = make_backend(m, true, 16, 32);
+  EXPECT_EQ(backend->num_pages(), 32);
+  EXPECT_EQ(backend->kv_bytes_per_page(), 16 * kv_bytes_per_token(c, 2));
+  EXPECT_EQ(make_backend(model("llama"), true, 8, 4)->kv_bytes_per_page(),
+            8 * kv_bytes_per_token(c, 4));
+  EXPECT_EQ(backend->name(), "cpu");
+
+  // A 20-token prompt fills page 0 and 4 slots of its second page; copy that page elsewhere
+  // and decode the same token through either copy.
+  Pages pages(32);
+  Seq s = pages.seq(1, random_tokens(21, 4), 16);
+  Step().add(s, 20).run(*backend);
+  Seq copy = s;
+  copy.pages[1] = 31 - s.pages[1] == s.pages[1] ? 0 : 31 - s.pages[1];
+  ASSERT_NE(copy.pages[1], s.pages[1]);
+  ASSERT_NE(copy.pages[1], s.pages[0]);
+  backend->copy_page(s.pages[1], copy.pages[1]);
+  const auto via_copy = Step().add(copy, 1).run(*backend)[0];
+  const auto via_original = Step().add(s, 1).run(*backend)[0];
+  EXPECT_TRUE(Bitwise(via_copy, via_original));
+  EXPECT_THROW(backend->copy_page(0, 32), Error);
+  EXPECT_THROW(backend->copy_page(-1, 0), Error);
+}
+
+TEST(CpuBackend, RejectsBadBatches) {
+  auto backend = make_backend(model("llama"), false, 16, 8);
+  const int64_t vocab = backend->config().vocab_size;
+  std::vector<float> logits(2 * vocab);
+  auto good = [] {
+    ForwardBatch b;
+    b.tokens = {1, 2, 3};
+    b.positions = {0, 1, 2};
+    b.chunks.push_back({.seq = 1,
+                        .num_cached = 0,
+                        .num_tokens = 3,
+                        .token_offset = 0,
+                        .block_table = {5},
+                        .wants_logits = true});
+    return b;
+  };
+  {
+    ForwardBatch b = good();
+    EXPECT_NO_THROW(backend->forward(b, logits));
+  }
+  auto expect_error = [&](auto mutate) {
+    ForwardBatch b = good();
+    mutate(b);
+    EXPECT_THROW(backend->forward(b, logits), Error);
+  };
+  expect_error([](ForwardBatch& b) { b.chunks[0].block_table = {8}; });
+  expect_error([](ForwardBatch& b) { b.chunks[0].block_table = {-1}; });
+  expect_error([](ForwardBatch& b) { b.chunks[0].block_table.clear(); });
+  expect_error([&](ForwardBatch& b) { b.tokens[1] = static_cast<TokenId>(vocab); });
+  expect_error([](ForwardBatch& b) { b.tokens[1] = -3; });
+  expect_error([](ForwardBatch& b) { b.positions[2] = 7; });
+  expect_error([](ForwardBatch& b) { b.positions.pop_back(); });
+  expect_error([](ForwardBatch& b) { b.chunks[0].num_tokens = 2; });
+  expect_error([](ForwardBatch& b) { b.chunks[0].token_offset = 1; });
+  expect_error([](ForwardBatch& b) { b.chunks[0].num_cached = 20; });  // needs 2 pages
+  {
+    ForwardBatch b = good();
+    std::vector<float> small(vocab - 1);
+    EXPECT_THROW(backend->forward(b, small), Error);
+  }
+}
+
+TEST(CpuBackend, RejectsMissingTensors) {
+  const TestModel& m = model("llama");
+  ModelConfig c = m.config;
+  c.attention_bias = true;  // the folder has no biases
+  BackendOptions o;
+  o.num_pages = 4;
+  EXPECT_THROW(make_cpu_backend(c, m.store, o), Error);
+}
+
+}  // namespace
+}  // namespace blend
