@@ -1,9 +1,33 @@
-// Tokenizer — byte-level BPE from a Hugging Face tokenizer.json (Llama-3, Qwen2, GPT-2 style):
-// added/special tokens matched first, then the pre-tokenizer's Split regex (PCRE2, UTF + UCP,
-// JIT), then BPE merges by rank over raw bytes, honouring `ignore_merges` (a whole pre-token
-// found in the vocabulary is emitted as is). decode() maps ids back to bytes and replaces
-// invalid UTF-8 the way WHATWG TextDecoder does (one U+FFFD per maximal ill-formed subpart).
-// decode() applies no `clean_up_tokenization_spaces`: text round-trips exactly.
+// Tokenizer — byte-level BPE from a Hugging Face tokenizer.json (Llama-3, Qwen2, GPT-2 style).
+//
+// encode() runs the same pipeline as the Hugging Face and transformers.js tokenizers:
+//   1. added tokens (tokenizer.json "added_tokens") are cut out of the text first, leftmost and
+//      longest match first, honouring their lstrip/rstrip flags. With parse_special=false the
+//      *special* ones are left as plain text (so user text cannot forge "<|eot_id|>"); added
+//      tokens that are not special still match, as in Hugging Face's split_special_tokens.
+//   2. the pre-tokenizer splits each remaining section: Split(Regex, Isolated) steps (PCRE2, UTF +
+//      UCP, JIT), Digits, or ByteLevel(use_regex=true) with GPT-2's pattern. `\s` in a pattern
+//      means Unicode White_Space, as in tiktoken and the Rust tokenizers (transformers.js differs
+//      on U+0085 and U+FEFF; see tests/model/tokenizer_test.cc).
+//   3. each piece becomes ids by BPE over its raw bytes: a piece that is itself in the vocabulary
+//      is emitted as is when the model says `ignore_merges` (Llama-3); otherwise the adjacent pair
+//      of lowest merge rank (leftmost on ties) is merged until none is left.
+// Invalid UTF-8 in the input does not stop encode(): the regex skips such bytes
+// (PCRE2_MATCH_INVALID_UTF) and they become their single-byte tokens, so decode() gives U+FFFD
+// for them and nothing else is lost or shifted.
+//
+// decode() concatenates the tokens' bytes (added tokens verbatim) and replaces ill-formed UTF-8
+// the way the WHATWG TextDecoder does (one U+FFFD per maximal ill-formed subpart). It applies no
+// `clean_up_tokenization_spaces`, so decode(encode(text)) == text for valid UTF-8 text. Ids with no
+// token (out of range, or holes in the id space) decode to nothing.
+//
+// A Tokenizer is immutable after loading; encode() and decode() may run on many threads at once.
+// Each thread keeps a small private cache of recent pieces per tokenizer (no locks).
+//
+// Supported tokenizer.json shapes: model.type BPE with a byte-level vocabulary; normalizer null
+// or NFC (NFC is not applied: text is taken to be NFC already, which is what clients send);
+// pre_tokenizer Split / Digits / ByteLevel(add_prefix_space=false) alone or in a Sequence; decoder
+// ByteLevel or null. Anything else is a blend::Error naming the file.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +43,7 @@ namespace blend {
 
 class Tokenizer {
  public:
+  // Loads DIR/tokenizer.json and, when present, DIR/tokenizer_config.json.
   static Tokenizer from_dir(const std::filesystem::path& dir);
   // tokenizer_config_json may be empty (then bos/eos strings are empty).
   static Tokenizer from_files(const std::filesystem::path& tokenizer_json,
@@ -27,16 +52,21 @@ class Tokenizer {
   Tokenizer& operator=(Tokenizer&&) noexcept;
   ~Tokenizer();
 
-  // parse_special: added tokens written in the text ("<|eot_id|>") become their ids.
-  // Invalid UTF-8 bytes are encoded as their byte tokens (no crash, no loss).
+  // parse_special: special tokens written in the text ("<|eot_id|>") become their ids.
   std::vector<int32_t> encode(std::string_view text, bool parse_special = true) const;
   std::string decode(std::span<const int32_t> ids, bool skip_special = false) const;
 
-  // Raw bytes of a token (added tokens: their content). Empty for ids out of range.
+  // The token as tokenizer.json writes it: byte-level form for the vocabulary ("Ġhello"), the
+  // content for added tokens. Empty for ids with no token.
+  std::string_view token_text(int32_t id) const;
+  // The raw bytes a token stands for (" hello"; added tokens: their content).
   const std::string& token_bytes(int32_t id) const;
-  std::optional<int32_t> token_id(std::string_view token) const;  // by vocab/added string
+  // By the token_text() form: vocabulary entries and added tokens.
+  std::optional<int32_t> token_id(std::string_view token) const;
+  // One past the largest id, added tokens included (128256 for Llama-3).
   int32_t vocab_size() const;
   bool is_special(int32_t id) const;
+  // From tokenizer_config.json; empty when it names none.
   const std::string& bos_token() const;
   const std::string& eos_token() const;
 
@@ -46,20 +76,22 @@ class Tokenizer {
   std::unique_ptr<Impl> impl_;
 };
 
-// Replaces ill-formed UTF-8 with U+FFFD (WHATWG "maximal subpart" rule).
+// Replaces ill-formed UTF-8 with U+FFFD (WHATWG "maximal subpart" rule, as TextDecoder does).
 std::string sanitize_utf8(std::string_view bytes);
 
 // Streaming detokenizer: push ids one at a time; the returned text never ends inside a UTF-8
 // character (incomplete bytes wait for the next token); bytes that can no longer become valid
 // are emitted as U+FFFD. Concatenating every push() and flush() equals decode() of all ids.
+// The tokenizer must outlive the detokenizer.
 class IncrementalDetokenizer {
  public:
   explicit IncrementalDetokenizer(const Tokenizer& tokenizer, bool skip_special = false);
   std::string push(int32_t id);
+  // Emits what is held back (an incomplete character becomes U+FFFD) and resets.
   std::string flush();
 
  private:
-  const Tokenizer& tokenizer_;
+  const Tokenizer* tokenizer_;
   bool skip_special_;
   std::string pending_;  // bytes of an incomplete trailing character
 };
