@@ -56,11 +56,11 @@ Engine::Engine(const std::filesystem::path& model_dir, const EngineOptions& opti
     // max_running full-length sequences could ever use.
     int64_t weight_bytes = 0;
     for (const auto& [name, view] : weights_->tensors()) weight_bytes += view->nbytes;
-    const int64_t useful = page_bytes * options.scheduler.max_running *
-                           ((config_.max_position_embeddings + options.page_size - 1) /
-                            options.page_size);
-    kv_bytes = std::clamp<int64_t>((available_memory_bytes() - weight_bytes) / 3, 64 << 20,
-                                   8'000'000'000);
+    const int64_t useful =
+        page_bytes * options.scheduler.max_running *
+        ((config_.max_position_embeddings + options.page_size - 1) / options.page_size);
+    kv_bytes =
+        std::clamp<int64_t>((available_memory_bytes() - weight_bytes) / 3, 64 << 20, 8'000'000'000);
     kv_bytes = std::min(kv_bytes, useful);
   }
   const int64_t num_pages = kv_bytes / page_bytes;
