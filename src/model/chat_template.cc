@@ -1,65 +1,124 @@
 #include "model/chat_template.h"
 
 #include <fstream>
+#include <sstream>
 
 #include "core/error.h"
 
 namespace blend {
 namespace {
 
-std::string token_text(const nlohmann::json& j) {
+using ojson = nlohmann::ordered_json;
+
+// The special tokens transformers puts in special_tokens_map, which apply_chat_template passes
+// to the template.
+constexpr const char* kSpecialTokens[] = {"bos_token", "eos_token", "unk_token", "sep_token",
+                                          "pad_token", "cls_token", "mask_token"};
+
+std::optional<std::string> token_text(const nlohmann::json& j) {
   if (j.is_string()) return j.get<std::string>();
-  if (j.is_object() && j.contains("content") && j["content"].is_string())
-    return j["content"].get<std::string>();
-  return "";
+  if (j.is_object()) {
+    auto it = j.find("content");
+    if (it != j.end() && it->is_string()) return it->get<std::string>();
+  }
+  return std::nullopt;
+}
+
+std::string read_text(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("cannot open " + path.string());
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
 }
 
 }  // namespace
 
-ChatTemplate::ChatTemplate(const std::string& source, std::string bos_token, std::string eos_token)
-    : template_(source), bos_token_(std::move(bos_token)), eos_token_(std::move(eos_token)) {}
+ChatTemplate::ChatTemplate(std::string source, std::string bos_token, std::string eos_token)
+    : source_(std::move(source)), template_(source_), special_tokens_(ojson::object()) {
+  special_tokens_["bos_token"] = std::move(bos_token);
+  special_tokens_["eos_token"] = std::move(eos_token);
+}
 
 ChatTemplate ChatTemplate::from_dir(const std::filesystem::path& dir) {
-  const auto path = dir / "tokenizer_config.json";
-  std::ifstream in(path);
-  if (!in) throw Error("cannot open " + path.string());
-  nlohmann::json config;
-  try {
-    config = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw Error(path.string() + ": invalid JSON: " + e.what());
+  const auto config_path = dir / "tokenizer_config.json";
+  nlohmann::json config = nlohmann::json::object();
+  std::error_code ec;
+  if (std::filesystem::exists(config_path, ec)) {
+    try {
+      config = nlohmann::json::parse(read_text(config_path));
+    } catch (const nlohmann::json::parse_error& e) {
+      throw Error(config_path.string() + ": invalid JSON: " + e.what());
+    }
+    if (!config.is_object()) throw Error(config_path.string() + ": expected a JSON object");
   }
+
   std::string source;
-  if (auto it = config.find("chat_template"); it != config.end()) {
+  std::string origin = config_path.string();
+  const auto jinja_path = dir / "chat_template.jinja";
+  if (std::filesystem::exists(jinja_path, ec)) {
+    source = read_text(jinja_path);
+    origin = jinja_path.string();
+  } else if (auto it = config.find("chat_template"); it != config.end() && !it->is_null()) {
     if (it->is_string()) {
       source = it->get<std::string>();
     } else if (it->is_array()) {
-      for (const auto& t : *it)
-        if (t.value("name", "") == "default") source = t.value("template", "");
+      bool found = false;
+      for (const auto& t : *it) {
+        if (t.is_object() && t.value("name", "") == "default" && t.contains("template") &&
+            t["template"].is_string()) {
+          source = t["template"].get<std::string>();
+          found = true;
+        }
+      }
+      if (!found) throw Error(origin + ": chat_template has no template named \"default\"");
+    } else {
+      throw Error(origin + ": chat_template must be a string or a list of named templates");
     }
+  } else {
+    throw Error("no chat template in " + dir.string() +
+                " (neither chat_template.jinja nor \"chat_template\" in tokenizer_config.json)");
   }
-  if (source.empty()) throw Error(path.string() + ": no chat_template");
+
   try {
-    return ChatTemplate(source, config.contains("bos_token") ? token_text(config["bos_token"]) : "",
-                        config.contains("eos_token") ? token_text(config["eos_token"]) : "");
+    ChatTemplate t(std::move(source), "", "");
+    t.special_tokens_ = ojson::object();
+    for (const char* name : kSpecialTokens) {
+      auto it = config.find(name);
+      if (it == config.end()) continue;
+      if (auto text = token_text(*it)) t.special_tokens_[name] = *text;
+    }
+    return t;
   } catch (const Error& e) {
-    throw Error(path.string() + ": " + e.what());
+    throw Error(origin + ": " + e.what());
   }
 }
 
-std::string ChatTemplate::render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
-                                 const nlohmann::ordered_json& extra) const {
-  nlohmann::ordered_json context = nlohmann::ordered_json::object();
-  for (const auto& [k, v] : extra.items()) context[k] = v;
-  context["messages"] = messages;
-  context["add_generation_prompt"] = add_generation_prompt;
-  context["bos_token"] = bos_token_;
-  context["eos_token"] = eos_token_;
-  return template_.render(context);
+std::string ChatTemplate::render(const ojson& messages, bool add_generation_prompt,
+                                 const ojson& extra) const {
+  if (!messages.is_array()) throw Error("chat template: messages must be a JSON array");
+  if (!extra.is_object()) throw Error("chat template: extra variables must be a JSON object");
+  // As apply_chat_template calls it: render(messages=..., tools=..., documents=...,
+  // add_generation_prompt=..., **special_tokens_map, **kwargs).
+  static const ojson kNone = nullptr;
+  const ojson generation_prompt = add_generation_prompt;
+  jinja::Template::Variables vars;
+  for (const auto& [name, text] : special_tokens_.items()) vars.emplace_back(name, &text);
+  vars.emplace_back("messages", &messages);
+  vars.emplace_back("tools", &kNone);
+  vars.emplace_back("documents", &kNone);
+  vars.emplace_back("add_generation_prompt", &generation_prompt);
+  for (const auto& [name, value] : extra.items()) {
+    if (name == "messages" || name == "add_generation_prompt")
+      throw Error("chat template: '" + name + "' cannot be an extra variable");
+    vars.emplace_back(name, &value);
+  }
+  return template_.render(vars);
 }
 
-std::string ChatTemplate::render(const nlohmann::json& messages, bool add_generation_prompt) const {
-  return render(nlohmann::ordered_json::parse(messages.dump()), add_generation_prompt);
+std::string ChatTemplate::render(const nlohmann::json& messages, bool add_generation_prompt,
+                                 const nlohmann::json& extra) const {
+  return render(ojson(messages), add_generation_prompt, ojson(extra));
 }
 
 }  // namespace blend

@@ -1,14 +1,40 @@
 // A small Jinja2 engine: the subset Hugging Face chat templates use, rendered the way
-// transformers renders them (trim_blocks and lstrip_blocks on). Statements: for (loop.*,
-// else, `if` filter, tuple unpacking), if/elif/else, set (also `ns.attr` on a namespace()).
-// Expressions: literals, lists, dicts, attribute/item access, slicing, arithmetic, `~`,
-// comparisons, and/or/not, in, is-tests, ternaries, filters and string/dict methods.
-// Anything outside the subset is a blend::Error when the template is parsed (naming the
-// construct and line), never a silently different prompt.
+// transformers renders them (jinja2 ImmutableSandboxedEnvironment with trim_blocks,
+// lstrip_blocks and the loopcontrols extension; default Undefined).
+//
+// What it promises:
+// - The output equals Jinja2's byte for byte for every template it accepts (checked against
+//   python3-jinja2 by tests/model/chat_template_parity_test.cc). Values behave as Python's do:
+//   str()/repr() of lists, tuples and dicts, int/float arithmetic, code-point string indexing,
+//   Unicode whitespace in strip()/trim/split(), json.dumps for tojson; what filters return
+//   behaves like the Python object (map/select/items give a generator: always true, no length,
+//   used up by one iteration).
+// - Statements: for (loop.*, else, an `if` filter, tuple unpacking), if/elif/else, set (names,
+//   tuples, `ns.attr` on a namespace(), the block form), macro (with defaults, recursion),
+//   break/continue, comments, whitespace control (`-`, `+`), \r\n and a final newline as
+//   Jinja2 reads them.
+// - Expressions: literals (string escapes as Python's), lists, tuples, dicts, attribute and item
+//   access, slicing, calls of macros and of range/namespace/dict/raise_exception/strftime_now,
+//   string methods (strip, split, startswith, replace, upper, ...) and dict methods (get, items,
+//   keys, values), arithmetic, `~`, chained comparisons, and/or/not, in/not in, tests,
+//   filters (abs capitalize count default/d first float indent int items join last length list
+//   lower map reject rejectattr replace reverse round safe select selectattr string title
+//   tojson trim unique upper) and the conditional expression.
+// - Anything outside the subset (an unknown tag, filter, test, method or function; raw blocks,
+//   include/import/extends, call blocks) is a blend::Error when the template is parsed, naming
+//   the construct and its line, so a template never renders silently differently. Errors while
+//   rendering (an undefined value used as an object, a type error, raise_exception) are
+//   blend::Error too, as are the few things Jinja2 does that have no stable output (printing a
+//   function or a generator) or that Python can but we cannot (integers beyond 64 bits).
+// Known differences: upper/lower/title map case for Latin, Greek, Cyrillic, Armenian and
+// Cherokee only (other scripts are left as they are, which is right for the caseless ones);
+// identifiers must be ASCII; iterating a used-up generator again is an error here.
 #pragma once
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -18,17 +44,25 @@ struct Node;
 
 class Template {
  public:
-  explicit Template(const std::string& source);  // throws blend::Error
+  explicit Template(const std::string& source);  // parses; throws blend::Error
   ~Template();
+  Template(const Template&);  // cheap: copies share the immutable parsed template
+  Template& operator=(const Template&);
   Template(Template&&) noexcept;
   Template& operator=(Template&&) noexcept;
 
-  // `context` is an object whose members become the template's variables. Keys of objects keep
-  // the order they have in `context` (ordered_json), as Python dicts do.
+  // `context` is an object whose members become the template's variables. Objects keep the key
+  // order they have in `context` (ordered_json), as Python dicts do. Thread-safe: the parsed
+  // template is immutable and each call renders with its own state.
   std::string render(const nlohmann::ordered_json& context) const;
 
+  // The same with the variables given one by one (a later one of the same name wins); the JSON
+  // they point to is read while rendering, not copied first.
+  using Variables = std::vector<std::pair<std::string, const nlohmann::ordered_json*>>;
+  std::string render(const Variables& variables) const;
+
  private:
-  std::shared_ptr<Node> root_;
+  std::shared_ptr<const Node> root_;
 };
 
 }  // namespace blend::jinja

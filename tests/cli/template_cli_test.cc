@@ -1,40 +1,67 @@
-// `blend template` as scripts use it: messages on stdin, the rendered prompt on stdout.
+// `blend template` as scripts use it: messages on stdin, the rendered prompt on stdout, and
+// exit code 1 with "blend: error: ..." for bad input.
 #include <gtest/gtest.h>
+
+#include <string>
 
 #include "test_util.h"
 
 namespace blend {
 namespace {
 
-TEST(TemplateCli, RendersAndRejectsBadInput) {
+std::string blend_template(const std::string& model_dir) {
+  return std::string("'") + BLEND_BINARY + "' template --model '" + model_dir + "'";
+}
+
+TEST(TemplateCli, RendersTheModelsTemplate) {
   testing::TempDir dir;
-  const std::string blend =
-      std::string("'") + BLEND_BINARY + "' template --model '" + BLEND_TEST_TOKENIZER_DIR + "'";
-  testing::write_file(dir / "m.json", R"([{"role":"user","content":"Hi"}])");
-  auto r = testing::run_command(blend + " < " + (dir / "m.json").string());
+  testing::write_file(dir / "m.json", R"([{"role":"user","content":" Hi "}])");
+  const auto r = testing::run_command(blend_template(BLEND_TEST_TOKENIZER_DIR) + " < '" +
+                                      (dir / "m.json").string() + "'");
   ASSERT_EQ(r.exit_code, 0);
+  // Exactly the prompt: no newline after it.
   EXPECT_EQ(r.output,
             "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
             "<|start_header_id|>assistant<|end_header_id|>\n\n");
-  // The Llama-3 template of this tokenizer always appends the assistant header; a ChatML
-  // template shows the flag at work.
+}
+
+TEST(TemplateCli, NoGenerationPrompt) {
+  testing::TempDir model;
+  testing::write_file(model / "tokenizer_config.json", R"({"bos_token": "<s>",
+      "chat_template": "{{ bos_token }}{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}"})");
+  testing::write_file(model / "m.json", R"([{"role":"user","content":"Hi ✓"}])");
+  const std::string cmd = blend_template(model.path().string());
+  auto r = testing::run_command(cmd + " < '" + (model / "m.json").string() + "'");
+  ASSERT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.output, "<s>[user] Hi ✓\n[assistant]");
+  r = testing::run_command(cmd + " --no-generation-prompt < '" + (model / "m.json").string() + "'");
+  ASSERT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.output, "<s>[user] Hi ✓\n");
+}
+
+TEST(TemplateCli, BadInputExitsWithOne) {
+  testing::TempDir dir;
+  const std::string cmd = blend_template(BLEND_TEST_TOKENIZER_DIR);
+  for (const char* input : {R"({"role":"user"})", "not json", ""}) {
+    testing::write_file(dir / "bad.json", input);
+    const auto r = testing::run_command(cmd + " < '" + (dir / "bad.json").string() + "' 2>&1");
+    EXPECT_EQ(r.exit_code, 1) << input;
+    EXPECT_NE(r.output.find("blend: error: expected a JSON array of messages"), std::string::npos)
+        << r.output;
+  }
+  // A folder without a chat template.
+  testing::write_file(dir / "tokenizer_config.json", R"({"bos_token": "<s>"})");
+  auto r = testing::run_command(blend_template(dir.path().string()) + " < /dev/null 2>&1");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("no chat template"), std::string::npos) << r.output;
+  // The template's own raise_exception() message.
   testing::write_file(dir / "tokenizer_config.json",
-                      R"({"chat_template": "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ )"
-                      R"(m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %})"
-                      R"(<|im_start|>assistant\n{% endif %}"})");
-  const std::string chatml =
-      std::string("'") + BLEND_BINARY + "' template --model '" + dir.path().string() + "'";
-  r = testing::run_command(chatml + " < " + (dir / "m.json").string());
-  EXPECT_EQ(r.output, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
-  r = testing::run_command(chatml + " --no-generation-prompt < " + (dir / "m.json").string());
-  EXPECT_EQ(r.output, "<|im_start|>user\nHi<|im_end|>\n");
-  testing::write_file(dir / "bad.json", R"({"role":"user"})");
-  r = testing::run_command(blend + " < " + (dir / "bad.json").string() + " 2>&1");
+                      R"({"chat_template": "{{ raise_exception('roles must alternate') }}"})");
+  testing::write_file(dir / "m.json", "[]");
+  r = testing::run_command(blend_template(dir.path().string()) + " < '" +
+                           (dir / "m.json").string() + "' 2>&1");
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.output.find("JSON array of messages"), std::string::npos) << r.output;
-  testing::write_file(dir / "bad.json", "not json");
-  r = testing::run_command(blend + " < " + (dir / "bad.json").string() + " 2>&1");
-  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.output, "blend: error: roles must alternate\n");
 }
 
 }  // namespace
