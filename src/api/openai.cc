@@ -218,7 +218,8 @@ json make_response(const ApiRequest& request, const GenerationResult& result,
   const int32_t completion_tokens = static_cast<int32_t>(result.tokens.size());
   json usage = {{"prompt_tokens", result.prompt_tokens},
                 {"completion_tokens", completion_tokens},
-                {"total_tokens", result.prompt_tokens + completion_tokens}};
+                {"total_tokens", result.prompt_tokens + completion_tokens},
+                {"prompt_tokens_details", {{"cached_tokens", result.cached_tokens}}}};
   json logprobs = nullptr;
   const bool chat = request.endpoint == Endpoint::kChatCompletions;
   if (request.params.logprobs) {

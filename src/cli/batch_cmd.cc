@@ -6,6 +6,8 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <span>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -16,6 +18,7 @@
 #include "cli/progress.h"
 #include "core/error.h"
 #include "engine/engine.h"
+#include "kv/radix_cache.h"
 #include "model/chat_template.h"
 
 namespace blend::cli {
@@ -55,6 +58,7 @@ void run_batch(const BatchArgs& args) {
                               std::chrono::system_clock::now().time_since_epoch())
                               .count();
   int64_t total = 0, done = 0, failed = 0, skipped = 0;
+  std::vector<std::vector<TokenId>> prompts;  // for the optimal sharing ratio
   for (const BatchInputLine& line : lines) {
     if (writer.done_ids().count(line.custom_id)) {
       ++skipped;
@@ -67,6 +71,7 @@ void run_batch(const BatchArgs& args) {
       ApiRequest request = parse_api_request(endpoint, line.body, engine.tokenizer(),
                                              chat_template ? &*chat_template : nullptr);
       GenerationRequest gen{line.custom_id, request.prompt, request.params};
+      prompts.push_back(request.prompt);
       request.prompt.clear();  // the engine holds the tokens now
       engine.submit(std::move(gen), [&, request, id = line.custom_id](GenerationResult&& r) {
         const char* prefix = request.endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-";
@@ -94,6 +99,11 @@ void run_batch(const BatchArgs& args) {
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const EngineStats s = engine.stats();
   const int64_t tokens = s.prompt_tokens + s.output_tokens;
+  std::vector<std::span<const TokenId>> prompt_spans(prompts.begin(), prompts.end());
+  const auto ratio = [&](int64_t shared) {
+    return s.prompt_tokens > 0 ? static_cast<double>(shared) / static_cast<double>(s.prompt_tokens)
+                               : 0.0;
+  };
   nlohmann::json stats = {
       {"requests", total},
       {"completed", done},
@@ -109,6 +119,11 @@ void run_batch(const BatchArgs& args) {
       {"mean_batch_tokens",
        s.steps ? static_cast<double>(s.batch_tokens) / static_cast<double>(s.steps) : 0.0},
       {"preemptions", s.preemptions},
+      {"prefix_cache", args.engine.prefix_cache},
+      {"cached_prompt_tokens", s.cached_prompt_tokens},
+      {"sharing_ratio", ratio(s.cached_prompt_tokens)},
+      {"sharing_optimal", ratio(optimal_shared_tokens(std::move(prompt_spans)))},
+      {"cache_evicted_pages", s.cache_evicted_pages},
       {"kv_peak_bytes", s.kv_peak_bytes},
       {"kv_capacity_bytes", s.kv_capacity_bytes},
       {"deterministic", args.engine.deterministic},
@@ -150,6 +165,8 @@ void register_batch_command(CLI::App& app) {
   cmd->add_flag("--deterministic", args->engine.deterministic,
                 "Same seed, same tokens, whatever the batch or order");
   cmd->add_option("--seed", args->engine.seed, "Seed for requests without one");
+  cmd->add_option("--prefix-cache", args->engine.prefix_cache,
+                  "Reuse cached prompt prefixes: on|off (default on)");
   cmd->add_flag("--quiet", args->quiet, "No progress bar or summary");
   cmd->callback([args] { run_batch(*args); });
 }

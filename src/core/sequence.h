@@ -24,7 +24,8 @@ struct Sequence {
   int32_t num_computed = 0;  // tokens whose K/V are in the cache
   std::vector<PageId> block_table;
   int32_t num_preemptions = 0;
-  int64_t arrival = 0;  // admission order, for FCFS and preemption victims
+  int32_t num_cached_prompt = 0;  // prompt tokens served from the prefix cache at admission
+  int64_t arrival = 0;            // admission order, for FCFS and preemption victims
 
   FinishReason finish = FinishReason::kNone;
 

@@ -77,11 +77,20 @@ Engine::Engine(const std::filesystem::path& model_dir, const EngineOptions& opti
   if (backend_->kv_bytes_per_page() != page_bytes)
     throw Error("internal: backend KV page size disagrees with the engine's estimate");
   pool_ = std::make_unique<PagePool>(num_pages, options.page_size);
-  scheduler_ = std::make_unique<Scheduler>(*pool_, options.scheduler);
+  if (options.prefix_cache) cache_ = std::make_unique<RadixCache>(*pool_);
+  scheduler_ = std::make_unique<Scheduler>(*pool_, options.scheduler, cache_.get());
   stats_.kv_capacity_bytes = num_pages * page_bytes;
 }
 
-Engine::~Engine() = default;
+Engine::~Engine() {
+  scheduler_.reset();
+  cache_.reset();  // returns the cached pages to the pool before it goes
+}
+
+void Engine::check_invariants() const {
+  if (cache_) cache_->check_invariants();
+  pool_->check_invariants();
+}
 
 int64_t Engine::max_sequence_tokens() const {
   return std::min<int64_t>(config_.max_position_embeddings,
@@ -178,6 +187,7 @@ void Engine::finish(Active& a) {
   r.finish = a.seq.finish;
   r.logprobs = std::move(a.logprobs);
   r.num_preemptions = a.seq.num_preemptions;
+  r.cached_tokens = a.seq.num_cached_prompt;
   stats_.output_tokens += static_cast<int64_t>(r.tokens.size());
   ++stats_.finished;
   Callback cb = std::move(a.on_done);
@@ -210,6 +220,10 @@ void Engine::step() {
     }
     batch.chunks.push_back(std::move(chunk));
   }
+  for (const auto& [src, dst] : plan.copies) {  // copy-on-write of partly shared pages
+    backend_->copy_page(src, dst);
+    pool_->release(src);
+  }
   const size_t vocab = static_cast<size_t>(config_.vocab_size);
   logits_.resize(static_cast<size_t>(batch.num_logit_rows()) * vocab);
   backend_->forward(batch, logits_);
@@ -220,11 +234,10 @@ void Engine::step() {
       std::max(stats_.kv_peak_bytes, pool_->peak_used() * backend_->kv_bytes_per_page());
   // Sample every row that wants a token, in parallel: each draw depends only on its own row,
   // seed and output index, so the order of work does not matter.
+  scheduler_->step_done(plan);
   std::vector<const ScheduledChunk*> sampling;
-  for (const ScheduledChunk& c : plan.chunks) {
-    c.seq->num_computed += c.num_tokens;
+  for (const ScheduledChunk& c : plan.chunks)
     if (c.samples) sampling.push_back(&c);
-  }
   std::vector<SampledToken> sampled(sampling.size());
 #pragma omp parallel for schedule(dynamic, 1) if (sampling.size() > 1)
   for (size_t r = 0; r < sampling.size(); ++r) {
@@ -250,6 +263,9 @@ void Engine::run_until_done() {
 EngineStats Engine::stats() const {
   EngineStats s = stats_;
   s.preemptions = scheduler_->num_preemptions();
+  s.cached_prompt_tokens = scheduler_->cached_prompt_tokens();
+  s.resumed_cached_tokens = scheduler_->resumed_cached_tokens();
+  s.cache_evicted_pages = cache_ ? cache_->num_evicted() : 0;
   return s;
 }
 

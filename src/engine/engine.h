@@ -17,6 +17,7 @@
 #include "core/sequence.h"
 #include "engine/sampler.h"
 #include "kv/page_pool.h"
+#include "kv/radix_cache.h"
 #include "model/config.h"
 #include "model/safetensors.h"
 #include "model/tokenizer.h"
@@ -28,7 +29,8 @@ struct EngineOptions {
   int threads = 0;             // 0 = all hardware threads
   bool deterministic = false;  // batch-invariant numerics (see backend/cpu)
   int32_t page_size = 16;
-  double kv_memory_gb = 0;  // KV cache size; 0 = a share of the free memory
+  double kv_memory_gb = 0;   // KV cache size; 0 = a share of the free memory
+  bool prefix_cache = true;  // reuse cached prompt prefixes (kv/radix_cache)
   SchedulerOptions scheduler;
   uint64_t seed = 0;  // mixed into the seed of requests that bring none
 };
@@ -47,6 +49,7 @@ struct GenerationResult {
   FinishReason finish = FinishReason::kNone;
   std::vector<SampledToken> logprobs;  // one per generated token, when asked
   int32_t num_preemptions = 0;
+  int32_t cached_tokens = 0;  // prompt tokens served from the prefix cache
 };
 
 struct EngineStats {
@@ -58,6 +61,9 @@ struct EngineStats {
   int64_t preemptions = 0;
   int64_t kv_peak_bytes = 0;
   int64_t kv_capacity_bytes = 0;
+  int64_t cached_prompt_tokens = 0;   // prompt tokens served from the prefix cache
+  int64_t resumed_cached_tokens = 0;  // preempted sequences' tokens found in the cache
+  int64_t cache_evicted_pages = 0;
 };
 
 class Engine {
@@ -78,6 +84,8 @@ class Engine {
 
   bool has_work() const { return scheduler_->has_work(); }
   void step();  // one iteration
+  // Checks the KV page pool and the prefix cache for leaks and double frees (aborts). Tests.
+  void check_invariants() const;
   void run_until_done();
 
   EngineStats stats() const;
@@ -95,6 +103,7 @@ class Engine {
   std::unique_ptr<TensorStore> weights_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<PagePool> pool_;
+  std::unique_ptr<RadixCache> cache_;  // null when prefix caching is off
   std::unique_ptr<Scheduler> scheduler_;
   std::unordered_map<SeqId, std::unique_ptr<Active>> active_;
   SeqId next_id_ = 1;

@@ -7,10 +7,11 @@
 
 namespace blend {
 
-PagePool::PagePool(int64_t num_pages, int32_t page_size)
-    : page_size_(page_size), refcount_(static_cast<size_t>(num_pages), 0) {
+PagePool::PagePool(int64_t num_pages, int32_t page_size) : page_size_(page_size) {
   if (page_size <= 0) throw Error("page size must be positive");
   if (num_pages <= 0) throw Error("the KV cache must hold at least one page");
+  refcount_.assign(static_cast<size_t>(num_pages), 0);
+  cached_.assign(static_cast<size_t>(num_pages), 0);
   free_.reserve(static_cast<size_t>(num_pages));
   for (int64_t p = num_pages - 1; p >= 0; --p) free_.push_back(static_cast<PageId>(p));
 }
@@ -33,6 +34,7 @@ void PagePool::retain(PageId page) {
     std::fprintf(stderr, "PagePool: retain of free page %d\n", page);
     std::abort();
   }
+  if (rc == 1 && cached_[static_cast<size_t>(page)]) --num_cached_idle_;
   ++rc;
 }
 
@@ -42,7 +44,27 @@ void PagePool::release(PageId page) {
     std::fprintf(stderr, "PagePool: double free of page %d\n", page);
     std::abort();
   }
-  if (--rc == 0) free_.push_back(page);
+  --rc;
+  if (rc == 0) {
+    if (cached_[static_cast<size_t>(page)]) {
+      std::fprintf(stderr, "PagePool: cached page %d lost its last reference\n", page);
+      std::abort();
+    }
+    free_.push_back(page);
+  } else if (rc == 1 && cached_[static_cast<size_t>(page)]) {
+    ++num_cached_idle_;
+  }
+}
+
+void PagePool::set_cached(PageId page, bool cached) {
+  const auto i = static_cast<size_t>(page);
+  if (refcount_[i] <= 0) {
+    std::fprintf(stderr, "PagePool: set_cached on free page %d\n", page);
+    std::abort();
+  }
+  if ((cached_[i] != 0) == cached) return;
+  cached_[i] = cached ? 1 : 0;
+  if (refcount_[i] == 1) num_cached_idle_ += cached ? 1 : -1;
 }
 
 void PagePool::release_all(std::vector<PageId>& pages) {
@@ -59,11 +81,18 @@ void PagePool::check_invariants() const {
     }
     is_free[static_cast<size_t>(p)] = 1;
   }
+  int64_t idle = 0;
   for (size_t p = 0; p < refcount_.size(); ++p) {
     if (!is_free[p] && refcount_[p] <= 0) {
       std::fprintf(stderr, "PagePool: page %zu leaked (not free, refcount %d)\n", p, refcount_[p]);
       std::abort();
     }
+    if (cached_[p] && refcount_[p] == 1) ++idle;
+  }
+  if (idle != num_cached_idle_) {
+    std::fprintf(stderr, "PagePool: %lld idle cached pages counted, %lld found\n",
+                 static_cast<long long>(num_cached_idle_), static_cast<long long>(idle));
+    std::abort();
   }
 }
 

@@ -28,6 +28,15 @@ class PagePool {
   void release_all(std::vector<PageId>& pages);  // releases and clears
   int32_t refcount(PageId page) const { return refcount_[static_cast<size_t>(page)]; }
 
+  // Pages the prefix cache holds (it keeps one reference on each). A cached page whose only
+  // holder is the cache is idle: the cache can evict it at once, so admission counts it as
+  // free. The count is kept on every retain/release, O(1).
+  void set_cached(PageId page, bool cached);
+  bool is_cached(PageId page) const { return cached_[static_cast<size_t>(page)] != 0; }
+  int64_t num_cached_idle() const { return num_cached_idle_; }
+  // Free pages plus idle cached ones: what an allocation can get after evicting.
+  int64_t num_available() const { return num_free() + num_cached_idle_; }
+
   // Pages needed to hold `tokens` tokens.
   int64_t pages_for(int64_t tokens) const { return (tokens + page_size_ - 1) / page_size_; }
 
@@ -37,6 +46,8 @@ class PagePool {
  private:
   int32_t page_size_;
   std::vector<int32_t> refcount_;
+  std::vector<uint8_t> cached_;
+  int64_t num_cached_idle_ = 0;
   std::vector<PageId> free_;  // LIFO: recently freed pages are reused first (warm in cache)
   int64_t peak_used_ = 0;
 };

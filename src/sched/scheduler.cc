@@ -4,7 +4,8 @@
 
 namespace blend {
 
-Scheduler::Scheduler(PagePool& pool, SchedulerOptions options) : pool_(pool), options_(options) {}
+Scheduler::Scheduler(PagePool& pool, SchedulerOptions options, RadixCache* cache)
+    : pool_(pool), options_(options), cache_(cache) {}
 
 void Scheduler::add(Sequence* seq) {
   seq->status = SeqStatus::kWaiting;
@@ -12,17 +13,45 @@ void Scheduler::add(Sequence* seq) {
   waiting_.push_back(seq);
 }
 
+bool Scheduler::allocate(int64_t count, std::vector<PageId>& out) {
+  if (cache_ && pool_.num_free() < count) cache_->evict(count - pool_.num_free());
+  return pool_.allocate(count, out);
+}
+
 bool Scheduler::grow(Sequence* seq, int32_t new_tokens) {
   const int64_t need = pool_.pages_for(seq->num_computed + new_tokens) -
                        static_cast<int64_t>(seq->block_table.size());
-  return need <= 0 || pool_.allocate(need, seq->block_table);
+  return need <= 0 || allocate(need, seq->block_table);
+}
+
+void Scheduler::drop_pages(Sequence* seq) {
+  if (cache_) cache_->forget(seq->id);
+  pool_.release_all(seq->block_table);
+  seq->num_computed = 0;
+}
+
+bool Scheduler::reuse_cached_prefix(Sequence* seq, StepPlan& plan) {
+  // At least the last token is computed: its logits give the next token.
+  PrefixMatch m = cache_->match(seq->tokens, seq->num_tokens() - 1, seq->id);
+  if (m.claimed_by_other) return false;  // nothing was retained
+  seq->block_table = std::move(m.pages);
+  seq->num_computed = static_cast<int32_t>(seq->block_table.size()) * pool_.page_size();
+  if (m.partial_page >= 0) {
+    if (allocate(1, seq->block_table)) {
+      plan.copies.emplace_back(m.partial_page, seq->block_table.back());
+      seq->num_computed += m.partial_tokens;
+    } else {
+      pool_.release(m.partial_page);
+    }
+  }
+  return true;
 }
 
 void Scheduler::preempt(Sequence* seq) {
   // Recompute preemption (vLLM V1, SGLang): drop the KV, keep the tokens; when the sequence
-  // runs again its prompt and generated tokens are prefilled anew.
-  pool_.release_all(seq->block_table);
-  seq->num_computed = 0;
+  // runs again its prompt and generated tokens are prefilled anew, minus what the prefix cache
+  // still holds of them.
+  drop_pages(seq);
   seq->status = SeqStatus::kWaiting;
   ++seq->num_preemptions;
   ++num_preemptions_;
@@ -94,21 +123,41 @@ StepPlan Scheduler::schedule() {
 
   // 2. Admit waiting sequences while the budget, the running-set limit and the predicted peak
   //    memory allow. Nothing new is admitted in a step that had to preempt.
-  while (plan.preempted.empty() && budget > 0 && !waiting_.empty() &&
-         running_.size() < static_cast<size_t>(options_.max_running)) {
-    Sequence* seq = waiting_.front();
+  //    A sequence waiting for another's prefix pages is passed over, keeping its place.
+  for (auto it = waiting_.begin(); plan.preempted.empty() && budget > 0 && it != waiting_.end() &&
+                                   running_.size() < static_cast<size_t>(options_.max_running);) {
+    Sequence* seq = *it;
     if (!running_.empty() && !fits_peak_memory(*seq)) break;
+    const size_t copies_before = plan.copies.size();
+    if (cache_ && seq->block_table.empty() && !reuse_cached_prefix(seq, plan)) {
+      ++it;
+      continue;
+    }
+    const int32_t cached = seq->num_computed;
     int32_t n = std::min(seq->num_uncomputed(), budget);
     if (!grow(seq, n)) {
-      if (!running_.empty()) break;
       // Alone in the engine: take what fits now, the rest in later steps.
-      n = static_cast<int32_t>(std::min<int64_t>(
-          n,
-          (static_cast<int64_t>(seq->block_table.size()) + pool_.num_free()) * pool_.page_size() -
-              seq->num_computed));
-      if (n <= 0 || !grow(seq, n)) break;
+      if (running_.empty())
+        n = static_cast<int32_t>(std::min<int64_t>(
+            n, (static_cast<int64_t>(seq->block_table.size()) + pool_.num_available()) *
+                       pool_.page_size() -
+                   seq->num_computed));
+      if (!running_.empty() || n <= 0 || !grow(seq, n)) {
+        for (size_t c = copies_before; c < plan.copies.size(); ++c)
+          pool_.release(plan.copies[c].first);
+        plan.copies.resize(copies_before);
+        drop_pages(seq);
+        break;
+      }
     }
-    waiting_.pop_front();
+    it = waiting_.erase(it);
+    if (seq->num_preemptions == 0) {
+      seq->num_cached_prompt = cached;
+      cached_prompt_tokens_ += cached;
+    } else {
+      resumed_cached_tokens_ += cached;
+    }
+    if (cache_) cache_->claim(seq->id, seq->tokens, cached / pool_.page_size(), seq->prompt_len);
     seq->status = SeqStatus::kRunning;
     running_.push_back(seq);
     plan.chunks.push_back({seq, n, seq->num_computed + n == seq->num_tokens()});
@@ -118,7 +167,16 @@ StepPlan Scheduler::schedule() {
   return plan;
 }
 
+void Scheduler::step_done(const StepPlan& plan) {
+  for (const ScheduledChunk& c : plan.chunks) {
+    Sequence* seq = c.seq;
+    seq->num_computed += c.num_tokens;
+    if (cache_) cache_->insert(seq->id, seq->tokens, seq->num_computed, seq->block_table);
+  }
+}
+
 void Scheduler::finish(Sequence* seq) {
+  if (cache_) cache_->insert_finished(seq->id, seq->tokens, seq->num_computed, seq->block_table);
   pool_.release_all(seq->block_table);
   seq->status = SeqStatus::kFinished;
   if (auto it = std::find(running_.begin(), running_.end(), seq); it != running_.end())

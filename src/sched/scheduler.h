@@ -5,14 +5,23 @@
 // allow. Admission uses NanoFlow's peak-memory estimation (§4.4) so that admitted sequences
 // are unlikely to run out of pages later; when they do anyway, the newest running sequence is
 // preempted (its pages freed, recomputed later) — never dropped.
+//
+// With a RadixCache (prefix caching on), a sequence starts from the longest cached prefix of its
+// tokens: the shared pages join its block table, a partly matching last page is copied
+// (StepPlan::copies), and only the rest is prefilled. A waiting sequence whose next page another
+// running sequence is computing waits for it (intra-batch sharing, BlendServe A.2) while the
+// sequences behind it may be admitted. Computed pages enter the cache after every step, so a
+// preempted sequence usually finds most of its own KV there when it resumes.
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <utility>
 #include <vector>
 
 #include "core/sequence.h"
 #include "kv/page_pool.h"
+#include "kv/radix_cache.h"
 
 namespace blend {
 
@@ -33,16 +42,23 @@ struct ScheduledChunk {
 struct StepPlan {
   std::vector<ScheduledChunk> chunks;
   std::vector<Sequence*> preempted;  // moved back to waiting in this step
+  // Copy-on-write of partly matched cached pages, to run before the forward pass: copy page
+  // `first` into `second`, then release `first` (the plan holds a reference on it).
+  std::vector<std::pair<PageId, PageId>> copies;
   int32_t num_tokens = 0;
   bool empty() const { return chunks.empty(); }
 };
 
 class Scheduler {
  public:
-  Scheduler(PagePool& pool, SchedulerOptions options);
+  // `cache` may be null (prefix caching off); it must outlive the scheduler.
+  Scheduler(PagePool& pool, SchedulerOptions options, RadixCache* cache = nullptr);
 
   void add(Sequence* seq);  // joins the waiting queue (FCFS order of arrival)
   StepPlan schedule();
+  // The backend computed the plan: advances each chunk's num_computed and offers the computed
+  // pages to the prefix cache.
+  void step_done(const StepPlan& plan);
   // The engine appended a sampled token to seq->tokens (nothing to do) or finished it:
   void finish(Sequence* seq);
 
@@ -50,21 +66,32 @@ class Scheduler {
   size_t num_running() const { return running_.size(); }
   size_t num_waiting() const { return waiting_.size(); }
   int64_t num_preemptions() const { return num_preemptions_; }
+  // Prompt tokens served from the prefix cache at first admission (the sharing ratio's
+  // numerator), and tokens a resumed sequence found in the cache instead of recomputing them.
+  int64_t cached_prompt_tokens() const { return cached_prompt_tokens_; }
+  int64_t resumed_cached_tokens() const { return resumed_cached_tokens_; }
 
  private:
-  bool grow(Sequence* seq, int32_t new_tokens);  // pages for num_computed + new_tokens
+  bool grow(Sequence* seq, int32_t new_tokens);            // pages for num_computed + new_tokens
+  bool allocate(int64_t count, std::vector<PageId>& out);  // evicts idle cached pages if needed
+  // Starts a waiting sequence from the cached prefix; false when it must wait for a claimer.
+  bool reuse_cached_prefix(Sequence* seq, StepPlan& plan);
+  void drop_pages(Sequence* seq);  // back to no KV at all
   void preempt(Sequence* seq);
   int64_t expected_output(const Sequence& seq) const;
   bool fits_peak_memory(const Sequence& candidate) const;
 
   PagePool& pool_;
   SchedulerOptions options_;
+  RadixCache* cache_;
   std::vector<Sequence*> running_;  // in admission order
   std::deque<Sequence*> waiting_;
   int64_t next_arrival_ = 0;
   int64_t num_preemptions_ = 0;
   int64_t finished_count_ = 0;
   int64_t finished_output_tokens_ = 0;
+  int64_t cached_prompt_tokens_ = 0;
+  int64_t resumed_cached_tokens_ = 0;
 };
 
 }  // namespace blend

@@ -4,6 +4,7 @@
 
 #include <map>
 #include <random>
+#include <span>
 
 #include <gtest/gtest.h>
 
@@ -116,6 +117,81 @@ TEST_F(EngineTest, KvExhaustionPreemptsAndStillGivesTheSameTokens) {
   EXPECT_GT(tight.stats().preemptions, 0);
   ASSERT_EQ(got.size(), reqs.size());
   for (const auto& [id, r] : expected) EXPECT_EQ(got[id].tokens, r.tokens) << id;
+}
+
+// Few-shot style prompts: groups of requests sharing a long "system prompt + examples" prefix
+// (not a multiple of the page size) followed by a short question; some questions repeat.
+std::vector<GenerationRequest> few_shot_requests(int groups, int per_group, int max_tokens) {
+  std::vector<GenerationRequest> reqs;
+  for (int g = 0; g < groups; ++g) {
+    std::mt19937 rng(900 + g);
+    std::vector<TokenId> shared;
+    for (int i = 0; i < 150 + 13 * g; ++i) shared.push_back(static_cast<TokenId>(rng() % 120000));
+    for (int q = 0; q < per_group; ++q) {
+      GenerationRequest r;
+      r.id = "g" + std::to_string(g) + "q" + std::to_string(q);
+      r.prompt = shared;
+      for (int i = 0; i < 5 + q % 7; ++i)
+        r.prompt.push_back(static_cast<TokenId>((q % 5) * 1000 + i * 17 + 3));
+      r.params.max_tokens = max_tokens;
+      r.params.temperature = q % 3 ? 0.0f : 0.9f;
+      r.params.seed = static_cast<uint64_t>(q);
+      r.params.ignore_eos = true;
+      reqs.push_back(std::move(r));
+    }
+  }
+  return reqs;
+}
+
+TEST_F(EngineTest, PrefixCacheGivesTheSameTokensAndTheOptimalSharing) {
+  const auto reqs = few_shot_requests(4, 12, 6);  // in DFS order: group by group
+  EngineOptions off = options();
+  off.prefix_cache = false;
+  Engine plain(dir_->path(), off);
+  auto expected = run(plain, reqs);
+  EXPECT_EQ(plain.stats().cached_prompt_tokens, 0);
+
+  Engine cached(dir_->path(), options());
+  auto got = run(cached, reqs);
+  ASSERT_EQ(got.size(), reqs.size());
+  for (const auto& [id, r] : expected) EXPECT_EQ(got[id].tokens, r.tokens) << id;
+  cached.check_invariants();
+
+  std::vector<std::span<const TokenId>> prompts;
+  int64_t prompt_tokens = 0;
+  for (const auto& r : reqs) {
+    prompts.emplace_back(r.prompt);
+    prompt_tokens += static_cast<int64_t>(r.prompt.size());
+  }
+  const double optimal = static_cast<double>(optimal_shared_tokens(prompts)) / prompt_tokens;
+  const double achieved = static_cast<double>(cached.stats().cached_prompt_tokens) / prompt_tokens;
+  EXPECT_GT(optimal, 0.8);
+  EXPECT_GE(achieved, optimal - 0.01) << "achieved " << achieved << " optimal " << optimal;
+  int64_t per_request = 0;
+  for (const auto& [id, r] : got) per_request += r.cached_tokens;
+  EXPECT_EQ(per_request, cached.stats().cached_prompt_tokens);
+}
+
+TEST_F(EngineTest, PrefixCacheUnderHeavyEvictionAndPreemption) {
+  auto reqs = few_shot_requests(5, 6, 20);
+  std::mt19937 rng(5);
+  std::shuffle(reqs.begin(), reqs.end(), rng);  // not DFS: the cache must evict and refill
+  EngineOptions off = options();
+  off.prefix_cache = false;
+  Engine plain(dir_->path(), off);
+  auto expected = run(plain, reqs);
+
+  EngineOptions o = options();
+  o.kv_memory_gb = 256.0 * 16 * 40 / 1e9;  // 40 pages of 16 tokens: about 3 prompts at once
+  o.scheduler.initial_output_estimate = 1;
+  Engine tight(dir_->path(), o);
+  auto got = run(tight, reqs);
+  ASSERT_EQ(got.size(), reqs.size());
+  for (const auto& [id, r] : expected) EXPECT_EQ(got[id].tokens, r.tokens) << id;
+  const EngineStats st = tight.stats();
+  EXPECT_GT(st.cache_evicted_pages, 0);
+  EXPECT_GT(st.cached_prompt_tokens, 0);
+  tight.check_invariants();
 }
 
 TEST_F(EngineTest, StopStringsTokenIdsAndMaxTokens) {

@@ -17,12 +17,17 @@ std::unique_ptr<Sequence> make_seq(SeqId id, int32_t prompt, int32_t max_tokens)
   return s;
 }
 
-// Plays the engine's part: marks chunks computed and appends a token to sampling chunks;
-// finishes sequences that reach max_tokens. Returns the finished ones.
-std::vector<Sequence*> apply(Scheduler& sched, const StepPlan& plan) {
+// Plays the engine's part: runs the plan's page copies (releasing their sources in `pool`),
+// marks chunks computed and appends a token to sampling chunks; finishes sequences that reach
+// max_tokens. Returns the finished ones.
+std::vector<Sequence*> apply(Scheduler& sched, const StepPlan& plan, PagePool* pool = nullptr) {
+  if (!plan.copies.empty()) {
+    EXPECT_NE(pool, nullptr);
+    for (const auto& copy : plan.copies) pool->release(copy.first);
+  }
   std::vector<Sequence*> finished;
+  sched.step_done(plan);
   for (const auto& c : plan.chunks) {
-    c.seq->num_computed += c.num_tokens;
     EXPECT_LE(c.seq->num_computed, c.seq->num_tokens());
     if (c.samples) {
       c.seq->tokens.push_back(2);
@@ -136,6 +141,112 @@ TEST(Scheduler, RandomWorkloadLeavesThePoolFull) {
   EXPECT_EQ(finished, static_cast<int>(seqs.size()));
   EXPECT_EQ(pool.num_free(), pool.num_pages());
   pool.check_invariants();
+}
+
+std::unique_ptr<Sequence> make_seq_with(SeqId id, std::vector<TokenId> prompt, int32_t max_tokens) {
+  auto s = make_seq(id, 1, max_tokens);
+  s->prompt_len = static_cast<int32_t>(prompt.size());
+  s->tokens = std::move(prompt);
+  return s;
+}
+
+std::vector<TokenId> shared_then_unique(int32_t shared, int32_t unique, TokenId tag) {
+  std::vector<TokenId> t;
+  for (int32_t i = 0; i < shared; ++i) t.push_back(1000 + i);
+  for (int32_t i = 0; i < unique; ++i) t.push_back(tag + i);
+  return t;
+}
+
+TEST(Scheduler, APrefixSharedWithinTheBatchIsComputedOnce) {
+  PagePool pool(100, 4);
+  RadixCache cache(pool);
+  SchedulerOptions o;
+  o.max_batch_tokens = 64;
+  Scheduler sched(pool, o, &cache);
+  auto a = make_seq_with(1, shared_then_unique(40, 3, 10), 4);
+  auto b = make_seq_with(2, shared_then_unique(40, 3, 20), 4);
+  sched.add(a.get());
+  sched.add(b.get());
+  // Step 1: A prefills everything; B would share A's 40 tokens, which are being computed now,
+  // so B waits although the budget has room.
+  StepPlan p1 = sched.schedule();
+  ASSERT_EQ(p1.chunks.size(), 1u);
+  EXPECT_EQ(p1.chunks[0].seq, a.get());
+  EXPECT_EQ(p1.chunks[0].num_tokens, 43);
+  apply(sched, p1, &pool);
+  // Step 2: B starts from A's cached pages and computes only its own 3 tokens.
+  StepPlan p2 = sched.schedule();
+  ASSERT_EQ(p2.chunks.size(), 2u);
+  EXPECT_EQ(p2.chunks[1].seq, b.get());
+  EXPECT_EQ(p2.chunks[1].num_tokens, 3);
+  EXPECT_EQ(b->num_cached_prompt, 40);
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(b->block_table[i], a->block_table[i]);
+  EXPECT_EQ(sched.cached_prompt_tokens(), 40);
+  apply(sched, p2, &pool);
+  while (sched.has_work()) apply(sched, sched.schedule(), &pool);
+  cache.check_invariants();
+  cache.evict(pool.num_pages());
+  EXPECT_EQ(pool.num_free(), pool.num_pages());
+}
+
+TEST(Scheduler, IdenticalPromptsCopyThePartlyFilledLastPage) {
+  PagePool pool(100, 4);
+  RadixCache cache(pool);
+  Scheduler sched(pool, SchedulerOptions{}, &cache);
+  auto a = make_seq_with(1, shared_then_unique(10, 0, 0), 1);
+  sched.add(a.get());
+  while (sched.has_work()) apply(sched, sched.schedule(), &pool);
+  // A finished: its two full pages and its last page (2 of 4 slots computed) are in the tree.
+  // The same prompt reuses 9 tokens: two pages, and one token of a copy of the third.
+  auto b = make_seq_with(2, shared_then_unique(10, 0, 0), 1);
+  sched.add(b.get());
+  StepPlan p = sched.schedule();
+  ASSERT_EQ(p.chunks.size(), 1u);
+  EXPECT_EQ(p.chunks[0].num_tokens, 1);
+  ASSERT_EQ(p.copies.size(), 1u);
+  EXPECT_EQ(p.copies[0].second, b->block_table[2]);
+  EXPECT_NE(p.copies[0].first, b->block_table[2]);
+  EXPECT_EQ(b->num_cached_prompt, 9);
+  apply(sched, p, &pool);
+  cache.check_invariants();
+  pool.check_invariants();
+}
+
+// Shared prefixes, a pool too small for all of them, preemption and eviction: every request
+// finishes, the tree and pool stay consistent, and the pool is whole once the cache is emptied.
+TEST(Scheduler, RandomSharedWorkloadWithCacheLeavesThePoolFull) {
+  std::mt19937 rng(11);
+  PagePool pool(24, 4);
+  RadixCache cache(pool);
+  SchedulerOptions o;
+  o.max_batch_tokens = 32;
+  o.max_running = 6;
+  o.initial_output_estimate = 2;  // optimistic: forces preemption now and then
+  Scheduler sched(pool, o, &cache);
+  std::vector<std::unique_ptr<Sequence>> seqs;
+  int finished = 0;
+  for (int step = 0; step < 4000; ++step) {
+    if (seqs.size() < 150 && rng() % 2 == 0) {
+      const auto shared = static_cast<int32_t>(rng() % 3 * 6);
+      const auto unique = static_cast<int32_t>(1 + rng() % 10);
+      seqs.push_back(
+          make_seq_with(static_cast<SeqId>(seqs.size() + 1),
+                        shared_then_unique(shared, unique, static_cast<TokenId>(rng() % 4)),
+                        1 + static_cast<int32_t>(rng() % 12)));
+      sched.add(seqs.back().get());
+    }
+    if (!sched.has_work()) continue;
+    finished += static_cast<int>(apply(sched, sched.schedule(), &pool).size());
+    cache.check_invariants();
+    pool.check_invariants();
+  }
+  while (sched.has_work())
+    finished += static_cast<int>(apply(sched, sched.schedule(), &pool).size());
+  EXPECT_EQ(finished, static_cast<int>(seqs.size()));
+  EXPECT_GT(sched.cached_prompt_tokens(), 0);
+  cache.evict(pool.num_pages());
+  EXPECT_EQ(cache.num_nodes(), 0);
+  EXPECT_EQ(pool.num_free(), pool.num_pages());
 }
 
 }  // namespace

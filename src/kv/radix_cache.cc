@@ -1,0 +1,353 @@
+#include "kv/radix_cache.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+
+namespace blend {
+
+struct RadixCache::Node {
+  Node* parent = nullptr;
+  PageId page = -1;
+  std::vector<TokenId> tokens;  // this page's tokens: page_size of them, fewer for a partial leaf
+  std::vector<std::unique_ptr<Node>> children;
+  size_t index_in_parent = 0;
+  // Built once a node has many children (the root of a workload with thousands of distinct
+  // prompts): first token -> children starting with it.
+  std::unique_ptr<std::unordered_multimap<TokenId, Node*>> by_first_token;
+  uint64_t last_access = 0;
+  bool in_leaves = false;
+};
+
+namespace {
+
+constexpr size_t kIndexChildrenAbove = 8;
+
+uint64_t hash_page(uint64_t h, std::span<const TokenId> tokens) {
+  // FNV-1a over the token ids, chained from the previous page's hash.
+  h ^= 0x9e3779b97f4a7c15ull;
+  for (TokenId t : tokens) {
+    h ^= static_cast<uint32_t>(t);
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+size_t common_prefix(std::span<const TokenId> a, std::span<const TokenId> b) {
+  const size_t n = std::min(a.size(), b.size());
+  size_t i = 0;
+  while (i < n && a[i] == b[i]) ++i;
+  return i;
+}
+
+[[noreturn]] void fail(const char* what) {
+  std::fprintf(stderr, "RadixCache: %s\n", what);
+  std::abort();
+}
+
+}  // namespace
+
+RadixCache::RadixCache(PagePool& pool)
+    : pool_(pool), page_size_(pool.page_size()), root_(std::make_unique<Node>()) {}
+
+RadixCache::~RadixCache() {
+  // Let go of every cached page so the pool balances (pages still held by sequences stay).
+  std::vector<Node*> stack{root_.get()};
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (auto& c : n->children) stack.push_back(c.get());
+    if (n != root_.get()) {
+      pool_.set_cached(n->page, false);
+      pool_.release(n->page);
+    }
+  }
+}
+
+RadixCache::Node* RadixCache::find_child(Node* parent, std::span<const TokenId> page_tokens) const {
+  auto same = [&](const Node* c) {
+    return c->tokens.size() == page_tokens.size() &&
+           std::equal(c->tokens.begin(), c->tokens.end(), page_tokens.begin());
+  };
+  if (parent->by_first_token) {
+    auto [lo, hi] = parent->by_first_token->equal_range(page_tokens[0]);
+    for (auto it = lo; it != hi; ++it)
+      if (same(it->second)) return it->second;
+    return nullptr;
+  }
+  for (const auto& c : parent->children)
+    if (same(c.get())) return c.get();
+  return nullptr;
+}
+
+void RadixCache::set_leaf(Node* node, bool is_leaf) {
+  if (node == root_.get() || node->in_leaves == is_leaf) return;
+  if (is_leaf)
+    leaves_.emplace(node->last_access, node);
+  else
+    leaves_.erase({node->last_access, node});
+  node->in_leaves = is_leaf;
+}
+
+void RadixCache::touch(Node* node) {
+  const uint64_t now = ++clock_;
+  for (Node* n = node; n != root_.get(); n = n->parent) {
+    if (n->in_leaves) {
+      leaves_.erase({n->last_access, n});
+      leaves_.emplace(now, n);
+    }
+    n->last_access = now;
+  }
+}
+
+RadixCache::Node* RadixCache::add_child(Node* parent, std::span<const TokenId> page_tokens,
+                                        PageId page) {
+  auto child = std::make_unique<Node>();
+  Node* c = child.get();
+  c->parent = parent;
+  c->page = page;
+  c->tokens.assign(page_tokens.begin(), page_tokens.end());
+  c->index_in_parent = parent->children.size();
+  parent->children.push_back(std::move(child));
+  if (parent->by_first_token) {
+    parent->by_first_token->emplace(c->tokens[0], c);
+  } else if (parent->children.size() > kIndexChildrenAbove) {
+    parent->by_first_token = std::make_unique<std::unordered_multimap<TokenId, Node*>>();
+    for (const auto& k : parent->children) parent->by_first_token->emplace(k->tokens[0], k.get());
+  }
+  pool_.retain(page);
+  pool_.set_cached(page, true);
+  ++num_nodes_;
+  set_leaf(parent, false);
+  set_leaf(c, true);
+  touch(c);
+  return c;
+}
+
+void RadixCache::remove_leaf(Node* leaf) {
+  Node* parent = leaf->parent;
+  set_leaf(leaf, false);
+  pool_.set_cached(leaf->page, false);
+  pool_.release(leaf->page);
+  if (parent->by_first_token) {
+    auto [lo, hi] = parent->by_first_token->equal_range(leaf->tokens[0]);
+    for (auto it = lo; it != hi; ++it)
+      if (it->second == leaf) {
+        parent->by_first_token->erase(it);
+        break;
+      }
+  }
+  auto& siblings = parent->children;
+  const size_t i = leaf->index_in_parent;
+  if (i + 1 != siblings.size()) {
+    siblings[i] = std::move(siblings.back());
+    siblings[i]->index_in_parent = i;
+  }
+  siblings.pop_back();  // destroys `leaf`
+  --num_nodes_;
+  if (siblings.empty()) set_leaf(parent, true);
+}
+
+PrefixMatch RadixCache::match(std::span<const TokenId> tokens, int32_t max_tokens, SeqId self) {
+  PrefixMatch m;
+  const size_t limit = std::min(tokens.size(), static_cast<size_t>(std::max(max_tokens, 0)));
+  const size_t ps = static_cast<size_t>(page_size_);
+  Node* node = root_.get();
+  size_t pos = 0;
+  uint64_t h = 0;
+  while (pos + ps <= limit) {
+    const auto page_tokens = tokens.subspan(pos, ps);
+    Node* child = find_child(node, page_tokens);
+    if (!child) break;
+    h = hash_page(h, page_tokens);
+    m.pages.push_back(child->page);
+    node = child;
+    pos += ps;
+  }
+  // Copy-on-write tail: the child sharing the most leading tokens with the rest of the prompt.
+  Node* partial = nullptr;
+  size_t best = 0;
+  const auto rest = tokens.subspan(pos, std::min(ps, limit - pos));
+  if (!rest.empty()) {
+    auto consider = [&](Node* c) {
+      const size_t k = common_prefix(c->tokens, rest);
+      if (k > best) best = k, partial = c;
+    };
+    if (node->by_first_token) {
+      auto [lo, hi] = node->by_first_token->equal_range(rest[0]);
+      for (auto it = lo; it != hi; ++it) consider(it->second);
+    } else {
+      for (const auto& c : node->children) consider(c.get());
+    }
+  }
+  // Intra-batch sharing: a running sequence is about to compute more of this page than the
+  // tree holds; waiting for it beats computing the same tokens twice.
+  if (auto it = claims_.find(h); !rest.empty() && it != claims_.end()) {
+    for (const Claim& c : it->second)
+      if (c.seq != self && common_prefix(c.tokens, rest) > best) m.claimed_by_other = true;
+  }
+  if (m.claimed_by_other) {
+    m.pages.clear();
+    return m;
+  }
+  if (partial) {
+    m.partial_page = partial->page;
+    m.partial_tokens = static_cast<int32_t>(best);
+  }
+  for (PageId p : m.pages) pool_.retain(p);
+  if (partial) {
+    pool_.retain(partial->page);
+    touch(partial);
+  } else if (node != root_.get()) {
+    touch(node);
+  }
+  return m;
+}
+
+void RadixCache::claim(SeqId seq, std::span<const TokenId> tokens, int32_t first_page,
+                       int32_t prompt_len) {
+  const size_t ps = static_cast<size_t>(page_size_);
+  const size_t end = std::min(tokens.size(), static_cast<size_t>(std::max(prompt_len, 0)));
+  uint64_t h = 0;  // hash of the full pages before page i
+  for (size_t i = 0; i * ps < end; ++i) {
+    const auto page_tokens = tokens.subspan(i * ps, std::min(ps, end - i * ps));
+    if (i >= static_cast<size_t>(first_page)) {
+      claims_[h].push_back({seq, {page_tokens.begin(), page_tokens.end()}});
+      claims_by_seq_[seq].push_back(h);
+    }
+    h = hash_page(h, page_tokens);
+  }
+}
+
+void RadixCache::drop_claims(SeqId seq) {
+  auto it = claims_by_seq_.find(seq);
+  if (it == claims_by_seq_.end()) return;
+  for (uint64_t h : it->second) {
+    auto c = claims_.find(h);
+    if (c == claims_.end()) continue;
+    std::erase_if(c->second, [seq](const Claim& x) { return x.seq == seq; });
+    if (c->second.empty()) claims_.erase(c);
+  }
+  claims_by_seq_.erase(it);
+}
+
+void RadixCache::insert(SeqId seq, std::span<const TokenId> tokens, int32_t num_computed,
+                        std::vector<PageId>& block_table) {
+  Cursor& c = cursors_[seq];
+  if (!c.node) c.node = root_.get();
+  const size_t ps = static_cast<size_t>(page_size_);
+  const int32_t full =
+      std::min<int32_t>(num_computed / page_size_, static_cast<int32_t>(block_table.size()));
+  while (c.pages < full) {
+    const size_t i = static_cast<size_t>(c.pages);
+    const auto page_tokens = tokens.subspan(i * ps, ps);
+    Node* child = nullptr;
+    if (c.tail && c.tail->page == block_table[i]) {
+      // Our own partly filled page, now full: it keeps its place in the tree.
+      c.tail->tokens.assign(page_tokens.begin(), page_tokens.end());
+      child = c.tail;
+    } else if ((child = find_child(c.node, page_tokens)) == nullptr) {
+      child = add_child(c.node, page_tokens, block_table[i]);
+    } else if (child->page != block_table[i]) {
+      // Same tokens computed twice (admitted before the other copy was cached): keep the
+      // tree's page, free ours.
+      pool_.retain(child->page);
+      pool_.release(block_table[i]);
+      block_table[i] = child->page;
+    }
+    c.tail = nullptr;
+    c.node = child;
+    ++c.pages;
+  }
+  // The computed part of the page being filled is shared too (copy-on-write sources only use
+  // slots that are already computed, and the owner never rewrites them).
+  const int32_t tail = num_computed - c.pages * page_size_;
+  if (tail <= 0 || static_cast<size_t>(c.pages) >= block_table.size()) return;
+  const auto rest = tokens.subspan(static_cast<size_t>(c.pages) * ps, static_cast<size_t>(tail));
+  if (c.tail) {
+    c.tail->tokens.assign(rest.begin(), rest.end());
+    return;
+  }
+  // A child that already starts with these tokens serves them as well.
+  for (const auto& k : c.node->children)
+    if (common_prefix(k->tokens, rest) == rest.size()) return;
+  c.tail = add_child(c.node, rest, block_table[static_cast<size_t>(c.pages)]);
+}
+
+void RadixCache::insert_finished(SeqId seq, std::span<const TokenId> tokens, int32_t num_computed,
+                                 std::vector<PageId>& block_table) {
+  insert(seq, tokens, num_computed, block_table);
+  forget(seq);
+}
+
+void RadixCache::forget(SeqId seq) {
+  drop_claims(seq);
+  cursors_.erase(seq);
+}
+
+int64_t RadixCache::evict(int64_t pages) {
+  int64_t freed = 0;
+  auto it = leaves_.begin();
+  while (freed < pages && it != leaves_.end()) {
+    Node* leaf = it->second;
+    if (pool_.refcount(leaf->page) != 1) {
+      ++it;
+      continue;
+    }
+    ++it;
+    Node* parent = leaf->parent;
+    remove_leaf(leaf);
+    ++freed;
+    ++num_evicted_;
+    // The parent may have just become a leaf older than where the scan stands.
+    if (parent->in_leaves && (it == leaves_.end() || parent->last_access < it->first))
+      it = leaves_.find({parent->last_access, parent});
+  }
+  return freed;
+}
+
+void RadixCache::check_invariants() const {
+  int64_t nodes = 0;
+  size_t leaves = 0;
+  std::vector<const Node*> stack{root_.get()};
+  while (!stack.empty()) {
+    const Node* n = stack.back();
+    stack.pop_back();
+    if (n != root_.get()) {
+      ++nodes;
+      if (!pool_.is_cached(n->page) || pool_.refcount(n->page) < 1) fail("node page not cached");
+      if (n->tokens.empty() || n->tokens.size() > static_cast<size_t>(page_size_))
+        fail("node with a bad token count");
+      if (n->tokens.size() < static_cast<size_t>(page_size_) && !n->children.empty())
+        fail("partial page with children");
+      if (n->children.empty() != n->in_leaves) fail("leaf set out of date");
+      if (n->in_leaves) {
+        ++leaves;
+        if (!leaves_.count({n->last_access, const_cast<Node*>(n)})) fail("leaf missing");
+      }
+    }
+    for (size_t i = 0; i < n->children.size(); ++i) {
+      const Node* c = n->children[i].get();
+      if (c->parent != n || c->index_in_parent != i) fail("broken parent link");
+      stack.push_back(c);
+    }
+  }
+  if (nodes != num_nodes_) fail("node count out of date");
+  if (leaves != leaves_.size()) fail("stale entries in the leaf set");
+}
+
+int64_t optimal_shared_tokens(std::vector<std::span<const TokenId>> prompts) {
+  std::sort(prompts.begin(), prompts.end(), [](auto a, auto b) {
+    return std::lexicographical_compare(a.begin(), a.end(), b.begin(), b.end());
+  });
+  int64_t shared = 0;
+  for (size_t i = 1; i < prompts.size(); ++i) {
+    if (prompts[i].empty()) continue;
+    const size_t k = common_prefix(prompts[i - 1], prompts[i]);
+    shared += static_cast<int64_t>(std::min(k, prompts[i].size() - 1));
+  }
+  return shared;
+}
+
+}  // namespace blend
