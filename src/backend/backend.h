@@ -4,6 +4,7 @@
 // and writes the pages a ForwardBatch names.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -39,6 +40,12 @@ class Backend {
 
   // Copies one page's K/V (all layers) to another page (copy-on-write of a shared last page).
   virtual void copy_page(PageId src, PageId dst) = 0;
+
+  // Gathers the K/V of `pages` (all layers) into one contiguous buffer of
+  // pages.size() * kv_bytes_per_page() bytes, page after page, and scatters such a buffer back.
+  // This is how KV leaves for and returns from the host and disk tiers: one run, one buffer.
+  virtual void read_pages(std::span<const PageId> pages, std::byte* out) const = 0;
+  virtual void write_pages(std::span<const PageId> pages, const std::byte* in) = 0;
 };
 
 // KV bytes per token for a model whose cache holds elements of `kv_elem_bytes` bytes.

@@ -124,6 +124,8 @@ void run_batch(const BatchArgs& args) {
       {"sharing_ratio", ratio(s.cached_prompt_tokens)},
       {"sharing_optimal", ratio(optimal_shared_tokens(std::move(prompt_spans)))},
       {"cache_evicted_pages", s.cache_evicted_pages},
+      {"kv_offloaded_pages", s.kv_offloaded_pages},
+      {"kv_loaded_pages", s.kv_loaded_pages},
       {"kv_peak_bytes", s.kv_peak_bytes},
       {"kv_capacity_bytes", s.kv_capacity_bytes},
       {"deterministic", args.engine.deterministic},
@@ -167,6 +169,11 @@ void register_batch_command(CLI::App& app) {
   cmd->add_option("--seed", args->engine.seed, "Seed for requests without one");
   cmd->add_option("--prefix-cache", args->engine.prefix_cache,
                   "Reuse cached prompt prefixes: on|off (default on)");
+  cmd->add_option("--kv-host-memory", args->engine.kv_host_memory_gb,
+                  "GB of host memory for cached KV evicted from the KV cache (default 0: none)");
+  cmd->add_option("--kv-disk", args->engine.kv_disk_dir,
+                  "Directory for cached KV evicted from host memory (default: none)");
+  cmd->add_option("--kv-disk-size", args->engine.kv_disk_gb, "Cap of --kv-disk in GB (default 10)");
   cmd->add_flag("--quiet", args->quiet, "No progress bar or summary");
   cmd->callback([args] { run_batch(*args); });
 }

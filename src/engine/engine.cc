@@ -28,6 +28,21 @@ uint64_t hash_string(const std::string& s, uint64_t seed) {
   return h;
 }
 
+// The backend seen as the prefix cache's page mover.
+class BackendPageIo : public KvPageIo {
+ public:
+  explicit BackendPageIo(Backend& backend) : backend_(backend) {}
+  void read_pages(std::span<const PageId> pages, std::byte* out) override {
+    backend_.read_pages(pages, out);
+  }
+  void write_pages(std::span<const PageId> pages, const std::byte* in) override {
+    backend_.write_pages(pages, in);
+  }
+
+ private:
+  Backend& backend_;
+};
+
 }  // namespace
 
 struct Engine::Active {
@@ -77,7 +92,24 @@ Engine::Engine(const std::filesystem::path& model_dir, const EngineOptions& opti
   if (backend_->kv_bytes_per_page() != page_bytes)
     throw Error("internal: backend KV page size disagrees with the engine's estimate");
   pool_ = std::make_unique<PagePool>(num_pages, options.page_size);
-  if (options.prefix_cache) cache_ = std::make_unique<RadixCache>(*pool_);
+  if (options.prefix_cache) {
+    RadixCacheTiers t;
+    if (options.kv_host_memory_gb > 0 || !options.kv_disk_dir.empty()) {
+      KvTierOptions to;
+      to.host_bytes = static_cast<int64_t>(options.kv_host_memory_gb * 1e9);
+      to.disk_dir = options.kv_disk_dir;
+      to.disk_bytes = static_cast<int64_t>(options.kv_disk_gb * 1e9);
+      tiers_ = std::make_unique<KvTiers>(to, page_bytes);
+      page_io_ = std::make_unique<BackendPageIo>(*backend_);
+      t.tiers = tiers_.get();
+      t.io = page_io_.get();
+      // A miss costs a forward pass over the token: 2 FLOPs per matmul parameter at an assumed
+      // 2e11 FLOP/s (below what the cpu backend measures: loading must clearly win to be chosen).
+      t.recompute_seconds_per_token =
+          2.0 * static_cast<double>(config_.num_matmul_parameters()) / 2e11;
+    }
+    cache_ = std::make_unique<RadixCache>(*pool_, t);
+  }
   scheduler_ = std::make_unique<Scheduler>(*pool_, options.scheduler, cache_.get());
   stats_.kv_capacity_bytes = num_pages * page_bytes;
 }
@@ -85,6 +117,7 @@ Engine::Engine(const std::filesystem::path& model_dir, const EngineOptions& opti
 Engine::~Engine() {
   scheduler_.reset();
   cache_.reset();  // returns the cached pages to the pool before it goes
+  tiers_.reset();
 }
 
 void Engine::check_invariants() const {
@@ -266,6 +299,10 @@ EngineStats Engine::stats() const {
   s.cached_prompt_tokens = scheduler_->cached_prompt_tokens();
   s.resumed_cached_tokens = scheduler_->resumed_cached_tokens();
   s.cache_evicted_pages = cache_ ? cache_->num_evicted() : 0;
+  s.kv_offloaded_pages = cache_ ? cache_->num_offloaded_pages() : 0;
+  s.kv_loaded_pages = cache_ ? cache_->num_loaded_pages() : 0;
+  s.kv_host_bytes = tiers_ ? tiers_->host_used() : 0;
+  s.kv_disk_bytes = tiers_ ? tiers_->disk_used() : 0;
   return s;
 }
 

@@ -31,6 +31,10 @@ struct EngineOptions {
   int32_t page_size = 16;
   double kv_memory_gb = 0;   // KV cache size; 0 = a share of the free memory
   bool prefix_cache = true;  // reuse cached prompt prefixes (kv/radix_cache)
+  // KV tiers for cached pages evicted from the KV cache (kv/kv_tiers): host memory, then disk.
+  double kv_host_memory_gb = 0;  // 0 = no host tier
+  std::string kv_disk_dir;       // empty = no disk tier
+  double kv_disk_gb = 10;        // cap of the disk tier
   SchedulerOptions scheduler;
   uint64_t seed = 0;  // mixed into the seed of requests that bring none
 };
@@ -64,6 +68,10 @@ struct EngineStats {
   int64_t cached_prompt_tokens = 0;   // prompt tokens served from the prefix cache
   int64_t resumed_cached_tokens = 0;  // preempted sequences' tokens found in the cache
   int64_t cache_evicted_pages = 0;
+  int64_t kv_offloaded_pages = 0;  // pages moved to the host/disk tiers
+  int64_t kv_loaded_pages = 0;     // pages brought back from them instead of recomputed
+  int64_t kv_host_bytes = 0;       // tier usage now
+  int64_t kv_disk_bytes = 0;
 };
 
 class Engine {
@@ -103,6 +111,8 @@ class Engine {
   std::unique_ptr<TensorStore> weights_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<PagePool> pool_;
+  std::unique_ptr<KvTiers> tiers_;  // null without --kv-host-memory / --kv-disk
+  std::unique_ptr<KvPageIo> page_io_;
   std::unique_ptr<RadixCache> cache_;  // null when prefix caching is off
   std::unique_ptr<Scheduler> scheduler_;
   std::unordered_map<SeqId, std::unique_ptr<Active>> active_;

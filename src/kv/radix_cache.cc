@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <map>
 
 namespace blend {
 
@@ -17,7 +18,13 @@ struct RadixCache::Node {
   // prompts): first token -> children starting with it.
   std::unique_ptr<std::unordered_multimap<TokenId, Node*>> by_first_token;
   uint64_t last_access = 0;
-  bool in_leaves = false;
+  bool in_leaves = false;       // device resident with no device-resident children
+  int32_t device_children = 0;  // children whose page is on the device
+  KvTiers::EntryId entry = 0;   // offloaded: the tier entry holding this page (page < 0)
+  int32_t entry_index = 0;      // page index within the entry
+
+  bool resident() const { return page >= 0; }
+  bool lost() const { return page < 0 && entry == 0; }  // its tier entry was dropped
 };
 
 namespace {
@@ -48,8 +55,10 @@ size_t common_prefix(std::span<const TokenId> a, std::span<const TokenId> b) {
 
 }  // namespace
 
-RadixCache::RadixCache(PagePool& pool)
-    : pool_(pool), page_size_(pool.page_size()), root_(std::make_unique<Node>()) {}
+RadixCache::RadixCache(PagePool& pool, RadixCacheTiers tiers)
+    : pool_(pool), page_size_(pool.page_size()), root_(std::make_unique<Node>()), tiers_(tiers) {
+  if (tiers_.tiers && (!tiers_.io || !tiers_.tiers->enabled())) tiers_.tiers = nullptr;
+}
 
 RadixCache::~RadixCache() {
   // Let go of every cached page so the pool balances (pages still held by sequences stay).
@@ -58,7 +67,7 @@ RadixCache::~RadixCache() {
     Node* n = stack.back();
     stack.pop_back();
     for (auto& c : n->children) stack.push_back(c.get());
-    if (n != root_.get()) {
+    if (n != root_.get() && n->resident()) {
       pool_.set_cached(n->page, false);
       pool_.release(n->page);
     }
@@ -119,6 +128,7 @@ RadixCache::Node* RadixCache::add_child(Node* parent, std::span<const TokenId> p
   pool_.retain(page);
   pool_.set_cached(page, true);
   ++num_nodes_;
+  ++parent->device_children;
   set_leaf(parent, false);
   set_leaf(c, true);
   touch(c);
@@ -128,8 +138,13 @@ RadixCache::Node* RadixCache::add_child(Node* parent, std::span<const TokenId> p
 void RadixCache::remove_leaf(Node* leaf) {
   Node* parent = leaf->parent;
   set_leaf(leaf, false);
-  pool_.set_cached(leaf->page, false);
-  pool_.release(leaf->page);
+  if (leaf->resident()) {
+    pool_.set_cached(leaf->page, false);
+    pool_.release(leaf->page);
+    --parent->device_children;
+  } else {
+    leave_entry(leaf);
+  }
   if (parent->by_first_token) {
     auto [lo, hi] = parent->by_first_token->equal_range(leaf->tokens[0]);
     for (auto it = lo; it != hi; ++it)
@@ -146,31 +161,181 @@ void RadixCache::remove_leaf(Node* leaf) {
   }
   siblings.pop_back();  // destroys `leaf`
   --num_nodes_;
-  if (siblings.empty()) set_leaf(parent, true);
+  if (parent->resident() && parent->device_children == 0) set_leaf(parent, true);
 }
 
-PrefixMatch RadixCache::match(std::span<const TokenId> tokens, int32_t max_tokens, SeqId self) {
+void RadixCache::remove_subtree(Node* node) {
+  while (!node->children.empty()) remove_subtree(node->children.back().get());
+  remove_leaf(node);
+}
+
+void RadixCache::leave_entry(Node* node) {
+  if (node->entry == 0) return;
+  auto it = entry_nodes_.find(node->entry);
+  if (it != entry_nodes_.end()) {
+    std::erase(it->second, node);
+    if (it->second.empty()) {
+      tiers_.tiers->erase(it->first);
+      entry_nodes_.erase(it);
+    }
+  }
+  node->entry = 0;
+}
+
+void RadixCache::mark_lost(const std::vector<KvTiers::EntryId>& dropped) {
+  for (KvTiers::EntryId id : dropped) {
+    auto it = entry_nodes_.find(id);
+    if (it == entry_nodes_.end()) continue;
+    for (Node* n : it->second) n->entry = 0;  // removed lazily when a match walks into it
+    entry_nodes_.erase(it);
+  }
+}
+
+void RadixCache::make_resident(Node* node, PageId page) {
+  leave_entry(node);
+  node->page = page;
+  pool_.set_cached(page, true);
+  Node* parent = node->parent;
+  ++parent->device_children;
+  set_leaf(parent, false);
+  set_leaf(node, node->device_children == 0);
+}
+
+// Gathers an idle leaf and its idle single-child ancestors into one buffer for the tiers
+// (NanoFlow §4.4: KV moves in contiguous runs, not page by page); the nodes stay, offloaded.
+void RadixCache::offload_chain(Node* leaf) {
+  std::vector<Node*> chain{leaf};
+  for (Node* p = leaf->parent;
+       p != root_.get() && p->resident() && p->device_children == 1 &&
+       pool_.refcount(p->page) == 1 && static_cast<int32_t>(chain.size()) < tiers_.max_run_pages;
+       p = p->parent)
+    chain.push_back(p);
+  std::reverse(chain.begin(), chain.end());  // root-ward first: the entry holds them in order
+  std::vector<PageId> pages;
+  for (Node* n : chain) pages.push_back(n->page);
+  std::vector<std::byte> blob(pages.size() * static_cast<size_t>(tiers_.tiers->page_bytes()));
+  tiers_.io->read_pages(pages, blob.data());
+  std::vector<KvTiers::EntryId> dropped;
+  const KvTiers::EntryId id =
+      tiers_.tiers->put(std::move(blob), static_cast<int32_t>(pages.size()), dropped);
+  auto& members = entry_nodes_[id];
+  for (size_t i = chain.size(); i-- > 0;) {  // bottom-up, so each parent loses its last child
+    Node* n = chain[i];
+    set_leaf(n, false);
+    pool_.set_cached(n->page, false);
+    pool_.release(n->page);
+    n->page = -1;
+    n->entry = id;
+    n->entry_index = static_cast<int32_t>(i);
+    members.push_back(n);
+    if (--n->parent->device_children == 0) set_leaf(n->parent, n->parent->resident());
+  }
+  num_offloaded_ += static_cast<int64_t>(chain.size());
+  mark_lost(dropped);  // may include `id` itself when the run fits no tier
+}
+
+// Brings the offloaded nodes of a matched path back into device pages, in order, as far as
+// the cost model, the tiers and the allocator allow; appends their pages to m.pages (retained
+// for the caller) and truncates `offloaded` to what was loaded.
+void RadixCache::load_path(std::vector<Node*>& offloaded, const Allocate& allocate,
+                           PrefixMatch& m) {
+  if (offloaded.empty()) return;
+  if (!allocate || !tiers_.tiers) {
+    offloaded.clear();
+    return;
+  }
+  // Cost model: load time of the entries touched vs recomputing the tokens.
+  std::map<KvTiers::EntryId, int64_t> pages_of;
+  for (Node* n : offloaded) ++pages_of[n->entry];
+  double load = 0;
+  for (auto [id, count] : pages_of) load += tiers_.tiers->load_seconds(id, count);
+  const double recompute = tiers_.recompute_seconds_per_token * static_cast<double>(page_size_) *
+                           static_cast<double>(offloaded.size());
+  if (load >= recompute) {
+    offloaded.clear();
+    return;
+  }
+  std::map<KvTiers::EntryId, std::vector<std::byte>> blobs;
+  for (size_t i = 0; i < offloaded.size(); ++i) {
+    const KvTiers::EntryId id = offloaded[i]->entry;
+    if (blobs.count(id)) continue;
+    auto data = tiers_.tiers->read(id);
+    if (!data) {
+      offloaded.resize(i);
+      break;
+    }
+    blobs.emplace(id, std::move(*data));
+  }
+  // Entry ids are remembered now: allocating may evict, and dropped entries reset node->entry.
+  std::vector<std::pair<KvTiers::EntryId, int32_t>> where;
+  for (Node* n : offloaded) where.emplace_back(n->entry, n->entry_index);
+  std::vector<PageId> pages;
+  if (offloaded.empty() || !allocate(static_cast<int64_t>(offloaded.size()), pages)) {
+    offloaded.clear();
+    return;
+  }
+  const auto page_bytes = static_cast<size_t>(tiers_.tiers->page_bytes());
+  for (size_t i = 0; i < offloaded.size();) {
+    // One write per run of consecutive pages of one entry.
+    size_t j = i + 1;
+    while (j < offloaded.size() && where[j].first == where[i].first &&
+           where[j].second == where[j - 1].second + 1)
+      ++j;
+    const std::byte* src =
+        blobs.at(where[i].first).data() + static_cast<size_t>(where[i].second) * page_bytes;
+    tiers_.io->write_pages(std::span<const PageId>(pages).subspan(i, j - i), src);
+    i = j;
+  }
+  for (size_t i = 0; i < offloaded.size(); ++i) {
+    make_resident(offloaded[i], pages[i]);  // the tree takes the allocation's reference
+    pool_.retain(pages[i]);                 // and the caller one more
+    m.pages.push_back(pages[i]);
+  }
+  num_loaded_ += static_cast<int64_t>(offloaded.size());
+}
+
+PrefixMatch RadixCache::match(std::span<const TokenId> tokens, int32_t max_tokens, SeqId self,
+                              const Allocate& allocate) {
   PrefixMatch m;
   const size_t limit = std::min(tokens.size(), static_cast<size_t>(std::max(max_tokens, 0)));
   const size_t ps = static_cast<size_t>(page_size_);
+  std::vector<Node*> path;       // matched full pages: resident ones, then offloaded ones
+  std::vector<uint64_t> hashes;  // hash chain of the path up to each node
+  std::vector<Node*> offloaded;
   Node* node = root_.get();
-  size_t pos = 0;
   uint64_t h = 0;
-  while (pos + ps <= limit) {
-    const auto page_tokens = tokens.subspan(pos, ps);
+  while ((path.size() + 1) * ps <= limit) {
+    const auto page_tokens = tokens.subspan(path.size() * ps, ps);
     Node* child = find_child(node, page_tokens);
     if (!child) break;
+    if (child->lost()) {  // its KV is gone from every tier: forget it and what hangs below
+      remove_subtree(child);
+      break;
+    }
     h = hash_page(h, page_tokens);
-    m.pages.push_back(child->page);
+    path.push_back(child);
+    hashes.push_back(h);
+    if (child->resident())
+      m.pages.push_back(child->page);
+    else
+      offloaded.push_back(child);
     node = child;
-    pos += ps;
   }
-  // Copy-on-write tail: the child sharing the most leading tokens with the rest of the prompt.
+  // Hold the resident part before anything can be evicted, then bring back what is worth it.
+  for (PageId p : m.pages) pool_.retain(p);
+  load_path(offloaded, allocate, m);
+  path.resize(m.pages.size());  // the path ends at its last page now on the device
+  node = path.empty() ? root_.get() : path.back();
+  h = path.empty() ? 0 : hashes[path.size() - 1];
+  const size_t pos = path.size() * ps;
+
+  // Copy-on-write tail: the resident child sharing the most leading tokens with the rest.
   Node* partial = nullptr;
   size_t best = 0;
   const auto rest = tokens.subspan(pos, std::min(ps, limit - pos));
   if (!rest.empty()) {
     auto consider = [&](Node* c) {
+      if (!c->resident()) return;
       const size_t k = common_prefix(c->tokens, rest);
       if (k > best) best = k, partial = c;
     };
@@ -188,15 +353,13 @@ PrefixMatch RadixCache::match(std::span<const TokenId> tokens, int32_t max_token
       if (c.seq != self && common_prefix(c.tokens, rest) > best) m.claimed_by_other = true;
   }
   if (m.claimed_by_other) {
+    for (PageId p : m.pages) pool_.release(p);
     m.pages.clear();
     return m;
   }
   if (partial) {
     m.partial_page = partial->page;
     m.partial_tokens = static_cast<int32_t>(best);
-  }
-  for (PageId p : m.pages) pool_.retain(p);
-  if (partial) {
     pool_.retain(partial->page);
     touch(partial);
   } else if (node != root_.get()) {
@@ -249,6 +412,11 @@ void RadixCache::insert(SeqId seq, std::span<const TokenId> tokens, int32_t num_
       child = c.tail;
     } else if ((child = find_child(c.node, page_tokens)) == nullptr) {
       child = add_child(c.node, page_tokens, block_table[i]);
+    } else if (!child->resident()) {
+      // Offloaded (or lost) copy of what we just computed: ours becomes the device copy.
+      pool_.retain(block_table[i]);
+      make_resident(child, block_table[i]);
+      touch(child);
     } else if (child->page != block_table[i]) {
       // Same tokens computed twice (admitted before the other copy was cached): keep the
       // tree's page, free ours.
@@ -271,7 +439,7 @@ void RadixCache::insert(SeqId seq, std::span<const TokenId> tokens, int32_t num_
   }
   // A child that already starts with these tokens serves them as well.
   for (const auto& k : c.node->children)
-    if (common_prefix(k->tokens, rest) == rest.size()) return;
+    if (k->resident() && common_prefix(k->tokens, rest) == rest.size()) return;
   c.tail = add_child(c.node, rest, block_table[static_cast<size_t>(c.pages)]);
 }
 
@@ -297,6 +465,15 @@ int64_t RadixCache::evict(int64_t pages) {
     }
     ++it;
     Node* parent = leaf->parent;
+    if (tiers_.tiers) {
+      const int64_t before = pool_.num_free();
+      offload_chain(leaf);
+      freed += pool_.num_free() - before;
+      num_evicted_ += pool_.num_free() - before;
+      (void)parent;
+      it = leaves_.begin();  // the chain's top may have left an older device leaf above it
+      continue;
+    }
     remove_leaf(leaf);
     ++freed;
     ++num_evicted_;
@@ -316,12 +493,24 @@ void RadixCache::check_invariants() const {
     stack.pop_back();
     if (n != root_.get()) {
       ++nodes;
-      if (!pool_.is_cached(n->page) || pool_.refcount(n->page) < 1) fail("node page not cached");
+      if (n->resident()) {
+        if (!pool_.is_cached(n->page) || pool_.refcount(n->page) < 1) fail("node page not cached");
+        if (!n->parent->resident() && n->parent != root_.get()) fail("resident below offloaded");
+      } else if (n->entry != 0) {
+        auto it = entry_nodes_.find(n->entry);
+        if (it == entry_nodes_.end() ||
+            std::find(it->second.begin(), it->second.end(), n) == it->second.end())
+          fail("offloaded node missing from its entry");
+        if (!tiers_.tiers || !tiers_.tiers->tier_of(n->entry)) fail("entry gone from the tiers");
+      }
+      int32_t device_children = 0;
+      for (const auto& c : n->children) device_children += c->resident() ? 1 : 0;
+      if (device_children != n->device_children) fail("device child count out of date");
       if (n->tokens.empty() || n->tokens.size() > static_cast<size_t>(page_size_))
         fail("node with a bad token count");
       if (n->tokens.size() < static_cast<size_t>(page_size_) && !n->children.empty())
         fail("partial page with children");
-      if (n->children.empty() != n->in_leaves) fail("leaf set out of date");
+      if ((n->resident() && n->device_children == 0) != n->in_leaves) fail("leaf set out of date");
       if (n->in_leaves) {
         ++leaves;
         if (!leaves_.count({n->last_access, const_cast<Node*>(n)})) fail("leaf missing");

@@ -19,11 +19,21 @@
 //    tokens than the tree has now is told to wait (`claimed_by_other`), so a prefix shared by
 //    requests admitted together is
 //    computed once and then served from the tree.
+//  - KV tiers (optional, NanoFlow §4.4/§5.4): with a KvTiers and a KvPageIo, eviction does not
+//    drop idle pages but gathers runs of them (a leaf and its single-child ancestors) into one
+//    buffer for the host tier; their nodes stay in the tree, offloaded. A match through offloaded
+//    nodes brings them back into fresh device pages when the cost model says loading is cheaper
+//    than recomputing (`recompute_seconds_per_token`); otherwise the match stops there. Device
+//    resident nodes always form a subtree at the root. Since a preempted sequence's pages stay in
+//    the tree, this is also swap-out/swap-in preemption: the scheduler's choice between
+//    recomputing and swapping is this cost comparison.
 //  - Bookkeeping is per sequence id; forget(seq) drops a sequence's claims and cursor (call it
 //    when the sequence finishes, is preempted or cancelled).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <set>
 #include <span>
@@ -32,6 +42,7 @@
 #include <vector>
 
 #include "core/types.h"
+#include "kv/kv_tiers.h"
 #include "kv/page_pool.h"
 
 namespace blend {
@@ -47,9 +58,28 @@ struct PrefixMatch {
   }
 };
 
+// Moves pages' K/V between the device's cache and one contiguous buffer (the engine adapts its
+// backend to this).
+class KvPageIo {
+ public:
+  virtual ~KvPageIo() = default;
+  virtual void read_pages(std::span<const PageId> pages, std::byte* out) = 0;
+  virtual void write_pages(std::span<const PageId> pages, const std::byte* in) = 0;
+};
+
+struct RadixCacheTiers {
+  KvTiers* tiers = nullptr;  // null = evicted pages are dropped
+  KvPageIo* io = nullptr;
+  double recompute_seconds_per_token = 0;  // what a cache miss costs, per token
+  int32_t max_run_pages = 64;              // longest run moved as one buffer
+};
+
 class RadixCache {
  public:
-  explicit RadixCache(PagePool& pool);
+  // Allocates `count` fresh device pages into `out` (all or nothing), evicting as it must.
+  using Allocate = std::function<bool(int64_t count, std::vector<PageId>& out)>;
+
+  explicit RadixCache(PagePool& pool, RadixCacheTiers tiers = {});
   ~RadixCache();
   RadixCache(const RadixCache&) = delete;
   RadixCache& operator=(const RadixCache&) = delete;
@@ -57,7 +87,10 @@ class RadixCache {
   // Longest cached prefix of tokens[0, max_tokens), or `claimed_by_other` (and nothing
   // retained) when a sequence other than `self` is computing a longer one. Marks the path as
   // recently used.
-  PrefixMatch match(std::span<const TokenId> tokens, int32_t max_tokens, SeqId self);
+  // `allocate` gives device pages for offloaded pages worth loading back (may be empty: then
+  // the match stops at the first offloaded page).
+  PrefixMatch match(std::span<const TokenId> tokens, int32_t max_tokens, SeqId self,
+                    const Allocate& allocate = {});
 
   // Claims the pages of tokens[0, prompt_len) from page `first_page` on for `seq`.
   void claim(SeqId seq, std::span<const TokenId> tokens, int32_t first_page, int32_t prompt_len);
@@ -78,7 +111,9 @@ class RadixCache {
   int64_t evict(int64_t pages);
 
   int64_t num_nodes() const { return num_nodes_; }
-  int64_t num_evicted() const { return num_evicted_; }
+  int64_t num_evicted() const { return num_evicted_; }  // device pages dropped or offloaded
+  int64_t num_offloaded_pages() const { return num_offloaded_; }
+  int64_t num_loaded_pages() const { return num_loaded_; }
   // Walks the tree and aborts when a node's page is not marked cached, a child's tokens do not
   // extend its parent's path, or the leaf set is out of date. For tests.
   void check_invariants() const;
@@ -92,6 +127,12 @@ class RadixCache {
   };
 
   Node* find_child(Node* parent, std::span<const TokenId> page_tokens) const;
+  void offload_chain(Node* leaf);
+  void make_resident(Node* node, PageId page);  // takes over one reference on `page`
+  void leave_entry(Node* node);
+  void remove_subtree(Node* node);  // a node with no device-resident descendants
+  void mark_lost(const std::vector<KvTiers::EntryId>& dropped);
+  void load_path(std::vector<Node*>& offloaded, const Allocate& allocate, PrefixMatch& m);
   Node* add_child(Node* parent, std::span<const TokenId> page_tokens, PageId page);
   void remove_leaf(Node* leaf);
   void touch(Node* node);
@@ -103,6 +144,11 @@ class RadixCache {
   std::unique_ptr<Node> root_;
   int64_t num_nodes_ = 0;
   int64_t num_evicted_ = 0;
+  int64_t num_offloaded_ = 0;
+  int64_t num_loaded_ = 0;
+  RadixCacheTiers tiers_;
+  // Offloaded nodes of each tier entry; the entry is erased when the last one leaves it.
+  std::unordered_map<KvTiers::EntryId, std::vector<Node*>> entry_nodes_;
   uint64_t clock_ = 0;
   std::set<std::pair<uint64_t, Node*>> leaves_;  // (last access, node): eviction order
   std::unordered_map<SeqId, Cursor> cursors_;

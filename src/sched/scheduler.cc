@@ -32,7 +32,9 @@ void Scheduler::drop_pages(Sequence* seq) {
 
 bool Scheduler::reuse_cached_prefix(Sequence* seq, StepPlan& plan) {
   // At least the last token is computed: its logits give the next token.
-  PrefixMatch m = cache_->match(seq->tokens, seq->num_tokens() - 1, seq->id);
+  PrefixMatch m = cache_->match(
+      seq->tokens, seq->num_tokens() - 1, seq->id,
+      [this](int64_t count, std::vector<PageId>& out) { return allocate(count, out); });
   if (m.claimed_by_other) return false;  // nothing was retained
   seq->block_table = std::move(m.pages);
   seq->num_computed = static_cast<int32_t>(seq->block_table.size()) * pool_.page_size();

@@ -194,6 +194,34 @@ TEST_F(EngineTest, PrefixCacheUnderHeavyEvictionAndPreemption) {
   tight.check_invariants();
 }
 
+TEST_F(EngineTest, KvTiersBringBackEvictedPrefixesWithTheSameTokens) {
+  auto reqs = few_shot_requests(5, 6, 20);
+  std::mt19937 rng(5);
+  std::shuffle(reqs.begin(), reqs.end(), rng);
+  EngineOptions off = options();
+  off.prefix_cache = false;
+  Engine plain(dir_->path(), off);
+  auto expected = run(plain, reqs);
+
+  testing::TempDir disk;
+  EngineOptions o = options();
+  o.kv_memory_gb = 256.0 * 16 * 40 / 1e9;   // 40 device pages
+  o.kv_host_memory_gb = 4096.0 * 12 / 1e9;  // 12 pages on the host
+  o.kv_disk_dir = disk.path().string();
+  o.kv_disk_gb = 4096.0 * 30 / 1e9;  // 30 on disk
+  o.scheduler.initial_output_estimate = 1;
+  Engine tiered(dir_->path(), o);
+  auto got = run(tiered, reqs);
+  ASSERT_EQ(got.size(), reqs.size());
+  for (const auto& [id, r] : expected) EXPECT_EQ(got[id].tokens, r.tokens) << id;
+  const EngineStats st = tiered.stats();
+  EXPECT_GT(st.kv_offloaded_pages, 0);
+  EXPECT_GT(st.kv_loaded_pages, 0);
+  EXPECT_LE(st.kv_host_bytes, 4096 * 12);
+  EXPECT_LE(st.kv_disk_bytes, 4096 * 30);
+  tiered.check_invariants();
+}
+
 TEST_F(EngineTest, StopStringsTokenIdsAndMaxTokens) {
   Engine engine(dir_->path(), options());
   auto free_run = run(engine, {request("a", 5, 10, 24)})["a"];

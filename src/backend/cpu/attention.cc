@@ -40,6 +40,22 @@ void KvCache::copy_page(PageId src, PageId dst) {
       std::memcpy(page_ptr(layer, kv, dst), page_ptr(layer, kv, src), page_bytes());
 }
 
+void KvCache::read_page(PageId page, std::byte* out) const {
+  if (page < 0 || page >= num_pages_)
+    throw Error("cpu backend: read_page(" + std::to_string(page) + ") outside the KV pages");
+  for (int64_t layer = 0; layer < layers_; ++layer)
+    for (int kv = 0; kv < 2; ++kv, out += page_bytes())
+      std::memcpy(out, page_ptr(layer, kv, page), page_bytes());
+}
+
+void KvCache::write_page(PageId page, const std::byte* in) {
+  if (page < 0 || page >= num_pages_)
+    throw Error("cpu backend: write_page(" + std::to_string(page) + ") outside the KV pages");
+  for (int64_t layer = 0; layer < layers_; ++layer)
+    for (int kv = 0; kv < 2; ++kv, in += page_bytes())
+      std::memcpy(page_ptr(layer, kv, page), in, page_bytes());
+}
+
 namespace {
 
 constexpr int kBlock = 16;  // keys per softmax block; blocks start at multiples of 16

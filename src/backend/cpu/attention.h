@@ -45,6 +45,9 @@ class KvCache {
   const std::byte* v_page(int64_t layer, PageId page) const { return page_ptr(layer, 1, page); }
 
   void copy_page(PageId src, PageId dst);
+  // One page's K and V of every layer, packed (bytes_per_page() bytes), and back.
+  void read_page(PageId page, std::byte* out) const;
+  void write_page(PageId page, const std::byte* in);
 
  private:
   std::byte* page_ptr(int64_t layer, int kv, PageId page) const {

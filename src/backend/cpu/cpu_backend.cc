@@ -64,6 +64,12 @@ class CpuBackendImpl final : public CpuBackend {
   int64_t num_pages() const override { return kv_.num_pages(); }
   void forward(const ForwardBatch& batch, std::span<float> logits) override;
   void copy_page(PageId src, PageId dst) override { kv_.copy_page(src, dst); }
+  void read_pages(std::span<const PageId> pages, std::byte* out) const override {
+    for (PageId p : pages) kv_.read_page(p, out), out += kv_.bytes_per_page();
+  }
+  void write_pages(std::span<const PageId> pages, const std::byte* in) override {
+    for (PageId p : pages) kv_.write_page(p, in), in += kv_.bytes_per_page();
+  }
 
   const CpuOpTimes& op_times() const override { return times_; }
   void reset_op_times() override { times_ = {}; }
