@@ -21,7 +21,17 @@ struct SeqChunk {
   // block_table[p / page_size], slot p % page_size.
   std::vector<PageId> block_table;
   bool wants_logits = false;  // produce logits for the chunk's last token
+  // Fill direction (BROS §5 bidirectional pages): the sequence's tokens occupy each of its
+  // pages from the last slot backwards, slot page_size - 1 - p % page_size, so that another
+  // sequence can fill the same page from slot 0. Results do not depend on the direction.
+  bool fills_from_end = false;
 };
+
+// The slot of position `pos` within its page.
+inline int64_t kv_slot(const SeqChunk& c, int64_t pos, int64_t page_size) {
+  const int64_t slot = pos % page_size;
+  return c.fills_from_end ? page_size - 1 - slot : slot;
+}
 
 struct ForwardBatch {
   std::vector<TokenId> tokens;     // all chunks' tokens, concatenated in chunk order

@@ -287,6 +287,9 @@ void Engine::step() {
     scheduler_->finish(&a->seq);
     finish(*a);
   }
+#ifdef BLEND_CHECK_INVARIANTS
+  check_invariants();  // leaks, double frees, a stale tree: abort at the step that caused them
+#endif
 }
 
 void Engine::run_until_done() {

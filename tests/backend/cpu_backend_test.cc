@@ -228,6 +228,7 @@ struct Seq {
   std::vector<TokenId> tokens;  // every token the sequence will have
   std::vector<PageId> pages;    // block table
   int32_t cached = 0;           // tokens already in the KV cache
+  bool from_end = false;        // fills its pages from the last slot (BROS bidirectional pages)
 };
 
 // Hands out page ids in a shuffled order, so block tables are never contiguous.
@@ -270,6 +271,7 @@ class Step {
     c.token_offset = batch_.num_tokens();
     c.block_table = s.pages;
     c.wants_logits = logits;
+    c.fills_from_end = s.from_end;
     for (int32_t i = 0; i < n; ++i) {
       batch_.tokens.push_back(s.tokens.at(s.cached + i));
       batch_.positions.push_back(s.cached + i);
@@ -518,6 +520,42 @@ void check_batch_invariance(const TestModel& m) {
         order, [&](Step& st, Seq& o) { st.add(o, o.id % 4 == 0 && k < 3 ? 2 : 1); });
     EXPECT_TRUE(Bitwise(row, expected[k])) << "decode step " << k;
   }
+}
+
+// BROS §5: two sequences share a page, one filling it from slot 0, the other from the last
+// slot. Each one's logits are bitwise those it has alone in pages of its own.
+void check_bidirectional_pages(const TestModel& m) {
+  auto backend = make_backend(m, true, 16, 64);
+  Pages pages(64);
+  const auto a_tokens = random_tokens(40, 7), b_tokens = random_tokens(39, 8);
+  Seq a_alone = pages.seq(0, a_tokens, 16), b_alone = pages.seq(1, b_tokens, 16);
+  std::vector<std::vector<float>> expected_a, expected_b;
+  expected_a.push_back(Step().add(a_alone, 38).run(*backend)[0]);
+  expected_b.push_back(Step().add(b_alone, 36).run(*backend)[0]);
+  for (int k = 0; k < 2; ++k) {
+    expected_a.push_back(Step().add(a_alone, 1).run(*backend)[0]);
+    expected_b.push_back(Step().add(b_alone, 1).run(*backend)[0]);
+  }
+  // A: positions 32..39 in slots 0..7 of `shared`; B: positions 32..38 in slots 15..9.
+  Seq a = pages.seq(2, a_tokens, 16), b = pages.seq(3, b_tokens, 16);
+  b.pages[2] = a.pages[2];
+  b.from_end = true;
+  auto step1 = Step().add(b, 36).add(a, 38).run(*backend);
+  EXPECT_TRUE(Bitwise(step1[0], expected_b[0]));
+  EXPECT_TRUE(Bitwise(step1[1], expected_a[0]));
+  for (int k = 1; k <= 2; ++k) {
+    auto rows = Step().add(a, 1).add(b, 1).run(*backend);
+    EXPECT_TRUE(Bitwise(rows[0], expected_a[k])) << "decode " << k;
+    EXPECT_TRUE(Bitwise(rows[1], expected_b[k])) << "decode " << k;
+  }
+}
+
+TEST(CpuBackend, BidirectionalPagesF32) {
+  check_bidirectional_pages(model("llama"));
+}
+
+TEST(CpuBackend, BidirectionalPagesBF16) {
+  check_bidirectional_pages(model("llama", DType::kBF16));
 }
 
 TEST(CpuBackend, BatchInvariantInDeterministicModeF32) {

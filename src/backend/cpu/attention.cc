@@ -157,7 +157,7 @@ void gather_portable(const SeqChunk& c, int64_t kv_head, int64_t k0, int64_t n,
     }
     const int64_t pos = k0 + j;
     const PageId page = c.block_table[pos / ps];
-    const int64_t slot = pos % ps;
+    const int64_t slot = kv_slot(c, pos, ps);
     const std::byte* kp = cache.k_page(layer, page);
     const std::byte* vp = cache.v_page(layer, page);
     for (int64_t i = 0; i < d; ++i) {
@@ -483,13 +483,13 @@ BLEND_TARGET_AVX512 void run_item_avx512(const ForwardBatch& batch, const Attent
                                          DType out_dtype, void* out, Scratch& s) {
   const Item item = prepare(batch, it, qkv, stride, sh, s);
   const SeqChunk& c = batch.chunks[it.chunk];
-  if (cache.page_size() % kBlock == 0) {
+  if (cache.page_size() % kBlock == 0 && !c.fills_from_end) {
     if (cache.dtype() == DType::kF32) {
       blocks_in_place<float, NV>(c, it, item, cache, layer, s);
     } else {
       blocks_in_place<uint16_t, NV>(c, it, item, cache, layer, s);
     }
-  } else {  // blocks straddle pages: gather each into f32 scratch first
+  } else {  // blocks straddle pages or run backwards: gather each into f32 scratch first
     for (int64_t b = item.block_lo; b <= item.block_hi; ++b) {
       const int64_t k0 = b * kBlock;
       gather_portable(c, it.kv_head, k0, std::min<int64_t>(kBlock, item.max_hi + 1 - k0), cache,
@@ -551,7 +551,7 @@ void write_kv(const ForwardBatch& batch, const float* qkv, int64_t stride, int64
     const SeqChunk& c = batch.chunks[chunk_of[tok]];
     const int64_t pos = batch.positions[tok];
     const PageId page = c.block_table[pos / ps];
-    const int64_t slot = pos % ps;
+    const int64_t slot = kv_slot(c, pos, ps);
     const float* k = qkv + tok * stride + k_col;
     const float* v = qkv + tok * stride + v_col;
     std::byte* kp = cache.k_page(layer, page);
