@@ -130,6 +130,49 @@ TEST_F(BatchCli, CompletionsChatAndBadLines) {
   EXPECT_EQ(read_jsonl(work / "out.jsonl").size(), 6u);
 }
 
+// Requests sharing a prompt prefix, with the cache on and off: same texts (deterministic
+// mode), the sharing ratio reported against the optimum, cached tokens in each usage.
+TEST_F(BatchCli, PrefixCacheOnAndOffGiveTheSameResults) {
+  testing::TempDir work;
+  std::string input;
+  std::string shared;
+  for (int i = 0; i < 40; ++i) shared += std::to_string(100 + i * 7) + ",";
+  for (int i = 0; i < 6; ++i)
+    input += R"({"custom_id":"r)" + std::to_string(i) +
+             R"(","method":"POST","url":"/v1/completions","body":{"prompt":[)" + shared +
+             std::to_string(5000 + i) + R"(],"max_tokens":4,"ignore_eos":true,"temperature":0}})" +
+             "\n";
+  testing::write_file(work / "in.jsonl", input);
+  std::map<std::string, std::map<std::string, std::string>> texts;
+  std::map<std::string, json> stats;
+  for (const std::string cache : {"on", "off"}) {
+    const auto out = work / ("out-" + cache + ".jsonl");
+    const auto st = work / ("stats-" + cache + ".json");
+    const auto r =
+        testing::run_command(batch_cmd((work / "in.jsonl").string(), out.string(),
+                                       "--prefix-cache " + cache + " --stats " + st.string()) +
+                             " 2>&1");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    for (const json& line : read_jsonl(out)) {
+      const json& body = line["response"]["body"];
+      texts[cache][line["custom_id"]] = body["choices"][0]["text"];
+      if (cache == "on" && line["custom_id"] != "r0") {
+        EXPECT_EQ(body["usage"]["prompt_tokens_details"]["cached_tokens"], 40);
+      }
+    }
+    stats[cache] = json::parse(testing::read_file(st));
+  }
+  EXPECT_EQ(texts["on"], texts["off"]);
+  const double optimal = 5.0 * 40 / (6 * 41);
+  EXPECT_NEAR(stats["on"]["sharing_optimal"].get<double>(), optimal, 1e-9);
+  EXPECT_NEAR(stats["on"]["sharing_ratio"].get<double>(), optimal, 1e-9);
+  EXPECT_EQ(stats["off"]["sharing_ratio"].get<double>(), 0.0);
+  const auto bad = testing::run_command(
+      batch_cmd((work / "in.jsonl").string(), (work / "x.jsonl").string(), "--prefix-cache maybe") +
+      " 2>&1");
+  EXPECT_NE(bad.exit_code, 0);
+}
+
 TEST_F(BatchCli, KillNineThenRerunLosesAndDuplicatesNothing) {
   testing::TempDir work;
   std::string input;
