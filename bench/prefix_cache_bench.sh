@@ -12,7 +12,8 @@
 # their ratio are printed, with the engine's own sharing_ratio / sharing_optimal.
 # Knobs (environment): BLEND (build/blend), OUT_DIR (build/prefix_cache_bench), N_GROUPS (16),
 # GROUP_SIZE (16), PROMPT (256), OUTPUT (64), SHARING (0.35), REPS (3), THREADS (2),
-# BLEND_BATCH_ARGS (extra flags).
+# BLEND_BATCH_ARGS (extra flags), REQUESTS (an existing Batch file to run instead of the
+# generated workload, e.g. one from bench/mmlu_requests.py).
 set -euo pipefail
 
 [[ $# -eq 1 ]] || {
@@ -32,6 +33,10 @@ REPS=${REPS:-3}
 THREADS=${THREADS:-2}
 mkdir -p "$OUT_DIR"
 
+REQUESTS=${REQUESTS:-}
+if [[ -n "$REQUESTS" ]]; then
+  cp "$REQUESTS" "$OUT_DIR/requests.jsonl"
+else
 python3 - "$OUT_DIR/requests.jsonl" "$N_GROUPS" "$GROUP_SIZE" "$PROMPT" "$OUTPUT" "$SHARING" <<'EOF'
 import json, random, sys
 path, groups, size, prompt, output, sharing = sys.argv[1], *map(int, sys.argv[2:6]), float(sys.argv[6])
@@ -48,9 +53,14 @@ with open(path, "w") as f:
             f.write(json.dumps({"custom_id": f"g{g}-{i}", "method": "POST",
                                 "url": "/v1/completions", "body": body}) + "\n")
 EOF
+fi
 
 echo "== machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), threads=$THREADS"
-echo "== workload: $N_GROUPS x $GROUP_SIZE requests, prompt $PROMPT, output $OUTPUT, sharing $SHARING"
+if [[ -n "$REQUESTS" ]]; then
+  echo "== workload: $REQUESTS ($(wc -l <"$REQUESTS") requests)"
+else
+  echo "== workload: $N_GROUPS x $GROUP_SIZE requests, prompt $PROMPT, output $OUTPUT, sharing $SHARING"
+fi
 read -r -a extra <<<"${BLEND_BATCH_ARGS:-}"
 for rep in $(seq 1 "$REPS"); do
   for cache in on off; do
