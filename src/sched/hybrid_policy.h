@@ -1,0 +1,94 @@
+// HybridPolicy — BROS's iteration-level choice of which real-time (RT) and best-effort (BE)
+// requests run next (BROS §4, Alg. 1), as a pure function of queues, clocks and a cost model,
+// so it can be tested on hand-made queues and driven by the engine or the simulator alike.
+//
+//  - Iteration cost (§4.1): linear fits per phase — prefill time from its tokens, decode time
+//    from its tokens and total context — plus the time to swap checkpointed pages back in.
+//    Swaps run asynchronously beside the forward pass, so an iteration takes the larger of the
+//    two, not their sum.
+//  - Priority packing (§4.2): RT requests in ascending order of the time left to their current
+//    token's deadline (TTFT for the first token, TPOT after) join while the estimated iteration
+//    still ends before the most urgent deadline; then BE requests, fewest checkpointed pages
+//    first, fill the batch, or take the place of the least urgent RT request when that one can
+//    still make its deadline one iteration later (constraint (6) with the moving-average
+//    iteration latency).
+//  - Adaptive batch size (§4.2, TCP-like): start small, grow by a step after every iteration
+//    in which no RT request was at risk, reset to the start value when one was.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace blend {
+
+enum class RequestClass { kRealTime, kBestEffort };
+
+// BROS §4.1 cost model: seconds of one iteration.
+struct IterationCostModel {
+  double prefill_base = 0, prefill_per_token = 0;
+  double decode_base = 0, decode_per_token = 0, decode_per_context_token = 0;
+  double swap_base = 0, swap_per_page = 0;
+
+  double forward_seconds(int64_t prefill_tokens, int64_t decode_tokens,
+                         int64_t decode_context) const;
+  double swap_seconds(int64_t pages) const;
+  // Forward and swap overlap: the iteration lasts as long as the longer of the two.
+  double iteration_seconds(int64_t prefill_tokens, int64_t decode_tokens, int64_t decode_context,
+                           int64_t swap_pages) const;
+};
+
+// One request that could take part in the next iteration.
+struct HybridCandidate {
+  RequestClass cls = RequestClass::kBestEffort;
+  double deadline = 0;             // RT: when its next token is due (seconds, same clock as `now`)
+  bool prefill = false;            // its next work is (a chunk of) its prompt
+  int32_t tokens = 1;              // tokens it would compute in this iteration
+  int64_t context = 0;             // tokens already in its KV cache (decode cost)
+  int64_t pages_needed = 0;        // new KV pages this iteration would take
+  int64_t checkpointed_pages = 0;  // pages to swap back in before it can run
+};
+
+struct HybridOptions {
+  int32_t initial_batch = 8;  // the conservative start (and the reset value)
+  int32_t batch_step = 4;     // growth after an iteration with no RT request at risk
+  int32_t max_batch = 256;
+};
+
+struct HybridSelection {
+  std::vector<size_t> rt;  // indices into the RT candidates, most urgent first
+  std::vector<size_t> be;  // indices into the BE candidates, in the order chosen
+  double estimated_seconds = 0;
+  bool rt_at_risk = false;  // some RT request could not be placed within its deadline
+};
+
+class HybridPolicy {
+ public:
+  HybridPolicy(HybridOptions options, IterationCostModel cost);
+
+  // Alg. 1. `free_pages` counts empty KV pages plus those the RT side may take from BE
+  // (bidirectional pages, §5). Updates the adaptive batch size.
+  HybridSelection select(std::span<const HybridCandidate> rt, std::span<const HybridCandidate> be,
+                         double now, int64_t free_pages);
+  // Feeds the measured latency of the iteration just run into the moving average.
+  void observe_iteration(double seconds);
+
+  int32_t batch_size() const { return batch_size_; }
+  double mean_iteration_seconds() const { return mean_iteration_; }
+
+ private:
+  struct Load {
+    int64_t prefill_tokens = 0, decode_tokens = 0, decode_context = 0, swap_pages = 0;
+    int64_t pages = 0;
+    int32_t requests = 0;
+    void add(const HybridCandidate& c, int sign = 1);
+  };
+  double seconds(const Load& l) const;
+
+  HybridOptions options_;
+  IterationCostModel cost_;
+  int32_t batch_size_;
+  double mean_iteration_ = 0;
+};
+
+}  // namespace blend

@@ -1,0 +1,106 @@
+#include "sched/hybrid_policy.h"
+
+#include <gtest/gtest.h>
+
+namespace blend {
+namespace {
+
+// 10 ms per decode token, nothing else: easy arithmetic.
+IterationCostModel per_token_cost() {
+  IterationCostModel m;
+  m.decode_per_token = 0.010;
+  m.prefill_per_token = 0.001;
+  m.swap_per_page = 0.004;
+  return m;
+}
+
+HybridCandidate rt(double deadline, int64_t pages = 0) {
+  HybridCandidate c;
+  c.cls = RequestClass::kRealTime;
+  c.deadline = deadline;
+  c.pages_needed = pages;
+  return c;
+}
+
+HybridCandidate be(int64_t checkpointed, int64_t pages = 0) {
+  HybridCandidate c;
+  c.checkpointed_pages = checkpointed;
+  c.pages_needed = pages;
+  return c;
+}
+
+TEST(IterationCostModel, SwapsOverlapTheForwardPass) {
+  const IterationCostModel m = per_token_cost();
+  EXPECT_DOUBLE_EQ(m.iteration_seconds(100, 2, 0, 0), 0.1 + 0.02);
+  EXPECT_DOUBLE_EQ(m.iteration_seconds(0, 1, 0, 5), 0.02);  // swap 20 ms > forward 10 ms
+  EXPECT_DOUBLE_EQ(m.iteration_seconds(0, 3, 0, 5), 0.03);  // forward 30 ms > swap 20 ms
+}
+
+TEST(HybridPolicy, MostUrgentRealTimeFirstWhileTheIterationFitsItsDeadline) {
+  HybridPolicy p({.initial_batch = 8, .batch_step = 4, .max_batch = 64}, per_token_cost());
+  // Deadlines (now = 0): 35 ms is the tightest, so at most 3 decode tokens (30 ms) fit.
+  const std::vector<HybridCandidate> rts = {rt(0.100), rt(0.035), rt(0.500), rt(0.050), rt(0.060)};
+  const HybridSelection s = p.select(rts, {}, 0.0, 100);
+  EXPECT_EQ(s.rt, (std::vector<size_t>{1, 3, 4}));
+  EXPECT_TRUE(s.rt_at_risk);
+  EXPECT_NEAR(s.estimated_seconds, 0.03, 1e-12);
+  EXPECT_EQ(p.batch_size(), 8);  // reset on risk
+}
+
+TEST(HybridPolicy, BestEffortFillsTheBatchFewestCheckpointedPagesFirst) {
+  HybridPolicy p({.initial_batch = 4, .batch_step = 4, .max_batch = 64}, per_token_cost());
+  // 50 ms of slack: enough for a batch of 4 (40 ms), too little to wait for the next one.
+  const std::vector<HybridCandidate> rts = {rt(0.05)};
+  const std::vector<HybridCandidate> bes = {be(3), be(0), be(9), be(1), be(0)};
+  const HybridSelection s = p.select(rts, bes, 0.0, 100);
+  EXPECT_EQ(s.rt, std::vector<size_t>{0});
+  EXPECT_EQ(s.be, (std::vector<size_t>{1, 4, 3}));  // 3 more fill a batch of 4
+  EXPECT_FALSE(s.rt_at_risk);
+  EXPECT_EQ(p.batch_size(), 8);  // grew by one step
+}
+
+TEST(HybridPolicy, BestEffortReplacesTheLeastUrgentRealTimeThatCanWait) {
+  HybridPolicy p({.initial_batch = 2, .batch_step = 0, .max_batch = 2}, per_token_cost());
+  p.observe_iteration(0.010);
+  // Batch of 2: both RT fit; the relaxed one (1 s left) can wait an iteration, the urgent one
+  // (25 ms left) cannot, so one BE request takes the relaxed one's place.
+  const std::vector<HybridCandidate> rts = {rt(1.0), rt(0.025)};
+  const std::vector<HybridCandidate> bes = {be(0), be(0)};
+  const HybridSelection s = p.select(rts, bes, 0.0, 100);
+  EXPECT_EQ(s.rt, std::vector<size_t>{1});
+  EXPECT_EQ(s.be, std::vector<size_t>{0});
+
+  // When the least urgent RT request has no slack left either, nothing is replaced.
+  const std::vector<HybridCandidate> tight = {rt(0.030), rt(0.025)};
+  const HybridSelection t = p.select(tight, bes, 0.0, 100);
+  EXPECT_EQ(t.rt.size(), 2u);
+  EXPECT_TRUE(t.be.empty());
+}
+
+TEST(HybridPolicy, KvPagesLimitTheBatch) {
+  HybridPolicy p({.initial_batch = 8, .batch_step = 4, .max_batch = 64}, per_token_cost());
+  const std::vector<HybridCandidate> rts = {rt(1.0, 3), rt(2.0, 3)};
+  const std::vector<HybridCandidate> bes = {be(0, 2), be(0, 1)};
+  const HybridSelection s = p.select(rts, bes, 0.0, 7);
+  EXPECT_EQ(s.rt, (std::vector<size_t>{0, 1}));
+  EXPECT_EQ(s.be, std::vector<size_t>{1});  // 6 + 2 > 7, 6 + 1 fits
+}
+
+TEST(HybridPolicy, BatchSizeGrowsWithoutRiskAndResetsOnRisk) {
+  HybridPolicy p({.initial_batch = 4, .batch_step = 4, .max_batch = 12}, per_token_cost());
+  const std::vector<HybridCandidate> relaxed = {rt(10.0)};
+  p.select(relaxed, {}, 0.0, 100);
+  EXPECT_EQ(p.batch_size(), 8);
+  p.select(relaxed, {}, 0.0, 100);
+  EXPECT_EQ(p.batch_size(), 12);
+  p.select(relaxed, {}, 0.0, 100);
+  EXPECT_EQ(p.batch_size(), 12);                          // capped
+  const std::vector<HybridCandidate> late = {rt(0.001)};  // already cannot be met
+  const HybridSelection s = p.select(late, {}, 0.0, 100);
+  EXPECT_EQ(s.rt, std::vector<size_t>{0});  // still runs: the most urgent one always does
+  EXPECT_TRUE(s.rt_at_risk);
+  EXPECT_EQ(p.batch_size(), 4);
+}
+
+}  // namespace
+}  // namespace blend
