@@ -13,12 +13,17 @@ namespace blend {
 
 enum class SeqStatus { kWaiting, kRunning, kFinished };
 
+// Who is waiting for the answer (BROS §3): a person (real-time, latency SLOs) or a batch job /
+// "service_tier": "flex" request (best-effort, throughput). Schedulers may treat them apart.
+enum class RequestClass { kRealtime, kBestEffort };
+
 struct Sequence {
   SeqId id = 0;
   std::vector<TokenId> tokens;  // prompt followed by the generated tokens
   int32_t prompt_len = 0;
   SamplingParams params;
   uint64_t rng_seed = 0;  // sampling randomness is a function of (rng_seed, output index)
+  RequestClass request_class = RequestClass::kRealtime;
 
   SeqStatus status = SeqStatus::kWaiting;
   int32_t num_computed = 0;  // tokens whose K/V are in the cache

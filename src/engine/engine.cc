@@ -49,6 +49,8 @@ struct Engine::Active {
   Sequence seq;
   std::string request_id;
   Callback on_done;
+  TokenCallback on_token;
+  size_t streamed = 0;  // bytes of `text` passed to on_token
   std::unique_ptr<IncrementalDetokenizer> detok;
   std::string text;
   size_t max_stop_len = 0;
@@ -130,7 +132,7 @@ int64_t Engine::max_sequence_tokens() const {
                            pool_->num_pages() * pool_->page_size());
 }
 
-void Engine::submit(GenerationRequest request, Callback on_done) {
+SeqId Engine::submit(GenerationRequest request, Callback on_done, TokenCallback on_token) {
   if (request.prompt.empty()) throw Error("the prompt is empty");
   for (TokenId t : request.prompt)
     if (t < 0 || t >= config_.vocab_size)
@@ -155,20 +157,43 @@ void Engine::submit(GenerationRequest request, Callback on_done) {
   a->seq.tokens = std::move(request.prompt);
   a->seq.params = p;
   a->seq.rng_seed = p.seed ? *p.seed : hash_string(request.id, options_.seed);
+  a->seq.request_class = request.request_class;
   a->request_id = std::move(request.id);
   a->on_done = std::move(on_done);
+  a->on_token = std::move(on_token);
   a->detok = std::make_unique<IncrementalDetokenizer>(tokenizer_, /*skip_special=*/true);
   for (const auto& s : p.stop) a->max_stop_len = std::max(a->max_stop_len, s.size());
   stats_.prompt_tokens += prompt_len;
 
   Active& ref = *a;
-  active_.emplace(ref.seq.id, std::move(a));
+  const SeqId id = ref.seq.id;
+  active_.emplace(id, std::move(a));
   if (p.max_tokens == 0) {  // nothing to generate: an empty completion, at once
     ref.seq.finish = FinishReason::kLength;
     finish(ref);
-    return;
+    return id;
   }
   scheduler_->add(&ref.seq);
+  return id;
+}
+
+bool Engine::cancel(SeqId id) {
+  auto it = active_.find(id);
+  if (it == active_.end()) return false;
+  scheduler_->abort(&it->second->seq);
+  active_.erase(it);
+  return true;
+}
+
+void Engine::stream(Active& a, TokenId token, bool final) {
+  if (!a.on_token) return;
+  size_t safe = a.text.size();
+  // Until the request ends, the last max_stop_len - 1 bytes may be the start of a stop string.
+  if (!final && a.max_stop_len > 1)
+    safe = std::max(a.streamed, safe >= a.max_stop_len - 1 ? safe - (a.max_stop_len - 1) : 0);
+  const std::string_view delta = std::string_view(a.text).substr(a.streamed, safe - a.streamed);
+  a.streamed = safe;
+  a.on_token(token, delta);
 }
 
 bool Engine::append_token(Active& a, const SampledToken& sampled) {
@@ -212,6 +237,7 @@ bool Engine::append_token(Active& a, const SampledToken& sampled) {
 
 void Engine::finish(Active& a) {
   if (!a.stopped_by_string) a.text += a.detok->flush();
+  if (a.seq.num_generated() > 0) stream(a, a.seq.tokens.back(), /*final=*/true);
   GenerationResult r;
   r.id = a.request_id;
   r.prompt_tokens = a.seq.prompt_len;
@@ -281,7 +307,10 @@ void Engine::step() {
   std::vector<Active*> done;
   for (size_t r = 0; r < sampling.size(); ++r) {
     Active& a = *active_.at(sampling[r]->seq->id);
-    if (append_token(a, sampled[r])) done.push_back(&a);
+    if (append_token(a, sampled[r]))
+      done.push_back(&a);
+    else
+      stream(a, sampled[r].token, /*final=*/false);
   }
   for (Active* a : done) {
     scheduler_->finish(&a->seq);
@@ -306,6 +335,9 @@ EngineStats Engine::stats() const {
   s.kv_loaded_pages = cache_ ? cache_->num_loaded_pages() : 0;
   s.kv_host_bytes = tiers_ ? tiers_->host_used() : 0;
   s.kv_disk_bytes = tiers_ ? tiers_->disk_used() : 0;
+  // Pages that only the prefix cache holds can be reclaimed at once: not "used".
+  s.kv_used_bytes = (pool_->num_used() - pool_->num_cached_idle()) * backend_->kv_bytes_per_page();
+  s.kv_cached_idle_bytes = pool_->num_cached_idle() * backend_->kv_bytes_per_page();
   return s;
 }
 

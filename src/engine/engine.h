@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -43,6 +44,7 @@ struct GenerationRequest {
   std::string id;  // the caller's id (custom_id); also seeds requests without a seed
   std::vector<TokenId> prompt;
   SamplingParams params;
+  RequestClass request_class = RequestClass::kRealtime;
 };
 
 struct GenerationResult {
@@ -72,11 +74,17 @@ struct EngineStats {
   int64_t kv_loaded_pages = 0;     // pages brought back from them instead of recomputed
   int64_t kv_host_bytes = 0;       // tier usage now
   int64_t kv_disk_bytes = 0;
+  int64_t kv_used_bytes = 0;         // now, held by requests
+  int64_t kv_cached_idle_bytes = 0;  // now, held only by the prefix cache (reclaimable)
 };
 
 class Engine {
  public:
   using Callback = std::function<void(GenerationResult&&)>;
+  // Called once per generated token, on the thread that runs step(), with the text that token
+  // makes final: text that could still turn out to start a stop string is held back (and never
+  // sent if it does), so the deltas of a request concatenate to GenerationResult::text.
+  using TokenCallback = std::function<void(TokenId token, std::string_view delta)>;
 
   Engine(const std::filesystem::path& model_dir, const EngineOptions& options);
   ~Engine();
@@ -88,7 +96,11 @@ class Engine {
 
   // Checks the request (empty prompt, token ids out of range, prompt too long) and queues it;
   // throws blend::Error for a bad request. max_tokens is capped at what the context allows.
-  void submit(GenerationRequest request, Callback on_done);
+  // Returns the sequence id, for cancel().
+  SeqId submit(GenerationRequest request, Callback on_done, TokenCallback on_token = {});
+  // Drops a request that has not finished: its KV pages are freed at once and none of its
+  // callbacks run again. False when the id is unknown (finished already).
+  bool cancel(SeqId id);
 
   bool has_work() const { return scheduler_->has_work(); }
   void step();  // one iteration
@@ -104,6 +116,7 @@ class Engine {
   struct Active;
   bool append_token(Active& a, const SampledToken& sampled);  // true when finished
   void finish(Active& a);
+  void stream(Active& a, TokenId token, bool final);
 
   EngineOptions options_;
   ModelConfig config_;

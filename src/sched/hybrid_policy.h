@@ -20,9 +20,9 @@
 #include <span>
 #include <vector>
 
-namespace blend {
+#include "core/sequence.h"
 
-enum class RequestClass { kRealTime, kBestEffort };
+namespace blend {
 
 // BROS §4.1 cost model: seconds of one iteration.
 struct IterationCostModel {

@@ -187,4 +187,13 @@ void Scheduler::finish(Sequence* seq) {
   finished_output_tokens_ += seq->num_generated();
 }
 
+void Scheduler::abort(Sequence* seq) {
+  drop_pages(seq);  // what it computed stays in the prefix cache
+  seq->status = SeqStatus::kFinished;
+  if (auto it = std::find(running_.begin(), running_.end(), seq); it != running_.end())
+    running_.erase(it);
+  if (auto it = std::find(waiting_.begin(), waiting_.end(), seq); it != waiting_.end())
+    waiting_.erase(it);
+}
+
 }  // namespace blend

@@ -61,6 +61,9 @@ class Scheduler {
   void step_done(const StepPlan& plan);
   // The engine appended a sampled token to seq->tokens (nothing to do) or finished it:
   void finish(Sequence* seq);
+  // Drops a sequence wherever it is (waiting or running) and frees its pages at once; it does
+  // not count as finished (a cancelled request says nothing about output lengths).
+  void abort(Sequence* seq);
 
   bool has_work() const { return !running_.empty() || !waiting_.empty(); }
   size_t num_running() const { return running_.size(); }

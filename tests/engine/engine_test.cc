@@ -263,5 +263,67 @@ TEST_F(EngineTest, BadRequestsAreErrorsAndTheEngineCarriesOn) {
   EXPECT_EQ(ok["fine"].tokens.size(), 4u);
 }
 
+TEST_F(EngineTest, StreamedDeltasAreTheTextAndNeverIncludeACutStopString) {
+  Engine engine(dir_->path(), options());
+  const GenerationResult free_run = run(engine, {request("a", 7, 10, 32)})["a"];
+  ASSERT_GT(free_run.text.size(), 8u);
+  for (const bool with_stop : {false, true}) {
+    GenerationRequest r = request("s", 7, 10, 32);
+    // A 4-byte stop string from the middle: its first bytes arrive tokens before it completes.
+    const std::string stop = free_run.text.substr(free_run.text.size() / 2, 4);
+    if (with_stop) r.params.stop = {stop};
+    std::string streamed;
+    std::vector<TokenId> tokens;
+    GenerationResult result;
+    engine.submit(
+        std::move(r), [&](GenerationResult&& g) { result = std::move(g); },
+        [&](TokenId t, std::string_view delta) {
+          tokens.push_back(t);
+          streamed += delta;
+          if (with_stop) {
+            EXPECT_EQ(streamed.find(stop), std::string::npos);
+          }
+        });
+    engine.run_until_done();
+    EXPECT_EQ(streamed, result.text) << "with_stop=" << with_stop;
+    EXPECT_EQ(tokens, result.tokens);
+    if (with_stop) {
+      EXPECT_EQ(result.text, free_run.text.substr(0, free_run.text.find(stop)));
+    }
+  }
+}
+
+TEST_F(EngineTest, CancelFreesTheKvAtOnceAndTheOthersFinishUnchanged) {
+  Engine engine(dir_->path(), options());
+  const GenerationResult alone = run(engine, {request("keep", 3, 40, 16)})["keep"];
+  std::map<std::string, GenerationResult> out;
+  auto collect = [&out](GenerationResult&& g) { out[g.id] = std::move(g); };
+  int cancelled_tokens = 0;
+  const SeqId running = engine.submit(request("running", 4, 60, 64), collect,
+                                      [&](TokenId, std::string_view) { ++cancelled_tokens; });
+  engine.submit(request("keep", 3, 40, 16), collect);
+  engine.step();
+  engine.step();
+  ASSERT_GT(engine.stats().kv_used_bytes, 0);
+  // A waiting request is dropped from the queue just as well.
+  GenerationRequest waiting = request("waiting", 5, 30, 8);
+  waiting.request_class = RequestClass::kBestEffort;
+  const SeqId queued = engine.submit(std::move(waiting), collect);
+  EXPECT_EQ(engine.num_waiting(), 1u);
+  EXPECT_TRUE(engine.cancel(queued));
+  EXPECT_EQ(engine.num_waiting(), 0u);
+  const int64_t before = engine.stats().kv_used_bytes;
+  EXPECT_TRUE(engine.cancel(running));
+  EXPECT_LT(engine.stats().kv_used_bytes, before);
+  EXPECT_FALSE(engine.cancel(running));
+  const int tokens_at_cancel = cancelled_tokens;
+  engine.run_until_done();
+  EXPECT_EQ(cancelled_tokens, tokens_at_cancel);
+  EXPECT_EQ(out.count("running"), 0u);
+  EXPECT_EQ(out.count("waiting"), 0u);
+  EXPECT_EQ(out["keep"].tokens, alone.tokens);
+  EXPECT_EQ(engine.stats().kv_used_bytes, 0);
+}
+
 }  // namespace
 }  // namespace blend

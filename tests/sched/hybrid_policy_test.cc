@@ -16,7 +16,7 @@ IterationCostModel per_token_cost() {
 
 HybridCandidate rt(double deadline, int64_t pages = 0) {
   HybridCandidate c;
-  c.cls = RequestClass::kRealTime;
+  c.cls = RequestClass::kRealtime;
   c.deadline = deadline;
   c.pages_needed = pages;
   return c;
