@@ -24,6 +24,10 @@ struct Sequence {
   SamplingParams params;
   uint64_t rng_seed = 0;  // sampling randomness is a function of (rng_seed, output index)
   RequestClass request_class = RequestClass::kRealtime;
+  // Latency targets of a real-time request (BROS §4.1) and the clock readings they count from,
+  // in seconds on the engine's clock.
+  double ttft_slo = 0.4, tpot_slo = 0.2;
+  double arrival_time = 0, last_token_time = 0;
 
   SeqStatus status = SeqStatus::kWaiting;
   int32_t num_computed = 0;  // tokens whose K/V are in the cache

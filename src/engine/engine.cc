@@ -158,6 +158,9 @@ SeqId Engine::submit(GenerationRequest request, Callback on_done, TokenCallback 
   a->seq.params = p;
   a->seq.rng_seed = p.seed ? *p.seed : hash_string(request.id, options_.seed);
   a->seq.request_class = request.request_class;
+  a->seq.ttft_slo = request.ttft_slo.value_or(options_.ttft_slo);
+  a->seq.tpot_slo = request.tpot_slo.value_or(options_.tpot_slo);
+  a->seq.arrival_time = a->seq.last_token_time = now();
   a->request_id = std::move(request.id);
   a->on_done = std::move(on_done);
   a->on_token = std::move(on_token);
@@ -200,6 +203,7 @@ bool Engine::append_token(Active& a, const SampledToken& sampled) {
   Sequence& seq = a.seq;
   const SamplingParams& p = seq.params;
   seq.tokens.push_back(sampled.token);
+  seq.last_token_time = now();
   if (p.logprobs) a.logprobs.push_back(sampled);
   const bool is_eos =
       !p.ignore_eos && std::find(config_.eos_token_ids.begin(), config_.eos_token_ids.end(),
@@ -254,8 +258,13 @@ void Engine::finish(Active& a) {
   if (cb) cb(std::move(r));
 }
 
+double Engine::now() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+}
+
 void Engine::step() {
-  StepPlan plan = scheduler_->schedule();
+  const double t0 = now();
+  StepPlan plan = scheduler_->schedule(t0);
   if (plan.empty()) {
     if (scheduler_->has_work())
       throw Error("internal: the scheduler has waiting requests but scheduled nothing");
@@ -294,6 +303,8 @@ void Engine::step() {
   // Sample every row that wants a token, in parallel: each draw depends only on its own row,
   // seed and output index, so the order of work does not matter.
   scheduler_->step_done(plan);
+  const double t1 = now();
+  scheduler_->observe_iteration(t1 - t0);
   std::vector<const ScheduledChunk*> sampling;
   for (const ScheduledChunk& c : plan.chunks)
     if (c.samples) sampling.push_back(&c);

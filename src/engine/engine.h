@@ -4,6 +4,7 @@
 // result per request through a callback, in the order requests finish.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -38,6 +39,8 @@ struct EngineOptions {
   double kv_disk_gb = 10;        // cap of the disk tier
   SchedulerOptions scheduler;
   uint64_t seed = 0;  // mixed into the seed of requests that bring none
+  // Latency targets of real-time requests that bring none (BROS's defaults).
+  double ttft_slo = 0.4, tpot_slo = 0.2;
 };
 
 struct GenerationRequest {
@@ -45,6 +48,7 @@ struct GenerationRequest {
   std::vector<TokenId> prompt;
   SamplingParams params;
   RequestClass request_class = RequestClass::kRealtime;
+  std::optional<double> ttft_slo, tpot_slo;  // seconds; the engine's defaults when unset
 };
 
 struct GenerationResult {
@@ -132,6 +136,8 @@ class Engine {
   SeqId next_id_ = 1;
   EngineStats stats_;
   std::vector<float> logits_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  double now() const;  // seconds since the engine started: the clock of SLO deadlines
 };
 
 }  // namespace blend

@@ -5,7 +5,14 @@
 namespace blend {
 
 Scheduler::Scheduler(PagePool& pool, SchedulerOptions options, RadixCache* cache)
-    : pool_(pool), options_(options), cache_(cache) {}
+    : pool_(pool),
+      options_(options),
+      cache_(cache),
+      hybrid_(options.hybrid, options.iteration_cost) {}
+
+void Scheduler::observe_iteration(double seconds) {
+  hybrid_.observe_iteration(seconds);
+}
 
 void Scheduler::add(Sequence* seq) {
   seq->status = SeqStatus::kWaiting;
@@ -98,14 +105,50 @@ bool Scheduler::fits_peak_memory(const Sequence& candidate) const {
   return true;
 }
 
-StepPlan Scheduler::schedule() {
-  StepPlan plan;
-  int32_t budget = options_.max_batch_tokens;
+Scheduler::Admission Scheduler::admit(Sequence* seq, int32_t& n, StepPlan& plan, bool alone) {
+  const size_t copies_before = plan.copies.size();
+  if (cache_ && seq->block_table.empty() && !reuse_cached_prefix(seq, plan))
+    return Admission::kWaitsForPrefix;
+  const int32_t cached = seq->num_computed;
+  n = std::min(seq->num_uncomputed(), n);
+  if (!grow(seq, n)) {
+    // Alone in the engine: take what fits now, the rest in later steps.
+    if (alone)
+      n = static_cast<int32_t>(std::min<int64_t>(
+          n, (static_cast<int64_t>(seq->block_table.size()) + pool_.num_available()) *
+                     pool_.page_size() -
+                 seq->num_computed));
+    if (!alone || n <= 0 || !grow(seq, n)) {
+      for (size_t c = copies_before; c < plan.copies.size(); ++c)
+        pool_.release(plan.copies[c].first);
+      plan.copies.resize(copies_before);
+      drop_pages(seq);
+      return Admission::kNoRoom;
+    }
+  }
+  waiting_.erase(std::find(waiting_.begin(), waiting_.end(), seq));
+  if (seq->num_preemptions == 0) {
+    seq->num_cached_prompt = cached;
+    cached_prompt_tokens_ += cached;
+  } else {
+    resumed_cached_tokens_ += cached;
+  }
+  if (cache_) cache_->claim(seq->id, seq->tokens, cached / pool_.page_size(), seq->prompt_len);
+  seq->status = SeqStatus::kRunning;
+  running_.push_back(seq);
+  return Admission::kAdmitted;
+}
 
+template <typename Eligible>
+void Scheduler::schedule_fcfs(StepPlan& plan, int32_t& budget, Eligible eligible) {
   // 1. Running sequences, oldest first. When pages run out, the newest running sequence is
   //    preempted; it has not been scheduled yet in this step (or is the one asking).
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Sequence* seq = running_[i];
+    if (!eligible(*seq)) {
+      ++i;
+      continue;
+    }
     const int32_t n = std::min(seq->num_uncomputed(), budget);
     bool scheduled = true;
     while (!grow(seq, n)) {
@@ -126,44 +169,93 @@ StepPlan Scheduler::schedule() {
   // 2. Admit waiting sequences while the budget, the running-set limit and the predicted peak
   //    memory allow. Nothing new is admitted in a step that had to preempt.
   //    A sequence waiting for another's prefix pages is passed over, keeping its place.
-  for (auto it = waiting_.begin(); plan.preempted.empty() && budget > 0 && it != waiting_.end() &&
-                                   running_.size() < static_cast<size_t>(options_.max_running);) {
-    Sequence* seq = *it;
-    if (!running_.empty() && !fits_peak_memory(*seq)) break;
-    const size_t copies_before = plan.copies.size();
-    if (cache_ && seq->block_table.empty() && !reuse_cached_prefix(seq, plan)) {
-      ++it;
+  for (size_t i = 0; plan.preempted.empty() && budget > 0 && i < waiting_.size() &&
+                     running_.size() < static_cast<size_t>(options_.max_running);) {
+    Sequence* seq = waiting_[i];
+    if (!eligible(*seq)) {
+      ++i;
       continue;
     }
-    const int32_t cached = seq->num_computed;
-    int32_t n = std::min(seq->num_uncomputed(), budget);
-    if (!grow(seq, n)) {
-      // Alone in the engine: take what fits now, the rest in later steps.
-      if (running_.empty())
-        n = static_cast<int32_t>(std::min<int64_t>(
-            n, (static_cast<int64_t>(seq->block_table.size()) + pool_.num_available()) *
-                       pool_.page_size() -
-                   seq->num_computed));
-      if (!running_.empty() || n <= 0 || !grow(seq, n)) {
-        for (size_t c = copies_before; c < plan.copies.size(); ++c)
-          pool_.release(plan.copies[c].first);
-        plan.copies.resize(copies_before);
-        drop_pages(seq);
-        break;
-      }
+    if (!running_.empty() && !fits_peak_memory(*seq)) break;
+    int32_t n = budget;
+    const bool alone = running_.empty();
+    const Admission a = admit(seq, n, plan, alone);
+    if (a == Admission::kNoRoom) break;
+    if (a == Admission::kWaitsForPrefix) {  // another sequence is computing its prefix
+      ++i;
+      continue;
     }
-    it = waiting_.erase(it);
-    if (seq->num_preemptions == 0) {
-      seq->num_cached_prompt = cached;
-      cached_prompt_tokens_ += cached;
-    } else {
-      resumed_cached_tokens_ += cached;
-    }
-    if (cache_) cache_->claim(seq->id, seq->tokens, cached / pool_.page_size(), seq->prompt_len);
-    seq->status = SeqStatus::kRunning;
-    running_.push_back(seq);
     plan.chunks.push_back({seq, n, seq->num_computed + n == seq->num_tokens()});
     budget -= n;
+  }
+}
+
+// BROS §4.2: the hybrid policy picks who runs (RT by deadline, BE by swap cost); those picked
+// then run like FCFS chunks. Running sequences not picked keep their KV and wait a step.
+void Scheduler::schedule_hybrid(StepPlan& plan, int32_t& budget, double now) {
+  std::vector<Sequence*> rt_seqs, be_seqs;
+  std::vector<HybridCandidate> rt, be;
+  auto add = [&](Sequence* seq) {
+    HybridCandidate c;
+    c.cls = seq->request_class;
+    c.prefill = seq->num_uncomputed() > 1 || seq->num_generated() == 0;
+    c.tokens = std::min(seq->num_uncomputed(), options_.max_batch_tokens);
+    c.context = seq->num_computed;
+    c.pages_needed = std::max<int64_t>(0, pool_.pages_for(int64_t{seq->num_computed} + c.tokens) -
+                                              static_cast<int64_t>(seq->block_table.size()));
+    if (c.cls == RequestClass::kRealtime) {
+      c.deadline = seq->num_generated() == 0 ? seq->arrival_time + seq->ttft_slo
+                                             : seq->last_token_time + seq->tpot_slo;
+      rt.push_back(c);
+      rt_seqs.push_back(seq);
+    } else {
+      be.push_back(c);
+      be_seqs.push_back(seq);
+    }
+  };
+  for (Sequence* seq : running_) add(seq);
+  // Waiting requests are looked at in arrival order, a bounded number per step.
+  const size_t look = std::min(waiting_.size(), static_cast<size_t>(options_.max_running) * 2);
+  for (size_t i = 0; i < look; ++i) add(waiting_[i]);
+  const HybridSelection sel = hybrid_.select(rt, be, now, pool_.num_available());
+  auto run = [&](Sequence* seq) {
+    if (budget <= 0) return;
+    int32_t n = std::min(seq->num_uncomputed(), budget);
+    if (seq->status == SeqStatus::kWaiting) {
+      if (running_.size() >= static_cast<size_t>(options_.max_running) ||
+          admit(seq, n, plan, running_.empty()) != Admission::kAdmitted)
+        return;
+    } else if (!grow(seq, n)) {
+      return;
+    }
+    plan.chunks.push_back({seq, n, seq->num_computed + n == seq->num_tokens()});
+    budget -= n;
+  };
+  for (size_t i : sel.rt) run(rt_seqs[i]);
+  for (size_t i : sel.be) run(be_seqs[i]);
+}
+
+StepPlan Scheduler::schedule(double now) {
+  StepPlan plan;
+  int32_t budget = options_.max_batch_tokens;
+  const int64_t step = steps_++;
+  switch (options_.policy) {
+    case SchedulerPolicy::kFcfs:
+      schedule_fcfs(plan, budget, [](const Sequence&) { return true; });
+      break;
+    case SchedulerPolicy::kRoundRobin: {
+      // One class per step, alternating; the other class when this one has nothing to run.
+      const RequestClass turn = step % 2 == 0 ? RequestClass::kRealtime : RequestClass::kBestEffort;
+      schedule_fcfs(plan, budget, [turn](const Sequence& s) { return s.request_class == turn; });
+      if (plan.empty())
+        schedule_fcfs(plan, budget, [turn](const Sequence& s) { return s.request_class != turn; });
+      break;
+    }
+    case SchedulerPolicy::kHybrid:
+      schedule_hybrid(plan, budget, now);
+      // Never an empty step while there is work: out of pages, FCFS preempts to make room.
+      if (plan.empty()) schedule_fcfs(plan, budget, [](const Sequence&) { return true; });
+      break;
   }
   plan.num_tokens = options_.max_batch_tokens - budget;
   return plan;

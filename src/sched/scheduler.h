@@ -22,12 +22,22 @@
 #include "core/sequence.h"
 #include "kv/page_pool.h"
 #include "kv/radix_cache.h"
+#include "sched/hybrid_policy.h"
 
 namespace blend {
 
+enum class SchedulerPolicy {
+  kFcfs,        // one queue in arrival order (vLLM-like)
+  kRoundRobin,  // real-time and best-effort requests take turns, a step each (BROS §7.1 RR)
+  kHybrid,      // BROS priority packing (sched/hybrid_policy)
+};
+
 struct SchedulerOptions {
-  int32_t max_batch_tokens = 1024;  // token budget of one step (prefill chunks + decodes)
-  int32_t max_running = 256;        // sequences in the running set at once
+  SchedulerPolicy policy = SchedulerPolicy::kFcfs;
+  HybridOptions hybrid;
+  IterationCostModel iteration_cost;  // for kHybrid
+  int32_t max_batch_tokens = 1024;    // token budget of one step (prefill chunks + decodes)
+  int32_t max_running = 256;          // sequences in the running set at once
   // Expected output length used by peak-memory admission before any request has finished
   // (capped by each request's max_tokens); afterwards the mean of finished requests is used.
   int32_t initial_output_estimate = 256;
@@ -55,7 +65,10 @@ class Scheduler {
   Scheduler(PagePool& pool, SchedulerOptions options, RadixCache* cache = nullptr);
 
   void add(Sequence* seq);  // joins the waiting queue (FCFS order of arrival)
-  StepPlan schedule();
+  // `now` (seconds, the engine's clock) drives the hybrid policy's deadlines.
+  StepPlan schedule(double now = 0);
+  // The measured duration of the step just run (the hybrid policy's moving average).
+  void observe_iteration(double seconds);
   // The backend computed the plan: advances each chunk's num_computed and offers the computed
   // pages to the prefix cache.
   void step_done(const StepPlan& plan);
@@ -83,6 +96,14 @@ class Scheduler {
   void preempt(Sequence* seq);
   int64_t expected_output(const Sequence& seq) const;
   bool fits_peak_memory(const Sequence& candidate) const;
+  // FCFS over the sequences `eligible` accepts (all of them for kFcfs, one class for RR).
+  template <typename Eligible>
+  void schedule_fcfs(StepPlan& plan, int32_t& budget, Eligible eligible);
+  void schedule_hybrid(StepPlan& plan, int32_t& budget, double now);
+  // Admits a waiting sequence with up to n tokens in this step (from its cached prefix when
+  // there is one). When admitted, `n` is what it will compute.
+  enum class Admission { kAdmitted, kWaitsForPrefix, kNoRoom };
+  Admission admit(Sequence* seq, int32_t& n, StepPlan& plan, bool alone);
 
   PagePool& pool_;
   SchedulerOptions options_;
@@ -95,6 +116,8 @@ class Scheduler {
   int64_t finished_output_tokens_ = 0;
   int64_t cached_prompt_tokens_ = 0;
   int64_t resumed_cached_tokens_ = 0;
+  HybridPolicy hybrid_;
+  int64_t steps_ = 0;
 };
 
 }  // namespace blend

@@ -222,6 +222,30 @@ TEST_F(EngineTest, KvTiersBringBackEvictedPrefixesWithTheSameTokens) {
   tiered.check_invariants();
 }
 
+TEST_F(EngineTest, SchedulingPoliciesDoNotChangeTokens) {
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 16; ++i) {
+    GenerationRequest r =
+        request("r" + std::to_string(i), 500 + i, 10 + i * 3, 8, i % 3 ? 0.0f : 0.8f);
+    r.request_class = i % 2 ? RequestClass::kBestEffort : RequestClass::kRealtime;
+    reqs.push_back(std::move(r));
+  }
+  Engine fcfs(dir_->path(), options());
+  const auto expected = run(fcfs, reqs);
+  for (SchedulerPolicy policy : {SchedulerPolicy::kHybrid, SchedulerPolicy::kRoundRobin}) {
+    EngineOptions o = options();
+    o.scheduler.policy = policy;
+    o.scheduler.hybrid = {.initial_batch = 3, .batch_step = 1, .max_batch = 8};
+    o.scheduler.iteration_cost.decode_per_token = 1e-3;
+    o.scheduler.iteration_cost.prefill_per_token = 1e-4;
+    Engine engine(dir_->path(), o);
+    auto got = run(engine, reqs);
+    ASSERT_EQ(got.size(), reqs.size());
+    for (const auto& [id, r] : expected) EXPECT_EQ(got[id].tokens, r.tokens) << id;
+    engine.check_invariants();
+  }
+}
+
 TEST_F(EngineTest, StopStringsTokenIdsAndMaxTokens) {
   Engine engine(dir_->path(), options());
   auto free_run = run(engine, {request("a", 5, 10, 24)})["a"];

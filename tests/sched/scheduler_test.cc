@@ -249,5 +249,60 @@ TEST(Scheduler, RandomSharedWorkloadWithCacheLeavesThePoolFull) {
   EXPECT_EQ(pool.num_free(), pool.num_pages());
 }
 
+SchedulerOptions hybrid_options(int32_t batch) {
+  SchedulerOptions o;
+  o.policy = SchedulerPolicy::kHybrid;
+  o.hybrid = {.initial_batch = batch, .batch_step = 0, .max_batch = batch};
+  o.iteration_cost.decode_per_token = 0.010;
+  o.iteration_cost.prefill_per_token = 0.001;
+  return o;
+}
+
+TEST(Scheduler, HybridRunsRealTimeWhenItsDeadlineNearsAndBestEffortOtherwise) {
+  PagePool pool(100, 4);
+  Scheduler sched(pool, hybrid_options(2));
+  std::vector<std::unique_ptr<Sequence>> be;
+  for (int i = 0; i < 3; ++i) {
+    be.push_back(make_seq(10 + i, 8, 50));
+    be.back()->request_class = RequestClass::kBestEffort;
+    sched.add(be.back().get());
+  }
+  auto rt = make_seq(1, 8, 50);
+  rt->arrival_time = 0;
+  rt->ttft_slo = 1.0;  // plenty of time: the BE requests take the batch of 2
+  sched.add(rt.get());
+  StepPlan p1 = sched.schedule(0.0);
+  ASSERT_EQ(p1.chunks.size(), 2u);
+  for (const auto& c : p1.chunks) EXPECT_EQ(c.seq->request_class, RequestClass::kBestEffort);
+  apply(sched, p1);
+  // Close to its deadline, the RT request goes first and keeps one BE request beside it.
+  StepPlan p2 = sched.schedule(0.98);
+  ASSERT_EQ(p2.chunks.size(), 2u);
+  EXPECT_EQ(p2.chunks[0].seq, rt.get());
+  EXPECT_EQ(p2.chunks[0].num_tokens, 8);
+  EXPECT_EQ(p2.chunks[1].seq->request_class, RequestClass::kBestEffort);
+  apply(sched, p2);
+}
+
+TEST(Scheduler, RoundRobinAlternatesClasses) {
+  PagePool pool(100, 4);
+  SchedulerOptions o;
+  o.policy = SchedulerPolicy::kRoundRobin;
+  Scheduler sched(pool, o);
+  auto rt = make_seq(1, 4, 10), be = make_seq(2, 4, 10);
+  be->request_class = RequestClass::kBestEffort;
+  sched.add(rt.get());
+  sched.add(be.get());
+  std::vector<RequestClass> turns;
+  for (int step = 0; step < 4; ++step) {
+    StepPlan p = sched.schedule();
+    ASSERT_EQ(p.chunks.size(), 1u);
+    turns.push_back(p.chunks[0].seq->request_class);
+    apply(sched, p);
+  }
+  EXPECT_EQ(turns, (std::vector<RequestClass>{RequestClass::kRealtime, RequestClass::kBestEffort,
+                                              RequestClass::kRealtime, RequestClass::kBestEffort}));
+}
+
 }  // namespace
 }  // namespace blend
