@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -46,6 +47,12 @@ class Backend {
   // This is how KV leaves for and returns from the host and disk tiers: one run, one buffer.
   virtual void read_pages(std::span<const PageId> pages, std::byte* out) const = 0;
   virtual void write_pages(std::span<const PageId> pages, const std::byte* in) = 0;
+
+  // A simulating backend (backend/sim) does no arithmetic and keeps its own clock. The engine
+  // then passes it only the chunks' shapes (no tokens, positions or block tables), appends
+  // kNoToken instead of sampling (requests end by max_tokens), and reads time from it.
+  virtual bool simulated() const { return false; }
+  virtual std::optional<double> virtual_seconds() const { return std::nullopt; }
 };
 
 // KV bytes per token for a model whose cache holds elements of `kv_elem_bytes` bytes.

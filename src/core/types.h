@@ -9,6 +9,7 @@
 namespace blend {
 
 using TokenId = int32_t;
+constexpr TokenId kNoToken = -1;  // what a simulating engine appends instead of a sampled token
 using SeqId = int64_t;
 using PageId = int32_t;
 

@@ -61,7 +61,7 @@ struct Engine::Active {
 Engine::Engine(const std::filesystem::path& model_dir, const EngineOptions& options)
     : options_(options),
       config_(ModelConfig::from_dir(model_dir)),
-      tokenizer_(Tokenizer::from_dir(model_dir)) {
+      tokenizer_(std::make_unique<Tokenizer>(Tokenizer::from_dir(model_dir))) {
   weights_ = std::make_unique<TensorStore>(TensorStore::open_dir(model_dir));
   const DType dtype = check_tensors(config_, *weights_);
   const int64_t kv_elem = dtype == DType::kF32 ? 4 : 2;
@@ -93,6 +93,17 @@ Engine::Engine(const std::filesystem::path& model_dir, const EngineOptions& opti
   backend_ = make_cpu_backend(config_, *weights_, bo);
   if (backend_->kv_bytes_per_page() != page_bytes)
     throw Error("internal: backend KV page size disagrees with the engine's estimate");
+  init_kv_and_scheduler(page_bytes, num_pages);
+}
+
+Engine::Engine(const ModelConfig& config, std::unique_ptr<Backend> backend,
+               const EngineOptions& options)
+    : options_(options), config_(config), backend_(std::move(backend)) {
+  init_kv_and_scheduler(backend_->kv_bytes_per_page(), backend_->num_pages());
+}
+
+void Engine::init_kv_and_scheduler(int64_t page_bytes, int64_t num_pages) {
+  const EngineOptions& options = options_;
   pool_ = std::make_unique<PagePool>(num_pages, options.page_size);
   if (options.prefix_cache) {
     RadixCacheTiers t;
@@ -164,7 +175,8 @@ SeqId Engine::submit(GenerationRequest request, Callback on_done, TokenCallback 
   a->request_id = std::move(request.id);
   a->on_done = std::move(on_done);
   a->on_token = std::move(on_token);
-  a->detok = std::make_unique<IncrementalDetokenizer>(tokenizer_, /*skip_special=*/true);
+  if (tokenizer_)
+    a->detok = std::make_unique<IncrementalDetokenizer>(*tokenizer_, /*skip_special=*/true);
   for (const auto& s : p.stop) a->max_stop_len = std::max(a->max_stop_len, s.size());
   stats_.prompt_tokens += prompt_len;
 
@@ -215,7 +227,7 @@ bool Engine::append_token(Active& a, const SampledToken& sampled) {
     return true;
   }
   const size_t before = a.text.size();
-  a.text += a.detok->push(sampled.token);
+  if (a.detok) a.text += a.detok->push(sampled.token);
   if (!p.stop.empty() && a.text.size() > before) {
     // A stop string may straddle the previous text; search only the tail that could hold it.
     const size_t from = before >= a.max_stop_len ? before - a.max_stop_len + 1 : 0;
@@ -240,7 +252,7 @@ bool Engine::append_token(Active& a, const SampledToken& sampled) {
 }
 
 void Engine::finish(Active& a) {
-  if (!a.stopped_by_string) a.text += a.detok->flush();
+  if (!a.stopped_by_string && a.detok) a.text += a.detok->flush();
   if (a.seq.num_generated() > 0) stream(a, a.seq.tokens.back(), /*final=*/true);
   GenerationResult r;
   r.id = a.request_id;
@@ -259,6 +271,7 @@ void Engine::finish(Active& a) {
 }
 
 double Engine::now() const {
+  if (const auto t = backend_->virtual_seconds()) return *t;
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
 }
 
@@ -270,21 +283,28 @@ void Engine::step() {
       throw Error("internal: the scheduler has waiting requests but scheduled nothing");
     return;
   }
+  const bool simulated = backend_->simulated();
   ForwardBatch batch;
-  batch.tokens.reserve(static_cast<size_t>(plan.num_tokens));
-  batch.positions.reserve(static_cast<size_t>(plan.num_tokens));
+  if (!simulated) {
+    batch.tokens.reserve(static_cast<size_t>(plan.num_tokens));
+    batch.positions.reserve(static_cast<size_t>(plan.num_tokens));
+  }
+  int32_t offset = 0;
   for (const ScheduledChunk& c : plan.chunks) {
     const Sequence& seq = *c.seq;
     SeqChunk chunk;
     chunk.seq = seq.id;
     chunk.num_cached = seq.num_computed;
     chunk.num_tokens = c.num_tokens;
-    chunk.token_offset = batch.num_tokens();
-    chunk.block_table = seq.block_table;
+    chunk.token_offset = offset;
     chunk.wants_logits = c.samples;
-    for (int32_t i = 0; i < c.num_tokens; ++i) {
-      batch.tokens.push_back(seq.tokens[static_cast<size_t>(seq.num_computed + i)]);
-      batch.positions.push_back(seq.num_computed + i);
+    offset += c.num_tokens;
+    if (!simulated) {
+      chunk.block_table = seq.block_table;
+      for (int32_t i = 0; i < c.num_tokens; ++i) {
+        batch.tokens.push_back(seq.tokens[static_cast<size_t>(seq.num_computed + i)]);
+        batch.positions.push_back(seq.num_computed + i);
+      }
     }
     batch.chunks.push_back(std::move(chunk));
   }
@@ -293,11 +313,11 @@ void Engine::step() {
     pool_->release(src);
   }
   const size_t vocab = static_cast<size_t>(config_.vocab_size);
-  logits_.resize(static_cast<size_t>(batch.num_logit_rows()) * vocab);
+  logits_.resize(simulated ? 0 : static_cast<size_t>(batch.num_logit_rows()) * vocab);
   backend_->forward(batch, logits_);
 
   ++stats_.steps;
-  stats_.batch_tokens += batch.num_tokens();
+  stats_.batch_tokens += offset;
   stats_.kv_peak_bytes =
       std::max(stats_.kv_peak_bytes, pool_->peak_used() * backend_->kv_bytes_per_page());
   // Sample every row that wants a token, in parallel: each draw depends only on its own row,
@@ -309,8 +329,12 @@ void Engine::step() {
   for (const ScheduledChunk& c : plan.chunks)
     if (c.samples) sampling.push_back(&c);
   std::vector<SampledToken> sampled(sampling.size());
-#pragma omp parallel for schedule(dynamic, 1) if (sampling.size() > 1)
+#pragma omp parallel for schedule(dynamic, 1) if (sampling.size() > 1 && !simulated)
   for (size_t r = 0; r < sampling.size(); ++r) {
+    if (simulated) {
+      sampled[r].token = kNoToken;
+      continue;
+    }
     const Sequence& seq = *sampling[r]->seq;
     const std::span<const float> logits(logits_.data() + r * vocab, vocab);
     sampled[r] = sample_token(logits, seq.params, seq.rng_seed, seq.num_generated());

@@ -91,10 +91,13 @@ class Engine {
   using TokenCallback = std::function<void(TokenId token, std::string_view delta)>;
 
   Engine(const std::filesystem::path& model_dir, const EngineOptions& options);
+  // An engine over a given backend with no weights or tokenizer of its own (the simulator:
+  // backend/sim). Results carry token ids and no text.
+  Engine(const ModelConfig& config, std::unique_ptr<Backend> backend, const EngineOptions& options);
   ~Engine();
 
   const ModelConfig& config() const { return config_; }
-  const Tokenizer& tokenizer() const { return tokenizer_; }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }  // not for a simulating engine
   // Longest prompt + output one sequence may reach (context window and KV capacity).
   int64_t max_sequence_tokens() const;
 
@@ -121,10 +124,11 @@ class Engine {
   bool append_token(Active& a, const SampledToken& sampled);  // true when finished
   void finish(Active& a);
   void stream(Active& a, TokenId token, bool final);
+  void init_kv_and_scheduler(int64_t page_bytes, int64_t num_pages);
 
   EngineOptions options_;
   ModelConfig config_;
-  Tokenizer tokenizer_;
+  std::unique_ptr<Tokenizer> tokenizer_;  // null in a simulating engine
   std::unique_ptr<TensorStore> weights_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<PagePool> pool_;
