@@ -35,11 +35,15 @@ std::optional<ModelConfig> find_model_shape(std::string_view name) {
     return shape("LlamaForCausalLM", 4096, 32, 32, 32, 11008, 32000, 10000, 4096);
   if (name == "qwen2.5-7b")
     return shape("Qwen2ForCausalLM", 3584, 28, 28, 4, 18944, 152064, 1000000, 32768);
+  if (name == "qwen2.5-72b")
+    return shape("Qwen2ForCausalLM", 8192, 80, 64, 8, 29568, 152064, 1000000, 32768);
+  if (name == "deepseek-67b")
+    return shape("LlamaForCausalLM", 8192, 95, 64, 8, 22016, 102400, 10000, 4096);
   return std::nullopt;
 }
 
 std::vector<std::string> shape_only_preset_names() {
-  return {"llama-3-8b", "llama-3-70b", "llama-2-7b", "qwen2.5-7b"};
+  return {"llama-3-8b", "llama-3-70b", "llama-2-7b", "qwen2.5-7b", "qwen2.5-72b", "deepseek-67b"};
 }
 
 }  // namespace blend

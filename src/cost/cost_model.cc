@@ -1,0 +1,107 @@
+#include "cost/cost_model.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "core/error.h"
+#include "cost/model_shapes.h"
+
+namespace blend {
+namespace {
+
+// OPT: learned positions, biases everywhere, a two-matrix ReLU MLP (4H wide), tied lm_head.
+ModelShape opt_shape(std::string name, int64_t hidden, int64_t layers, int tp) {
+  const int64_t vocab = 50272;
+  const int64_t ffn = 4 * hidden;
+  const int64_t per_layer = 4 * hidden * hidden + 2 * hidden * ffn;
+  ModelShape s;
+  s.name = std::move(name);
+  s.hidden_size = hidden;
+  s.num_layers = layers;
+  s.kv_dim = hidden;  // multi-head attention
+  s.matmul_parameters = layers * per_layer + vocab * hidden;
+  s.weight_bytes =
+      2 * (layers * (per_layer + 4 * hidden + ffn + 5 * hidden) + vocab * hidden + 2050 * hidden);
+  s.tensor_parallel = tp;
+  return s;
+}
+
+}  // namespace
+
+ModelShape ModelShape::from_config(const ModelConfig& config, std::string name,
+                                   int tensor_parallel) {
+  if (tensor_parallel < 1) throw Error("--tp must be at least 1");
+  ModelShape s;
+  s.name = std::move(name);
+  s.hidden_size = config.hidden_size;
+  s.num_layers = config.num_layers;
+  s.kv_dim = config.kv_dim();
+  s.matmul_parameters = config.num_matmul_parameters();
+  s.weight_bytes = 2 * config.num_parameters();
+  s.tensor_parallel = tensor_parallel;
+  return s;
+}
+
+std::optional<ModelShape> find_model_shape_preset(std::string_view name, int tensor_parallel) {
+  if (tensor_parallel < 1) throw Error("--tp must be at least 1");
+  if (name == "opt-13b") return opt_shape("opt-13b", 5120, 40, tensor_parallel);
+  if (name == "opt-30b") return opt_shape("opt-30b", 7168, 48, tensor_parallel);
+  if (auto config = find_model_shape(name))
+    return ModelShape::from_config(*config, std::string(name), tensor_parallel);
+  return std::nullopt;
+}
+
+double StepCost::overlapped() const {
+  return std::max({compute_seconds, memory_seconds, network_seconds}) + overhead_seconds;
+}
+
+CostModel::CostModel(ModelShape shape, Hardware hardware)
+    : shape_(std::move(shape)), hardware_(std::move(hardware)) {
+  hardware_.validate();
+  if (shape_.num_layers <= 0 || shape_.kv_dim <= 0 || shape_.matmul_parameters <= 0)
+    throw Error("model shape " + shape_.name + " is incomplete");
+}
+
+double CostModel::request_compute_seconds(double p, double d) const {
+  const double flops = 2 * (p + d) * static_cast<double>(shape_.matmul_parameters) +
+                       4 * p * p * static_cast<double>(shape_.hidden_size * shape_.num_layers);
+  return flops / (hardware_.effective_compute() * shape_.tensor_parallel);
+}
+
+double CostModel::request_memory_seconds(double p, double d) const {
+  const double bytes = (p * d + d * d / 2) * static_cast<double>(shape_.kv_bytes_per_token());
+  return bytes / (hardware_.effective_bandwidth() * shape_.tensor_parallel);
+}
+
+double CostModel::request_density(double p, double d) const {
+  return node_density(0.0, request_compute_seconds(p, d), request_memory_seconds(p, d));
+}
+
+double CostModel::node_density(double s, double compute_seconds, double memory_seconds) {
+  if (memory_seconds <= 0) return std::numeric_limits<double>::infinity();
+  return (1 - s) * compute_seconds / memory_seconds;
+}
+
+double CostModel::kv_bytes_per_token_per_device() const {
+  return static_cast<double>(shape_.kv_bytes_per_token()) / shape_.tensor_parallel;
+}
+
+StepCost CostModel::estimate_step(const StepShape& step) const {
+  const double tp = shape_.tensor_parallel;
+  const double dense_tokens = static_cast<double>(step.prefill_tokens + step.decode_tokens);
+  const double hl = static_cast<double>(shape_.hidden_size * shape_.num_layers);
+  StepCost cost;
+  const double flops = 2 * dense_tokens * static_cast<double>(shape_.matmul_parameters) +
+                       4 * static_cast<double>(step.prefill_attention_pairs) * hl;
+  cost.compute_seconds = flops / tp / hardware_.effective_compute();
+  const double kv_read = static_cast<double>(step.decode_context_tokens) *
+                         static_cast<double>(shape_.kv_bytes_per_token());
+  cost.memory_seconds =
+      (static_cast<double>(shape_.weight_bytes) + kv_read) / tp / hardware_.effective_bandwidth();
+  if (shape_.tensor_parallel > 1)  // NanoFlow eq. 7: two AllGathers and one AllReduce per layer
+    cost.network_seconds = 4 * dense_tokens * hl * 2 / hardware_.network_bandwidth;
+  if (dense_tokens > 0) cost.overhead_seconds = hardware_.step_overhead_seconds;
+  return cost;
+}
+
+}  // namespace blend

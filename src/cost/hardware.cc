@@ -1,0 +1,109 @@
+#include "cost/hardware.h"
+
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace blend {
+namespace {
+
+constexpr double kGiga = 1e9;
+constexpr double kTera = 1e12;
+
+Hardware preset(std::string name, double tflops, double mem_bw_gb_s, double net_bw_gb_s,
+                double memory_gb) {
+  Hardware h;
+  h.name = std::move(name);
+  h.compute_flops = tflops * kTera;
+  h.memory_bandwidth = mem_bw_gb_s * kGiga;
+  h.network_bandwidth = net_bw_gb_s * kGiga;
+  h.memory_bytes = memory_gb * kGiga;
+  return h;
+}
+
+double required(const nlohmann::json& j, const char* key) {
+  if (!j.contains(key) || !j[key].is_number())
+    throw Error(std::string("hardware profile: \"") + key + "\" must be a number");
+  return j[key].get<double>();
+}
+
+}  // namespace
+
+void Hardware::validate() const {
+  auto positive = [](double v, const char* what) {
+    if (!(v > 0)) throw Error(std::string("hardware profile: ") + what + " must be positive");
+  };
+  positive(compute_flops, "compute_tflops");
+  positive(memory_bandwidth, "memory_bandwidth_gb_s");
+  positive(network_bandwidth, "network_bandwidth_gb_s");
+  positive(memory_bytes, "memory_gb");
+  positive(compute_efficiency, "fit.compute_efficiency");
+  positive(bandwidth_efficiency, "fit.bandwidth_efficiency");
+  if (step_overhead_seconds < 0) throw Error("hardware profile: fit.step_overhead_seconds < 0");
+}
+
+Hardware Hardware::from_json(const nlohmann::json& j) {
+  if (!j.is_object()) throw Error("hardware profile: expected a JSON object");
+  Hardware h;
+  h.name = j.value("name", std::string("custom"));
+  h.compute_flops = required(j, "compute_tflops") * kTera;
+  h.memory_bandwidth = required(j, "memory_bandwidth_gb_s") * kGiga;
+  h.network_bandwidth = required(j, "network_bandwidth_gb_s") * kGiga;
+  h.memory_bytes = required(j, "memory_gb") * kGiga;
+  if (j.contains("fit")) {
+    const nlohmann::json& fit = j["fit"];
+    if (!fit.is_object()) throw Error("hardware profile: \"fit\" must be an object");
+    h.compute_efficiency = fit.value("compute_efficiency", 1.0);
+    h.bandwidth_efficiency = fit.value("bandwidth_efficiency", 1.0);
+    h.step_overhead_seconds = fit.value("step_overhead_seconds", 0.0);
+  }
+  h.validate();
+  return h;
+}
+
+nlohmann::json Hardware::to_json() const {
+  return {{"name", name},
+          {"compute_tflops", compute_flops / kTera},
+          {"memory_bandwidth_gb_s", memory_bandwidth / kGiga},
+          {"network_bandwidth_gb_s", network_bandwidth / kGiga},
+          {"memory_gb", memory_bytes / kGiga},
+          {"fit",
+           {{"compute_efficiency", compute_efficiency},
+            {"bandwidth_efficiency", bandwidth_efficiency},
+            {"step_overhead_seconds", step_overhead_seconds}}}};
+}
+
+std::optional<Hardware> find_hardware_preset(std::string_view name) {
+  // NanoFlow Table 1: NetBW, FP16 compute, MemBW; memory sizes from the datasheets.
+  if (name == "a100-80g") return preset("a100-80g", 312, 2000, 600, 80);
+  if (name == "a100-40g") return preset("a100-40g", 312, 1555, 600, 40);
+  if (name == "h100") return preset("h100", 989, 3352, 600, 80);
+  if (name == "h200") return preset("h200", 989, 4800, 900, 141);
+  return std::nullopt;
+}
+
+std::vector<std::string> hardware_preset_names() {
+  return {"a100-80g", "a100-40g", "h100", "h200"};
+}
+
+Hardware resolve_hardware(const std::string& name_or_file) {
+  if (auto h = find_hardware_preset(name_or_file)) return *h;
+  std::ifstream in(name_or_file);
+  if (!in) {
+    std::string names;
+    for (const std::string& n : hardware_preset_names()) names += (names.empty() ? "" : ", ") + n;
+    throw Error("--hardware: \"" + name_or_file + "\" is neither a preset (" + names +
+                ") nor a readable profile file");
+  }
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const nlohmann::json::exception& e) {
+    throw Error("hardware profile " + name_or_file + ": " + e.what());
+  }
+  return Hardware::from_json(j);
+}
+
+}  // namespace blend

@@ -1,0 +1,50 @@
+// Hardware the cost model reasons about (DESIGN.md §3): peak dense FP16/BF16 compute, memory
+// bandwidth, interconnect bandwidth and memory size of one accelerator. Presets carry the
+// datasheet numbers of NanoFlow Table 1; a JSON profile file carries the same fields plus the
+// coefficients a measurement fit (`blend profile`, later) found for the local machine.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace blend {
+
+struct Hardware {
+  std::string name;
+  double compute_flops = 0;      // dense FP16/BF16 FLOP/s of one device
+  double memory_bandwidth = 0;   // bytes/s of device memory
+  double network_bandwidth = 0;  // bytes/s of the device interconnect (NVLink), for TP
+  double memory_bytes = 0;       // device memory size
+
+  // Fitted coefficients (1, 1, 0 = the datasheet taken at its word). The achieved rate is the
+  // peak times the efficiency; every step pays `step_overhead_seconds` on top.
+  double compute_efficiency = 1.0;
+  double bandwidth_efficiency = 1.0;
+  double step_overhead_seconds = 0.0;
+
+  double effective_compute() const { return compute_flops * compute_efficiency; }
+  double effective_bandwidth() const { return memory_bandwidth * bandwidth_efficiency; }
+
+  // Throws blend::Error naming the field that is not positive.
+  void validate() const;
+
+  // {"name", "compute_tflops", "memory_bandwidth_gb_s", "network_bandwidth_gb_s",
+  //  "memory_gb", optional "fit": {"compute_efficiency", "bandwidth_efficiency",
+  //  "step_overhead_seconds"}} with GB = 1e9 bytes.
+  static Hardware from_json(const nlohmann::json& j);
+  nlohmann::json to_json() const;
+};
+
+// a100-80g, a100-40g, h100, h200 (NanoFlow Table 1).
+std::optional<Hardware> find_hardware_preset(std::string_view name);
+std::vector<std::string> hardware_preset_names();
+
+// A preset name, or else a path to a JSON profile. Throws blend::Error when it is neither.
+Hardware resolve_hardware(const std::string& name_or_file);
+
+}  // namespace blend

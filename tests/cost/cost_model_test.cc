@@ -1,0 +1,99 @@
+// Hardware presets and profiles, model shapes, and the §4.1 / eq. 7 formulas of the cost model.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "cost/cost_model.h"
+
+namespace blend {
+namespace {
+
+TEST(Hardware, PresetsFollowNanoFlowTable1) {
+  for (const std::string& name : hardware_preset_names()) {
+    const auto h = find_hardware_preset(name);
+    ASSERT_TRUE(h) << name;
+    EXPECT_NO_THROW(h->validate());
+  }
+  const Hardware a100 = *find_hardware_preset("a100-80g");
+  EXPECT_DOUBLE_EQ(a100.compute_flops / a100.memory_bandwidth, 156);  // Table 1 ratio
+  EXPECT_FALSE(find_hardware_preset("tpu"));
+}
+
+TEST(Hardware, ProfileRoundTripsAndRejectsBadFields) {
+  Hardware h = *find_hardware_preset("h200");
+  h.compute_efficiency = 0.7;
+  h.step_overhead_seconds = 0.002;
+  const Hardware back = Hardware::from_json(h.to_json());
+  EXPECT_DOUBLE_EQ(back.compute_flops, h.compute_flops);
+  EXPECT_DOUBLE_EQ(back.memory_bytes, h.memory_bytes);
+  EXPECT_DOUBLE_EQ(back.compute_efficiency, 0.7);
+  EXPECT_DOUBLE_EQ(back.step_overhead_seconds, 0.002);
+  nlohmann::json bad = h.to_json();
+  bad["memory_bandwidth_gb_s"] = -1;
+  EXPECT_THROW(Hardware::from_json(bad), Error);
+  bad.erase("memory_bandwidth_gb_s");
+  EXPECT_THROW(Hardware::from_json(bad), Error);
+  EXPECT_THROW(resolve_hardware("/nonexistent/profile.json"), Error);
+}
+
+TEST(ModelShape, PresetsIncludeShapeOnlyModels) {
+  for (const char* name : {"llama-3-8b", "llama-3-70b", "qwen2.5-7b", "llama-2-7b", "qwen2.5-72b",
+                           "deepseek-67b", "opt-13b", "opt-30b"}) {
+    const auto s = find_model_shape_preset(name);
+    ASSERT_TRUE(s) << name;
+    EXPECT_GT(s->matmul_parameters, 0);
+  }
+  const ModelShape llama = *find_model_shape_preset("llama-3-8b");
+  EXPECT_EQ(llama.kv_dim, 8 * 128);
+  EXPECT_NEAR(static_cast<double>(llama.weight_bytes) / 2e9, 8.03, 0.05);  // 8.03B parameters
+  const ModelShape opt = *find_model_shape_preset("opt-13b");
+  EXPECT_NEAR(static_cast<double>(opt.weight_bytes) / 2e9, 12.9, 0.3);
+  EXPECT_THROW(find_model_shape_preset("llama-3-8b", 0), Error);
+}
+
+TEST(CostModel, RequestFormulasOfSection4_1) {
+  const ModelShape s = *find_model_shape_preset("llama-3-8b");
+  const Hardware h = *find_hardware_preset("a100-80g");
+  const CostModel cost(s, h);
+  const double p = 1000, d = 200;
+  const double comp = (2 * (p + d) * static_cast<double>(s.matmul_parameters) +
+                       4 * p * p * static_cast<double>(s.hidden_size * s.num_layers)) /
+                      h.compute_flops;
+  const double mem =
+      (p * d + d * d / 2) * static_cast<double>(s.kv_dim * s.num_layers * 4) / h.memory_bandwidth;
+  EXPECT_DOUBLE_EQ(cost.request_compute_seconds(p, d), comp);
+  EXPECT_DOUBLE_EQ(cost.request_memory_seconds(p, d), mem);
+  EXPECT_DOUBLE_EQ(cost.request_density(p, d), comp / mem);
+  // Longer outputs make a request memory-intensive.
+  EXPECT_GT(cost.request_density(1000, 10), 1);
+  EXPECT_LT(cost.request_density(100, 16000), 1);
+  EXPECT_DOUBLE_EQ(CostModel::node_density(0.25, 4, 2), 1.5);
+}
+
+TEST(CostModel, StepCostAndTensorParallelNetworkTerm) {
+  const Hardware h = *find_hardware_preset("a100-80g");
+  const CostModel one(*find_model_shape_preset("llama-3-70b", 1), h);
+  const CostModel four(*find_model_shape_preset("llama-3-70b", 4), h);
+  StepShape step;
+  step.prefill_tokens = 1024;
+  step.decode_tokens = 256;
+  step.decode_context_tokens = 256 * 1500;
+  const StepCost c1 = one.estimate_step(step), c4 = four.estimate_step(step);
+  EXPECT_EQ(c1.network_seconds, 0);
+  EXPECT_NEAR(c4.compute_seconds, c1.compute_seconds / 4, 1e-12);
+  EXPECT_NEAR(c4.memory_seconds, c1.memory_seconds / 4, 1e-12);
+  const ModelShape& s = four.shape();
+  EXPECT_DOUBLE_EQ(c4.network_seconds, 4.0 * 1280 * static_cast<double>(s.hidden_size) * 2 *
+                                           static_cast<double>(s.num_layers) / h.network_bandwidth);
+  EXPECT_DOUBLE_EQ(c1.sequential(), c1.compute_seconds + c1.memory_seconds);
+  EXPECT_DOUBLE_EQ(c1.overlapped(), std::max(c1.compute_seconds, c1.memory_seconds));
+  // More decode context, more memory time; compute unchanged.
+  step.decode_context_tokens *= 2;
+  const StepCost more = one.estimate_step(step);
+  EXPECT_GT(more.memory_seconds, c1.memory_seconds);
+  EXPECT_DOUBLE_EQ(more.compute_seconds, c1.compute_seconds);
+}
+
+}  // namespace
+}  // namespace blend

@@ -1,0 +1,236 @@
+// The planner on hand-built batches: trie shape, sharing, layer sort, the split threshold of
+// Alg. 2, output-length estimation and the dual scanner's memory partition (BlendServe Fig. 6).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <deque>
+#include <random>
+#include <set>
+
+#include "cost/cost_model.h"
+#include "plan/admission.h"
+#include "plan/planner.h"
+#include "plan/prefix_tree.h"
+
+namespace blend::plan {
+namespace {
+
+CostModel llama8b_a100() {
+  return CostModel(*find_model_shape_preset("llama-3-8b"), *find_hardware_preset("a100-80g"));
+}
+
+PlanRequest req(std::string id, std::vector<TokenId> prompt, double output = 16) {
+  PlanRequest r;
+  r.id = std::move(id);
+  r.prompt = std::move(prompt);
+  r.output_tokens = output;
+  return r;
+}
+
+std::vector<TokenId> tokens(TokenId first, int count) {
+  std::vector<TokenId> t(static_cast<size_t>(count));
+  for (int i = 0; i < count; ++i) t[static_cast<size_t>(i)] = first + i;
+  return t;
+}
+
+std::vector<TokenId> concat(std::vector<TokenId> a, const std::vector<TokenId>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// The prompt spelled by the path from the root to a request's leaf.
+std::vector<TokenId> path_tokens(const PrefixTree& tree, int32_t request) {
+  std::vector<int32_t> path;
+  for (int32_t n = tree.leaf_of(request); n != PrefixTree::kRoot; n = tree.node(n).parent)
+    path.push_back(n);
+  std::vector<TokenId> out;
+  for (auto it = path.rbegin(); it != path.rend(); ++it) {
+    const auto seg = tree.segment(*it);
+    out.insert(out.end(), seg.begin(), seg.end());
+  }
+  return out;
+}
+
+TEST(PrefixTree, HandBuiltShapeAndDfsOrder) {
+  const std::vector<PlanRequest> rs = {req("a", {1, 2, 3, 4}), req("b", {1, 2, 3, 5}),
+                                       req("c", {1, 2, 9}),    req("d", {7}),
+                                       req("e", {1, 2, 3, 4}), req("f", {1, 2})};
+  const PrefixTree tree(rs);
+  EXPECT_EQ(tree.total_prompt_tokens(), 18);
+  EXPECT_EQ(tree.unique_prompt_tokens(), 7);  // [1 2] [3] [4] [5] [9] [7]
+  EXPECT_DOUBLE_EQ(tree.optimal_sharing_ratio(), 1.0 - 7.0 / 18.0);
+  EXPECT_EQ(tree.dfs_order(), (std::vector<int32_t>{0, 4, 1, 2, 5, 3}));
+  for (int32_t r = 0; r < 6; ++r)
+    EXPECT_EQ(path_tokens(tree, r), rs[static_cast<size_t>(r)].prompt);
+}
+
+TEST(PrefixTree, RandomPromptsMatchDistinctPrefixCount) {
+  std::mt19937 rng(7);
+  std::vector<PlanRequest> rs;
+  for (int i = 0; i < 300; ++i) {
+    std::vector<TokenId> p(rng() % 12);
+    for (TokenId& t : p) t = static_cast<TokenId>(rng() % 3);  // tiny alphabet: much sharing
+    rs.push_back(req(std::to_string(i), p));
+  }
+  const PrefixTree tree(rs);
+  std::set<std::vector<TokenId>> prefixes;
+  for (const PlanRequest& r : rs)
+    for (size_t k = 1; k <= r.prompt.size(); ++k)
+      prefixes.insert(
+          std::vector<TokenId>(r.prompt.begin(), r.prompt.begin() + static_cast<long>(k)));
+  EXPECT_EQ(tree.unique_prompt_tokens(), static_cast<int64_t>(prefixes.size()));
+  for (int32_t r = 0; r < 300; ++r)
+    EXPECT_EQ(path_tokens(tree, r), rs[static_cast<size_t>(r)].prompt);
+  std::vector<int32_t> order = tree.dfs_order();
+  std::sort(order.begin(), order.end());
+  for (int32_t r = 0; r < 300; ++r) EXPECT_EQ(order[static_cast<size_t>(r)], r);
+}
+
+TEST(Planner, LayerSortPutsComputeIntensiveGroupFirst) {
+  const CostModel cost = llama8b_a100();
+  // Memory-intensive group (long outputs) arrives first; compute-intensive second.
+  std::vector<PlanRequest> rs;
+  for (int i = 0; i < 3; ++i)
+    rs.push_back(req("m" + std::to_string(i), concat(tokens(1000, 64), {i}), 4000));
+  for (int i = 0; i < 3; ++i)
+    rs.push_back(req("c" + std::to_string(i), concat(tokens(5000, 64), {i}), 2));
+  PrefixTree tree(rs);
+  PlanOptions options;
+  const Plan plan = make_plan(tree, cost, options);
+  const std::vector<int32_t> order = plan.order();
+  ASSERT_EQ(order.size(), 6u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_GE(order[i], 3) << "compute-intensive requests lead";
+  EXPECT_TRUE(plan.density_monotone);
+  for (size_t g = 1; g < plan.groups.size(); ++g)
+    EXPECT_GE(plan.groups[g - 1].stats.density(), plan.groups[g].stats.density());
+  // The DFS baseline keeps arrival order.
+  PrefixTree tree2(rs);
+  options.policy = Policy::kDfs;
+  EXPECT_EQ(make_plan(tree2, cost, options).order(), (std::vector<int32_t>{0, 1, 2, 3, 4, 5}));
+}
+
+TEST(Planner, SplitThresholdIsDividedAmongChildren) {
+  const CostModel cost = llama8b_a100();
+  // Prefix A (50 tokens): two tiny-output requests and one huge-output outlier; prefix B
+  // (50 tokens): two medium requests. Splitting A costs 50 x 3 = 150 recomputed tokens, and
+  // the root hands each of its 2 children t/2, so A splits exactly when t >= 300.
+  const std::vector<PlanRequest> rs = {
+      req("a0", concat(tokens(100, 50), {1}), 1), req("a1", concat(tokens(100, 50), {2}), 1),
+      req("a2", concat(tokens(100, 50), {3}), 20000), req("b0", concat(tokens(900, 50), {1}), 100),
+      req("b1", concat(tokens(900, 50), {2}), 100)};
+  PlanOptions options;
+  options.split_threshold_tokens = 299;
+  PrefixTree kept(rs);
+  const std::vector<int32_t> whole = make_plan(kept, cost, options).order();
+  // A stays whole; the outlier drags its density under B's, so B leads.
+  EXPECT_GE(whole.front(), 3);
+  options.split_threshold_tokens = 300;
+  PrefixTree split(rs);
+  const Plan plan = make_plan(split, cost, options);
+  const std::vector<int32_t> order = plan.order();
+  EXPECT_LE(order.front(), 1) << "tiny-output requests lead once A is split";
+  EXPECT_EQ(order.back(), 2) << "the outlier moves to the memory-intensive end";
+  EXPECT_GE(plan.split_nodes, 1);
+  // Splitting costs sharing: the planned groups recompute part of A's prefix.
+  double unique = 0;
+  for (const RequestGroup& g : plan.groups) unique += g.stats.unique_tokens;
+  EXPECT_GT(unique, static_cast<double>(split.unique_prompt_tokens()));
+}
+
+TEST(Planner, SharingOfAnOrderDependsOnCacheOnlyWhenLimited) {
+  std::vector<PlanRequest> rs;
+  for (int i = 0; i < 8; ++i)  // interleaved arrivals of two 100-token prefixes
+    rs.push_back(req(std::to_string(i), concat(tokens(i % 2 ? 100 : 1000, 100), {i}), 10));
+  const PrefixTree tree(rs);
+  std::vector<int32_t> fcfs(8);
+  for (int32_t i = 0; i < 8; ++i) fcfs[static_cast<size_t>(i)] = i;
+  const std::vector<int32_t> dfs = tree.dfs_order();
+  const double unlimited = 1e18;
+  EXPECT_DOUBLE_EQ(sharing_ratio_of_order(tree, fcfs, unlimited), tree.optimal_sharing_ratio());
+  EXPECT_DOUBLE_EQ(sharing_ratio_of_order(tree, dfs, unlimited), tree.optimal_sharing_ratio());
+  const double one_prefix = 110;  // room for one prefix and a suffix
+  EXPECT_NEAR(sharing_ratio_of_order(tree, dfs, one_prefix), tree.optimal_sharing_ratio(), 1e-12);
+  EXPECT_LT(sharing_ratio_of_order(tree, fcfs, one_prefix), 0.01);
+}
+
+TEST(Planner, OutputLengthsFromNearestSampledSubtree) {
+  std::vector<PlanRequest> rs = {
+      req("a0", concat(tokens(100, 20), {1})), req("a1", concat(tokens(100, 20), {2})),
+      req("a2", concat(tokens(100, 20), {3})), req("b0", concat(tokens(500, 20), {1})),
+      req("b1", concat(tokens(500, 20), {2})), req("k", concat(tokens(500, 20), {3})),
+      req("c0", concat(tokens(900, 20), {1}))};
+  rs[5].output_tokens = 7;
+  rs[5].output_known = true;
+  const PrefixTree tree(rs);
+  std::vector<std::optional<double>> sampled(rs.size());
+  sampled[0] = 10;
+  sampled[2] = 30;
+  sampled[6] = 100;
+  const std::vector<double> d = estimate_output_lengths(tree, sampled, 256);
+  EXPECT_DOUBLE_EQ(d[0], 10);           // sampled: its own length
+  EXPECT_DOUBLE_EQ(d[1], 20);           // siblings' mean
+  EXPECT_DOUBLE_EQ(d[3], 140.0 / 3.0);  // no sampled sibling: the root's mean
+  EXPECT_DOUBLE_EQ(d[5], 7);            // known length wins
+  const std::vector<double> none =
+      estimate_output_lengths(tree, std::vector<std::optional<double>>(rs.size()), 256);
+  EXPECT_DOUBLE_EQ(none[1], 256);  // nothing sampled: the fallback
+}
+
+TEST(DualScanner, MemoryPartitionOfFigure6) {
+  // BlendServe Fig. 6: 60 GB, rho(L) = 3.73, rho(R) = 0.096, root 1.27.
+  const double kGB = 1e9;
+  const MemoryPartition m =
+      partition_memory(60 * kGB, 1.27, 3.73, 0.096, 500, 50, 100, 4000, 131072);
+  EXPECT_NEAR(m.memory_left / kGB, 19.38, 0.01);
+  EXPECT_NEAR(m.memory_right / kGB, 40.62, 0.01);
+  EXPECT_NEAR(m.memory_left * 3.73 + m.memory_right * 0.096, 60 * kGB * 1.27, 1e-3 * kGB);
+  EXPECT_TRUE(m.note.empty());
+  // N = M / ((p + d/2) H_kv L 4), C = N p / d.
+  EXPECT_NEAR(m.requests_left, m.memory_left / (525.0 * 131072), 1e-9);
+  EXPECT_NEAR(m.prefill_budget_left, m.requests_left * 500 / 50, 1e-9);
+  EXPECT_NEAR(m.prefill_budget_right, m.requests_right * 100 / 4000, 1e-9);
+  // Root density outside [rho(R), rho(L)]: everything to one side, and said so.
+  const MemoryPartition hi = partition_memory(60 * kGB, 5, 3.73, 0.096, 500, 50, 100, 4000, 131072);
+  EXPECT_DOUBLE_EQ(hi.memory_left, 60 * kGB);
+  EXPECT_DOUBLE_EQ(hi.memory_right, 0);
+  EXPECT_FALSE(hi.note.empty());
+  const MemoryPartition lo =
+      partition_memory(60 * kGB, 0.05, 3.73, 0.096, 500, 50, 100, 4000, 131072);
+  EXPECT_DOUBLE_EQ(lo.memory_right, 60 * kGB);
+}
+
+TEST(DualScanner, AdmitsFromBothEndsAndEveryRequestOnce) {
+  const CostModel cost = llama8b_a100();
+  std::vector<PlanRequest> rs;
+  for (int i = 0; i < 40; ++i)
+    rs.push_back(
+        req(std::to_string(i), concat(tokens(i % 2 ? 100 : 5000, 200), {i}), i % 2 ? 3000 : 4));
+  PrefixTree tree(rs);
+  const Plan plan = make_plan(tree, cost, PlanOptions{});
+  ASSERT_GE(plan.groups.size(), 2u);
+  const double memory = 20 * kv_reservation_bytes(cost, rs[1]);
+  DualScanner scanner(plan, rs, cost, memory);
+  const MemoryPartition& first = scanner.partition_history().front();
+  EXPECT_NEAR(first.memory_left + first.memory_right, memory, memory * 1e-9);
+  EXPECT_GT(first.memory_left, 0);
+  EXPECT_GT(first.memory_right, 0);
+  std::deque<int32_t> running;
+  std::vector<int> seen(rs.size(), 0);
+  bool left = false, right = false;
+  while (!scanner.exhausted()) {
+    if (auto r = scanner.next()) {
+      ++seen[static_cast<size_t>(*r)];
+      (scanner.last_side() == Side::kLeft ? left : right) = true;
+      running.push_back(*r);
+    } else {
+      ASSERT_FALSE(running.empty()) << "scanner stalled with nothing running";
+      scanner.on_finished(running.front());
+      running.pop_front();
+    }
+  }
+  EXPECT_TRUE(left && right);
+  for (int s : seen) EXPECT_EQ(s, 1);
+}
+
+}  // namespace
+}  // namespace blend::plan
