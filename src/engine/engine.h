@@ -116,6 +116,8 @@ class Engine {
   void run_until_done();
 
   EngineStats stats() const;
+  // The engine's clock (seconds): the simulator's virtual time, or wall time since start.
+  double clock_seconds() const { return now(); }
   size_t num_running() const { return scheduler_->num_running(); }
   size_t num_waiting() const { return scheduler_->num_waiting(); }
 

@@ -1,0 +1,56 @@
+// Offline batch runs in a planner's order (BlendServe §5): the plan's admission stream decides
+// which request enters the engine next and when (the dual scanner pacing compute-heavy and
+// memory-heavy requests against their KV reservations; or fcfs / dfs / random), and the engine
+// does the iteration-level batching (continuous batching, chunked prefill, prefix cache).
+// The same driver runs a real backend or the simulator (backend/sim); `simulate_step_cost`
+// turns the cost model into the simulator's step time.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "backend/sim/sim_backend.h"
+#include "cost/cost_model.h"
+#include "engine/engine.h"
+#include "plan/planner.h"
+
+namespace blend {
+
+struct OfflineRequest {
+  std::string id;
+  std::vector<TokenId> prompt;
+  SamplingParams params;
+  double output_estimate = 0;  // what the planner believes (exact when output_known)
+  bool output_known = false;
+};
+
+struct PlannedRunStats {
+  std::string policy;
+  int64_t requests = 0;
+  int64_t prompt_tokens = 0, output_tokens = 0;
+  double seconds = 0;  // on the engine's clock (virtual for the simulator)
+  int64_t steps = 0;
+  double sharing_ratio = 0;    // prompt tokens served from the prefix cache / prompt tokens
+  double sharing_optimal = 0;  // s_o of the request set
+  double root_density = 0;
+  double compute_seconds = 0;  // plan root: sum of Comp(r) before sharing (T_comp)
+  double memory_seconds = 0;   // plan root: sum of Mem(r) (T_mem)
+  double throughput() const {
+    return seconds > 0 ? static_cast<double>(prompt_tokens + output_tokens) / seconds : 0;
+  }
+};
+
+// Runs every request through `engine`, admitted in `policy`'s plan order and pace against
+// `kv_memory_bytes` of KV reservations. `on_result` sees each result as it finishes.
+PlannedRunStats run_planned(Engine& engine, const std::vector<OfflineRequest>& requests,
+                            plan::Policy policy, const CostModel& cost, double kv_memory_bytes,
+                            const std::function<void(GenerationResult&&)>& on_result = {});
+
+enum class Overlap { kSequential, kOverlapped };
+
+// The simulator's step time from the cost model: compute, memory and network seconds of the
+// step's shape, summed (sequential engines) or overlapped (NanoFlow).
+SimStepCost simulate_step_cost(const CostModel& cost, Overlap overlap);
+
+}  // namespace blend

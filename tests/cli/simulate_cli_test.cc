@@ -1,0 +1,63 @@
+// `blend simulate` as a user runs it: one JSON object per policy entry, with the keys the
+// experiments read; bad input is a clear error.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "test_util.h"
+
+namespace blend {
+namespace {
+
+using nlohmann::json;
+
+std::string simulate(const std::string& args) {
+  return std::string("'") + BLEND_BINARY + "' simulate " + args + " 2>&1";
+}
+
+TEST(SimulateCli, OneJsonLinePerPolicyEntry) {
+  testing::TempDir work;
+  std::string input;
+  for (int i = 0; i < 30; ++i) {
+    std::string prompt = "[";
+    for (int k = 0; k < 40 + (i % 5) * 30; ++k)
+      prompt += std::to_string(k < 32 ? 7 : 100 + i * 3 + k) + ",";
+    prompt.back() = ']';
+    input += R"({"custom_id":"r)" + std::to_string(i) +
+             R"(","method":"POST","url":"/v1/completions","body":{"prompt":)" + prompt +
+             R"(,"max_tokens":)" + std::to_string(i % 2 ? 300 : 5) + R"(,"ignore_eos":true}})" +
+             "\n";
+  }
+  testing::write_file(work / "w.jsonl", input);
+  const auto r = testing::run_command(
+      simulate("--hardware h100 --model-shape llama-3-8b --workload " +
+               (work / "w.jsonl").string() + " --policy blend,dfs@sequential,random"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::istringstream lines(r.output);
+  std::vector<json> runs;
+  for (std::string line; std::getline(lines, line);)
+    if (!line.empty()) runs.push_back(json::parse(line));
+  ASSERT_EQ(runs.size(), 3u);
+  EXPECT_EQ(runs[0]["policy"], "blend");
+  EXPECT_EQ(runs[0]["overlap"], "overlapped");
+  EXPECT_EQ(runs[1]["policy"], "dfs@sequential");
+  EXPECT_EQ(runs[1]["overlap"], "sequential");
+  for (const json& j : runs) {
+    for (const char* key : {"throughput_tokens_per_s", "fraction_of_ideal", "sharing_ratio",
+                            "sharing_optimal", "seconds"})
+      EXPECT_TRUE(j.contains(key)) << key;
+    EXPECT_EQ(j["requests"], 30);
+    EXPECT_GT(j["throughput_tokens_per_s"].get<double>(), 0);
+    EXPECT_GT(j["sharing_optimal"].get<double>(), 0);
+  }
+  const auto bad = testing::run_command(
+      simulate("--workload " + (work / "w.jsonl").string() + " --policy blend@sideways"));
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("sideways"), std::string::npos) << bad.output;
+  const auto missing = testing::run_command(simulate("--workload /nonexistent.jsonl"));
+  EXPECT_NE(missing.exit_code, 0);
+}
+
+}  // namespace
+}  // namespace blend
