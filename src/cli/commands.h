@@ -12,5 +12,6 @@ void register_model_commands(CLI::App& app);    // blend model init | info
 void register_tokenize_command(CLI::App& app);  // blend tokenize
 void register_template_command(CLI::App& app);  // blend template
 void register_batch_command(CLI::App& app);     // blend batch
+void register_serve_command(CLI::App& app);     // blend serve
 
 }  // namespace blend::cli

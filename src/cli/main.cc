@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   blend::cli::register_tokenize_command(app);
   blend::cli::register_template_command(app);
   blend::cli::register_batch_command(app);
+  blend::cli::register_serve_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
