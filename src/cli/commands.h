@@ -14,5 +14,6 @@ void register_template_command(CLI::App& app);  // blend template
 void register_batch_command(CLI::App& app);     // blend batch
 void register_plan_command(CLI::App& app);      // blend plan
 void register_simulate_command(CLI::App& app);  // blend simulate
+void register_serve_command(CLI::App& app);     // blend serve
 
 }  // namespace blend::cli

@@ -1,0 +1,45 @@
+// EngineLoop — the one thread that owns the Engine. The engine is single-threaded by design
+// (DESIGN.md §2); HTTP handler threads never touch it but post closures that the loop runs
+// between steps, in order. Engine callbacks therefore run on the loop thread too.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "engine/engine.h"
+
+namespace blend {
+
+class EngineLoop {
+ public:
+  using Task = std::function<void(Engine&)>;
+  using StepHook = std::function<void(const Engine&)>;
+
+  // Starts the thread. `after_step` (optional) runs on it after every step.
+  EngineLoop(std::unique_ptr<Engine> engine, StepHook after_step = {});
+  ~EngineLoop();  // stops; requests still in the engine are dropped without callbacks
+  EngineLoop(const EngineLoop&) = delete;
+  EngineLoop& operator=(const EngineLoop&) = delete;
+
+  // The immutable parts (config, tokenizer, limits) may be read from any thread.
+  const Engine& engine() const { return *engine_; }
+
+  void post(Task task);
+
+ private:
+  void run();
+
+  std::unique_ptr<Engine> engine_;
+  StepHook after_step_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> tasks_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace blend

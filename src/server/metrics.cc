@@ -1,0 +1,177 @@
+#include "server/metrics.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace blend {
+namespace {
+
+constexpr const char* kClassNames[2] = {"rt", "be"};
+
+// Latency buckets in seconds: from a fast decode step to a long request.
+const std::vector<double> kLatencyBounds = {0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,
+                                            0.15,  0.2,  0.3,  0.4,  0.5,  0.75, 1.0,
+                                            2.5,   5.0,  10.0, 20.0, 40.0, 80.0};
+
+std::string number(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
+template <typename K>
+void bump(std::vector<std::pair<K, int64_t>>& counts, const K& key) {
+  for (auto& [k, n] : counts)
+    if (k == key) {
+      ++n;
+      return;
+    }
+  counts.emplace_back(key, 1);
+}
+
+}  // namespace
+
+void Metrics::Histogram::observe(double v) {
+  const size_t i =
+      static_cast<size_t>(std::lower_bound(bounds.begin(), bounds.end(), v) - bounds.begin());
+  ++counts[i];
+  sum += v;
+  ++total;
+}
+
+Metrics::Metrics() {
+  for (PerClass& c : classes_)
+    for (Histogram* h : {&c.ttft, &c.tpot, &c.e2e}) {
+      h->bounds = kLatencyBounds;
+      h->counts.assign(kLatencyBounds.size() + 1, 0);
+    }
+}
+
+void Metrics::on_queued(RequestClass c) {
+  std::lock_guard lock(mu_);
+  ++of(c).waiting;
+}
+
+void Metrics::on_first_token(RequestClass c, double ttft_seconds) {
+  std::lock_guard lock(mu_);
+  PerClass& p = of(c);
+  --p.waiting;
+  ++p.running;
+  p.ttft.observe(ttft_seconds);
+}
+
+void Metrics::on_finished(RequestClass c, bool had_first_token, const char* finish_reason,
+                          int64_t prompt_tokens, int64_t output_tokens, double e2e_seconds,
+                          double tpot_seconds) {
+  std::lock_guard lock(mu_);
+  PerClass& p = of(c);
+  --(had_first_token ? p.running : p.waiting);
+  bump(p.finished, std::string(finish_reason));
+  p.prompt_tokens += prompt_tokens;
+  p.output_tokens += output_tokens;
+  p.e2e.observe(e2e_seconds);
+  if (output_tokens > 1) p.tpot.observe(tpot_seconds);
+}
+
+void Metrics::on_cancelled(RequestClass c, bool had_first_token) {
+  std::lock_guard lock(mu_);
+  PerClass& p = of(c);
+  --(had_first_token ? p.running : p.waiting);
+  ++p.cancelled;
+}
+
+void Metrics::on_error(int http_status) {
+  std::lock_guard lock(mu_);
+  bump(errors_, http_status);
+}
+
+void Metrics::on_step(const EngineStats& stats) {
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard lock(mu_);
+  engine_ = stats;
+  samples_.emplace_back(now, stats.prompt_tokens + stats.output_tokens);
+  while (samples_.size() > 2 && now - samples_.front().first > std::chrono::seconds(10))
+    samples_.pop_front();
+}
+
+std::string Metrics::render() const {
+  std::lock_guard lock(mu_);
+  std::string out;
+  auto line = [&out](const std::string& name, const std::string& labels, double v) {
+    out += name;
+    if (!labels.empty()) out += "{" + labels + "}";
+    out += " " + number(v) + "\n";
+  };
+  auto help = [&out](const char* name, const char* type, const char* text) {
+    out += std::string("# HELP ") + name + " " + text + "\n# TYPE " + name + " " + type + "\n";
+  };
+  auto cls = [](size_t i) { return std::string("class=\"") + kClassNames[i] + "\""; };
+
+  help("blend:num_requests_waiting", "gauge", "Requests queued without a token yet.");
+  for (size_t i = 0; i < 2; ++i) line("blend:num_requests_waiting", cls(i), classes_[i].waiting);
+  help("blend:num_requests_running", "gauge", "Requests producing tokens.");
+  for (size_t i = 0; i < 2; ++i) line("blend:num_requests_running", cls(i), classes_[i].running);
+  help("blend:request_success_total", "counter", "Finished requests by finish reason.");
+  for (size_t i = 0; i < 2; ++i)
+    for (const auto& [reason, n] : classes_[i].finished)
+      line("blend:request_success_total", cls(i) + ",finished_reason=\"" + reason + "\"",
+           static_cast<double>(n));
+  help("blend:request_cancelled_total", "counter", "Requests dropped before they finished.");
+  for (size_t i = 0; i < 2; ++i)
+    line("blend:request_cancelled_total", cls(i), static_cast<double>(classes_[i].cancelled));
+  help("blend:request_errors_total", "counter", "Requests rejected, by HTTP status.");
+  for (const auto& [status, n] : errors_)
+    line("blend:request_errors_total", "status=\"" + std::to_string(status) + "\"",
+         static_cast<double>(n));
+  help("blend:prompt_tokens_total", "counter", "Prompt tokens of finished requests.");
+  for (size_t i = 0; i < 2; ++i)
+    line("blend:prompt_tokens_total", cls(i), static_cast<double>(classes_[i].prompt_tokens));
+  help("blend:generation_tokens_total", "counter", "Output tokens of finished requests.");
+  for (size_t i = 0; i < 2; ++i)
+    line("blend:generation_tokens_total", cls(i), static_cast<double>(classes_[i].output_tokens));
+
+  auto histogram = [&](const char* name, const char* text, Histogram PerClass::*member) {
+    help(name, "histogram", text);
+    for (size_t i = 0; i < 2; ++i) {
+      const Histogram& h = classes_[i].*member;
+      int64_t cumulative = 0;
+      for (size_t b = 0; b <= h.bounds.size(); ++b) {
+        cumulative += h.counts[b];
+        const std::string le = b < h.bounds.size() ? number(h.bounds[b]) : "+Inf";
+        line(std::string(name) + "_bucket", cls(i) + ",le=\"" + le + "\"",
+             static_cast<double>(cumulative));
+      }
+      line(std::string(name) + "_sum", cls(i), h.sum);
+      line(std::string(name) + "_count", cls(i), static_cast<double>(h.total));
+    }
+  };
+  histogram("blend:time_to_first_token_seconds", "Time to first token.", &PerClass::ttft);
+  histogram("blend:time_per_output_token_seconds", "Mean time between output tokens.",
+            &PerClass::tpot);
+  histogram("blend:e2e_request_latency_seconds", "Arrival to last token.", &PerClass::e2e);
+
+  help("blend:kv_cache_usage_perc", "gauge", "Fraction of KV pages in use.");
+  line("blend:kv_cache_usage_perc", "",
+       engine_.kv_capacity_bytes ? static_cast<double>(engine_.kv_used_bytes) /
+                                       static_cast<double>(engine_.kv_capacity_bytes)
+                                 : 0.0);
+  help("blend:kv_cache_used_bytes", "gauge", "KV cache bytes in use.");
+  line("blend:kv_cache_used_bytes", "", static_cast<double>(engine_.kv_used_bytes));
+  help("blend:kv_cache_capacity_bytes", "gauge", "KV cache size.");
+  line("blend:kv_cache_capacity_bytes", "", static_cast<double>(engine_.kv_capacity_bytes));
+  help("blend:num_preemptions_total", "counter", "Sequences preempted (KV recomputed).");
+  line("blend:num_preemptions_total", "", static_cast<double>(engine_.preemptions));
+  help("blend:iterations_total", "counter", "Engine steps.");
+  line("blend:iterations_total", "", static_cast<double>(engine_.steps));
+  double rate = 0;
+  if (samples_.size() >= 2) {
+    const double dt =
+        std::chrono::duration<double>(samples_.back().first - samples_.front().first).count();
+    if (dt > 0) rate = static_cast<double>(samples_.back().second - samples_.front().second) / dt;
+  }
+  help("blend:tokens_per_second", "gauge", "Prompt + output tokens per second, last 10 s.");
+  line("blend:tokens_per_second", "", rate);
+  return out;
+}
+
+}  // namespace blend

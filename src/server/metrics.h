@@ -1,0 +1,63 @@
+// Metrics — what /metrics reports, in the Prometheus text format (names follow vLLM's, with a
+// `blend:` prefix): request counts by class and outcome, TTFT / TPOT / end-to-end latency
+// histograms per class, requests waiting (no token yet) and running per class, KV usage and
+// token throughput. Every method is thread-safe.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/sequence.h"
+#include "engine/engine.h"
+
+namespace blend {
+
+class Metrics {
+ public:
+  Metrics();
+
+  // A request's life: queued in the engine, its first token, its end (finished or not).
+  void on_queued(RequestClass c);
+  void on_first_token(RequestClass c, double ttft_seconds);
+  void on_finished(RequestClass c, bool had_first_token, const char* finish_reason,
+                   int64_t prompt_tokens, int64_t output_tokens, double e2e_seconds,
+                   double tpot_seconds);
+  void on_cancelled(RequestClass c, bool had_first_token);
+  void on_error(int http_status);  // a request rejected before it reached the engine
+
+  // Called by the engine thread after each step: the engine's counters now.
+  void on_step(const EngineStats& stats);
+
+  std::string render() const;
+
+ private:
+  struct Histogram {
+    std::vector<double> bounds;
+    std::vector<int64_t> counts;  // one per bound, plus +Inf
+    double sum = 0;
+    int64_t total = 0;
+    void observe(double v);
+  };
+  struct PerClass {
+    int64_t waiting = 0, running = 0;
+    int64_t prompt_tokens = 0, output_tokens = 0, cancelled = 0;
+    std::vector<std::pair<std::string, int64_t>> finished;  // by finish reason
+    Histogram ttft, tpot, e2e;
+  };
+  PerClass& of(RequestClass c) { return classes_[c == RequestClass::kRealtime ? 0 : 1]; }
+
+  mutable std::mutex mu_;
+  std::array<PerClass, 2> classes_;
+  std::vector<std::pair<int, int64_t>> errors_;  // by HTTP status
+  EngineStats engine_;
+  // (time, prompt + output tokens) samples over the last seconds, for tokens/s.
+  std::deque<std::pair<std::chrono::steady_clock::time_point, int64_t>> samples_;
+};
+
+}  // namespace blend

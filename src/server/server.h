@@ -1,0 +1,52 @@
+// Server — `blend serve`: an OpenAI-compatible HTTP server over one Engine (DESIGN.md §1).
+//   POST /v1/completions, /v1/chat/completions   (stream: true = Server-Sent Events)
+//   GET  /v1/models, /health, /metrics            (Prometheus text, see metrics.h)
+//   POST /v1/files, GET /v1/files/{id}[/content], POST /v1/batches, GET /v1/batches/{id},
+//   POST /v1/batches/{id}/cancel                  (Batch API, files kept in data_dir)
+// Interactive requests are real-time (RT); batch lines and "service_tier": "flex" requests are
+// best-effort (BE). Bad requests get OpenAI error objects {"error": {message, type, param,
+// code}} with the matching HTTP status, and the server carries on. A streaming client that
+// goes away has its request cancelled and its KV freed. Unfinished batches found in data_dir
+// at start-up are resumed, skipping the lines whose results are already written.
+#pragma once
+
+#include <cstddef>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "engine/engine.h"
+
+namespace blend {
+
+struct ServerOptions {
+  std::filesystem::path model;
+  std::string host = "127.0.0.1";
+  int port = 8000;      // 0 = any free port (see Server::port())
+  std::string api_key;  // when set, /v1/* needs "Authorization: Bearer <key>"
+  std::filesystem::path data_dir = "blend-data";
+  std::string served_model_name;  // default: the model folder's name
+  size_t max_body_bytes = 64 << 20;
+  EngineOptions engine;
+};
+
+class Server {
+ public:
+  // Loads the model, opens data_dir, binds the socket and resumes unfinished batches; throws
+  // blend::Error when any of that fails. Serving starts with run() or start().
+  explicit Server(const ServerOptions& options);
+  ~Server();  // stops
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  int port() const;
+  void run();    // serves on this thread until stop()
+  void start();  // serves on a thread of its own
+  void stop();   // from any thread; safe to call twice
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace blend
