@@ -15,6 +15,7 @@
 #include "api/batch_file.h"
 #include "api/openai.h"
 #include "cli/commands.h"
+#include "cli/engine_flags.h"
 #include "cli/progress.h"
 #include "core/error.h"
 #include "engine/engine.h"
@@ -156,24 +157,7 @@ void register_batch_command(CLI::App& app) {
                   "Result JSONL (appended; custom_ids already there are skipped)")
       ->required();
   cmd->add_option("--stats", args->stats, "Write run statistics as JSON here");
-  cmd->add_option("--max-batch-tokens", args->engine.scheduler.max_batch_tokens,
-                  "Token budget of one step (prefill chunks + decodes)");
-  cmd->add_option("--max-running", args->engine.scheduler.max_running,
-                  "Most sequences decoding at once");
-  cmd->add_option("--kv-memory", args->engine.kv_memory_gb,
-                  "KV cache size in GB (fractions allowed); default: a share of free memory");
-  cmd->add_option("--page-size", args->engine.page_size, "Tokens per KV page");
-  cmd->add_option("--threads", args->engine.threads, "Compute threads (default: all)");
-  cmd->add_flag("--deterministic", args->engine.deterministic,
-                "Same seed, same tokens, whatever the batch or order");
-  cmd->add_option("--seed", args->engine.seed, "Seed for requests without one");
-  cmd->add_option("--prefix-cache", args->engine.prefix_cache,
-                  "Reuse cached prompt prefixes: on|off (default on)");
-  cmd->add_option("--kv-host-memory", args->engine.kv_host_memory_gb,
-                  "GB of host memory for cached KV evicted from the KV cache (default 0: none)");
-  cmd->add_option("--kv-disk", args->engine.kv_disk_dir,
-                  "Directory for cached KV evicted from host memory (default: none)");
-  cmd->add_option("--kv-disk-size", args->engine.kv_disk_gb, "Cap of --kv-disk in GB (default 10)");
+  add_engine_flags(cmd, args->engine);
   cmd->add_flag("--quiet", args->quiet, "No progress bar or summary");
   cmd->callback([args] { run_batch(*args); });
 }

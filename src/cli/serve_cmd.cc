@@ -2,11 +2,13 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <map>
 #include <memory>
 
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
+#include "cli/engine_flags.h"
 #include "server/server.h"
 
 namespace blend::cli {
@@ -45,17 +47,20 @@ void register_serve_command(CLI::App& app) {
                   "Model id clients use (default: the model folder's name)");
   cmd->add_option("--max-body-bytes", o->max_body_bytes, "Largest request body accepted")
       ->capture_default_str();
-  cmd->add_option("--max-batch-tokens", o->engine.scheduler.max_batch_tokens,
-                  "Token budget of one step (prefill chunks + decodes)");
-  cmd->add_option("--max-running", o->engine.scheduler.max_running,
-                  "Most sequences decoding at once");
-  cmd->add_option("--kv-memory", o->engine.kv_memory_gb,
-                  "KV cache size in GB (fractions allowed); default: a share of free memory");
-  cmd->add_option("--page-size", o->engine.page_size, "Tokens per KV page");
-  cmd->add_option("--threads", o->engine.threads, "Compute threads (default: all)");
-  cmd->add_flag("--deterministic", o->engine.deterministic,
-                "Same seed, same tokens, whatever the batch or order");
-  cmd->add_option("--seed", o->engine.seed, "Seed for requests without one");
+  add_engine_flags(cmd, o->engine);
+  o->engine.scheduler.policy = SchedulerPolicy::kHybrid;
+  cmd->add_option("--policy", o->engine.scheduler.policy,
+                  "Scheduling of real-time and best-effort requests: hybrid (BROS), fcfs, "
+                  "round-robin (default hybrid)")
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, SchedulerPolicy>{{"hybrid", SchedulerPolicy::kHybrid},
+                                                 {"fcfs", SchedulerPolicy::kFcfs},
+                                                 {"round-robin", SchedulerPolicy::kRoundRobin}},
+          CLI::ignore_case));
+  cmd->add_option("--ttft-slo", o->engine.ttft_slo,
+                  "Default time-to-first-token target of real-time requests, seconds (0.4)");
+  cmd->add_option("--tpot-slo", o->engine.tpot_slo,
+                  "Default time-per-output-token target of real-time requests, seconds (0.2)");
   cmd->callback([o] { run_serve(*o); });
 }
 
