@@ -14,6 +14,7 @@ void register_template_command(CLI::App& app);  // blend template
 void register_batch_command(CLI::App& app);     // blend batch
 void register_plan_command(CLI::App& app);      // blend plan
 void register_simulate_command(CLI::App& app);  // blend simulate
+void register_profile_command(CLI::App& app);   // blend profile
 void register_serve_command(CLI::App& app);     // blend serve
 
 }  // namespace blend::cli

@@ -2,13 +2,16 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <memory>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
+#include "core/error.h"
 #include "server/server.h"
 
 namespace blend::cli {
@@ -19,6 +22,25 @@ Server* g_server = nullptr;
 void on_signal(int) {
   // httplib's stop() only flips a flag and shuts the listening socket down.
   if (g_server) g_server->stop();
+}
+
+// BROS's iteration model (§4.1) from a `blend profile` file.
+IterationCostModel read_iteration_model(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error("cannot read --profile " + path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in).at("iteration");
+  } catch (const std::exception& e) {
+    throw Error("--profile " + path + " has no iteration model: " + e.what());
+  }
+  IterationCostModel m;
+  m.prefill_base = j.value("prefill_base", 0.0);
+  m.prefill_per_token = j.value("prefill_per_token", 0.0);
+  m.decode_base = j.value("decode_base", 0.0);
+  m.decode_per_token = j.value("decode_per_token", 0.0);
+  m.decode_per_context_token = j.value("decode_per_context_token", 0.0);
+  return m;
 }
 
 void run_serve(const ServerOptions& options) {
@@ -57,11 +79,17 @@ void register_serve_command(CLI::App& app) {
                                                  {"fcfs", SchedulerPolicy::kFcfs},
                                                  {"round-robin", SchedulerPolicy::kRoundRobin}},
           CLI::ignore_case));
+  auto profile = std::make_shared<std::string>();
+  cmd->add_option("--profile", *profile,
+                  "A `blend profile` file: its iteration model drives --policy hybrid");
   cmd->add_option("--ttft-slo", o->engine.ttft_slo,
                   "Default time-to-first-token target of real-time requests, seconds (0.4)");
   cmd->add_option("--tpot-slo", o->engine.tpot_slo,
                   "Default time-per-output-token target of real-time requests, seconds (0.2)");
-  cmd->callback([o] { run_serve(*o); });
+  cmd->callback([o, profile] {
+    if (!profile->empty()) o->engine.scheduler.iteration_cost = read_iteration_model(*profile);
+    run_serve(*o);
+  });
 }
 
 }  // namespace blend::cli

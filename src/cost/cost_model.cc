@@ -20,6 +20,7 @@ ModelShape opt_shape(std::string name, int64_t hidden, int64_t layers, int tp) {
   s.num_layers = layers;
   s.kv_dim = hidden;  // multi-head attention
   s.matmul_parameters = layers * per_layer + vocab * hidden;
+  s.lm_head_parameters = vocab * hidden;
   s.weight_bytes =
       2 * (layers * (per_layer + 4 * hidden + ffn + 5 * hidden) + vocab * hidden + 2050 * hidden);
   s.tensor_parallel = tp;
@@ -37,6 +38,7 @@ ModelShape ModelShape::from_config(const ModelConfig& config, std::string name,
   s.num_layers = config.num_layers;
   s.kv_dim = config.kv_dim();
   s.matmul_parameters = config.num_matmul_parameters();
+  s.lm_head_parameters = config.vocab_size * config.hidden_size;
   s.weight_bytes = 2 * config.num_parameters();
   s.tensor_parallel = tensor_parallel;
   return s;
@@ -91,8 +93,11 @@ StepCost CostModel::estimate_step(const StepShape& step) const {
   const double dense_tokens = static_cast<double>(step.prefill_tokens + step.decode_tokens);
   const double hl = static_cast<double>(shape_.hidden_size * shape_.num_layers);
   StepCost cost;
-  const double flops = 2 * dense_tokens * static_cast<double>(shape_.matmul_parameters) +
-                       4 * static_cast<double>(step.prefill_attention_pairs) * hl;
+  const double rows = step.logit_rows < 0 ? dense_tokens : static_cast<double>(step.logit_rows);
+  const double flops =
+      2 * dense_tokens * static_cast<double>(shape_.matmul_parameters - shape_.lm_head_parameters) +
+      2 * rows * static_cast<double>(shape_.lm_head_parameters) +
+      4 * static_cast<double>(step.prefill_attention_pairs) * hl;
   cost.compute_seconds = flops / tp / hardware_.effective_compute();
   const double kv_read = static_cast<double>(step.decode_context_tokens) *
                          static_cast<double>(shape_.kv_bytes_per_token());

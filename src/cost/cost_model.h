@@ -29,6 +29,7 @@ struct ModelShape {
   int64_t num_layers = 0;         // L
   int64_t kv_dim = 0;             // H_kv = kv_heads x head_dim
   int64_t matmul_parameters = 0;  // P: parameters each token multiplies (QKV, O, FFN, lm_head)
+  int64_t lm_head_parameters = 0;  // the lm_head's share of P (vocab x H)
   int64_t weight_bytes = 0;       // all parameters at 2 bytes (FP16/BF16)
   int tensor_parallel = 1;
 
@@ -50,6 +51,9 @@ struct StepShape {
   int64_t decode_tokens = 0;            // sequences decoding one token
   int64_t decode_context_tokens = 0;    // sum of the decoders' context lengths (KV read)
   int64_t prefill_attention_pairs = 0;  // sum over prefill chunks of chunk x context length
+  // Rows that go through the lm_head (engines skip it for prompt tokens that sample nothing);
+  // -1 = every dense token, as the papers count.
+  int64_t logit_rows = -1;
 };
 
 struct StepCost {

@@ -11,7 +11,9 @@ namespace blend {
 SimStepCost simulate_step_cost(const CostModel& cost, Overlap overlap) {
   return [&cost, overlap](const ForwardBatch& batch) {
     StepShape shape;
+    shape.logit_rows = 0;
     for (const SeqChunk& c : batch.chunks) {
+      shape.logit_rows += c.wants_logits ? 1 : 0;
       if (c.num_tokens == 1 && c.num_cached > 0) {  // a decode token
         ++shape.decode_tokens;
         shape.decode_context_tokens += c.num_cached + 1;

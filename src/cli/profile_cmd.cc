@@ -1,0 +1,100 @@
+// `blend profile --model DIR --out FILE`: times this machine's forward passes through the cpu
+// backend and writes a hardware profile (the cost model's fit, DESIGN.md §3) that `--hardware
+// FILE` accepts wherever a preset name is, with BROS's iteration model and the validation table
+// (estimated vs measured step time) beside it.
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "backend/cpu/cpu_backend.h"
+#include "cli/commands.h"
+#include "core/error.h"
+#include "engine/profile.h"
+#include "model/config.h"
+#include "model/safetensors.h"
+#include "model/weights.h"
+
+namespace blend::cli {
+namespace {
+
+struct ProfileArgs {
+  std::string model;
+  std::string out;
+  int threads = 0;
+  int reps = 3;
+  bool deterministic = false;
+};
+
+void run_profile(const ProfileArgs& args) {
+  const ModelConfig config = ModelConfig::from_dir(args.model);
+  const TensorStore weights = TensorStore::open_dir(args.model);
+  check_tensors(config, weights);
+  ProfileOptions po;
+  po.reps = args.reps;
+  BackendOptions bo;
+  bo.threads = args.threads;
+  bo.deterministic = args.deterministic;
+  bo.page_size = static_cast<int>(po.page_size);
+  bo.num_pages = po.max_kv_tokens / po.page_size + 256;
+  auto backend = make_cpu_backend(config, weights, bo);
+  const ModelShape shape =
+      ModelShape::from_config(config, std::filesystem::path(args.model).filename().string());
+  const BackendProfile p = profile_backend(*backend, shape, po);
+
+  nlohmann::json j = p.hardware.to_json();
+  j["memory_gb"] = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) *
+                   static_cast<double>(::sysconf(_SC_PAGESIZE)) / 1e9;
+  j["model"] = shape.name;
+  j["threads"] = args.threads;
+  j["iteration"] = {{"prefill_base", p.iteration.prefill_base},
+                    {"prefill_per_token", p.iteration.prefill_per_token},
+                    {"decode_base", p.iteration.decode_base},
+                    {"decode_per_token", p.iteration.decode_per_token},
+                    {"decode_per_context_token", p.iteration.decode_per_context_token}};
+  nlohmann::json points = nlohmann::json::array();
+  std::printf("%-8s %6s %7s %8s %12s %12s %8s\n", "kind", "seqs", "tokens", "context",
+              "measured ms", "estimate ms", "error");
+  for (const ProfilePoint& q : p.points) {
+    const double err = (q.estimated_seconds - q.measured_seconds) / q.measured_seconds;
+    std::printf("%-8s %6lld %7lld %8lld %12.2f %12.2f %7.1f%%\n", q.kind.c_str(),
+                static_cast<long long>(q.sequences), static_cast<long long>(q.tokens),
+                static_cast<long long>(q.context), q.measured_seconds * 1e3,
+                q.estimated_seconds * 1e3, err * 100);
+    points.push_back({{"kind", q.kind},
+                      {"sequences", q.sequences},
+                      {"tokens", q.tokens},
+                      {"context", q.context},
+                      {"measured_seconds", q.measured_seconds},
+                      {"estimated_seconds", q.estimated_seconds}});
+  }
+  j["validation"] = {
+      {"points", points}, {"mean_abs_error", p.mean_abs_error}, {"max_abs_error", p.max_abs_error}};
+  std::printf("fit: %.1f GFLOP/s, %.1f GB/s, %.2f ms per step; error mean %.1f%%, max %.1f%%\n",
+              p.hardware.compute_flops / 1e9, p.hardware.memory_bandwidth / 1e9,
+              p.hardware.step_overhead_seconds * 1e3, p.mean_abs_error * 100,
+              p.max_abs_error * 100);
+  std::ofstream out(args.out);
+  out << j.dump(2) << "\n";
+  if (!out) throw Error("cannot write " + args.out);
+}
+
+}  // namespace
+
+void register_profile_command(CLI::App& app) {
+  auto args = std::make_shared<ProfileArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "profile", "Time this machine's forward passes and write a cost-model hardware profile");
+  cmd->add_option("--model", args->model, "Model folder")->required();
+  cmd->add_option("--out", args->out, "Profile JSON to write")->required();
+  cmd->add_option("--threads", args->threads, "Compute threads (default: all)");
+  cmd->add_option("--reps", args->reps, "Timed repetitions per step (median)");
+  cmd->add_flag("--deterministic", args->deterministic, "Profile the deterministic kernels");
+  cmd->callback([args] { run_profile(*args); });
+}
+
+}  // namespace blend::cli

@@ -1,0 +1,176 @@
+#include "engine/profile.h"
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace blend {
+namespace {
+
+double seconds_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Least squares for y = X beta with 3 columns (normal equations, Gaussian elimination).
+std::array<double, 3> fit3(const std::vector<std::array<double, 3>>& x,
+                           const std::vector<double>& y) {
+  double a[3][4] = {};
+  for (size_t r = 0; r < x.size(); ++r)
+    for (int i = 0; i < 3; ++i) {
+      for (int j = 0; j < 3; ++j) a[i][j] += x[r][i] * x[r][j];
+      a[i][3] += x[r][i] * y[r];
+    }
+  for (int c = 0; c < 3; ++c) {
+    int pivot = c;
+    for (int r = c + 1; r < 3; ++r)
+      if (std::fabs(a[r][c]) > std::fabs(a[pivot][c])) pivot = r;
+    std::swap(a[c], a[pivot]);
+    if (std::fabs(a[c][c]) < 1e-300) throw Error("profile: the measurements cannot be fitted");
+    for (int r = 0; r < 3; ++r) {
+      if (r == c) continue;
+      const double f = a[r][c] / a[c][c];
+      for (int k = c; k < 4; ++k) a[r][k] -= f * a[c][k];
+    }
+  }
+  return {a[0][3] / a[0][0], a[1][3] / a[1][1], a[2][3] / a[2][2]};
+}
+
+StepShape shape_of(const ProfilePoint& p) {
+  StepShape s;
+  if (p.kind == "prefill") {
+    s.prefill_tokens = p.tokens;
+    s.prefill_attention_pairs = p.tokens * p.tokens;
+    s.logit_rows = p.sequences;
+  } else {
+    s.decode_tokens = p.tokens;
+    s.decode_context_tokens = p.context;
+    s.logit_rows = p.sequences;
+  }
+  return s;
+}
+
+}  // namespace
+
+BackendProfile profile_backend(Backend& backend, const ModelShape& shape,
+                               const ProfileOptions& options) {
+  const ModelConfig& config = backend.config();
+  const int64_t page_size = options.page_size;
+  std::vector<float> logits;
+  auto time_batch = [&](const ForwardBatch& batch) {
+    logits.resize(static_cast<size_t>(batch.num_logit_rows()) *
+                  static_cast<size_t>(config.vocab_size));
+    std::vector<double> t;
+    const auto clock = options.clock ? options.clock : seconds_now;
+    backend.forward(batch, logits);  // warm-up
+    for (int r = 0; r < options.reps; ++r) {
+      const double t0 = clock();
+      backend.forward(batch, logits);
+      t.push_back(clock() - t0);
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  };
+  // Pages are handed out in order; every point starts from page 0 (KV contents do not matter
+  // for timing).
+  BackendProfile out;
+  auto token = [&](int64_t i) { return static_cast<TokenId>(100 + (i * 7919) % 30000); };
+  for (int64_t n : options.prefill_tokens) {
+    ForwardBatch b;
+    SeqChunk c;
+    c.num_tokens = static_cast<int32_t>(n);
+    c.wants_logits = true;
+    for (int64_t p = 0; p < (n + page_size - 1) / page_size; ++p)
+      c.block_table.push_back(static_cast<PageId>(p));
+    if (static_cast<int64_t>(c.block_table.size()) > backend.num_pages()) continue;
+    for (int64_t i = 0; i < n; ++i) {
+      b.tokens.push_back(token(i));
+      b.positions.push_back(static_cast<int32_t>(i));
+    }
+    b.chunks.push_back(c);
+    out.points.push_back({"prefill", 1, n, 0, time_batch(b), 0});
+  }
+  for (int64_t seqs : options.decode_sequences)
+    for (int64_t ctx : options.decode_contexts) {
+      const int64_t pages_per_seq = (ctx + 1 + page_size - 1) / page_size;
+      if (seqs * (ctx + 1) > options.max_kv_tokens || seqs * pages_per_seq > backend.num_pages())
+        continue;
+      ForwardBatch b;
+      for (int64_t s = 0; s < seqs; ++s) {
+        SeqChunk c;
+        c.seq = s;
+        c.num_cached = static_cast<int32_t>(ctx);
+        c.num_tokens = 1;
+        c.token_offset = static_cast<int32_t>(s);
+        c.wants_logits = true;
+        for (int64_t p = 0; p < pages_per_seq; ++p)
+          c.block_table.push_back(static_cast<PageId>(s * pages_per_seq + p));
+        b.tokens.push_back(token(s));
+        b.positions.push_back(static_cast<int32_t>(ctx));
+        b.chunks.push_back(std::move(c));
+      }
+      out.points.push_back({"decode", seqs, seqs, seqs * (ctx + 1), time_batch(b), 0});
+    }
+  if (out.points.size() < 4) throw Error("profile: too few steps fit in the KV memory");
+
+  // Hardware fit: t = flops / C + bytes / B + overhead.
+  Hardware unit;
+  unit.name = "unit";
+  unit.compute_flops = unit.memory_bandwidth = unit.network_bandwidth = unit.memory_bytes = 1;
+  const CostModel unit_model(shape, unit);  // compute/memory seconds at 1 FLOP/s, 1 B/s
+  std::vector<std::array<double, 3>> x;
+  std::vector<double> y;
+  for (const ProfilePoint& p : out.points) {
+    const StepCost c = unit_model.estimate_step(shape_of(p));
+    x.push_back({c.compute_seconds, c.memory_seconds, 1.0});
+    y.push_back(p.measured_seconds);
+  }
+  const auto beta = fit3(x, y);
+  out.hardware.name = "profile:" + backend.name();
+  out.hardware.compute_flops = beta[0] > 0 ? 1 / beta[0] : 1e18;
+  out.hardware.memory_bandwidth = beta[1] > 0 ? 1 / beta[1] : 1e18;
+  out.hardware.network_bandwidth = 1e18;  // one device
+  out.hardware.step_overhead_seconds = std::max(0.0, beta[2]);
+  out.hardware.memory_bytes = 0;
+  const CostModel fitted(shape, [&] {
+    Hardware h = out.hardware;
+    h.memory_bytes = 1;
+    return h;
+  }());
+  for (ProfilePoint& p : out.points) {
+    p.estimated_seconds = fitted.estimate_step(shape_of(p)).sequential();
+    const double err = std::fabs(p.estimated_seconds - p.measured_seconds) / p.measured_seconds;
+    out.mean_abs_error += err / static_cast<double>(out.points.size());
+    out.max_abs_error = std::max(out.max_abs_error, err);
+  }
+
+  // BROS iteration model, per phase.
+  std::vector<std::array<double, 3>> xp, xd;
+  std::vector<double> yp, yd;
+  for (const ProfilePoint& p : out.points) {
+    if (p.kind == "prefill") {
+      xp.push_back({1.0, static_cast<double>(p.tokens), static_cast<double>(p.tokens * p.tokens)});
+      yp.push_back(p.measured_seconds);
+    } else {
+      xd.push_back({1.0, static_cast<double>(p.tokens), static_cast<double>(p.context)});
+      yd.push_back(p.measured_seconds);
+    }
+  }
+  if (xp.size() >= 3) {
+    // Linear in tokens as BROS fits it; the quadratic column only soaks up attention.
+    const auto f = fit3(xp, yp);
+    out.iteration.prefill_base = std::max(0.0, f[0]);
+    out.iteration.prefill_per_token = std::max(0.0, f[1] + f[2] * 512);
+  }
+  if (xd.size() >= 3) {
+    const auto f = fit3(xd, yd);
+    out.iteration.decode_base = std::max(0.0, f[0]);
+    out.iteration.decode_per_token = std::max(0.0, f[1]);
+    out.iteration.decode_per_context_token = std::max(0.0, f[2]);
+  }
+  return out;
+}
+
+}  // namespace blend
