@@ -143,7 +143,7 @@ int64_t Engine::max_sequence_tokens() const {
                            pool_->num_pages() * pool_->page_size());
 }
 
-SeqId Engine::submit(GenerationRequest request, Callback on_done, TokenCallback on_token) {
+void Engine::check_request(GenerationRequest& request) const {
   if (request.prompt.empty()) throw Error("the prompt is empty");
   for (TokenId t : request.prompt)
     if (t < 0 || t >= config_.vocab_size)
@@ -161,6 +161,12 @@ SeqId Engine::submit(GenerationRequest request, Callback on_done, TokenCallback 
   if (p.temperature < 0) throw Error("temperature must be non-negative");
   if (p.top_p <= 0 || p.top_p > 1) throw Error("top_p must be in (0, 1]");
   if (p.min_p < 0 || p.min_p > 1) throw Error("min_p must be in [0, 1]");
+}
+
+SeqId Engine::submit(GenerationRequest request, Callback on_done, TokenCallback on_token) {
+  check_request(request);
+  const int64_t prompt_len = static_cast<int64_t>(request.prompt.size());
+  const SamplingParams& p = request.params;
 
   auto a = std::make_unique<Active>();
   a->seq.id = next_id_++;

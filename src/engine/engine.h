@@ -104,6 +104,8 @@ class Engine {
   // Checks the request (empty prompt, token ids out of range, prompt too long) and queues it;
   // throws blend::Error for a bad request. max_tokens is capped at what the context allows.
   // Returns the sequence id, for cancel().
+  // check_request() alone runs the same checks and caps max_tokens the same way.
+  void check_request(GenerationRequest& request) const;
   SeqId submit(GenerationRequest request, Callback on_done, TokenCallback on_token = {});
   // Drops a request that has not finished: its KV pages are freed at once and none of its
   // callbacks run again. False when the id is unknown (finished already).
