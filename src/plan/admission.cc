@@ -86,7 +86,11 @@ DualScanner::DualScanner(const Plan& plan, const std::vector<PlanRequest>& reque
       group_of_.push_back(static_cast<int32_t>(g));
     }
   reservation_.reserve(requests.size());
-  for (const PlanRequest& r : requests) reservation_.push_back(kv_reservation_bytes(cost, r));
+  for (const PlanRequest& r : requests) {
+    reservation_.push_back(kv_reservation_bytes(cost, r));
+    prompt_tokens_.push_back(static_cast<double>(r.prompt.size()));
+    estimated_output_.push_back(r.output_tokens);
+  }
   side_of_.assign(requests.size(), Side::kLeft);
   high_ = order_.size();
   total_ = static_cast<int64_t>(order_.size());
@@ -137,6 +141,19 @@ std::optional<int32_t> DualScanner::next() {
 void DualScanner::on_finished(int32_t request) {
   const int s = side_of_[static_cast<size_t>(request)] == Side::kLeft ? 0 : 1;
   used_[s] = std::max(0.0, used_[s] - reservation_[static_cast<size_t>(request)]);
+}
+
+void DualScanner::on_progress(int32_t request, double generated_tokens) {
+  const size_t r = static_cast<size_t>(request);
+  if (generated_tokens <= estimated_output_[r]) return;
+  const double footprint =
+      (prompt_tokens_[r] + generated_tokens) * cost_.kv_bytes_per_token_per_device();
+  if (footprint <= reservation_[r] && side_of_[r] == Side::kRight) return;
+  const int from = side_of_[r] == Side::kLeft ? 0 : 1;
+  used_[from] = std::max(0.0, used_[from] - reservation_[r]);
+  reservation_[r] = std::max(reservation_[r], footprint);
+  used_[1] += reservation_[r];
+  side_of_[r] = Side::kRight;
 }
 
 }  // namespace blend::plan

@@ -76,6 +76,12 @@ class DualScanner : public AdmissionStream {
   void on_finished(int32_t request) override;
   bool exhausted() const override { return taken_ >= total_; }
 
+  // §5.4: a running request has produced `generated_tokens`. Once that passes its estimate its
+  // reservation grows to its real footprint (p + generated) and it is charged to the memory-
+  // intensive side M_R, whatever side admitted it; further admissions see the smaller room.
+  void on_progress(int32_t request, double generated_tokens);
+  double reserved_bytes(Side side) const { return used_[side == Side::kLeft ? 0 : 1]; }
+
   // Which side handed out the last request from next().
   Side last_side() const { return last_side_; }
   const MemoryPartition& partition() const { return partition_; }
@@ -90,6 +96,8 @@ class DualScanner : public AdmissionStream {
   std::vector<int32_t> order_;     // the plan's order; the left cursor eats it from the front
   std::vector<int32_t> group_of_;  // group index of each position of order_
   std::vector<double> reservation_;
+  std::vector<double> prompt_tokens_;
+  std::vector<double> estimated_output_;
   std::vector<Side> side_of_;
   double capacity_;
   double used_[2] = {0, 0};
