@@ -13,5 +13,6 @@ void register_tokenize_command(CLI::App& app);  // blend tokenize
 void register_template_command(CLI::App& app);  // blend template
 void register_batch_command(CLI::App& app);     // blend batch
 void register_plan_command(CLI::App& app);      // blend plan
+void register_workload_command(CLI::App& app);  // blend workload synth
 
 }  // namespace blend::cli

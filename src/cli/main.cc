@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   blend::cli::register_template_command(app);
   blend::cli::register_batch_command(app);
   blend::cli::register_plan_command(app);
+  blend::cli::register_workload_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
