@@ -114,6 +114,26 @@ double det3(const double a[3][3]) {
          a[0][2] * (a[1][0] * a[2][1] - a[1][1] * a[2][0]);
 }
 
+// Fractions f of each source (A.3): sharing sum f (saved - Y p) = 0, density
+// sum f ((1 - Y) comp - X mem) = 0, and sum f = 1 (rows scaled to comparable magnitudes).
+void solve_mix(const SynthOptions& o, const Means m[3], double* f) {
+  double a[3][3];
+  const double b[3] = {0, 0, 1};
+  for (int k = 0; k < 3; ++k) {
+    a[0][k] = (m[k].saved - o.sharing * m[k].prompt) / m[0].prompt;
+    a[1][k] = ((1 - o.sharing) * m[k].compute - o.density * m[k].memory) / m[0].compute;
+    a[2][k] = 1;
+  }
+  const double d = det3(a);
+  if (std::abs(d) < 1e-15) throw Error("workload synth: degenerate source mix");
+  for (int k = 0; k < 3; ++k) {
+    double ak[3][3];
+    for (int i = 0; i < 3; ++i)
+      for (int j = 0; j < 3; ++j) ak[i][j] = j == k ? b[i] : a[i][j];
+    f[k] = det3(ak) / d;
+  }
+}
+
 }  // namespace
 
 Source load_source(const std::string& name, const std::filesystem::path& traces_dir) {
@@ -197,43 +217,53 @@ SynthResult synthesize(const SynthOptions& o, const Source& compute, const Sourc
   if (o.requests <= 0) throw Error("--requests must be positive");
   if (!(o.sharing >= 0 && o.sharing < 1)) throw Error("--sharing must be in [0, 1)");
   if (!(o.density > 0)) throw Error("--density must be positive");
-  const Means m[3] = {means_of(compute, cost), means_of(video, cost), means_of(mmlu, cost)};
-  // Fractions f of each source (A.3): sharing sum f (saved - Y p) = 0, density
-  // sum f ((1 - Y) comp - X mem) = 0, and sum f = 1. Rows scaled to comparable magnitudes.
-  double a[3][3], b[3] = {0, 0, 1};
-  for (int k = 0; k < 3; ++k) {
-    a[0][k] = (m[k].saved - o.sharing * m[k].prompt) / m[0].prompt;
-    a[1][k] = ((1 - o.sharing) * m[k].compute - o.density * m[k].memory) / m[0].compute;
-    a[2][k] = 1;
-  }
-  const double d = det3(a);
-  if (std::abs(d) < 1e-15) throw Error("workload synth: degenerate source mix");
-  double f[3];
-  for (int k = 0; k < 3; ++k) {
-    double ak[3][3];
-    for (int i = 0; i < 3; ++i)
-      for (int j = 0; j < 3; ++j) ak[i][j] = j == k ? b[i] : a[i][j];
-    f[k] = det3(ak) / d;
-  }
-  if (f[0] < -1e-9 || f[1] < -1e-9 || f[2] < -1e-9) {
-    std::ostringstream msg;
-    msg << "density " << o.density << " with sharing " << o.sharing << " is out of reach of "
-        << compute.name << " + openvid + mmlu (mix " << f[0] << ", " << f[1] << ", " << f[2] << ")";
-    throw Error(msg.str());
-  }
+  const Source* source_list[3] = {&compute, &video, &mmlu};
+  Means m[3] = {means_of(compute, cost), means_of(video, cost), means_of(mmlu, cost)};
   SynthResult r;
-  r.compute_requests = std::llround(std::max(0.0, f[0]) * static_cast<double>(o.requests));
-  r.video_requests = std::llround(std::max(0.0, f[1]) * static_cast<double>(o.requests));
-  r.mmlu_requests = std::max<int64_t>(0, o.requests - r.compute_requests - r.video_requests);
-  for (auto [source, count] :
-       {std::pair{&compute, r.compute_requests}, std::pair{&video, r.video_requests},
-        std::pair{&mmlu, r.mmlu_requests}}) {
-    std::vector<plan::PlanRequest> part = draw(*source, count, o.seed);
-    for (plan::PlanRequest& req : part) {
-      r.requests.push_back(std::move(req));
-      r.source_of.push_back(source->name);
+  std::vector<plan::PlanRequest> parts[3];
+  // Solve with the sources' means, draw, then re-solve with the means of what was drawn: a
+  // few dozen long video requests carry most of the memory time, so their sample mean matters.
+  // Draws are prefix-stable (the first k requests of a source do not depend on the count).
+  for (int round = 0; round < 4; ++round) {
+    double f[3] = {0, 0, 0};
+    solve_mix(o, m, f);
+    if (f[0] < -1e-9 || f[1] < -1e-9 || f[2] < -1e-9) {
+      std::ostringstream msg;
+      msg << "density " << o.density << " with sharing " << o.sharing << " is out of reach of "
+          << compute.name << " + openvid + mmlu (mix " << f[0] << ", " << f[1] << ", " << f[2]
+          << ")";
+      throw Error(msg.str());
+    }
+    r.compute_requests = std::llround(std::max(0.0, f[0]) * static_cast<double>(o.requests));
+    r.video_requests = std::llround(std::max(0.0, f[1]) * static_cast<double>(o.requests));
+    r.mmlu_requests = std::max<int64_t>(0, o.requests - r.compute_requests - r.video_requests);
+    const int64_t counts[3] = {r.compute_requests, r.video_requests, r.mmlu_requests};
+    for (int k = 0; k < 3; ++k) {
+      parts[k] = draw(*source_list[k], counts[k], o.seed);
+      if (parts[k].empty()) continue;
+      Means drawn;
+      for (const plan::PlanRequest& q : parts[k]) {
+        const double p = static_cast<double>(q.prompt.size());
+        drawn.compute += cost.request_compute_seconds(p, q.output_tokens);
+        drawn.memory += cost.request_memory_seconds(p, q.output_tokens);
+        drawn.prompt += p;
+      }
+      const double n = static_cast<double>(parts[k].size());
+      m[k].compute = drawn.compute / n;
+      m[k].memory = drawn.memory / n;
+      m[k].prompt = drawn.prompt / n;
+      // Sources share no tokens with each other, so each part's own trie gives its savings
+      // (first occurrences of system prompts and subject prefixes included).
+      const plan::PrefixTree tree(parts[k]);
+      m[k].saved =
+          static_cast<double>(tree.total_prompt_tokens() - tree.unique_prompt_tokens()) / n;
     }
   }
+  for (int k = 0; k < 3; ++k)
+    for (plan::PlanRequest& req : parts[k]) {
+      r.requests.push_back(std::move(req));
+      r.source_of.push_back(source_list[k]->name);
+    }
   // Arrival order: shuffled, so fcfs is not accidentally DFS.
   std::vector<size_t> perm(r.requests.size());
   for (size_t i = 0; i < perm.size(); ++i) perm[i] = i;
