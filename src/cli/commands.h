@@ -16,5 +16,6 @@ void register_plan_command(CLI::App& app);      // blend plan
 void register_simulate_command(CLI::App& app);  // blend simulate
 void register_profile_command(CLI::App& app);   // blend profile
 void register_serve_command(CLI::App& app);     // blend serve
+void register_workload_command(CLI::App& app);  // blend workload synth
 
 }  // namespace blend::cli

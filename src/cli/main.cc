@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   blend::cli::register_simulate_command(app);
   blend::cli::register_profile_command(app);
   blend::cli::register_serve_command(app);
+  blend::cli::register_workload_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -197,6 +197,7 @@ void run_plan(const PlanArgs& args) {
                            {"estimated_output_tokens", plan.root.output_tokens},
                            {"root_density", plan.root_density},
                            {"optimal_sharing_ratio", plan.optimal_sharing_ratio},
+                           {"planned_sharing_ratio", plan.planned_sharing_ratio},
                            {"order_sharing_ratio", sharing},
                            {"kv_memory_gb", kv_memory / 1e9},
                            {"t_comp_seconds", t_comp},
@@ -233,8 +234,10 @@ void run_plan(const PlanArgs& args) {
                 static_cast<long long>(sampled_count));
     std::printf("root density      %.4f  (BlendServe §5.1: (1-s) T_comp / T_mem)\n",
                 plan.root_density);
-    std::printf("sharing           s_o %.4f optimal, %.4f for this order with a %.0f-token cache\n",
-                plan.optimal_sharing_ratio, sharing, cache_tokens);
+    std::printf(
+        "sharing           s_o %.4f optimal, %.4f planned (groups), %.4f for this order "
+        "with a %.0f-token LRU cache\n",
+        plan.optimal_sharing_ratio, plan.planned_sharing_ratio, sharing, cache_tokens);
     std::printf(
         "predicted         T_comp %.3f s, T_mem %.3f s, T_o %.3f s overlapped / %.3f s "
         "sequential\n",

@@ -79,6 +79,22 @@ double CostModel::request_density(double p, double d) const {
   return node_density(0.0, request_compute_seconds(p, d), request_memory_seconds(p, d));
 }
 
+double CostModel::batch_compute_seconds(double kv_memory_bytes, double p, double d) const {
+  const double decoders = kv_memory_bytes / ((p + d / 2) * kv_bytes_per_token_per_device());
+  const double tokens = decoders * (p + d) / d;
+  return tokens * 2 * static_cast<double>(shape_.matmul_parameters) / shape_.tensor_parallel /
+         hardware_.effective_compute();
+}
+
+double CostModel::batch_memory_seconds(double kv_memory_bytes) const {
+  return kv_memory_bytes / hardware_.effective_bandwidth();
+}
+
+double CostModel::batch_density(double p, double d) const {
+  const double any_memory = 1e9;  // the ratio does not depend on it
+  return batch_compute_seconds(any_memory, p, d) / batch_memory_seconds(any_memory);
+}
+
 double CostModel::node_density(double s, double compute_seconds, double memory_seconds) {
   if (memory_seconds <= 0) return std::numeric_limits<double>::infinity();
   return (1 - s) * compute_seconds / memory_seconds;

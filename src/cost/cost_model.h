@@ -80,6 +80,15 @@ class CostModel {
   double request_memory_seconds(double prompt_tokens, double output_tokens) const;
   double request_density(double prompt_tokens, double output_tokens) const;
 
+  // BlendServe §4.2: one step of a steady continuously batched run whose decoders fill
+  // `kv_memory_bytes` (per device) with requests of mean prompt p and output d:
+  // B_decode = KV-Mem / ((p + d/2) H_kv L 4) decoders plus B_decode p/d prefill tokens.
+  double batch_compute_seconds(double kv_memory_bytes, double prompt_tokens,
+                               double output_tokens) const;
+  double batch_memory_seconds(double kv_memory_bytes) const;
+  // Comp(B) / Mem(B); equals rho(r) without the prefill-attention term (§4.2's derivation).
+  double batch_density(double prompt_tokens, double output_tokens) const;
+
   // BlendServe §5.1: rho(R) = (1-s) T_comp / T_mem; infinite when T_mem is 0 (no decoding).
   static double node_density(double sharing_ratio, double compute_seconds, double memory_seconds);
 

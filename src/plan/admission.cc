@@ -77,8 +77,8 @@ MemoryPartition partition_memory(double memory_bytes, double rho_root, double rh
 }
 
 DualScanner::DualScanner(const Plan& plan, const std::vector<PlanRequest>& requests,
-                         const CostModel& cost, double kv_memory_bytes)
-    : plan_(plan), cost_(cost), capacity_(kv_memory_bytes) {
+                         const CostModel& cost, double kv_memory_bytes, size_t window)
+    : plan_(plan), cost_(cost), capacity_(kv_memory_bytes), window_(std::max<size_t>(window, 1)) {
   if (!(kv_memory_bytes > 0)) throw Error("dual scanner: KV memory must be positive");
   for (size_t g = 0; g < plan.groups.size(); ++g)
     for (int32_t r : plan.groups[g].requests) {
@@ -86,8 +86,22 @@ DualScanner::DualScanner(const Plan& plan, const std::vector<PlanRequest>& reque
       group_of_.push_back(static_cast<int32_t>(g));
     }
   reservation_.reserve(requests.size());
-  for (const PlanRequest& r : requests) reservation_.push_back(kv_reservation_bytes(cost, r));
+  for (const PlanRequest& r : requests) {
+    reservation_.push_back(kv_reservation_bytes(cost, r));
+    prompt_tokens_.push_back(static_cast<double>(r.prompt.size()));
+    estimated_output_.push_back(r.output_tokens);
+  }
   side_of_.assign(requests.size(), Side::kLeft);
+  cum_compute_.assign(order_.size() + 1, 0);
+  cum_memory_ = cum_prompt_ = cum_output_ = cum_compute_;
+  for (size_t i = 0; i < order_.size(); ++i) {
+    const PlanRequest& q = requests[static_cast<size_t>(order_[i])];
+    const double p = static_cast<double>(q.prompt.size());
+    cum_compute_[i + 1] = cum_compute_[i] + cost.request_compute_seconds(p, q.output_tokens);
+    cum_memory_[i + 1] = cum_memory_[i] + cost.request_memory_seconds(p, q.output_tokens);
+    cum_prompt_[i + 1] = cum_prompt_[i] + p;
+    cum_output_[i + 1] = cum_output_[i] + q.output_tokens;
+  }
   high_ = order_.size();
   total_ = static_cast<int64_t>(order_.size());
   repartition();
@@ -96,15 +110,33 @@ DualScanner::DualScanner(const Plan& plan, const std::vector<PlanRequest>& reque
 void DualScanner::repartition() {
   if (low_ >= high_) return;
   const int32_t lg = group_of_[low_], rg = group_of_[high_ - 1];
-  if (lg == left_group_ && rg == right_group_) return;
-  left_group_ = lg;
-  right_group_ = rg;
-  const DemandStats& l = plan_.groups[static_cast<size_t>(lg)].stats;
-  const DemandStats& r = plan_.groups[static_cast<size_t>(rg)].stats;
+  // The node each cursor is at: the next `window_` requests on its side, within its group
+  // (whose sharing ratio discounts their compute), so a large group sorted by density still
+  // yields the density of the part being scanned.
+  auto window_stats = [&](size_t begin, size_t end, int32_t group) {
+    DemandStats w;
+    w.compute_seconds = cum_compute_[end] - cum_compute_[begin];
+    w.memory_seconds = cum_memory_[end] - cum_memory_[begin];
+    w.prompt_tokens = cum_prompt_[end] - cum_prompt_[begin];
+    w.output_tokens = cum_output_[end] - cum_output_[begin];
+    w.requests = static_cast<int64_t>(end - begin);
+    const double s = plan_.groups[static_cast<size_t>(group)].stats.sharing_ratio();
+    w.unique_tokens = (1 - s) * w.prompt_tokens;
+    return w;
+  };
+  size_t left_end = low_;
+  while (left_end < high_ && left_end - low_ < window_ && group_of_[left_end] == lg) ++left_end;
+  size_t right_begin = high_;
+  while (right_begin > low_ && high_ - right_begin < window_ && group_of_[right_begin - 1] == rg)
+    --right_begin;
+  const DemandStats l = window_stats(low_, left_end, lg);
+  const DemandStats r = window_stats(right_begin, high_, rg);
   partition_ = partition_memory(capacity_, plan_.root_density, l.density(), r.density(),
                                 l.mean_prompt(), l.mean_output(), r.mean_prompt(), r.mean_output(),
                                 cost_.kv_bytes_per_token_per_device());
-  history_.push_back(partition_);
+  if (lg != left_group_ || rg != right_group_) history_.push_back(partition_);
+  left_group_ = lg;
+  right_group_ = rg;
 }
 
 std::optional<int32_t> DualScanner::next() {
@@ -137,6 +169,19 @@ std::optional<int32_t> DualScanner::next() {
 void DualScanner::on_finished(int32_t request) {
   const int s = side_of_[static_cast<size_t>(request)] == Side::kLeft ? 0 : 1;
   used_[s] = std::max(0.0, used_[s] - reservation_[static_cast<size_t>(request)]);
+}
+
+void DualScanner::on_progress(int32_t request, double generated_tokens) {
+  const size_t r = static_cast<size_t>(request);
+  if (generated_tokens <= estimated_output_[r]) return;
+  const double footprint =
+      (prompt_tokens_[r] + generated_tokens) * cost_.kv_bytes_per_token_per_device();
+  if (footprint <= reservation_[r] && side_of_[r] == Side::kRight) return;
+  const int from = side_of_[r] == Side::kLeft ? 0 : 1;
+  used_[from] = std::max(0.0, used_[from] - reservation_[r]);
+  reservation_[r] = std::max(reservation_[r], footprint);
+  used_[1] += reservation_[r];
+  side_of_[r] = Side::kRight;
 }
 
 }  // namespace blend::plan

@@ -4,8 +4,9 @@
 // finished, so early finishers make room for more (§5.4).
 //
 // DualScanner (BlendServe §5.3, Alg. 3) walks the plan's groups from both ends: the left
-// cursor on compute-intensive groups, the right on memory-intensive ones. Whenever a cursor
-// enters a new group the memory M is repartitioned so the blend hits the root density:
+// cursor on compute-intensive groups, the right on memory-intensive ones. Before each
+// admission the memory M is repartitioned so the blend hits the root density, with rho(L) and
+// rho(R) taken over the next `window` requests of each cursor (within its group):
 //   M_L + M_R = M,  M_L rho(L) + M_R rho(R) = M rho(rt)
 // and each side's decode population N = M_side / ((p + d/2) H_kv L 4) and chunked-prefill
 // budget C = N p / d follow from its group's mean lengths. When rho(rt) lies outside
@@ -70,16 +71,24 @@ MemoryPartition partition_memory(double memory_bytes, double rho_root, double rh
 
 class DualScanner : public AdmissionStream {
  public:
+  // `window`: how many upcoming requests on each side stand for the node a cursor is at
+  // (128: A.2's batch granularity).
   DualScanner(const Plan& plan, const std::vector<PlanRequest>& requests, const CostModel& cost,
-              double kv_memory_bytes);
+              double kv_memory_bytes, size_t window = 128);
   std::optional<int32_t> next() override;
   void on_finished(int32_t request) override;
   bool exhausted() const override { return taken_ >= total_; }
 
+  // §5.4: a running request has produced `generated_tokens`. Once that passes its estimate its
+  // reservation grows to its real footprint (p + generated) and it is charged to the memory-
+  // intensive side M_R, whatever side admitted it; further admissions see the smaller room.
+  void on_progress(int32_t request, double generated_tokens);
+  double reserved_bytes(Side side) const { return used_[side == Side::kLeft ? 0 : 1]; }
+
   // Which side handed out the last request from next().
   Side last_side() const { return last_side_; }
   const MemoryPartition& partition() const { return partition_; }
-  // Every partition computed so far, in order (for explain output).
+  // The partition at each change of the groups under the cursors (for explain output).
   const std::vector<MemoryPartition>& partition_history() const { return history_; }
 
  private:
@@ -90,8 +99,12 @@ class DualScanner : public AdmissionStream {
   std::vector<int32_t> order_;     // the plan's order; the left cursor eats it from the front
   std::vector<int32_t> group_of_;  // group index of each position of order_
   std::vector<double> reservation_;
+  std::vector<double> prompt_tokens_;
+  std::vector<double> estimated_output_;
   std::vector<Side> side_of_;
   double capacity_;
+  size_t window_;
+  std::vector<double> cum_compute_, cum_memory_, cum_prompt_, cum_output_;  // prefix sums
   double used_[2] = {0, 0};
   size_t low_ = 0, high_ = 0;  // requests [low_, high_) of order_ are still waiting
   int32_t left_group_ = -1, right_group_ = -1;

@@ -108,7 +108,9 @@ std::vector<int32_t> split_units(const PrefixTree& tree, double threshold, int64
     const Visit v = stack.back();
     stack.pop_back();
     const PrefixNode& n = tree.node(v.node);
-    if (n.children.empty()) {  // a request: always a unit
+    // A request is always a unit; so is a node over a single request (the trie is compressed,
+    // so one child is always a leaf): splitting it would recompute and reorder nothing.
+    if (n.children.empty() || (v.node != PrefixTree::kRoot && n.children.size() == 1)) {
       units.push_back(v.node);
       continue;
     }
@@ -123,6 +125,43 @@ std::vector<int32_t> split_units(const PrefixTree& tree, double threshold, int64
       stack.push_back({*it, v.t / k});
   }
   return units;
+}
+
+// Alg. 2 with threshold t, the units sorted by density at the root, then App. A.2's merge.
+std::vector<RequestGroup> split_and_group(const PrefixTree& tree,
+                                          const std::vector<DemandStats>& stats, double threshold,
+                                          int64_t* split_nodes, int64_t* units_before_merge) {
+  std::vector<int32_t> units = split_units(tree, threshold, split_nodes);
+  *units_before_merge = static_cast<int64_t>(units.size());
+  std::stable_sort(units.begin(), units.end(), [&](int32_t a, int32_t b) {
+    return stats[static_cast<size_t>(a)].density() > stats[static_cast<size_t>(b)].density();
+  });
+
+  std::vector<RequestGroup> groups;
+  // App. A.2: adjacent units under one parent run together and share its prefix again.
+  for (size_t i = 0; i < units.size();) {
+    const int32_t parent = tree.node(units[i]).parent;
+    RequestGroup g;
+    size_t j = i;
+    // Units hanging off the root share nothing; merging them would only blur densities.
+    const bool shares = tree.node(parent).depth_tokens > 0;
+    for (; j < units.size() && (j == i || (shares && tree.node(units[j]).parent == parent)); ++j) {
+      const DemandStats& s = stats[static_cast<size_t>(units[j])];
+      if (j > i)  // the parent's path is computed once for the merged group
+        g.stats.unique_tokens -= static_cast<double>(tree.node(parent).depth_tokens);
+      g.stats.compute_seconds += s.compute_seconds;
+      g.stats.memory_seconds += s.memory_seconds;
+      g.stats.prompt_tokens += s.prompt_tokens;
+      g.stats.output_tokens += s.output_tokens;
+      g.stats.unique_tokens += s.unique_tokens;
+      g.stats.requests += s.requests;
+      const std::vector<int32_t> below = requests_below(tree, units[j]);
+      g.requests.insert(g.requests.end(), below.begin(), below.end());
+    }
+    groups.push_back(std::move(g));
+    i = j;
+  }
+  return groups;
 }
 
 }  // namespace
@@ -150,42 +189,31 @@ Plan make_plan(PrefixTree& tree, const CostModel& cost, const PlanOptions& optio
       }
     }
     plan.groups.push_back(std::move(g));
+    plan.planned_sharing_ratio = plan.optimal_sharing_ratio;
     plan.density_monotone = true;
     return plan;
   }
 
   layer_sort(tree, stats);  // Alg. 1
   const double saved = plan.root.prompt_tokens - plan.root.unique_tokens;
-  plan.split_threshold_tokens =
-      options.split_threshold_tokens.value_or(options.split_budget * saved);
-  std::vector<int32_t> units = split_units(tree, plan.split_threshold_tokens, &plan.split_nodes);
-  plan.units_before_merge = static_cast<int64_t>(units.size());
-  std::stable_sort(units.begin(), units.end(), [&](int32_t a, int32_t b) {
-    return stats[static_cast<size_t>(a)].density() > stats[static_cast<size_t>(b)].density();
-  });
-
-  // App. A.2: adjacent units under one parent run together and share its prefix again.
-  for (size_t i = 0; i < units.size();) {
-    const int32_t parent = tree.node(units[i]).parent;
-    RequestGroup g;
-    size_t j = i;
-    // Units hanging off the root share nothing; merging them would only blur densities.
-    const bool shares = tree.node(parent).depth_tokens > 0;
-    for (; j < units.size() && (j == i || (shares && tree.node(units[j]).parent == parent)); ++j) {
-      const DemandStats& s = stats[static_cast<size_t>(units[j])];
-      if (j > i)  // the parent's path is computed once for the merged group
-        g.stats.unique_tokens -= static_cast<double>(tree.node(parent).depth_tokens);
-      g.stats.compute_seconds += s.compute_seconds;
-      g.stats.memory_seconds += s.memory_seconds;
-      g.stats.prompt_tokens += s.prompt_tokens;
-      g.stats.output_tokens += s.output_tokens;
-      g.stats.unique_tokens += s.unique_tokens;
-      g.stats.requests += s.requests;
-      const std::vector<int32_t> below = requests_below(tree, units[j]);
-      g.requests.insert(g.requests.end(), below.begin(), below.end());
-    }
-    plan.groups.push_back(std::move(g));
-    i = j;
+  double threshold = options.split_threshold_tokens.value_or(options.split_budget * saved);
+  // With t chosen for the user, keep `min_sharing_fraction` of s_o (§5.2: 99%): halve t until
+  // the groups recompute little enough. t = 0 keeps every subtree under the root whole, which
+  // loses no sharing, so the loop ends.
+  for (int attempt = 0;; ++attempt) {
+    plan.split_nodes = 0;
+    plan.groups =
+        split_and_group(tree, stats, threshold, &plan.split_nodes, &plan.units_before_merge);
+    double unique = 0;
+    for (const RequestGroup& g : plan.groups) unique += g.stats.unique_tokens;
+    plan.planned_sharing_ratio =
+        plan.root.prompt_tokens > 0 ? 1 - unique / plan.root.prompt_tokens : 0;
+    plan.split_threshold_tokens = threshold;
+    if (options.split_threshold_tokens || threshold == 0 ||
+        plan.planned_sharing_ratio >=
+            options.min_sharing_fraction * plan.optimal_sharing_ratio - 1e-12)
+      break;
+    threshold = attempt < 30 ? threshold / 2 : 0;
   }
   plan.density_monotone = true;
   for (size_t i = 1; i < plan.groups.size(); ++i)

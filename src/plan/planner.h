@@ -52,10 +52,12 @@ const char* policy_name(Policy policy);
 
 struct PlanOptions {
   Policy policy = Policy::kBlend;
-  // Alg. 2 threshold t in recomputed prompt tokens; unset = `split_budget` of the tokens the
-  // optimal order saves (0.01 keeps ~99% of the prefix sharing, §5.2).
+  // Alg. 2 threshold t in recomputed prompt tokens. Unset: start from `split_budget` of the
+  // tokens the optimal order saves and halve t until the groups keep `min_sharing_fraction`
+  // of s_o (§5.2 keeps 99%).
   std::optional<double> split_threshold_tokens;
   double split_budget = 0.01;
+  double min_sharing_fraction = 0.99;
   uint64_t seed = 0;  // random policy
 };
 
@@ -71,6 +73,7 @@ struct Plan {
   DemandStats root;                  // the whole batch under the optimal (DFS) sharing
   double root_density = 0;
   double optimal_sharing_ratio = 0;  // s_o
+  double planned_sharing_ratio = 0;  // 1 - (tokens the groups compute) / prompt tokens
   double split_threshold_tokens = 0;
   int64_t split_nodes = 0;  // nodes Alg. 2 broke up
   int64_t units_before_merge = 0;

@@ -71,6 +71,19 @@ TEST(CostModel, RequestFormulasOfSection4_1) {
   EXPECT_DOUBLE_EQ(CostModel::node_density(0.25, 4, 2), 1.5);
 }
 
+TEST(CostModel, BatchDensityConvergesToRequestDensity) {
+  const CostModel cost(*find_model_shape_preset("llama-3-8b"), *find_hardware_preset("a100-80g"));
+  // §4.2: independent of the KV memory, and rho(r) once prefill attention is negligible.
+  for (double d : {4.0, 64.0, 1024.0}) {
+    const double p = 8;
+    EXPECT_NEAR(cost.batch_density(p, d) / cost.request_density(p, d), 1.0, 1e-3) << d;
+    EXPECT_NEAR(cost.batch_compute_seconds(2e9, p, d) / cost.batch_memory_seconds(2e9),
+                cost.batch_density(p, d), 1e-9 * cost.batch_density(p, d));
+  }
+  // Prefill attention makes long prompts denser per request than the batch formula says.
+  EXPECT_GT(cost.request_density(8000, 64), cost.batch_density(8000, 64));
+}
+
 TEST(CostModel, StepCostAndTensorParallelNetworkTerm) {
   const Hardware h = *find_hardware_preset("a100-80g");
   const CostModel one(*find_model_shape_preset("llama-3-70b", 1), h);

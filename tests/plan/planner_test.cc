@@ -135,6 +135,18 @@ TEST(Planner, SplitThresholdIsDividedAmongChildren) {
   double unique = 0;
   for (const RequestGroup& g : plan.groups) unique += g.stats.unique_tokens;
   EXPECT_GT(unique, static_cast<double>(split.unique_prompt_tokens()));
+  EXPECT_LT(plan.planned_sharing_ratio, plan.optimal_sharing_ratio);
+  // Left to choose t, the planner keeps 99% of s_o (§5.2).
+  PrefixTree chosen(rs);
+  const Plan kept99 = make_plan(chosen, cost, PlanOptions{});
+  EXPECT_GE(kept99.planned_sharing_ratio, 0.99 * kept99.optimal_sharing_ratio);
+  PlanOptions lenient;
+  lenient.min_sharing_fraction = 0.5;
+  lenient.split_budget = 10;  // t = 10 x the saved tokens
+  PrefixTree loose(rs);
+  const Plan relocated = make_plan(loose, cost, lenient);
+  EXPECT_GE(relocated.planned_sharing_ratio, 0.5 * relocated.optimal_sharing_ratio);
+  EXPECT_EQ(relocated.order().back(), 2);
 }
 
 TEST(Planner, SharingOfAnOrderDependsOnCacheOnlyWhenLimited) {
@@ -230,6 +242,33 @@ TEST(DualScanner, AdmitsFromBothEndsAndEveryRequestOnce) {
   }
   EXPECT_TRUE(left && right);
   for (int s : seen) EXPECT_EQ(s, 1);
+}
+
+TEST(DualScanner, UnderestimatedRequestMovesToTheRightSide) {
+  const CostModel cost = llama8b_a100();
+  std::vector<PlanRequest> rs;
+  for (int i = 0; i < 10; ++i)
+    rs.push_back(
+        req(std::to_string(i), concat(tokens(i % 2 ? 100 : 5000, 200), {i}), i % 2 ? 3000 : 4));
+  PrefixTree tree(rs);
+  const Plan plan = make_plan(tree, cost, PlanOptions{});
+  DualScanner scanner(plan, rs, cost, 1e12);
+  const std::optional<int32_t> first = scanner.next();
+  ASSERT_TRUE(first);
+  ASSERT_EQ(scanner.last_side(), Side::kLeft);
+  const double left_before = scanner.reserved_bytes(Side::kLeft);
+  const double right_before = scanner.reserved_bytes(Side::kRight);
+  EXPECT_GT(left_before, 0);
+  scanner.on_progress(*first, 2);  // within its estimate: nothing changes
+  EXPECT_DOUBLE_EQ(scanner.reserved_bytes(Side::kLeft), left_before);
+  scanner.on_progress(*first, 5000);  // far past it
+  EXPECT_DOUBLE_EQ(scanner.reserved_bytes(Side::kLeft), 0);
+  const double footprint =
+      (static_cast<double>(rs[static_cast<size_t>(*first)].prompt.size()) + 5000) *
+      cost.kv_bytes_per_token_per_device();
+  EXPECT_NEAR(scanner.reserved_bytes(Side::kRight) - right_before, footprint, 1e-6 * footprint);
+  scanner.on_finished(*first);
+  EXPECT_NEAR(scanner.reserved_bytes(Side::kRight), right_before, 1e-6 * footprint);
 }
 
 }  // namespace
