@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -21,6 +22,7 @@
 #include "engine/engine.h"
 #include "kv/radix_cache.h"
 #include "model/chat_template.h"
+#include "offline/planned_run.h"
 
 namespace blend::cli {
 namespace {
@@ -32,7 +34,22 @@ struct BatchArgs {
   std::string stats;
   EngineOptions engine;
   bool quiet = false;
+  std::string policy = "fcfs";   // fcfs = input order, all queued at once; else a plan's
+  std::string hardware = "cpu";  // for the planner's cost model (a `blend profile` file)
+  double assumed_output = 256;   // planner's guess when a request's length is not known
 };
+
+// What the planner assumes about this machine without a `blend profile` file: a 2-core CPU
+// of the kind we develop on (its measured bf16 GEMM rate and a modest DRAM bandwidth).
+Hardware default_cpu_hardware() {
+  Hardware h;
+  h.name = "cpu-default";
+  h.compute_flops = 0.8e12;
+  h.memory_bandwidth = 20e9;
+  h.network_bandwidth = 1e18;
+  h.memory_bytes = 16e9;
+  return h;
+}
 
 std::optional<ChatTemplate> load_chat_template(const std::filesystem::path& dir) {
   try {
@@ -59,7 +76,21 @@ void run_batch(const BatchArgs& args) {
                               std::chrono::system_clock::now().time_since_epoch())
                               .count();
   int64_t total = 0, done = 0, failed = 0, skipped = 0;
-  std::vector<std::vector<TokenId>> prompts;  // for the optimal sharing ratio
+  std::vector<std::vector<TokenId>> prompts;           // for the optimal sharing ratio
+  std::unordered_map<std::string, ApiRequest> api_of;  // request settings for the response
+  std::vector<OfflineRequest> planned;                 // --policy other than fcfs
+  const bool use_plan = args.policy != "fcfs";
+  Progress progress(0, false);
+  auto on_result = [&](GenerationResult&& r) {
+    const ApiRequest& request = api_of.at(r.id);
+    const char* prefix = request.endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-";
+    writer.write_success(
+        r.id, make_response(request, r, make_id(prefix), model_name, created, engine.tokenizer()));
+    api_of.erase(r.id);
+    ++done;
+    const EngineStats st = engine.stats();
+    progress.update(done + failed, st.prompt_tokens + st.output_tokens);
+  };
   for (const BatchInputLine& line : lines) {
     if (writer.done_ids().count(line.custom_id)) {
       ++skipped;
@@ -68,18 +99,25 @@ void run_batch(const BatchArgs& args) {
     ++total;
     try {
       if (line.error) throw ApiError(400, *line.error);
+      if (api_of.count(line.custom_id)) throw ApiError(400, "duplicate custom_id", "custom_id");
       const Endpoint endpoint = parse_endpoint(line.url);
       ApiRequest request = parse_api_request(endpoint, line.body, engine.tokenizer(),
                                              chat_template ? &*chat_template : nullptr);
-      GenerationRequest gen{line.custom_id, request.prompt, request.params};
+      GenerationRequest gen{line.custom_id, request.prompt, request.params,
+                            RequestClass::kBestEffort};
+      engine.check_request(gen);
       prompts.push_back(request.prompt);
       request.prompt.clear();  // the engine holds the tokens now
-      engine.submit(std::move(gen), [&, request, id = line.custom_id](GenerationResult&& r) {
-        const char* prefix = request.endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-";
-        writer.write_success(id, make_response(request, r, make_id(prefix), model_name, created,
-                                               engine.tokenizer()));
-        ++done;
-      });
+      api_of.emplace(line.custom_id, std::move(request));
+      if (use_plan) {
+        OfflineRequest q{gen.id, std::move(gen.prompt), gen.params, 0, gen.params.ignore_eos};
+        q.output_estimate = q.output_known
+                                ? q.params.max_tokens
+                                : std::min<double>(args.assumed_output, q.params.max_tokens);
+        planned.push_back(std::move(q));
+      } else {
+        engine.submit(std::move(gen), on_result);
+      }
     } catch (const ApiError& e) {
       writer.write_error(line.custom_id, e.status(), e.body());
       ++failed;
@@ -89,7 +127,15 @@ void run_batch(const BatchArgs& args) {
     }
   }
 
-  Progress progress(total, !args.quiet && ::isatty(STDERR_FILENO));
+  progress = Progress(total, !args.quiet && ::isatty(STDERR_FILENO));
+  std::optional<PlannedRunStats> plan_stats;
+  if (use_plan && !planned.empty()) {
+    const Hardware hw =
+        args.hardware == "cpu" ? default_cpu_hardware() : resolve_hardware(args.hardware);
+    const CostModel cost(ModelShape::from_config(engine.config(), model_name), hw);
+    plan_stats = run_planned(engine, planned, plan::parse_policy(args.policy), cost,
+                             static_cast<double>(engine.stats().kv_capacity_bytes), on_result);
+  }
   while (engine.has_work()) {
     engine.step();
     const EngineStats s = engine.stats();
@@ -129,6 +175,7 @@ void run_batch(const BatchArgs& args) {
       {"kv_loaded_pages", s.kv_loaded_pages},
       {"kv_peak_bytes", s.kv_peak_bytes},
       {"kv_capacity_bytes", s.kv_capacity_bytes},
+      {"policy", args.policy},
       {"deterministic", args.engine.deterministic},
       {"threads", args.engine.threads}};
   if (!args.quiet)
@@ -158,6 +205,15 @@ void register_batch_command(CLI::App& app) {
       ->required();
   cmd->add_option("--stats", args->stats, "Write run statistics as JSON here");
   add_engine_flags(cmd, args->engine);
+  cmd->add_option("--policy", args->policy,
+                  "Request order: fcfs (input order, default), or a BlendServe plan: blend "
+                  "(dual scanner), dfs (prefix-tree order), random")
+      ->check(CLI::IsMember({"fcfs", "blend", "dfs", "random"}));
+  cmd->add_option("--hardware", args->hardware,
+                  "The planner's view of this machine: a `blend profile` file (default: a "
+                  "built-in 2-core CPU estimate)");
+  cmd->add_option("--assume-output", args->assumed_output,
+                  "Output length the planner assumes for requests without ignore_eos");
   cmd->add_flag("--quiet", args->quiet, "No progress bar or summary");
   cmd->callback([args] { run_batch(*args); });
 }

@@ -173,6 +173,48 @@ TEST_F(BatchCli, PrefixCacheOnAndOffGiveTheSameResults) {
   EXPECT_NE(bad.exit_code, 0);
 }
 
+// The planner's orders (BlendServe dual scanner, prefix-tree DFS, random) change when requests
+// run, never what they produce (deterministic mode); every request is answered once.
+TEST_F(BatchCli, PlannedOrdersGiveTheSameResults) {
+  testing::TempDir work;
+  std::string input;
+  for (int g = 0; g < 3; ++g)
+    for (int i = 0; i < 5; ++i) {
+      std::string prompt;
+      for (int k = 0; k < 20 + 10 * g; ++k) prompt += std::to_string(300 + g * 50 + k) + ",";
+      for (int k = 0; k < 1 + i; ++k) prompt += std::to_string(7000 + i * 13 + k) + ",";
+      prompt.pop_back();
+      input += R"({"custom_id":"g)" + std::to_string(g) + "-" + std::to_string(i) +
+               R"(","method":"POST","url":"/v1/completions","body":{"prompt":[)" + prompt +
+               R"(],"max_tokens":)" + std::to_string(g == 1 ? 12 : 3) +
+               R"(,"ignore_eos":true,"temperature":0}})" + "\n";
+    }
+  testing::write_file(work / "in.jsonl", input);
+  std::map<std::string, std::map<std::string, std::string>> texts;
+  for (const std::string policy : {"fcfs", "blend", "dfs", "random"}) {
+    const auto out = work / ("out-" + policy + ".jsonl");
+    const auto st = work / ("stats-" + policy + ".json");
+    const auto r =
+        testing::run_command(batch_cmd((work / "in.jsonl").string(), out.string(),
+                                       "--policy " + policy + " --stats " + st.string()) +
+                             " 2>&1");
+    ASSERT_EQ(r.exit_code, 0) << policy << ": " << r.output;
+    for (const json& line : read_jsonl(out))
+      texts[policy][line["custom_id"]] = line["response"]["body"]["choices"][0]["text"];
+    EXPECT_EQ(texts[policy].size(), 15u) << policy;
+    const json stats = json::parse(testing::read_file(st));
+    EXPECT_EQ(stats["policy"], policy);
+    EXPECT_GT(stats["sharing_ratio"].get<double>(), 0.5 * stats["sharing_optimal"].get<double>());
+  }
+  EXPECT_EQ(texts["blend"], texts["fcfs"]);
+  EXPECT_EQ(texts["dfs"], texts["fcfs"]);
+  EXPECT_EQ(texts["random"], texts["fcfs"]);
+  const auto bad = testing::run_command(
+      batch_cmd((work / "in.jsonl").string(), (work / "x.jsonl").string(), "--policy lifo") +
+      " 2>&1");
+  EXPECT_NE(bad.exit_code, 0);
+}
+
 TEST_F(BatchCli, KillNineThenRerunLosesAndDuplicatesNothing) {
   testing::TempDir work;
   std::string input;
