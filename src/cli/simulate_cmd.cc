@@ -2,7 +2,9 @@
 // engine loop, scheduler and KV code as `blend batch`, with a virtual clock advanced by the cost
 // model (DESIGN.md §3) for the given hardware and model shape. One JSON object per policy.
 #include <cstdio>
+#include <filesystem>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include <CLI/CLI.hpp>
@@ -12,6 +14,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "cost/cost_model.h"
+#include "model/config.h"
 #include "offline/planned_run.h"
 
 namespace blend::cli {
@@ -20,6 +23,7 @@ namespace {
 struct SimulateArgs {
   std::string hardware = "a100-80g";
   std::string model_shape = "llama-3-8b";
+  std::string model_dir;  // a model folder's config.json instead of a preset
   int tensor_parallel = 1;
   std::string workload;
   std::string policies = "blend,dfs,dfs@sequential,random";
@@ -71,7 +75,12 @@ std::vector<OfflineRequest> read_workload(const std::string& path) {
 
 void run_simulate(const SimulateArgs& args) {
   const Hardware hw = resolve_hardware(args.hardware);
-  const auto shape = find_model_shape_preset(args.model_shape, args.tensor_parallel);
+  const std::optional<ModelShape> shape =
+      args.model_dir.empty()
+          ? find_model_shape_preset(args.model_shape, args.tensor_parallel)
+          : ModelShape::from_config(ModelConfig::from_dir(args.model_dir),
+                                    std::filesystem::path(args.model_dir).filename().string(),
+                                    args.tensor_parallel);
   if (!shape) throw Error("unknown --model-shape " + args.model_shape);
   const CostModel cost(*shape, hw);
   const double kv_memory =
@@ -136,6 +145,7 @@ void register_simulate_command(CLI::App& app) {
       "simulate", "Run an offline workload on the simulator (cost model, virtual clock)");
   cmd->add_option("--hardware", args->hardware, "a100-80g | a100-40g | h100 | h200 | FILE.json");
   cmd->add_option("--model-shape", args->model_shape, "Model shape preset (llama-3-8b, ...)");
+  cmd->add_option("--model", args->model_dir, "Take the shape from this model folder");
   cmd->add_option("--tp", args->tensor_parallel, "Tensor-parallel degree");
   cmd->add_option("--workload", args->workload, "Batch JSONL with token-id prompts")->required();
   cmd->add_option("--policy", args->policies,
