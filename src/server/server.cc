@@ -75,8 +75,13 @@ const char* default_message(int status) {
   }
 }
 
+// Bytes that are not UTF-8 (echoed from a bad request) become U+FFFD instead of an exception.
+std::string dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 std::string sse(const json& chunk) {
-  return "data: " + chunk.dump() + "\n\n";
+  return "data: " + dump(chunk) + "\n\n";
 }
 
 }  // namespace
@@ -207,7 +212,7 @@ void Server::Impl::send_error(httplib::Response& res, int status, const std::str
                               const std::string& param, const std::string& code) {
   metrics.on_error(status);
   res.status = status;
-  res.set_content(error_body(message, error_type(status), param, code).dump(), "application/json");
+  res.set_content(dump(error_body(message, error_type(status), param, code)), "application/json");
 }
 
 void Server::Impl::routes() {
@@ -400,11 +405,11 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
     if (p->error) {
       metrics.on_error(p->error_status);
       res.status = p->error_status;
-      return res.set_content(p->error->dump(), "application/json");
+      return res.set_content(dump(*p->error), "application/json");
     }
     res.set_content(
         make_response(request, *p->result, id, model_name, created, loop->engine().tokenizer())
-            .dump(),
+            .dump(-1, ' ', false, json::error_handler_t::replace),
         "application/json");
     return;
   }
