@@ -152,8 +152,16 @@ TEST_F(ServerTest, HealthModelsAndCompletions) {
   EXPECT_EQ(r["choices"][0]["message"]["role"], "assistant");
   EXPECT_EQ(r["usage"]["completion_tokens"], 5);
 
+  // "service_tier": "flex" makes a request best-effort.
+  r = post(c, "/v1/completions",
+           {{"prompt", "flex"}, {"max_tokens", 3}, {"ignore_eos", true}, {"service_tier", "flex"}},
+           &status);
+  ASSERT_EQ(status, 200) << r.dump();
+
   EXPECT_EQ(metric(c, "blend:request_success_total{class=\"rt\",finished_reason=\"length\"}"), 2);
+  EXPECT_EQ(metric(c, "blend:request_success_total{class=\"be\",finished_reason=\"length\"}"), 1);
   EXPECT_EQ(metric(c, "blend:time_to_first_token_seconds_count{class=\"rt\"}"), 2);
+  EXPECT_EQ(metric(c, "blend:generation_tokens_total{class=\"rt\"}"), 13);
 }
 
 TEST_F(ServerTest, StreamingChunksConcatenateToTheNonStreamingText) {
@@ -301,12 +309,11 @@ TEST_F(ServerTest, AClientThatHangsUpMidStreamFreesItsSequenceAndKv) {
     return metric(c, "blend:request_cancelled_total{class=\"rt\"}") == 1 &&
            metric(c, "blend:num_requests_running{class=\"rt\"}") == 0;
   }));
-  // KV usage is sampled after each step: one more request refreshes it.
+  EXPECT_TRUE(poll([&] { return metric(c, "blend:kv_cache_used_bytes") == 0; }));
+  EXPECT_EQ(metric(c, "blend:request_success_total{class=\"rt\",finished_reason=\"length\"}"), -1);
   int status = 0;
   post(c, "/v1/completions", {{"model", "tiny"}, {"prompt", "x"}, {"max_tokens", 2}}, &status);
   EXPECT_EQ(status, 200);
-  EXPECT_TRUE(poll([&] { return metric(c, "blend:kv_cache_used_bytes") == 0; }));
-  EXPECT_EQ(metric(c, "blend:request_success_total{class=\"rt\",finished_reason=\"length\"}"), 1);
 }
 
 class BatchApi : public ServerTest {
@@ -451,6 +458,34 @@ TEST_F(BatchApi, ARestartedServerResumesAnUnfinishedBatch) {
     EXPECT_EQ(r["response"]["status_code"], 200);
     EXPECT_EQ(r["response"]["body"]["usage"]["completion_tokens"], i == 0 ? 2 : 600 + 50 * i);
   }
+}
+
+TEST_F(BatchApi, CancelStopsTheBatchAndFreesItsKv) {
+  auto server = start(options("batch3"));
+  auto c = client(*server);
+  std::string jsonl;
+  for (int i = 0; i < 6; ++i)
+    jsonl += line("k" + std::to_string(i), "go " + std::to_string(i), 7000);
+  const std::string file_id = upload(c, jsonl);
+  int status = 0;
+  const std::string id =
+      post(c, "/v1/batches", {{"input_file_id", file_id}, {"endpoint", "/v1/completions"}},
+           &status)["id"];
+  ASSERT_TRUE(poll([&] { return metric(c, "blend:num_requests_running{class=\"be\"}") == 6; }));
+  const json cancelling = post(c, "/v1/batches/" + id + "/cancel", json::object(), &status);
+  EXPECT_EQ(status, 200);
+  EXPECT_TRUE(cancelling["status"] == "cancelling" || cancelling["status"] == "cancelled");
+  json batch;
+  ASSERT_TRUE(poll([&] {
+    batch = get(c, "/v1/batches/" + id);
+    return batch["status"] == "cancelled";
+  }));
+  EXPECT_EQ(batch["request_counts"]["completed"], 0);
+  EXPECT_EQ(metric(c, "blend:num_requests_running{class=\"be\"}"), 0);
+  EXPECT_EQ(metric(c, "blend:request_cancelled_total{class=\"be\"}"), 6);
+  EXPECT_TRUE(poll([&] { return metric(c, "blend:kv_cache_used_bytes") == 0; }));
+  post(c, "/v1/batches/" + id + "/cancel", json::object(), &status);
+  EXPECT_EQ(status, 400);  // already cancelled
 }
 
 // The official OpenAI Node client (setup.sh installs it) against the `blend serve` binary.
