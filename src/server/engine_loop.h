@@ -19,7 +19,8 @@ class EngineLoop {
   using Task = std::function<void(Engine&)>;
   using StepHook = std::function<void(const Engine&)>;
 
-  // Starts the thread. `after_step` (optional) runs on it after every step.
+  // Starts the thread. `after_step` (optional) runs on it after every step, and after posted
+  // closures when no step follows them.
   EngineLoop(std::unique_ptr<Engine> engine, StepHook after_step = {});
   ~EngineLoop();  // stops; requests still in the engine are dropped without callbacks
   EngineLoop(const EngineLoop&) = delete;

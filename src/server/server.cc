@@ -75,8 +75,13 @@ const char* default_message(int status) {
   }
 }
 
+// Bytes that are not UTF-8 (echoed from a bad request) become U+FFFD instead of an exception.
+std::string dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 std::string sse(const json& chunk) {
-  return "data: " + chunk.dump() + "\n\n";
+  return "data: " + dump(chunk) + "\n\n";
 }
 
 }  // namespace
@@ -110,7 +115,7 @@ struct BatchJob {
   json batch;
   std::string output_id;
   std::unique_ptr<BatchResultWriter> writer;
-  std::unordered_set<SeqId> in_flight;
+  std::unordered_map<SeqId, std::shared_ptr<Pending>> in_flight;
   int64_t remaining = 0;
   bool cancelling = false;
 };
@@ -207,7 +212,7 @@ void Server::Impl::send_error(httplib::Response& res, int status, const std::str
                               const std::string& param, const std::string& code) {
   metrics.on_error(status);
   res.status = status;
-  res.set_content(error_body(message, error_type(status), param, code).dump(), "application/json");
+  res.set_content(dump(error_body(message, error_type(status), param, code)), "application/json");
 }
 
 void Server::Impl::routes() {
@@ -400,11 +405,11 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
     if (p->error) {
       metrics.on_error(p->error_status);
       res.status = p->error_status;
-      return res.set_content(p->error->dump(), "application/json");
+      return res.set_content(dump(*p->error), "application/json");
     }
     res.set_content(
         make_response(request, *p->result, id, model_name, created, loop->engine().tokenizer())
-            .dump(),
+            .dump(-1, ' ', false, json::error_handler_t::replace),
         "application/json");
     return;
   }
@@ -553,6 +558,9 @@ void Server::Impl::batch_cancel(const httplib::Request& req, httplib::Response& 
   json snapshot;
   {
     std::lock_guard lock(batches_mu);
+    const std::string status = job->batch["status"];
+    if (status != "in_progress" && status != "validating")
+      return send_error(res, 400, "batch " + id + " is " + status + " and cannot be cancelled");
     job->batch["status"] = "cancelling";
     job->batch["cancelling_at"] = unix_seconds();
     snapshot = job->batch;
@@ -560,7 +568,8 @@ void Server::Impl::batch_cancel(const httplib::Request& req, httplib::Response& 
   store->save_batch(snapshot);
   loop->post([this, job](Engine& engine) {
     job->cancelling = true;
-    for (SeqId s : job->in_flight) engine.cancel(s);
+    for (const auto& [seq, state] : job->in_flight)
+      if (engine.cancel(seq)) metrics.on_cancelled(state->cls, state->had_first_token);
     job->in_flight.clear();
     finish_job(job);
   });
@@ -604,15 +613,16 @@ void Server::Impl::start_job(json batch, bool resume) {
     if (!job->writer->done_ids().count(l.custom_id)) todo.push_back(std::move(l));
   job->remaining = static_cast<int64_t>(todo.size());
   job->batch = batch;
+  // A batch cancelled just before a restart only needs its final status.
+  job->cancelling = batch["status"] == "cancelling";
+  if (job->cancelling) todo.clear();
   {
     std::lock_guard lock(batches_mu);
     jobs[id] = job;
   }
-  if (batch["status"] == "cancelling") todo.clear();
   loop->post([this, job, todo = std::move(todo)](Engine& engine) {
     for (const BatchInputLine& line : todo) run_line(job, engine, line);
-    if (job->remaining == 0 || job->cancelling || job->batch["status"] == "cancelling")
-      finish_job(job);
+    if (job->remaining == 0 || job->cancelling) finish_job(job);
   });
 }
 
@@ -663,7 +673,7 @@ void Server::Impl::run_line(const std::shared_ptr<BatchJob>& job, Engine& engine
     };
     state->seq = engine.submit(std::move(gen), on_done, on_token);
     // A request with max_tokens 0 finished inside submit(); only the others are in flight.
-    if (!state->done) job->in_flight.insert(state->seq);
+    if (!state->done) job->in_flight.emplace(state->seq, state);
   } catch (const Error& e) {
     const ApiError* api = dynamic_cast<const ApiError*>(&e);
     const int status = api ? api->status() : 400;

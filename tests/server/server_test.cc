@@ -1,0 +1,527 @@
+// `blend serve` over HTTP, in process: the OpenAI endpoints and their exact streaming format,
+// errors with their statuses, a disconnecting client freeing its KV, the Batch API with a
+// restart in the middle of a batch, and the official `openai` npm client against the binary.
+#include "server/server.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "model/presets.h"
+#include "model/random_init.h"
+#include "test_util.h"
+
+namespace blend {
+namespace {
+
+using nlohmann::json;
+
+class ServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new testing::TempDir();
+    RandomInitOptions o;
+    o.seed = 5;
+    o.tokenizer_dir = BLEND_TEST_TOKENIZER_DIR;
+    write_random_model(*find_model_preset("tiny"), *dir_ / "tiny", o);
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  static ServerOptions options(const std::string& data_dir = "data") {
+    ServerOptions o;
+    o.model = *dir_ / "tiny";
+    o.port = 0;
+    o.data_dir = *dir_ / data_dir;
+    o.max_body_bytes = 1 << 20;
+    o.engine.threads = 2;
+    o.engine.kv_memory_gb = 0.05;
+    o.engine.deterministic = true;
+    return o;
+  }
+
+  static std::unique_ptr<Server> start(const ServerOptions& o) {
+    auto server = std::make_unique<Server>(o);
+    server->start();
+    return server;
+  }
+
+  static httplib::Client client(const Server& server) {
+    httplib::Client c("127.0.0.1", server.port());
+    c.set_read_timeout(60, 0);
+    return c;
+  }
+
+  static json post(httplib::Client& c, const std::string& path, const json& body, int* status) {
+    auto r = c.Post(path.c_str(), body.dump(), "application/json");
+    if (!r) {
+      *status = -1;
+      return nullptr;
+    }
+    *status = r->status;
+    return json::parse(r->body, nullptr, false);
+  }
+
+  // The data: payloads of an SSE body, in order ("[DONE]" included).
+  static std::vector<std::string> sse_events(const std::string& body) {
+    std::vector<std::string> out;
+    std::istringstream in(body);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.empty()) continue;
+      EXPECT_EQ(line.rfind("data: ", 0), 0u) << line;
+      out.push_back(line.substr(6));
+    }
+    return out;
+  }
+
+  // Polls `done` every 20 ms until it holds or `seconds` pass.
+  static bool poll(const std::function<bool()>& done, double seconds = 60) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (std::chrono::steady_clock::now() < end) {
+      if (done()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return done();
+  }
+
+  // The value of a /metrics sample line that starts with `prefix` (-1 when absent).
+  static double metric(httplib::Client& c, const std::string& prefix) {
+    auto r = c.Get("/metrics");
+    if (!r) return -1;
+    std::istringstream in(r->body);
+    std::string line;
+    while (std::getline(in, line))
+      if (line.rfind(prefix + " ", 0) == 0) return std::stod(line.substr(prefix.size() + 1));
+    return -1;
+  }
+
+  static testing::TempDir* dir_;
+};
+
+testing::TempDir* ServerTest::dir_ = nullptr;
+
+TEST_F(ServerTest, HealthModelsAndCompletions) {
+  auto server = start(options());
+  auto c = client(*server);
+  auto health = c.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+
+  auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models);
+  const json m = json::parse(models->body);
+  EXPECT_EQ(m["object"], "list");
+  ASSERT_EQ(m["data"].size(), 1u);
+  EXPECT_EQ(m["data"][0]["id"], "tiny");
+
+  int status = 0;
+  json r = post(c, "/v1/completions",
+                {{"model", "tiny"},
+                 {"prompt", "Hello there"},
+                 {"max_tokens", 8},
+                 {"temperature", 0},
+                 {"ignore_eos", true}},
+                &status);
+  ASSERT_EQ(status, 200) << r.dump();
+  EXPECT_EQ(r["object"], "text_completion");
+  EXPECT_EQ(r["model"], "tiny");
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(r["usage"]["completion_tokens"], 8);
+  EXPECT_TRUE(r["choices"][0]["text"].is_string());
+
+  r = post(c, "/v1/chat/completions",
+           {{"model", "tiny"},
+            {"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+            {"max_tokens", 5},
+            {"ignore_eos", true}},
+           &status);
+  ASSERT_EQ(status, 200) << r.dump();
+  EXPECT_EQ(r["object"], "chat.completion");
+  EXPECT_EQ(r["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(r["usage"]["completion_tokens"], 5);
+
+  // "service_tier": "flex" makes a request best-effort.
+  r = post(c, "/v1/completions",
+           {{"prompt", "flex"}, {"max_tokens", 3}, {"ignore_eos", true}, {"service_tier", "flex"}},
+           &status);
+  ASSERT_EQ(status, 200) << r.dump();
+
+  EXPECT_EQ(metric(c, "blend:request_success_total{class=\"rt\",finished_reason=\"length\"}"), 2);
+  EXPECT_EQ(metric(c, "blend:request_success_total{class=\"be\",finished_reason=\"length\"}"), 1);
+  EXPECT_EQ(metric(c, "blend:time_to_first_token_seconds_count{class=\"rt\"}"), 2);
+  EXPECT_EQ(metric(c, "blend:generation_tokens_total{class=\"rt\"}"), 13);
+}
+
+TEST_F(ServerTest, StreamingChunksConcatenateToTheNonStreamingText) {
+  auto server = start(options());
+  auto c = client(*server);
+  for (const bool chat : {false, true}) {
+    SCOPED_TRACE(chat ? "chat" : "completions");
+    const std::string path = chat ? "/v1/chat/completions" : "/v1/completions";
+    json body = {{"model", "tiny"}, {"max_tokens", 24}, {"temperature", 0}, {"ignore_eos", true}};
+    if (chat)
+      body["messages"] = {{{"role", "user"}, {"content", "Tell me a story"}}};
+    else
+      body["prompt"] = "Once upon a time";
+    int status = 0;
+    const json full = post(c, path, body, &status);
+    ASSERT_EQ(status, 200);
+    const std::string expected =
+        chat ? full["choices"][0]["message"]["content"] : full["choices"][0]["text"];
+
+    body["stream"] = true;
+    body["stream_options"] = {{"include_usage", true}};
+    auto r = c.Post(path.c_str(), body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200);
+    EXPECT_EQ(r->get_header_value("Content-Type"), "text/event-stream");
+    const std::vector<std::string> events = sse_events(r->body);
+    ASSERT_GE(events.size(), 4u);
+    EXPECT_EQ(events.back(), "[DONE]");
+    std::string text;
+    std::string finish;
+    json usage;
+    for (size_t i = 0; i + 1 < events.size(); ++i) {
+      const json e = json::parse(events[i]);
+      EXPECT_EQ(e["object"], chat ? "chat.completion.chunk" : "text_completion");
+      EXPECT_EQ(e["model"], "tiny");
+      EXPECT_TRUE(e.contains("usage"));  // null but for the last chunk
+      EXPECT_EQ(e["id"], json::parse(events[0])["id"]);
+      if (e["choices"].empty()) {
+        EXPECT_EQ(i + 2, events.size()) << "the usage chunk comes last";
+        usage = e["usage"];
+        continue;
+      }
+      const json& ch = e["choices"][0];
+      if (chat && i == 0) {
+        EXPECT_EQ(ch["delta"]["role"], "assistant");
+      }
+      if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
+      if (chat) {
+        if (ch["delta"].contains("content")) text += ch["delta"]["content"].get<std::string>();
+      } else {
+        text += ch["text"].get<std::string>();
+      }
+    }
+    EXPECT_EQ(text, expected);
+    EXPECT_EQ(finish, "length");
+    ASSERT_TRUE(usage.is_object());
+    EXPECT_EQ(usage["completion_tokens"], 24);
+    EXPECT_EQ(usage["prompt_tokens"], full["usage"]["prompt_tokens"]);
+  }
+}
+
+TEST_F(ServerTest, BadRequestsGetOpenAiErrorsAndTheServerCarriesOn) {
+  ServerOptions o = options();
+  o.api_key = "sekret";
+  auto server = start(o);
+  httplib::Client c("127.0.0.1", server->port());
+  c.set_read_timeout(60, 0);
+  c.set_bearer_token_auth("sekret");
+  auto expect_error = [&](const std::string& path, const std::string& body, int want_status,
+                          const std::string& want_param = "") {
+    auto r = c.Post(path.c_str(), body, "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, want_status) << body.substr(0, 200) << " -> " << r->body;
+    const json e = json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(e.is_object()) << r->body;
+    ASSERT_TRUE(e.contains("error")) << r->body;
+    EXPECT_TRUE(e["error"]["message"].is_string());
+    EXPECT_TRUE(e["error"]["type"].is_string());
+    EXPECT_TRUE(e["error"].contains("param"));
+    EXPECT_TRUE(e["error"].contains("code"));
+    if (!want_param.empty()) {
+      EXPECT_EQ(e["error"]["param"], want_param);
+    }
+  };
+  expect_error("/v1/completions", "{\"model\": \"tiny\", \"prompt\": ", 400);
+  expect_error("/v1/completions", json{{"model", "other"}, {"prompt", "x"}}.dump(), 404, "model");
+  std::vector<int> long_prompt(9000, 100);
+  expect_error("/v1/completions", json{{"model", "tiny"}, {"prompt", long_prompt}}.dump(), 400,
+               "prompt");
+  expect_error("/v1/completions",
+               json{{"model", "tiny"}, {"prompt", "x"}, {"max_tokens", 100000}}.dump(), 400,
+               "max_tokens");
+  expect_error("/v1/completions", "{\"model\": \"tiny\", \"prompt\": \"bad \xff\xfe utf8\"}", 400);
+  expect_error("/v1/chat/completions", json{{"model", "tiny"}, {"messages", "hi"}}.dump(), 400,
+               "messages");
+  expect_error("/v1/completions", std::string(2 << 20, ' '), 413);
+
+  httplib::Client anonymous("127.0.0.1", server->port());
+  auto r = anonymous.Post("/v1/completions", json{{"prompt", "x"}}.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401);
+  EXPECT_EQ(json::parse(r->body)["error"]["code"], "invalid_api_key");
+  EXPECT_EQ(anonymous.Get("/health")->status, 200);  // health needs no key
+
+  int status = 0;
+  const json ok = post(c, "/v1/completions",
+                       {{"model", "tiny"}, {"prompt", "still here"}, {"max_tokens", 3}}, &status);
+  EXPECT_EQ(status, 200) << ok.dump();
+}
+
+// Opens a raw connection, starts a stream, reads its first bytes and hangs up.
+void start_stream_and_hang_up(int port, const json& body) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const std::string payload = body.dump();
+  const std::string request =
+      "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
+      "Content-Type: application/json\r\nContent-Length: " +
+      std::to_string(payload.size()) + "\r\n\r\n" + payload;
+  ASSERT_EQ(::send(fd, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
+  std::string got;
+  char buf[4096];
+  while (got.find("data: ") == std::string::npos) {
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    ASSERT_GT(n, 0) << "the stream ended before its first event";
+    got.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+}
+
+TEST_F(ServerTest, AClientThatHangsUpMidStreamFreesItsSequenceAndKv) {
+  auto server = start(options());
+  auto c = client(*server);
+  start_stream_and_hang_up(server->port(), {{"model", "tiny"},
+                                            {"prompt", "a long story"},
+                                            {"max_tokens", 8000},
+                                            {"ignore_eos", true},
+                                            {"stream", true}});
+  EXPECT_TRUE(poll([&] {
+    return metric(c, "blend:request_cancelled_total{class=\"rt\"}") == 1 &&
+           metric(c, "blend:num_requests_running{class=\"rt\"}") == 0;
+  }));
+  EXPECT_TRUE(poll([&] { return metric(c, "blend:kv_cache_used_bytes") == 0; }));
+  EXPECT_EQ(metric(c, "blend:request_success_total{class=\"rt\",finished_reason=\"length\"}"), -1);
+  int status = 0;
+  post(c, "/v1/completions", {{"model", "tiny"}, {"prompt", "x"}, {"max_tokens", 2}}, &status);
+  EXPECT_EQ(status, 200);
+}
+
+class BatchApi : public ServerTest {
+ protected:
+  static std::string upload(httplib::Client& c, const std::string& jsonl) {
+    httplib::MultipartFormDataItems items = {{"purpose", "batch", "", ""},
+                                             {"file", jsonl, "in.jsonl", "application/jsonl"}};
+    auto r = c.Post("/v1/files", items);
+    EXPECT_TRUE(r);
+    if (!r) return "";
+    EXPECT_EQ(r->status, 200) << r->body;
+    const json f = json::parse(r->body);
+    EXPECT_EQ(f["object"], "file");
+    EXPECT_EQ(f["purpose"], "batch");
+    EXPECT_EQ(f["bytes"], jsonl.size());
+    return f["id"];
+  }
+
+  static json get(httplib::Client& c, const std::string& path) {
+    auto r = c.Get(path.c_str());
+    return r && r->status == 200 ? json::parse(r->body, nullptr, false) : json(nullptr);
+  }
+
+  static std::string line(const std::string& id, const std::string& prompt, int max_tokens) {
+    return json{{"custom_id", id},
+                {"method", "POST"},
+                {"url", "/v1/completions"},
+                {"body",
+                 {{"model", "tiny"},
+                  {"prompt", prompt},
+                  {"max_tokens", max_tokens},
+                  {"temperature", 0},
+                  {"ignore_eos", true}}}}
+               .dump() +
+           "\n";
+  }
+
+  static std::map<std::string, json> results(httplib::Client& c, const json& batch) {
+    std::map<std::string, json> out;
+    auto r =
+        c.Get(("/v1/files/" + batch["output_file_id"].get<std::string>() + "/content").c_str());
+    EXPECT_TRUE(r && r->status == 200);
+    if (!r) return out;
+    std::istringstream in(r->body);
+    std::string l;
+    while (std::getline(in, l)) {
+      const json j = json::parse(l);
+      EXPECT_EQ(out.count(j["custom_id"]), 0u) << "duplicate " << j["custom_id"];
+      out[j["custom_id"]] = j;
+    }
+    return out;
+  }
+};
+
+TEST_F(BatchApi, UploadRunPollAndDownload) {
+  auto server = start(options("batch1"));
+  auto c = client(*server);
+  const std::string jsonl = line("a", "The sky is", 6) + line("b", "Rivers run", 9) +
+                            "{\"custom_id\": \"c\", \"method\": \"POST\", \"url\": "
+                            "\"/v1/embeddings\", \"body\": {}}\n";
+  const std::string file_id = upload(c, jsonl);
+  EXPECT_EQ(get(c, "/v1/files/" + file_id)["id"], file_id);
+  EXPECT_EQ(c.Get(("/v1/files/" + file_id + "/content").c_str())->body, jsonl);
+
+  int status = 0;
+  const json created = post(
+      c, "/v1/batches",
+      {{"input_file_id", file_id}, {"endpoint", "/v1/completions"}, {"completion_window", "24h"}},
+      &status);
+  ASSERT_EQ(status, 200) << created.dump();
+  EXPECT_EQ(created["object"], "batch");
+  const std::string id = created["id"];
+  json batch;
+  ASSERT_TRUE(poll([&] {
+    batch = get(c, "/v1/batches/" + id);
+    return batch.is_object() && batch["status"] == "completed";
+  })) << batch.dump();
+  EXPECT_EQ(batch["request_counts"]["total"], 3);
+  EXPECT_EQ(batch["request_counts"]["completed"], 2);
+  EXPECT_EQ(batch["request_counts"]["failed"], 1);
+  const auto out = results(c, batch);
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out.at("c")["response"]["status_code"], 400);
+  // A batch line gives the tokens the same request gets online (temperature 0, deterministic).
+  const json online = post(c, "/v1/completions",
+                           {{"model", "tiny"},
+                            {"prompt", "Rivers run"},
+                            {"max_tokens", 9},
+                            {"temperature", 0},
+                            {"ignore_eos", true}},
+                           &status);
+  const json& body = out.at("b")["response"]["body"];
+  EXPECT_EQ(body["choices"][0]["text"], online["choices"][0]["text"]);
+  EXPECT_EQ(body["usage"]["completion_tokens"], 9);
+  EXPECT_EQ(metric(c, "blend:request_success_total{class=\"be\",finished_reason=\"length\"}"), 2);
+
+  EXPECT_EQ(c.Get("/v1/batches/batch_nope")->status, 404);
+  EXPECT_EQ(
+      post(c, "/v1/batches", {{"input_file_id", "file-nope"}, {"endpoint", "/v1/completions"}},
+           &status)["error"]["param"],
+      "input_file_id");
+  EXPECT_EQ(status, 404);
+}
+
+TEST_F(BatchApi, ARestartedServerResumesAnUnfinishedBatch) {
+  const int n = 8;
+  std::string jsonl;
+  // Lengths far apart, so that the short lines are done while the long ones still run.
+  for (int i = 0; i < n; ++i)
+    jsonl += line("r" + std::to_string(i), "line " + std::to_string(i), i == 0 ? 2 : 600 + 50 * i);
+  std::string id;
+  {
+    auto server = start(options("batch2"));
+    auto c = client(*server);
+    const std::string file_id = upload(c, jsonl);
+    int status = 0;
+    id = post(c, "/v1/batches", {{"input_file_id", file_id}, {"endpoint", "/v1/completions"}},
+              &status)["id"];
+    ASSERT_TRUE(poll([&] {
+      return get(c, "/v1/batches/" + id)["request_counts"]["completed"].get<int>() >= 1;
+    }));
+    const json mid = get(c, "/v1/batches/" + id);
+    ASSERT_EQ(mid["status"], "in_progress") << "the batch must still run when the server stops";
+  }  // the server stops with most of the batch unfinished
+
+  auto server = start(options("batch2"));
+  auto c = client(*server);
+  json batch;
+  ASSERT_TRUE(poll(
+      [&] {
+        batch = get(c, "/v1/batches/" + id);
+        return batch.is_object() && batch["status"] == "completed";
+      },
+      300))
+      << batch.dump();
+  EXPECT_EQ(batch["request_counts"]["total"], n);
+  EXPECT_EQ(batch["request_counts"]["completed"], n);
+  const auto out = results(c, batch);
+  ASSERT_EQ(out.size(), static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    const json& r = out.at("r" + std::to_string(i));
+    EXPECT_EQ(r["response"]["status_code"], 200);
+    EXPECT_EQ(r["response"]["body"]["usage"]["completion_tokens"], i == 0 ? 2 : 600 + 50 * i);
+  }
+}
+
+TEST_F(BatchApi, CancelStopsTheBatchAndFreesItsKv) {
+  auto server = start(options("batch3"));
+  auto c = client(*server);
+  std::string jsonl;
+  for (int i = 0; i < 6; ++i)
+    jsonl += line("k" + std::to_string(i), "go " + std::to_string(i), 7000);
+  const std::string file_id = upload(c, jsonl);
+  int status = 0;
+  const std::string id =
+      post(c, "/v1/batches", {{"input_file_id", file_id}, {"endpoint", "/v1/completions"}},
+           &status)["id"];
+  ASSERT_TRUE(poll([&] { return metric(c, "blend:num_requests_running{class=\"be\"}") == 6; }));
+  const json cancelling = post(c, "/v1/batches/" + id + "/cancel", json::object(), &status);
+  EXPECT_EQ(status, 200);
+  EXPECT_TRUE(cancelling["status"] == "cancelling" || cancelling["status"] == "cancelled");
+  json batch;
+  ASSERT_TRUE(poll([&] {
+    batch = get(c, "/v1/batches/" + id);
+    return batch["status"] == "cancelled";
+  }));
+  EXPECT_EQ(batch["request_counts"]["completed"], 0);
+  EXPECT_EQ(metric(c, "blend:num_requests_running{class=\"be\"}"), 0);
+  EXPECT_EQ(metric(c, "blend:request_cancelled_total{class=\"be\"}"), 6);
+  EXPECT_TRUE(poll([&] { return metric(c, "blend:kv_cache_used_bytes") == 0; }));
+  post(c, "/v1/batches/" + id + "/cancel", json::object(), &status);
+  EXPECT_EQ(status, 400);  // already cancelled
+}
+
+// The official OpenAI Node client (setup.sh installs it) against the `blend serve` binary.
+TEST(ServerOpenAiClient, TheOfficialNodeClientWorks) {
+  const std::string modules = BLEND_TEST_NODE_MODULES;
+  if (!std::filesystem::exists(std::filesystem::path(modules) / "openai" / "package.json"))
+    GTEST_SKIP() << "the openai npm package is not installed (run scripts/setup.sh)";
+  if (testing::run_command("node --version").exit_code != 0) GTEST_SKIP() << "node is missing";
+  testing::TempDir dir;
+  RandomInitOptions o;
+  o.seed = 9;
+  o.tokenizer_dir = BLEND_TEST_TOKENIZER_DIR;
+  write_random_model(*find_model_preset("tiny"), dir / "tiny", o);
+  const std::string port_file = (dir / "port").string();
+  // Port 0 lets the kernel pick; the server prints the port it got.
+  const std::string serve =
+      std::string("'") + BLEND_BINARY + "' serve --model " + (dir / "tiny").string() +
+      " --port 0 --api-key k --data-dir " + (dir / "data").string() +
+      " --threads 2 --kv-memory 0.05 --deterministic >/dev/null 2>" + port_file + " & echo $!";
+  const auto started = testing::run_command(serve);
+  const std::string pid = started.output.substr(0, started.output.find('\n'));
+  int port = 0;
+  for (int i = 0; i < 3000 && port == 0; ++i) {
+    const std::string log = testing::read_file(port_file);
+    if (auto at = log.find("127.0.0.1:"); at != std::string::npos)
+      port = std::stoi(log.substr(at + 10));
+    if (port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_GT(port, 0) << testing::read_file(port_file);
+  const auto r = testing::run_command(
+      "NODE_PATH='" + modules + "' node '" + BLEND_SOURCE_DIR +
+      "/tests/server/openai_client.cjs' http://127.0.0.1:" + std::to_string(port) + "/v1 k 2>&1");
+  testing::run_command("kill " + pid);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("openai client: ok"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace blend
