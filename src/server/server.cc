@@ -694,24 +694,28 @@ void Server::Impl::line_done(const std::shared_ptr<BatchJob>& job) {
 
 // Engine thread: publishes the results file and the final status.
 void Server::Impl::finish_job(const std::shared_ptr<BatchJob>& job) {
+  std::string id;
+  {
+    std::lock_guard lock(batches_mu);
+    const json& b = job->batch;
+    if (b["status"] == "completed" || b["status"] == "cancelled") return;
+    id = b["id"];
+  }
+  // The results are all written: publish their file before the status that points at it.
+  store->register_file(job->output_id, id + "_output.jsonl", "batch_output");
   json snapshot;
   {
     std::lock_guard lock(batches_mu);
     json& b = job->batch;
-    if (b["status"] == "completed" || b["status"] == "cancelled") return;
     const int64_t now = unix_seconds();
     const bool cancelled = job->cancelling || b["status"] == "cancelling";
     b["status"] = cancelled ? "cancelled" : "completed";
     b[cancelled ? "cancelled_at" : "completed_at"] = now;
     b["finalizing_at"] = now;
+    b["output_file_id"] = job->output_id;
     snapshot = b;
   }
-  json f = store->register_file(job->output_id, snapshot["id"].get<std::string>() + "_output.jsonl",
-                                "batch_output");
-  snapshot["output_file_id"] = job->output_id;
   store->save_batch(snapshot);
-  std::lock_guard lock(batches_mu);
-  job->batch = snapshot;
 }
 
 Server::Server(const ServerOptions& options) : impl_(std::make_unique<Impl>(options)) {}
