@@ -25,12 +25,12 @@ namespace blend {
 // tensor-parallel degree it is served with.
 struct ModelShape {
   std::string name;
-  int64_t hidden_size = 0;        // H
-  int64_t num_layers = 0;         // L
-  int64_t kv_dim = 0;             // H_kv = kv_heads x head_dim
-  int64_t matmul_parameters = 0;  // P: parameters each token multiplies (QKV, O, FFN, lm_head)
+  int64_t hidden_size = 0;         // H
+  int64_t num_layers = 0;          // L
+  int64_t kv_dim = 0;              // H_kv = kv_heads x head_dim
+  int64_t matmul_parameters = 0;   // P: parameters each token multiplies (QKV, O, FFN, lm_head)
   int64_t lm_head_parameters = 0;  // the lm_head's share of P (vocab x H)
-  int64_t weight_bytes = 0;       // all parameters at 2 bytes (FP16/BF16)
+  int64_t weight_bytes = 0;        // all parameters at 2 bytes (FP16/BF16)
   int tensor_parallel = 1;
 
   // KV cache bytes of one token over all layers: key and value, FP16 (the "H_kv L 4").
