@@ -121,7 +121,9 @@ StepCost CostModel::estimate_step(const StepShape& step) const {
       (static_cast<double>(shape_.weight_bytes) + kv_read) / tp / hardware_.effective_bandwidth();
   if (shape_.tensor_parallel > 1)  // NanoFlow eq. 7: two AllGathers and one AllReduce per layer
     cost.network_seconds = 4 * dense_tokens * hl * 2 / hardware_.network_bandwidth;
-  if (dense_tokens > 0) cost.overhead_seconds = hardware_.step_overhead_seconds;
+  if (dense_tokens > 0)
+    cost.overhead_seconds =
+        hardware_.step_overhead_seconds + rows * hardware_.per_logit_row_seconds;
   return cost;
 }
 

@@ -42,6 +42,7 @@ void Hardware::validate() const {
   positive(compute_efficiency, "fit.compute_efficiency");
   positive(bandwidth_efficiency, "fit.bandwidth_efficiency");
   if (step_overhead_seconds < 0) throw Error("hardware profile: fit.step_overhead_seconds < 0");
+  if (per_logit_row_seconds < 0) throw Error("hardware profile: fit.per_logit_row_seconds < 0");
 }
 
 Hardware Hardware::from_json(const nlohmann::json& j) {
@@ -58,6 +59,7 @@ Hardware Hardware::from_json(const nlohmann::json& j) {
     h.compute_efficiency = fit.value("compute_efficiency", 1.0);
     h.bandwidth_efficiency = fit.value("bandwidth_efficiency", 1.0);
     h.step_overhead_seconds = fit.value("step_overhead_seconds", 0.0);
+    h.per_logit_row_seconds = fit.value("per_logit_row_seconds", 0.0);
   }
   h.validate();
   return h;
@@ -72,7 +74,8 @@ nlohmann::json Hardware::to_json() const {
           {"fit",
            {{"compute_efficiency", compute_efficiency},
             {"bandwidth_efficiency", bandwidth_efficiency},
-            {"step_overhead_seconds", step_overhead_seconds}}}};
+            {"step_overhead_seconds", step_overhead_seconds},
+            {"per_logit_row_seconds", per_logit_row_seconds}}}};
 }
 
 std::optional<Hardware> find_hardware_preset(std::string_view name) {

@@ -26,6 +26,9 @@ struct Hardware {
   double compute_efficiency = 1.0;
   double bandwidth_efficiency = 1.0;
   double step_overhead_seconds = 0.0;
+  // Host work per sampled row outside the forward pass (sampling over the vocabulary,
+  // detokenizing): what a CPU engine pays per logit row; 0 for the GPU presets.
+  double per_logit_row_seconds = 0.0;
 
   double effective_compute() const { return compute_flops * compute_efficiency; }
   double effective_bandwidth() const { return memory_bandwidth * bandwidth_efficiency; }

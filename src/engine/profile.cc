@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "engine/sampler.h"
 
 namespace blend {
 namespace {
@@ -144,6 +145,21 @@ BackendProfile profile_backend(Backend& backend, const ModelShape& shape,
     const double err = std::fabs(p.estimated_seconds - p.measured_seconds) / p.measured_seconds;
     out.mean_abs_error += err / static_cast<double>(out.points.size());
     out.max_abs_error = std::max(out.max_abs_error, err);
+  }
+
+  // Host work per sampled row (the sampler over the whole vocabulary): paid by the engine
+  // outside the forward pass, on every step.
+  {
+    std::vector<float> row(static_cast<size_t>(config.vocab_size));
+    for (size_t i = 0; i < row.size(); ++i) row[i] = static_cast<float>((i * 2654435761u) % 1000);
+    SamplingParams greedy;
+    greedy.temperature = 0;
+    const auto clock = options.clock ? options.clock : seconds_now;
+    constexpr int kRows = 64;
+    const double t0 = clock();
+#pragma omp parallel for schedule(dynamic, 1)  // as the engine samples its rows
+    for (int r = 0; r < kRows; ++r) (void)sample_token(row, greedy, 1, r);
+    out.hardware.per_logit_row_seconds = (clock() - t0) / kRows;
   }
 
   // BROS iteration model, per phase.
