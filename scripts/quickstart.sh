@@ -18,10 +18,10 @@ head -n 1 examples/requests.jsonl | python3 -c 'import json,sys; print(json.dump
 echo
 build/blend tokenize --model "$model" </tmp/blend-prompt.txt
 
-echo "== blend batch: examples/requests.jsonl -> results.jsonl (random weights: the text is noise)"
+echo "== blend batch (BlendServe order): examples/requests.jsonl -> results.jsonl (random weights: the text is noise)"
 rm -f results.jsonl
 build/blend batch --model "$model" --input examples/requests.jsonl --output results.jsonl \
-  --stats results.stats.json
+  --stats results.stats.json --policy blend
 head -c 600 results.jsonl
 echo
 cat results.stats.json
