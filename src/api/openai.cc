@@ -165,6 +165,9 @@ ApiRequest parse_api_request(Endpoint endpoint, const json& body, const Tokenize
     r.model = it->get<std::string>();
   r.params = parse_sampling(endpoint, body);
   r.stream = bool_field(body, "stream", false);
+  for (auto [key, slot] : {std::pair{"ttft_slo", &r.ttft_slo}, std::pair{"tpot_slo", &r.tpot_slo}})
+    if (body.contains(key) && !body[key].is_null())
+      *slot = number_field<double>(body, key, 0.0, 1e-6, 3600.0);
   if (auto it = body.find("stream_options"); it != body.end() && it->is_object())
     r.include_usage = bool_field(*it, "include_usage", false);
 

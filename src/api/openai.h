@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -49,6 +50,9 @@ struct ApiRequest {
   SamplingParams params;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  // Extension fields (seconds): latency targets of a real-time request (BROS §4.1); unset =
+  // the server's defaults.
+  std::optional<double> ttft_slo, tpot_slo;
 };
 
 // Parses a request body; tokenizes the prompt (rendering `messages` through the chat template).

@@ -307,7 +307,8 @@ void Server::Impl::check_request(const ApiRequest& request, const json& body) {
 std::shared_ptr<Pending> Server::Impl::submit(const ApiRequest& request, RequestClass cls) {
   auto p = std::make_shared<Pending>();
   p->cls = cls;
-  GenerationRequest gen{make_id("req-"), request.prompt, request.params, cls};
+  GenerationRequest gen{make_id("req-"),  request.prompt,  request.params, cls,
+                        request.ttft_slo, request.tpot_slo};
   loop->post([this, p, gen = std::move(gen)](Engine& engine) mutable {
     metrics.on_queued(p->cls);
     auto on_token = [this, p](TokenId, std::string_view delta) {

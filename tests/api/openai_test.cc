@@ -58,6 +58,18 @@ TEST_F(OpenAiTest, CompletionDefaultsAndFields) {
   EXPECT_EQ(r.params.logprobs, 3);
 }
 
+TEST_F(OpenAiTest, LatencyTargetsAreAnExtensionField) {
+  const ApiRequest r = parse_api_request(
+      Endpoint::kCompletions, json::parse(R"({"prompt":"x","ttft_slo":0.25,"tpot_slo":0.05})"),
+      *tokenizer_, template_);
+  EXPECT_DOUBLE_EQ(*r.ttft_slo, 0.25);
+  EXPECT_DOUBLE_EQ(*r.tpot_slo, 0.05);
+  const ApiRequest d = parse_api_request(Endpoint::kCompletions, json::parse(R"({"prompt":"x"})"),
+                                         *tokenizer_, template_);
+  EXPECT_FALSE(d.ttft_slo);
+  EXPECT_FALSE(d.tpot_slo);
+}
+
 TEST_F(OpenAiTest, ChatRendersTheTemplate) {
   ApiRequest r = parse(Endpoint::kChatCompletions,
                        R"({"messages":[{"role":"user","content":"Hi"}],"max_completion_tokens":7,)"
@@ -82,6 +94,8 @@ TEST_F(OpenAiTest, BadFieldsNameTheParameter) {
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","max_tokens":1.5})"),
             "max_tokens");
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","n":2})"), "n");
+  EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","ttft_slo":0})"), "ttft_slo");
+  EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","tpot_slo":"fast"})"), "tpot_slo");
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","stop":5})"), "stop");
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":["a","b"]})"), "prompt");
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":[1,-2]})"), "prompt");
