@@ -159,6 +159,18 @@ std::string Metrics::render() const {
   line("blend:kv_cache_used_bytes", "", static_cast<double>(engine_.kv_used_bytes));
   help("blend:kv_cache_capacity_bytes", "gauge", "KV cache size.");
   line("blend:kv_cache_capacity_bytes", "", static_cast<double>(engine_.kv_capacity_bytes));
+  help("blend:kv_cache_cached_idle_bytes", "gauge",
+       "KV bytes only the prefix cache holds (reclaimable at once).");
+  line("blend:kv_cache_cached_idle_bytes", "", static_cast<double>(engine_.kv_cached_idle_bytes));
+  help("blend:prefix_cache_hit_ratio", "gauge",
+       "Prompt tokens served from the prefix cache / prompt tokens, since start.");
+  line("blend:prefix_cache_hit_ratio", "",
+       engine_.prompt_tokens ? static_cast<double>(engine_.cached_prompt_tokens) /
+                                   static_cast<double>(engine_.prompt_tokens)
+                             : 0.0);
+  help("blend:prefix_cache_hit_tokens_total", "counter", "Prompt tokens served from the cache.");
+  line("blend:prefix_cache_hit_tokens_total", "",
+       static_cast<double>(engine_.cached_prompt_tokens));
   help("blend:num_preemptions_total", "counter", "Sequences preempted (KV recomputed).");
   line("blend:num_preemptions_total", "", static_cast<double>(engine_.preemptions));
   help("blend:iterations_total", "counter", "Engine steps.");

@@ -162,6 +162,18 @@ TEST_F(ServerTest, HealthModelsAndCompletions) {
   EXPECT_EQ(metric(c, "blend:request_success_total{class=\"be\",finished_reason=\"length\"}"), 1);
   EXPECT_EQ(metric(c, "blend:time_to_first_token_seconds_count{class=\"rt\"}"), 2);
   EXPECT_EQ(metric(c, "blend:generation_tokens_total{class=\"rt\"}"), 13);
+
+  // The same long prompt twice: the second is served from the prefix cache, and says so.
+  std::string text;
+  for (int i = 0; i < 40; ++i) text += " word" + std::to_string(i);
+  for (int k = 0; k < 2; ++k) {
+    r = post(c, "/v1/completions",
+             {{"prompt", text}, {"max_tokens", 2}, {"ttft_slo", 5.0}, {"tpot_slo", 1.0}}, &status);
+    ASSERT_EQ(status, 200) << r.dump();
+  }
+  EXPECT_GT(r["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 40);
+  EXPECT_GT(metric(c, "blend:prefix_cache_hit_ratio"), 0.0);
+  EXPECT_GT(metric(c, "blend:prefix_cache_hit_tokens_total"), 40);
 }
 
 TEST_F(ServerTest, StreamingChunksConcatenateToTheNonStreamingText) {
