@@ -37,6 +37,7 @@ struct BatchArgs {
   std::string policy = "fcfs";   // fcfs = input order, all queued at once; else a plan's
   std::string hardware = "cpu";  // for the planner's cost model (a `blend profile` file)
   double assumed_output = 256;   // planner's guess when a request's length is not known
+  SamplingOptions sampling{.fraction = 0.01, .seed = 1};
 };
 
 // What the planner assumes about this machine without a `blend profile` file: a 2-core CPU
@@ -134,7 +135,8 @@ void run_batch(const BatchArgs& args) {
         args.hardware == "cpu" ? default_cpu_hardware() : resolve_hardware(args.hardware);
     const CostModel cost(ModelShape::from_config(engine.config(), model_name), hw);
     plan_stats = run_planned(engine, planned, plan::parse_policy(args.policy), cost,
-                             static_cast<double>(engine.stats().kv_capacity_bytes), on_result);
+                             static_cast<double>(engine.stats().kv_capacity_bytes), on_result,
+                             args.sampling);
   }
   while (engine.has_work()) {
     engine.step();
@@ -178,6 +180,10 @@ void run_batch(const BatchArgs& args) {
       {"policy", args.policy},
       {"deterministic", args.engine.deterministic},
       {"threads", args.engine.threads}};
+  if (plan_stats) {
+    stats["sampled_requests"] = plan_stats->sampled_requests;
+    stats["sampling_seconds"] = plan_stats->sampling_seconds;
+  }
   if (!args.quiet)
     std::fprintf(stderr,
                  "blend batch: %lld requests (%lld failed, %lld already done), %lld in + %lld out "
@@ -212,6 +218,11 @@ void register_batch_command(CLI::App& app) {
   cmd->add_option("--hardware", args->hardware,
                   "The planner's view of this machine: a `blend profile` file (default: a "
                   "built-in 2-core CPU estimate)");
+  cmd->add_option("--sample-fraction", args->sampling.fraction,
+                  "With a planned --policy: this fraction of the requests without ignore_eos "
+                  "runs first and their output lengths estimate the others' (BlendServe §5.1; "
+                  "default 0.01)")
+      ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--assume-output", args->assumed_output,
                   "Output length the planner assumes for requests without ignore_eos");
   cmd->add_flag("--quiet", args->quiet, "No progress bar or summary");

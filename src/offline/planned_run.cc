@@ -1,6 +1,10 @@
 #include "offline/planned_run.h"
 
+#include <algorithm>
+#include <cmath>
 #include <memory>
+#include <optional>
+#include <random>
 #include <unordered_map>
 
 #include "core/error.h"
@@ -32,18 +36,102 @@ SimStepCost simulate_step_cost(const CostModel& cost, Overlap overlap) {
   };
 }
 
-PlannedRunStats run_planned(Engine& engine, const std::vector<OfflineRequest>& requests,
+namespace {
+
+// Picks round(p x n) of the n requests with unknown output lengths (at least one when p > 0),
+// reproducibly from `seed`.
+std::vector<char> choose_samples(const std::vector<OfflineRequest>& requests,
+                                 const SamplingOptions& sampling) {
+  std::vector<char> chosen(requests.size(), 0);
+  if (sampling.fraction <= 0) return chosen;
+  std::vector<size_t> unknown;
+  for (size_t i = 0; i < requests.size(); ++i)
+    if (!requests[i].output_known) unknown.push_back(i);
+  if (unknown.empty()) return chosen;
+  const auto want = std::clamp<size_t>(
+      static_cast<size_t>(std::llround(sampling.fraction * static_cast<double>(unknown.size()))),
+      1, unknown.size());
+  std::mt19937_64 rng(sampling.seed);
+  std::shuffle(unknown.begin(), unknown.end(), rng);
+  for (size_t k = 0; k < want; ++k) chosen[unknown[k]] = 1;
+  return chosen;
+}
+
+}  // namespace
+
+PlannedRunStats run_planned(Engine& engine, const std::vector<OfflineRequest>& all_requests,
                             plan::Policy policy, const CostModel& cost, double kv_memory_bytes,
-                            const std::function<void(GenerationResult&&)>& on_result) {
-  if (requests.empty()) throw Error("no requests to run");
+                            const std::function<void(GenerationResult&&)>& on_result,
+                            const SamplingOptions& sampling) {
+  if (all_requests.empty()) throw Error("no requests to run");
+  const double t_start = engine.clock_seconds();
+  const EngineStats at_start = engine.stats();
   std::vector<plan::PlanRequest> plan_requests;
-  plan_requests.reserve(requests.size());
+  plan_requests.reserve(all_requests.size());
   std::unordered_map<std::string, int32_t> index_of;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    plan_requests.push_back({requests[i].id, requests[i].prompt, requests[i].output_estimate,
-                             requests[i].output_known});
-    if (!index_of.emplace(requests[i].id, static_cast<int32_t>(i)).second)
-      throw Error("duplicate request id " + requests[i].id);
+  for (size_t i = 0; i < all_requests.size(); ++i) {
+    plan_requests.push_back({all_requests[i].id, all_requests[i].prompt,
+                             all_requests[i].output_estimate, all_requests[i].output_known});
+    if (!index_of.emplace(all_requests[i].id, static_cast<int32_t>(i)).second)
+      throw Error("duplicate request id " + all_requests[i].id);
+  }
+
+  // §5.1 sampling pass: run the sampled requests to completion first, then estimate the others'
+  // output lengths over the prefix tree of all requests.
+  const std::vector<char> sampled = choose_samples(all_requests, sampling);
+  std::vector<OfflineRequest> requests;  // what the plan covers: everything not sampled
+  int64_t num_sampled = 0;
+  std::optional<double> sharing_optimal;  // s_o of all requests, sampled ones included
+  if (std::find(sampled.begin(), sampled.end(), 1) != sampled.end()) {
+    std::vector<std::optional<double>> lengths(all_requests.size());
+    for (size_t i = 0; i < all_requests.size(); ++i) {
+      if (!sampled[i]) continue;
+      const OfflineRequest& q = all_requests[i];
+      ++num_sampled;
+      engine.submit({q.id, q.prompt, q.params, RequestClass::kBestEffort, {}, {}},
+                    [&, i](GenerationResult&& g) {
+                      lengths[i] = static_cast<double>(g.tokens.size());
+                      if (on_result) on_result(std::move(g));
+                    });
+    }
+    engine.run_until_done();
+    double fallback = 0;
+    for (size_t i = 0; i < all_requests.size(); ++i) fallback += lengths[i].value_or(0);
+    fallback /= static_cast<double>(num_sampled);
+    const plan::PrefixTree all_tree(plan_requests);
+    sharing_optimal = all_tree.optimal_sharing_ratio();
+    const std::vector<double> estimate = plan::estimate_output_lengths(all_tree, lengths, fallback);
+    std::vector<plan::PlanRequest> rest;
+    for (size_t i = 0; i < all_requests.size(); ++i) {
+      if (sampled[i]) continue;
+      OfflineRequest q = all_requests[i];
+      if (!q.output_known)
+        q.output_estimate = std::min<double>(estimate[i], q.params.max_tokens);
+      rest.push_back({q.id, q.prompt, q.output_estimate, q.output_known});
+      requests.push_back(std::move(q));
+    }
+    plan_requests = std::move(rest);
+    index_of.clear();
+    for (size_t i = 0; i < requests.size(); ++i)
+      index_of.emplace(requests[i].id, static_cast<int32_t>(i));
+  } else {
+    requests = all_requests;
+  }
+  const double sampling_seconds = engine.clock_seconds() - t_start;
+
+  PlannedRunStats st;
+  st.sampled_requests = num_sampled;
+  st.sampling_seconds = sampling_seconds;
+  if (requests.empty()) {  // everything was sampled
+    const EngineStats after = engine.stats();
+    st.policy = plan::policy_name(policy);
+    st.requests = static_cast<int64_t>(all_requests.size());
+    st.prompt_tokens = after.prompt_tokens - at_start.prompt_tokens;
+    st.output_tokens = after.output_tokens - at_start.output_tokens;
+    st.steps = after.steps - at_start.steps;
+    st.seconds = engine.clock_seconds() - t_start;
+    st.sharing_optimal = sharing_optimal.value_or(0);
+    return st;
   }
   plan::PrefixTree tree(plan_requests);
   plan::PlanOptions options;
@@ -55,14 +143,13 @@ PlannedRunStats run_planned(Engine& engine, const std::vector<OfflineRequest>& r
   else
     stream = std::make_unique<plan::OrderedStream>(plan, plan_requests, cost, kv_memory_bytes);
 
-  PlannedRunStats st;
   st.policy = plan::policy_name(policy);
-  st.sharing_optimal = plan.optimal_sharing_ratio;
+  st.sharing_optimal = sharing_optimal.value_or(plan.optimal_sharing_ratio);
   st.root_density = plan.root_density;
   st.compute_seconds = plan.root.compute_seconds;
   st.memory_seconds = plan.root.memory_seconds;
-  const EngineStats before = engine.stats();
-  const double t0 = engine.clock_seconds();
+  const EngineStats before = at_start;
+  const double t0 = t_start;
   std::vector<int32_t> finished;
   int64_t in_flight = 0;
   while (!stream->exhausted() || engine.has_work()) {
@@ -88,7 +175,7 @@ PlannedRunStats run_planned(Engine& engine, const std::vector<OfflineRequest>& r
     finished.clear();
   }
   const EngineStats after = engine.stats();
-  st.requests = static_cast<int64_t>(requests.size());
+  st.requests = static_cast<int64_t>(all_requests.size());
   st.prompt_tokens = after.prompt_tokens - before.prompt_tokens;
   st.output_tokens = after.output_tokens - before.output_tokens;
   st.steps = after.steps - before.steps;

@@ -25,8 +25,19 @@ struct OfflineRequest {
   bool output_known = false;
 };
 
+// Output-length sampling (BlendServe §5.1): before planning, a fraction of the requests whose
+// output length is not known runs first, in input order; their true lengths estimate the rest
+// (estimate_output_lengths: own subtree, then siblings, then ancestors). Their results go to
+// the caller like any other: nothing is computed twice.
+struct SamplingOptions {
+  double fraction = 0;  // p; 0 = no sampling pass (the requests' own estimates are used)
+  uint64_t seed = 0;    // which requests are sampled
+};
+
 struct PlannedRunStats {
   std::string policy;
+  int64_t sampled_requests = 0;   // run in the sampling pass
+  double sampling_seconds = 0;    // engine-clock time of that pass (included in `seconds`)
   int64_t requests = 0;
   int64_t prompt_tokens = 0, output_tokens = 0;
   double seconds = 0;  // on the engine's clock (virtual for the simulator)
@@ -45,7 +56,8 @@ struct PlannedRunStats {
 // `kv_memory_bytes` of KV reservations. `on_result` sees each result as it finishes.
 PlannedRunStats run_planned(Engine& engine, const std::vector<OfflineRequest>& requests,
                             plan::Policy policy, const CostModel& cost, double kv_memory_bytes,
-                            const std::function<void(GenerationResult&&)>& on_result = {});
+                            const std::function<void(GenerationResult&&)>& on_result = {},
+                            const SamplingOptions& sampling = {});
 
 enum class Overlap { kSequential, kOverlapped };
 

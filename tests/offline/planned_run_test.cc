@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <random>
 #include <set>
@@ -74,6 +75,54 @@ TEST(PlannedRun, EveryPolicyRunsEveryRequestOnTheSimulator) {
       EXPECT_LE(st.sharing_ratio, st.sharing_optimal + 1e-9);
       engine.check_invariants();
     }
+  }
+}
+
+// BlendServe §5.1: a fraction of the requests with unknown output lengths runs first; their
+// results are returned like the others (each request exactly once) and the rest is planned.
+TEST(PlannedRun, SamplingPassRunsAFractionFirstAndEveryRequestOnce) {
+  const CostModel cost(*find_model_shape_preset("llama-3-8b"), *find_hardware_preset("a100-80g"));
+  auto requests = workload(6, 20, 5);
+  for (size_t i = 0; i < requests.size(); ++i)
+    if (i % 4 != 0) {  // three in four do not know their length; the planner guesses 64
+      requests[i].output_known = false;
+      requests[i].params.ignore_eos = false;
+      requests[i].output_estimate = 64;
+    }
+  ModelConfig config;
+  config.hidden_size = cost.shape().hidden_size;
+  config.num_layers = cost.shape().num_layers;
+  config.num_heads = config.num_kv_heads = 1;
+  config.head_dim = cost.shape().kv_dim;
+  config.vocab_size = 1 << 20;
+  config.max_position_embeddings = 1 << 20;
+  const auto page_bytes = static_cast<int64_t>(cost.kv_bytes_per_token_per_device()) * 16;
+  for (double fraction : {0.0, 0.1, 1.0}) {
+    SimBackendOptions so{.num_pages = 4'000'000'000 / page_bytes, .kv_bytes_per_page = page_bytes};
+    Engine engine(config,
+                  std::make_unique<SimBackend>(
+                      config, so, simulate_step_cost(cost, Overlap::kOverlapped)),
+                  EngineOptions{});
+    std::vector<std::string> order;
+    const PlannedRunStats st = run_planned(
+        engine, requests, plan::Policy::kBlend, cost, 4e9,
+        [&](GenerationResult&& g) { order.push_back(g.id); }, {.fraction = fraction, .seed = 3});
+    const std::set<std::string> unique(order.begin(), order.end());
+    EXPECT_EQ(order.size(), requests.size()) << fraction;
+    EXPECT_EQ(unique.size(), requests.size()) << fraction;
+    EXPECT_EQ(st.sampled_requests, fraction == 0 ? 0 : fraction == 1 ? 90 : 9);
+    EXPECT_EQ(st.requests, static_cast<int64_t>(requests.size()));
+    // The sampled requests finish before any planned one starts: the first results are theirs,
+    // and none of them is a request whose length was known.
+    for (size_t k = 0; k < static_cast<size_t>(st.sampled_requests); ++k) {
+      const auto it = std::find_if(requests.begin(), requests.end(),
+                                   [&](const OfflineRequest& r) { return r.id == order[k]; });
+      EXPECT_FALSE(it->output_known) << order[k];
+    }
+    if (fraction > 0) {
+      EXPECT_GT(st.sampling_seconds, 0);
+    }
+    EXPECT_NEAR(st.sharing_optimal, 0.2, 0.2);
   }
 }
 
