@@ -47,6 +47,12 @@ class Backend {
   // This is how KV leaves for and returns from the host and disk tiers: one run, one buffer.
   virtual void read_pages(std::span<const PageId> pages, std::byte* out) const = 0;
   virtual void write_pages(std::span<const PageId> pages, const std::byte* in) = 0;
+  // Slots [first, first + count) of one page's K/V (all layers) into / out of `image`, a
+  // kv_bytes_per_page() buffer laid out as read_pages writes one page; the other bytes of the
+  // image are left alone. BROS lazy checkpointing (§5.2) saves only the slots a peer sequence
+  // is about to overwrite.
+  virtual void read_slots(PageId page, int32_t first, int32_t count, std::byte* image) const = 0;
+  virtual void write_slots(PageId page, int32_t first, int32_t count, const std::byte* image) = 0;
 
   // A simulating backend (backend/sim) does no arithmetic and keeps its own clock. The engine
   // then passes it only the chunks' shapes (no tokens, positions or block tables), appends

@@ -8,14 +8,15 @@ class App;
 
 namespace blend::cli {
 
-void register_model_commands(CLI::App& app);    // blend model init | info
-void register_tokenize_command(CLI::App& app);  // blend tokenize
-void register_template_command(CLI::App& app);  // blend template
-void register_batch_command(CLI::App& app);     // blend batch
-void register_plan_command(CLI::App& app);      // blend plan
-void register_simulate_command(CLI::App& app);  // blend simulate
-void register_profile_command(CLI::App& app);   // blend profile
-void register_serve_command(CLI::App& app);     // blend serve
-void register_workload_command(CLI::App& app);  // blend workload synth
+void register_model_commands(CLI::App& app);          // blend model init | info
+void register_tokenize_command(CLI::App& app);        // blend tokenize
+void register_template_command(CLI::App& app);        // blend template
+void register_batch_command(CLI::App& app);           // blend batch
+void register_plan_command(CLI::App& app);            // blend plan
+void register_simulate_command(CLI::App& app);        // blend simulate
+void register_simulate_serve_command(CLI::App& app);  // blend simulate-serve
+void register_profile_command(CLI::App& app);         // blend profile
+void register_serve_command(CLI::App& app);           // blend serve
+void register_workload_command(CLI::App& app);        // blend workload synth
 
 }  // namespace blend::cli

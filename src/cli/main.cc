@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   blend::cli::register_batch_command(app);
   blend::cli::register_plan_command(app);
   blend::cli::register_simulate_command(app);
+  blend::cli::register_simulate_serve_command(app);
   blend::cli::register_profile_command(app);
   blend::cli::register_serve_command(app);
   blend::cli::register_workload_command(app);

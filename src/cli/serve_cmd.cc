@@ -86,8 +86,18 @@ void register_serve_command(CLI::App& app) {
                   "Default time-to-first-token target of real-time requests, seconds (0.4)");
   cmd->add_option("--tpot-slo", o->engine.tpot_slo,
                   "Default time-per-output-token target of real-time requests, seconds (0.2)");
-  cmd->callback([o, profile] {
+  auto layout = std::make_shared<std::string>("auto");
+  cmd->add_option("--kv-layout", *layout,
+                  "KV pages shared by a real-time and a best-effort request from opposite ends "
+                  "(BROS §5): bidirectional, unidirectional, or auto (bidirectional with "
+                  "--policy hybrid, as BROS; unidirectional for its baselines)")
+      ->check(CLI::IsMember({"auto", "bidirectional", "unidirectional"}))
+      ->capture_default_str();
+  cmd->callback([o, profile, layout] {
     if (!profile->empty()) o->engine.scheduler.iteration_cost = read_iteration_model(*profile);
+    o->engine.scheduler.bidirectional_kv =
+        *layout == "bidirectional" ||
+        (*layout == "auto" && o->engine.scheduler.policy == SchedulerPolicy::kHybrid);
     run_serve(*o);
   });
 }

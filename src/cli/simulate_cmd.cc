@@ -31,23 +31,8 @@ struct SimulateArgs {
   int32_t page_size = 16;
   int32_t max_batch_tokens = 2048;
   int32_t max_running = 1024;
+  SamplingOptions sampling{.fraction = 0.01, .seed = 1};
 };
-
-// A model config the engine can run on the simulator: the shape's KV geometry, and a
-// vocabulary and context large enough for any workload's token ids.
-ModelConfig sim_config(const ModelShape& shape) {
-  ModelConfig c;
-  c.architecture = "sim";
-  c.hidden_size = shape.hidden_size;
-  c.num_layers = shape.num_layers;
-  c.num_kv_heads = 1;
-  c.head_dim = shape.kv_dim;
-  c.num_heads = 1;
-  c.vocab_size = 1 << 30;
-  c.max_position_embeddings = 1 << 30;
-  c.eos_token_ids.clear();
-  return c;
-}
 
 std::vector<OfflineRequest> read_workload(const std::string& path) {
   std::vector<OfflineRequest> out;
@@ -89,7 +74,7 @@ void run_simulate(const SimulateArgs& args) {
           : 0.9 * hw.memory_bytes - static_cast<double>(shape->weight_bytes) / args.tensor_parallel;
   if (kv_memory <= 0) throw Error("the model's weights do not fit; raise --tp or set --kv-memory");
   const std::vector<OfflineRequest> requests = read_workload(args.workload);
-  const ModelConfig config = sim_config(*shape);
+  const ModelConfig config = sim_model_config(*shape);
   const auto page_bytes =
       static_cast<int64_t>(cost.kv_bytes_per_token_per_device()) * args.page_size;
 
@@ -114,7 +99,8 @@ void run_simulate(const SimulateArgs& args) {
     eo.scheduler.max_running = args.max_running;
     Engine engine(config,
                   std::make_unique<SimBackend>(config, so, simulate_step_cost(cost, overlap)), eo);
-    const PlannedRunStats st = run_planned(engine, requests, policy, cost, kv_memory);
+    const PlannedRunStats st =
+        run_planned(engine, requests, policy, cost, kv_memory, {}, args.sampling);
     // Ideal: optimal sharing, compute and memory perfectly overlapped (BlendServe §3, T_o).
     const double ideal = std::max((1 - st.sharing_optimal) * st.compute_seconds, st.memory_seconds);
     const nlohmann::json j = {{"policy", entry},
@@ -131,7 +117,8 @@ void run_simulate(const SimulateArgs& args) {
                               {"fraction_of_ideal", st.seconds > 0 ? ideal / st.seconds : 0},
                               {"sharing_ratio", st.sharing_ratio},
                               {"sharing_optimal", st.sharing_optimal},
-                              {"root_density", st.root_density}};
+                              {"root_density", st.root_density},
+                              {"sampled_requests", st.sampled_requests}};
     std::printf("%s\n", j.dump().c_str());
     std::fflush(stdout);
   }
@@ -156,6 +143,11 @@ void register_simulate_command(CLI::App& app) {
   cmd->add_option("--page-size", args->page_size, "Tokens per KV page");
   cmd->add_option("--max-batch-tokens", args->max_batch_tokens, "Token budget of one step");
   cmd->add_option("--max-running", args->max_running, "Sequences running at once");
+  cmd->add_option("--sample-fraction", args->sampling.fraction,
+                  "Output-length sampling (BlendServe §5.1): this fraction of the requests "
+                  "without ignore_eos runs first; their lengths estimate the others' (0.01)")
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--sample-seed", args->sampling.seed, "Which requests are sampled");
   cmd->callback([args] { run_simulate(*args); });
 }
 

@@ -5,6 +5,7 @@
 // never depends on whether its context was computed in this step or an earlier one.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -21,16 +22,26 @@ struct SeqChunk {
   // block_table[p / page_size], slot p % page_size.
   std::vector<PageId> block_table;
   bool wants_logits = false;  // produce logits for the chunk's last token
-  // Fill direction (BROS §5 bidirectional pages): the sequence's tokens occupy each of its
-  // pages from the last slot backwards, slot page_size - 1 - p % page_size, so that another
-  // sequence can fill the same page from slot 0. Results do not depend on the direction.
-  bool fills_from_end = false;
+  // Fill direction per page (BROS §5 bidirectional pages, the paper's "direction table" of
+  // the block table's shape): where reversed_pages[j] is set, the sequence's tokens occupy
+  // block_table[j] from the last slot backwards, slot page_size - 1 - p % page_size, so that
+  // another sequence can fill the same page from slot 0. Missing entries fill from slot 0.
+  // Results do not depend on the direction.
+  std::vector<uint8_t> reversed_pages;
 };
 
 // The slot of position `pos` within its page.
 inline int64_t kv_slot(const SeqChunk& c, int64_t pos, int64_t page_size) {
   const int64_t slot = pos % page_size;
-  return c.fills_from_end ? page_size - 1 - slot : slot;
+  const auto j = static_cast<size_t>(pos / page_size);
+  return j < c.reversed_pages.size() && c.reversed_pages[j] ? page_size - 1 - slot : slot;
+}
+// Whether any of positions [0, n) lives in a reversed page.
+inline bool has_reversed_pages(const SeqChunk& c, int64_t n, int64_t page_size) {
+  const auto pages = static_cast<size_t>((n + page_size - 1) / page_size);
+  for (size_t j = 0; j < std::min(pages, c.reversed_pages.size()); ++j)
+    if (c.reversed_pages[j]) return true;
+  return false;
 }
 
 struct ForwardBatch {

@@ -3,6 +3,7 @@
 // Plain data: the scheduler, KV manager and engine each update their own fields.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -32,6 +33,10 @@ struct Sequence {
   SeqStatus status = SeqStatus::kWaiting;
   int32_t num_computed = 0;  // tokens whose K/V are in the cache
   std::vector<PageId> block_table;
+  // Per block-table entry, whether the sequence fills that page from its last slot backwards
+  // (it shares the page with a sequence filling it from slot 0: kv/bidirectional_pages).
+  // Missing entries are 0; all 0 unless the bidirectional KV layout is on.
+  std::vector<uint8_t> reversed_pages;
   int32_t num_preemptions = 0;
   int32_t num_cached_prompt = 0;  // prompt tokens served from the prefix cache at admission
   int64_t arrival = 0;            // admission order, for FCFS and preemption victims
@@ -42,6 +47,14 @@ struct Sequence {
   int32_t num_generated() const { return num_tokens() - prompt_len; }
   // Tokens still to feed through the model before the next token can be sampled.
   int32_t num_uncomputed() const { return num_tokens() - num_computed; }
+  bool page_reversed(size_t j) const { return j < reversed_pages.size() && reversed_pages[j]; }
+  // Tokens held in pages that fill from slot 0 before the first reversed one: what the prefix
+  // cache may take (it stores pages in that direction only).
+  int32_t cacheable_tokens(int32_t page_size) const {
+    for (size_t j = 0; j < reversed_pages.size(); ++j)
+      if (reversed_pages[j]) return std::min(num_computed, static_cast<int32_t>(j) * page_size);
+    return num_computed;
+  }
 };
 
 }  // namespace blend

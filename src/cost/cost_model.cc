@@ -127,4 +127,18 @@ StepCost CostModel::estimate_step(const StepShape& step) const {
   return cost;
 }
 
+ModelConfig sim_model_config(const ModelShape& shape) {
+  ModelConfig c;
+  c.architecture = "sim";
+  c.hidden_size = shape.hidden_size;
+  c.num_layers = shape.num_layers;
+  c.num_kv_heads = 1;
+  c.head_dim = shape.kv_dim;
+  c.num_heads = 1;
+  c.vocab_size = 1 << 30;
+  c.max_position_embeddings = 1 << 30;
+  c.eos_token_ids.clear();
+  return c;
+}
+
 }  // namespace blend

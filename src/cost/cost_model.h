@@ -45,6 +45,11 @@ struct ModelShape {
 // whose non-gated MLP ModelConfig cannot describe.
 std::optional<ModelShape> find_model_shape_preset(std::string_view name, int tensor_parallel = 1);
 
+// A model config the engine can run on the simulator (backend/sim): the shape's KV geometry
+// (one KV head of H_kv dims, so KV bytes match) and a vocabulary and context large enough for
+// any workload's token ids.
+ModelConfig sim_model_config(const ModelShape& shape);
+
 // One engine step: tokens run through the dense layers and the attention context they read.
 struct StepShape {
   int64_t prefill_tokens = 0;           // prompt tokens computed this step (chunks)

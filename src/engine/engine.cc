@@ -123,7 +123,9 @@ void Engine::init_kv_and_scheduler(int64_t page_bytes, int64_t num_pages) {
     }
     cache_ = std::make_unique<RadixCache>(*pool_, t);
   }
-  scheduler_ = std::make_unique<Scheduler>(*pool_, options.scheduler, cache_.get());
+  SchedulerOptions sched = options.scheduler;
+  sched.kv_page_bytes = backend_->kv_bytes_per_page();
+  scheduler_ = std::make_unique<Scheduler>(*pool_, sched, cache_.get());
   stats_.kv_capacity_bytes = num_pages * page_bytes;
 }
 
@@ -136,6 +138,7 @@ Engine::~Engine() {
 void Engine::check_invariants() const {
   if (cache_) cache_->check_invariants();
   pool_->check_invariants();
+  scheduler_->check_invariants();
 }
 
 int64_t Engine::max_sequence_tokens() const {
@@ -177,7 +180,7 @@ SeqId Engine::submit(GenerationRequest request, Callback on_done, TokenCallback 
   a->seq.request_class = request.request_class;
   a->seq.ttft_slo = request.ttft_slo.value_or(options_.ttft_slo);
   a->seq.tpot_slo = request.tpot_slo.value_or(options_.tpot_slo);
-  a->seq.arrival_time = a->seq.last_token_time = now();
+  a->seq.arrival_time = a->seq.last_token_time = request.arrival_time.value_or(now());
   a->request_id = std::move(request.id);
   a->on_done = std::move(on_done);
   a->on_token = std::move(on_token);
@@ -307,6 +310,7 @@ void Engine::step() {
     offset += c.num_tokens;
     if (!simulated) {
       chunk.block_table = seq.block_table;
+      chunk.reversed_pages = seq.reversed_pages;
       for (int32_t i = 0; i < c.num_tokens; ++i) {
         batch.tokens.push_back(seq.tokens[static_cast<size_t>(seq.num_computed + i)]);
         batch.positions.push_back(seq.num_computed + i);
@@ -314,9 +318,27 @@ void Engine::step() {
     }
     batch.chunks.push_back(std::move(chunk));
   }
-  for (const auto& [src, dst] : plan.copies) {  // copy-on-write of partly shared pages
-    backend_->copy_page(src, dst);
+  // Before the forward pass: checkpoint slots about to be overwritten, copy pages (copy on
+  // write, BE pages restored or moved off a shared page), write checkpointed slots back.
+  for (const auto& c : plan.checkpoints)
+    backend_->read_slots(c.page, c.first, c.count, c.image->image.data());
+  for (const auto& [src, dst] : plan.copies) {
+    if (dst >= 0) backend_->copy_page(src, dst);
     pool_->release(src);
+  }
+  for (const auto& [page, saved] : plan.restores) {
+    const auto& mask = saved->saved;
+    for (size_t a = 0; a < mask.size();) {
+      if (!mask[a]) {
+        ++a;
+        continue;
+      }
+      size_t b = a + 1;
+      while (b < mask.size() && mask[b]) ++b;
+      backend_->write_slots(page, static_cast<int32_t>(a), static_cast<int32_t>(b - a),
+                            saved->image.data());
+      a = b;
+    }
   }
   const size_t vocab = static_cast<size_t>(config_.vocab_size);
   logits_.resize(simulated ? 0 : static_cast<size_t>(batch.num_logit_rows()) * vocab);
@@ -379,6 +401,12 @@ EngineStats Engine::stats() const {
   // Pages that only the prefix cache holds can be reclaimed at once: not "used".
   s.kv_used_bytes = (pool_->num_used() - pool_->num_cached_idle()) * backend_->kv_bytes_per_page();
   s.kv_cached_idle_bytes = pool_->num_cached_idle() * backend_->kv_bytes_per_page();
+  if (const BidirectionalPages* b = scheduler_->bidirectional()) {
+    s.kv_shared_pages = b->shared_pages();
+    s.kv_checkpointed_slots = b->checkpointed_slots();
+    s.kv_restored_pages = scheduler_->restored_pages();
+    s.kv_moved_pages = scheduler_->moved_pages();
+  }
   return s;
 }
 

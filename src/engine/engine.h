@@ -49,6 +49,9 @@ struct GenerationRequest {
   SamplingParams params;
   RequestClass request_class = RequestClass::kRealtime;
   std::optional<double> ttft_slo, tpot_slo;  // seconds; the engine's defaults when unset
+  // When the request arrived, on the engine's clock (a load generator replaying arrivals on a
+  // simulated clock); unset = at submit. TTFT deadlines count from it.
+  std::optional<double> arrival_time;
 };
 
 struct GenerationResult {
@@ -80,6 +83,13 @@ struct EngineStats {
   int64_t kv_disk_bytes = 0;
   int64_t kv_used_bytes = 0;         // now, held by requests
   int64_t kv_cached_idle_bytes = 0;  // now, held only by the prefix cache (reclaimable)
+  // Bidirectional KV pages (BROS §5): pages given a second holder, slots checkpointed to host
+  // memory before an RT sequence overwrote them, pages restored from such checkpoints, and
+  // pages a BE sequence moved off to leave the slots to its RT peer.
+  int64_t kv_shared_pages = 0;
+  int64_t kv_checkpointed_slots = 0;
+  int64_t kv_restored_pages = 0;
+  int64_t kv_moved_pages = 0;
 };
 
 class Engine {

@@ -24,6 +24,8 @@
 
 namespace blend {
 
+class CostModel;
+
 // BROS §4.1 cost model: seconds of one iteration.
 struct IterationCostModel {
   double prefill_base = 0, prefill_per_token = 0;
@@ -38,6 +40,10 @@ struct IterationCostModel {
                            int64_t swap_pages) const;
 };
 
+// The iteration model the cost model implies (for the simulator, where nothing can be
+// profiled): lines through the cost model's sequential step time at two sizes of each phase.
+IterationCostModel iteration_model_of(const CostModel& cost);
+
 // One request that could take part in the next iteration.
 struct HybridCandidate {
   RequestClass cls = RequestClass::kBestEffort;
@@ -50,7 +56,11 @@ struct HybridCandidate {
 };
 
 struct HybridOptions {
-  int32_t initial_batch = 8;  // the conservative start (and the reset value)
+  // The start (and the floor the batch halves down to on a predicted violation). BROS starts
+  // small (8); on the simulator (docs/BENCHMARKS.md, BROS section) a small start cost 10-50% of
+  // the TTFT attainment and BE throughput at high load (Llama-3-70B at 10 RT/s: 42% and 2.8
+  // req/s from 8, 90% and 5.8 req/s from 256), so the default starts at the running-set size.
+  int32_t initial_batch = 256;
   int32_t batch_step = 4;     // growth after an iteration with no RT request at risk
   int32_t max_batch = 256;
 };
@@ -58,6 +68,9 @@ struct HybridOptions {
 struct HybridSelection {
   std::vector<size_t> rt;  // indices into the RT candidates, most urgent first
   std::vector<size_t> be;  // indices into the BE candidates, in the order chosen
+  // Tokens granted to each selected candidate (parallel to rt / be): its `tokens`, or for a
+  // prefill a shorter chunk that still fits the iteration's time limit.
+  std::vector<int32_t> rt_tokens, be_tokens;
   double estimated_seconds = 0;
   bool rt_at_risk = false;  // some RT request could not be placed within its deadline
 };
@@ -84,6 +97,9 @@ class HybridPolicy {
     void add(const HybridCandidate& c, int sign = 1);
   };
   double seconds(const Load& l) const;
+  // The longest prefill chunk of `c` (at least kMinChunk tokens) that keeps `load` within
+  // `limit` seconds; 0 when none does.
+  int32_t chunk_that_fits(const Load& load, const HybridCandidate& c, double limit) const;
 
   HybridOptions options_;
   IterationCostModel cost_;

@@ -8,7 +8,15 @@ Scheduler::Scheduler(PagePool& pool, SchedulerOptions options, RadixCache* cache
     : pool_(pool),
       options_(options),
       cache_(cache),
-      hybrid_(options.hybrid, options.iteration_cost) {}
+      hybrid_(options.hybrid, options.iteration_cost) {
+  if (options_.bidirectional_kv)
+    bidir_ = std::make_unique<BidirectionalPages>(pool_.num_pages(), pool_.page_size(),
+                                                  options_.kv_page_bytes);
+}
+
+void Scheduler::check_invariants() const {
+  if (bidir_) bidir_->check_invariants();
+}
 
 void Scheduler::observe_iteration(double seconds) {
   hybrid_.observe_iteration(seconds);
@@ -25,16 +33,139 @@ bool Scheduler::allocate(int64_t count, std::vector<PageId>& out) {
   return pool_.allocate(count, out);
 }
 
-bool Scheduler::grow(Sequence* seq, int32_t new_tokens) {
+bool Scheduler::grow(Sequence* seq, int32_t new_tokens, StepPlan& plan) {
+  const bool best_effort = seq->request_class == RequestClass::kBestEffort;
+  if (bidir_ && best_effort && !prepare_best_effort(seq, new_tokens, plan)) return false;
   const int64_t need = pool_.pages_for(seq->num_computed + new_tokens) -
                        static_cast<int64_t>(seq->block_table.size());
-  return need <= 0 || allocate(need, seq->block_table);
+  if (need > 0 && !allocate(need, seq->block_table) &&
+      (!bidir_ || !share_pages(seq, need, new_tokens, plan)))
+    return false;
+  if (bidir_ && !best_effort) checkpoint_overwritten(seq, new_tokens, plan);
+  return true;
 }
 
 void Scheduler::drop_pages(Sequence* seq) {
   if (cache_) cache_->forget(seq->id);
+  if (bidir_) {
+    bidir_->forget(seq);
+    // Copies and restores this step planned into the pages being dropped must not run: the
+    // pages may be handed to another sequence in the same step.
+    if (plan_) {
+      auto dropped = [seq](PageId p) {
+        return std::find(seq->block_table.begin(), seq->block_table.end(), p) !=
+               seq->block_table.end();
+      };
+      for (auto& c : plan_->copies)
+        if (c.second >= 0 && dropped(c.second)) c.second = -1;
+      std::erase_if(plan_->restores, [&](const auto& r) { return dropped(r.first); });
+    }
+  }
   pool_.release_all(seq->block_table);
+  seq->reversed_pages.clear();
   seq->num_computed = 0;
+}
+
+// A BE sequence about to compute `new_tokens` more: first restore the pages its RT peers
+// overwrote (§5.2), then move off any shared page where its new tokens would reach its RT
+// peer's slots. False when there is no free page for that now.
+bool Scheduler::prepare_best_effort(Sequence* seq, int32_t new_tokens, StepPlan& plan) {
+  if (bidir_->needs_restore(*seq) && !restore(seq, plan)) return false;
+  const int64_t tokens = int64_t{seq->num_computed} + new_tokens;
+  for (size_t j = 0; j < seq->block_table.size(); ++j) {
+    const PageId page = seq->block_table[j];
+    if (!bidir_->be_would_collide(page, *seq, tokens)) continue;
+    std::vector<PageId> fresh;
+    if (!allocate(1, fresh)) return false;
+    plan.copies.emplace_back(page, fresh[0]);  // the plan takes over seq's reference on `page`
+    bidir_->unshare(page, seq);
+    seq->block_table[j] = fresh[0];
+    ++moved_pages_;
+  }
+  return true;
+}
+
+bool Scheduler::restore(Sequence* seq, StepPlan& plan) {
+  const std::vector<PageId> pages = bidir_->pages_to_restore(*seq);
+  std::vector<PageId> fresh;
+  if (!allocate(static_cast<int64_t>(pages.size()), fresh)) return false;
+  for (size_t k = 0; k < pages.size(); ++k) {
+    auto it = std::find(seq->block_table.begin(), seq->block_table.end(), pages[k]);
+    *it = fresh[k];
+    plan.copies.emplace_back(pages[k], fresh[k]);  // the plan takes over seq's reference
+    plan.restores.emplace_back(fresh[k], bidir_->take_checkpoint(*seq, pages[k]));
+    bidir_->unshare(pages[k], seq);
+    ++restored_pages_;
+  }
+  return true;
+}
+
+// No free page is left for the `need` pages `seq` asks for: share pages with the other class.
+// A BE sequence may take only its last page this way, and only if its tokens there fit in the
+// empty end of an RT sequence's last page (FindBlock); an RT sequence takes BE pages, those
+// with the most empty slots first (FindPreemptBlock), from BE sequences not running in this
+// step, whose pages nobody else (the prefix cache, another sequence) holds.
+bool Scheduler::share_pages(Sequence* seq, int64_t need, int32_t new_tokens, const StepPlan& plan) {
+  const int64_t available = pool_.num_available();
+  std::vector<BidirectionalPages::Offer> offers;
+  if (seq->request_class == RequestClass::kBestEffort) {
+    if (need - available != 1) return false;
+    const int64_t last = static_cast<int64_t>(seq->block_table.size()) + need - 1;
+    const auto slots =
+        static_cast<int32_t>(int64_t{seq->num_computed} + new_tokens - last * pool_.page_size());
+    offers.push_back(bidir_->find_page_for_be(running_, slots));
+    if (offers.back().page < 0) return false;
+  } else {
+    auto in_plan = [&plan](const Sequence& s) {
+      return std::any_of(plan.chunks.begin(), plan.chunks.end(),
+                         [&s](const ScheduledChunk& c) { return c.seq == &s; });
+    };
+    for (int64_t k = available; k < need; ++k) {
+      const auto offer = bidir_->find_page_for_rt(running_, [&](const Sequence& s, PageId p) {
+        return pool_.refcount(p) == 1 && !in_plan(s) &&
+               std::none_of(offers.begin(), offers.end(),
+                            [p](const auto& o) { return o.page == p; });
+      });
+      if (offer.page < 0) return false;
+      offers.push_back(offer);
+    }
+  }
+  if (available > 0 && !allocate(available, seq->block_table)) return false;
+  for (const auto& o : offers) {
+    pool_.retain(o.page);
+    seq->block_table.push_back(o.page);
+    seq->reversed_pages.resize(seq->block_table.size(), 0);
+    seq->reversed_pages.back() = o.reversed ? 1 : 0;
+    if (seq->request_class == RequestClass::kBestEffort) {
+      bidir_->share(o.page, o.holder, seq);
+    } else {
+      bidir_->share(o.page, seq, o.holder);
+    }
+  }
+  return true;
+}
+
+// An RT sequence computes `new_tokens` more: the slots of BE peers it overwrites are saved to
+// host memory first, only those (lazy checkpointing, §5.2).
+void Scheduler::checkpoint_overwritten(const Sequence* seq, int32_t new_tokens, StepPlan& plan) {
+  const int64_t ps = pool_.page_size();
+  const int64_t from = seq->num_computed, to = from + new_tokens;
+  for (int64_t j = from / ps; j * ps < to; ++j) {
+    const PageId page = seq->block_table[static_cast<size_t>(j)];
+    const Sequence* be = bidir_->be_holder(page);
+    if (be == nullptr) continue;
+    const auto first = static_cast<int32_t>(std::max(from, j * ps) - j * ps);
+    const auto last = static_cast<int32_t>(std::min(to, (j + 1) * ps) - j * ps);
+    const std::vector<int32_t> slots = bidir_->collide(page, *seq, first, last);
+    if (slots.empty()) continue;
+    auto image = bidir_->checkpoint_image(*be, page);
+    for (size_t a = 0; a < slots.size();) {  // consecutive slots in one copy
+      size_t b = a + 1;
+      while (b < slots.size() && slots[b] == slots[b - 1] + 1) ++b;
+      plan.checkpoints.push_back({page, slots[a], static_cast<int32_t>(b - a), image});
+      a = b;
+    }
+  }
 }
 
 bool Scheduler::reuse_cached_prefix(Sequence* seq, StepPlan& plan) {
@@ -78,7 +209,7 @@ int64_t Scheduler::expected_output(const Sequence& seq) const {
 // NanoFlow §4.4: predict each running sequence's completion from the expected output length and
 // admit the candidate only if the highest future page usage still fits. Usage peaks when some
 // sequence finishes, so it is enough to evaluate it at each predicted completion step.
-bool Scheduler::fits_peak_memory(const Sequence& candidate) const {
+bool Scheduler::fits_peak_memory(const Sequence& candidate, bool only_realtime) const {
   struct Future {
     int64_t remaining;  // steps until predicted completion
     int64_t tokens;     // tokens now
@@ -89,7 +220,8 @@ bool Scheduler::fits_peak_memory(const Sequence& candidate) const {
     futures.push_back(
         {std::max<int64_t>(0, expected_output(s) - s.num_generated()), s.num_tokens()});
   };
-  for (const Sequence* s : running_) add(*s);
+  for (const Sequence* s : running_)
+    if (!only_realtime || s->request_class == RequestClass::kRealtime) add(*s);
   add(candidate);
   std::sort(futures.begin(), futures.end(),
             [](const Future& a, const Future& b) { return a.remaining < b.remaining; });
@@ -111,14 +243,14 @@ Scheduler::Admission Scheduler::admit(Sequence* seq, int32_t& n, StepPlan& plan,
     return Admission::kWaitsForPrefix;
   const int32_t cached = seq->num_computed;
   n = std::min(seq->num_uncomputed(), n);
-  if (!grow(seq, n)) {
+  if (!grow(seq, n, plan)) {
     // Alone in the engine: take what fits now, the rest in later steps.
     if (alone)
       n = static_cast<int32_t>(std::min<int64_t>(
           n, (static_cast<int64_t>(seq->block_table.size()) + pool_.num_available()) *
                      pool_.page_size() -
                  seq->num_computed));
-    if (!alone || n <= 0 || !grow(seq, n)) {
+    if (!alone || n <= 0 || !grow(seq, n, plan)) {
       for (size_t c = copies_before; c < plan.copies.size(); ++c)
         pool_.release(plan.copies[c].first);
       plan.copies.resize(copies_before);
@@ -151,8 +283,16 @@ void Scheduler::schedule_fcfs(StepPlan& plan, int32_t& budget, Eligible eligible
     }
     const int32_t n = std::min(seq->num_uncomputed(), budget);
     bool scheduled = true;
-    while (!grow(seq, n)) {
+    while (!grow(seq, n, plan)) {
+      // The newest sequence not scheduled yet; with bidirectional KV (BROS §5.2's drop
+      // order) a real-time one takes the newest best-effort one first.
       Sequence* victim = running_.back();
+      if (bidir_ && seq->request_class == RequestClass::kRealtime)
+        for (size_t v = running_.size(); v-- > i + 1;)
+          if (running_[v]->request_class == RequestClass::kBestEffort) {
+            victim = running_[v];
+            break;
+          }
       preempt(victim);
       plan.preempted.push_back(victim);
       if (victim == seq) {
@@ -203,6 +343,8 @@ void Scheduler::schedule_hybrid(StepPlan& plan, int32_t& budget, double now) {
     c.context = seq->num_computed;
     c.pages_needed = std::max<int64_t>(0, pool_.pages_for(int64_t{seq->num_computed} + c.tokens) -
                                               static_cast<int64_t>(seq->block_table.size()));
+    if (bidir_ && c.cls == RequestClass::kBestEffort)  // pages to restore first (swap cost)
+      c.checkpointed_pages = static_cast<int64_t>(bidir_->pages_to_restore(*seq).size());
     if (c.cls == RequestClass::kRealtime) {
       c.deadline = seq->num_generated() == 0 ? seq->arrival_time + seq->ttft_slo
                                              : seq->last_token_time + seq->tpot_slo;
@@ -218,25 +360,59 @@ void Scheduler::schedule_hybrid(StepPlan& plan, int32_t& budget, double now) {
   const size_t look = std::min(waiting_.size(), static_cast<size_t>(options_.max_running) * 2);
   for (size_t i = 0; i < look; ++i) add(waiting_[i]);
   const HybridSelection sel = hybrid_.select(rt, be, now, pool_.num_available());
-  auto run = [&](Sequence* seq) {
+  // An RT request short of KV pages makes room by dropping BE sequences (recompute), those
+  // waiting to restore checkpointed pages first (they already lost part of their KV), then
+  // the newest (BROS §5.2's drop order: BE before RT).
+  auto drop_best_effort = [&]() {
+    Sequence* victim = nullptr;
+    for (size_t v = running_.size(); v-- > 0;) {
+      Sequence* s = running_[v];
+      if (s->request_class != RequestClass::kBestEffort ||
+          std::any_of(plan.chunks.begin(), plan.chunks.end(),
+                      [s](const ScheduledChunk& c) { return c.seq == s; }))
+        continue;
+      if (victim == nullptr ||
+          (bidir_ && bidir_->needs_restore(*s) && !bidir_->needs_restore(*victim)))
+        victim = s;
+    }
+    if (victim == nullptr) return false;
+    preempt(victim);
+    plan.preempted.push_back(victim);
+    return true;
+  };
+  auto run = [&](Sequence* seq, int32_t granted) {
     if (budget <= 0) return;
-    int32_t n = std::min(seq->num_uncomputed(), budget);
+    if (std::find(plan.preempted.begin(), plan.preempted.end(), seq) != plan.preempted.end())
+      return;  // dropped in this step to make room
+    int32_t n = std::min({seq->num_uncomputed(), budget, granted});
+    const bool realtime = seq->request_class == RequestClass::kRealtime;
     if (seq->status == SeqStatus::kWaiting) {
+      // Admitted only when the predicted peak memory allows (NanoFlow §4.4, as FCFS does):
+      // over-admitted work is preempted and recomputed later (without the check the simulator
+      // showed hundreds of preemptions and half the BE throughput). An RT request counts only
+      // the RT requests' memory: BE requests give way to it (§5.2).
       if (running_.size() >= static_cast<size_t>(options_.max_running) ||
-          admit(seq, n, plan, running_.empty()) != Admission::kAdmitted)
+          (!running_.empty() && !fits_peak_memory(*seq, realtime)))
         return;
-    } else if (!grow(seq, n)) {
-      return;
+      for (int32_t want = n;; n = want) {
+        const Admission a = admit(seq, n, plan, running_.empty());
+        if (a == Admission::kAdmitted) break;
+        if (a == Admission::kWaitsForPrefix || !realtime || !drop_best_effort()) return;
+      }
+    } else {
+      while (!grow(seq, n, plan))
+        if (!realtime || !drop_best_effort()) return;
     }
     plan.chunks.push_back({seq, n, seq->num_computed + n == seq->num_tokens()});
     budget -= n;
   };
-  for (size_t i : sel.rt) run(rt_seqs[i]);
-  for (size_t i : sel.be) run(be_seqs[i]);
+  for (size_t k = 0; k < sel.rt.size(); ++k) run(rt_seqs[sel.rt[k]], sel.rt_tokens[k]);
+  for (size_t k = 0; k < sel.be.size(); ++k) run(be_seqs[sel.be[k]], sel.be_tokens[k]);
 }
 
 StepPlan Scheduler::schedule(double now) {
   StepPlan plan;
+  plan_ = &plan;
   int32_t budget = options_.max_batch_tokens;
   const int64_t step = steps_++;
   switch (options_.policy) {
@@ -258,6 +434,7 @@ StepPlan Scheduler::schedule(double now) {
       break;
   }
   plan.num_tokens = options_.max_batch_tokens - budget;
+  plan_ = nullptr;
   return plan;
 }
 
@@ -265,13 +442,23 @@ void Scheduler::step_done(const StepPlan& plan) {
   for (const ScheduledChunk& c : plan.chunks) {
     Sequence* seq = c.seq;
     seq->num_computed += c.num_tokens;
-    if (cache_) cache_->insert(seq->id, seq->tokens, seq->num_computed, seq->block_table);
+    if (!cache_) continue;
+    int32_t tokens = seq->cacheable_tokens(pool_.page_size());
+    // With bidirectional KV a running BE sequence keeps its partly filled last page out of the
+    // cache: a page only it holds is one an RT sequence may take (share_pages).
+    if (bidir_ && seq->request_class == RequestClass::kBestEffort)
+      tokens -= tokens % pool_.page_size();
+    cache_->insert(seq->id, seq->tokens, tokens, seq->block_table);
   }
 }
 
 void Scheduler::finish(Sequence* seq) {
-  if (cache_) cache_->insert_finished(seq->id, seq->tokens, seq->num_computed, seq->block_table);
+  if (cache_)
+    cache_->insert_finished(seq->id, seq->tokens, seq->cacheable_tokens(pool_.page_size()),
+                            seq->block_table);
+  if (bidir_) bidir_->forget(seq);
   pool_.release_all(seq->block_table);
+  seq->reversed_pages.clear();
   seq->status = SeqStatus::kFinished;
   if (auto it = std::find(running_.begin(), running_.end(), seq); it != running_.end())
     running_.erase(it);

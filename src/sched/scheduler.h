@@ -12,14 +12,23 @@
 // running sequence is computing waits for it (intra-batch sharing, BlendServe A.2) while the
 // sequences behind it may be admitted. Computed pages enter the cache after every step, so a
 // preempted sequence usually finds most of its own KV there when it resumes.
+//
+// With the bidirectional KV layout (BROS §5, kv/bidirectional_pages), a sequence that finds no
+// free page may share one with a sequence of the other class: a BE sequence takes the empty
+// end of an RT sequence's last page, an RT sequence takes a BE sequence's page. When an RT
+// sequence is about to overwrite its BE peer's slots, those slots are checkpointed to host
+// memory (StepPlan::checkpoints) and the BE sequence restores the page before it runs again
+// (StepPlan::restores); a BE sequence about to overwrite its RT peer moves to a page of its own.
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <utility>
 #include <vector>
 
 #include "core/sequence.h"
+#include "kv/bidirectional_pages.h"
 #include "kv/page_pool.h"
 #include "kv/radix_cache.h"
 #include "sched/hybrid_policy.h"
@@ -41,6 +50,9 @@ struct SchedulerOptions {
   // Expected output length used by peak-memory admission before any request has finished
   // (capped by each request's max_tokens); afterwards the mean of finished requests is used.
   int32_t initial_output_estimate = 256;
+  // BROS bidirectional KV pages (§5); `kv_page_bytes` sizes the checkpoint images.
+  bool bidirectional_kv = false;
+  int64_t kv_page_bytes = 0;
 };
 
 struct ScheduledChunk {
@@ -52,9 +64,20 @@ struct ScheduledChunk {
 struct StepPlan {
   std::vector<ScheduledChunk> chunks;
   std::vector<Sequence*> preempted;  // moved back to waiting in this step
-  // Copy-on-write of partly matched cached pages, to run before the forward pass: copy page
-  // `first` into `second`, then release `first` (the plan holds a reference on it).
+  // Run before the forward pass, in this order:
+  // 1. BROS lazy checkpointing: copy `count` slots from `first` of `page` into the image.
+  struct SlotCopy {
+    PageId page;
+    int32_t first, count;
+    std::shared_ptr<SlotCheckpoint> image;
+  };
+  std::vector<SlotCopy> checkpoints;
+  // 2. Copy page `first` into `second`, then release `first` (the plan holds a reference on
+  //    it): copy-on-write of partly matched cached pages, and BE pages restored or moved off a
+  //    shared page. A `second` of -1 only releases `first` (its destination was dropped).
   std::vector<std::pair<PageId, PageId>> copies;
+  // 3. Write a restored page's checkpointed slots back (every slot the image marks saved).
+  std::vector<std::pair<PageId, std::shared_ptr<SlotCheckpoint>>> restores;
   int32_t num_tokens = 0;
   bool empty() const { return chunks.empty(); }
 };
@@ -86,16 +109,30 @@ class Scheduler {
   // numerator), and tokens a resumed sequence found in the cache instead of recomputing them.
   int64_t cached_prompt_tokens() const { return cached_prompt_tokens_; }
   int64_t resumed_cached_tokens() const { return resumed_cached_tokens_; }
+  // Bidirectional KV (null when off) and what it did: pages restored after a checkpoint, and
+  // pages a BE sequence moved off because its RT peer needed the slots.
+  const BidirectionalPages* bidirectional() const { return bidir_.get(); }
+  int64_t restored_pages() const { return restored_pages_; }
+  int64_t moved_pages() const { return moved_pages_; }
+  void check_invariants() const;
 
  private:
-  bool grow(Sequence* seq, int32_t new_tokens);            // pages for num_computed + new_tokens
+  // Pages for num_computed + new_tokens (and, with bidirectional KV, the restores, moves and
+  // checkpoints that computing them needs).
+  bool grow(Sequence* seq, int32_t new_tokens, StepPlan& plan);
   bool allocate(int64_t count, std::vector<PageId>& out);  // evicts idle cached pages if needed
   // Starts a waiting sequence from the cached prefix; false when it must wait for a claimer.
   bool reuse_cached_prefix(Sequence* seq, StepPlan& plan);
   void drop_pages(Sequence* seq);  // back to no KV at all
+  // Bidirectional KV (BROS §5.2).
+  bool prepare_best_effort(Sequence* seq, int32_t new_tokens, StepPlan& plan);
+  bool restore(Sequence* seq, StepPlan& plan);
+  bool share_pages(Sequence* seq, int64_t need, int32_t new_tokens, const StepPlan& plan);
+  void checkpoint_overwritten(const Sequence* seq, int32_t new_tokens, StepPlan& plan);
   void preempt(Sequence* seq);
   int64_t expected_output(const Sequence& seq) const;
-  bool fits_peak_memory(const Sequence& candidate) const;
+  // With `only_realtime`, the running BE sequences' memory is not counted.
+  bool fits_peak_memory(const Sequence& candidate, bool only_realtime = false) const;
   // FCFS over the sequences `eligible` accepts (all of them for kFcfs, one class for RR).
   template <typename Eligible>
   void schedule_fcfs(StepPlan& plan, int32_t& budget, Eligible eligible);
@@ -118,6 +155,10 @@ class Scheduler {
   int64_t resumed_cached_tokens_ = 0;
   HybridPolicy hybrid_;
   int64_t steps_ = 0;
+  std::unique_ptr<BidirectionalPages> bidir_;
+  StepPlan* plan_ = nullptr;  // the plan being built, while schedule() runs
+  int64_t restored_pages_ = 0;
+  int64_t moved_pages_ = 0;
 };
 
 }  // namespace blend

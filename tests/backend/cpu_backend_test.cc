@@ -228,7 +228,8 @@ struct Seq {
   std::vector<TokenId> tokens;  // every token the sequence will have
   std::vector<PageId> pages;    // block table
   int32_t cached = 0;           // tokens already in the KV cache
-  bool from_end = false;        // fills its pages from the last slot (BROS bidirectional pages)
+  // Per page, whether it fills from the last slot (BROS bidirectional pages).
+  std::vector<uint8_t> reversed_pages;
 };
 
 // Hands out page ids in a shuffled order, so block tables are never contiguous.
@@ -271,7 +272,7 @@ class Step {
     c.token_offset = batch_.num_tokens();
     c.block_table = s.pages;
     c.wants_logits = logits;
-    c.fills_from_end = s.from_end;
+    c.reversed_pages = s.reversed_pages;
     for (int32_t i = 0; i < n; ++i) {
       batch_.tokens.push_back(s.tokens.at(s.cached + i));
       batch_.positions.push_back(s.cached + i);
@@ -538,8 +539,9 @@ void check_bidirectional_pages(const TestModel& m) {
   }
   // A: positions 32..39 in slots 0..7 of `shared`; B: positions 32..38 in slots 15..9.
   Seq a = pages.seq(2, a_tokens, 16), b = pages.seq(3, b_tokens, 16);
+  // B's first two pages fill from slot 0 (as prefix-cache pages do), its last one backwards.
   b.pages[2] = a.pages[2];
-  b.from_end = true;
+  b.reversed_pages = {0, 0, 1};
   auto step1 = Step().add(b, 36).add(a, 38).run(*backend);
   EXPECT_TRUE(Bitwise(step1[0], expected_b[0]));
   EXPECT_TRUE(Bitwise(step1[1], expected_a[0]));
@@ -601,6 +603,48 @@ TEST(CpuBackend, KvBytesPerPageAndCopyPage) {
   EXPECT_TRUE(Bitwise(via_copy, via_original));
   EXPECT_THROW(backend->copy_page(0, 32), Error);
   EXPECT_THROW(backend->copy_page(-1, 0), Error);
+}
+
+// BROS lazy checkpointing: read_slots saves some slots of a page into a page image and
+// write_slots puts exactly those back, leaving the page's other slots alone.
+TEST(CpuBackend, ReadAndWriteSlotsMoveOnlyThoseSlots) {
+  auto backend = make_backend(model("llama", DType::kBF16), true, 16, 8);
+  const auto bytes = static_cast<size_t>(backend->kv_bytes_per_page());
+  Pages pages(8);
+  Seq a = pages.seq(1, random_tokens(16, 21), 16), b = pages.seq(2, random_tokens(16, 22), 16);
+  Step().add(a, 16).add(b, 16).run(*backend);
+  std::vector<std::byte> page_a(bytes), page_b(bytes), image(bytes, std::byte{0x5a});
+  backend->read_pages(a.pages, page_a.data());
+  backend->read_pages(b.pages, page_b.data());
+  ASSERT_NE(page_a, page_b);
+
+  // Save slots 3..6 of a's page, overwrite the page with b's, write the saved slots back.
+  backend->read_slots(a.pages[0], 3, 4, image.data());
+  backend->write_pages(a.pages, page_b.data());
+  backend->write_slots(a.pages[0], 3, 4, image.data());
+  std::vector<std::byte> mixed(bytes);
+  backend->read_pages(a.pages, mixed.data());
+  // A page image, for each layer, K ([kv_head][head_dim][16]) then V ([kv_head][16][head_dim]):
+  // a byte belongs to slot 3..6 exactly where the layout puts those slots.
+  const ModelConfig& c = backend->config();
+  const size_t es = 2, d = static_cast<size_t>(c.head_dim),
+               heads = static_cast<size_t>(c.num_kv_heads);
+  const size_t half = heads * d * 16 * es;  // one layer's K (or V) part
+  size_t from_a = 0;
+  for (size_t i = 0; i < bytes; ++i) {
+    const size_t in_layer = i % (2 * half), part = in_layer % half;
+    const size_t slot = in_layer < half ? (part / es) % 16 : (part / es / d) % 16;
+    const bool saved = slot >= 3 && slot < 7;
+    EXPECT_EQ(mixed[i], saved ? page_a[i] : page_b[i]) << "byte " << i;
+    if (saved) {
+      EXPECT_EQ(image[i], page_a[i]);
+      ++from_a;
+    } else {
+      ASSERT_EQ(image[i], std::byte{0x5a}) << "read_slots touched byte " << i;
+    }
+  }
+  EXPECT_EQ(from_a, bytes * 4 / 16);
+  EXPECT_THROW(backend->read_slots(a.pages[0], 14, 3, image.data()), Error);
 }
 
 TEST(CpuBackend, RejectsBadBatches) {

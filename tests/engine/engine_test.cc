@@ -246,6 +246,59 @@ TEST_F(EngineTest, SchedulingPoliciesDoNotChangeTokens) {
   }
 }
 
+// BROS §5: with few KV pages, real-time and best-effort sequences share pages from opposite
+// ends, RT sequences overwrite BE slots after checkpointing them, BE sequences restore them
+// (or move off) before running again. None of it may change a token.
+TEST_F(EngineTest, BidirectionalPagesShareCheckpointRestoreAndKeepTheTokens) {
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 16; ++i) {
+    GenerationRequest r =
+        request("r" + std::to_string(i), 700 + i, 9 + i * 5 % 23, 36, i % 3 ? 0.0f : 0.8f);
+    r.request_class = i % 2 ? RequestClass::kBestEffort : RequestClass::kRealtime;
+    reqs.push_back(std::move(r));
+  }
+  Engine roomy(dir_->path(), options());
+  const auto expected = run(roomy, reqs);
+
+  EngineStats total;
+  for (int pages : {12, 16, 20})
+    for (SchedulerPolicy policy : {SchedulerPolicy::kHybrid, SchedulerPolicy::kFcfs}) {
+      EngineOptions o = options();
+      o.kv_memory_gb = 256.0 * 16 * pages / 1e9;  // pages of 16 tokens (see above)
+      o.scheduler.policy = policy;
+      o.scheduler.bidirectional_kv = true;
+      o.scheduler.initial_output_estimate = 1;  // optimistic admission: memory runs out
+      o.scheduler.hybrid = {.initial_batch = 4, .batch_step = 2, .max_batch = 16};
+      o.scheduler.iteration_cost.decode_per_token = 1e-3;
+      Engine engine(dir_->path(), o);
+      std::map<std::string, GenerationResult> got;
+      for (const auto& r : reqs)
+        engine.submit(GenerationRequest(r),
+                      [&got](GenerationResult&& g) { got[g.id] = std::move(g); });
+      while (engine.has_work()) {
+        engine.step();
+        engine.check_invariants();
+      }
+      ASSERT_EQ(got.size(), reqs.size());
+      for (const auto& [id, r] : expected) EXPECT_EQ(got[id].tokens, r.tokens) << id;
+      const EngineStats s = engine.stats();
+      total.kv_shared_pages += s.kv_shared_pages;
+      total.kv_checkpointed_slots += s.kv_checkpointed_slots;
+      total.kv_restored_pages += s.kv_restored_pages;
+      total.kv_moved_pages += s.kv_moved_pages;
+      EXPECT_EQ(s.kv_used_bytes, 0);  // every page back (the prefix cache's are idle)
+    }
+  // The test is only worth something if the mechanisms ran.
+  EXPECT_GT(total.kv_shared_pages, 0);
+  EXPECT_GT(total.kv_checkpointed_slots, 0);
+  EXPECT_GT(total.kv_restored_pages, 0);
+  std::printf("shared %lld checkpointed slots %lld restored %lld moved %lld\n",
+              static_cast<long long>(total.kv_shared_pages),
+              static_cast<long long>(total.kv_checkpointed_slots),
+              static_cast<long long>(total.kv_restored_pages),
+              static_cast<long long>(total.kv_moved_pages));
+}
+
 TEST_F(EngineTest, StopStringsTokenIdsAndMaxTokens) {
   Engine engine(dir_->path(), options());
   auto free_run = run(engine, {request("a", 5, 10, 24)})["a"];

@@ -86,7 +86,7 @@ TEST(HybridPolicy, KvPagesLimitTheBatch) {
   EXPECT_EQ(s.be, std::vector<size_t>{1});  // 6 + 2 > 7, 6 + 1 fits
 }
 
-TEST(HybridPolicy, BatchSizeGrowsWithoutRiskAndResetsOnRisk) {
+TEST(HybridPolicy, BatchSizeGrowsWithoutRiskAndHalvesOnRisk) {
   HybridPolicy p({.initial_batch = 4, .batch_step = 4, .max_batch = 12}, per_token_cost());
   const std::vector<HybridCandidate> relaxed = {rt(10.0)};
   p.select(relaxed, {}, 0.0, 100);
@@ -94,12 +94,28 @@ TEST(HybridPolicy, BatchSizeGrowsWithoutRiskAndResetsOnRisk) {
   p.select(relaxed, {}, 0.0, 100);
   EXPECT_EQ(p.batch_size(), 12);
   p.select(relaxed, {}, 0.0, 100);
-  EXPECT_EQ(p.batch_size(), 12);                          // capped
-  const std::vector<HybridCandidate> late = {rt(0.001)};  // already cannot be met
-  const HybridSelection s = p.select(late, {}, 0.0, 100);
+  EXPECT_EQ(p.batch_size(), 12);                           // capped
+  const std::vector<HybridCandidate> tight = {rt(0.001)};  // cannot be met by any iteration
+  const HybridSelection s = p.select(tight, {}, 0.0, 100);
   EXPECT_EQ(s.rt, std::vector<size_t>{0});  // still runs: the most urgent one always does
   EXPECT_TRUE(s.rt_at_risk);
-  EXPECT_EQ(p.batch_size(), 4);
+  EXPECT_EQ(p.batch_size(), 6);  // 12 halved
+  p.select(tight, {}, 0.0, 100);
+  p.select(tight, {}, 0.0, 100);
+  EXPECT_EQ(p.batch_size(), 4);  // never below the initial size
+}
+
+// A request already past its deadline runs first but sets no time limit: the batch fills with
+// what can still make its own deadline, and nothing counts as a new risk.
+TEST(HybridPolicy, LateRequestsRunFirstWithoutShrinkingTheBatch) {
+  HybridPolicy p({.initial_batch = 8, .batch_step = 4, .max_batch = 64}, per_token_cost());
+  const std::vector<HybridCandidate> rts = {rt(-0.5), rt(10.0), rt(10.0)};
+  const std::vector<HybridCandidate> bes = {be(0), be(0)};
+  const HybridSelection s = p.select(rts, bes, 0.0, 100);
+  EXPECT_EQ(s.rt, (std::vector<size_t>{0, 1, 2}));
+  EXPECT_EQ(s.be, (std::vector<size_t>{0, 1}));
+  EXPECT_FALSE(s.rt_at_risk);
+  EXPECT_EQ(p.batch_size(), 12);
 }
 
 }  // namespace

@@ -56,6 +56,47 @@ void KvCache::write_page(PageId page, const std::byte* in) {
       std::memcpy(page_ptr(layer, kv, page), in, page_bytes());
 }
 
+void KvCache::copy_slots(PageId page, int64_t first, int64_t count, std::byte* image,
+                         bool to_image) const {
+  if (page < 0 || page >= num_pages_ || first < 0 || count < 0 || first + count > page_size_)
+    throw Error("cpu backend: slots [" + std::to_string(first) + ", " +
+                std::to_string(first + count) + ") of page " + std::to_string(page) +
+                " are outside the KV pages");
+  const int64_t es = static_cast<int64_t>(dtype_size(dtype_));
+  auto move = [to_image](std::byte* page_bytes, std::byte* image_bytes, int64_t n) {
+    if (to_image) {
+      std::memcpy(image_bytes, page_bytes, static_cast<size_t>(n));
+    } else {
+      std::memcpy(page_bytes, image_bytes, static_cast<size_t>(n));
+    }
+  };
+  std::byte* out = image;
+  for (int64_t layer = 0; layer < layers_; ++layer) {
+    // K is [kv_head][head_dim][page_size]: one run of `count` elements per (head, dim) row.
+    std::byte* k = page_ptr(layer, 0, page);
+    for (int64_t row = 0; row < kv_heads_ * head_dim_; ++row) {
+      const int64_t off = (row * page_size_ + first) * es;
+      move(k + off, out + off, count * es);
+    }
+    out += page_bytes();
+    // V is [kv_head][page_size][head_dim]: one run of count * head_dim elements per head.
+    std::byte* v = page_ptr(layer, 1, page);
+    for (int64_t h = 0; h < kv_heads_; ++h) {
+      const int64_t off = (h * page_size_ + first) * head_dim_ * es;
+      move(v + off, out + off, count * head_dim_ * es);
+    }
+    out += page_bytes();
+  }
+}
+
+void KvCache::read_slots(PageId page, int64_t first, int64_t count, std::byte* image) const {
+  copy_slots(page, first, count, image, true);
+}
+
+void KvCache::write_slots(PageId page, int64_t first, int64_t count, const std::byte* image) {
+  copy_slots(page, first, count, const_cast<std::byte*>(image), false);
+}
+
 namespace {
 
 constexpr int kBlock = 16;  // keys per softmax block; blocks start at multiples of 16
@@ -483,7 +524,8 @@ BLEND_TARGET_AVX512 void run_item_avx512(const ForwardBatch& batch, const Attent
                                          DType out_dtype, void* out, Scratch& s) {
   const Item item = prepare(batch, it, qkv, stride, sh, s);
   const SeqChunk& c = batch.chunks[it.chunk];
-  if (cache.page_size() % kBlock == 0 && !c.fills_from_end) {
+  if (cache.page_size() % kBlock == 0 &&
+      !has_reversed_pages(c, item.max_hi + 1, cache.page_size())) {
     if (cache.dtype() == DType::kF32) {
       blocks_in_place<float, NV>(c, it, item, cache, layer, s);
     } else {

@@ -48,8 +48,13 @@ class KvCache {
   // One page's K and V of every layer, packed (bytes_per_page() bytes), and back.
   void read_page(PageId page, std::byte* out) const;
   void write_page(PageId page, const std::byte* in);
+  // Slots [first, first + count) of a page, into / out of a read_page image.
+  void read_slots(PageId page, int64_t first, int64_t count, std::byte* image) const;
+  void write_slots(PageId page, int64_t first, int64_t count, const std::byte* image);
 
  private:
+  // Copies the slots between a page and its image in either direction.
+  void copy_slots(PageId page, int64_t first, int64_t count, std::byte* image, bool to_image) const;
   std::byte* page_ptr(int64_t layer, int kv, PageId page) const {
     return data_.get() + ((layer * 2 + kv) * num_pages_ + page) * page_bytes();
   }

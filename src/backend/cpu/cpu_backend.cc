@@ -71,6 +71,13 @@ class CpuBackendImpl final : public CpuBackend {
     for (PageId p : pages) kv_.write_page(p, in), in += kv_.bytes_per_page();
   }
 
+  void read_slots(PageId page, int32_t first, int32_t count, std::byte* image) const override {
+    kv_.read_slots(page, first, count, image);
+  }
+  void write_slots(PageId page, int32_t first, int32_t count, const std::byte* image) override {
+    kv_.write_slots(page, first, count, image);
+  }
+
   const CpuOpTimes& op_times() const override { return times_; }
   void reset_op_times() override { times_ = {}; }
   std::string gemm_info() const override;

@@ -41,6 +41,8 @@ class SimBackend : public Backend {
   void copy_page(PageId, PageId) override {}
   void read_pages(std::span<const PageId>, std::byte*) const override {}
   void write_pages(std::span<const PageId>, const std::byte*) override {}
+  void read_slots(PageId, int32_t, int32_t, std::byte*) const override {}
+  void write_slots(PageId, int32_t, int32_t, const std::byte*) override {}
   bool simulated() const override { return true; }
   std::optional<double> virtual_seconds() const override { return clock_; }
 

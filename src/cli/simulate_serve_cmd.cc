@@ -1,0 +1,181 @@
+// `blend simulate-serve`: BROS's online experiment (§7) on the simulator at the paper's scale —
+// Poisson RT arrivals with ShareGPT lengths plus resubmitted BE batch jobs, per scheduling
+// policy and RT rate, on a model shape and hardware preset (online/serving_sim).
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "cost/cost_model.h"
+#include "offline/planned_run.h"
+#include "online/serving_sim.h"
+
+namespace blend::cli {
+namespace {
+
+struct SimulateServeArgs {
+  std::string hardware = "a100-40g";
+  std::string model_shape = "opt-13b";
+  int tensor_parallel = 2;
+  std::string policies = "hybrid,fcfs,round-robin";
+  std::string kv_layout = "auto";
+  std::string rates = "1,2,4";
+  double duration = 600;
+  double kv_memory_gb = 0;  // per device; 0 = 90% of device memory minus the weights' share
+  int32_t max_batch_tokens = 2048;
+  int32_t max_running = 256;
+  int32_t max_context = 2048;
+  std::string traces = "../shared/data/traces";
+  online::ServingWorkload workload;
+  HybridOptions hybrid;
+  bool json = false;
+};
+
+std::vector<std::string> split(const std::string& list) {
+  std::vector<std::string> out;
+  std::stringstream in(list);
+  for (std::string e; std::getline(in, e, ',');)
+    if (!e.empty()) out.push_back(e);
+  return out;
+}
+
+void run(const SimulateServeArgs& args) {
+  const Hardware hw = resolve_hardware(args.hardware);
+  const auto shape = find_model_shape_preset(args.model_shape, args.tensor_parallel);
+  if (!shape) throw Error("unknown --model-shape " + args.model_shape);
+  const CostModel cost(*shape, hw);
+  const double kv_memory =
+      args.kv_memory_gb > 0
+          ? args.kv_memory_gb * 1e9
+          : 0.9 * hw.memory_bytes - static_cast<double>(shape->weight_bytes) / args.tensor_parallel;
+  if (kv_memory <= 0) throw Error("the model's weights do not fit; raise --tp or set --kv-memory");
+  online::ServingWorkload w = args.workload;
+  w.duration_seconds = args.duration;
+  w.rt_lengths = online::sharegpt_lengths(args.traces, args.max_context);
+  const ModelConfig config = sim_model_config(*shape);
+  const auto page_bytes = static_cast<int64_t>(cost.kv_bytes_per_token_per_device()) * 16;
+
+  for (const std::string& rate : split(args.rates)) {
+    for (const std::string& policy : split(args.policies)) {
+      EngineOptions eo;
+      eo.scheduler.max_batch_tokens = args.max_batch_tokens;
+      eo.scheduler.max_running = args.max_running;
+      if (policy == "hybrid") {
+        eo.scheduler.policy = SchedulerPolicy::kHybrid;
+      } else if (policy == "fcfs") {
+        eo.scheduler.policy = SchedulerPolicy::kFcfs;
+      } else if (policy == "round-robin") {
+        eo.scheduler.policy = SchedulerPolicy::kRoundRobin;
+      } else {
+        throw Error("unknown policy '" + policy + "' (hybrid, fcfs, round-robin)");
+      }
+      eo.scheduler.bidirectional_kv =
+          args.kv_layout == "bidirectional" ||
+          (args.kv_layout == "auto" && eo.scheduler.policy == SchedulerPolicy::kHybrid);
+      eo.scheduler.iteration_cost = iteration_model_of(cost);
+      eo.scheduler.hybrid = args.hybrid;
+      eo.scheduler.hybrid.max_batch = args.max_running;
+      eo.scheduler.hybrid.initial_batch = std::min(args.hybrid.initial_batch, args.max_running);
+      eo.ttft_slo = w.ttft_slo;
+      eo.tpot_slo = w.tpot_slo;
+      SimBackendOptions so;
+      so.num_pages = static_cast<int64_t>(kv_memory) / page_bytes;
+      so.kv_bytes_per_page = page_bytes;
+      auto backend =
+          std::make_unique<SimBackend>(config, so, simulate_step_cost(cost, Overlap::kSequential));
+      SimBackend& sim = *backend;
+      Engine engine(config, std::move(backend), eo);
+      online::ServingWorkload run_w = w;
+      run_w.rt_rate = std::stod(rate);
+      const online::ServingReport r = online::simulate_serving(engine, sim, run_w);
+      const EngineStats s = engine.stats();
+      const nlohmann::json j = {
+          {"policy", policy},
+          {"kv_layout", eo.scheduler.bidirectional_kv ? "bidirectional" : "unidirectional"},
+          {"model", shape->name},
+          {"tensor_parallel", args.tensor_parallel},
+          {"hardware", hw.name},
+          {"rt_rate", run_w.rt_rate},
+          {"duration_s", run_w.duration_seconds},
+          {"rt_requests", r.rt_requests},
+          {"rt_normalized_latency_s", r.rt_normalized_latency_s},
+          {"ttft_attainment", r.ttft_attainment},
+          {"tpot_attainment", r.tpot_attainment},
+          {"ttft_p50_s", r.ttft_p50},
+          {"ttft_p99_s", r.ttft_p99},
+          {"tpot_p50_s", r.tpot_p50},
+          {"tpot_p99_s", r.tpot_p99},
+          {"be_requests", r.be_requests},
+          {"be_requests_per_s", r.be_requests_per_s},
+          {"be_throughput_tokens_per_s", r.be_throughput_tokens_per_s},
+          {"steps", r.steps},
+          {"mean_batch_tokens",
+           s.steps ? static_cast<double>(s.batch_tokens) / static_cast<double>(s.steps) : 0.0},
+          {"preemptions", s.preemptions},
+          {"kv_shared_pages", s.kv_shared_pages},
+          {"kv_checkpointed_slots", s.kv_checkpointed_slots}};
+      if (args.json) {
+        std::printf("%s\n", j.dump().c_str());
+      } else {
+        std::printf(
+            "%-11s rate %5.2f/s: RT %lld req, norm. latency %.3f s/token, TTFT attain %.1f%% "
+            "(p50 %.3f p99 %.3f s), TPOT attain %.1f%% (p50 %.3f p99 %.3f s); BE %.2f req/s "
+            "%.0f tok/s\n",
+            policy.c_str(), run_w.rt_rate, static_cast<long long>(r.rt_requests),
+            r.rt_normalized_latency_s, 100 * r.ttft_attainment, r.ttft_p50, r.ttft_p99,
+            100 * r.tpot_attainment, r.tpot_p50, r.tpot_p99, r.be_requests_per_s,
+            r.be_throughput_tokens_per_s);
+      }
+      std::fflush(stdout);
+    }
+  }
+}
+
+}  // namespace
+
+void register_simulate_serve_command(CLI::App& app) {
+  auto a = std::make_shared<SimulateServeArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "simulate-serve",
+      "BROS online experiment on the simulator: RT Poisson arrivals + BE batch jobs");
+  cmd->add_option("--hardware", a->hardware, "a100-80g | a100-40g | h100 | h200 | FILE.json")
+      ->capture_default_str();
+  cmd->add_option("--model-shape", a->model_shape, "Model shape preset")->capture_default_str();
+  cmd->add_option("--tp", a->tensor_parallel, "Tensor-parallel degree")->capture_default_str();
+  cmd->add_option("--policy", a->policies, "Comma-separated: hybrid, fcfs, round-robin")
+      ->capture_default_str();
+  cmd->add_option("--kv-layout", a->kv_layout,
+                  "auto (bidirectional for hybrid), bidirectional, unidirectional")
+      ->check(CLI::IsMember({"auto", "bidirectional", "unidirectional"}))
+      ->capture_default_str();
+  cmd->add_option("--rt-rate", a->rates, "Comma-separated RT request rates (requests/s)")
+      ->capture_default_str();
+  cmd->add_option("--duration", a->duration, "Seconds of arrivals (virtual)")
+      ->capture_default_str();
+  cmd->add_option("--be-batch", a->workload.be_batch_requests, "Requests per BE batch job")
+      ->capture_default_str();
+  cmd->add_option("--ttft-slo", a->workload.ttft_slo, "Seconds")->capture_default_str();
+  cmd->add_option("--tpot-slo", a->workload.tpot_slo, "Seconds")->capture_default_str();
+  cmd->add_option("--kv-memory", a->kv_memory_gb, "KV memory per device in GB");
+  cmd->add_option("--hybrid-initial-batch", a->hybrid.initial_batch,
+                  "Adaptive batch size of --policy hybrid: start (and floor)")
+      ->capture_default_str();
+  cmd->add_option("--hybrid-batch-step", a->hybrid.batch_step, "... growth per calm iteration")
+      ->capture_default_str();
+  cmd->add_option("--max-batch-tokens", a->max_batch_tokens, "Token budget of one step")
+      ->capture_default_str();
+  cmd->add_option("--max-running", a->max_running, "Sequences running at once")
+      ->capture_default_str();
+  cmd->add_option("--max-context", a->max_context, "RT requests longer than this are skipped")
+      ->capture_default_str();
+  cmd->add_option("--traces", a->traces, "Folder of ../shared/data/traces")->capture_default_str();
+  cmd->add_option("--seed", a->workload.seed, "Arrivals and lengths")->capture_default_str();
+  cmd->add_flag("--json", a->json, "One JSON object per policy and rate");
+  cmd->callback([a] { run(*a); });
+}
+
+}  // namespace blend::cli
