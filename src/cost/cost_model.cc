@@ -54,7 +54,9 @@ std::optional<ModelShape> find_model_shape_preset(std::string_view name, int ten
 }
 
 double StepCost::overlapped() const {
-  return std::max({compute_seconds, memory_seconds, network_seconds}) + overhead_seconds;
+  const double longest = std::max({compute_seconds, memory_seconds, network_seconds});
+  const double rest = compute_seconds + memory_seconds + network_seconds - longest;
+  return longest + interference * rest + overhead_seconds;
 }
 
 CostModel::CostModel(ModelShape shape, Hardware hardware)
@@ -109,6 +111,7 @@ StepCost CostModel::estimate_step(const StepShape& step) const {
   const double dense_tokens = static_cast<double>(step.prefill_tokens + step.decode_tokens);
   const double hl = static_cast<double>(shape_.hidden_size * shape_.num_layers);
   StepCost cost;
+  cost.interference = hardware_.overlap_interference;
   const double rows = step.logit_rows < 0 ? dense_tokens : static_cast<double>(step.logit_rows);
   const double flops =
       2 * dense_tokens * static_cast<double>(shape_.matmul_parameters - shape_.lm_head_parameters) +

@@ -66,7 +66,9 @@ struct StepCost {
   double memory_seconds = 0;
   double network_seconds = 0;
   double overhead_seconds = 0;
-  // Resources used one after another (FCFS engines), or perfectly overlapped (NanoFlow).
+  double interference = 0;  // the hardware's overlap_interference
+  // Resources used one after another (FCFS engines), or overlapped (NanoFlow): the longest
+  // part plus `interference` times the others.
   double sequential() const {
     return compute_seconds + memory_seconds + network_seconds + overhead_seconds;
   }

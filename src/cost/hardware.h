@@ -29,6 +29,10 @@ struct Hardware {
   // Host work per sampled row outside the forward pass (sampling over the vocabulary,
   // detokenizing): what a CPU engine pays per logit row; 0 for the GPU presets.
   double per_logit_row_seconds = 0.0;
+  // GEMM-attention interference when the two overlap (NanoFlow §4.3, BlendServe §6.2's
+  // "practical" optimum): an overlapped step takes max(parts) + interference x (the rest).
+  // 0 = perfect overlap. The GPU presets assume kAssumedGpuInterference (see hardware.cc).
+  double overlap_interference = 0.0;
 
   double effective_compute() const { return compute_flops * compute_efficiency; }
   double effective_bandwidth() const { return memory_bandwidth * bandwidth_efficiency; }
@@ -38,7 +42,8 @@ struct Hardware {
 
   // {"name", "compute_tflops", "memory_bandwidth_gb_s", "network_bandwidth_gb_s",
   //  "memory_gb", optional "fit": {"compute_efficiency", "bandwidth_efficiency",
-  //  "step_overhead_seconds"}} with GB = 1e9 bytes.
+  //  "step_overhead_seconds", "per_logit_row_seconds", "overlap_interference"}} with
+  //  GB = 1e9 bytes.
   static Hardware from_json(const nlohmann::json& j);
   nlohmann::json to_json() const;
 };

@@ -24,7 +24,9 @@ TEST(Hardware, ProfileRoundTripsAndRejectsBadFields) {
   Hardware h = *find_hardware_preset("h200");
   h.compute_efficiency = 0.7;
   h.step_overhead_seconds = 0.002;
+  h.overlap_interference = 0.3;
   const Hardware back = Hardware::from_json(h.to_json());
+  EXPECT_DOUBLE_EQ(back.overlap_interference, 0.3);
   EXPECT_DOUBLE_EQ(back.compute_flops, h.compute_flops);
   EXPECT_DOUBLE_EQ(back.memory_bytes, h.memory_bytes);
   EXPECT_DOUBLE_EQ(back.compute_efficiency, 0.7);
@@ -34,6 +36,9 @@ TEST(Hardware, ProfileRoundTripsAndRejectsBadFields) {
   EXPECT_THROW(Hardware::from_json(bad), Error);
   bad.erase("memory_bandwidth_gb_s");
   EXPECT_THROW(Hardware::from_json(bad), Error);
+  nlohmann::json bad_fit = h.to_json();
+  bad_fit["fit"]["overlap_interference"] = 1.5;
+  EXPECT_THROW(Hardware::from_json(bad_fit), Error);
   EXPECT_THROW(resolve_hardware("/nonexistent/profile.json"), Error);
 }
 
@@ -85,7 +90,8 @@ TEST(CostModel, BatchDensityConvergesToRequestDensity) {
 }
 
 TEST(CostModel, StepCostAndTensorParallelNetworkTerm) {
-  const Hardware h = *find_hardware_preset("a100-80g");
+  Hardware h = *find_hardware_preset("a100-80g");
+  h.overlap_interference = 0;  // perfect overlap first; the interference term below
   const CostModel one(*find_model_shape_preset("llama-3-70b", 1), h);
   const CostModel four(*find_model_shape_preset("llama-3-70b", 4), h);
   StepShape step;
@@ -101,6 +107,13 @@ TEST(CostModel, StepCostAndTensorParallelNetworkTerm) {
                                            static_cast<double>(s.num_layers) / h.network_bandwidth);
   EXPECT_DOUBLE_EQ(c1.sequential(), c1.compute_seconds + c1.memory_seconds);
   EXPECT_DOUBLE_EQ(c1.overlapped(), std::max(c1.compute_seconds, c1.memory_seconds));
+  // With interference i the shorter part adds i times its own time.
+  Hardware interfering = h;
+  interfering.overlap_interference = 0.2;
+  const StepCost ci = CostModel(one.shape(), interfering).estimate_step(step);
+  EXPECT_DOUBLE_EQ(ci.overlapped(), std::max(c1.compute_seconds, c1.memory_seconds) +
+                                        0.2 * std::min(c1.compute_seconds, c1.memory_seconds));
+  EXPECT_LT(ci.overlapped(), ci.sequential());
   // More decode context, more memory time; compute unchanged.
   step.decode_context_tokens *= 2;
   const StepCost more = one.estimate_step(step);
