@@ -57,7 +57,7 @@ for rep in $(seq 1 "$REPS"); do
   done
 done
 sim_list=$(for p in $POLICIES; do printf '%s@sequential,' "$p"; done)
-"$BLEND" simulate --model "$MODEL" --hardware "$OUT_DIR/profile.json" --workload "$WORKLOAD" \
+"$BLEND" simulate --json --model "$MODEL" --hardware "$OUT_DIR/profile.json" --workload "$WORKLOAD" \
   --policy "${sim_list%,}" --kv-memory "$KV_GB" --max-batch-tokens 1024 --max-running 256 \
   >"$OUT_DIR/sim.jsonl"
 

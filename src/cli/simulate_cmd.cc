@@ -39,6 +39,7 @@ struct SimulateArgs {
   double interference = -1;  // < 0: the hardware's own
   std::string step_trace;    // CSV per policy ({policy} in the path is replaced)
   int32_t step_trace_every = 1;
+  bool json = false;  // one JSON object per run instead of a readable line
 };
 
 // The trace path for one policy entry: "{policy}" replaced by the entry ('@' becomes '-').
@@ -173,7 +174,14 @@ void run_simulate(const SimulateArgs& args) {
                               {"sharing_optimal", st.sharing_optimal},
                               {"root_density", st.root_density},
                               {"sampled_requests", st.sampled_requests}};
-    std::printf("%s\n", j.dump().c_str());
+    if (args.json) {
+      std::printf("%s\n", j.dump().c_str());
+    } else {
+      std::printf(
+          "%-18s %10.0f tok/s  %.3f of optimal  %.3f of ideal  sharing %.3f of %.3f  %.1f s\n",
+          entry.c_str(), st.throughput(), j["fraction_of_optimal"].get<double>(),
+          j["fraction_of_ideal"].get<double>(), st.sharing_ratio, st.sharing_optimal, st.seconds);
+    }
     std::fflush(stdout);
   }
 }
@@ -202,6 +210,7 @@ void register_simulate_command(CLI::App& app) {
                   "without ignore_eos runs first; their lengths estimate the others' (0.01)")
       ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--sample-seed", args->sampling.seed, "Which requests are sampled");
+  cmd->add_flag("--json", args->json, "One JSON object per run (the keys experiments read)");
   cmd->add_option("--interference", args->interference,
                   "GEMM-attention interference of overlapped steps, in [0, 1] (default: the "
                   "hardware's; 0.15 for the GPU presets)")

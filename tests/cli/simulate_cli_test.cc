@@ -13,7 +13,7 @@ namespace {
 using nlohmann::json;
 
 std::string simulate(const std::string& args) {
-  return std::string("'") + BLEND_BINARY + "' simulate " + args + " 2>&1";
+  return std::string("'") + BLEND_BINARY + "' simulate --json " + args + " 2>&1";
 }
 
 TEST(SimulateCli, OneJsonLinePerPolicyEntry) {
