@@ -18,5 +18,6 @@ void register_simulate_serve_command(CLI::App& app);  // blend simulate-serve
 void register_profile_command(CLI::App& app);         // blend profile
 void register_serve_command(CLI::App& app);           // blend serve
 void register_workload_command(CLI::App& app);        // blend workload synth
+void register_bench_command(CLI::App& app);           // blend bench serve
 
 }  // namespace blend::cli

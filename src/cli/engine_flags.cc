@@ -1,5 +1,11 @@
 #include "cli/engine_flags.h"
 
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
 namespace blend::cli {
 
 void add_engine_flags(CLI::App* cmd, EngineOptions& o) {
@@ -20,6 +26,24 @@ void add_engine_flags(CLI::App* cmd, EngineOptions& o) {
   cmd->add_option("--kv-disk", o.kv_disk_dir,
                   "Directory for cached KV evicted from host memory (default: none)");
   cmd->add_option("--kv-disk-size", o.kv_disk_gb, "Cap of --kv-disk in GB (default 10)");
+}
+
+IterationCostModel read_iteration_model(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error("cannot read --profile " + path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in).at("iteration");
+  } catch (const std::exception& e) {
+    throw Error("--profile " + path + " has no iteration model: " + e.what());
+  }
+  IterationCostModel m;
+  m.prefill_base = j.value("prefill_base", 0.0);
+  m.prefill_per_token = j.value("prefill_per_token", 0.0);
+  m.decode_base = j.value("decode_base", 0.0);
+  m.decode_per_token = j.value("decode_per_token", 0.0);
+  m.decode_per_context_token = j.value("decode_per_context_token", 0.0);
+  return m;
 }
 
 }  // namespace blend::cli

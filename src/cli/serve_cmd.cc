@@ -2,7 +2,6 @@
 #include <signal.h>
 
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <memory>
 
@@ -22,25 +21,6 @@ Server* g_server = nullptr;
 void on_signal(int) {
   // httplib's stop() only flips a flag and shuts the listening socket down.
   if (g_server) g_server->stop();
-}
-
-// BROS's iteration model (§4.1) from a `blend profile` file.
-IterationCostModel read_iteration_model(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw Error("cannot read --profile " + path);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in).at("iteration");
-  } catch (const std::exception& e) {
-    throw Error("--profile " + path + " has no iteration model: " + e.what());
-  }
-  IterationCostModel m;
-  m.prefill_base = j.value("prefill_base", 0.0);
-  m.prefill_per_token = j.value("prefill_per_token", 0.0);
-  m.decode_base = j.value("decode_base", 0.0);
-  m.decode_per_token = j.value("decode_per_token", 0.0);
-  m.decode_per_context_token = j.value("decode_per_context_token", 0.0);
-  return m;
 }
 
 void run_serve(const ServerOptions& options) {

@@ -285,8 +285,17 @@ double Engine::now() const {
 }
 
 void Engine::step() {
+  using WallClock = std::chrono::steady_clock;
+  const WallClock::time_point wall0 = WallClock::now();
+  // Charged on every way out of step(), exceptions included.
+  struct StepTimer {
+    double& total;
+    WallClock::time_point start;
+    ~StepTimer() { total += std::chrono::duration<double>(WallClock::now() - start).count(); }
+  } step_timer{stats_.step_seconds, wall0};
   const double t0 = now();
   StepPlan plan = scheduler_->schedule(t0);
+  stats_.schedule_seconds += std::chrono::duration<double>(WallClock::now() - wall0).count();
   if (plan.empty()) {
     if (scheduler_->has_work())
       throw Error("internal: the scheduler has waiting requests but scheduled nothing");

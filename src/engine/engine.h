@@ -90,6 +90,11 @@ struct EngineStats {
   int64_t kv_checkpointed_slots = 0;
   int64_t kv_restored_pages = 0;
   int64_t kv_moved_pages = 0;
+  // Wall-clock seconds inside step(): in the scheduler's schedule() call (building the step
+  // plan), and in whole steps (plan, forward, sampling, callbacks). Their ratio is BROS
+  // Fig. 14's scheduling overhead per iteration.
+  double schedule_seconds = 0;
+  double step_seconds = 0;
 };
 
 class Engine {

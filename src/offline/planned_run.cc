@@ -49,8 +49,8 @@ std::vector<char> choose_samples(const std::vector<OfflineRequest>& requests,
     if (!requests[i].output_known) unknown.push_back(i);
   if (unknown.empty()) return chosen;
   const auto want = std::clamp<size_t>(
-      static_cast<size_t>(std::llround(sampling.fraction * static_cast<double>(unknown.size()))),
-      1, unknown.size());
+      static_cast<size_t>(std::llround(sampling.fraction * static_cast<double>(unknown.size()))), 1,
+      unknown.size());
   std::mt19937_64 rng(sampling.seed);
   std::shuffle(unknown.begin(), unknown.end(), rng);
   for (size_t k = 0; k < want; ++k) chosen[unknown[k]] = 1;
@@ -105,8 +105,7 @@ PlannedRunStats run_planned(Engine& engine, const std::vector<OfflineRequest>& a
     for (size_t i = 0; i < all_requests.size(); ++i) {
       if (sampled[i]) continue;
       OfflineRequest q = all_requests[i];
-      if (!q.output_known)
-        q.output_estimate = std::min<double>(estimate[i], q.params.max_tokens);
+      if (!q.output_known) q.output_estimate = std::min<double>(estimate[i], q.params.max_tokens);
       rest.push_back({q.id, q.prompt, q.output_estimate, q.output_known});
       requests.push_back(std::move(q));
     }

@@ -36,8 +36,8 @@ struct SamplingOptions {
 
 struct PlannedRunStats {
   std::string policy;
-  int64_t sampled_requests = 0;   // run in the sampling pass
-  double sampling_seconds = 0;    // engine-clock time of that pass (included in `seconds`)
+  int64_t sampled_requests = 0;  // run in the sampling pass
+  double sampling_seconds = 0;   // engine-clock time of that pass (included in `seconds`)
   int64_t requests = 0;
   int64_t prompt_tokens = 0, output_tokens = 0;
   double seconds = 0;  // on the engine's clock (virtual for the simulator)

@@ -6,18 +6,12 @@
 
 #include "backend/sim/sim_backend.h"
 #include "core/error.h"
+#include "online/load_generator.h"
 #include "workload/synth.h"
 
 namespace blend::online {
 
 namespace {
-
-double percentile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const auto k = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size()))) - 1;
-  return v[std::min(k, v.size() - 1)];
-}
 
 struct RtTiming {
   double arrival = 0, first = -1, last = 0;
@@ -131,29 +125,25 @@ ServingReport simulate_serving(Engine& engine, SimBackend& backend, const Servin
   report.seconds = engine.clock_seconds() - t0;
   report.steps = engine.stats().steps - before.steps;
 
-  std::vector<double> ttft, tpot;
-  double normalized = 0;
-  int64_t ttft_ok = 0, tpot_ok = 0;
+  std::vector<RtRecord> records;
   for (const RtTiming& t : rt) {
-    ttft.push_back(t.first - t.arrival);
-    ttft_ok += ttft.back() <= w.ttft_slo ? 1 : 0;
-    const double per_token =
-        t.tokens > 1 ? (t.last - t.first) / static_cast<double>(t.tokens - 1) : 0;
-    tpot.push_back(per_token);
-    tpot_ok += per_token <= w.tpot_slo ? 1 : 0;
-    normalized += (t.last - t.arrival) / static_cast<double>(std::max<int64_t>(1, t.tokens));
+    RtRecord r;
+    r.arrival = t.arrival;
+    r.ttft = t.first - t.arrival;
+    r.e2e = t.last - t.arrival;
+    r.output_tokens = t.tokens;
+    r.finished = true;
+    records.push_back(r);
   }
-  const auto n = static_cast<double>(rt.size());
-  report.rt_requests = static_cast<int64_t>(rt.size());
-  if (!rt.empty()) {
-    report.rt_normalized_latency_s = normalized / n;
-    report.ttft_attainment = static_cast<double>(ttft_ok) / n;
-    report.tpot_attainment = static_cast<double>(tpot_ok) / n;
-  }
-  report.ttft_p50 = percentile(ttft, 0.5);
-  report.ttft_p99 = percentile(ttft, 0.99);
-  report.tpot_p50 = percentile(tpot, 0.5);
-  report.tpot_p99 = percentile(tpot, 0.99);
+  const RtSummary s = summarize(records, w.ttft_slo, w.tpot_slo);
+  report.rt_requests = s.rt_requests;
+  report.rt_normalized_latency_s = s.rt_normalized_latency_s;
+  report.ttft_attainment = s.ttft_attainment;
+  report.tpot_attainment = s.tpot_attainment;
+  report.ttft_p50 = s.ttft_p50;
+  report.ttft_p99 = s.ttft_p99;
+  report.tpot_p50 = s.tpot_p50;
+  report.tpot_p99 = s.tpot_p99;
   report.be_throughput_tokens_per_s = static_cast<double>(report.be_tokens) / w.duration_seconds;
   report.be_requests_per_s = static_cast<double>(report.be_requests) / w.duration_seconds;
   // BE work still queued is abandoned: cancel it so the engine is idle again.

@@ -61,7 +61,7 @@ struct HybridOptions {
   // the TTFT attainment and BE throughput at high load (Llama-3-70B at 10 RT/s: 42% and 2.8
   // req/s from 8, 90% and 5.8 req/s from 256), so the default starts at the running-set size.
   int32_t initial_batch = 256;
-  int32_t batch_step = 4;     // growth after an iteration with no RT request at risk
+  int32_t batch_step = 4;  // growth after an iteration with no RT request at risk
   int32_t max_batch = 256;
 };
 

@@ -175,6 +175,12 @@ std::string Metrics::render() const {
   line("blend:num_preemptions_total", "", static_cast<double>(engine_.preemptions));
   help("blend:iterations_total", "counter", "Engine steps.");
   line("blend:iterations_total", "", static_cast<double>(engine_.steps));
+  help("blend:scheduler_seconds_total", "counter",
+       "Wall-clock seconds the scheduler spent building step plans.");
+  line("blend:scheduler_seconds_total", "", engine_.schedule_seconds);
+  help("blend:step_seconds_total", "counter",
+       "Wall-clock seconds of whole engine steps (scheduling included).");
+  line("blend:step_seconds_total", "", engine_.step_seconds);
   double rate = 0;
   if (samples_.size() >= 2) {
     const double dt =

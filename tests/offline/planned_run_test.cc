@@ -99,14 +99,14 @@ TEST(PlannedRun, SamplingPassRunsAFractionFirstAndEveryRequestOnce) {
   const auto page_bytes = static_cast<int64_t>(cost.kv_bytes_per_token_per_device()) * 16;
   for (double fraction : {0.0, 0.1, 1.0}) {
     SimBackendOptions so{.num_pages = 4'000'000'000 / page_bytes, .kv_bytes_per_page = page_bytes};
-    Engine engine(config,
-                  std::make_unique<SimBackend>(
-                      config, so, simulate_step_cost(cost, Overlap::kOverlapped)),
-                  EngineOptions{});
+    Engine engine(
+        config,
+        std::make_unique<SimBackend>(config, so, simulate_step_cost(cost, Overlap::kOverlapped)),
+        EngineOptions{});
     std::vector<std::string> order;
-    const PlannedRunStats st = run_planned(
-        engine, requests, plan::Policy::kBlend, cost, 4e9,
-        [&](GenerationResult&& g) { order.push_back(g.id); }, {.fraction = fraction, .seed = 3});
+    const PlannedRunStats st = run_planned(engine, requests, plan::Policy::kBlend, cost, 4e9,
+                                           [&](GenerationResult&& g) { order.push_back(g.id); },
+                                           {.fraction = fraction, .seed = 3});
     const std::set<std::string> unique(order.begin(), order.end());
     EXPECT_EQ(order.size(), requests.size()) << fraction;
     EXPECT_EQ(unique.size(), requests.size()) << fraction;
