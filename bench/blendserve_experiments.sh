@@ -196,7 +196,8 @@ if [[ " ${PARTS[*]} " == *" grid "* ]]; then  # Fig. 11 / A.4: blend over nanofl
 import json, sys
 runs = {j["policy"]: j for j in map(json.loads, sys.stdin)}
 b, d = runs["blend"]["throughput_tokens_per_s"], runs["dfs"]["throughput_tokens_per_s"]
-print(f"{sys.argv[1]},{sys.argv[2]},{b:.1f},{d:.1f},{b / d:.4f},{runs[\"blend\"][\"fraction_of_optimal\"]:.4f}")
+fraction = runs["blend"]["fraction_of_optimal"]
+print(f"{sys.argv[1]},{sys.argv[2]},{b:.1f},{d:.1f},{b / d:.4f},{fraction:.4f}")
 ' "$density" "$sharing" >>"$csv"
         rm -f "$w"  # grid workloads are cheap to redo and large to keep
       done
