@@ -7,10 +7,8 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <map>
 #include <memory>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -48,25 +46,6 @@ struct BenchServeArgs {
   EngineOptions engine;
 };
 
-std::vector<std::string> split(const std::string& list) {
-  std::vector<std::string> out;
-  std::stringstream in(list);
-  for (std::string e; std::getline(in, e, ',');)
-    if (!e.empty()) out.push_back(e);
-  return out;
-}
-
-SchedulerPolicy policy_of(const std::string& name) {
-  static const std::map<std::string, SchedulerPolicy> kPolicies = {
-      {"hybrid", SchedulerPolicy::kHybrid},
-      {"fcfs", SchedulerPolicy::kFcfs},
-      {"round-robin", SchedulerPolicy::kRoundRobin}};
-  const auto it = kPolicies.find(name);
-  if (it == kPolicies.end())
-    throw Error("unknown policy '" + name + "' (hybrid, fcfs, round-robin)");
-  return it->second;
-}
-
 void print(const std::string& policy, const online::LoadOptions& lo, const online::LoadReport& r,
            bool json) {
   if (json) {
@@ -98,7 +77,7 @@ void run(BenchServeArgs& args) {
   if (!(args.length_scale > 0)) throw Error("--length-scale must be > 0");
   if (lo.be_batch_requests < 0) throw Error("--be-batch must be >= 0");
   if (!(lo.ttft_slo > 0) || !(lo.tpot_slo > 0)) throw Error("--ttft-slo/--tpot-slo must be > 0");
-  const std::vector<std::string> policies = split(args.policies);
+  const std::vector<std::string> policies = split_list(args.policies);
   if (policies.empty()) throw Error("--policy names no policy");
   if (!args.url.empty()) {
     if (args.policy_given && policies.size() > 1)
@@ -106,7 +85,7 @@ void run(BenchServeArgs& args) {
     std::tie(lo.host, lo.port) = online::parse_url(args.url);
     online::check_loopback(lo.host);
   } else {
-    for (const std::string& p : policies) policy_of(p);
+    for (const std::string& p : policies) parse_scheduler_policy(p);
     if (args.model.empty()) throw Error("--model DIR is needed (or --url of a running server)");
     if (!std::filesystem::is_directory(args.model))
       throw Error("--model " + args.model.string() + ": no such model folder");
@@ -135,9 +114,9 @@ void run(BenchServeArgs& args) {
                   ("blend-bench-serve-" + std::to_string(::getpid()) + "-" + policy);
     std::filesystem::remove_all(so.data_dir);
     so.engine = args.engine;
-    so.engine.scheduler.policy = policy_of(policy);
+    so.engine.scheduler.policy = parse_scheduler_policy(policy);
     // `blend serve --kv-layout auto`: bidirectional pages with hybrid, as BROS.
-    so.engine.scheduler.bidirectional_kv = so.engine.scheduler.policy == SchedulerPolicy::kHybrid;
+    so.engine.scheduler.bidirectional_kv = bidirectional_kv_for("auto", so.engine.scheduler.policy);
     if (!args.profile.empty())
       so.engine.scheduler.iteration_cost = read_iteration_model(args.profile);
     so.engine.ttft_slo = lo.ttft_slo;

@@ -1,6 +1,7 @@
 #include "cli/engine_flags.h"
 
 #include <fstream>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -44,6 +45,43 @@ IterationCostModel read_iteration_model(const std::string& path) {
   m.decode_per_token = j.value("decode_per_token", 0.0);
   m.decode_per_context_token = j.value("decode_per_context_token", 0.0);
   return m;
+}
+
+const std::map<std::string, SchedulerPolicy>& scheduler_policy_names() {
+  static const std::map<std::string, SchedulerPolicy> kNames = {
+      {"hybrid", SchedulerPolicy::kHybrid},
+      {"fcfs", SchedulerPolicy::kFcfs},
+      {"round-robin", SchedulerPolicy::kRoundRobin}};
+  return kNames;
+}
+
+SchedulerPolicy parse_scheduler_policy(const std::string& name) {
+  const auto& names = scheduler_policy_names();
+  const auto it = names.find(name);
+  if (it == names.end()) throw Error("unknown policy '" + name + "' (hybrid, fcfs, round-robin)");
+  return it->second;
+}
+
+bool bidirectional_kv_for(const std::string& layout, SchedulerPolicy policy) {
+  return layout == "bidirectional" || (layout == "auto" && policy == SchedulerPolicy::kHybrid);
+}
+
+std::vector<std::string> split_list(const std::string& list) {
+  std::vector<std::string> out;
+  std::stringstream in(list);
+  for (std::string e; std::getline(in, e, ',');)
+    if (!e.empty()) out.push_back(e);
+  return out;
+}
+
+double simulated_kv_memory_bytes(const Hardware& hardware, const ModelShape& shape,
+                                 double kv_memory_gb) {
+  const double bytes = kv_memory_gb > 0
+                           ? kv_memory_gb * 1e9
+                           : 0.9 * hardware.memory_bytes -
+                                 static_cast<double>(shape.weight_bytes) / shape.tensor_parallel;
+  if (bytes <= 0) throw Error("the model's weights do not fit; raise --tp or set --kv-memory");
+  return bytes;
 }
 
 }  // namespace blend::cli

@@ -1,11 +1,16 @@
-// The engine flags `blend batch` and `blend serve` share (KV sizing, batching, prefix cache,
-// KV tiers, determinism), defined once.
+// What the CLI commands share, defined once: the engine flags `blend batch` and `blend serve`
+// take (KV sizing, batching, prefix cache, KV tiers, determinism), and the parsing of policy
+// names, KV layouts, comma lists and simulated KV memory that serve, bench serve, simulate and
+// simulate-serve have in common.
 #pragma once
 
+#include <map>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
+#include "cost/cost_model.h"
 #include "engine/engine.h"
 
 namespace blend::cli {
@@ -14,5 +19,22 @@ void add_engine_flags(CLI::App* cmd, EngineOptions& options);
 
 // BROS's iteration model (§4.1) from a `blend profile` file (serve --profile).
 IterationCostModel read_iteration_model(const std::string& path);
+
+// "hybrid" | "fcfs" | "round-robin" (the names --policy takes).
+const std::map<std::string, SchedulerPolicy>& scheduler_policy_names();
+// Throws blend::Error naming the policy when it is not one of them.
+SchedulerPolicy parse_scheduler_policy(const std::string& name);
+
+// --kv-layout: "bidirectional", "unidirectional", or "auto" (bidirectional with the hybrid
+// policy, as BROS; unidirectional for its baselines).
+bool bidirectional_kv_for(const std::string& layout, SchedulerPolicy policy);
+
+// "a,b,,c" -> {"a", "b", "c"}.
+std::vector<std::string> split_list(const std::string& list);
+
+// The simulator's KV memory per device: `kv_memory_gb` when given, else 90% of the device's
+// memory minus the weights' share. Throws blend::Error when the weights do not fit.
+double simulated_kv_memory_bytes(const Hardware& hardware, const ModelShape& shape,
+                                 double kv_memory_gb);
 
 }  // namespace blend::cli

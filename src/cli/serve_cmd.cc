@@ -2,7 +2,6 @@
 #include <signal.h>
 
 #include <cstdio>
-#include <map>
 #include <memory>
 
 #include <CLI/CLI.hpp>
@@ -54,11 +53,7 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--policy", o->engine.scheduler.policy,
                   "Scheduling of real-time and best-effort requests: hybrid (BROS), fcfs, "
                   "round-robin (default hybrid)")
-      ->transform(CLI::CheckedTransformer(
-          std::map<std::string, SchedulerPolicy>{{"hybrid", SchedulerPolicy::kHybrid},
-                                                 {"fcfs", SchedulerPolicy::kFcfs},
-                                                 {"round-robin", SchedulerPolicy::kRoundRobin}},
-          CLI::ignore_case));
+      ->transform(CLI::CheckedTransformer(scheduler_policy_names(), CLI::ignore_case));
   auto profile = std::make_shared<std::string>();
   cmd->add_option("--profile", *profile,
                   "A `blend profile` file: its iteration model drives --policy hybrid");
@@ -76,8 +71,7 @@ void register_serve_command(CLI::App& app) {
   cmd->callback([o, profile, layout] {
     if (!profile->empty()) o->engine.scheduler.iteration_cost = read_iteration_model(*profile);
     o->engine.scheduler.bidirectional_kv =
-        *layout == "bidirectional" ||
-        (*layout == "auto" && o->engine.scheduler.policy == SchedulerPolicy::kHybrid);
+        bidirectional_kv_for(*layout, o->engine.scheduler.policy);
     run_serve(*o);
   });
 }

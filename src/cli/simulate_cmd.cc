@@ -6,7 +6,6 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -16,6 +15,7 @@
 #include "api/batch_file.h"
 #include "backend/sim/sim_backend.h"
 #include "cli/commands.h"
+#include "cli/engine_flags.h"
 #include "core/error.h"
 #include "cost/cost_model.h"
 #include "model/config.h"
@@ -109,11 +109,7 @@ void run_simulate(const SimulateArgs& args) {
                                     args.tensor_parallel);
   if (!shape) throw Error("unknown --model-shape " + args.model_shape);
   const CostModel cost(*shape, hw);
-  const double kv_memory =
-      args.kv_memory_gb > 0
-          ? args.kv_memory_gb * 1e9
-          : 0.9 * hw.memory_bytes - static_cast<double>(shape->weight_bytes) / args.tensor_parallel;
-  if (kv_memory <= 0) throw Error("the model's weights do not fit; raise --tp or set --kv-memory");
+  const double kv_memory = simulated_kv_memory_bytes(hw, *shape, args.kv_memory_gb);
   const std::vector<OfflineRequest> requests = read_workload(args.workload);
   const ModelConfig config = sim_model_config(*shape);
   const auto page_bytes =
@@ -122,9 +118,7 @@ void run_simulate(const SimulateArgs& args) {
   if (!args.step_trace.empty() && args.policies.find(',') != std::string::npos &&
       args.step_trace.find("{policy}") == std::string::npos)
     throw Error("--step-trace with several policies needs {policy} in the path");
-  std::stringstream list(args.policies);
-  for (std::string entry; std::getline(list, entry, ',');) {
-    if (entry.empty()) continue;
+  for (const std::string& entry : split_list(args.policies)) {
     const size_t at = entry.find('@');
     const std::string policy_name = entry.substr(0, at);
     const std::string overlap_name = at == std::string::npos ? "overlapped" : entry.substr(at + 1);

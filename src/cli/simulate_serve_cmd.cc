@@ -6,9 +6,9 @@
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "cli/commands.h"
+#include "cli/engine_flags.h"
 #include "core/error.h"
 #include "cost/cost_model.h"
 #include "offline/planned_run.h"
@@ -35,47 +35,25 @@ struct SimulateServeArgs {
   bool json = false;
 };
 
-std::vector<std::string> split(const std::string& list) {
-  std::vector<std::string> out;
-  std::stringstream in(list);
-  for (std::string e; std::getline(in, e, ',');)
-    if (!e.empty()) out.push_back(e);
-  return out;
-}
-
 void run(const SimulateServeArgs& args) {
   const Hardware hw = resolve_hardware(args.hardware);
   const auto shape = find_model_shape_preset(args.model_shape, args.tensor_parallel);
   if (!shape) throw Error("unknown --model-shape " + args.model_shape);
   const CostModel cost(*shape, hw);
-  const double kv_memory =
-      args.kv_memory_gb > 0
-          ? args.kv_memory_gb * 1e9
-          : 0.9 * hw.memory_bytes - static_cast<double>(shape->weight_bytes) / args.tensor_parallel;
-  if (kv_memory <= 0) throw Error("the model's weights do not fit; raise --tp or set --kv-memory");
+  const double kv_memory = simulated_kv_memory_bytes(hw, *shape, args.kv_memory_gb);
   online::ServingWorkload w = args.workload;
   w.duration_seconds = args.duration;
   w.rt_lengths = online::sharegpt_lengths(args.traces, args.max_context);
   const ModelConfig config = sim_model_config(*shape);
   const auto page_bytes = static_cast<int64_t>(cost.kv_bytes_per_token_per_device()) * 16;
 
-  for (const std::string& rate : split(args.rates)) {
-    for (const std::string& policy : split(args.policies)) {
+  for (const std::string& rate : split_list(args.rates)) {
+    for (const std::string& policy : split_list(args.policies)) {
       EngineOptions eo;
       eo.scheduler.max_batch_tokens = args.max_batch_tokens;
       eo.scheduler.max_running = args.max_running;
-      if (policy == "hybrid") {
-        eo.scheduler.policy = SchedulerPolicy::kHybrid;
-      } else if (policy == "fcfs") {
-        eo.scheduler.policy = SchedulerPolicy::kFcfs;
-      } else if (policy == "round-robin") {
-        eo.scheduler.policy = SchedulerPolicy::kRoundRobin;
-      } else {
-        throw Error("unknown policy '" + policy + "' (hybrid, fcfs, round-robin)");
-      }
-      eo.scheduler.bidirectional_kv =
-          args.kv_layout == "bidirectional" ||
-          (args.kv_layout == "auto" && eo.scheduler.policy == SchedulerPolicy::kHybrid);
+      eo.scheduler.policy = parse_scheduler_policy(policy);
+      eo.scheduler.bidirectional_kv = bidirectional_kv_for(args.kv_layout, eo.scheduler.policy);
       eo.scheduler.iteration_cost = iteration_model_of(cost);
       eo.scheduler.hybrid = args.hybrid;
       eo.scheduler.hybrid.max_batch = args.max_running;
