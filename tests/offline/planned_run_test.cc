@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
 #include <random>
 #include <set>
 
@@ -37,6 +38,20 @@ std::vector<OfflineRequest> workload(int groups, int per_group, uint32_t seed) {
   return out;
 }
 
+// KV bytes of one 16-token page of `cost`'s model on one device.
+int64_t page_bytes_of(const CostModel& cost) {
+  return static_cast<int64_t>(cost.kv_bytes_per_token_per_device()) * 16;
+}
+
+// An engine over the simulator (default options) with `num_pages` pages of 16 tokens.
+std::unique_ptr<Engine> sim_engine(const CostModel& cost, Overlap overlap, int64_t num_pages) {
+  const ModelConfig config = sim_model_config(cost.shape());
+  const SimBackendOptions so{.num_pages = num_pages, .kv_bytes_per_page = page_bytes_of(cost)};
+  return std::make_unique<Engine>(
+      config, std::make_unique<SimBackend>(config, so, simulate_step_cost(cost, overlap)),
+      EngineOptions{});
+}
+
 TEST(PlannedRun, EveryPolicyRunsEveryRequestOnTheSimulator) {
   const CostModel cost(*find_model_shape_preset("llama-3-8b"), *find_hardware_preset("a100-80g"));
   const auto requests = workload(6, 20, 3);
@@ -46,19 +61,9 @@ TEST(PlannedRun, EveryPolicyRunsEveryRequestOnTheSimulator) {
   for (plan::Policy policy :
        {plan::Policy::kBlend, plan::Policy::kDfs, plan::Policy::kFcfs, plan::Policy::kRandom}) {
     for (Overlap overlap : {Overlap::kOverlapped, Overlap::kSequential}) {
-      ModelConfig config;
-      config.hidden_size = cost.shape().hidden_size;
-      config.num_layers = cost.shape().num_layers;
-      config.num_heads = config.num_kv_heads = 1;
-      config.head_dim = cost.shape().kv_dim;
-      config.vocab_size = 1 << 20;
-      config.max_position_embeddings = 1 << 20;
-      const auto page_bytes = static_cast<int64_t>(cost.kv_bytes_per_token_per_device()) * 16;
-      SimBackendOptions so{.num_pages = static_cast<int64_t>(kv_memory) / page_bytes,
-                           .kv_bytes_per_page = page_bytes};
-      Engine engine(config,
-                    std::make_unique<SimBackend>(config, so, simulate_step_cost(cost, overlap)),
-                    EngineOptions{});
+      const auto engine_ptr =
+          sim_engine(cost, overlap, static_cast<int64_t>(kv_memory) / page_bytes_of(cost));
+      Engine& engine = *engine_ptr;
       std::map<std::string, int32_t> length;
       for (const auto& r : requests) length[r.id] = r.params.max_tokens;
       std::set<std::string> done;
@@ -89,20 +94,10 @@ TEST(PlannedRun, SamplingPassRunsAFractionFirstAndEveryRequestOnce) {
       requests[i].params.ignore_eos = false;
       requests[i].output_estimate = 64;
     }
-  ModelConfig config;
-  config.hidden_size = cost.shape().hidden_size;
-  config.num_layers = cost.shape().num_layers;
-  config.num_heads = config.num_kv_heads = 1;
-  config.head_dim = cost.shape().kv_dim;
-  config.vocab_size = 1 << 20;
-  config.max_position_embeddings = 1 << 20;
-  const auto page_bytes = static_cast<int64_t>(cost.kv_bytes_per_token_per_device()) * 16;
   for (double fraction : {0.0, 0.1, 1.0}) {
-    SimBackendOptions so{.num_pages = 4'000'000'000 / page_bytes, .kv_bytes_per_page = page_bytes};
-    Engine engine(
-        config,
-        std::make_unique<SimBackend>(config, so, simulate_step_cost(cost, Overlap::kOverlapped)),
-        EngineOptions{});
+    const auto engine_ptr =
+        sim_engine(cost, Overlap::kOverlapped, 4'000'000'000 / page_bytes_of(cost));
+    Engine& engine = *engine_ptr;
     std::vector<std::string> order;
     const PlannedRunStats st = run_planned(engine, requests, plan::Policy::kBlend, cost, 4e9,
                                            [&](GenerationResult&& g) { order.push_back(g.id); },
@@ -131,22 +126,11 @@ TEST(PlannedRun, OverlapIsNeverSlowerThanSequentialExecution) {
   const auto requests = workload(4, 25, 9);
   double seconds[2];
   for (Overlap overlap : {Overlap::kOverlapped, Overlap::kSequential}) {
-    ModelConfig config;
-    config.hidden_size = cost.shape().hidden_size;
-    config.num_layers = cost.shape().num_layers;
-    config.num_heads = config.num_kv_heads = 1;
-    config.head_dim = cost.shape().kv_dim;
-    config.vocab_size = 1 << 20;
-    config.max_position_embeddings = 1 << 20;
-    const auto page_bytes = static_cast<int64_t>(cost.kv_bytes_per_token_per_device()) * 16;
-    Engine engine(
-        config,
-        std::make_unique<SimBackend>(
-            config, SimBackendOptions{.num_pages = 20000, .kv_bytes_per_page = page_bytes},
-            simulate_step_cost(cost, overlap)),
-        EngineOptions{});
+    const auto engine_ptr = sim_engine(cost, overlap, 20000);
+    Engine& engine = *engine_ptr;
     seconds[overlap == Overlap::kOverlapped ? 0 : 1] =
-        run_planned(engine, requests, plan::Policy::kDfs, cost, 20000.0 * page_bytes).seconds;
+        run_planned(engine, requests, plan::Policy::kDfs, cost, 20000.0 * page_bytes_of(cost))
+            .seconds;
   }
   EXPECT_LT(seconds[0], seconds[1]);
 }
