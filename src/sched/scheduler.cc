@@ -200,6 +200,10 @@ void Scheduler::preempt(Sequence* seq) {
 }
 
 int64_t Scheduler::expected_output(const Sequence& seq) const {
+  const SamplingParams& params = seq.params;
+  if (options_.exact_known_lengths && params.ignore_eos && params.stop.empty() &&
+      params.stop_token_ids.empty())
+    return params.max_tokens;
   const int64_t guess = finished_count_ > 0 ? finished_output_tokens_ / finished_count_
                                             : options_.initial_output_estimate;
   const int64_t at_least = seq.num_generated() + 1;

@@ -50,6 +50,9 @@ struct SchedulerOptions {
   // Expected output length used by peak-memory admission before any request has finished
   // (capped by each request's max_tokens); afterwards the mean of finished requests is used.
   int32_t initial_output_estimate = 256;
+  // A request that ignores EOS and has no stop condition runs to max_tokens: admission counts
+  // exactly that many (off: it is estimated like any other, as tests that force preemption want).
+  bool exact_known_lengths = true;
   // BROS bidirectional KV pages (§5); `kv_page_bytes` sizes the checkpoint images.
   bool bidirectional_kv = false;
   int64_t kv_page_bytes = 0;

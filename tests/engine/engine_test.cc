@@ -112,6 +112,7 @@ TEST_F(EngineTest, KvExhaustionPreemptsAndStillGivesTheSameTokens) {
   // tiny: 2 layers x 32 kv dims x 2 (K,V) x 2 bytes = 256 bytes a token; 16 pages of 16 tokens.
   o.kv_memory_gb = 256.0 * 16 * 16 / 1e9;
   o.scheduler.initial_output_estimate = 1;  // optimistic admission: forces preemption
+  o.scheduler.exact_known_lengths = false;
   Engine tight(dir_->path(), o);
   auto got = run(tight, reqs);
   EXPECT_GT(tight.stats().preemptions, 0);
@@ -268,6 +269,7 @@ TEST_F(EngineTest, BidirectionalPagesShareCheckpointRestoreAndKeepTheTokens) {
       o.scheduler.policy = policy;
       o.scheduler.bidirectional_kv = true;
       o.scheduler.initial_output_estimate = 1;  // optimistic admission: memory runs out
+      o.scheduler.exact_known_lengths = false;
       o.scheduler.hybrid = {.initial_batch = 4, .batch_step = 2, .max_batch = 16};
       o.scheduler.iteration_cost.decode_per_token = 1e-3;
       Engine engine(dir_->path(), o);
