@@ -172,11 +172,17 @@ void run_plan(const PlanArgs& args) {
   }
   std::vector<int32_t> order;
   std::deque<int32_t> running;
-  while (!stream->exhausted()) {
-    if (auto r = stream->next()) {
+  std::optional<plan::Pacing> first_pacing;
+  for (int64_t step = 0; !stream->exhausted(); ++step) {
+    stream->on_step(step);
+    if (scanner && !first_pacing) first_pacing = scanner->pacing();
+    bool admitted = false;
+    while (auto r = stream->next()) {
       order.push_back(*r);
       running.push_back(*r);
-    } else {
+      admitted = true;
+    }
+    if (!admitted && !running.empty()) {
       stream->on_finished(running.front());
       running.pop_front();
     }
@@ -222,6 +228,12 @@ void run_plan(const PlanArgs& args) {
                             {"note", m.note}});
     }
     report["memory_partitions"] = partitions;
+    if (first_pacing)
+      report["capacity_pacing"] = {{"step_tokens", first_pacing->step_tokens},
+                                   {"memory_right_gb", first_pacing->memory_right / 1e9},
+                                   {"left_floor_gb", first_pacing->memory_left_floor / 1e9},
+                                   {"remaining_dense_tokens", first_pacing->remaining_dense},
+                                   {"kv_token_steps_bytes", first_pacing->remaining_occupancy}};
   }
   nlohmann::json ids = nlohmann::json::array();
   for (int32_t r : order) ids.push_back(requests[static_cast<size_t>(r)].id);
@@ -261,6 +273,13 @@ void run_plan(const PlanArgs& args) {
       }
       if (history.size() > shown)
         std::printf("partition ...     %zu more\n", history.size() - shown);
+      if (first_pacing)
+        std::printf(
+            "capacity pacing   step budget %d tokens, M_R %.2f GB for the memory-intensive "
+            "requests' average footprint, %.2f GB kept for the rest (KV token-steps / M: at "
+            "least %.0f steps)\n",
+            first_pacing->step_tokens, first_pacing->memory_right / 1e9,
+            first_pacing->memory_left_floor / 1e9, first_pacing->remaining_occupancy / kv_memory);
     }
     std::printf("order\n");
   }

@@ -40,6 +40,7 @@ struct SimulateArgs {
   std::string step_trace;    // CSV per policy ({policy} in the path is replaced)
   int32_t step_trace_every = 1;
   bool json = false;  // one JSON object per run instead of a readable line
+  bool capacity_pacing = true;
 };
 
 // The trace path for one policy entry: "{policy}" replaced by the entry ('@' becomes '-').
@@ -139,8 +140,8 @@ void run_simulate(const SimulateArgs& args) {
     auto backend = std::make_unique<SimBackend>(config, so, simulate_step_cost(cost, overlap));
     const SimBackend& sim = *backend;
     Engine engine(config, std::move(backend), eo);
-    const PlannedRunStats st =
-        run_planned(engine, requests, policy, cost, kv_memory, {}, args.sampling);
+    const PlannedRunStats st = run_planned(engine, requests, policy, cost, kv_memory, {},
+                                           args.sampling, args.capacity_pacing);
     if (!args.step_trace.empty())
       write_step_trace(step_trace_path(args.step_trace, entry), sim.steps(), args.step_trace_every);
     // BlendServe §3.3 / §6.2, at optimal sharing s_o: the ideal T_o overlaps compute and memory
@@ -205,6 +206,9 @@ void register_simulate_command(CLI::App& app) {
       ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--sample-seed", args->sampling.seed, "Which requests are sampled");
   cmd->add_flag("--json", args->json, "One JSON object per run (the keys experiments read)");
+  cmd->add_flag("!--no-capacity-pacing", args->capacity_pacing,
+                "blend: the dual scanner as BlendServe Alg. 3 publishes it (memory split by "
+                "density only, the engine's fixed step budget)");
   cmd->add_option("--interference", args->interference,
                   "GEMM-attention interference of overlapped steps, in [0, 1] (default: the "
                   "hardware's; 0.15 for the GPU presets)")

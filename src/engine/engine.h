@@ -136,6 +136,8 @@ class Engine {
   // The engine's clock (seconds): the simulator's virtual time, or wall time since start.
   double clock_seconds() const { return now(); }
   size_t num_running() const { return scheduler_->num_running(); }
+  int32_t max_batch_tokens() const { return scheduler_->max_batch_tokens(); }
+  void set_max_batch_tokens(int32_t tokens) { scheduler_->set_max_batch_tokens(tokens); }
   size_t num_waiting() const { return scheduler_->num_waiting(); }
 
  private:

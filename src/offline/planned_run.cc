@@ -62,7 +62,7 @@ std::vector<char> choose_samples(const std::vector<OfflineRequest>& requests,
 PlannedRunStats run_planned(Engine& engine, const std::vector<OfflineRequest>& all_requests,
                             plan::Policy policy, const CostModel& cost, double kv_memory_bytes,
                             const std::function<void(GenerationResult&&)>& on_result,
-                            const SamplingOptions& sampling) {
+                            const SamplingOptions& sampling, bool capacity_pacing) {
   if (all_requests.empty()) throw Error("no requests to run");
   const double t_start = engine.clock_seconds();
   const EngineStats at_start = engine.stats();
@@ -137,8 +137,11 @@ PlannedRunStats run_planned(Engine& engine, const std::vector<OfflineRequest>& a
   options.policy = policy;
   const plan::Plan plan = plan::make_plan(tree, cost, options);
   std::unique_ptr<plan::AdmissionStream> stream;
+  const int32_t engine_step_tokens = engine.max_batch_tokens();
   if (policy == plan::Policy::kBlend)
-    stream = std::make_unique<plan::DualScanner>(plan, plan_requests, cost, kv_memory_bytes);
+    stream = std::make_unique<plan::DualScanner>(
+        plan, plan_requests, cost, kv_memory_bytes, 128,
+        plan::PacingOptions{.enabled = capacity_pacing, .max_step_tokens = engine_step_tokens});
   else
     stream = std::make_unique<plan::OrderedStream>(plan, plan_requests, cost, kv_memory_bytes);
 
@@ -150,15 +153,22 @@ PlannedRunStats run_planned(Engine& engine, const std::vector<OfflineRequest>& a
   const EngineStats before = at_start;
   const double t0 = t_start;
   std::vector<int32_t> finished;
+  std::vector<double> generated(requests.size(), 0);  // tokens each request has produced
   int64_t in_flight = 0;
   while (!stream->exhausted() || engine.has_work()) {
+    stream->on_step(engine.stats().steps);
+    engine.set_max_batch_tokens(stream->step_token_budget().value_or(engine_step_tokens));
     while (auto r = stream->next()) {
       const OfflineRequest& q = requests[static_cast<size_t>(*r)];
-      engine.submit({q.id, q.prompt, q.params, RequestClass::kBestEffort, {}, {}},
-                    [&](GenerationResult&& g) {
-                      finished.push_back(index_of.at(g.id));
-                      if (on_result) on_result(std::move(g));
-                    });
+      engine.submit(
+          {q.id, q.prompt, q.params, RequestClass::kBestEffort, {}, {}},
+          [&](GenerationResult&& g) {
+            finished.push_back(index_of.at(g.id));
+            if (on_result) on_result(std::move(g));
+          },
+          [&stream, &generated, r = *r](TokenId, std::string_view) {
+            stream->on_progress(r, ++generated[static_cast<size_t>(r)]);
+          });
       ++in_flight;
     }
     if (!engine.has_work()) {
@@ -173,6 +183,7 @@ PlannedRunStats run_planned(Engine& engine, const std::vector<OfflineRequest>& a
     }
     finished.clear();
   }
+  engine.set_max_batch_tokens(engine_step_tokens);
   const EngineStats after = engine.stats();
   st.requests = static_cast<int64_t>(all_requests.size());
   st.prompt_tokens = after.prompt_tokens - before.prompt_tokens;

@@ -53,11 +53,13 @@ struct PlannedRunStats {
 };
 
 // Runs every request through `engine`, admitted in `policy`'s plan order and pace against
-// `kv_memory_bytes` of KV reservations. `on_result` sees each result as it finishes.
+// `kv_memory_bytes` of KV reservations. `on_result` sees each result as it finishes. With
+// `capacity_pacing` (blend only; plan/admission.h) the dual scanner also sets each step's token
+// budget, up to the engine's own; without it the scanner is Alg. 3 as published.
 PlannedRunStats run_planned(Engine& engine, const std::vector<OfflineRequest>& requests,
                             plan::Policy policy, const CostModel& cost, double kv_memory_bytes,
                             const std::function<void(GenerationResult&&)>& on_result = {},
-                            const SamplingOptions& sampling = {});
+                            const SamplingOptions& sampling = {}, bool capacity_pacing = true);
 
 enum class Overlap { kSequential, kOverlapped };
 

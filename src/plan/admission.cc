@@ -77,8 +77,13 @@ MemoryPartition partition_memory(double memory_bytes, double rho_root, double rh
 }
 
 DualScanner::DualScanner(const Plan& plan, const std::vector<PlanRequest>& requests,
-                         const CostModel& cost, double kv_memory_bytes, size_t window)
-    : plan_(plan), cost_(cost), capacity_(kv_memory_bytes), window_(std::max<size_t>(window, 1)) {
+                         const CostModel& cost, double kv_memory_bytes, size_t window,
+                         PacingOptions pacing)
+    : plan_(plan),
+      cost_(cost),
+      capacity_(kv_memory_bytes),
+      window_(std::max<size_t>(window, 1)),
+      pacing_options_(pacing) {
   if (!(kv_memory_bytes > 0)) throw Error("dual scanner: KV memory must be positive");
   for (size_t g = 0; g < plan.groups.size(); ++g)
     for (int32_t r : plan.groups[g].requests) {
@@ -104,7 +109,157 @@ DualScanner::DualScanner(const Plan& plan, const std::vector<PlanRequest>& reque
   }
   high_ = order_.size();
   total_ = static_cast<int64_t>(order_.size());
+
+  // Capacity pacing: per request dense tokens and KV token-steps; which side it belongs to.
+  dense_tokens_.assign(requests.size(), 0);
+  memory_intensive_.assign(requests.size(), 0);
+  generated_.assign(requests.size(), 0);
+  taken_position_.assign(order_.size(), 0);
+  running_slot_.assign(requests.size(), -1);
+  cum_dense_.assign(order_.size() + 1, 0);
+  cum_occupancy_ = cum_occupancy_right_ = cum_dense_;
+  for (size_t i = 0; i < order_.size(); ++i) {
+    const auto r = static_cast<size_t>(order_[i]);
+    const double s = plan.groups[static_cast<size_t>(group_of_[i])].stats.sharing_ratio();
+    const double p = prompt_tokens_[r], d = estimated_output_[r];
+    dense_tokens_[r] = (1 - s) * p + d;
+    memory_intensive_[r] = finite_density(cost.request_density(p, d)) < plan.root_density;
+    const double occupancy = remaining_token_steps(p, d, 0);
+    cum_dense_[i + 1] = cum_dense_[i] + dense_tokens_[r];
+    cum_occupancy_[i + 1] = cum_occupancy_[i] + occupancy;
+    cum_occupancy_right_[i + 1] = cum_occupancy_right_[i] + (memory_intensive_[r] ? occupancy : 0);
+    waiting_outputs_.insert(d);
+  }
   repartition();
+}
+
+double DualScanner::remaining_token_steps(double p, double d, double age) {
+  const double a = std::min(age, d), left = d - a;
+  return (p + a) * left + left * left / 2;
+}
+
+void DualScanner::on_step(int64_t step) {
+  if (step <= step_ && paced_step_ >= 0) return;
+  step_ = step;
+  repace();
+  // New prompt tokens the compute-intensive side may start this step: the budget less the
+  // decode token every running request takes (at most two steps' worth banked).
+  const double decoders = static_cast<double>(running_[0].size() + running_[1].size());
+  const double b = pacing_.step_tokens;
+  left_prompt_credit_ = std::min(left_prompt_credit_ + std::max(0.0, b - decoders), 2 * b);
+}
+
+std::optional<int32_t> DualScanner::step_token_budget() const {
+  if (!pacing_options_.enabled || paced_step_ < 0) return std::nullopt;
+  return pacing_.step_tokens;
+}
+
+void DualScanner::repace() {
+  paced_step_ = step_;
+  const double kv = cost_.kv_bytes_per_token_per_device();
+  double dense = cum_dense_[high_] - cum_dense_[low_] - taken_inside_.dense;
+  double occupancy = cum_occupancy_[high_] - cum_occupancy_[low_] - taken_inside_.occupancy;
+  double occupancy_right =
+      cum_occupancy_right_[high_] - cum_occupancy_right_[low_] - taken_inside_.occupancy_right;
+  double longest = waiting_outputs_.empty() ? 0 : *waiting_outputs_.rbegin();
+  for (int side : {0, 1})
+    for (int32_t r : running_[side]) {
+      const auto i = static_cast<size_t>(r);
+      const double age = generated_[i];
+      const double d = estimated_output_[i], left = std::max(0.0, d - age);
+      const double steps = remaining_token_steps(prompt_tokens_[i], d, age);
+      dense += left;
+      occupancy += steps;
+      if (side == 1) occupancy_right += steps;
+      longest = std::max(longest, left);
+    }
+  const double max_tokens = pacing_options_.max_step_tokens;
+  const double g = std::max(1, pacing_options_.granularity);
+  double b = occupancy > 0 ? capacity_ / kv * dense / occupancy : max_tokens;
+  if (longest >= 1) b = std::min(b, dense / longest);  // the longest request's steps
+  b = std::clamp(std::floor(b / g) * g, std::min(g, max_tokens), max_tokens);
+  pacing_.step_tokens = static_cast<int32_t>(b);
+  pacing_.remaining_dense = dense;
+  pacing_.remaining_occupancy = occupancy * kv;
+  pacing_.memory_right = dense > 0 ? std::min(capacity_, occupancy_right * kv * b / dense) : 0;
+  // The memory-intensive side's projected peak may not take the last half of what the
+  // compute-intensive side needs at this budget. Half, not all: those requests are short-lived
+  // and make room within a few hundred steps (measured on Table 2's traces: 0, 0.25, 0.5, 0.75
+  // and 1 of it; docs/BENCHMARKS.md).
+  constexpr double kLeftFloorShare = 0.5;
+  pacing_.memory_left_floor =
+      dense > 0
+          ? kLeftFloorShare * std::min(capacity_, (occupancy - occupancy_right) * kv * b / dense)
+          : 0;
+  pacing_.right_peak = right_peak_with(-1);
+}
+
+double DualScanner::left_reservation(size_t i) const {
+  const double unique_prompt = dense_tokens_[i] - estimated_output_[i];
+  return (unique_prompt + estimated_output_[i] / 2) * cost_.kv_bytes_per_token_per_device();
+}
+
+double DualScanner::right_footprint_after(double steps) const {
+  double tokens = 0;
+  for (int32_t r : running_[1]) {
+    const auto i = static_cast<size_t>(r);
+    const double age = generated_[i] + steps;
+    if (age < estimated_output_[i]) tokens += prompt_tokens_[i] + age;
+  }
+  return tokens * cost_.kv_bytes_per_token_per_device();
+}
+
+void DualScanner::project_right() const {
+  if (profile_step_ == step_ && profile_version_ == right_version_) return;
+  profile_step_ = step_;
+  profile_version_ = right_version_;
+  struct Future {
+    double remaining, tokens;
+  };
+  std::vector<Future> futures;
+  futures.reserve(running_[1].size());
+  for (int32_t r : running_[1]) {
+    const auto i = static_cast<size_t>(r);
+    const double age = generated_[i], d = estimated_output_[i];
+    futures.push_back({std::max(1.0, d - age), prompt_tokens_[i] + std::min(age, d)});
+  }
+  std::sort(futures.begin(), futures.end(),
+            [](const Future& a, const Future& b) { return a.remaining < b.remaining; });
+  profile_remaining_.resize(futures.size());
+  profile_suffix_.assign(futures.size() + 1, 0);
+  for (size_t k = futures.size(); k-- > 0;) {
+    profile_remaining_[k] = futures[k].remaining;
+    profile_suffix_[k] = profile_suffix_[k + 1] + futures[k].tokens;
+  }
+}
+
+double DualScanner::right_peak_with(int32_t candidate) const {
+  project_right();
+  // Footprints grow a token a step until each request ends, so the total peaks just before an
+  // end: at t = remaining_k, request k and every later-ending one (and the candidate, if it is
+  // still running) hold tokens + t each.
+  const size_t n = profile_remaining_.size();
+  double cand_remaining = -1, cand_tokens = 0;
+  if (candidate >= 0) {
+    const auto i = static_cast<size_t>(candidate);
+    cand_remaining = std::max(1.0, estimated_output_[i]);
+    cand_tokens = prompt_tokens_[i];
+  }
+  double peak = 0;
+  for (size_t k = 0; k < n; ++k) {
+    const double t = profile_remaining_[k];
+    double tokens = profile_suffix_[k] + static_cast<double>(n - k) * t;
+    if (cand_remaining >= t) tokens += cand_tokens + t;
+    peak = std::max(peak, tokens);
+  }
+  if (candidate >= 0) {  // at the candidate's own end
+    const size_t j = static_cast<size_t>(
+        std::lower_bound(profile_remaining_.begin(), profile_remaining_.end(), cand_remaining) -
+        profile_remaining_.begin());
+    peak = std::max(peak, cand_tokens + cand_remaining + profile_suffix_[j] +
+                              static_cast<double>(n - j) * cand_remaining);
+  }
+  return peak * cost_.kv_bytes_per_token_per_device();
 }
 
 void DualScanner::repartition() {
@@ -142,6 +297,7 @@ void DualScanner::repartition() {
 std::optional<int32_t> DualScanner::next() {
   if (low_ >= high_) return std::nullopt;
   repartition();
+  if (pacing_options_.enabled) return next_paced();
   const double budget[2] = {partition_.memory_left, partition_.memory_right};
   // Fill the side that is emptier relative to its share first.
   auto fill = [&](int s) { return budget[s] > 0 ? used_[s] / budget[s] : 2.0; };
@@ -166,13 +322,123 @@ std::optional<int32_t> DualScanner::next() {
   return std::nullopt;
 }
 
+void DualScanner::take_position(size_t pos) {
+  auto outside = [&](size_t at) {  // a position taken earlier leaves the cursors' range
+    const auto i = static_cast<size_t>(order_[at]);
+    taken_inside_.dense -= dense_tokens_[i];
+    taken_inside_.occupancy -= cum_occupancy_[at + 1] - cum_occupancy_[at];
+    taken_inside_.occupancy_right -= cum_occupancy_right_[at + 1] - cum_occupancy_right_[at];
+  };
+  taken_position_[pos] = 1;
+  if (pos == low_) {
+    ++low_;
+  } else if (pos + 1 == high_) {
+    --high_;
+  } else {
+    const auto i = static_cast<size_t>(order_[pos]);
+    taken_inside_.dense += dense_tokens_[i];
+    taken_inside_.occupancy += cum_occupancy_[pos + 1] - cum_occupancy_[pos];
+    taken_inside_.occupancy_right += cum_occupancy_right_[pos + 1] - cum_occupancy_right_[pos];
+    return;
+  }
+  while (low_ < high_ && taken_position_[low_]) outside(low_++);
+  while (low_ < high_ && taken_position_[high_ - 1]) outside(--high_);
+}
+
+std::optional<int32_t> DualScanner::next_paced() {
+  if (paced_step_ < 0) repace();
+  auto take = [&](size_t pos, Side cursor) {
+    const int32_t r = order_[pos];
+    take_position(pos);
+    const auto i = static_cast<size_t>(r);
+    const int side = memory_intensive_[i] ? 1 : 0;
+    side_of_[i] = side == 1 ? Side::kRight : Side::kLeft;
+    last_side_ = cursor;
+    running_slot_[i] = static_cast<int32_t>(running_[side].size());
+    running_[side].push_back(r);
+    waiting_outputs_.erase(waiting_outputs_.find(estimated_output_[i]));
+    if (side == 0) {
+      used_[0] += left_reservation(i);
+      left_prompt_credit_ -= dense_tokens_[i] - estimated_output_[i];
+    } else {
+      used_[1] += reservation_[i];
+      ++right_version_;
+      pacing_.right_peak = right_peak_with(-1);
+    }
+    ++taken_;
+    return r;
+  };
+  // Memory-intensive requests first: each is long-lived, and starting it late stretches the run.
+  // Their average footprints (p + d/2) fill M_R, the share that ends them with the rest; their
+  // projected peak must leave the compute-intensive side what the step budget needs. The longest
+  // is preferred (it is the critical path); when it does not fit, a shorter one among the next
+  // kRightWindow may: one that ends before the others peak fills the gap their growth leaves.
+  constexpr int kRightWindow = 64;
+  const bool idle = running_[0].empty() && running_[1].empty();
+  int looked = 0;
+  for (size_t pos = high_; pos-- > low_ && looked < kRightWindow;) {
+    if (taken_position_[pos]) continue;
+    const auto i = static_cast<size_t>(order_[pos]);
+    if (!memory_intensive_[i]) break;
+    ++looked;
+    if (idle || running_[1].empty() ||
+        (used_[1] + reservation_[i] <= pacing_.memory_right &&
+         right_peak_with(static_cast<int32_t>(i)) <= capacity_ - pacing_.memory_left_floor))
+      return take(pos, Side::kRight);
+  }
+  // Compute-intensive requests from the left: at the step budget's pace, in the room the
+  // memory-intensive side leaves for as long as the candidate runs (it is short-lived; theirs
+  // grow meanwhile). A memory-intensive request met on the way (groups are not sorted inside)
+  // follows the right side's rule, and one that does not fit yet is passed over.
+  looked = 0;
+  for (size_t pos = low_; pos < high_ && looked < kRightWindow; ++pos) {
+    if (taken_position_[pos]) continue;
+    const auto i = static_cast<size_t>(order_[pos]);
+    ++looked;
+    if (memory_intensive_[i]) {
+      if (idle || running_[1].empty() ||
+          (used_[1] + reservation_[i] <= pacing_.memory_right &&
+           right_peak_with(static_cast<int32_t>(i)) <= capacity_ - pacing_.memory_left_floor))
+        return take(pos, Side::kLeft);
+      continue;
+    }
+    const double room = capacity_ - right_footprint_after(estimated_output_[i] + 1);
+    if (running_[0].empty() || (left_prompt_credit_ > 0 && used_[0] + left_reservation(i) <= room))
+      return take(pos, Side::kLeft);
+    break;
+  }
+  return std::nullopt;
+}
+
 void DualScanner::on_finished(int32_t request) {
-  const int s = side_of_[static_cast<size_t>(request)] == Side::kLeft ? 0 : 1;
-  used_[s] = std::max(0.0, used_[s] - reservation_[static_cast<size_t>(request)]);
+  const auto i = static_cast<size_t>(request);
+  const int s = side_of_[i] == Side::kLeft ? 0 : 1;
+  if (pacing_options_.enabled) {
+    if (s == 0)
+      used_[0] = std::max(0.0, used_[0] - left_reservation(i));
+    else
+      used_[1] = std::max(0.0, used_[1] - reservation_[i]);
+    std::vector<int32_t>& list = running_[s];
+    const auto slot = static_cast<size_t>(running_slot_[i]);
+    list[slot] = list.back();
+    running_slot_[static_cast<size_t>(list[slot])] = static_cast<int32_t>(slot);
+    list.pop_back();
+    running_slot_[i] = -1;
+    if (s == 1) {
+      ++right_version_;
+      pacing_.right_peak = right_peak_with(-1);
+    }
+    return;
+  }
+  used_[s] = std::max(0.0, used_[s] - reservation_[i]);
 }
 
 void DualScanner::on_progress(int32_t request, double generated_tokens) {
   const size_t r = static_cast<size_t>(request);
+  if (pacing_options_.enabled) {  // pacing projects footprints from each request's real age
+    generated_[r] = generated_tokens;
+    return;
+  }
   if (generated_tokens <= estimated_output_[r]) return;
   const double footprint =
       (prompt_tokens_[r] + generated_tokens) * cost_.kv_bytes_per_token_per_device();

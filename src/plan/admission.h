@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,12 @@ class AdmissionStream {
   // The scheduler reports a started request finished; its reservation is freed.
   virtual void on_finished(int32_t request) = 0;
   virtual bool exhausted() const = 0;  // every request has been handed out
+  // A started request has produced `generated_tokens` so far.
+  virtual void on_progress(int32_t /*request*/, double /*generated_tokens*/) {}
+  // The engine is about to run step `step` (counted from any origin, increasing).
+  virtual void on_step(int64_t /*step*/) {}
+  // The token budget the stream wants for the coming step, if it paces steps.
+  virtual std::optional<int32_t> step_token_budget() const { return std::nullopt; }
 };
 
 // Reservation of one request in bytes on one device.
@@ -69,20 +76,59 @@ MemoryPartition partition_memory(double memory_bytes, double rho_root, double rh
                                  double prompt_right, double output_right,
                                  double kv_bytes_per_token);
 
+// Capacity pacing (ours, not in the paper; docs/BENCHMARKS.md shows why). Alg. 3 splits memory
+// by density as if every request held its average footprint (p + d/2) at every step. KV
+// capacity also binds in time. A request holds (p d + d^2/2) token-steps of KV over its life,
+// and no step holds more than M, so the remaining work needs at least
+// N = (remaining token-steps) / M steps. Pacing follows from that:
+//  - Step budget. b = M D / (token-steps) spreads the remaining dense tokens D over those
+//    steps. It is a multiple of 128 (A.2), at most the engine's budget, and at most
+//    D / (longest remaining output), because that request needs one step per token.
+//  - Memory-intensive side (rho(r) below the root density). It needs M_R = (its token-steps)
+//    b / D to end with the rest. Its average footprints fill M_R. The projected peak of its
+//    real footprints (p + tokens generated, growing a token a step: NanoFlow §4.4's projection)
+//    must leave half of what the other side needs at b. The longest request goes first (the
+//    critical path). When it does not fit, a shorter one within the next 64 may. Requests that
+//    start together grow together and end together, and a short one that ends before they
+//    peak fills the gap.
+//  - Compute-intensive side. It takes b new prompt tokens a step, less the running decodes, in
+//    whatever room the other side leaves for as long as each request runs.
+struct PacingOptions {
+  bool enabled = true;
+  int32_t max_step_tokens = 2048;  // the engine's own budget: b never exceeds it
+  int32_t granularity = 128;       // b is a multiple of this (A.2)
+};
+
+struct Pacing {
+  int32_t step_tokens = 0;         // b
+  double memory_right = 0;         // M_R, bytes
+  double memory_left_floor = 0;    // what the compute-intensive side needs at this budget
+  double right_peak = 0;           // projected peak of the running memory-intensive requests
+  double remaining_dense = 0;      // D
+  double remaining_occupancy = 0;  // token-steps x KV bytes per token
+};
+
 class DualScanner : public AdmissionStream {
  public:
   // `window`: how many upcoming requests on each side stand for the node a cursor is at
   // (128: A.2's batch granularity).
   DualScanner(const Plan& plan, const std::vector<PlanRequest>& requests, const CostModel& cost,
-              double kv_memory_bytes, size_t window = 128);
+              double kv_memory_bytes, size_t window = 128, PacingOptions pacing = {});
   std::optional<int32_t> next() override;
   void on_finished(int32_t request) override;
   bool exhausted() const override { return taken_ >= total_; }
+  void on_step(int64_t step) override;
+  std::optional<int32_t> step_token_budget() const override;
+  const Pacing& pacing() const { return pacing_; }
+  // Whether a request counts as memory-intensive (rho(r) below the root density).
+  bool memory_intensive(int32_t request) const {
+    return memory_intensive_[static_cast<size_t>(request)] != 0;
+  }
 
   // §5.4: a running request has produced `generated_tokens`. Once that passes its estimate its
   // reservation grows to its real footprint (p + generated) and it is charged to the memory-
   // intensive side M_R, whatever side admitted it; further admissions see the smaller room.
-  void on_progress(int32_t request, double generated_tokens);
+  void on_progress(int32_t request, double generated_tokens) override;
   double reserved_bytes(Side side) const { return used_[side == Side::kLeft ? 0 : 1]; }
 
   // Which side handed out the last request from next().
@@ -93,6 +139,23 @@ class DualScanner : public AdmissionStream {
 
  private:
   void repartition();
+  void repace();
+  std::optional<int32_t> next_paced();
+  // Hands out position `pos` of order_ (a cursor's end, or inside the range) and moves the
+  // cursors past positions already taken.
+  void take_position(size_t pos);
+  // The running memory-intensive requests' (remaining steps, tokens now), sorted, with suffix
+  // sums of tokens; recomputed once per step or change.
+  void project_right() const;
+  // Projected peak KV bytes of the running memory-intensive requests, plus `candidate` (-1: none)
+  // started now.
+  double right_peak_with(int32_t candidate) const;
+  // KV bytes the running memory-intensive requests will hold `steps` steps from now.
+  double right_footprint_after(double steps) const;
+  // Average footprint of a compute-intensive request: unique prompt + d/2 tokens.
+  double left_reservation(size_t request) const;
+  // Token-steps of KV a request still holds from age `age` on (p + k for k = age .. d).
+  static double remaining_token_steps(double prompt, double output, double age);
 
   const Plan& plan_;
   const CostModel& cost_;
@@ -112,6 +175,25 @@ class DualScanner : public AdmissionStream {
   Side last_side_ = Side::kLeft;
   MemoryPartition partition_;
   std::vector<MemoryPartition> history_;
+  // Capacity pacing.
+  PacingOptions pacing_options_;
+  Pacing pacing_;
+  std::vector<double> dense_tokens_;    // per request: (1 - s_group) p + d
+  std::vector<char> memory_intensive_;  // per request: rho(r) below the root density
+  std::vector<double> cum_dense_, cum_occupancy_, cum_occupancy_right_;  // prefix sums, in order
+  std::vector<double> generated_;      // per request, tokens produced so far (its age)
+  std::vector<int32_t> running_[2];    // handed out, not finished, per side
+  std::vector<int32_t> running_slot_;  // position of a request in its running_ list
+  std::multiset<double> waiting_outputs_;
+  std::vector<char> taken_position_;  // per position of order_
+  struct {
+    double dense = 0, occupancy = 0, occupancy_right = 0;
+  } taken_inside_;  // positions inside [low_, high_) already handed out
+  int64_t right_version_ = 0;
+  mutable int64_t profile_step_ = -1, profile_version_ = -1;
+  mutable std::vector<double> profile_remaining_, profile_suffix_;
+  int64_t step_ = 0, paced_step_ = -1;
+  double left_prompt_credit_ = 0;
 };
 
 }  // namespace blend::plan

@@ -21,6 +21,7 @@
 // (StepPlan::restores); a BE sequence about to overwrite its RT peer moves to a page of its own.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -103,6 +104,10 @@ class Scheduler {
   // Drops a sequence wherever it is (waiting or running) and frees its pages at once; it does
   // not count as finished (a cancelled request says nothing about output lengths).
   void abort(Sequence* seq);
+
+  // The token budget of the coming steps (an offline planner may pace it, BlendServe A.2).
+  int32_t max_batch_tokens() const { return options_.max_batch_tokens; }
+  void set_max_batch_tokens(int32_t tokens) { options_.max_batch_tokens = std::max(1, tokens); }
 
   bool has_work() const { return !running_.empty() || !waiting_.empty(); }
   size_t num_running() const { return running_.size(); }

@@ -221,7 +221,7 @@ TEST(DualScanner, AdmitsFromBothEndsAndEveryRequestOnce) {
   const Plan plan = make_plan(tree, cost, PlanOptions{});
   ASSERT_GE(plan.groups.size(), 2u);
   const double memory = 20 * kv_reservation_bytes(cost, rs[1]);
-  DualScanner scanner(plan, rs, cost, memory);
+  DualScanner scanner(plan, rs, cost, memory, 128, PacingOptions{.enabled = false});  // Alg. 3
   const MemoryPartition& first = scanner.partition_history().front();
   EXPECT_NEAR(first.memory_left + first.memory_right, memory, memory * 1e-9);
   EXPECT_GT(first.memory_left, 0);
@@ -252,7 +252,7 @@ TEST(DualScanner, UnderestimatedRequestMovesToTheRightSide) {
         req(std::to_string(i), concat(tokens(i % 2 ? 100 : 5000, 200), {i}), i % 2 ? 3000 : 4));
   PrefixTree tree(rs);
   const Plan plan = make_plan(tree, cost, PlanOptions{});
-  DualScanner scanner(plan, rs, cost, 1e12);
+  DualScanner scanner(plan, rs, cost, 1e12, 128, PacingOptions{.enabled = false});  // Alg. 3
   const std::optional<int32_t> first = scanner.next();
   ASSERT_TRUE(first);
   ASSERT_EQ(scanner.last_side(), Side::kLeft);
@@ -269,6 +269,130 @@ TEST(DualScanner, UnderestimatedRequestMovesToTheRightSide) {
   EXPECT_NEAR(scanner.reserved_bytes(Side::kRight) - right_before, footprint, 1e-6 * footprint);
   scanner.on_finished(*first);
   EXPECT_NEAR(scanner.reserved_bytes(Side::kRight), right_before, 1e-6 * footprint);
+}
+
+}  // namespace
+}  // namespace blend::plan
+
+namespace blend::plan {
+namespace {
+
+// Requests with prompts of their own (no sharing): `n` of (p, d) starting at id `first`.
+void add_unique(std::vector<PlanRequest>& rs, int n, int prompt, double output) {
+  for (int k = 0; k < n; ++k) {
+    const auto i = static_cast<TokenId>(rs.size());
+    rs.push_back(req(std::to_string(i), tokens(1'000'000 + i * 10'000, prompt), output));
+  }
+}
+
+TEST(CapacityPacing, StepBudgetSpreadsTheDenseTokensOverTheStepsKvAllows) {
+  const CostModel cost = llama8b_a100();
+  std::vector<PlanRequest> rs;
+  add_unique(rs, 2000, 1000, 100);  // compute-intensive
+  add_unique(rs, 4, 50, 2000);      // memory-intensive (the longest: 2000 steps)
+  PrefixTree tree(rs);
+  const Plan plan = make_plan(tree, cost, PlanOptions{});
+  const double kv = cost.kv_bytes_per_token_per_device();
+  const double dense = 2000 * 1100.0 + 4 * 2050.0;
+  const double steps_right = 4 * (50.0 * 2000 + 2000.0 * 2000 / 2);
+  const double steps_all = 2000 * (1000.0 * 100 + 100.0 * 100 / 2) + steps_right;
+  for (const double capacity_tokens : {100'000.0, 1'000'000.0}) {
+    DualScanner scanner(plan, rs, cost, capacity_tokens * kv, 128, PacingOptions{});
+    scanner.on_step(0);
+    // b = M D / (token-steps), at most D / (longest output), floored to a multiple of 128.
+    const double b = std::min(capacity_tokens * dense / steps_all, dense / 2000);
+    const double expected = std::clamp(std::floor(b / 128) * 128, 128.0, 2048.0);
+    EXPECT_EQ(scanner.pacing().step_tokens, expected) << capacity_tokens;
+    ASSERT_TRUE(scanner.step_token_budget());
+    EXPECT_EQ(*scanner.step_token_budget(), scanner.pacing().step_tokens);
+    EXPECT_NEAR(scanner.pacing().memory_right, steps_right * kv * expected / dense,
+                1e-9 * scanner.pacing().memory_right);
+    EXPECT_TRUE(scanner.memory_intensive(2003));
+    EXPECT_FALSE(scanner.memory_intensive(0));
+  }
+  EXPECT_EQ(std::floor(100'000.0 * dense / steps_all / 128) * 128, 896);  // the first case
+  EXPECT_EQ(std::floor(dense / 2000 / 128) * 128, 1024);  // the second: the longest binds
+  // Without pacing the engine keeps its own budget.
+  DualScanner unpaced(plan, rs, cost, 1e6 * kv, 128, PacingOptions{.enabled = false});
+  unpaced.on_step(0);
+  EXPECT_FALSE(unpaced.step_token_budget());
+}
+
+struct PacedRun {
+  int64_t steps = 0;
+  double max_right_tokens = 0;  // the memory-intensive requests' real footprint, at its highest
+  std::vector<int32_t> admitted;
+  bool shorter_before_longer = false;  // a memory-intensive request passed a longer one
+};
+
+// An engine stand-in: every running request makes one token a step and ends at its output.
+PacedRun run_paced(DualScanner& scanner, const std::vector<PlanRequest>& rs) {
+  PacedRun out;
+  std::vector<double> generated(rs.size(), 0);
+  std::vector<int32_t> running;
+  std::multiset<double> waiting_right;
+  for (size_t i = 0; i < rs.size(); ++i)
+    if (scanner.memory_intensive(static_cast<int32_t>(i)))
+      waiting_right.insert(rs[i].output_tokens);
+  for (; !scanner.exhausted() || !running.empty(); ++out.steps) {
+    if (out.steps > 1'000'000) {
+      ADD_FAILURE() << "no end";
+      break;
+    }
+    scanner.on_step(out.steps);
+    while (auto r = scanner.next()) {
+      const auto i = static_cast<size_t>(*r);
+      running.push_back(*r);
+      out.admitted.push_back(*r);
+      if (scanner.memory_intensive(*r)) {
+        if (rs[i].output_tokens < *waiting_right.rbegin()) out.shorter_before_longer = true;
+        waiting_right.erase(waiting_right.find(rs[i].output_tokens));
+      }
+    }
+    double right_tokens = 0;
+    for (int32_t r : running) {
+      const auto i = static_cast<size_t>(r);
+      scanner.on_progress(r, ++generated[i]);
+      if (scanner.memory_intensive(r))
+        right_tokens += static_cast<double>(rs[i].prompt.size()) + generated[i];
+    }
+    out.max_right_tokens = std::max(out.max_right_tokens, right_tokens);
+    for (size_t k = running.size(); k-- > 0;) {
+      const auto i = static_cast<size_t>(running[k]);
+      if (generated[i] < rs[i].output_tokens) continue;
+      scanner.on_finished(running[k]);
+      running.erase(running.begin() + static_cast<std::ptrdiff_t>(k));
+    }
+  }
+  return out;
+}
+
+TEST(CapacityPacing, MemoryIntensiveRequestsStayWithinTheirProjectedPeak) {
+  const CostModel cost = llama8b_a100();
+  std::vector<PlanRequest> rs;
+  add_unique(rs, 40, 2000, 8);
+  for (int k = 0; k < 8; ++k) add_unique(rs, 1, 50, 1000 + 400 * k);
+  PrefixTree tree(rs);
+  const Plan plan = make_plan(tree, cost, PlanOptions{});
+  const double kv = cost.kv_bytes_per_token_per_device();
+  // 8,000 tokens: all eight long requests' average footprints (10,000 tokens) do not fit, and
+  // started together they would peak at 19,600.
+  const double capacity_tokens = 8000;
+  DualScanner scanner(plan, rs, cost, capacity_tokens * kv, 128, PacingOptions{});
+  const PacedRun run = run_paced(scanner, rs);
+  std::vector<int> seen(rs.size(), 0);
+  for (int32_t r : run.admitted) ++seen[static_cast<size_t>(r)];
+  for (int s : seen) EXPECT_EQ(s, 1);
+  EXPECT_LE(run.max_right_tokens, capacity_tokens);
+  EXPECT_GT(run.max_right_tokens, capacity_tokens / 2);  // and it does use the memory
+  // The longest memory-intensive request (the critical path) is the first one handed out.
+  for (int32_t r : run.admitted)
+    if (scanner.memory_intensive(r)) {
+      EXPECT_EQ(rs[static_cast<size_t>(r)].output_tokens, 1000 + 400 * 7);
+      break;
+    }
+  // A shorter one fills a gap the longer ones leave before they peak.
+  EXPECT_TRUE(run.shorter_before_longer);
 }
 
 }  // namespace
