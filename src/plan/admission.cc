@@ -129,6 +129,10 @@ DualScanner::DualScanner(const Plan& plan, const std::vector<PlanRequest>& reque
     cum_occupancy_[i + 1] = cum_occupancy_[i] + occupancy;
     cum_occupancy_right_[i + 1] = cum_occupancy_right_[i] + (memory_intensive_[r] ? occupancy : 0);
     waiting_outputs_.insert(d);
+    if (memory_intensive_[r])
+      memory_waiting_.emplace(-d, i);
+    else
+      compute_positions_.push_back(i);
   }
   repartition();
 }
@@ -371,41 +375,38 @@ std::optional<int32_t> DualScanner::next_paced() {
   // Memory-intensive requests first: each is long-lived, and starting it late stretches the run.
   // Their average footprints (p + d/2) fill M_R, the share that ends them with the rest; their
   // projected peak must leave the compute-intensive side what the step budget needs. The longest
-  // is preferred (it is the critical path); when it does not fit, a shorter one among the next
-  // kRightWindow may: one that ends before the others peak fills the gap their growth leaves.
+  // goes first (it is the critical path); when it does not fit, a shorter one among the
+  // kRightWindow longest may: one that ends before the others peak fills the gap their growth
+  // leaves.
   constexpr int kRightWindow = 64;
   const bool idle = running_[0].empty() && running_[1].empty();
   int looked = 0;
-  for (size_t pos = high_; pos-- > low_ && looked < kRightWindow;) {
-    if (taken_position_[pos]) continue;
+  for (auto it = memory_waiting_.begin(); it != memory_waiting_.end() && looked < kRightWindow;
+       ++it, ++looked) {
+    const size_t pos = it->second;
     const auto i = static_cast<size_t>(order_[pos]);
-    if (!memory_intensive_[i]) break;
-    ++looked;
+    // A request that needs as many steps as the rest of the run has no slack: M_R (an average
+    // over the run) does not hold it back.
+    const bool urgent = estimated_output_[i] * pacing_.step_tokens >= pacing_.remaining_dense;
     if (idle || running_[1].empty() ||
-        (used_[1] + reservation_[i] <= pacing_.memory_right &&
-         right_peak_with(static_cast<int32_t>(i)) <= capacity_ - pacing_.memory_left_floor))
+        ((urgent || used_[1] + reservation_[i] <= pacing_.memory_right) &&
+         right_peak_with(static_cast<int32_t>(i)) <= capacity_ - pacing_.memory_left_floor)) {
+      memory_waiting_.erase(it);
       return take(pos, Side::kRight);
-  }
-  // Compute-intensive requests from the left: at the step budget's pace, in the room the
-  // memory-intensive side leaves for as long as the candidate runs (it is short-lived; theirs
-  // grow meanwhile). A memory-intensive request met on the way (groups are not sorted inside)
-  // follows the right side's rule, and one that does not fit yet is passed over.
-  looked = 0;
-  for (size_t pos = low_; pos < high_ && looked < kRightWindow; ++pos) {
-    if (taken_position_[pos]) continue;
-    const auto i = static_cast<size_t>(order_[pos]);
-    ++looked;
-    if (memory_intensive_[i]) {
-      if (idle || running_[1].empty() ||
-          (used_[1] + reservation_[i] <= pacing_.memory_right &&
-           right_peak_with(static_cast<int32_t>(i)) <= capacity_ - pacing_.memory_left_floor))
-        return take(pos, Side::kLeft);
-      continue;
     }
+  }
+  // Compute-intensive requests in the plan's order: at the step budget's pace, in the room the
+  // memory-intensive side leaves for as long as the candidate runs (it is short-lived; theirs
+  // grow meanwhile).
+  while (next_compute_ < compute_positions_.size() &&
+         taken_position_[compute_positions_[next_compute_]])
+    ++next_compute_;
+  if (next_compute_ < compute_positions_.size()) {
+    const size_t pos = compute_positions_[next_compute_];
+    const auto i = static_cast<size_t>(order_[pos]);
     const double room = capacity_ - right_footprint_after(estimated_output_[i] + 1);
     if (running_[0].empty() || (left_prompt_credit_ > 0 && used_[0] + left_reservation(i) <= room))
       return take(pos, Side::kLeft);
-    break;
   }
   return std::nullopt;
 }

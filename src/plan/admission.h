@@ -17,6 +17,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cost/cost_model.h"
@@ -186,6 +187,10 @@ class DualScanner : public AdmissionStream {
   std::vector<int32_t> running_slot_;  // position of a request in its running_ list
   std::multiset<double> waiting_outputs_;
   std::vector<char> taken_position_;  // per position of order_
+  // Waiting memory-intensive requests, longest first: (-d, position).
+  std::set<std::pair<double, size_t>> memory_waiting_;
+  std::vector<size_t> compute_positions_;  // compute-intensive positions, in the plan's order
+  size_t next_compute_ = 0;
   struct {
     double dense = 0, occupancy = 0, occupancy_right = 0;
   } taken_inside_;  // positions inside [low_, high_) already handed out
