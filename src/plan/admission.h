@@ -88,10 +88,11 @@ MemoryPartition partition_memory(double memory_bytes, double rho_root, double rh
 //  - Memory-intensive side (rho(r) below the root density). It needs M_R = (its token-steps)
 //    b / D to end with the rest. Its average footprints fill M_R. The projected peak of its
 //    real footprints (p + tokens generated, growing a token a step: NanoFlow §4.4's projection)
-//    must leave half of what the other side needs at b. The longest request goes first (the
-//    critical path). When it does not fit, a shorter one within the next 64 may. Requests that
-//    start together grow together and end together, and a short one that ends before they
-//    peak fills the gap.
+//    must leave half of what the other side needs at b. Requests go longest first (the
+//    critical path), from a length-ordered set. When the longest does not fit, a shorter one
+//    among the 64 longest may. Requests that start together grow together and end together,
+//    and a short one that ends before they peak fills the gap. A request that needs as many
+//    steps as the run has left (d b >= D) has no slack: M_R does not hold it back.
 //  - Compute-intensive side. It takes b new prompt tokens a step, less the running decodes, in
 //    whatever room the other side leaves for as long as each request runs.
 struct PacingOptions {
