@@ -155,8 +155,8 @@ PlannedRunStats run_planned(Engine& engine, const std::vector<OfflineRequest>& a
   std::vector<int32_t> finished;
   std::vector<double> generated(requests.size(), 0);  // tokens each request has produced
   int64_t in_flight = 0;
-  while (!stream->exhausted() || engine.has_work()) {
-    stream->on_step(engine.stats().steps);
+  for (int64_t step = 0; !stream->exhausted() || engine.has_work(); ++step) {
+    stream->on_step(step);
     engine.set_max_batch_tokens(stream->step_token_budget().value_or(engine_step_tokens));
     while (auto r = stream->next()) {
       const OfflineRequest& q = requests[static_cast<size_t>(*r)];

@@ -116,18 +116,13 @@ DualScanner::DualScanner(const Plan& plan, const std::vector<PlanRequest>& reque
   generated_.assign(requests.size(), 0);
   taken_position_.assign(order_.size(), 0);
   running_slot_.assign(requests.size(), -1);
-  cum_dense_.assign(order_.size() + 1, 0);
-  cum_occupancy_ = cum_occupancy_right_ = cum_dense_;
   for (size_t i = 0; i < order_.size(); ++i) {
     const auto r = static_cast<size_t>(order_[i]);
     const double s = plan.groups[static_cast<size_t>(group_of_[i])].stats.sharing_ratio();
     const double p = prompt_tokens_[r], d = estimated_output_[r];
     dense_tokens_[r] = (1 - s) * p + d;
     memory_intensive_[r] = finite_density(cost.request_density(p, d)) < plan.root_density;
-    const double occupancy = remaining_token_steps(p, d, 0);
-    cum_dense_[i + 1] = cum_dense_[i] + dense_tokens_[r];
-    cum_occupancy_[i + 1] = cum_occupancy_[i] + occupancy;
-    cum_occupancy_right_[i + 1] = cum_occupancy_right_[i] + (memory_intensive_[r] ? occupancy : 0);
+    add_waiting(r, +1);
     waiting_outputs_.insert(d);
     if (memory_intensive_[r])
       memory_waiting_.emplace(-d, i);
@@ -135,6 +130,13 @@ DualScanner::DualScanner(const Plan& plan, const std::vector<PlanRequest>& reque
       compute_positions_.push_back(i);
   }
   repartition();
+}
+
+void DualScanner::add_waiting(size_t i, double sign) {
+  const double steps = remaining_token_steps(prompt_tokens_[i], estimated_output_[i], 0);
+  waiting_.dense += sign * dense_tokens_[i];
+  waiting_.occupancy += sign * steps;
+  if (memory_intensive_[i]) waiting_.occupancy_right += sign * steps;
 }
 
 double DualScanner::remaining_token_steps(double p, double d, double age) {
@@ -161,10 +163,8 @@ std::optional<int32_t> DualScanner::step_token_budget() const {
 void DualScanner::repace() {
   paced_step_ = step_;
   const double kv = cost_.kv_bytes_per_token_per_device();
-  double dense = cum_dense_[high_] - cum_dense_[low_] - taken_inside_.dense;
-  double occupancy = cum_occupancy_[high_] - cum_occupancy_[low_] - taken_inside_.occupancy;
-  double occupancy_right =
-      cum_occupancy_right_[high_] - cum_occupancy_right_[low_] - taken_inside_.occupancy_right;
+  double dense = waiting_.dense, occupancy = waiting_.occupancy;
+  double occupancy_right = waiting_.occupancy_right;
   double longest = waiting_outputs_.empty() ? 0 : *waiting_outputs_.rbegin();
   for (int side : {0, 1})
     for (int32_t r : running_[side]) {
@@ -195,7 +195,6 @@ void DualScanner::repace() {
       dense > 0
           ? kLeftFloorShare * std::min(capacity_, (occupancy - occupancy_right) * kv * b / dense)
           : 0;
-  pacing_.right_peak = right_peak_with(-1);
 }
 
 double DualScanner::left_reservation(size_t i) const {
@@ -237,18 +236,14 @@ void DualScanner::project_right() const {
   }
 }
 
-double DualScanner::right_peak_with(int32_t candidate) const {
+double DualScanner::right_peak_with(size_t candidate) const {
   project_right();
   // Footprints grow a token a step until each request ends, so the total peaks just before an
   // end: at t = remaining_k, request k and every later-ending one (and the candidate, if it is
   // still running) hold tokens + t each.
   const size_t n = profile_remaining_.size();
-  double cand_remaining = -1, cand_tokens = 0;
-  if (candidate >= 0) {
-    const auto i = static_cast<size_t>(candidate);
-    cand_remaining = std::max(1.0, estimated_output_[i]);
-    cand_tokens = prompt_tokens_[i];
-  }
+  const double cand_remaining = std::max(1.0, estimated_output_[candidate]);
+  const double cand_tokens = prompt_tokens_[candidate];
   double peak = 0;
   for (size_t k = 0; k < n; ++k) {
     const double t = profile_remaining_[k];
@@ -256,13 +251,12 @@ double DualScanner::right_peak_with(int32_t candidate) const {
     if (cand_remaining >= t) tokens += cand_tokens + t;
     peak = std::max(peak, tokens);
   }
-  if (candidate >= 0) {  // at the candidate's own end
-    const size_t j = static_cast<size_t>(
-        std::lower_bound(profile_remaining_.begin(), profile_remaining_.end(), cand_remaining) -
-        profile_remaining_.begin());
-    peak = std::max(peak, cand_tokens + cand_remaining + profile_suffix_[j] +
-                              static_cast<double>(n - j) * cand_remaining);
-  }
+  // At the candidate's own end.
+  const auto j = static_cast<size_t>(
+      std::lower_bound(profile_remaining_.begin(), profile_remaining_.end(), cand_remaining) -
+      profile_remaining_.begin());
+  peak = std::max(peak, cand_tokens + cand_remaining + profile_suffix_[j] +
+                            static_cast<double>(n - j) * cand_remaining);
   return peak * cost_.kv_bytes_per_token_per_device();
 }
 
@@ -327,39 +321,22 @@ std::optional<int32_t> DualScanner::next() {
 }
 
 void DualScanner::take_position(size_t pos) {
-  auto outside = [&](size_t at) {  // a position taken earlier leaves the cursors' range
-    const auto i = static_cast<size_t>(order_[at]);
-    taken_inside_.dense -= dense_tokens_[i];
-    taken_inside_.occupancy -= cum_occupancy_[at + 1] - cum_occupancy_[at];
-    taken_inside_.occupancy_right -= cum_occupancy_right_[at + 1] - cum_occupancy_right_[at];
-  };
   taken_position_[pos] = 1;
-  if (pos == low_) {
-    ++low_;
-  } else if (pos + 1 == high_) {
-    --high_;
-  } else {
-    const auto i = static_cast<size_t>(order_[pos]);
-    taken_inside_.dense += dense_tokens_[i];
-    taken_inside_.occupancy += cum_occupancy_[pos + 1] - cum_occupancy_[pos];
-    taken_inside_.occupancy_right += cum_occupancy_right_[pos + 1] - cum_occupancy_right_[pos];
-    return;
-  }
-  while (low_ < high_ && taken_position_[low_]) outside(low_++);
-  while (low_ < high_ && taken_position_[high_ - 1]) outside(--high_);
+  while (low_ < high_ && taken_position_[low_]) ++low_;
+  while (low_ < high_ && taken_position_[high_ - 1]) --high_;
 }
 
 std::optional<int32_t> DualScanner::next_paced() {
   if (paced_step_ < 0) repace();
-  auto take = [&](size_t pos, Side cursor) {
+  auto take = [&](size_t pos) {
     const int32_t r = order_[pos];
     take_position(pos);
     const auto i = static_cast<size_t>(r);
     const int side = memory_intensive_[i] ? 1 : 0;
-    side_of_[i] = side == 1 ? Side::kRight : Side::kLeft;
-    last_side_ = cursor;
+    side_of_[i] = last_side_ = side == 1 ? Side::kRight : Side::kLeft;
     running_slot_[i] = static_cast<int32_t>(running_[side].size());
     running_[side].push_back(r);
+    add_waiting(i, -1);
     waiting_outputs_.erase(waiting_outputs_.find(estimated_output_[i]));
     if (side == 0) {
       used_[0] += left_reservation(i);
@@ -367,7 +344,6 @@ std::optional<int32_t> DualScanner::next_paced() {
     } else {
       used_[1] += reservation_[i];
       ++right_version_;
-      pacing_.right_peak = right_peak_with(-1);
     }
     ++taken_;
     return r;
@@ -390,9 +366,9 @@ std::optional<int32_t> DualScanner::next_paced() {
     const bool urgent = estimated_output_[i] * pacing_.step_tokens >= pacing_.remaining_dense;
     if (idle || running_[1].empty() ||
         ((urgent || used_[1] + reservation_[i] <= pacing_.memory_right) &&
-         right_peak_with(static_cast<int32_t>(i)) <= capacity_ - pacing_.memory_left_floor)) {
+         right_peak_with(i) <= capacity_ - pacing_.memory_left_floor)) {
       memory_waiting_.erase(it);
-      return take(pos, Side::kRight);
+      return take(pos);
     }
   }
   // Compute-intensive requests in the plan's order: at the step budget's pace, in the room the
@@ -406,7 +382,7 @@ std::optional<int32_t> DualScanner::next_paced() {
     const auto i = static_cast<size_t>(order_[pos]);
     const double room = capacity_ - right_footprint_after(estimated_output_[i] + 1);
     if (running_[0].empty() || (left_prompt_credit_ > 0 && used_[0] + left_reservation(i) <= room))
-      return take(pos, Side::kLeft);
+      return take(pos);
   }
   return std::nullopt;
 }
@@ -425,10 +401,7 @@ void DualScanner::on_finished(int32_t request) {
     running_slot_[static_cast<size_t>(list[slot])] = static_cast<int32_t>(slot);
     list.pop_back();
     running_slot_[i] = -1;
-    if (s == 1) {
-      ++right_version_;
-      pacing_.right_peak = right_peak_with(-1);
-    }
+    if (s == 1) ++right_version_;
     return;
   }
   used_[s] = std::max(0.0, used_[s] - reservation_[i]);

@@ -105,7 +105,6 @@ struct Pacing {
   int32_t step_tokens = 0;         // b
   double memory_right = 0;         // M_R, bytes
   double memory_left_floor = 0;    // what the compute-intensive side needs at this budget
-  double right_peak = 0;           // projected peak of the running memory-intensive requests
   double remaining_dense = 0;      // D
   double remaining_occupancy = 0;  // token-steps x KV bytes per token
 };
@@ -143,15 +142,16 @@ class DualScanner : public AdmissionStream {
   void repartition();
   void repace();
   std::optional<int32_t> next_paced();
-  // Hands out position `pos` of order_ (a cursor's end, or inside the range) and moves the
-  // cursors past positions already taken.
+  // Marks position `pos` of order_ handed out and moves the cursors past taken positions.
   void take_position(size_t pos);
+  // Adds (sign +1) or removes (-1) request i's dense tokens and token-steps from waiting_.
+  void add_waiting(size_t i, double sign);
   // The running memory-intensive requests' (remaining steps, tokens now), sorted, with suffix
   // sums of tokens; recomputed once per step or change.
   void project_right() const;
-  // Projected peak KV bytes of the running memory-intensive requests, plus `candidate` (-1: none)
+  // Projected peak KV bytes of the running memory-intensive requests plus request `candidate`
   // started now.
-  double right_peak_with(int32_t candidate) const;
+  double right_peak_with(size_t candidate) const;
   // KV bytes the running memory-intensive requests will hold `steps` steps from now.
   double right_footprint_after(double steps) const;
   // Average footprint of a compute-intensive request: unique prompt + d/2 tokens.
@@ -182,10 +182,9 @@ class DualScanner : public AdmissionStream {
   Pacing pacing_;
   std::vector<double> dense_tokens_;    // per request: (1 - s_group) p + d
   std::vector<char> memory_intensive_;  // per request: rho(r) below the root density
-  std::vector<double> cum_dense_, cum_occupancy_, cum_occupancy_right_;  // prefix sums, in order
-  std::vector<double> generated_;      // per request, tokens produced so far (its age)
-  std::vector<int32_t> running_[2];    // handed out, not finished, per side
-  std::vector<int32_t> running_slot_;  // position of a request in its running_ list
+  std::vector<double> generated_;       // per request, tokens produced so far (its age)
+  std::vector<int32_t> running_[2];     // handed out, not finished, per side
+  std::vector<int32_t> running_slot_;   // position of a request in its running_ list
   std::multiset<double> waiting_outputs_;
   std::vector<char> taken_position_;  // per position of order_
   // Waiting memory-intensive requests, longest first: (-d, position).
@@ -193,8 +192,8 @@ class DualScanner : public AdmissionStream {
   std::vector<size_t> compute_positions_;  // compute-intensive positions, in the plan's order
   size_t next_compute_ = 0;
   struct {
-    double dense = 0, occupancy = 0, occupancy_right = 0;
-  } taken_inside_;  // positions inside [low_, high_) already handed out
+    double dense = 0, occupancy = 0, occupancy_right = 0;  // token-steps
+  } waiting_;  // totals over the requests not handed out yet
   int64_t right_version_ = 0;
   mutable int64_t profile_step_ = -1, profile_version_ = -1;
   mutable std::vector<double> profile_remaining_, profile_suffix_;
