@@ -8,15 +8,44 @@
 
 namespace blend {
 
+namespace {
+// Children in lexicographic order of their tokens (ties by creation): an exact page is found in
+// O(log n), and the children sharing the longest prefix with some tokens sit next to where those
+// tokens would go. A hash of the first token was not enough: the page where thousands of
+// few-shot prompts leave their shared prefix starts with the same tokens in all of them, and
+// every lookup scanned them all (a 400K-request simulation spent minutes there).
+struct ChildOrder {
+  using is_transparent = void;
+  static bool less(std::span<const TokenId> a, std::span<const TokenId> b) {
+    return std::lexicographical_compare(a.begin(), a.end(), b.begin(), b.end());
+  }
+  template <typename N>
+  bool operator()(const N* a, const N* b) const {
+    if (less(a->tokens, b->tokens)) return true;
+    if (less(b->tokens, a->tokens)) return false;
+    return a->serial < b->serial;
+  }
+  template <typename N>
+  bool operator()(const N* a, std::span<const TokenId> b) const {
+    return less(a->tokens, b);
+  }
+  template <typename N>
+  bool operator()(std::span<const TokenId> a, const N* b) const {
+    return less(a, b->tokens);
+  }
+};
+}  // namespace
+
 struct RadixCache::Node {
   Node* parent = nullptr;
   PageId page = -1;
-  std::vector<TokenId> tokens;  // this page's tokens: page_size of them, fewer for a partial leaf
-  std::vector<std::unique_ptr<Node>> children;
+  // This page's tokens: page_size of them, fewer for a partial leaf. Change them only through
+  // set_tokens(), which keeps the parent's `ordered` index sorted.
+  std::vector<TokenId> tokens;
+  uint64_t serial = 0;  // creation order: ties in `ordered`, independent of addresses
+  std::vector<std::unique_ptr<Node>> children;  // owns them; unordered
   size_t index_in_parent = 0;
-  // Built once a node has many children (the root of a workload with thousands of distinct
-  // prompts): first token -> children starting with it.
-  std::unique_ptr<std::unordered_multimap<TokenId, Node*>> by_first_token;
+  std::set<Node*, ChildOrder> ordered;  // the same children, by tokens
   uint64_t last_access = 0;
   bool in_leaves = false;       // device resident with no device-resident children
   int32_t device_children = 0;  // children whose page is on the device
@@ -28,8 +57,6 @@ struct RadixCache::Node {
 };
 
 namespace {
-
-constexpr size_t kIndexChildrenAbove = 8;
 
 uint64_t hash_page(uint64_t h, std::span<const TokenId> tokens) {
   // FNV-1a over the token ids, chained from the previous page's hash.
@@ -75,19 +102,36 @@ RadixCache::~RadixCache() {
 }
 
 RadixCache::Node* RadixCache::find_child(Node* parent, std::span<const TokenId> page_tokens) const {
-  auto same = [&](const Node* c) {
-    return c->tokens.size() == page_tokens.size() &&
-           std::equal(c->tokens.begin(), c->tokens.end(), page_tokens.begin());
-  };
-  if (parent->by_first_token) {
-    auto [lo, hi] = parent->by_first_token->equal_range(page_tokens[0]);
-    for (auto it = lo; it != hi; ++it)
-      if (same(it->second)) return it->second;
+  const auto it = parent->ordered.lower_bound(page_tokens);
+  if (it == parent->ordered.end() || !std::ranges::equal((*it)->tokens, page_tokens))
     return nullptr;
+  return *it;
+}
+
+template <typename Visit>
+void RadixCache::for_children_sharing(Node* parent, std::span<const TokenId> tokens,
+                                      const size_t& at_least, Visit visit) const {
+  // In sorted order the common prefix with `tokens` only shrinks away from their position, so
+  // each direction stops at the first child sharing too little.
+  const auto start = parent->ordered.lower_bound(tokens);
+  for (auto it = start; it != parent->ordered.end(); ++it) {
+    const size_t k = common_prefix((*it)->tokens, tokens);
+    if (k < std::max<size_t>(at_least, 1)) break;
+    if (!visit(*it, k)) return;
   }
-  for (const auto& c : parent->children)
-    if (same(c.get())) return c.get();
-  return nullptr;
+  for (auto it = start; it != parent->ordered.begin();) {
+    --it;
+    const size_t k = common_prefix((*it)->tokens, tokens);
+    if (k < std::max<size_t>(at_least, 1)) break;
+    if (!visit(*it, k)) return;
+  }
+}
+
+void RadixCache::set_tokens(Node* node, std::span<const TokenId> tokens) {
+  auto& ordered = node->parent->ordered;
+  ordered.erase(node);
+  node->tokens.assign(tokens.begin(), tokens.end());
+  ordered.insert(node);
 }
 
 void RadixCache::set_leaf(Node* node, bool is_leaf) {
@@ -117,14 +161,10 @@ RadixCache::Node* RadixCache::add_child(Node* parent, std::span<const TokenId> p
   c->parent = parent;
   c->page = page;
   c->tokens.assign(page_tokens.begin(), page_tokens.end());
+  c->serial = ++serial_;
   c->index_in_parent = parent->children.size();
   parent->children.push_back(std::move(child));
-  if (parent->by_first_token) {
-    parent->by_first_token->emplace(c->tokens[0], c);
-  } else if (parent->children.size() > kIndexChildrenAbove) {
-    parent->by_first_token = std::make_unique<std::unordered_multimap<TokenId, Node*>>();
-    for (const auto& k : parent->children) parent->by_first_token->emplace(k->tokens[0], k.get());
-  }
+  parent->ordered.insert(c);
   pool_.retain(page);
   pool_.set_cached(page, true);
   ++num_nodes_;
@@ -145,14 +185,7 @@ void RadixCache::remove_leaf(Node* leaf) {
   } else {
     leave_entry(leaf);
   }
-  if (parent->by_first_token) {
-    auto [lo, hi] = parent->by_first_token->equal_range(leaf->tokens[0]);
-    for (auto it = lo; it != hi; ++it)
-      if (it->second == leaf) {
-        parent->by_first_token->erase(it);
-        break;
-      }
-  }
+  parent->ordered.erase(leaf);
   auto& siblings = parent->children;
   const size_t i = leaf->index_in_parent;
   if (i + 1 != siblings.size()) {
@@ -334,17 +367,11 @@ PrefixMatch RadixCache::match(std::span<const TokenId> tokens, int32_t max_token
   size_t best = 0;
   const auto rest = tokens.subspan(pos, std::min(ps, limit - pos));
   if (!rest.empty()) {
-    auto consider = [&](Node* c) {
-      if (!c->resident()) return;
-      const size_t k = common_prefix(c->tokens, rest);
-      if (k > best) best = k, partial = c;
-    };
-    if (node->by_first_token) {
-      auto [lo, hi] = node->by_first_token->equal_range(rest[0]);
-      for (auto it = lo; it != hi; ++it) consider(it->second);
-    } else {
-      for (const auto& c : node->children) consider(c.get());
-    }
+    size_t longer = 1;  // only a resident child sharing more than `best` can do better
+    for_children_sharing(node, rest, longer, [&](Node* c, size_t k) {
+      if (c->resident() && k > best) best = k, partial = c, longer = k + 1;
+      return true;
+    });
   }
   // Intra-batch sharing: a running sequence is about to compute more of this page than the
   // tree holds; waiting for it beats computing the same tokens twice.
@@ -408,7 +435,7 @@ void RadixCache::insert(SeqId seq, std::span<const TokenId> tokens, int32_t num_
     Node* child = nullptr;
     if (c.tail && c.tail->page == block_table[i]) {
       // Our own partly filled page, now full: it keeps its place in the tree.
-      c.tail->tokens.assign(page_tokens.begin(), page_tokens.end());
+      set_tokens(c.tail, page_tokens);
       child = c.tail;
     } else if ((child = find_child(c.node, page_tokens)) == nullptr) {
       child = add_child(c.node, page_tokens, block_table[i]);
@@ -434,12 +461,17 @@ void RadixCache::insert(SeqId seq, std::span<const TokenId> tokens, int32_t num_
   if (tail <= 0 || static_cast<size_t>(c.pages) >= block_table.size()) return;
   const auto rest = tokens.subspan(static_cast<size_t>(c.pages) * ps, static_cast<size_t>(tail));
   if (c.tail) {
-    c.tail->tokens.assign(rest.begin(), rest.end());
+    set_tokens(c.tail, rest);
     return;
   }
   // A child that already starts with these tokens serves them as well.
-  for (const auto& k : c.node->children)
-    if (k->resident() && common_prefix(k->tokens, rest) == rest.size()) return;
+  bool served = false;
+  const size_t all = rest.size();
+  for_children_sharing(c.node, rest, all, [&](Node* k, size_t) {
+    served = k->resident();
+    return !served;
+  });
+  if (served) return;
   c.tail = add_child(c.node, rest, block_table[static_cast<size_t>(c.pages)]);
 }
 
@@ -506,6 +538,9 @@ void RadixCache::check_invariants() const {
       int32_t device_children = 0;
       for (const auto& c : n->children) device_children += c->resident() ? 1 : 0;
       if (device_children != n->device_children) fail("device child count out of date");
+      if (n->ordered.size() != n->children.size() ||
+          !std::is_sorted(n->ordered.begin(), n->ordered.end(), ChildOrder{}))
+        fail("children index out of date");
       if (n->tokens.empty() || n->tokens.size() > static_cast<size_t>(page_size_))
         fail("node with a bad token count");
       if (n->tokens.size() < static_cast<size_t>(page_size_) && !n->children.empty())

@@ -127,6 +127,12 @@ class RadixCache {
   };
 
   Node* find_child(Node* parent, std::span<const TokenId> page_tokens) const;
+  // Calls visit(child, k) for the children sharing k >= max(at_least, 1) leading tokens with
+  // `tokens`, nearest in sort order first, while it returns true; `visit` may raise at_least.
+  template <typename Visit>
+  void for_children_sharing(Node* parent, std::span<const TokenId> tokens, const size_t& at_least,
+                            Visit visit) const;
+  void set_tokens(Node* node, std::span<const TokenId> tokens);  // a tail page grew
   void offload_chain(Node* leaf);
   void make_resident(Node* node, PageId page);  // takes over one reference on `page`
   void leave_entry(Node* node);
@@ -143,6 +149,7 @@ class RadixCache {
   int32_t page_size_;
   std::unique_ptr<Node> root_;
   int64_t num_nodes_ = 0;
+  uint64_t serial_ = 0;
   int64_t num_evicted_ = 0;
   int64_t num_offloaded_ = 0;
   int64_t num_loaded_ = 0;
