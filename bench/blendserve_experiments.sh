@@ -10,9 +10,10 @@
 #   vllm-dfs = dfs@sequential, nanoflow-dfs = dfs, nanoflow-balance = random, blendserve = blend,
 #   plus fcfs (input order, overlapped) as an extra row.
 # Knobs: BLEND (build/blend), OUT_DIR (build/blendserve), REQUESTS per trace (40000; the paper
-# uses 400000: set it, it takes about 10x longer and ~8 GB of memory), GRID_REQUESTS per grid
+# uses 400000: set it, it takes about 10x longer and ~5 GB of memory), GRID_REQUESTS per grid
 # point (4000; the paper 40000), GRID_SOURCES ("azure-conv sharegpt bwb arxiv"), TRACES
-# (../shared/data/traces), SEED (1).
+# (../shared/data/traces), SEED (1), POLICIES (the LIST of `blend simulate`, all five; the
+# summary needs dfs@sequential, dfs and blend).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BLEND=${BLEND:-$ROOT/build/blend}
@@ -22,7 +23,7 @@ GRID_REQUESTS=${GRID_REQUESTS:-4000}
 GRID_SOURCES=${GRID_SOURCES:-"azure-conv sharegpt bwb arxiv"}
 TRACES=${TRACES:-$ROOT/../shared/data/traces}
 SEED=${SEED:-1}
-POLICIES="dfs@sequential,dfs,random,blend,fcfs"
+POLICIES=${POLICIES:-"dfs@sequential,dfs,random,blend,fcfs"}
 PARTS=("$@")
 [[ ${#PARTS[@]} -gt 0 ]] || PARTS=(traces 70b models grid)
 for part in "${PARTS[@]}"; do

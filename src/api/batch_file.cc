@@ -33,9 +33,15 @@ std::string make_id(const std::string& prefix) {
 }
 
 std::vector<BatchInputLine> read_batch_input(const std::filesystem::path& path) {
+  std::vector<BatchInputLine> lines;
+  for_each_batch_input(path, [&lines](BatchInputLine&& line) { lines.push_back(std::move(line)); });
+  return lines;
+}
+
+void for_each_batch_input(const std::filesystem::path& path,
+                          const std::function<void(BatchInputLine&&)>& visit) {
   std::ifstream in(path);
   if (!in) throw Error("cannot read " + path.string());
-  std::vector<BatchInputLine> lines;
   std::unordered_set<std::string> seen;
   std::string text;
   int64_t number = 0;
@@ -74,9 +80,8 @@ std::vector<BatchInputLine> read_batch_input(const std::filesystem::path& path) 
     if (!seen.insert(line.custom_id).second)
       throw Error(path.string() + ": custom_id '" + line.custom_id + "' appears twice (line " +
                   std::to_string(number) + "); custom_ids must be unique");
-    lines.push_back(std::move(line));
+    visit(std::move(line));
   }
-  return lines;
 }
 
 BatchResultWriter::BatchResultWriter(const std::filesystem::path& path) : path_(path) {

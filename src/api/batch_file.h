@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <unordered_set>
@@ -27,6 +28,10 @@ struct BatchInputLine {
 // is "line-N" when none can be read). Throws blend::Error if the file cannot be read or two
 // lines share a custom_id (the Batch API requires them unique).
 std::vector<BatchInputLine> read_batch_input(const std::filesystem::path& path);
+// The same, one line at a time, in file order, without holding them all (a 400K-request
+// workload's JSON bodies would take gigabytes).
+void for_each_batch_input(const std::filesystem::path& path,
+                          const std::function<void(BatchInputLine&&)>& visit);
 
 // Appends result lines to a JSONL file.
 class BatchResultWriter {

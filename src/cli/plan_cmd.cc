@@ -102,7 +102,7 @@ void run_plan(const PlanArgs& args) {
 
   std::vector<plan::PlanRequest> requests;
   int64_t skipped = 0;
-  for (const BatchInputLine& line : read_batch_input(args.input)) {
+  for_each_batch_input(args.input, [&](BatchInputLine&& line) {
     try {
       if (line.error) throw Error(*line.error);
       plan::PlanRequest r;
@@ -131,7 +131,7 @@ void run_plan(const PlanArgs& args) {
       std::fprintf(stderr, "blend plan: skipping %s: %s\n", line.custom_id.c_str(), e.what());
       ++skipped;
     }
-  }
+  });
   if (requests.empty()) throw Error("no plannable requests in " + args.input);
 
   plan::PrefixTree tree(requests);

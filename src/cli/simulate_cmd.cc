@@ -77,13 +77,14 @@ void write_step_trace(const std::string& path, const std::vector<SimStepTime>& s
 
 std::vector<OfflineRequest> read_workload(const std::string& path) {
   std::vector<OfflineRequest> out;
-  for (const BatchInputLine& line : read_batch_input(path)) {
+  for_each_batch_input(path, [&](BatchInputLine&& line) {
     if (line.error) throw Error(path + ": " + line.custom_id + ": " + *line.error);
     const auto& prompt = line.body.at("prompt");
     if (!prompt.is_array())
       throw Error(path + ": " + line.custom_id + ": the simulator needs token-id prompts");
     OfflineRequest r;
     r.id = line.custom_id;
+    r.prompt.reserve(prompt.size());
     for (const auto& t : prompt) r.prompt.push_back(t.get<TokenId>());
     // The true output length is max_tokens (with ignore_eos); the planner sees it only when
     // the request says so (known length), else the workload's "estimated_output" hint.
@@ -94,7 +95,7 @@ std::vector<OfflineRequest> read_workload(const std::string& path) {
     r.output_estimate =
         r.output_known ? r.params.max_tokens : line.body.value("estimated_output", 256.0);
     out.push_back(std::move(r));
-  }
+  });
   if (out.empty()) throw Error(path + " holds no requests");
   return out;
 }
