@@ -51,14 +51,16 @@ const std::map<std::string, SchedulerPolicy>& scheduler_policy_names() {
   static const std::map<std::string, SchedulerPolicy> kNames = {
       {"hybrid", SchedulerPolicy::kHybrid},
       {"fcfs", SchedulerPolicy::kFcfs},
-      {"round-robin", SchedulerPolicy::kRoundRobin}};
+      {"round-robin", SchedulerPolicy::kRoundRobin},
+      {"prefill-first", SchedulerPolicy::kPrefillFirst}};
   return kNames;
 }
 
 SchedulerPolicy parse_scheduler_policy(const std::string& name) {
   const auto& names = scheduler_policy_names();
   const auto it = names.find(name);
-  if (it == names.end()) throw Error("unknown policy '" + name + "' (hybrid, fcfs, round-robin)");
+  if (it == names.end())
+    throw Error("unknown policy '" + name + "' (hybrid, fcfs, round-robin, prefill-first)");
   return it->second;
 }
 

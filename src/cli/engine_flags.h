@@ -20,7 +20,7 @@ void add_engine_flags(CLI::App* cmd, EngineOptions& options);
 // BROS's iteration model (§4.1) from a `blend profile` file (serve --profile).
 IterationCostModel read_iteration_model(const std::string& path);
 
-// "hybrid" | "fcfs" | "round-robin" (the names --policy takes).
+// "hybrid" | "fcfs" | "round-robin" | "prefill-first" (the names --policy takes).
 const std::map<std::string, SchedulerPolicy>& scheduler_policy_names();
 // Throws blend::Error naming the policy when it is not one of them.
 SchedulerPolicy parse_scheduler_policy(const std::string& name);

@@ -52,7 +52,7 @@ void register_serve_command(CLI::App& app) {
   o->engine.scheduler.policy = SchedulerPolicy::kHybrid;
   cmd->add_option("--policy", o->engine.scheduler.policy,
                   "Scheduling of real-time and best-effort requests: hybrid (BROS), fcfs, "
-                  "round-robin (default hybrid)")
+                  "round-robin, prefill-first (vLLM before chunked prefill) (default hybrid)")
       ->transform(CLI::CheckedTransformer(scheduler_policy_names(), CLI::ignore_case));
   auto profile = std::make_shared<std::string>();
   cmd->add_option("--profile", *profile,

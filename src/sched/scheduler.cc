@@ -276,7 +276,8 @@ Scheduler::Admission Scheduler::admit(Sequence* seq, int32_t& n, StepPlan& plan,
 }
 
 template <typename Eligible>
-void Scheduler::schedule_fcfs(StepPlan& plan, int32_t& budget, Eligible eligible) {
+void Scheduler::schedule_fcfs(StepPlan& plan, int32_t& budget, Eligible eligible,
+                              bool admit_waiting) {
   // 1. Running sequences, oldest first. When pages run out, the newest running sequence is
   //    preempted; it has not been scheduled yet in this step (or is the one asking).
   for (size_t i = 0; i < running_.size() && budget > 0;) {
@@ -313,7 +314,7 @@ void Scheduler::schedule_fcfs(StepPlan& plan, int32_t& budget, Eligible eligible
   // 2. Admit waiting sequences while the budget, the running-set limit and the predicted peak
   //    memory allow. Nothing new is admitted in a step that had to preempt.
   //    A sequence waiting for another's prefix pages is passed over, keeping its place.
-  for (size_t i = 0; plan.preempted.empty() && budget > 0 && i < waiting_.size() &&
+  for (size_t i = 0; admit_waiting && plan.preempted.empty() && budget > 0 && i < waiting_.size() &&
                      running_.size() < static_cast<size_t>(options_.max_running);) {
     Sequence* seq = waiting_[i];
     if (!eligible(*seq)) {
@@ -334,6 +335,48 @@ void Scheduler::schedule_fcfs(StepPlan& plan, int32_t& budget, Eligible eligible
   }
 }
 
+// vLLM's default scheduler before chunked prefill (vLLM <= 0.6, `_schedule_default`; the vLLM
+// BROS §7.1 compares with): a prompt waiting to start takes the step, decodes wait. Prompts are
+// admitted whole in arrival order while the step's token budget and the free pages allow, with
+// no prediction of later growth (vLLM's `can_allocate`, less a 1% watermark of pages); when
+// pages run out during decoding the newest sequence is preempted and recomputed. A prompt longer
+// than the budget (vLLM refuses those) runs alone, in chunks over consecutive steps.
+void Scheduler::schedule_prefill_first(StepPlan& plan, int32_t& budget) {
+  const int64_t watermark = pool_.num_pages() / 100;
+  // A prompt chunked over steps continues first; a decode has exactly one token to compute.
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    Sequence* seq = running_[i];
+    if (seq->num_uncomputed() <= 1) {
+      ++i;
+      continue;
+    }
+    const int32_t n = std::min(seq->num_uncomputed(), budget);
+    if (!grow(seq, n, plan)) break;  // the decode step below preempts to make room
+    plan.chunks.push_back({seq, n, seq->num_computed + n == seq->num_tokens()});
+    budget -= n;
+    ++i;
+  }
+  for (size_t i = 0; budget > 0 && i < waiting_.size() &&
+                     running_.size() < static_cast<size_t>(options_.max_running);) {
+    Sequence* seq = waiting_[i];
+    const bool alone = plan.chunks.empty();
+    if (!alone && seq->num_uncomputed() > budget) break;  // whole prompts only
+    if (!alone && pool_.num_available() - pool_.pages_for(seq->num_uncomputed()) < watermark) break;
+    int32_t n = budget;
+    const Admission a = admit(seq, n, plan, running_.empty());
+    if (a == Admission::kNoRoom) break;
+    if (a == Admission::kWaitsForPrefix) {
+      ++i;
+      continue;
+    }
+    plan.chunks.push_back({seq, n, seq->num_computed + n == seq->num_tokens()});
+    budget -= n;
+  }
+  if (!plan.chunks.empty()) return;
+  schedule_fcfs(
+      plan, budget, [](const Sequence&) { return true; }, /*admit_waiting=*/false);
+}
+
 // BROS §4.2: the hybrid policy picks who runs (RT by deadline, BE by swap cost); those picked
 // then run like FCFS chunks. Running sequences not picked keep their KV and wait a step.
 void Scheduler::schedule_hybrid(StepPlan& plan, int32_t& budget, double now) {
@@ -343,6 +386,7 @@ void Scheduler::schedule_hybrid(StepPlan& plan, int32_t& budget, double now) {
     HybridCandidate c;
     c.cls = seq->request_class;
     c.prefill = seq->num_uncomputed() > 1 || seq->num_generated() == 0;
+    c.first_token = seq->num_generated() == 0;
     c.tokens = std::min(seq->num_uncomputed(), options_.max_batch_tokens);
     c.context = seq->num_computed;
     c.pages_needed = std::max<int64_t>(0, pool_.pages_for(int64_t{seq->num_computed} + c.tokens) -
@@ -422,6 +466,9 @@ StepPlan Scheduler::schedule(double now) {
   switch (options_.policy) {
     case SchedulerPolicy::kFcfs:
       schedule_fcfs(plan, budget, [](const Sequence&) { return true; });
+      break;
+    case SchedulerPolicy::kPrefillFirst:
+      schedule_prefill_first(plan, budget);
       break;
     case SchedulerPolicy::kRoundRobin: {
       // One class per step, alternating; the other class when this one has nothing to run.

@@ -37,7 +37,11 @@
 namespace blend {
 
 enum class SchedulerPolicy {
-  kFcfs,        // one queue in arrival order (vLLM-like)
+  kFcfs,  // one queue in arrival order, decodes and prefill chunks in every step (Sarathi)
+  // One queue in arrival order; whole prompts in steps of their own, decodes only when no
+  // prompt is admitted; admission by free pages only (vLLM's scheduler before chunked prefill,
+  // BROS §7.1's vLLM baseline).
+  kPrefillFirst,
   kRoundRobin,  // real-time and best-effort requests take turns, a step each (BROS §7.1 RR)
   kHybrid,      // BROS priority packing (sched/hybrid_policy)
 };
@@ -142,9 +146,11 @@ class Scheduler {
   // With `only_realtime`, the running BE sequences' memory is not counted.
   bool fits_peak_memory(const Sequence& candidate, bool only_realtime = false) const;
   // FCFS over the sequences `eligible` accepts (all of them for kFcfs, one class for RR).
+  // With `admit_waiting` false only the running sequences are scheduled.
   template <typename Eligible>
-  void schedule_fcfs(StepPlan& plan, int32_t& budget, Eligible eligible);
+  void schedule_fcfs(StepPlan& plan, int32_t& budget, Eligible eligible, bool admit_waiting = true);
   void schedule_hybrid(StepPlan& plan, int32_t& budget, double now);
+  void schedule_prefill_first(StepPlan& plan, int32_t& budget);
   // Admits a waiting sequence with up to n tokens in this step (from its cached prefix when
   // there is one). When admitted, `n` is what it will compute.
   enum class Admission { kAdmitted, kWaitsForPrefix, kNoRoom };

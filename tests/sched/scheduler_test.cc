@@ -304,5 +304,80 @@ TEST(Scheduler, RoundRobinAlternatesClasses) {
                                               RequestClass::kRealtime, RequestClass::kBestEffort}));
 }
 
+// vLLM before chunked prefill: an arriving prompt takes the step whole and the running decodes
+// wait; a prompt that does not fit the rest of the budget waits for the next step; decodes
+// resume when no prompt is waiting. FCFS on the same arrivals mixes them in one step.
+TEST(Scheduler, PrefillFirstRunsWholePromptsInStepsOfTheirOwn) {
+  for (const SchedulerPolicy policy : {SchedulerPolicy::kPrefillFirst, SchedulerPolicy::kFcfs}) {
+    SCOPED_TRACE(policy == SchedulerPolicy::kFcfs ? "fcfs" : "prefill-first");
+    PagePool pool(100, 16);
+    SchedulerOptions o;
+    o.policy = policy;
+    o.max_batch_tokens = 64;
+    Scheduler sched(pool, o);
+    auto a = make_seq(1, 10, 20);
+    sched.add(a.get());
+    apply(sched, sched.schedule());  // a's prompt; a decodes from now on
+    auto b = make_seq(2, 40, 20), c = make_seq(3, 30, 20);
+    sched.add(b.get());
+    sched.add(c.get());
+    StepPlan p = sched.schedule();
+    std::vector<std::pair<Sequence*, int32_t>> got;
+    for (const auto& ch : p.chunks) got.emplace_back(ch.seq, ch.num_tokens);
+    if (policy == SchedulerPolicy::kFcfs) {
+      EXPECT_EQ(got, (std::vector<std::pair<Sequence*, int32_t>>{
+                         {a.get(), 1}, {b.get(), 40}, {c.get(), 23}}));
+      continue;
+    }
+    EXPECT_EQ(got, (std::vector<std::pair<Sequence*, int32_t>>{{b.get(), 40}}));
+    apply(sched, p);
+    p = sched.schedule();
+    ASSERT_EQ(p.chunks.size(), 1u);
+    EXPECT_EQ(p.chunks[0].seq, c.get());
+    EXPECT_EQ(p.chunks[0].num_tokens, 30);
+    apply(sched, p);
+    p = sched.schedule();  // nothing waits: every running sequence decodes
+    ASSERT_EQ(p.chunks.size(), 3u);
+    for (const auto& ch : p.chunks) EXPECT_EQ(ch.num_tokens, 1);
+    // A prompt longer than the step budget runs alone, in chunks, before any decode.
+    apply(sched, p);
+    auto d = make_seq(4, 100, 5);
+    sched.add(d.get());
+    p = sched.schedule();
+    ASSERT_EQ(p.chunks.size(), 1u);
+    EXPECT_EQ(p.chunks[0].num_tokens, 64);
+    apply(sched, p);
+    p = sched.schedule();
+    ASSERT_EQ(p.chunks.size(), 1u);
+    EXPECT_EQ(p.chunks[0].seq, d.get());
+    EXPECT_EQ(p.chunks[0].num_tokens, 36);
+    EXPECT_TRUE(p.chunks[0].samples);
+  }
+}
+
+// Admission looks only at the pages free now: prefill-first admits requests whose growth will
+// not fit and recovers by preemption; every request still finishes and the pool is whole after.
+TEST(Scheduler, PrefillFirstOverAdmitsAndRecoversByPreemption) {
+  PagePool pool(12, 4);
+  SchedulerOptions o;
+  o.policy = SchedulerPolicy::kPrefillFirst;
+  o.max_batch_tokens = 64;
+  Scheduler sched(pool, o);
+  std::vector<std::unique_ptr<Sequence>> seqs;
+  for (SeqId id = 1; id <= 4; ++id) {
+    seqs.push_back(make_seq(id, 4, 12));
+    sched.add(seqs.back().get());
+  }
+  StepPlan first = sched.schedule();
+  EXPECT_EQ(first.chunks.size(), 4u);  // 4 pages of 12 now; at the end they need 16
+  apply(sched, first);
+  size_t finished = 0;
+  for (int step = 0; step < 200 && finished < seqs.size(); ++step)
+    finished += apply(sched, sched.schedule()).size();
+  EXPECT_EQ(finished, seqs.size());
+  EXPECT_GT(sched.num_preemptions(), 0);
+  EXPECT_EQ(pool.num_free(), pool.num_pages());
+}
+
 }  // namespace
 }  // namespace blend
