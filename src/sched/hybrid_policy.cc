@@ -107,8 +107,12 @@ HybridSelection HybridPolicy::select(std::span<const HybridCandidate> rt,
   // of the RT and BE throughput).
   std::vector<size_t> order(rt.size());
   std::iota(order.begin(), order.end(), size_t{0});
-  std::sort(order.begin(), order.end(),
-            [&](size_t a, size_t b) { return rt[a].deadline < rt[b].deadline; });
+  auto missed_first_token = [&](size_t i) { return rt[i].first_token && rt[i].deadline < now; };
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const bool ma = missed_first_token(a), mb = missed_first_token(b);
+    if (ma != mb) return mb;
+    return rt[a].deadline < rt[b].deadline;
+  });
   double slack = kNever;  // the earliest deadline among the selected ones still to be met
   for (size_t i : order) {
     if (load.requests >= batch_size_ || load.pages + rt[i].pages_needed > free_pages) break;

@@ -8,7 +8,10 @@
 //    two, not their sum.
 //  - Priority packing (§4.2): RT requests in ascending order of the time left to their current
 //    token's deadline (TTFT for the first token, TPOT after) join while the estimated iteration
-//    still ends before the most urgent deadline; then BE requests, fewest checkpointed pages
+//    still ends before the most urgent deadline. A request whose first token is already late
+//    goes behind the rest: nothing saves its TTFT, and running it first would make the ones
+//    behind it late too (EDF's domino effect under overload; measured past the knee in
+//    docs/BENCHMARKS.md, BROS section). Then BE requests, fewest checkpointed pages
 //    first, fill the batch, or take the place of the least urgent RT request when that one can
 //    still make its deadline one iteration later (constraint (6) with the moving-average
 //    iteration latency).
@@ -49,6 +52,7 @@ struct HybridCandidate {
   RequestClass cls = RequestClass::kBestEffort;
   double deadline = 0;             // RT: when its next token is due (seconds, same clock as `now`)
   bool prefill = false;            // its next work is (a chunk of) its prompt
+  bool first_token = false;        // RT: `deadline` is its TTFT deadline (nothing generated yet)
   int32_t tokens = 1;              // tokens it would compute in this iteration
   int64_t context = 0;             // tokens already in its KV cache (decode cost)
   int64_t pages_needed = 0;        // new KV pages this iteration would take

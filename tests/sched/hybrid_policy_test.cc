@@ -118,5 +118,20 @@ TEST(HybridPolicy, LateRequestsRunFirstWithoutShrinkingTheBatch) {
   EXPECT_EQ(p.batch_size(), 12);
 }
 
+// A request whose first token is already late cannot meet its TTFT target any more; it goes
+// behind those that still can (EDF's domino effect under overload), while a decode past its
+// token deadline keeps its place in front. When the batch has room the late one still runs.
+TEST(HybridPolicy, AMissedFirstTokenYieldsToRequestsThatCanStillMeetTheirs) {
+  HybridPolicy p({.initial_batch = 2, .batch_step = 4, .max_batch = 2}, per_token_cost());
+  HybridCandidate missed = rt(-0.5), waiting = rt(0.3), decoding_late = rt(-0.2);
+  missed.first_token = waiting.first_token = true;
+  std::vector<HybridCandidate> rts = {missed, waiting};
+  EXPECT_EQ(p.select(rts, {}, 0.0, 100).rt, (std::vector<size_t>{1, 0}));
+  rts = {missed, waiting, decoding_late};
+  EXPECT_EQ(p.select(rts, {}, 0.0, 100).rt, (std::vector<size_t>{2, 1}));
+  rts = {missed, rt(0.4)};  // a decode with time left: the missed first token still runs
+  EXPECT_EQ(p.select(rts, {}, 0.0, 100).rt, (std::vector<size_t>{1, 0}));
+}
+
 }  // namespace
 }  // namespace blend
