@@ -83,6 +83,45 @@ TEST(RadixCache, PartlyMatchingPagesAreCopyOnWriteSources) {
   cache.check_invariants();
 }
 
+// Many prompts leave a shared prefix in the middle of a page (a few-shot prefix followed by each
+// question): their second pages all start with the same two tokens. The exact page is found,
+// and a prompt that shares three tokens of it with one of them (sorting before or after that
+// one) copies that one's page, not any of the siblings sharing only two.
+TEST(RadixCache, SiblingsSharingLeadingTokensAreToldApart) {
+  constexpr int kSiblings = 40;
+  PagePool pool(4 * kSiblings, kPage);
+  RadixCache cache(pool);
+  std::vector<FakeSeq> seqs;
+  for (int k = 0; k < kSiblings; ++k) {
+    std::vector<TokenId> t = iota_tokens(4);
+    for (TokenId x : {7, 8, 1000 + k, 2000 + k}) t.push_back(x);
+    seqs.push_back(computed(pool, k + 1, t));
+    cache.insert_finished(seqs.back().id, seqs.back().tokens, 8, seqs.back().pages);
+  }
+  cache.check_invariants();
+  for (int k : {0, 17, kSiblings - 1}) {
+    std::vector<TokenId> query = seqs[static_cast<size_t>(k)].tokens;
+    query.push_back(5);
+    PrefixMatch exact = cache.match(query, 8, 100);
+    ASSERT_EQ(exact.pages.size(), 2u);
+    EXPECT_EQ(exact.pages[1], seqs[static_cast<size_t>(k)].pages[1]);
+    release(pool, exact);
+    for (TokenId last : {1, 5000}) {  // before and after the sibling in token order
+      query[7] = last;
+      PrefixMatch part = cache.match(query, 8, 100);
+      ASSERT_EQ(part.pages.size(), 1u);
+      EXPECT_EQ(part.partial_page, seqs[static_cast<size_t>(k)].pages[1]);
+      EXPECT_EQ(part.partial_tokens, 3);
+      release(pool, part);
+    }
+    query[6] = 3000;  // shares two tokens with every sibling
+    PrefixMatch two = cache.match(query, 8, 100);
+    EXPECT_EQ(two.partial_tokens, 2);
+    release(pool, two);
+  }
+  cache.check_invariants();
+}
+
 TEST(RadixCache, DuplicatesCollapseOntoTheCachedPage) {
   PagePool pool(32, kPage);
   RadixCache cache(pool);
