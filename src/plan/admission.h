@@ -83,8 +83,9 @@ MemoryPartition partition_memory(double memory_bytes, double rho_root, double rh
 // and no step holds more than M, so the remaining work needs at least
 // N = (remaining token-steps) / M steps. Pacing follows from that:
 //  - Step budget. b = M D / (token-steps) spreads the remaining dense tokens D over those
-//    steps. It is a multiple of 128 (A.2), at most the engine's budget, and at most
-//    D / (longest remaining output), because that request needs one step per token.
+//    steps, rounded down to a multiple of 128 (A.2). It is at most the engine's budget, and at
+//    most D / (longest remaining output) rounded up to a multiple of 128: that request needs
+//    one step per token anyway, and the dense tokens should not outlast it.
 //  - Memory-intensive side (rho(r) below the root density). It needs M_R = (its token-steps)
 //    b / D to end with the rest. Its average footprints fill M_R. The projected peak of its
 //    real footprints (p + tokens generated, growing a token a step: NanoFlow §4.4's projection)

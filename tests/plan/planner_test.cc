@@ -301,9 +301,11 @@ TEST(CapacityPacing, StepBudgetSpreadsTheDenseTokensOverTheStepsKvAllows) {
     DualScanner scanner(plan, rs, cost, capacity_tokens * kv, 128, PacingOptions{});
     scanner.on_step(0);
     budgets.push_back(scanner.pacing().step_tokens);
-    // b = M D / (token-steps), at most D / (longest output), floored to a multiple of 128.
-    const double b = std::min(capacity_tokens * dense / steps_all, dense / 2000);
-    const double expected = std::clamp(std::floor(b / 128) * 128, 128.0, 2048.0);
+    // b = M D / (token-steps) rounded down to a multiple of 128, at most D / (longest output)
+    // rounded up to one.
+    const double b = std::min(std::floor(capacity_tokens * dense / steps_all / 128) * 128,
+                              std::ceil(dense / 2000 / 128) * 128);
+    const double expected = std::clamp(b, 128.0, 2048.0);
     EXPECT_EQ(scanner.pacing().step_tokens, expected) << capacity_tokens;
     ASSERT_TRUE(scanner.step_token_budget());
     EXPECT_EQ(*scanner.step_token_budget(), scanner.pacing().step_tokens);
@@ -313,8 +315,8 @@ TEST(CapacityPacing, StepBudgetSpreadsTheDenseTokensOverTheStepsKvAllows) {
     EXPECT_FALSE(scanner.memory_intensive(0));
   }
   // By hand: 100K tokens of KV give b = 1,011 -> 896; with 1M the longest request binds
-  // (2,208,200 / 2000 = 1,104 -> 1,024), below the capacity's 10,111.
-  EXPECT_EQ(budgets, (std::vector<int32_t>{896, 1024}));
+  // (2,208,200 / 2000 = 1,104 -> 1,152), below the capacity's 10,111.
+  EXPECT_EQ(budgets, (std::vector<int32_t>{896, 1152}));
   // Without pacing the engine keeps its own budget.
   DualScanner unpaced(plan, rs, cost, 1e6 * kv, 128, PacingOptions{.enabled = false});
   unpaced.on_step(0);
