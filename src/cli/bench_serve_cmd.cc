@@ -155,9 +155,8 @@ void register_bench_command(CLI::App& app) {
   cmd->add_option("--model", a->model, "Model folder (the server is started in-process)");
   cmd->add_option("--url", a->url,
                   "A running server to load instead, http://127.0.0.1:PORT (loopback only)");
-  cmd->add_option(
-         "--policy", a->policies,
-         "Comma-separated: hybrid, fcfs, round-robin, prefill-first (with --url: one label)")
+  cmd->add_option("--policy", a->policies,
+                  "Comma-separated: " + scheduler_policy_list() + " (with --url: one label)")
       ->capture_default_str();
   cmd->add_option("--duration", a->duration, "Seconds of RT arrivals and BE jobs")
       ->capture_default_str();

@@ -56,11 +56,18 @@ const std::map<std::string, SchedulerPolicy>& scheduler_policy_names() {
   return kNames;
 }
 
+std::string scheduler_policy_list() {
+  std::string list;
+  for (const auto& [name, policy] : scheduler_policy_names())
+    list += (list.empty() ? "" : ", ") + name;
+  return list;
+}
+
 SchedulerPolicy parse_scheduler_policy(const std::string& name) {
   const auto& names = scheduler_policy_names();
   const auto it = names.find(name);
   if (it == names.end())
-    throw Error("unknown policy '" + name + "' (hybrid, fcfs, round-robin, prefill-first)");
+    throw Error("unknown policy '" + name + "' (" + scheduler_policy_list() + ")");
   return it->second;
 }
 

@@ -22,6 +22,8 @@ IterationCostModel read_iteration_model(const std::string& path);
 
 // "hybrid" | "fcfs" | "round-robin" | "prefill-first" (the names --policy takes).
 const std::map<std::string, SchedulerPolicy>& scheduler_policy_names();
+// Those names, comma-separated (for help and error texts).
+std::string scheduler_policy_list();
 // Throws blend::Error naming the policy when it is not one of them.
 SchedulerPolicy parse_scheduler_policy(const std::string& name);
 
