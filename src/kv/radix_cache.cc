@@ -143,14 +143,30 @@ void RadixCache::set_leaf(Node* node, bool is_leaf) {
   node->in_leaves = is_leaf;
 }
 
+void RadixCache::set_last_access(Node* node, uint64_t when) {
+  if (node->in_leaves) {
+    leaves_.erase({node->last_access, node});
+    leaves_.emplace(when, node);
+  }
+  node->last_access = when;
+}
+
+void RadixCache::absorb(Node* parent, const Node* child) {
+  if (parent != root_.get() && child->last_access > parent->last_access)
+    set_last_access(parent, child->last_access);
+}
+
 void RadixCache::touch(Node* node) {
+  // The last use of a subtree is what its root needs once it is a device leaf itself. A device
+  // child hands its own to the parent when it stops being one (remove_leaf, offload_chain), so
+  // the ancestors learn of a touch then. An offloaded node has already stopped: the resident
+  // ancestors above it learn now.
   const uint64_t now = ++clock_;
-  for (Node* n = node; n != root_.get(); n = n->parent) {
-    if (n->in_leaves) {
-      leaves_.erase({n->last_access, n});
-      leaves_.emplace(now, n);
-    }
-    n->last_access = now;
+  Node* n = node;
+  set_last_access(n, now);
+  while (n != root_.get() && !n->resident()) {
+    n = n->parent;
+    if (n != root_.get()) set_last_access(n, now);
   }
 }
 
@@ -178,6 +194,7 @@ RadixCache::Node* RadixCache::add_child(Node* parent, std::span<const TokenId> p
 void RadixCache::remove_leaf(Node* leaf) {
   Node* parent = leaf->parent;
   set_leaf(leaf, false);
+  absorb(parent, leaf);
   if (leaf->resident()) {
     pool_.set_cached(leaf->page, false);
     pool_.release(leaf->page);
@@ -261,6 +278,7 @@ void RadixCache::offload_chain(Node* leaf) {
     n->entry = id;
     n->entry_index = static_cast<int32_t>(i);
     members.push_back(n);
+    absorb(n->parent, n);
     if (--n->parent->device_children == 0) set_leaf(n->parent, n->parent->resident());
   }
   num_offloaded_ += static_cast<int64_t>(chain.size());

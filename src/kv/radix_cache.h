@@ -141,7 +141,12 @@ class RadixCache {
   void load_path(std::vector<Node*>& offloaded, const Allocate& allocate, PrefixMatch& m);
   Node* add_child(Node* parent, std::span<const TokenId> page_tokens, PageId page);
   void remove_leaf(Node* leaf);
+  // Marks `node` used now. Only device leaves are ordered by use, and a node's use counts for
+  // its ancestors only once it stops being a device child (absorb): a touch costs O(1), not
+  // O(depth), and a 16K-token sequence no longer walks its thousand pages per new page.
   void touch(Node* node);
+  void set_last_access(Node* node, uint64_t when);
+  void absorb(Node* parent, const Node* child);  // parent keeps the child's last use
   void set_leaf(Node* node, bool is_leaf);
   void drop_claims(SeqId seq);
 

@@ -195,6 +195,37 @@ TEST(RadixCache, EvictsLeastRecentlyUsedIdleLeavesOnly) {
   pool.check_invariants();
 }
 
+// A page's last use includes its descendants': once its children are gone it is evicted after
+// leaves that were used before them, not at its own (older) insertion time.
+TEST(RadixCache, APageThatBecomesALeafKeepsItsDescendantsLastUse) {
+  PagePool pool(4, kPage);
+  RadixCache cache(pool);
+  FakeSeq s = computed(pool, 1, iota_tokens(8, 100));  // pages P, Q
+  FakeSeq t = computed(pool, 2, iota_tokens(4, 200));
+  FakeSeq u = computed(pool, 3, iota_tokens(4, 300));
+  for (FakeSeq* x : {&s, &t, &u}) {
+    cache.insert_finished(x->id, x->tokens, static_cast<int32_t>(x->tokens.size()), x->pages);
+    pool.release_all(x->pages);
+  }
+  PrefixMatch hold_t = cache.match(iota_tokens(4, 200), 4, 4);
+  PrefixMatch hold_u = cache.match(iota_tokens(4, 300), 4, 5);
+  ASSERT_EQ(hold_t.pages.size() + hold_u.pages.size(), 2u);
+  PrefixMatch use_s = cache.match(iota_tokens(8, 100), 8, 6);  // P and Q, used last
+  ASSERT_EQ(use_s.pages.size(), 2u);
+  release(pool, use_s);
+  EXPECT_EQ(cache.evict(1), 1);  // Q: the only idle leaf
+  release(pool, hold_t);
+  release(pool, hold_u);
+  EXPECT_EQ(cache.evict(1), 1);  // T, used before P's subtree; not P
+  PrefixMatch p = cache.match(iota_tokens(8, 100), 8, 7);
+  EXPECT_EQ(p.pages.size(), 1u);
+  release(pool, p);
+  PrefixMatch gone = cache.match(iota_tokens(4, 200), 4, 8);
+  EXPECT_TRUE(gone.pages.empty());
+  release(pool, gone);
+  cache.check_invariants();
+}
+
 // Many sequences over a small alphabet (so prefixes collide at every depth), admitted,
 // computed, finished and evicted in random order. The tree and the pool stay consistent, and
 // once every sequence is gone and the cache is emptied the pool is whole again.
