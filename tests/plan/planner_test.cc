@@ -328,6 +328,8 @@ struct PacedRun {
   double max_right_tokens = 0;  // the memory-intensive requests' real footprint, at its highest
   std::vector<int32_t> admitted;
   bool shorter_before_longer = false;  // a memory-intensive request passed a longer one
+  std::vector<int64_t> right_ends;     // the step each memory-intensive request ended at
+  size_t max_right_running = 0;        // memory-intensive requests running at once, at most
 };
 
 // An engine stand-in: every running request makes one token a step and ends at its output.
@@ -355,16 +357,21 @@ PacedRun run_paced(DualScanner& scanner, const std::vector<PlanRequest>& rs) {
       }
     }
     double right_tokens = 0;
+    size_t right_running = 0;
     for (int32_t r : running) {
       const auto i = static_cast<size_t>(r);
       scanner.on_progress(r, ++generated[i]);
-      if (scanner.memory_intensive(r))
+      if (scanner.memory_intensive(r)) {
         right_tokens += static_cast<double>(rs[i].prompt.size()) + generated[i];
+        ++right_running;
+      }
     }
     out.max_right_tokens = std::max(out.max_right_tokens, right_tokens);
+    out.max_right_running = std::max(out.max_right_running, right_running);
     for (size_t k = running.size(); k-- > 0;) {
       const auto i = static_cast<size_t>(running[k]);
       if (generated[i] < rs[i].output_tokens) continue;
+      if (scanner.memory_intensive(running[k])) out.right_ends.push_back(out.steps);
       scanner.on_finished(running[k]);
       running.erase(running.begin() + static_cast<std::ptrdiff_t>(k));
     }
@@ -398,6 +405,33 @@ TEST(CapacityPacing, MemoryIntensiveRequestsStayWithinTheirProjectedPeak) {
     }
   // A shorter one fills a gap the longer ones leave before they peak.
   EXPECT_TRUE(run.shorter_before_longer);
+}
+
+TEST(CapacityPacing, MemoryIntensiveRequestsEndApart) {
+  // Twelve memory-intensive requests of one length. Started together they would grow together
+  // and end together, and the KV they fill would swing from their prompts to their peak every
+  // wave. Started apart, a new one replaces each that ends and their footprint stays level.
+  const CostModel cost = llama8b_a100();
+  std::vector<PlanRequest> rs;
+  add_unique(rs, 600, 1000, 100);
+  add_unique(rs, 12, 50, 1000);
+  PrefixTree tree(rs);
+  const Plan plan = make_plan(tree, cost, PlanOptions{});
+  const double kv = cost.kv_bytes_per_token_per_device();
+  DualScanner scanner(plan, rs, cost, 40'000 * kv, 128, PacingOptions{});
+  scanner.on_step(0);
+  const double spacing = scanner.pacing().right_end_spacing;
+  EXPECT_GT(spacing, 0);
+  const PacedRun run = run_paced(scanner, rs);
+  ASSERT_EQ(run.right_ends.size(), 12u);
+  EXPECT_GT(run.max_right_running, 1u);  // they do overlap
+  std::vector<int64_t> ends = run.right_ends;
+  std::sort(ends.begin(), ends.end());
+  // The last few, short of time (d b >= D), may start and end together; the first nine may not
+  // (all at once, six of them ended at step 999 and three at 1999).
+  for (size_t k = 1; k < 9; ++k)
+    EXPECT_GE(static_cast<double>(ends[k] - ends[k - 1]), spacing / 2)
+        << "ends " << ends[k - 1] << " and " << ends[k] << ", spacing " << spacing;
 }
 
 }  // namespace
