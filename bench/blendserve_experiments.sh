@@ -43,14 +43,21 @@ trace2 0.9 0.35
 trace3 1.4 0.05
 trace4 0.9 0.05"
 
-# synth NAME DENSITY SHARING REQUESTS MODEL [SOURCE] -> path of the workload (cached).
+# synth NAME DENSITY SHARING REQUESTS MODEL [SOURCE] -> path of the workload (cached). Fails
+# with status 2 when the sources cannot reach the point, 1 on any other error (a missing trace).
 synth() {
   local file="$OUT_DIR/work/$1-$5-$4.jsonl"
   mkdir -p "$OUT_DIR/work"
   if [[ ! -s $file ]]; then
-    "$BLEND" workload synth --density "$2" --sharing "$3" --requests "$4" --seed "$SEED" \
-      --model-shape "$5" --traces "$TRACES" ${6:+--compute-source "$6"} --out "$file.tmp" >&2 ||
+    if ! "$BLEND" workload synth --density "$2" --sharing "$3" --requests "$4" --seed "$SEED" \
+      --model-shape "$5" --traces "$TRACES" ${6:+--compute-source "$6"} --out "$file.tmp" \
+      2>"$file.err"; then
+      cat "$file.err" >&2
+      grep -q "is out of reach" "$file.err" && return 2
       return 1
+    fi
+    cat "$file.err" >&2
+    rm -f "$file.err"
     mv "$file.tmp" "$file"
   fi
   echo "$file"
@@ -70,10 +77,11 @@ for line in sys.stdin:
     print(",".join([label, j["model"], str(j["tensor_parallel"]), j["policy"],
                     "%.1f" % j["throughput_tokens_per_s"], "%.4f" % j["fraction_of_optimal"],
                     "%.4f" % j["fraction_of_ideal"], "%.4f" % j["sharing_ratio"],
-                    "%.4f" % j["sharing_optimal"], "%.2f" % j["seconds"]]))
+                    "%.4f" % j["sharing_optimal"], "%.2f" % j["seconds"],
+                    "%.4f" % j["fraction_of_capacity_optimal"]]))
 ' "$label"
 }
-HEADER="trace,model,tp,policy,throughput_tokens_per_s,fraction_of_optimal,fraction_of_ideal,sharing_ratio,sharing_optimal,seconds"
+HEADER="trace,model,tp,policy,throughput_tokens_per_s,fraction_of_optimal,fraction_of_ideal,sharing_ratio,sharing_optimal,seconds,fraction_of_capacity_optimal"
 
 # summary CSV: each policy's speedups (blend over nanoflow-dfs and vllm-dfs) per trace.
 summary() {
@@ -89,6 +97,7 @@ for (trace, model), p in by.items():
     over_nf.append(b / nf)
     over_vllm.append(b / vl)
     print(f"{trace:8s} {model:14s} blend {b:9.0f} tok/s  {float(p['blend']['fraction_of_optimal']):.3f} of T_o"
+          f" ({float(p['blend']['fraction_of_capacity_optimal']):.3f} of the KV-capacity optimum)"
           f"  x{b / nf:.3f} nanoflow-dfs  x{b / vl:.3f} vllm-dfs"
           f"  sharing {float(p['blend']['sharing_ratio']):.3f}/{float(p['blend']['sharing_optimal']):.3f}")
 print(f"mean x{sum(over_nf) / len(over_nf):.3f} over nanoflow-dfs; best x{max(over_vllm):.3f} over vllm-dfs")
@@ -193,11 +202,14 @@ if [[ " ${PARTS[*]} " == *" grid "* ]]; then  # Fig. 11 / A.4: blend over nanofl
       for sharing in 0.05 0.15 0.25 0.35 0.45; do
         # A source may not reach every point (bwb's prompts are too long for the lowest
         # densities at low sharing): the point is skipped and said so.
-        if ! w=$(synth "grid-$source-$density-$sharing" "$density" "$sharing" "$GRID_REQUESTS" \
-          llama-3-8b "$source"); then
+        rc=0
+        w=$(synth "grid-$source-$density-$sharing" "$density" "$sharing" "$GRID_REQUESTS" \
+          llama-3-8b "$source") || rc=$?
+        if [[ $rc == 2 ]]; then
           echo "grid $source: density $density sharing $sharing out of reach, skipped" >&2
           continue
         fi
+        [[ $rc == 0 ]] || exit 1
         "$BLEND" simulate --json --workload "$w" --policy blend,dfs | python3 -c '
 import json, sys
 runs = {j["policy"]: j for j in map(json.loads, sys.stdin)}

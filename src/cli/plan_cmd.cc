@@ -232,6 +232,7 @@ void run_plan(const PlanArgs& args) {
       report["capacity_pacing"] = {{"step_tokens", first_pacing->step_tokens},
                                    {"memory_right_gb", first_pacing->memory_right / 1e9},
                                    {"left_floor_gb", first_pacing->memory_left_floor / 1e9},
+                                   {"right_end_spacing_steps", first_pacing->right_end_spacing},
                                    {"remaining_dense_tokens", first_pacing->remaining_dense},
                                    {"kv_token_steps_bytes", first_pacing->remaining_occupancy}};
   }
@@ -276,10 +277,11 @@ void run_plan(const PlanArgs& args) {
       if (first_pacing)
         std::printf(
             "capacity pacing   step budget %d tokens, M_R %.2f GB for the memory-intensive "
-            "requests' average footprint, %.2f GB kept for the rest (KV token-steps / M: at "
-            "least %.0f steps)\n",
+            "requests' average footprint (their ends %.0f steps apart), %.2f GB kept for the "
+            "rest (KV token-steps / M: at least %.0f steps)\n",
             first_pacing->step_tokens, first_pacing->memory_right / 1e9,
-            first_pacing->memory_left_floor / 1e9, first_pacing->remaining_occupancy / kv_memory);
+            first_pacing->right_end_spacing, first_pacing->memory_left_floor / 1e9,
+            first_pacing->remaining_occupancy / kv_memory);
     }
     std::printf("order\n");
   }
