@@ -12,6 +12,10 @@
 // A preset is generated into $TMPDIR/blend-bench-PRESET-DTYPE once and reused.
 //   options: --gemm-only, --no-gemm (only the bound: the model's GEMM kind at 512 and 1024
 //   rows), --modes default,deterministic, --f32-gemm onednn|openblas
+//   {"kind":"overlap", ...}  with --overlap P:S:C (issue 8: NanoFlow §4.3 carried to the CPU):
+//                            a compute-heavy step (P prefill tokens) and a memory-heavy one (S
+//                            decodes at C cached tokens each), one after the other on all the
+//                            threads against both at once, each on half of them
 #include <omp.h>
 
 #include <algorithm>
@@ -22,6 +26,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <dnnl.hpp>
@@ -107,6 +112,7 @@ struct Options {
   int64_t prompt_len = 256;  // prefill batches are made of prompts of this length
   std::vector<int64_t> prefill = {256, 512, 1024}, decode = {64, 128, 256};
   bool gemm = true, forward = true;
+  int64_t overlap_prefill = 0, overlap_seqs = 0, overlap_context = 0;  // --overlap P:S:C
   CpuGemmLib f32_gemm = CpuGemmLib::kOneDnn;
 };
 
@@ -363,6 +369,107 @@ void bench_forward(const ModelConfig& c, const TensorStore& store, const Options
   }
 }
 
+// Does splitting the cores between a compute-bound and a memory-bound step beat running them
+// one after the other on all cores? Each step gets a backend of its own (same weights, own KV),
+// once with all threads and once with half; the concurrent pair runs on two std::threads, each
+// backend's forward() setting its own thread's OpenMP team size.
+void bench_overlap(const ModelConfig& c, const TensorStore& store, const Options& o, int threads) {
+  const int page = 16;
+  const int64_t p = o.overlap_prefill, seqs = o.overlap_seqs, ctx = o.overlap_context;
+  const int64_t ctx_pages = (ctx + 1 + page - 1) / page;
+  std::mt19937 rng(11);
+  auto random_tokens = [&](int64_t n) {
+    std::vector<TokenId> t(static_cast<size_t>(n));
+    for (auto& e : t) e = static_cast<TokenId>(rng() % c.vocab_size);
+    return t;
+  };
+  auto make = [&](int backend_threads, int64_t pages) {
+    BackendOptions bo;
+    bo.threads = backend_threads;
+    bo.page_size = page;
+    bo.num_pages = pages;
+    return make_cpu_backend(c, store, bo, o.f32_gemm);
+  };
+  // The compute-heavy step: prompts of o.prompt_len tokens, p in all.
+  ForwardBatch prefill;
+  PageId next = 0;
+  for (int64_t s = 0; s * o.prompt_len < p; ++s) {
+    const int64_t n = std::min(o.prompt_len, p - s * o.prompt_len);
+    SeqChunk ch;
+    ch.seq = s;
+    ch.num_tokens = static_cast<int32_t>(n);
+    ch.token_offset = prefill.num_tokens();
+    ch.wants_logits = true;
+    for (int64_t k = 0; k < (n + page - 1) / page; ++k) ch.block_table.push_back(next++);
+    const auto t = random_tokens(n);
+    for (int64_t i = 0; i < n; ++i) {
+      prefill.tokens.push_back(t[static_cast<size_t>(i)]);
+      prefill.positions.push_back(static_cast<int32_t>(i));
+    }
+    prefill.chunks.push_back(ch);
+  }
+  const int64_t prefill_pages = next;
+  // The memory-heavy step: seqs decodes, each over its own copy of a ctx-token prompt.
+  const std::vector<TokenId> prompt = random_tokens(ctx + 1);
+  ForwardBatch decode;
+  for (int64_t s = 0; s < seqs; ++s) {
+    SeqChunk ch;
+    ch.seq = s;
+    ch.num_cached = static_cast<int32_t>(ctx);
+    ch.num_tokens = 1;
+    ch.token_offset = decode.num_tokens();
+    ch.wants_logits = true;
+    for (int64_t k = 0; k < ctx_pages; ++k) ch.block_table.push_back((s + 1) * ctx_pages + k);
+    decode.tokens.push_back(prompt[static_cast<size_t>(ctx)]);
+    decode.positions.push_back(static_cast<int32_t>(ctx));
+    decode.chunks.push_back(ch);
+  }
+  const int64_t decode_pages = (seqs + 1) * ctx_pages;
+  auto fill_kv = [&](Backend& b) {  // prefill the prompt into pages [0, ctx_pages), copy it
+    ForwardBatch f;
+    SeqChunk ch;
+    ch.num_tokens = static_cast<int32_t>(ctx);
+    for (int64_t k = 0; k < ctx_pages; ++k) ch.block_table.push_back(static_cast<PageId>(k));
+    f.tokens.assign(prompt.begin(), prompt.begin() + ctx);
+    for (int64_t i = 0; i < ctx; ++i) f.positions.push_back(static_cast<int32_t>(i));
+    f.chunks.push_back(ch);
+    b.forward(f, {});
+    for (int64_t s = 1; s <= seqs; ++s)
+      for (int64_t k = 0; k < ctx_pages; ++k)
+        b.copy_page(static_cast<PageId>(k), static_cast<PageId>(s * ctx_pages + k));
+  };
+  const int half = std::max(1, threads / 2);
+  auto compute_all = make(threads, prefill_pages), compute_half = make(half, prefill_pages);
+  auto memory_all = make(threads, decode_pages), memory_half = make(half, decode_pages);
+  fill_kv(*memory_all);
+  fill_kv(*memory_half);
+  std::vector<float> logits_p(static_cast<size_t>(prefill.num_logit_rows() * c.vocab_size));
+  std::vector<float> logits_d(static_cast<size_t>(decode.num_logit_rows() * c.vocab_size));
+  const double t_compute = median_seconds(o.reps, [&] { compute_all->forward(prefill, logits_p); });
+  const double t_memory = median_seconds(o.reps, [&] { memory_all->forward(decode, logits_d); });
+  const double t_compute_half =
+      median_seconds(o.reps, [&] { compute_half->forward(prefill, logits_p); });
+  const double t_memory_half =
+      median_seconds(o.reps, [&] { memory_half->forward(decode, logits_d); });
+  const double t_both = median_seconds(o.reps, [&] {
+    std::thread other([&] { memory_half->forward(decode, logits_d); });
+    compute_half->forward(prefill, logits_p);
+    other.join();
+  });
+  emit({{"kind", "overlap"},
+        {"threads", threads},
+        {"prefill_tokens", p},
+        {"decode_seqs", seqs},
+        {"context", ctx},
+        {"compute_ms", t_compute * 1e3},
+        {"memory_ms", t_memory * 1e3},
+        {"sequential_ms", (t_compute + t_memory) * 1e3},
+        {"compute_half_ms", t_compute_half * 1e3},
+        {"memory_half_ms", t_memory_half * 1e3},
+        {"overlapped_ms", t_both * 1e3},
+        {"speedup", (t_compute + t_memory) / t_both}});
+}
+
 int run(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
@@ -393,7 +500,17 @@ int run(int argc, char** argv) {
       o.forward = false;
     else if (a == "--no-gemm")
       o.gemm = false;
-    else if (a == "--f32-gemm")
+    else if (a == "--overlap") {
+      const std::vector<int64_t> v = parse_list([&] {
+        std::string x = value();
+        std::replace(x.begin(), x.end(), ':', ',');
+        return x;
+      }());
+      if (v.size() != 3) throw Error("--overlap takes PREFILL:SEQS:CONTEXT");
+      o.overlap_prefill = v[0];
+      o.overlap_seqs = v[1];
+      o.overlap_context = v[2];
+    } else if (a == "--f32-gemm")
       o.f32_gemm = value() == "openblas" ? CpuGemmLib::kOpenBlas : CpuGemmLib::kOneDnn;
     else
       throw Error("unknown argument " + a);
@@ -432,6 +549,10 @@ int run(int argc, char** argv) {
         {"dtype", dtype_name(dtype)},
         {"matmul_params", config.num_matmul_parameters()}});
 
+  if (o.overlap_prefill > 0) {
+    bench_overlap(config, store, o, threads);
+    return 0;
+  }
   // The bound is always measured (the forward fractions need it); --no-gemm skips the table.
   const double bound = bench_gemms(config, o, dtype, o.gemm);
   if (o.forward) {
