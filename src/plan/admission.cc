@@ -116,7 +116,7 @@ DualScanner::DualScanner(const Plan& plan, const std::vector<PlanRequest>& reque
   generated_.assign(requests.size(), 0);
   taken_position_.assign(order_.size(), 0);
   running_slot_.assign(requests.size(), -1);
-  right_end_.assign(requests.size(), 0);
+  right_end_of_.assign(requests.size(), right_ends_.end());
   for (size_t i = 0; i < order_.size(); ++i) {
     const auto r = static_cast<size_t>(order_[i]);
     const double s = plan.groups[static_cast<size_t>(group_of_[i])].stats.sharing_ratio();
@@ -137,12 +137,7 @@ void DualScanner::add_waiting(size_t i, double sign) {
   const double steps = remaining_token_steps(prompt_tokens_[i], estimated_output_[i], 0);
   waiting_.dense += sign * dense_tokens_[i];
   waiting_.occupancy += sign * steps;
-  if (memory_intensive_[i]) {
-    waiting_.occupancy_right += sign * steps;
-    waiting_.right_count += sign;
-    waiting_.right_output += sign * estimated_output_[i];
-    waiting_.right_reservation += sign * reservation_[i];
-  }
+  if (memory_intensive_[i]) waiting_.occupancy_right += sign * steps;
 }
 
 double DualScanner::remaining_token_steps(double p, double d, double age) {
@@ -200,20 +195,21 @@ void DualScanner::repace() {
   // and make room within a few hundred steps (measured on Table 2's traces: 0, 0.25, 0.5, 0.75
   // and 1 of it; docs/BENCHMARKS.md).
   constexpr double kLeftFloorShare = 0.5;
-  // Ends a spacing apart: M_R at the waiting memory-intensive requests' mean footprint holds
-  // N = M_R / (p + d/2) of them, and N running with their ends spread evenly, one ends every
-  // d / N steps.
-  pacing_.right_end_spacing = 0;
-  if (waiting_.right_count >= 1 && pacing_.memory_right > 0) {
-    const double concurrent =
-        pacing_.memory_right / (waiting_.right_reservation / waiting_.right_count);
-    if (concurrent >= 1)
-      pacing_.right_end_spacing = waiting_.right_output / waiting_.right_count / concurrent;
-  }
   pacing_.memory_left_floor =
       dense > 0
           ? kLeftFloorShare * std::min(capacity_, (occupancy - occupancy_right) * kv * b / dense)
           : 0;
+  pacing_.right_end_spacing =
+      memory_waiting_.empty()
+          ? 0
+          : end_spacing(static_cast<size_t>(order_[memory_waiting_.begin()->second]));
+}
+
+double DualScanner::end_spacing(size_t i) const {
+  // M_R held by requests like i alone: N = M_R / (p + d/2) of them, and N running with evenly
+  // spread ends end one every d / N steps.
+  return pacing_.memory_right > 0 ? estimated_output_[i] * reservation_[i] / pacing_.memory_right
+                                  : 0;
 }
 
 double DualScanner::left_reservation(size_t i) const {
@@ -363,8 +359,10 @@ std::optional<int32_t> DualScanner::next_paced() {
     } else {
       used_[1] += reservation_[i];
       ++right_version_;
-      right_end_[i] = static_cast<double>(step_) + estimated_output_[i];
-      right_ends_.insert(right_end_[i]);
+      const double spacing = end_spacing(i);
+      if (spacing >= 1)
+        right_end_of_[i] =
+            right_ends_.emplace(static_cast<double>(step_) + estimated_output_[i], spacing);
     }
     ++taken_;
     return r;
@@ -372,14 +370,13 @@ std::optional<int32_t> DualScanner::next_paced() {
   // Memory-intensive requests first: each is long-lived, and starting it late stretches the run.
   // Their projected peak must leave the compute-intensive side what the step budget needs. The
   // longest goes first (it is the critical path), unless a running one is projected to end
-  // within a spacing of it: then the longest that ends a spacing earlier. Requests that start
-  // together grow together and end together, and their KV swings between their prompts and
-  // their peak every wave; ends a spacing apart keep it level, one starting as one ends. When
-  // the longest does not fit, a shorter one among the kRightWindow looked at may: one that ends
-  // before the others peak fills the gap their growth leaves.
+  // within a spacing of it (end_spacing): then the longest that ends that far earlier.
+  // Requests that start together grow together and end together, and their KV swings between
+  // their prompts and their peak every wave; ends a spacing apart keep it level, one starting
+  // as one ends. When the longest does not fit, a shorter one among the kRightWindow looked at
+  // may: one that ends before the others peak fills the gap their growth leaves.
   constexpr int kRightWindow = 64;
   const bool idle = running_[0].empty() && running_[1].empty();
-  const double spacing = pacing_.right_end_spacing;
   int looked = 0;
   for (auto it = memory_waiting_.begin(); it != memory_waiting_.end() && looked < kRightWindow;
        ++looked) {
@@ -389,11 +386,22 @@ std::optional<int32_t> DualScanner::next_paced() {
     // for a free end.
     const bool urgent = estimated_output_[i] * pacing_.step_tokens >= pacing_.remaining_dense;
     const double end = static_cast<double>(step_) + estimated_output_[i];
-    if (!idle && !urgent && spacing > 0) {
-      const auto near = right_ends_.lower_bound(end - spacing);
-      if (near != right_ends_.end() && *near < end + spacing) {
-        const double shorter = *near - spacing - static_cast<double>(step_);
-        it = memory_waiting_.lower_bound({-shorter, 0});
+    const double spacing = end_spacing(i);
+    if (!idle && !urgent && spacing >= 1) {
+      // Two requests' ends must lie the smaller of their spacings apart (a short request's
+      // end matters little to a long one's footprint).
+      double conflict = -1, apart = 0;
+      for (auto e = right_ends_.lower_bound(end - spacing);
+           e != right_ends_.end() && e->first < end + spacing; ++e) {
+        const double need = std::min(spacing, e->second);
+        if (std::abs(e->first - end) < need) {
+          conflict = e->first;
+          apart = need;
+          break;
+        }
+      }
+      if (conflict >= 0) {  // try the longest that ends that far before it
+        it = memory_waiting_.lower_bound({-(conflict - apart - static_cast<double>(step_)), 0});
         continue;
       }
     }
@@ -436,7 +444,10 @@ void DualScanner::on_finished(int32_t request) {
     running_slot_[i] = -1;
     if (s == 1) {
       ++right_version_;
-      right_ends_.erase(right_ends_.find(right_end_[i]));
+      if (right_end_of_[i] != right_ends_.end()) {
+        right_ends_.erase(right_end_of_[i]);
+        right_end_of_[i] = right_ends_.end();
+      }
     }
     return;
   }

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -87,17 +88,19 @@ MemoryPartition partition_memory(double memory_bytes, double rho_root, double rh
 //    most D / (longest remaining output) rounded up to a multiple of 128: that request needs
 //    one step per token anyway, and the dense tokens should not outlast it.
 //  - Memory-intensive side (rho(r) below the root density). M_R = (its token-steps) b / D is
-//    the average footprint that ends it with the rest; N = M_R / (p + d/2) of its requests
-//    running with their ends spread evenly end one every d / N steps: the end spacing.
-//    Requests go longest first (the critical path), from a length-ordered set, but each must
-//    be projected to end a spacing away from every running one: requests that start together
-//    grow together and end together, and their KV swings between their prompts and their peak
-//    every wave (docs/BENCHMARKS.md). The projected peak of their real footprints (p + tokens
-//    generated, growing a token a step: NanoFlow §4.4's projection) must leave half of what
-//    the other side needs at b; that peak, not M_R, bounds how many run. When the longest does
-//    not fit, a shorter one among the 64 looked at may: one that ends before the others peak
-//    fills the gap. A request that needs as many steps as the run has left (d b >= D) has no
-//    slack and does not wait for a free end.
+//    the average footprint that ends it with the rest. A request of output d and average
+//    footprint f = p + d/2 gets the end spacing d f / M_R: if M_R held N = M_R / f requests
+//    like it with evenly spread ends, one would end every d / N steps. Requests go longest
+//    first (the critical path), from a length-ordered set, but two requests' projected ends
+//    must lie at least the smaller of their spacings apart (a short request's end matters
+//    little to a long one's footprint). Requests that start together grow together and end
+//    together, and their KV swings between their prompts and their peak every wave
+//    (docs/BENCHMARKS.md). The projected peak of their real footprints (p + tokens generated,
+//    growing a token a step: NanoFlow §4.4's projection) must leave half of what the other
+//    side needs at b; that peak, not M_R, bounds how many run. When the longest does not fit,
+//    a shorter one among the 64 looked at may: one that ends before the others peak fills the
+//    gap. A request that needs as many steps as the run has left (d b >= D) has no slack and
+//    does not wait for a free end.
 //  - Compute-intensive side. It takes b new prompt tokens a step, less the running decodes, in
 //    whatever room the other side leaves for as long as each request runs.
 struct PacingOptions {
@@ -110,7 +113,7 @@ struct Pacing {
   int32_t step_tokens = 0;         // b
   double memory_right = 0;         // M_R, bytes
   double memory_left_floor = 0;    // what the compute-intensive side needs at this budget
-  double right_end_spacing = 0;    // steps between the projected ends of memory-intensive requests
+  double right_end_spacing = 0;    // end spacing of the longest waiting memory-intensive request
   double remaining_dense = 0;      // D
   double remaining_occupancy = 0;  // token-steps x KV bytes per token
 };
@@ -160,6 +163,8 @@ class DualScanner : public AdmissionStream {
   double right_peak_with(size_t candidate) const;
   // KV bytes the running memory-intensive requests will hold `steps` steps from now.
   double right_footprint_after(double steps) const;
+  // Steps that must lie between request i's projected end and another's (memory-intensive).
+  double end_spacing(size_t i) const;
   // Average footprint of a compute-intensive request: unique prompt + d/2 tokens.
   double left_reservation(size_t request) const;
   // Token-steps of KV a request still holds from age `age` on (p + k for k = age .. d).
@@ -199,11 +204,11 @@ class DualScanner : public AdmissionStream {
   size_t next_compute_ = 0;
   struct {
     double dense = 0, occupancy = 0, occupancy_right = 0;  // token-steps
-    double right_count = 0, right_output = 0, right_reservation = 0;
-  } waiting_;
-  // Projected end step of each running memory-intensive request (start step + estimate).
-  std::multiset<double> right_ends_;
-  std::vector<double> right_end_;  // totals over the requests not handed out yet
+  } waiting_;  // totals over the requests not handed out yet
+  // Running memory-intensive requests whose end spacing is a step or more: projected end step
+  // (start + estimate) -> their spacing; and each one's place in it.
+  std::multimap<double, double> right_ends_;
+  std::vector<std::multimap<double, double>::iterator> right_end_of_;
   int64_t right_version_ = 0;
   mutable int64_t profile_step_ = -1, profile_version_ = -1;
   mutable std::vector<double> profile_remaining_, profile_suffix_;
