@@ -277,8 +277,8 @@ void run_plan(const PlanArgs& args) {
       if (first_pacing)
         std::printf(
             "capacity pacing   step budget %d tokens, M_R %.2f GB for the memory-intensive "
-            "requests' average footprint (their ends %.0f steps apart), %.2f GB kept for the "
-            "rest (KV token-steps / M: at least %.0f steps)\n",
+            "requests' average footprint (the longest ones' ends %.0f steps apart), %.2f GB kept "
+            "for the rest (KV token-steps / M: at least %.0f steps)\n",
             first_pacing->step_tokens, first_pacing->memory_right / 1e9,
             first_pacing->right_end_spacing, first_pacing->memory_left_floor / 1e9,
             first_pacing->remaining_occupancy / kv_memory);
