@@ -329,6 +329,7 @@ struct PacedRun {
   std::vector<int32_t> admitted;
   bool shorter_before_longer = false;  // a memory-intensive request passed a longer one
   std::vector<int64_t> right_ends;     // the step each memory-intensive request ended at
+  std::vector<int32_t> right_ended;    // and which request that was
   size_t max_right_running = 0;        // memory-intensive requests running at once, at most
 };
 
@@ -371,7 +372,10 @@ PacedRun run_paced(DualScanner& scanner, const std::vector<PlanRequest>& rs) {
     for (size_t k = running.size(); k-- > 0;) {
       const auto i = static_cast<size_t>(running[k]);
       if (generated[i] < rs[i].output_tokens) continue;
-      if (scanner.memory_intensive(running[k])) out.right_ends.push_back(out.steps);
+      if (scanner.memory_intensive(running[k])) {
+        out.right_ends.push_back(out.steps);
+        out.right_ended.push_back(running[k]);
+      }
       scanner.on_finished(running[k]);
       running.erase(running.begin() + static_cast<std::ptrdiff_t>(k));
     }
@@ -432,6 +436,37 @@ TEST(CapacityPacing, MemoryIntensiveRequestsEndApart) {
   for (size_t k = 1; k < 9; ++k)
     EXPECT_GE(static_cast<double>(ends[k] - ends[k - 1]), spacing / 2)
         << "ends " << ends[k - 1] << " and " << ends[k] << ", spacing " << spacing;
+}
+
+TEST(CapacityPacing, ShortMemoryIntensiveRequestsDoNotSetTheLongOnesSpacing) {
+  // The same twelve long requests among 400 short memory-intensive ones. Each request's spacing
+  // is its own, d (p + d/2) / M_R, so the short ones (~8 steps against ~100) neither crowd
+  // the long ones' ends nor shrink their spacing: the long ones still end apart.
+  const CostModel cost = llama8b_a100();
+  std::vector<PlanRequest> rs;
+  add_unique(rs, 600, 1000, 100);
+  add_unique(rs, 12, 50, 1000);
+  add_unique(rs, 200, 4, 300);
+  PrefixTree tree(rs);
+  const Plan plan = make_plan(tree, cost, PlanOptions{});
+  const double kv = cost.kv_bytes_per_token_per_device();
+  DualScanner scanner(plan, rs, cost, 40'000 * kv, 128, PacingOptions{});
+  for (size_t i = 612; i < rs.size(); ++i)
+    ASSERT_TRUE(scanner.memory_intensive(static_cast<int32_t>(i)));
+  scanner.on_step(0);
+  const double spacing = scanner.pacing().right_end_spacing;  // the longest waiting one's
+  EXPECT_GT(spacing, 50);
+  const PacedRun run = run_paced(scanner, rs);
+  ASSERT_EQ(run.right_ends.size(), 212u);
+  std::vector<int64_t> long_ends;
+  for (size_t k = 0; k < run.right_ends.size(); ++k)
+    if (rs[static_cast<size_t>(run.right_ended[k])].output_tokens == 1000)
+      long_ends.push_back(run.right_ends[k]);
+  ASSERT_EQ(long_ends.size(), 12u);
+  std::sort(long_ends.begin(), long_ends.end());
+  for (size_t k = 1; k < 9; ++k)
+    EXPECT_GE(static_cast<double>(long_ends[k] - long_ends[k - 1]), spacing / 2)
+        << "ends " << long_ends[k - 1] << " and " << long_ends[k] << ", spacing " << spacing;
 }
 
 }  // namespace
