@@ -239,8 +239,8 @@ set title "blend / NanoFlow-DFS throughput, $source mix ($GRID_REQUESTS requests
 set xlabel "root density"
 set ylabel "sharing ratio"
 set view map
-set palette defined (0.9 "red", 1.0 "white", 1.3 "blue")
-set cbrange [0.9:1.3]
+set palette defined (0.9 "red", 1.0 "white", 1.5 "blue")
+set cbrange [0.9:1.5]
 plot "$csv" using 1:2:5 every ::1 with points pointtype 5 pointsize 4 palette notitle, \
      "" using 1:2:(sprintf("%.2f", \$5)) every ::1 with labels font ",8" notitle
 GP
