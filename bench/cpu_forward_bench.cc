@@ -24,6 +24,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <numeric>
 #include <random>
 #include <string>
 #include <thread>
@@ -215,6 +217,64 @@ struct Seq {
   std::vector<PageId> pages;
 };
 
+// Random prompts of up to `prompt_len` tokens, `tokens` in all, one logits row each, in fresh
+// pages numbered from `next_page` on (advanced past them).
+ForwardBatch prefill_batch(int64_t tokens, int64_t prompt_len, int page, PageId& next_page,
+                           const std::function<std::vector<TokenId>(int64_t)>& random_tokens) {
+  ForwardBatch b;
+  for (int64_t s = 0; s * prompt_len < tokens; ++s) {
+    const int64_t n = std::min(prompt_len, tokens - s * prompt_len);
+    SeqChunk ch;
+    ch.seq = s;
+    ch.num_tokens = static_cast<int32_t>(n);
+    ch.token_offset = b.num_tokens();
+    ch.wants_logits = true;
+    for (int64_t k = 0; k < (n + page - 1) / page; ++k) ch.block_table.push_back(next_page++);
+    const auto t = random_tokens(n);
+    for (int64_t i = 0; i < n; ++i) {
+      b.tokens.push_back(t[static_cast<size_t>(i)]);
+      b.positions.push_back(static_cast<int32_t>(i));
+    }
+    b.chunks.push_back(ch);
+  }
+  return b;
+}
+
+// The first `n` tokens of `prompt` as one sequence in `pages`, no logits (fills a template).
+ForwardBatch template_batch(const std::vector<TokenId>& prompt, int64_t n,
+                            std::vector<PageId> pages) {
+  ForwardBatch b;
+  SeqChunk ch;
+  ch.num_tokens = static_cast<int32_t>(n);
+  ch.block_table = std::move(pages);
+  b.tokens.assign(prompt.begin(), prompt.begin() + n);
+  for (int64_t i = 0; i < n; ++i) b.positions.push_back(static_cast<int32_t>(i));
+  b.chunks.push_back(ch);
+  return b;
+}
+
+// One decode token for each of the first `seqs` sequences: sequence s has contexts[s] cached
+// tokens of `prompt` in tables[s] and decodes prompt[contexts[s]].
+ForwardBatch decode_batch(int64_t seqs, const std::vector<int64_t>& contexts,
+                          const std::vector<std::vector<PageId>>& tables,
+                          const std::vector<TokenId>& prompt) {
+  ForwardBatch b;
+  for (int64_t s = 0; s < seqs; ++s) {
+    const auto i = static_cast<size_t>(s);
+    SeqChunk ch;
+    ch.seq = s;
+    ch.num_cached = static_cast<int32_t>(contexts[i]);
+    ch.num_tokens = 1;
+    ch.token_offset = b.num_tokens();
+    ch.block_table = tables[i];
+    ch.wants_logits = true;
+    b.tokens.push_back(prompt[static_cast<size_t>(contexts[i])]);
+    b.positions.push_back(static_cast<int32_t>(contexts[i]));
+    b.chunks.push_back(ch);
+  }
+  return b;
+}
+
 // (b)-(d) for one mode.
 void bench_forward(const ModelConfig& c, const TensorStore& store, const Options& o,
                    bool deterministic, double bound) {
@@ -300,22 +360,7 @@ void bench_forward(const ModelConfig& c, const TensorStore& store, const Options
   for (int64_t tokens : o.prefill) {
     const int64_t per_seq = std::min<int64_t>(o.prompt_len, tokens);
     const PageId first = next_page;
-    ForwardBatch b;
-    for (int64_t s = 0; s * per_seq < tokens; ++s) {
-      const int64_t n = std::min(per_seq, tokens - s * per_seq);
-      SeqChunk ch;
-      ch.seq = s;
-      ch.num_tokens = static_cast<int32_t>(n);
-      ch.token_offset = b.num_tokens();
-      ch.wants_logits = true;
-      ch.block_table = take_pages((n + page - 1) / page);
-      const auto t = random_tokens(n);
-      for (int64_t i = 0; i < n; ++i) {
-        b.tokens.push_back(t[i]);
-        b.positions.push_back(static_cast<int32_t>(i));
-      }
-      b.chunks.push_back(ch);
-    }
+    const ForwardBatch b = prefill_batch(tokens, per_seq, page, next_page, random_tokens);
     std::vector<float> logits(b.num_logit_rows() * c.vocab_size);
     CpuOpTimes ops;
     const double t = median_forward(o.reps, *backend, b, logits, ops);
@@ -329,16 +374,7 @@ void bench_forward(const ModelConfig& c, const TensorStore& store, const Options
   // Decode-only: one template prompt of max_ctx tokens is prefilled once; every decode sequence
   // gets its own copies of its pages (copy_page), so attention reads distinct memory.
   Seq tmpl{random_tokens(max_ctx + 1), take_pages(pages_per_seq)};
-  {
-    ForwardBatch b;
-    SeqChunk ch;
-    ch.num_tokens = static_cast<int32_t>(max_ctx);
-    ch.block_table = tmpl.pages;
-    b.tokens.assign(tmpl.tokens.begin(), tmpl.tokens.begin() + max_ctx);
-    for (int64_t i = 0; i < max_ctx; ++i) b.positions.push_back(static_cast<int32_t>(i));
-    b.chunks.push_back(ch);
-    backend->forward(b, {});
-  }
+  backend->forward(template_batch(tmpl.tokens, max_ctx, tmpl.pages), {});
   std::vector<int64_t> contexts(max_decode);
   std::vector<std::vector<PageId>> tables(max_decode);
   for (int64_t s = 0; s < max_decode; ++s) {
@@ -347,21 +383,8 @@ void bench_forward(const ModelConfig& c, const TensorStore& store, const Options
     for (size_t p = 0; p < tables[s].size(); ++p) backend->copy_page(tmpl.pages[p], tables[s][p]);
   }
   for (int64_t batch : o.decode) {
-    ForwardBatch b;
-    int64_t ctx_sum = 0;
-    for (int64_t s = 0; s < batch; ++s) {
-      SeqChunk ch;
-      ch.seq = s;
-      ch.num_cached = static_cast<int32_t>(contexts[s]);
-      ch.num_tokens = 1;
-      ch.token_offset = b.num_tokens();
-      ch.block_table = tables[s];
-      ch.wants_logits = true;
-      b.tokens.push_back(tmpl.tokens[contexts[s]]);
-      b.positions.push_back(static_cast<int32_t>(contexts[s]));
-      b.chunks.push_back(ch);
-      ctx_sum += contexts[s];
-    }
+    const ForwardBatch b = decode_batch(batch, contexts, tables, tmpl.tokens);
+    const int64_t ctx_sum = std::accumulate(contexts.begin(), contexts.begin() + batch, int64_t{0});
     std::vector<float> logits(b.num_logit_rows() * c.vocab_size);
     CpuOpTimes ops;
     const double t = median_forward(o.reps, *backend, b, logits, ops);
@@ -391,49 +414,22 @@ void bench_overlap(const ModelConfig& c, const TensorStore& store, const Options
     return make_cpu_backend(c, store, bo, o.f32_gemm);
   };
   // The compute-heavy step: prompts of o.prompt_len tokens, p in all.
-  ForwardBatch prefill;
   PageId next = 0;
-  for (int64_t s = 0; s * o.prompt_len < p; ++s) {
-    const int64_t n = std::min(o.prompt_len, p - s * o.prompt_len);
-    SeqChunk ch;
-    ch.seq = s;
-    ch.num_tokens = static_cast<int32_t>(n);
-    ch.token_offset = prefill.num_tokens();
-    ch.wants_logits = true;
-    for (int64_t k = 0; k < (n + page - 1) / page; ++k) ch.block_table.push_back(next++);
-    const auto t = random_tokens(n);
-    for (int64_t i = 0; i < n; ++i) {
-      prefill.tokens.push_back(t[static_cast<size_t>(i)]);
-      prefill.positions.push_back(static_cast<int32_t>(i));
-    }
-    prefill.chunks.push_back(ch);
-  }
+  const ForwardBatch prefill = prefill_batch(p, o.prompt_len, page, next, random_tokens);
   const int64_t prefill_pages = next;
-  // The memory-heavy step: seqs decodes, each over its own copy of a ctx-token prompt.
+  // The memory-heavy step: seqs decodes, each over its own copy of a ctx-token prompt held in
+  // pages [0, ctx_pages).
   const std::vector<TokenId> prompt = random_tokens(ctx + 1);
-  ForwardBatch decode;
-  for (int64_t s = 0; s < seqs; ++s) {
-    SeqChunk ch;
-    ch.seq = s;
-    ch.num_cached = static_cast<int32_t>(ctx);
-    ch.num_tokens = 1;
-    ch.token_offset = decode.num_tokens();
-    ch.wants_logits = true;
-    for (int64_t k = 0; k < ctx_pages; ++k) ch.block_table.push_back((s + 1) * ctx_pages + k);
-    decode.tokens.push_back(prompt[static_cast<size_t>(ctx)]);
-    decode.positions.push_back(static_cast<int32_t>(ctx));
-    decode.chunks.push_back(ch);
-  }
+  std::vector<std::vector<PageId>> tables(static_cast<size_t>(seqs + 1));
+  for (int64_t s = 0; s <= seqs; ++s)
+    for (int64_t k = 0; k < ctx_pages; ++k)
+      tables[static_cast<size_t>(s)].push_back(static_cast<PageId>(s * ctx_pages + k));
+  const std::vector<int64_t> contexts(static_cast<size_t>(seqs), ctx);
+  const ForwardBatch decode = decode_batch(
+      seqs, contexts, std::vector<std::vector<PageId>>(tables.begin() + 1, tables.end()), prompt);
   const int64_t decode_pages = (seqs + 1) * ctx_pages;
-  auto fill_kv = [&](Backend& b) {  // prefill the prompt into pages [0, ctx_pages), copy it
-    ForwardBatch f;
-    SeqChunk ch;
-    ch.num_tokens = static_cast<int32_t>(ctx);
-    for (int64_t k = 0; k < ctx_pages; ++k) ch.block_table.push_back(static_cast<PageId>(k));
-    f.tokens.assign(prompt.begin(), prompt.begin() + ctx);
-    for (int64_t i = 0; i < ctx; ++i) f.positions.push_back(static_cast<int32_t>(i));
-    f.chunks.push_back(ch);
-    b.forward(f, {});
+  auto fill_kv = [&](Backend& b) {  // the prompt into pages [0, ctx_pages), then copied
+    b.forward(template_batch(prompt, ctx, tables[0]), {});
     for (int64_t s = 1; s <= seqs; ++s)
       for (int64_t k = 0; k < ctx_pages; ++k)
         b.copy_page(static_cast<PageId>(k), static_cast<PageId>(s * ctx_pages + k));
