@@ -150,18 +150,21 @@ void run_simulate(const SimulateArgs& args) {
     // simulation pays, so an overlapped run can reach 1.0 of it and no more.
     const double shared_compute = (1 - st.sharing_optimal) * st.compute_seconds;
     const double ideal = std::max(shared_compute, st.memory_seconds);
-    const double optimal =
-        ideal + hw.overlap_interference * std::min(shared_compute, st.memory_seconds);
+    auto practical = [&](double memory_seconds) {  // a whole run priced as one overlapped step
+      return StepCost{.compute_seconds = shared_compute,
+                      .memory_seconds = memory_seconds,
+                      .interference = hw.overlap_interference}
+          .overlapped();
+    };
+    const double optimal = practical(st.memory_seconds);
     // T_o leaves out that every step also reads the weights. No step reads more KV than the
     // KV memory holds, so the run needs at least T_mem BW / M steps and reads the weights that
-    // often: memory time of at least T_mem (1 + W / (tp M)). The same practical optimum with
-    // that memory time is what any order can reach under the cost model.
-    const double capacity_memory =
-        st.memory_seconds *
-        (1 + static_cast<double>(shape->weight_bytes) / args.tensor_parallel / kv_memory);
+    // often: memory time of at least T_mem (1 + W / (tp M)). With that memory time the same
+    // practical optimum is about the most an order can reach under the cost model (not a strict
+    // bound: a run pays the interference step by step, which can add up to less).
     const double capacity_optimal =
-        std::max(shared_compute, capacity_memory) +
-        hw.overlap_interference * std::min(shared_compute, capacity_memory);
+        practical(st.memory_seconds * (1 + static_cast<double>(shape->weight_bytes) /
+                                               args.tensor_parallel / kv_memory));
     const nlohmann::json j = {
         {"policy", entry},
         {"overlap", overlap_name},
