@@ -212,6 +212,18 @@ double DualScanner::end_spacing(size_t i) const {
                                   : 0;
 }
 
+std::optional<double> DualScanner::end_too_close(double end, double spacing) const {
+  if (spacing < 1) return std::nullopt;
+  // Two requests' ends must lie the smaller of their spacings apart (a short request's end
+  // matters little to a long one's footprint).
+  for (auto e = right_ends_.lower_bound(end - spacing);
+       e != right_ends_.end() && e->first < end + spacing; ++e) {
+    const double apart = std::min(spacing, e->second);
+    if (std::abs(e->first - end) < apart) return e->first - apart;
+  }
+  return std::nullopt;
+}
+
 double DualScanner::left_reservation(size_t i) const {
   const double unique_prompt = dense_tokens_[i] - estimated_output_[i];
   return (unique_prompt + estimated_output_[i] / 2) * cost_.kv_bytes_per_token_per_device();
@@ -385,23 +397,10 @@ std::optional<int32_t> DualScanner::next_paced() {
     // A request that needs as many steps as the rest of the run has no slack: it does not wait
     // for a free end.
     const bool urgent = estimated_output_[i] * pacing_.step_tokens >= pacing_.remaining_dense;
-    const double end = static_cast<double>(step_) + estimated_output_[i];
-    const double spacing = end_spacing(i);
-    if (!idle && !urgent && spacing >= 1) {
-      // Two requests' ends must lie the smaller of their spacings apart (a short request's
-      // end matters little to a long one's footprint).
-      double conflict = -1, apart = 0;
-      for (auto e = right_ends_.lower_bound(end - spacing);
-           e != right_ends_.end() && e->first < end + spacing; ++e) {
-        const double need = std::min(spacing, e->second);
-        if (std::abs(e->first - end) < need) {
-          conflict = e->first;
-          apart = need;
-          break;
-        }
-      }
-      if (conflict >= 0) {  // try the longest that ends that far before it
-        it = memory_waiting_.lower_bound({-(conflict - apart - static_cast<double>(step_)), 0});
+    if (!idle && !urgent) {
+      const auto step = static_cast<double>(step_);
+      if (const auto before = end_too_close(step + estimated_output_[i], end_spacing(i))) {
+        it = memory_waiting_.lower_bound({-(*before - step), 0});  // the longest ending before
         continue;
       }
     }

@@ -165,6 +165,9 @@ class DualScanner : public AdmissionStream {
   double right_footprint_after(double steps) const;
   // Steps that must lie between request i's projected end and another's (memory-intensive).
   double end_spacing(size_t i) const;
+  // When a running memory-intensive request is projected to end too close to `end` (the
+  // smaller of their spacings apart), the step a candidate must end before; else nullopt.
+  std::optional<double> end_too_close(double end, double spacing) const;
   // Average footprint of a compute-intensive request: unique prompt + d/2 tokens.
   double left_reservation(size_t request) const;
   // Token-steps of KV a request still holds from age `age` on (p + k for k = age .. d).
