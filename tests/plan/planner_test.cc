@@ -411,6 +411,15 @@ TEST(CapacityPacing, MemoryIntensiveRequestsStayWithinTheirProjectedPeak) {
   EXPECT_TRUE(run.shorter_before_longer);
 }
 
+// The first `count` of `ends`, in order, lie at least half a spacing apart.
+void expect_first_ends_apart(std::vector<int64_t> ends, size_t count, double spacing) {
+  std::sort(ends.begin(), ends.end());
+  ASSERT_GE(ends.size(), count);
+  for (size_t k = 1; k < count; ++k)
+    EXPECT_GE(static_cast<double>(ends[k] - ends[k - 1]), spacing / 2)
+        << "ends " << ends[k - 1] << " and " << ends[k] << ", spacing " << spacing;
+}
+
 TEST(CapacityPacing, MemoryIntensiveRequestsEndApart) {
   // Twelve memory-intensive requests of one length. Started together they would grow together
   // and end together, and the KV they fill would swing from their prompts to their peak every
@@ -429,13 +438,9 @@ TEST(CapacityPacing, MemoryIntensiveRequestsEndApart) {
   const PacedRun run = run_paced(scanner, rs);
   ASSERT_EQ(run.right_ends.size(), 12u);
   EXPECT_GT(run.max_right_running, 1u);  // they do overlap
-  std::vector<int64_t> ends = run.right_ends;
-  std::sort(ends.begin(), ends.end());
   // The last few, short of time (d b >= D), may start and end together; the first nine may not
   // (all at once, six of them ended at step 999 and three at 1999).
-  for (size_t k = 1; k < 9; ++k)
-    EXPECT_GE(static_cast<double>(ends[k] - ends[k - 1]), spacing / 2)
-        << "ends " << ends[k - 1] << " and " << ends[k] << ", spacing " << spacing;
+  expect_first_ends_apart(run.right_ends, 9, spacing);
 }
 
 TEST(CapacityPacing, ShortMemoryIntensiveRequestsDoNotSetTheLongOnesSpacing) {
@@ -463,10 +468,7 @@ TEST(CapacityPacing, ShortMemoryIntensiveRequestsDoNotSetTheLongOnesSpacing) {
     if (rs[static_cast<size_t>(run.right_ended[k])].output_tokens == 1000)
       long_ends.push_back(run.right_ends[k]);
   ASSERT_EQ(long_ends.size(), 12u);
-  std::sort(long_ends.begin(), long_ends.end());
-  for (size_t k = 1; k < 9; ++k)
-    EXPECT_GE(static_cast<double>(long_ends[k] - long_ends[k - 1]), spacing / 2)
-        << "ends " << long_ends[k - 1] << " and " << long_ends[k] << ", spacing " << spacing;
+  expect_first_ends_apart(long_ends, 9, spacing);
 }
 
 }  // namespace
