@@ -404,9 +404,19 @@ void Scheduler::schedule_hybrid(StepPlan& plan, int32_t& budget, double now) {
     }
   };
   for (Sequence* seq : running_) add(seq);
-  // Waiting requests are looked at in arrival order, a bounded number per step.
-  const size_t look = std::min(waiting_.size(), static_cast<size_t>(options_.max_running) * 2);
-  for (size_t i = 0; i < look; ++i) add(waiting_[i]);
+  // Waiting requests are looked at in arrival order, a bounded number of each class per step:
+  // BROS keeps RT and BE in queues of their own, so an RT request arriving behind a large BE
+  // job must be seen at once (one bound over both let a 1,024-request job hide every RT arrival
+  // behind it: 55% TTFT attainment at 1 RT/s on the simulator).
+  const size_t look = static_cast<size_t>(options_.max_running) * 2;
+  size_t rt_seen = 0, be_seen = 0;
+  for (size_t i = 0; i < waiting_.size() && (rt_seen < look || be_seen < look); ++i) {
+    size_t& seen = waiting_[i]->request_class == RequestClass::kRealtime ? rt_seen : be_seen;
+    if (seen < look) {
+      add(waiting_[i]);
+      ++seen;
+    }
+  }
   const HybridSelection sel = hybrid_.select(rt, be, now, pool_.num_available());
   // An RT request short of KV pages makes room by dropping BE sequences (recompute), those
   // waiting to restore checkpointed pages first (they already lost part of their KV), then

@@ -284,6 +284,29 @@ TEST(Scheduler, HybridRunsRealTimeWhenItsDeadlineNearsAndBestEffortOtherwise) {
   apply(sched, p2);
 }
 
+// BROS keeps RT and BE waiting requests in queues of their own: an RT request that arrives
+// behind a BE job larger than the scheduler's look-ahead still runs in the next step.
+TEST(Scheduler, HybridSeesRealTimeArrivalsBehindALargeBestEffortJob) {
+  PagePool pool(1000, 4);
+  SchedulerOptions o = hybrid_options(4);
+  o.max_running = 4;  // the look-ahead is a multiple of the running-set limit
+  Scheduler sched(pool, o);
+  std::vector<std::unique_ptr<Sequence>> be;
+  for (int i = 0; i < 40; ++i) {
+    be.push_back(make_seq(10 + i, 8, 50));
+    be.back()->request_class = RequestClass::kBestEffort;
+    sched.add(be.back().get());
+  }
+  auto rt = make_seq(1, 8, 50);
+  rt->arrival_time = 0;
+  rt->ttft_slo = 0.05;  // under two iterations away: no BE request may take its place
+  sched.add(rt.get());
+  StepPlan p = sched.schedule(0.0);
+  ASSERT_FALSE(p.chunks.empty());
+  EXPECT_EQ(p.chunks[0].seq, rt.get());
+  apply(sched, p);
+}
+
 TEST(Scheduler, RoundRobinAlternatesClasses) {
   PagePool pool(100, 4);
   SchedulerOptions o;
