@@ -12,12 +12,16 @@ EngineLoop::EngineLoop(std::unique_ptr<Engine> engine, StepHook after_step)
 }
 
 EngineLoop::~EngineLoop() {
+  stop();
+}
+
+void EngineLoop::stop() {
   {
     std::lock_guard lock(mu_);
     stop_ = true;
   }
   cv_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 void EngineLoop::post(Task task) {

@@ -22,7 +22,10 @@ class EngineLoop {
   // Starts the thread. `after_step` (optional) runs on it after every step, and after posted
   // closures when no step follows them.
   EngineLoop(std::unique_ptr<Engine> engine, StepHook after_step = {});
-  ~EngineLoop();  // stops; requests still in the engine are dropped without callbacks
+  ~EngineLoop();  // stop()s; requests still in the engine are dropped without callbacks
+  // Ends the thread after the step or closure it is running (whose callbacks still run, so
+  // what they use must outlive this call). Idempotent.
+  void stop();
   EngineLoop(const EngineLoop&) = delete;
   EngineLoop& operator=(const EngineLoop&) = delete;
 

@@ -724,7 +724,10 @@ Server::Server(const ServerOptions& options) : impl_(std::make_unique<Impl>(opti
 Server::~Server() {
   stop();
   if (impl_->serve_thread.joinable()) impl_->serve_thread.join();
-  // The engine thread runs callbacks that use the rest of Impl: stop it first.
+  // The engine thread runs callbacks that use the rest of Impl, `loop` included: stop it while
+  // all of that still exists. (Resetting `loop` alone nulled it before joining the thread, and a
+  // batch line finishing in the last step then crashed on loop->engine().)
+  impl_->loop->stop();
   impl_->loop.reset();
 }
 
