@@ -67,8 +67,11 @@ CostModel::CostModel(ModelShape shape, Hardware hardware)
 }
 
 double CostModel::request_compute_seconds(double p, double d) const {
+  // Attention FLOPs scaled by 1 / attention_efficiency run at its rate (and the result stays
+  // bit-identical when it is 1, as on every GPU preset).
   const double flops = 2 * (p + d) * static_cast<double>(shape_.matmul_parameters) +
-                       4 * p * p * static_cast<double>(shape_.hidden_size * shape_.num_layers);
+                       4 * p * p * static_cast<double>(shape_.hidden_size * shape_.num_layers) /
+                           hardware_.attention_efficiency;
   return flops / (hardware_.effective_compute() * shape_.tensor_parallel);
 }
 
@@ -116,7 +119,7 @@ StepCost CostModel::estimate_step(const StepShape& step) const {
   const double flops =
       2 * dense_tokens * static_cast<double>(shape_.matmul_parameters - shape_.lm_head_parameters) +
       2 * rows * static_cast<double>(shape_.lm_head_parameters) +
-      4 * static_cast<double>(step.prefill_attention_pairs) * hl;
+      4 * static_cast<double>(step.prefill_attention_pairs) * hl / hardware_.attention_efficiency;
   cost.compute_seconds = flops / tp / hardware_.effective_compute();
   const double kv_read = static_cast<double>(step.decode_context_tokens) *
                          static_cast<double>(shape_.kv_bytes_per_token());

@@ -48,6 +48,7 @@ void Hardware::validate() const {
   positive(network_bandwidth, "network_bandwidth_gb_s");
   positive(memory_bytes, "memory_gb");
   positive(compute_efficiency, "fit.compute_efficiency");
+  positive(attention_efficiency, "fit.attention_efficiency");
   positive(bandwidth_efficiency, "fit.bandwidth_efficiency");
   if (step_overhead_seconds < 0) throw Error("hardware profile: fit.step_overhead_seconds < 0");
   if (per_logit_row_seconds < 0) throw Error("hardware profile: fit.per_logit_row_seconds < 0");
@@ -67,6 +68,7 @@ Hardware Hardware::from_json(const nlohmann::json& j) {
     const nlohmann::json& fit = j["fit"];
     if (!fit.is_object()) throw Error("hardware profile: \"fit\" must be an object");
     h.compute_efficiency = fit.value("compute_efficiency", 1.0);
+    h.attention_efficiency = fit.value("attention_efficiency", 1.0);
     h.bandwidth_efficiency = fit.value("bandwidth_efficiency", 1.0);
     h.step_overhead_seconds = fit.value("step_overhead_seconds", 0.0);
     h.per_logit_row_seconds = fit.value("per_logit_row_seconds", 0.0);
@@ -84,6 +86,7 @@ nlohmann::json Hardware::to_json() const {
           {"memory_gb", memory_bytes / kGiga},
           {"fit",
            {{"compute_efficiency", compute_efficiency},
+            {"attention_efficiency", attention_efficiency},
             {"bandwidth_efficiency", bandwidth_efficiency},
             {"step_overhead_seconds", step_overhead_seconds},
             {"per_logit_row_seconds", per_logit_row_seconds},

@@ -24,6 +24,9 @@ struct Hardware {
   // Fitted coefficients (1, 1, 0 = the datasheet taken at its word). The achieved rate is the
   // peak times the efficiency; every step pays `step_overhead_seconds` on top.
   double compute_efficiency = 1.0;
+  // Prefill attention (its 4 pairs H L FLOPs) runs at compute x compute_efficiency x this: on a
+  // CPU it reaches about half the GEMMs' rate (measured by `blend profile`; docs/BENCHMARKS.md).
+  double attention_efficiency = 1.0;
   double bandwidth_efficiency = 1.0;
   double step_overhead_seconds = 0.0;
   // Host work per sampled row outside the forward pass (sampling over the vocabulary,
@@ -41,7 +44,8 @@ struct Hardware {
   void validate() const;
 
   // {"name", "compute_tflops", "memory_bandwidth_gb_s", "network_bandwidth_gb_s",
-  //  "memory_gb", optional "fit": {"compute_efficiency", "bandwidth_efficiency",
+  //  "memory_gb", optional "fit": {"compute_efficiency", "attention_efficiency",
+  //  "bandwidth_efficiency",
   //  "step_overhead_seconds", "per_logit_row_seconds", "overlap_interference"}} with
   //  GB = 1e9 bytes.
   static Hardware from_json(const nlohmann::json& j);

@@ -181,6 +181,7 @@ SeqId Engine::submit(GenerationRequest request, Callback on_done, TokenCallback 
   a->seq.ttft_slo = request.ttft_slo.value_or(options_.ttft_slo);
   a->seq.tpot_slo = request.tpot_slo.value_or(options_.tpot_slo);
   a->seq.arrival_time = a->seq.last_token_time = request.arrival_time.value_or(now());
+  a->seq.simulated_output_tokens = request.simulated_output_tokens.value_or(-1);
   a->request_id = std::move(request.id);
   a->on_done = std::move(on_done);
   a->on_token = std::move(on_token);
@@ -231,7 +232,9 @@ bool Engine::append_token(Active& a, const SampledToken& sampled) {
                                  sampled.token) != config_.eos_token_ids.end();
   const bool is_stop_id = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(),
                                     sampled.token) != p.stop_token_ids.end();
-  if (is_eos || is_stop_id) {
+  const bool simulated_eos =
+      seq.simulated_output_tokens >= 0 && seq.num_generated() >= seq.simulated_output_tokens;
+  if (is_eos || is_stop_id || simulated_eos) {
     seq.finish = FinishReason::kStop;
     return true;
   }

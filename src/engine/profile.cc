@@ -1,7 +1,6 @@
 #include "engine/profile.h"
 
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <cmath>
 
@@ -15,28 +14,59 @@ double seconds_now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Least squares for y = X beta with 3 columns (normal equations, Gaussian elimination).
-std::array<double, 3> fit3(const std::vector<std::array<double, 3>>& x,
-                           const std::vector<double>& y) {
-  double a[3][4] = {};
+// Least squares for y = X beta (normal equations, Gaussian elimination with partial pivoting).
+std::vector<double> least_squares(const std::vector<std::vector<double>>& x,
+                                  const std::vector<double>& y) {
+  const size_t k = x.empty() ? 0 : x[0].size();
+  std::vector<std::vector<double>> a(k, std::vector<double>(k + 1, 0.0));
   for (size_t r = 0; r < x.size(); ++r)
-    for (int i = 0; i < 3; ++i) {
-      for (int j = 0; j < 3; ++j) a[i][j] += x[r][i] * x[r][j];
-      a[i][3] += x[r][i] * y[r];
+    for (size_t i = 0; i < k; ++i) {
+      for (size_t j = 0; j < k; ++j) a[i][j] += x[r][i] * x[r][j];
+      a[i][k] += x[r][i] * y[r];
     }
-  for (int c = 0; c < 3; ++c) {
-    int pivot = c;
-    for (int r = c + 1; r < 3; ++r)
+  for (size_t c = 0; c < k; ++c) {
+    size_t pivot = c;
+    for (size_t r = c + 1; r < k; ++r)
       if (std::fabs(a[r][c]) > std::fabs(a[pivot][c])) pivot = r;
     std::swap(a[c], a[pivot]);
     if (std::fabs(a[c][c]) < 1e-300) throw Error("profile: the measurements cannot be fitted");
-    for (int r = 0; r < 3; ++r) {
+    for (size_t r = 0; r < k; ++r) {
       if (r == c) continue;
       const double f = a[r][c] / a[c][c];
-      for (int k = c; k < 4; ++k) a[r][k] -= f * a[c][k];
+      for (size_t q = c; q <= k; ++q) a[r][q] -= f * a[c][q];
     }
   }
-  return {a[0][3] / a[0][0], a[1][3] / a[1][1], a[2][3] / a[2][2]};
+  std::vector<double> beta(k);
+  for (size_t i = 0; i < k; ++i) beta[i] = a[i][k] / a[i][i];
+  return beta;
+}
+
+// Least squares with every coefficient >= 0: a column whose coefficient comes out negative is
+// dropped (its coefficient 0) and the rest refitted. A negative rate or overhead has no meaning
+// in the cost model, and clamping one after the fit (as before) left the others fitted to it.
+std::vector<double> nonnegative_least_squares(const std::vector<std::vector<double>>& x,
+                                              const std::vector<double>& y) {
+  const size_t k = x.empty() ? 0 : x[0].size();
+  std::vector<bool> kept(k, true);
+  for (;;) {
+    std::vector<size_t> cols;
+    for (size_t c = 0; c < k; ++c)
+      if (kept[c]) cols.push_back(c);
+    if (cols.empty()) return std::vector<double>(k, 0.0);
+    std::vector<std::vector<double>> sub(x.size());
+    for (size_t r = 0; r < x.size(); ++r)
+      for (size_t c : cols) sub[r].push_back(x[r][c]);
+    const std::vector<double> b = least_squares(sub, y);
+    size_t most_negative = k;
+    for (size_t i = 0; i < cols.size(); ++i)
+      if (b[i] < 0 && (most_negative == k || b[i] < b[most_negative])) most_negative = i;
+    if (most_negative == k) {
+      std::vector<double> beta(k, 0.0);
+      for (size_t i = 0; i < cols.size(); ++i) beta[cols[i]] = b[i];
+      return beta;
+    }
+    kept[cols[most_negative]] = false;
+  }
 }
 
 StepShape shape_of(const ProfilePoint& p) {
@@ -116,24 +146,32 @@ BackendProfile profile_backend(Backend& backend, const ModelShape& shape,
     }
   if (out.points.size() < 4) throw Error("profile: too few steps fit in the KV memory");
 
-  // Hardware fit: t = flops / C + bytes / B + overhead.
+  // Hardware fit: t = GEMM FLOPs / C + attention FLOPs / C_attn + bytes / B + overhead. Prefill
+  // attention has a rate of its own: with one rate for both, small prefills came out 15% too
+  // slow and the fit's mean error was 11-17%; with two it is 3-6% (docs/BENCHMARKS.md).
   Hardware unit;
   unit.name = "unit";
   unit.compute_flops = unit.memory_bandwidth = unit.network_bandwidth = unit.memory_bytes = 1;
   const CostModel unit_model(shape, unit);  // compute/memory seconds at 1 FLOP/s, 1 B/s
-  std::vector<std::array<double, 3>> x;
+  std::vector<std::vector<double>> x;
   std::vector<double> y;
   for (const ProfilePoint& p : out.points) {
-    const StepCost c = unit_model.estimate_step(shape_of(p));
-    x.push_back({c.compute_seconds, c.memory_seconds, 1.0});
+    const StepShape with_attention = shape_of(p);
+    StepShape without = with_attention;
+    without.prefill_attention_pairs = 0;
+    const StepCost all = unit_model.estimate_step(with_attention);
+    const double gemm = unit_model.estimate_step(without).compute_seconds;
+    x.push_back({gemm, all.compute_seconds - gemm, all.memory_seconds, 1.0});
     y.push_back(p.measured_seconds);
   }
-  const auto beta = fit3(x, y);
+  const auto beta = nonnegative_least_squares(x, y);
   out.hardware.name = "profile:" + backend.name();
   out.hardware.compute_flops = beta[0] > 0 ? 1 / beta[0] : 1e18;
-  out.hardware.memory_bandwidth = beta[1] > 0 ? 1 / beta[1] : 1e18;
+  out.hardware.attention_efficiency =
+      (beta[1] > 0 ? 1 / beta[1] : 1e18) / out.hardware.compute_flops;
+  out.hardware.memory_bandwidth = beta[2] > 0 ? 1 / beta[2] : 1e18;
   out.hardware.network_bandwidth = 1e18;  // one device
-  out.hardware.step_overhead_seconds = std::max(0.0, beta[2]);
+  out.hardware.step_overhead_seconds = beta[3];
   out.hardware.memory_bytes = 0;
   const CostModel fitted(shape, [&] {
     Hardware h = out.hardware;
@@ -163,7 +201,7 @@ BackendProfile profile_backend(Backend& backend, const ModelShape& shape,
   }
 
   // BROS iteration model, per phase.
-  std::vector<std::array<double, 3>> xp, xd;
+  std::vector<std::vector<double>> xp, xd;
   std::vector<double> yp, yd;
   for (const ProfilePoint& p : out.points) {
     if (p.kind == "prefill") {
@@ -176,12 +214,12 @@ BackendProfile profile_backend(Backend& backend, const ModelShape& shape,
   }
   if (xp.size() >= 3) {
     // Linear in tokens as BROS fits it; the quadratic column only soaks up attention.
-    const auto f = fit3(xp, yp);
+    const auto f = least_squares(xp, yp);
     out.iteration.prefill_base = std::max(0.0, f[0]);
     out.iteration.prefill_per_token = std::max(0.0, f[1] + f[2] * 512);
   }
   if (xd.size() >= 3) {
-    const auto f = fit3(xd, yd);
+    const auto f = least_squares(xd, yd);
     out.iteration.decode_base = std::max(0.0, f[0]);
     out.iteration.decode_per_token = std::max(0.0, f[1]);
     out.iteration.decode_per_context_token = std::max(0.0, f[2]);

@@ -1,8 +1,9 @@
 // Profiling a backend (`blend profile`): times forward passes of prefill-only and decode-only
 // steps of several sizes on the machine at hand and fits
-//  - the cost model's hardware (DESIGN.md §3): t = FLOPs / compute + bytes / bandwidth +
-//    overhead, the three coefficients by least squares (a CPU runs GEMMs and attention one after
-//    the other, so the terms add up);
+//  - the cost model's hardware (DESIGN.md §3): t = GEMM FLOPs / compute + prefill attention
+//    FLOPs / attention compute + bytes / bandwidth + overhead, the four coefficients by least
+//    squares, none negative (a CPU runs GEMMs and attention one after the other, so the terms
+//    add up);
 //  - BROS's iteration model (§4.1): prefill t = a + b x tokens; decode t = a + b x sequences +
 //    c x context tokens;
 // and reports, per measured step, the estimate against the measurement (the cost model's
@@ -27,8 +28,8 @@ struct ProfilePoint {
 };
 
 struct BackendProfile {
-  Hardware hardware;                             // fitted: compute, bandwidth, step overhead
-  IterationCostModel iteration;                  // fitted BROS linear models
+  Hardware hardware;             // fitted: compute, attention efficiency, bandwidth, step overhead
+  IterationCostModel iteration;  // fitted BROS linear models
   std::vector<ProfilePoint> points;              // with the fitted estimate beside each measurement
   double mean_abs_error = 0, max_abs_error = 0;  // relative, over the points
 };

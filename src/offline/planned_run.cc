@@ -88,7 +88,14 @@ PlannedRunStats run_planned(Engine& engine, const std::vector<OfflineRequest>& a
       if (!sampled[i]) continue;
       const OfflineRequest& q = all_requests[i];
       ++num_sampled;
-      engine.submit({q.id, q.prompt, q.params, RequestClass::kBestEffort, {}, {}},
+      engine.submit({q.id,
+                     q.prompt,
+                     q.params,
+                     RequestClass::kBestEffort,
+                     {},
+                     {},
+                     {},
+                     q.simulated_output_tokens},
                     [&, i](GenerationResult&& g) {
                       lengths[i] = static_cast<double>(g.tokens.size());
                       if (on_result) on_result(std::move(g));
@@ -161,7 +168,14 @@ PlannedRunStats run_planned(Engine& engine, const std::vector<OfflineRequest>& a
     while (auto r = stream->next()) {
       const OfflineRequest& q = requests[static_cast<size_t>(*r)];
       engine.submit(
-          {q.id, q.prompt, q.params, RequestClass::kBestEffort, {}, {}},
+          {q.id,
+           q.prompt,
+           q.params,
+           RequestClass::kBestEffort,
+           {},
+           {},
+           {},
+           q.simulated_output_tokens},
           [&](GenerationResult&& g) {
             finished.push_back(index_of.at(g.id));
             if (on_result) on_result(std::move(g));

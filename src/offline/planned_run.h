@@ -23,6 +23,7 @@ struct OfflineRequest {
   SamplingParams params;
   double output_estimate = 0;  // what the planner believes (exact when output_known)
   bool output_known = false;
+  std::optional<int32_t> simulated_output_tokens;  // GenerationRequest's, for backend/sim
 };
 
 // Output-length sampling (BlendServe §5.1): before planning, a fraction of the requests whose

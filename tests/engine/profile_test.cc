@@ -43,7 +43,7 @@ class TimedFakeBackend : public Backend {
   double* clock_;
 };
 
-TEST(Profile, RecoversComputeBandwidthAndOverhead) {
+TEST(Profile, RecoversComputeAttentionBandwidthAndOverhead) {
   const ModelConfig config = *find_model_preset("smollm-135m");
   const ModelShape shape = ModelShape::from_config(config, "smollm-135m");
   Hardware truth_hw;
@@ -52,6 +52,7 @@ TEST(Profile, RecoversComputeBandwidthAndOverhead) {
   truth_hw.memory_bandwidth = 20e9;
   truth_hw.network_bandwidth = 1;
   truth_hw.memory_bytes = 1;
+  truth_hw.attention_efficiency = 0.4;  // prefill attention at 280 GFLOP/s
   truth_hw.step_overhead_seconds = 0.002;
   const CostModel truth(shape, truth_hw);
   double clock = 0;
@@ -61,6 +62,7 @@ TEST(Profile, RecoversComputeBandwidthAndOverhead) {
   const BackendProfile p = profile_backend(backend, shape, o);
   EXPECT_GE(p.points.size(), 10u);
   EXPECT_NEAR(p.hardware.compute_flops / 700e9, 1.0, 1e-6);
+  EXPECT_NEAR(p.hardware.attention_efficiency, 0.4, 1e-6);
   EXPECT_NEAR(p.hardware.memory_bandwidth / 20e9, 1.0, 1e-6);
   EXPECT_NEAR(p.hardware.step_overhead_seconds, 0.002, 1e-9);
   EXPECT_LT(p.max_abs_error, 1e-6);

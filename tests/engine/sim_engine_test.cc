@@ -65,6 +65,28 @@ TEST(SimEngine, RunsRequestsToTheirLengthOnAVirtualClock) {
   engine->check_invariants();
 }
 
+// A hidden output length (`blend simulate` without ignore_eos): the request ends at its true
+// length as if the model sampled EOS there, although max_tokens (all the scheduler and planner
+// see) allows far more.
+TEST(SimEngine, AHiddenOutputLengthEndsTheRequestAsEosWould) {
+  auto engine = sim_engine(EngineOptions{});
+  std::map<std::string, GenerationResult> results;
+  for (int length : {3, 9}) {
+    GenerationRequest r;
+    r.id = "len" + std::to_string(length);
+    r.prompt.assign(12, static_cast<TokenId>(100 + length));
+    r.params.max_tokens = 1000;
+    r.simulated_output_tokens = length;
+    engine->submit(std::move(r), [&](GenerationResult&& g) { results[g.id] = std::move(g); });
+  }
+  engine->run_until_done();
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_EQ(results["len3"].tokens.size(), 3u);
+  EXPECT_EQ(results["len9"].tokens.size(), 9u);
+  EXPECT_EQ(results["len3"].finish, FinishReason::kStop);
+  EXPECT_EQ(results["len9"].finish, FinishReason::kStop);
+}
+
 TEST(SimEngine, SharedPrefixesAreComputedOnceInSimulationToo) {
   EngineOptions o;
   auto engine = sim_engine(o);
