@@ -45,9 +45,8 @@ struct Hardware {
 
   // {"name", "compute_tflops", "memory_bandwidth_gb_s", "network_bandwidth_gb_s",
   //  "memory_gb", optional "fit": {"compute_efficiency", "attention_efficiency",
-  //  "bandwidth_efficiency",
-  //  "step_overhead_seconds", "per_logit_row_seconds", "overlap_interference"}} with
-  //  GB = 1e9 bytes.
+  //  "bandwidth_efficiency", "step_overhead_seconds", "per_logit_row_seconds",
+  //  "overlap_interference"}} with GB = 1e9 bytes.
   static Hardware from_json(const nlohmann::json& j);
   nlohmann::json to_json() const;
 };

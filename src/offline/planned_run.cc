@@ -57,6 +57,17 @@ std::vector<char> choose_samples(const std::vector<OfflineRequest>& requests,
   return chosen;
 }
 
+// Offline requests are best-effort work; a simulated one carries its hidden true length.
+GenerationRequest generation_request(const OfflineRequest& q) {
+  GenerationRequest r;
+  r.id = q.id;
+  r.prompt = q.prompt;
+  r.params = q.params;
+  r.request_class = RequestClass::kBestEffort;
+  r.simulated_output_tokens = q.simulated_output_tokens;
+  return r;
+}
+
 }  // namespace
 
 PlannedRunStats run_planned(Engine& engine, const std::vector<OfflineRequest>& all_requests,
@@ -88,18 +99,10 @@ PlannedRunStats run_planned(Engine& engine, const std::vector<OfflineRequest>& a
       if (!sampled[i]) continue;
       const OfflineRequest& q = all_requests[i];
       ++num_sampled;
-      engine.submit({q.id,
-                     q.prompt,
-                     q.params,
-                     RequestClass::kBestEffort,
-                     {},
-                     {},
-                     {},
-                     q.simulated_output_tokens},
-                    [&, i](GenerationResult&& g) {
-                      lengths[i] = static_cast<double>(g.tokens.size());
-                      if (on_result) on_result(std::move(g));
-                    });
+      engine.submit(generation_request(q), [&, i](GenerationResult&& g) {
+        lengths[i] = static_cast<double>(g.tokens.size());
+        if (on_result) on_result(std::move(g));
+      });
     }
     engine.run_until_done();
     double fallback = 0;
@@ -168,14 +171,7 @@ PlannedRunStats run_planned(Engine& engine, const std::vector<OfflineRequest>& a
     while (auto r = stream->next()) {
       const OfflineRequest& q = requests[static_cast<size_t>(*r)];
       engine.submit(
-          {q.id,
-           q.prompt,
-           q.params,
-           RequestClass::kBestEffort,
-           {},
-           {},
-           {},
-           q.simulated_output_tokens},
+          generation_request(q),
           [&](GenerationResult&& g) {
             finished.push_back(index_of.at(g.id));
             if (on_result) on_result(std::move(g));
