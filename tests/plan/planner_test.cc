@@ -444,9 +444,9 @@ TEST(CapacityPacing, MemoryIntensiveRequestsEndApart) {
 }
 
 TEST(CapacityPacing, ShortMemoryIntensiveRequestsDoNotSetTheLongOnesSpacing) {
-  // The same twelve long requests among 400 short memory-intensive ones. Each request's spacing
-  // is its own, d (p + d/2) / M_R, so the short ones (~8 steps against ~100) neither crowd
-  // the long ones' ends nor shrink their spacing: the long ones still end apart.
+  // The same twelve long requests among 200 short memory-intensive ones. Each request's spacing
+  // is its own, d (p + d/2) / M_R, so the short ones (a twelfth of the long ones' spacing)
+  // neither crowd the long ones' ends nor shrink their spacing: the long ones still end apart.
   const CostModel cost = llama8b_a100();
   std::vector<PlanRequest> rs;
   add_unique(rs, 600, 1000, 100);

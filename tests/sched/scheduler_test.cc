@@ -258,19 +258,34 @@ SchedulerOptions hybrid_options(int32_t batch) {
   return o;
 }
 
-TEST(Scheduler, HybridRunsRealTimeWhenItsDeadlineNearsAndBestEffortOtherwise) {
-  PagePool pool(100, 4);
-  Scheduler sched(pool, hybrid_options(2));
+// `count` best-effort sequences (ids 10 on, 8-token prompts, 50 output tokens) waiting in
+// `sched`, in that order.
+std::vector<std::unique_ptr<Sequence>> add_best_effort(Scheduler& sched, int count) {
   std::vector<std::unique_ptr<Sequence>> be;
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < count; ++i) {
     be.push_back(make_seq(10 + i, 8, 50));
     be.back()->request_class = RequestClass::kBestEffort;
     sched.add(be.back().get());
   }
+  return be;
+}
+
+// A real-time sequence (id 1, 8-token prompt) that arrived at 0 with a `ttft_slo` target, added
+// to `sched` behind what waits there.
+std::unique_ptr<Sequence> add_realtime(Scheduler& sched, double ttft_slo) {
   auto rt = make_seq(1, 8, 50);
   rt->arrival_time = 0;
-  rt->ttft_slo = 1.0;  // plenty of time: the BE requests take the batch of 2
+  rt->ttft_slo = ttft_slo;
   sched.add(rt.get());
+  return rt;
+}
+
+TEST(Scheduler, HybridRunsRealTimeWhenItsDeadlineNearsAndBestEffortOtherwise) {
+  PagePool pool(100, 4);
+  Scheduler sched(pool, hybrid_options(2));
+  const auto be = add_best_effort(sched, 3);
+  // Plenty of time: the BE requests take the batch of 2.
+  const auto rt = add_realtime(sched, 1.0);
   StepPlan p1 = sched.schedule(0.0);
   ASSERT_EQ(p1.chunks.size(), 2u);
   for (const auto& c : p1.chunks) EXPECT_EQ(c.seq->request_class, RequestClass::kBestEffort);
@@ -291,16 +306,9 @@ TEST(Scheduler, HybridSeesRealTimeArrivalsBehindALargeBestEffortJob) {
   SchedulerOptions o = hybrid_options(4);
   o.max_running = 4;  // the look-ahead is a multiple of the running-set limit
   Scheduler sched(pool, o);
-  std::vector<std::unique_ptr<Sequence>> be;
-  for (int i = 0; i < 40; ++i) {
-    be.push_back(make_seq(10 + i, 8, 50));
-    be.back()->request_class = RequestClass::kBestEffort;
-    sched.add(be.back().get());
-  }
-  auto rt = make_seq(1, 8, 50);
-  rt->arrival_time = 0;
-  rt->ttft_slo = 0.05;  // under two iterations away: no BE request may take its place
-  sched.add(rt.get());
+  const auto be = add_best_effort(sched, 40);
+  // Under two iterations away: no BE request may take its place.
+  const auto rt = add_realtime(sched, 0.05);
   StepPlan p = sched.schedule(0.0);
   ASSERT_FALSE(p.chunks.empty());
   EXPECT_EQ(p.chunks[0].seq, rt.get());

@@ -363,6 +363,18 @@ class BatchApi : public ServerTest {
            "\n";
   }
 
+  // Polls batch `id` until it is completed (true) or `seconds` pass; `batch` holds the last
+  // answer either way.
+  static bool completed(httplib::Client& c, const std::string& id, json& batch,
+                        double seconds = 60) {
+    return poll(
+        [&] {
+          batch = get(c, "/v1/batches/" + id);
+          return batch.is_object() && batch["status"] == "completed";
+        },
+        seconds);
+  }
+
   static std::map<std::string, json> results(httplib::Client& c, const json& batch) {
     std::map<std::string, json> out;
     auto r =
@@ -399,10 +411,7 @@ TEST_F(BatchApi, UploadRunPollAndDownload) {
   EXPECT_EQ(created["object"], "batch");
   const std::string id = created["id"];
   json batch;
-  ASSERT_TRUE(poll([&] {
-    batch = get(c, "/v1/batches/" + id);
-    return batch.is_object() && batch["status"] == "completed";
-  })) << batch.dump();
+  ASSERT_TRUE(completed(c, id, batch)) << batch.dump();
   EXPECT_EQ(batch["request_counts"]["total"], 3);
   EXPECT_EQ(batch["request_counts"]["completed"], 2);
   EXPECT_EQ(batch["request_counts"]["failed"], 1);
@@ -454,13 +463,7 @@ TEST_F(BatchApi, ARestartedServerResumesAnUnfinishedBatch) {
   auto server = start(options("batch2"));
   auto c = client(*server);
   json batch;
-  ASSERT_TRUE(poll(
-      [&] {
-        batch = get(c, "/v1/batches/" + id);
-        return batch.is_object() && batch["status"] == "completed";
-      },
-      300))
-      << batch.dump();
+  ASSERT_TRUE(completed(c, id, batch, 300)) << batch.dump();
   EXPECT_EQ(batch["request_counts"]["total"], n);
   EXPECT_EQ(batch["request_counts"]["completed"], n);
   const auto out = results(c, batch);
@@ -491,20 +494,14 @@ TEST_F(BatchApi, StoppingWhileLinesFinishLosesNoResult) {
     ASSERT_TRUE(poll([&] {
       return get(c, "/v1/batches/" + created)["request_counts"]["completed"].get<int>() >= 1;
     }));
-    // Stopped mid-batch (the batch is too long to finish in the poll above): keep this one.
+    // Kept only if the server stops with this batch still running.
     if (get(c, "/v1/batches/" + created)["status"] == "in_progress") id = created;
   }
   ASSERT_FALSE(id.empty()) << "every batch finished before the server stopped";
   auto server = start(options("batch-stop"));
   auto c = client(*server);
   json batch;
-  ASSERT_TRUE(poll(
-      [&] {
-        batch = get(c, "/v1/batches/" + id);
-        return batch.is_object() && batch["status"] == "completed";
-      },
-      300))
-      << batch.dump();
+  ASSERT_TRUE(completed(c, id, batch, 300)) << batch.dump();
   EXPECT_EQ(batch["request_counts"]["completed"], n);
   const auto out = results(c, batch);  // fails on a duplicate line
   EXPECT_EQ(out.size(), static_cast<size_t>(n));
