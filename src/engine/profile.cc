@@ -147,8 +147,8 @@ BackendProfile profile_backend(Backend& backend, const ModelShape& shape,
   if (out.points.size() < 4) throw Error("profile: too few steps fit in the KV memory");
 
   // Hardware fit: t = GEMM FLOPs / C + attention FLOPs / C_attn + bytes / B + overhead. Prefill
-  // attention has a rate of its own: with one rate for both, small prefills came out 15% too
-  // slow and the fit's mean error was 11-17%; with two it is 3-6% (docs/BENCHMARKS.md).
+  // attention has a rate of its own: with one rate for both, small prefills were estimated
+  // 15-16% too long and the fit's mean error was 11-17%; with two it is 4-7% (docs/BENCHMARKS.md).
   Hardware unit;
   unit.name = "unit";
   unit.compute_flops = unit.memory_bandwidth = unit.network_bandwidth = unit.memory_bytes = 1;
