@@ -20,6 +20,7 @@
 #include "cli/progress.h"
 #include "core/error.h"
 #include "engine/engine.h"
+#include "engine/profile.h"
 #include "kv/radix_cache.h"
 #include "model/chat_template.h"
 #include "offline/planned_run.h"
@@ -32,6 +33,7 @@ struct BatchArgs {
   std::string input;
   std::string output;
   std::string stats;
+  std::string step_timings;  // each step's shape and time, for `blend profile --steps`
   EngineOptions engine;
   bool quiet = false;
   std::string policy = "fcfs";   // fcfs = input order, all queued at once; else a plan's
@@ -72,6 +74,8 @@ void run_batch(const BatchArgs& args) {
   const double load_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
 
+  std::optional<StepRecorder> recorder;
+  if (!args.step_timings.empty()) recorder.emplace(engine);
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t created = std::chrono::duration_cast<std::chrono::seconds>(
                               std::chrono::system_clock::now().time_since_epoch())
@@ -144,6 +148,7 @@ void run_batch(const BatchArgs& args) {
     progress.update(done + failed, s.prompt_tokens + s.output_tokens);
   }
   progress.finish();
+  if (recorder) write_step_timings(args.step_timings, recorder->steps(engine.clock_seconds()));
 
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const EngineStats s = engine.stats();
@@ -210,6 +215,9 @@ void register_batch_command(CLI::App& app) {
                   "Result JSONL (appended; custom_ids already there are skipped)")
       ->required();
   cmd->add_option("--stats", args->stats, "Write run statistics as JSON here");
+  cmd->add_option("--step-timings", args->step_timings,
+                  "Write each engine step's shape and wall time (to the next step's start) as "
+                  "JSONL here, for `blend profile --steps`");
   add_engine_flags(cmd, args->engine);
   cmd->add_option("--policy", args->policy,
                   "Request order: fcfs (input order, default), or a BlendServe plan: blend "

@@ -1,12 +1,15 @@
 // `blend profile --model DIR --out FILE`: times this machine's forward passes through the cpu
 // backend and writes a hardware profile (the cost model's fit, DESIGN.md §3) that `--hardware
 // FILE` accepts wherever a preset name is, with BROS's iteration model and the validation table
-// (estimated vs measured step time) beside it.
+// (estimated vs measured step time) beside it. With `--steps FILE...` (step timings of real
+// `blend batch` runs) the hardware it writes is fitted on the engine's own steps instead.
 #include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -28,9 +31,15 @@ struct ProfileArgs {
   int threads = 0;
   int reps = 3;
   bool deterministic = false;
+  std::vector<std::string> step_timings;  // `blend batch --step-timings` files to fit on
 };
 
 void run_profile(const ProfileArgs& args) {
+  std::vector<MeasuredStep> steps;  // read first: a bad file fails before minutes of timing
+  for (const std::string& path : args.step_timings) {
+    const std::vector<MeasuredStep> more = read_step_timings(path);
+    steps.insert(steps.end(), more.begin(), more.end());
+  }
   const ModelConfig config = ModelConfig::from_dir(args.model);
   const TensorStore weights = TensorStore::open_dir(args.model);
   check_tensors(config, weights);
@@ -46,7 +55,16 @@ void run_profile(const ProfileArgs& args) {
       ModelShape::from_config(config, std::filesystem::path(args.model).filename().string());
   const BackendProfile p = profile_backend(*backend, shape, po);
 
-  nlohmann::json j = p.hardware.to_json();
+  // With step timings the hardware written is the fit on the engine's own steps (what the
+  // simulator must reproduce); the isolated forward passes' fit is kept beside it.
+  std::optional<HardwareFit> steps_fit;
+  if (!args.step_timings.empty()) {
+    steps_fit = fit_hardware(shape, steps, p.hardware.per_logit_row_seconds);
+    steps_fit->hardware.name = "profile:" + backend->name() + ":steps";
+    steps_fit->hardware.memory_bytes = p.hardware.memory_bytes;
+  }
+  const Hardware& written = steps_fit ? steps_fit->hardware : p.hardware;
+  nlohmann::json j = written.to_json();
   j["memory_gb"] = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) *
                    static_cast<double>(::sysconf(_SC_PAGESIZE)) / 1e9;
   j["model"] = shape.name;
@@ -81,6 +99,21 @@ void run_profile(const ProfileArgs& args) {
       p.hardware.compute_flops * p.hardware.attention_efficiency / 1e9,
       p.hardware.memory_bandwidth / 1e9, p.hardware.step_overhead_seconds * 1e3,
       p.mean_abs_error * 100, p.max_abs_error * 100);
+  if (steps_fit) {
+    const Hardware& h = steps_fit->hardware;
+    std::printf(
+        "fit on the engine's steps: %.1f GFLOP/s (prefill attention %.1f), %.1f GB/s, %.2f ms "
+        "per step; error mean %.1f%%, max %.1f%%, total %+.2f%%\n",
+        h.compute_flops / 1e9, h.compute_flops * h.attention_efficiency / 1e9,
+        h.memory_bandwidth / 1e9, h.step_overhead_seconds * 1e3, steps_fit->mean_abs_error * 100,
+        steps_fit->max_abs_error * 100, steps_fit->total_error * 100);
+    j["isolated_fit"] = p.hardware.to_json();
+    j["isolated_fit"]["memory_gb"] = j["memory_gb"];
+    j["steps_fit"] = {{"files", args.step_timings},
+                      {"mean_abs_error", steps_fit->mean_abs_error},
+                      {"max_abs_error", steps_fit->max_abs_error},
+                      {"total_error", steps_fit->total_error}};
+  }
   std::ofstream out(args.out);
   out << j.dump(2) << "\n";
   if (!out) throw Error("cannot write " + args.out);
@@ -97,6 +130,11 @@ void register_profile_command(CLI::App& app) {
   cmd->add_option("--threads", args->threads, "Compute threads (default: all)");
   cmd->add_option("--reps", args->reps, "Timed repetitions per step (median)");
   cmd->add_flag("--deterministic", args->deterministic, "Profile the deterministic kernels");
+  cmd->add_option("--steps", args->step_timings,
+                  "Step timings of real runs (`blend batch --step-timings`): fit the written "
+                  "hardware on those steps instead of on the isolated forward passes")
+      ->delimiter(',')
+      ->check(CLI::ExistingFile);
   cmd->callback([args] { run_profile(*args); });
 }
 

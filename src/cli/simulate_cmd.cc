@@ -20,6 +20,8 @@
 #include "cost/cost_model.h"
 #include "model/config.h"
 #include "offline/planned_run.h"
+#include "plan/planner.h"
+#include "plan/prefix_tree.h"
 
 namespace blend::cli {
 namespace {
@@ -30,6 +32,7 @@ constexpr int32_t kHiddenLengthCap = 1 << 20;
 
 struct SimulateArgs {
   std::string hardware = "a100-80g";
+  std::string planner_hardware;  // the planner's view of the machine; empty = --hardware
   std::string model_shape = "llama-3-8b";
   std::string model_dir;  // a model folder's config.json instead of a preset
   int tensor_parallel = 1;
@@ -120,12 +123,27 @@ void run_simulate(const SimulateArgs& args) {
                                     args.tensor_parallel);
   if (!shape) throw Error("unknown --model-shape " + args.model_shape);
   const CostModel cost(*shape, hw);
+  // A real run is planned with a profile of the machine, not with the machine itself: the
+  // simulator's clock can follow one fit while the planner and admission use another.
+  const CostModel planner_cost(
+      *shape, args.planner_hardware.empty() ? hw : resolve_hardware(args.planner_hardware));
   const double kv_memory = simulated_kv_memory_bytes(hw, *shape, args.kv_memory_gb);
   const std::vector<OfflineRequest> requests = read_workload(args.workload);
   const ModelConfig config = sim_model_config(*shape);
   const auto page_bytes =
       static_cast<int64_t>(cost.kv_bytes_per_token_per_device()) * args.page_size;
 
+  // The run's T_comp and T_mem (for T_o) come from the plan, priced by the planner; with a
+  // planner of its own they are priced again by the clock's hardware, over the requests' own
+  // output estimates (the same as the plan's unless lengths are sampled).
+  std::optional<plan::DemandStats> clock_root;
+  if (!args.planner_hardware.empty()) {
+    std::vector<plan::PlanRequest> plan_requests;
+    for (const OfflineRequest& q : requests)
+      plan_requests.push_back({q.id, q.prompt, q.output_estimate, q.output_known});
+    const plan::PrefixTree tree(plan_requests);
+    clock_root = plan::annotate_tree(tree, cost)[plan::PrefixTree::kRoot];
+  }
   if (!args.step_trace.empty() && args.policies.find(',') != std::string::npos &&
       args.step_trace.find("{policy}") == std::string::npos)
     throw Error("--step-trace with several policies needs {policy} in the path");
@@ -150,8 +168,12 @@ void run_simulate(const SimulateArgs& args) {
     auto backend = std::make_unique<SimBackend>(config, so, simulate_step_cost(cost, overlap));
     const SimBackend& sim = *backend;
     Engine engine(config, std::move(backend), eo);
-    const PlannedRunStats st = run_planned(engine, requests, policy, cost, kv_memory, {},
-                                           args.sampling, args.capacity_pacing);
+    PlannedRunStats st = run_planned(engine, requests, policy, planner_cost, kv_memory, {},
+                                     args.sampling, args.capacity_pacing);
+    if (clock_root) {  // T_comp and T_mem as the clock's hardware prices them
+      st.compute_seconds = clock_root->compute_seconds;
+      st.memory_seconds = clock_root->memory_seconds;
+    }
     if (!args.step_trace.empty())
       write_step_trace(step_trace_path(args.step_trace, entry), sim.steps(), args.step_trace_every);
     // BlendServe §3.3 / §6.2, at optimal sharing s_o: the ideal T_o overlaps compute and memory
@@ -215,6 +237,9 @@ void register_simulate_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "simulate", "Run an offline workload on the simulator (cost model, virtual clock)");
   cmd->add_option("--hardware", args->hardware, "a100-80g | a100-40g | h100 | h200 | FILE.json");
+  cmd->add_option("--planner-hardware", args->planner_hardware,
+                  "The planner's view of the machine, when it differs from the --hardware that "
+                  "times the steps (a real run planned with an older profile, say)");
   cmd->add_option("--model-shape", args->model_shape, "Model shape preset (llama-3-8b, ...)");
   cmd->add_option("--model", args->model_dir, "Take the shape from this model folder");
   cmd->add_option("--tp", args->tensor_parallel, "Tensor-parallel degree");

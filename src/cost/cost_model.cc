@@ -133,6 +133,22 @@ StepCost CostModel::estimate_step(const StepShape& step) const {
   return cost;
 }
 
+StepShape step_shape(const ForwardBatch& batch) {
+  StepShape shape;
+  shape.logit_rows = 0;
+  for (const SeqChunk& c : batch.chunks) {
+    shape.logit_rows += c.wants_logits ? 1 : 0;
+    if (c.num_tokens == 1 && c.num_cached > 0) {  // a decode token
+      ++shape.decode_tokens;
+      shape.decode_context_tokens += c.num_cached + 1;
+    } else {
+      shape.prefill_tokens += c.num_tokens;
+      shape.prefill_attention_pairs += int64_t{c.num_tokens} * (c.num_cached + c.num_tokens);
+    }
+  }
+  return shape;
+}
+
 ModelConfig sim_model_config(const ModelShape& shape) {
   ModelConfig c;
   c.architecture = "sim";

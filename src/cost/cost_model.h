@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/forward_batch.h"
 #include "cost/hardware.h"
 #include "model/config.h"
 
@@ -60,6 +61,11 @@ struct StepShape {
   // -1 = every dense token, as the papers count.
   int64_t logit_rows = -1;
 };
+
+// The shape of the step a backend is asked to compute: a one-token chunk with context is a
+// decode token, anything else prefill (chunked or not). The simulator prices a step by it, and
+// `blend batch --step-timings` records it beside each real step's time.
+StepShape step_shape(const ForwardBatch& batch);
 
 struct StepCost {
   double compute_seconds = 0;

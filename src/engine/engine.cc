@@ -391,6 +391,7 @@ void Engine::step() {
     scheduler_->finish(&a->seq);
     finish(*a);
   }
+  if (step_observer_) step_observer_(batch, t0);
 #ifdef BLEND_CHECK_INVARIANTS
   check_invariants();  // leaks, double frees, a stale tree: abort at the step that caused them
 #endif

@@ -136,6 +136,12 @@ class Engine {
   void check_invariants() const;
   void run_until_done();
 
+  // Called at the end of every step that ran a forward pass, with the batch it ran (in a
+  // simulating engine the chunks carry shapes only) and when the step began on the engine's
+  // clock. Step timings (`blend batch --step-timings`) fit the cost model on them.
+  using StepObserver = std::function<void(const ForwardBatch& batch, double started)>;
+  void set_step_observer(StepObserver observer) { step_observer_ = std::move(observer); }
+
   EngineStats stats() const;
   // The engine's clock (seconds): the simulator's virtual time, or wall time since start.
   double clock_seconds() const { return now(); }
@@ -164,6 +170,7 @@ class Engine {
   std::unordered_map<SeqId, std::unique_ptr<Active>> active_;
   SeqId next_id_ = 1;
   EngineStats stats_;
+  StepObserver step_observer_;
   std::vector<float> logits_;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
   double now() const;  // seconds since the engine started: the clock of SLO deadlines

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "engine/sampler.h"
@@ -85,6 +88,114 @@ StepShape shape_of(const ProfilePoint& p) {
 
 }  // namespace
 
+StepRecorder::StepRecorder(Engine& engine) {
+  engine.set_step_observer([this](const ForwardBatch& batch, double started) {
+    started_.emplace_back(step_shape(batch), started);
+  });
+}
+
+std::vector<MeasuredStep> StepRecorder::steps(double end_seconds) const {
+  std::vector<MeasuredStep> out;
+  for (size_t i = 0; i < started_.size(); ++i) {
+    const double next = i + 1 < started_.size() ? started_[i + 1].second : end_seconds;
+    out.push_back({started_[i].first, next - started_[i].second});
+  }
+  return out;
+}
+
+void write_step_timings(const std::string& path, const std::vector<MeasuredStep>& steps) {
+  std::ofstream out(path);
+  for (const MeasuredStep& m : steps)
+    out << nlohmann::json{{"prefill_tokens", m.shape.prefill_tokens},
+                          {"decode_tokens", m.shape.decode_tokens},
+                          {"decode_context_tokens", m.shape.decode_context_tokens},
+                          {"prefill_attention_pairs", m.shape.prefill_attention_pairs},
+                          {"logit_rows", m.shape.logit_rows},
+                          {"seconds", m.seconds}}
+               .dump()
+        << "\n";
+  if (!out) throw Error("cannot write step timings " + path);
+}
+
+std::vector<MeasuredStep> read_step_timings(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error("cannot read step timings " + path);
+  std::vector<MeasuredStep> steps;
+  std::string line;
+  for (int64_t n = 1; std::getline(in, line); ++n) {
+    if (line.empty()) continue;
+    try {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      MeasuredStep m;
+      m.shape.prefill_tokens = j.at("prefill_tokens").get<int64_t>();
+      m.shape.decode_tokens = j.at("decode_tokens").get<int64_t>();
+      m.shape.decode_context_tokens = j.at("decode_context_tokens").get<int64_t>();
+      m.shape.prefill_attention_pairs = j.at("prefill_attention_pairs").get<int64_t>();
+      m.shape.logit_rows = j.at("logit_rows").get<int64_t>();
+      m.seconds = j.at("seconds").get<double>();
+      if (m.shape.prefill_tokens < 0 || m.shape.decode_tokens < 0 ||
+          m.shape.decode_context_tokens < 0 || m.shape.prefill_attention_pairs < 0 ||
+          m.shape.prefill_tokens + m.shape.decode_tokens == 0 || !(m.seconds > 0))
+        throw Error("a step needs tokens and a positive time");
+      steps.push_back(m);
+    } catch (const std::exception& e) {
+      throw Error("step timings " + path + " line " + std::to_string(n) + ": " + e.what());
+    }
+  }
+  return steps;
+}
+
+HardwareFit fit_hardware(const ModelShape& shape, const std::vector<MeasuredStep>& steps,
+                         double per_logit_row_seconds) {
+  if (steps.size() < 4) throw Error("profile: at least 4 steps are needed to fit the cost model");
+  // t - sampling = GEMM FLOPs / C + attention FLOPs / C_attn + bytes / B + overhead. Prefill
+  // attention has a rate of its own: with one rate for both, small prefills were estimated
+  // 15-16% too long and the fit's mean error was 11-17%; with two it is 4-7%
+  // (docs/BENCHMARKS.md).
+  Hardware unit;
+  unit.name = "unit";
+  unit.compute_flops = unit.memory_bandwidth = unit.network_bandwidth = unit.memory_bytes = 1;
+  const CostModel unit_model(shape, unit);  // compute/memory seconds at 1 FLOP/s, 1 B/s
+  std::vector<std::vector<double>> x;
+  std::vector<double> y;
+  for (const MeasuredStep& m : steps) {
+    StepShape without = m.shape;
+    without.prefill_attention_pairs = 0;
+    const StepCost all = unit_model.estimate_step(m.shape);
+    const double gemm = unit_model.estimate_step(without).compute_seconds;
+    const double rows = m.shape.logit_rows < 0
+                            ? static_cast<double>(m.shape.prefill_tokens + m.shape.decode_tokens)
+                            : static_cast<double>(m.shape.logit_rows);
+    x.push_back({gemm, all.compute_seconds - gemm, all.memory_seconds, 1.0});
+    y.push_back(m.seconds - rows * per_logit_row_seconds);
+  }
+  const auto beta = nonnegative_least_squares(x, y);
+  HardwareFit fit;
+  Hardware& h = fit.hardware;
+  h.name = "fit";
+  h.compute_flops = beta[0] > 0 ? 1 / beta[0] : 1e18;
+  h.attention_efficiency = (beta[1] > 0 ? 1 / beta[1] : 1e18) / h.compute_flops;
+  h.memory_bandwidth = beta[2] > 0 ? 1 / beta[2] : 1e18;
+  h.network_bandwidth = 1e18;  // one device
+  h.step_overhead_seconds = beta[3];
+  h.per_logit_row_seconds = per_logit_row_seconds;
+  h.memory_bytes = 0;
+  Hardware costed = h;
+  costed.memory_bytes = 1;
+  const CostModel fitted(shape, costed);
+  double estimated_total = 0, measured_total = 0;
+  for (const MeasuredStep& m : steps) {
+    const double estimate = fitted.estimate_step(m.shape).sequential();
+    const double err = std::fabs(estimate - m.seconds) / m.seconds;
+    fit.mean_abs_error += err / static_cast<double>(steps.size());
+    fit.max_abs_error = std::max(fit.max_abs_error, err);
+    estimated_total += estimate;
+    measured_total += m.seconds;
+  }
+  fit.total_error = estimated_total / measured_total - 1;
+  return fit;
+}
+
 BackendProfile profile_backend(Backend& backend, const ModelShape& shape,
                                const ProfileOptions& options) {
   const ModelConfig& config = backend.config();
@@ -146,44 +257,21 @@ BackendProfile profile_backend(Backend& backend, const ModelShape& shape,
     }
   if (out.points.size() < 4) throw Error("profile: too few steps fit in the KV memory");
 
-  // Hardware fit: t = GEMM FLOPs / C + attention FLOPs / C_attn + bytes / B + overhead. Prefill
-  // attention has a rate of its own: with one rate for both, small prefills were estimated
-  // 15-16% too long and the fit's mean error was 11-17%; with two it is 4-7% (docs/BENCHMARKS.md).
-  Hardware unit;
-  unit.name = "unit";
-  unit.compute_flops = unit.memory_bandwidth = unit.network_bandwidth = unit.memory_bytes = 1;
-  const CostModel unit_model(shape, unit);  // compute/memory seconds at 1 FLOP/s, 1 B/s
-  std::vector<std::vector<double>> x;
-  std::vector<double> y;
-  for (const ProfilePoint& p : out.points) {
-    const StepShape with_attention = shape_of(p);
-    StepShape without = with_attention;
-    without.prefill_attention_pairs = 0;
-    const StepCost all = unit_model.estimate_step(with_attention);
-    const double gemm = unit_model.estimate_step(without).compute_seconds;
-    x.push_back({gemm, all.compute_seconds - gemm, all.memory_seconds, 1.0});
-    y.push_back(p.measured_seconds);
-  }
-  const auto beta = nonnegative_least_squares(x, y);
+  std::vector<MeasuredStep> measured;
+  for (const ProfilePoint& p : out.points) measured.push_back({shape_of(p), p.measured_seconds});
+  // Forward passes only: the sampler's time is measured below, apart.
+  const HardwareFit fit = fit_hardware(shape, measured, 0.0);
+  out.hardware = fit.hardware;
   out.hardware.name = "profile:" + backend.name();
-  out.hardware.compute_flops = beta[0] > 0 ? 1 / beta[0] : 1e18;
-  out.hardware.attention_efficiency =
-      (beta[1] > 0 ? 1 / beta[1] : 1e18) / out.hardware.compute_flops;
-  out.hardware.memory_bandwidth = beta[2] > 0 ? 1 / beta[2] : 1e18;
-  out.hardware.network_bandwidth = 1e18;  // one device
-  out.hardware.step_overhead_seconds = beta[3];
-  out.hardware.memory_bytes = 0;
+  out.mean_abs_error = fit.mean_abs_error;
+  out.max_abs_error = fit.max_abs_error;
   const CostModel fitted(shape, [&] {
     Hardware h = out.hardware;
     h.memory_bytes = 1;
     return h;
   }());
-  for (ProfilePoint& p : out.points) {
+  for (ProfilePoint& p : out.points)
     p.estimated_seconds = fitted.estimate_step(shape_of(p)).sequential();
-    const double err = std::fabs(p.estimated_seconds - p.measured_seconds) / p.measured_seconds;
-    out.mean_abs_error += err / static_cast<double>(out.points.size());
-    out.max_abs_error = std::max(out.max_abs_error, err);
-  }
 
   // Host work per sampled row (the sampler over the whole vocabulary): paid by the engine
   // outside the forward pass, on every step.

@@ -1,5 +1,6 @@
 // Profiling a backend (`blend profile`): times forward passes of prefill-only and decode-only
-// steps of several sizes on the machine at hand and fits
+// steps of several sizes on the machine at hand (or reads the steps of a real engine run, a
+// step timings file) and fits
 //  - the cost model's hardware (DESIGN.md §3): t = GEMM FLOPs / compute + prefill attention
 //    FLOPs / attention compute + bytes / bandwidth + overhead, the four coefficients by least
 //    squares, none negative (a CPU runs GEMMs and attention one after the other, so the terms
@@ -16,6 +17,7 @@
 
 #include "backend/backend.h"
 #include "cost/cost_model.h"
+#include "engine/engine.h"
 #include "sched/hybrid_policy.h"
 
 namespace blend {
@@ -43,6 +45,46 @@ struct ProfileOptions {
   int64_t page_size = 16;             // the backend's
   std::function<double()> clock;      // seconds; default the steady clock (tests inject one)
 };
+
+// One step of a real engine run and the wall time from its start to the next step's start, so
+// the host's work between steps (admission, results) is charged to the steps, as the
+// simulator's clock, which advances only by steps, must charge it.
+struct MeasuredStep {
+  StepShape shape;
+  double seconds = 0;
+};
+
+// Records an engine's steps through Engine::set_step_observer (replacing any observer there).
+class StepRecorder {
+ public:
+  explicit StepRecorder(Engine& engine);
+  // The steps so far; the last one ends at `end_seconds` on the engine's clock.
+  std::vector<MeasuredStep> steps(double end_seconds) const;
+
+ private:
+  std::vector<std::pair<StepShape, double>> started_;
+};
+
+// A step timings file: one JSON object per step and line, the StepShape's fields
+// (prefill_tokens, decode_tokens, decode_context_tokens, prefill_attention_pairs, logit_rows)
+// and "seconds". read_step_timings throws blend::Error naming the file and line of a bad one.
+void write_step_timings(const std::string& path, const std::vector<MeasuredStep>& steps);
+std::vector<MeasuredStep> read_step_timings(const std::string& path);
+
+struct HardwareFit {
+  Hardware hardware;
+  // Relative errors of the fitted estimate over the steps, and of their total
+  // (sum estimated / sum measured - 1).
+  double mean_abs_error = 0, max_abs_error = 0, total_error = 0;
+};
+
+// Fits compute, prefill attention efficiency, bandwidth and step overhead (least squares on
+// seconds, every coefficient >= 0) so that the cost model's sequential step time matches the
+// steps. Sampling is not fitted: `per_logit_row_seconds` (measured apart) is charged per logit
+// row and taken out of each step's time first. With the overhead kept, the fit's residuals sum
+// to zero, so the steps' total time, which is what a simulated throughput rests on, is exact.
+HardwareFit fit_hardware(const ModelShape& shape, const std::vector<MeasuredStep>& steps,
+                         double per_logit_row_seconds);
 
 // `backend` needs max_kv_tokens of KV pages; `shape` is the same model's shape.
 BackendProfile profile_backend(Backend& backend, const ModelShape& shape,

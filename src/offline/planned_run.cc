@@ -14,19 +14,7 @@ namespace blend {
 
 SimStepCost simulate_step_cost(const CostModel& cost, Overlap overlap) {
   return [&cost, overlap](const ForwardBatch& batch) {
-    StepShape shape;
-    shape.logit_rows = 0;
-    for (const SeqChunk& c : batch.chunks) {
-      shape.logit_rows += c.wants_logits ? 1 : 0;
-      if (c.num_tokens == 1 && c.num_cached > 0) {  // a decode token
-        ++shape.decode_tokens;
-        shape.decode_context_tokens += c.num_cached + 1;
-      } else {
-        shape.prefill_tokens += c.num_tokens;
-        shape.prefill_attention_pairs += int64_t{c.num_tokens} * (c.num_cached + c.num_tokens);
-      }
-    }
-    const StepCost s = cost.estimate_step(shape);
+    const StepCost s = cost.estimate_step(step_shape(batch));
     SimStepTime t;
     t.compute = s.compute_seconds;
     t.memory = s.memory_seconds;

@@ -215,6 +215,67 @@ TEST_F(BatchCli, PlannedOrdersGiveTheSameResults) {
   EXPECT_NE(bad.exit_code, 0);
 }
 
+// `blend batch --step-timings` then `blend profile --steps` (the simulator's calibration on the
+// engine's own steps): one line per engine step, covering every computed token, and a
+// profile fitted on them that `--hardware` accepts.
+TEST_F(BatchCli, StepTimingsFeedAProfileFit) {
+  testing::TempDir work;
+  std::string input;
+  for (int i = 0; i < 12; ++i) {
+    std::string prompt;
+    for (int k = 0; k < 20 + 15 * i; ++k) prompt += std::to_string(500 + i * 211 + k) + ",";
+    prompt.pop_back();
+    input += R"({"custom_id":"s)" + std::to_string(i) +
+             R"(","method":"POST","url":"/v1/completions","body":{"prompt":[)" + prompt +
+             R"(],"max_tokens":)" + std::to_string(2 + (i * 7) % 19) +
+             R"(,"ignore_eos":true,"temperature":0}})" + "\n";
+  }
+  testing::write_file(work / "in.jsonl", input);
+  const auto trace = work / "steps.jsonl";
+  const auto r =
+      testing::run_command(batch_cmd((work / "in.jsonl").string(), (work / "out.jsonl").string(),
+                                     "--policy dfs --stats " + (work / "st.json").string() +
+                                         " --step-timings " + trace.string()) +
+                           " 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const json stats = json::parse(testing::read_file(work / "st.json"));
+  const std::vector<json> steps = read_jsonl(trace);
+  ASSERT_EQ(static_cast<int64_t>(steps.size()), stats["steps"].get<int64_t>());
+  int64_t tokens = 0;
+  double seconds = 0;
+  for (const json& s : steps) {
+    tokens += s["prefill_tokens"].get<int64_t>() + s["decode_tokens"].get<int64_t>();
+    EXPECT_GT(s["seconds"].get<double>(), 0);
+    seconds += s["seconds"].get<double>();
+  }
+  EXPECT_NEAR(static_cast<double>(tokens),
+              stats["mean_batch_tokens"].get<double>() * stats["steps"].get<double>(), 0.5);
+  EXPECT_LE(seconds, stats["wall_seconds"].get<double>());
+
+  const std::string profile = std::string("'") + BLEND_BINARY + "' profile --model " + model() +
+                              " --threads 2 --reps 1 --out ";
+  const auto p = testing::run_command(profile + (work / "p.json").string() + " --steps " +
+                                      trace.string() + " 2>&1");
+  ASSERT_EQ(p.exit_code, 0) << p.output;
+  EXPECT_NE(p.output.find("fit on the engine's steps"), std::string::npos) << p.output;
+  const json fitted = json::parse(testing::read_file(work / "p.json"));
+  EXPECT_EQ(fitted["steps_fit"]["files"][0], trace.string());
+  EXPECT_LT(std::abs(fitted["steps_fit"]["total_error"].get<double>()), 0.5);
+  EXPECT_TRUE(fitted.contains("isolated_fit"));
+  std::filesystem::remove(work / "out.jsonl");
+  const auto again =
+      testing::run_command(batch_cmd((work / "in.jsonl").string(), (work / "out.jsonl").string(),
+                                     "--policy blend --hardware " + (work / "p.json").string()) +
+                           " 2>&1");
+  EXPECT_EQ(again.exit_code, 0) << again.output;
+
+  // Not a step timings file: a clear message and a non-zero exit.
+  const auto bad = testing::run_command(profile + (work / "q.json").string() + " --steps " +
+                                        (work / "in.jsonl").string() + " 2>&1");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("step timings"), std::string::npos) << bad.output;
+}
+
 TEST_F(BatchCli, KillNineThenRerunLosesAndDuplicatesNothing) {
   testing::TempDir work;
   std::string input;

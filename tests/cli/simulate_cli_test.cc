@@ -16,8 +16,8 @@ std::string simulate(const std::string& args) {
   return std::string("'") + BLEND_BINARY + "' simulate --json " + args + " 2>&1";
 }
 
-TEST(SimulateCli, OneJsonLinePerPolicyEntry) {
-  testing::TempDir work;
+// 30 requests on a shared 32-token prefix, half compute-heavy (5 outputs), half memory-heavy.
+std::string mixed_workload() {
   std::string input;
   for (int i = 0; i < 30; ++i) {
     std::string prompt = "[";
@@ -29,15 +29,25 @@ TEST(SimulateCli, OneJsonLinePerPolicyEntry) {
              R"(,"max_tokens":)" + std::to_string(i % 2 ? 300 : 5) + R"(,"ignore_eos":true}})" +
              "\n";
   }
-  testing::write_file(work / "w.jsonl", input);
+  return input;
+}
+
+std::vector<json> json_lines(const std::string& text) {
+  std::istringstream lines(text);
+  std::vector<json> out;
+  for (std::string line; std::getline(lines, line);)
+    if (!line.empty()) out.push_back(json::parse(line));
+  return out;
+}
+
+TEST(SimulateCli, OneJsonLinePerPolicyEntry) {
+  testing::TempDir work;
+  testing::write_file(work / "w.jsonl", mixed_workload());
   const auto r = testing::run_command(
       simulate("--hardware h100 --model-shape llama-3-8b --workload " +
                (work / "w.jsonl").string() + " --policy blend,dfs@sequential,random"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  std::istringstream lines(r.output);
-  std::vector<json> runs;
-  for (std::string line; std::getline(lines, line);)
-    if (!line.empty()) runs.push_back(json::parse(line));
+  const std::vector<json> runs = json_lines(r.output);
   ASSERT_EQ(runs.size(), 3u);
   EXPECT_EQ(runs[0]["policy"], "blend");
   EXPECT_EQ(runs[0]["overlap"], "overlapped");
@@ -92,6 +102,44 @@ TEST(SimulateCli, OneJsonLinePerPolicyEntry) {
   EXPECT_NE(bad.output.find("sideways"), std::string::npos) << bad.output;
   const auto missing = testing::run_command(simulate("--workload /nonexistent.jsonl"));
   EXPECT_NE(missing.exit_code, 0);
+}
+
+// `--planner-hardware`: the plan and the admission pacing see one machine, the clock another
+// (a real run planned with a profile). The clock's hardware alone prices the steps and T_o.
+TEST(SimulateCli, APlannerOfItsOwnLeavesTheClockAndTheOptimumToTheHardware) {
+  testing::TempDir work;
+  testing::write_file(work / "w.jsonl", mixed_workload());
+  const std::string base = "--hardware h100 --workload " + (work / "w.jsonl").string() +
+                           " --policy blend,dfs --sample-fraction 0";
+  const auto alone = testing::run_command(simulate(base));
+  const auto same = testing::run_command(simulate(base + " --planner-hardware h100"));
+  // A planner that believes prefill attention is 1,000x slower sees other densities. (A
+  // uniformly faster or slower machine would not: densities are ratios.)
+  testing::write_file(work / "slow-attention.json",
+                      R"({"name":"slow-attention","compute_tflops":989,"memory_bandwidth_gb_s":)"
+                      R"(3352,"network_bandwidth_gb_s":600,"memory_gb":80,)"
+                      R"("fit":{"attention_efficiency":0.001}})");
+  const auto other = testing::run_command(
+      simulate(base + " --planner-hardware " + (work / "slow-attention.json").string()));
+  ASSERT_EQ(alone.exit_code, 0) << alone.output;
+  ASSERT_EQ(same.exit_code, 0) << same.output;
+  ASSERT_EQ(other.exit_code, 0) << other.output;
+  const std::vector<json> a = json_lines(alone.output), b = json_lines(same.output),
+                          c = json_lines(other.output);
+  ASSERT_EQ(a.size(), 2u);
+  ASSERT_EQ(b.size(), 2u);
+  ASSERT_EQ(c.size(), 2u);
+  const auto optimum = [](const json& j) {
+    return j["seconds"].get<double>() * j["fraction_of_optimal"].get<double>();
+  };
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(b[i]["seconds"], a[i]["seconds"]) << a[i]["policy"];
+    EXPECT_NEAR(optimum(c[i]) / optimum(a[i]), 1.0, 1e-9) << a[i]["policy"];
+  }
+  // The blend plan (and so its run) depends on the machine it is planned for.
+  EXPECT_NE(c[0]["seconds"], a[0]["seconds"]);
+  const auto bad = testing::run_command(simulate(base + " --planner-hardware tpu-v9"));
+  EXPECT_NE(bad.exit_code, 0);
 }
 
 }  // namespace

@@ -4,7 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
+
+#include "backend/sim/sim_backend.h"
+#include "core/error.h"
 #include "model/presets.h"
+#include "test_util.h"
 
 namespace blend {
 namespace {
@@ -18,18 +23,7 @@ class TimedFakeBackend : public Backend {
   int64_t kv_bytes_per_page() const override { return 4096; }
   int64_t num_pages() const override { return 1 << 16; }
   void forward(const ForwardBatch& b, std::span<float>) override {
-    StepShape s;
-    s.logit_rows = b.num_logit_rows();
-    for (const SeqChunk& c : b.chunks) {
-      if (c.num_tokens == 1 && c.num_cached > 0) {
-        ++s.decode_tokens;
-        s.decode_context_tokens += c.num_cached + 1;
-      } else {
-        s.prefill_tokens += c.num_tokens;
-        s.prefill_attention_pairs += int64_t{c.num_tokens} * (c.num_cached + c.num_tokens);
-      }
-    }
-    *clock_ += truth_.estimate_step(s).sequential();
+    *clock_ += truth_.estimate_step(step_shape(b)).sequential();
   }
   void copy_page(PageId, PageId) override {}
   void read_pages(std::span<const PageId>, std::byte*) const override {}
@@ -43,17 +37,23 @@ class TimedFakeBackend : public Backend {
   double* clock_;
 };
 
+// The machine the fits must recover.
+Hardware truth_hardware() {
+  Hardware h;
+  h.name = "truth";
+  h.compute_flops = 700e9;
+  h.memory_bandwidth = 20e9;
+  h.network_bandwidth = 1;
+  h.memory_bytes = 1;
+  h.attention_efficiency = 0.4;  // prefill attention at 280 GFLOP/s
+  h.step_overhead_seconds = 0.002;
+  return h;
+}
+
 TEST(Profile, RecoversComputeAttentionBandwidthAndOverhead) {
   const ModelConfig config = *find_model_preset("smollm-135m");
   const ModelShape shape = ModelShape::from_config(config, "smollm-135m");
-  Hardware truth_hw;
-  truth_hw.name = "truth";
-  truth_hw.compute_flops = 700e9;
-  truth_hw.memory_bandwidth = 20e9;
-  truth_hw.network_bandwidth = 1;
-  truth_hw.memory_bytes = 1;
-  truth_hw.attention_efficiency = 0.4;  // prefill attention at 280 GFLOP/s
-  truth_hw.step_overhead_seconds = 0.002;
+  const Hardware truth_hw = truth_hardware();
   const CostModel truth(shape, truth_hw);
   double clock = 0;
   TimedFakeBackend backend(config, truth, &clock);
@@ -70,6 +70,84 @@ TEST(Profile, RecoversComputeAttentionBandwidthAndOverhead) {
   EXPECT_GT(p.iteration.decode_per_token, 0);
   EXPECT_GT(p.iteration.decode_per_context_token, 0);
   EXPECT_GT(p.iteration.prefill_per_token, 0);
+}
+
+// `blend profile --steps`: the cost model fitted on an engine run's own steps. The run's
+// backend takes what a known cost model says per forward pass, and the host loses 0.5 ms of
+// virtual time between steps (admission, results): the fit must charge that to the steps'
+// overhead, which it can only do if each step is timed from its start to the next one's.
+TEST(Profile, FitsTheStepsOfAnEngineRunHostWorkIncluded) {
+  const ModelConfig config = *find_model_preset("smollm-135m");
+  const ModelShape shape = ModelShape::from_config(config, "smollm-135m");
+  Hardware truth_hw = truth_hardware();
+  truth_hw.per_logit_row_seconds = 50e-6;
+  const CostModel truth(shape, truth_hw);
+  auto owned = std::make_unique<SimBackend>(
+      config, SimBackendOptions{.num_pages = 8192, .kv_bytes_per_page = 4096},
+      [&truth](const ForwardBatch& b) {
+        SimStepTime t;
+        t.total = truth.estimate_step(step_shape(b)).sequential();
+        return t;
+      });
+  SimBackend* sim = owned.get();
+  EngineOptions o;
+  o.scheduler.max_batch_tokens = 512;
+  Engine engine(config, std::move(owned), o);
+  StepRecorder recorder(engine);
+  std::mt19937 rng(5);
+  for (int i = 0; i < 60; ++i) {
+    GenerationRequest r;
+    r.id = "r" + std::to_string(i);
+    const int len = i % 2 ? 20 + static_cast<int>(rng() % 60) : 200 + static_cast<int>(rng() % 600);
+    for (int k = 0; k < len; ++k) r.prompt.push_back(static_cast<TokenId>(100 + (rng() % 30000)));
+    r.params.max_tokens = i % 2 ? 40 + static_cast<int32_t>(rng() % 120) : 4;
+    r.params.ignore_eos = true;
+    engine.submit(std::move(r), [](GenerationResult&&) {});
+  }
+  constexpr double kHostSeconds = 0.0005;
+  while (engine.has_work()) {
+    engine.step();
+    sim->advance_to(engine.clock_seconds() + kHostSeconds);
+  }
+  const std::vector<MeasuredStep> steps = recorder.steps(engine.clock_seconds());
+  ASSERT_EQ(static_cast<int64_t>(steps.size()), engine.stats().steps);
+  int64_t tokens = 0;
+  for (const MeasuredStep& m : steps) tokens += m.shape.prefill_tokens + m.shape.decode_tokens;
+  EXPECT_EQ(tokens, engine.stats().batch_tokens);
+
+  const HardwareFit fit = fit_hardware(shape, steps, truth_hw.per_logit_row_seconds);
+  EXPECT_NEAR(fit.hardware.compute_flops / 700e9, 1.0, 1e-6);
+  EXPECT_NEAR(fit.hardware.attention_efficiency, 0.4, 1e-6);
+  EXPECT_NEAR(fit.hardware.memory_bandwidth / 20e9, 1.0, 1e-6);
+  EXPECT_NEAR(fit.hardware.step_overhead_seconds, 0.002 + kHostSeconds, 1e-9);
+  EXPECT_LT(fit.max_abs_error, 1e-6);
+  EXPECT_NEAR(fit.total_error, 0.0, 1e-9);
+}
+
+TEST(Profile, StepTimingsRoundTripAndRejectsBadLines) {
+  testing::TempDir dir;
+  std::vector<MeasuredStep> steps(2);
+  steps[0].shape = {.prefill_tokens = 300, .prefill_attention_pairs = 90000, .logit_rows = 1};
+  steps[0].seconds = 0.25;
+  steps[1].shape = {.decode_tokens = 7, .decode_context_tokens = 900, .logit_rows = 7};
+  steps[1].seconds = 0.0125;
+  write_step_timings((dir / "t.jsonl").string(), steps);
+  const std::vector<MeasuredStep> back = read_step_timings((dir / "t.jsonl").string());
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[0].shape.prefill_attention_pairs, 90000);
+  EXPECT_EQ(back[1].shape.decode_context_tokens, 900);
+  EXPECT_EQ(back[1].shape.logit_rows, 7);
+  EXPECT_DOUBLE_EQ(back[1].seconds, 0.0125);
+  testing::write_file(dir / "bad.jsonl",
+                      testing::read_file(dir / "t.jsonl") + R"({"prefill_tokens":3})" + "\n");
+  try {
+    read_step_timings((dir / "bad.jsonl").string());
+    FAIL() << "a line without the step's fields was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("line 3"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(fit_hardware(ModelShape::from_config(*find_model_preset("tiny"), "tiny"), steps, 0),
+               Error);  // two steps cannot fit four coefficients
 }
 
 }  // namespace
