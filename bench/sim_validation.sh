@@ -94,6 +94,9 @@ for fit in isolated steps; do
     >"$OUT_DIR/sim-$fit.jsonl"
 done
 
+# Real speedups two ways: the ratio of the medians, and the mean of the ratios within each rep
+# (runs next to each other share the machine's state) with its standard error, which says how
+# finely these runs resolve a speedup at all.
 python3 - "$OUT_DIR" "$REPS" $POLICIES <<'PYEOF'
 import json, statistics, sys
 out, reps, policies = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
@@ -101,15 +104,18 @@ runs = {p: [json.load(open(f"{out}/real-{p}-{r}.json"))["throughput_tokens_per_s
             for r in range(1, reps + 1)] for p in policies}
 real = {p: statistics.median(runs[p]) for p in policies}
 base = policies[0]
+paired = {p: [a / b for a, b in zip(runs[p], runs[base])] for p in policies}
 for fit in ("isolated", "steps"):
     sim = {json.loads(l)["policy"].split("@")[0]: json.loads(l) for l in open(f"{out}/sim-{fit}.jsonl")}
     print(f"== simulated with the {fit} fit")
     print(f"{'policy':8} {'real tok/s':>11} {'real range':>13} {'sim tok/s':>10} {'sim/real':>9} "
-          f"{'real speedup':>13} {'sim speedup':>12} {'diff (pts)':>10} {'steps':>6}")
+          f"{'real speedup':>13} {'paired (se)':>15} {'sim speedup':>12} {'diff (pts)':>10} {'steps':>6}")
     for p in policies:
         s = sim[p]["throughput_tokens_per_s"]
         rs, ss = real[p] / real[base], s / sim[base]["throughput_tokens_per_s"]
         spread = f"{min(runs[p]):.0f}-{max(runs[p]):.0f}"
+        se = statistics.stdev(paired[p]) / len(paired[p]) ** 0.5 if len(paired[p]) > 1 else 0
+        pair = f"{statistics.mean(paired[p]):.3f} ({se:.3f})"
         print(f"{p:8} {real[p]:11.1f} {spread:>13} {s:10.1f} {s / real[p]:9.3f} {rs:13.3f} "
-              f"{ss:12.3f} {(ss - rs) * 100:10.2f} {sim[p]['steps']:6d}")
+              f"{pair:>15} {ss:12.3f} {(ss - rs) * 100:10.2f} {sim[p]['steps']:6d}")
 PYEOF
