@@ -55,9 +55,12 @@ struct MeasuredStep {
 };
 
 // Records an engine's steps through Engine::set_step_observer (replacing any observer there).
+// The engine keeps a pointer to the recorder: it must not step once the recorder is gone.
 class StepRecorder {
  public:
   explicit StepRecorder(Engine& engine);
+  StepRecorder(const StepRecorder&) = delete;
+  StepRecorder& operator=(const StepRecorder&) = delete;
   // The steps so far; the last one ends at `end_seconds` on the engine's clock.
   std::vector<MeasuredStep> steps(double end_seconds) const;
 
