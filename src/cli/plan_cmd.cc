@@ -144,8 +144,12 @@ void run_plan(const PlanArgs& args) {
         sampled[i] = it->second;
         ++sampled_count;
       }
-    const std::vector<double> d = plan::estimate_output_lengths(tree, sampled, args.assumed_output);
-    for (size_t i = 0; i < requests.size(); ++i) requests[i].output_tokens = d[i];
+    const std::vector<plan::OutputEstimate> d =
+        plan::estimate_output_lengths(tree, sampled, args.assumed_output);
+    for (size_t i = 0; i < requests.size(); ++i) {
+      requests[i].output_tokens = d[i].tokens;
+      requests[i].output_spread = d[i].spread;
+    }
   }
 
   plan::PlanOptions options;

@@ -98,13 +98,18 @@ PlannedRunStats run_planned(Engine& engine, const std::vector<OfflineRequest>& a
     fallback /= static_cast<double>(num_sampled);
     const plan::PrefixTree all_tree(plan_requests);
     sharing_optimal = all_tree.optimal_sharing_ratio();
-    const std::vector<double> estimate = plan::estimate_output_lengths(all_tree, lengths, fallback);
+    const std::vector<plan::OutputEstimate> estimate =
+        plan::estimate_output_lengths(all_tree, lengths, fallback);
     std::vector<plan::PlanRequest> rest;
     for (size_t i = 0; i < all_requests.size(); ++i) {
       if (sampled[i]) continue;
       OfflineRequest q = all_requests[i];
-      if (!q.output_known) q.output_estimate = std::min<double>(estimate[i], q.params.max_tokens);
-      rest.push_back({q.id, q.prompt, q.output_estimate, q.output_known});
+      double spread = 0;
+      if (!q.output_known) {
+        q.output_estimate = std::min<double>(estimate[i].tokens, q.params.max_tokens);
+        spread = estimate[i].spread;
+      }
+      rest.push_back({q.id, q.prompt, q.output_estimate, q.output_known, spread});
       requests.push_back(std::move(q));
     }
     plan_requests = std::move(rest);

@@ -95,6 +95,7 @@ DualScanner::DualScanner(const Plan& plan, const std::vector<PlanRequest>& reque
     reservation_.push_back(kv_reservation_bytes(cost, r));
     prompt_tokens_.push_back(static_cast<double>(r.prompt.size()));
     estimated_output_.push_back(r.output_tokens);
+    occupancy_output_.push_back(r.output_tokens + kSpreadHeadroom * r.output_spread);
   }
   side_of_.assign(requests.size(), Side::kLeft);
   cum_compute_.assign(order_.size() + 1, 0);
@@ -134,7 +135,7 @@ DualScanner::DualScanner(const Plan& plan, const std::vector<PlanRequest>& reque
 }
 
 void DualScanner::add_waiting(size_t i, double sign) {
-  const double steps = remaining_token_steps(prompt_tokens_[i], estimated_output_[i], 0);
+  const double steps = remaining_token_steps(prompt_tokens_[i], occupancy_output_[i], 0);
   waiting_.dense += sign * dense_tokens_[i];
   waiting_.occupancy += sign * steps;
   if (memory_intensive_[i]) waiting_.occupancy_right += sign * steps;
@@ -172,7 +173,7 @@ void DualScanner::repace() {
       const auto i = static_cast<size_t>(r);
       const double age = generated_[i];
       const double d = estimated_output_[i], left = std::max(0.0, d - age);
-      const double steps = remaining_token_steps(prompt_tokens_[i], d, age);
+      const double steps = remaining_token_steps(prompt_tokens_[i], occupancy_output_[i], age);
       dense += left;
       occupancy += steps;
       if (side == 1) occupancy_right += steps;

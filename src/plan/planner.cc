@@ -1,6 +1,7 @@
 #include "plan/planner.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <list>
 #include <numeric>
@@ -265,35 +266,45 @@ double sharing_ratio_of_order(const PrefixTree& tree, const std::vector<int32_t>
   return total > 0 ? 1 - computed / total : 0;
 }
 
-std::vector<double> estimate_output_lengths(const PrefixTree& tree,
-                                            const std::vector<std::optional<double>>& sampled,
-                                            double fallback) {
+std::vector<OutputEstimate> estimate_output_lengths(
+    const PrefixTree& tree, const std::vector<std::optional<double>>& sampled, double fallback) {
   const std::vector<PlanRequest>& requests = tree.requests();
   if (sampled.size() != requests.size())
     throw Error("estimate_output_lengths: one entry per request expected");
-  std::vector<double> sum(static_cast<size_t>(tree.size()), 0);
-  std::vector<int64_t> count(static_cast<size_t>(tree.size()), 0);
+  const auto nodes = static_cast<size_t>(tree.size());
+  std::vector<double> sum(nodes, 0), sum_squares(nodes, 0);
+  std::vector<int64_t> count(nodes, 0);
   for (size_t r = 0; r < requests.size(); ++r) {
     if (!sampled[r]) continue;
     for (int32_t n = tree.leaf_of(static_cast<int32_t>(r)); n >= 0; n = tree.node(n).parent) {
-      sum[static_cast<size_t>(n)] += *sampled[r];
-      ++count[static_cast<size_t>(n)];
+      const auto i = static_cast<size_t>(n);
+      sum[i] += *sampled[r];
+      sum_squares[i] += *sampled[r] * *sampled[r];
+      ++count[i];
     }
   }
-  std::vector<double> out(requests.size(), fallback);
+  std::vector<OutputEstimate> out(requests.size(), OutputEstimate{fallback, 0});
   for (size_t r = 0; r < requests.size(); ++r) {
     if (requests[r].output_known) {
-      out[r] = requests[r].output_tokens;
+      out[r] = {requests[r].output_tokens, 0};
       continue;
     }
     if (sampled[r]) {
-      out[r] = *sampled[r];
+      out[r] = {*sampled[r], 0};
       continue;
     }
+    bool have_mean = false;
     for (int32_t n = tree.node(tree.leaf_of(static_cast<int32_t>(r))).parent; n >= 0;
          n = tree.node(n).parent) {
-      if (count[static_cast<size_t>(n)] > 0) {
-        out[r] = sum[static_cast<size_t>(n)] / static_cast<double>(count[static_cast<size_t>(n)]);
+      const auto i = static_cast<size_t>(n);
+      const auto k = static_cast<double>(count[i]);
+      if (!have_mean && count[i] > 0) {
+        out[r].tokens = sum[i] / k;
+        have_mean = true;
+      }
+      if (count[i] >= kMinSpreadSamples) {
+        const double mean = sum[i] / k;
+        out[r].spread = std::sqrt(std::max(0.0, sum_squares[i] / k - mean * mean));
         break;
       }
     }

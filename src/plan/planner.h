@@ -93,9 +93,15 @@ double sharing_ratio_of_order(const PrefixTree& tree, const std::vector<int32_t>
 // Output-length estimation (BlendServe §5.1). `sampled[r]` is request r's true output length
 // when it ran in the sampling pass. Each request gets: its known length (output_known), else its
 // sampled length, else the mean of the samples in the nearest enclosing subtree that has any
-// (siblings first, then further ancestors), else `fallback`.
-std::vector<double> estimate_output_lengths(const PrefixTree& tree,
-                                            const std::vector<std::optional<double>>& sampled,
-                                            double fallback);
+// (siblings first, then further ancestors), else `fallback`. An estimated length also gets the
+// spread (standard deviation) of the samples in the nearest enclosing subtree with at least
+// kMinSpreadSamples of them (a spread needs more samples than a mean); 0 when none has.
+struct OutputEstimate {
+  double tokens = 0;
+  double spread = 0;
+};
+inline constexpr int64_t kMinSpreadSamples = 8;
+std::vector<OutputEstimate> estimate_output_lengths(
+    const PrefixTree& tree, const std::vector<std::optional<double>>& sampled, double fallback);
 
 }  // namespace blend::plan

@@ -23,6 +23,7 @@ struct PlanRequest {
   std::vector<TokenId> prompt;  // token ids
   double output_tokens = 0;     // estimated (or known) output length d
   bool output_known = false;    // ignore_eos + max_tokens: d is exact
+  double output_spread = 0;     // standard deviation of the lengths d was estimated from
 };
 
 struct PrefixNode {

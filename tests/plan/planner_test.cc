@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
 #include <random>
 #include <set>
@@ -178,14 +179,48 @@ TEST(Planner, OutputLengthsFromNearestSampledSubtree) {
   sampled[0] = 10;
   sampled[2] = 30;
   sampled[6] = 100;
-  const std::vector<double> d = estimate_output_lengths(tree, sampled, 256);
-  EXPECT_DOUBLE_EQ(d[0], 10);           // sampled: its own length
-  EXPECT_DOUBLE_EQ(d[1], 20);           // siblings' mean
-  EXPECT_DOUBLE_EQ(d[3], 140.0 / 3.0);  // no sampled sibling: the root's mean
-  EXPECT_DOUBLE_EQ(d[5], 7);            // known length wins
-  const std::vector<double> none =
+  const std::vector<OutputEstimate> d = estimate_output_lengths(tree, sampled, 256);
+  EXPECT_DOUBLE_EQ(d[0].tokens, 10);                         // sampled: its own length
+  EXPECT_DOUBLE_EQ(d[1].tokens, 20);                         // siblings' mean
+  EXPECT_DOUBLE_EQ(d[3].tokens, 140.0 / 3.0);                // no sampled sibling: the root's mean
+  EXPECT_DOUBLE_EQ(d[5].tokens, 7);                          // known length wins
+  for (const OutputEstimate& e : d) EXPECT_EQ(e.spread, 0);  // 3 samples: too few for a spread
+  const std::vector<OutputEstimate> none =
       estimate_output_lengths(tree, std::vector<std::optional<double>>(rs.size()), 256);
-  EXPECT_DOUBLE_EQ(none[1], 256);  // nothing sampled: the fallback
+  EXPECT_DOUBLE_EQ(none[1].tokens, 256);  // nothing sampled: the fallback
+}
+
+TEST(Planner, EstimatedLengthsCarryTheSpreadOfTheirSamples) {
+  // Two families under different prefixes; family "a" has 9 sampled requests (lengths 10..90),
+  // family "b" only 2, so b's spread comes from the root's 11 samples.
+  std::vector<PlanRequest> rs;
+  for (int i = 0; i < 10; ++i)
+    rs.push_back(req("a" + std::to_string(i), concat(tokens(100, 20), {i + 1})));
+  for (int i = 0; i < 3; ++i)
+    rs.push_back(req("b" + std::to_string(i), concat(tokens(500, 20), {i + 1})));
+  const PrefixTree tree(rs);
+  std::vector<std::optional<double>> sampled(rs.size());
+  std::vector<double> a_lengths, all_lengths;
+  for (int i = 0; i < 9; ++i) {
+    sampled[static_cast<size_t>(i)] = 10.0 * (i + 1);
+    a_lengths.push_back(10.0 * (i + 1));
+  }
+  sampled[10] = 400;
+  sampled[11] = 600;
+  all_lengths = a_lengths;
+  all_lengths.push_back(400);
+  all_lengths.push_back(600);
+  auto stddev = [](const std::vector<double>& xs) {
+    double mean = 0, squares = 0;
+    for (double x : xs) mean += x / static_cast<double>(xs.size());
+    for (double x : xs) squares += (x - mean) * (x - mean) / static_cast<double>(xs.size());
+    return std::sqrt(squares);
+  };
+  const std::vector<OutputEstimate> d = estimate_output_lengths(tree, sampled, 256);
+  EXPECT_DOUBLE_EQ(d[9].tokens, 50);  // the mean of a's samples
+  EXPECT_NEAR(d[9].spread, stddev(a_lengths), 1e-9);
+  EXPECT_DOUBLE_EQ(d[12].tokens, 500);                   // the mean of b's two samples...
+  EXPECT_NEAR(d[12].spread, stddev(all_lengths), 1e-9);  // ...the spread of the root's eleven
 }
 
 TEST(DualScanner, MemoryPartitionOfFigure6) {
@@ -321,6 +356,31 @@ TEST(CapacityPacing, StepBudgetSpreadsTheDenseTokensOverTheStepsKvAllows) {
   DualScanner unpaced(plan, rs, cost, 1e6 * kv, 128, PacingOptions{.enabled = false});
   unpaced.on_step(0);
   EXPECT_FALSE(unpaced.step_token_budget());
+}
+
+TEST(CapacityPacing, AnEstimatedLengthsSpreadLowersTheStepBudget) {
+  const CostModel cost = llama8b_a100();
+  std::vector<PlanRequest> rs;
+  add_unique(rs, 2000, 1000, 100);
+  add_unique(rs, 4, 50, 2000);
+  PrefixTree tree(rs);
+  const Plan plan = make_plan(tree, cost, PlanOptions{});
+  const double kv = cost.kv_bytes_per_token_per_device();
+  auto paced = [&](const std::vector<PlanRequest>& requests) {
+    DualScanner scanner(plan, requests, cost, 100'000 * kv, 128, PacingOptions{});
+    scanner.on_step(0);
+    return scanner.pacing();
+  };
+  std::vector<PlanRequest> uncertain = rs;
+  for (size_t i = 0; i < 2000; ++i) uncertain[i].output_spread = 60;
+  const Pacing exact = paced(rs), spread = paced(uncertain);
+  // The token-steps count d + sigma/2 = 130 for the 2,000 uncertain requests:
+  // 2000 (1000 x 130 + 130^2 / 2) + 4 (50 x 2000 + 2000^2 / 2) = 285.3M, so b = 100K x 2,208,200 /
+  // 285.3M = 774 -> 768 (896 with the exact lengths' 218.4M). The dense tokens stay the means'.
+  EXPECT_EQ(exact.step_tokens, 896);
+  EXPECT_EQ(spread.step_tokens, 768);
+  EXPECT_DOUBLE_EQ(spread.remaining_dense, exact.remaining_dense);
+  EXPECT_NEAR(spread.remaining_occupancy / kv, 285.3e6, 1e3);
 }
 
 struct PacedRun {
