@@ -90,6 +90,8 @@ void run(const SimulateServeArgs& args) {
           {"be_requests", r.be_requests},
           {"be_requests_per_s", r.be_requests_per_s},
           {"be_throughput_tokens_per_s", r.be_throughput_tokens_per_s},
+          {"seconds_until_drained", r.seconds},
+          {"be_throughput_until_drained_tokens_per_s", r.be_throughput_until_drained_tokens_per_s},
           {"steps", r.steps},
           {"mean_batch_tokens",
            s.steps ? static_cast<double>(s.batch_tokens) / static_cast<double>(s.steps) : 0.0},

@@ -71,6 +71,7 @@ ServingReport simulate_serving(Engine& engine, SimBackend& backend, const Servin
   const double t0 = engine.clock_seconds();
   const EngineStats before = engine.stats();
   int64_t be_in_flight = 0, be_jobs = 0;
+  bool drained = false;  // the last RT request has finished
   std::vector<SeqId> be_ids;
   auto submit_be_job = [&] {
     for (int32_t i = 0; i < w.be_batch_requests; ++i) {
@@ -80,6 +81,8 @@ ServingReport simulate_serving(Engine& engine, SimBackend& backend, const Servin
                   uniform(w.be_output_min, w.be_output_max), RequestClass::kBestEffort);
       be_ids.push_back(engine.submit(std::move(r), [&, prompt](GenerationResult&& g) {
         --be_in_flight;
+        if (!drained)
+          report.be_tokens_until_drained += prompt + static_cast<int64_t>(g.tokens.size());
         if (engine.clock_seconds() - t0 <= w.duration_seconds) {
           ++report.be_requests;
           report.be_tokens += prompt + static_cast<int64_t>(g.tokens.size());
@@ -122,8 +125,12 @@ ServingReport simulate_serving(Engine& engine, SimBackend& backend, const Servin
       backend.advance_to(t0 + arrivals[next]);  // idle until the next arrival
     }
   }
+  drained = true;
   report.seconds = engine.clock_seconds() - t0;
   report.steps = engine.stats().steps - before.steps;
+  if (report.seconds > 0)
+    report.be_throughput_until_drained_tokens_per_s =
+        static_cast<double>(report.be_tokens_until_drained) / report.seconds;
 
   std::vector<RtRecord> records;
   for (const RtTiming& t : rt) {

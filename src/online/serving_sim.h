@@ -46,6 +46,11 @@ struct ServingReport {
   double be_throughput_tokens_per_s = 0;  // be_tokens / duration
   double be_requests_per_s = 0;
   double seconds = 0;  // engine-clock time until the last RT request finished
+  // BE work at equal RT work: the BE tokens finished before the last RT request was (no BE job
+  // starts after the window), over `seconds`. A policy that leaves RT requests queued past the
+  // window does the RT work later, where the in-window figure does not charge it.
+  int64_t be_tokens_until_drained = 0;
+  double be_throughput_until_drained_tokens_per_s = 0;
   int64_t steps = 0;
 };
 

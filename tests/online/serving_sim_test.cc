@@ -55,6 +55,12 @@ TEST(ServingSim, ServesEveryArrivalAndMeasuresConsistently) {
   EXPECT_GT(r.be_requests, 32);  // more than one BE job finished
   EXPECT_NEAR(r.be_requests_per_s * 60, static_cast<double>(r.be_requests), 1e-9);
   EXPECT_GE(r.seconds, 60 * 0.9);
+  // Until drained counts every BE request the window counts, and those finished after it.
+  if (r.seconds >= 60) {
+    EXPECT_GE(r.be_tokens_until_drained, r.be_tokens);
+  }
+  EXPECT_NEAR(r.be_throughput_until_drained_tokens_per_s * r.seconds,
+              static_cast<double>(r.be_tokens_until_drained), 1e-6);
 }
 
 TEST(ServingSim, HybridMeetsMoreTtftTargetsThanFcfsUnderLoad) {
@@ -64,10 +70,13 @@ TEST(ServingSim, HybridMeetsMoreTtftTargetsThanFcfsUnderLoad) {
   EXPECT_GT(hybrid.ttft_attainment, 1.5 * fcfs.ttft_attainment);
   EXPECT_LT(hybrid.rt_normalized_latency_s, fcfs.rt_normalized_latency_s);
   EXPECT_GT(hybrid.be_throughput_tokens_per_s, 0.7 * fcfs.be_throughput_tokens_per_s);
-  std::printf("fcfs: ttft %.3f norm %.4f be %.0f | hybrid: ttft %.3f norm %.4f be %.0f\n",
-              fcfs.ttft_attainment, fcfs.rt_normalized_latency_s, fcfs.be_throughput_tokens_per_s,
-              hybrid.ttft_attainment, hybrid.rt_normalized_latency_s,
-              hybrid.be_throughput_tokens_per_s);
+  std::printf(
+      "fcfs: ttft %.3f norm %.4f be %.0f (drained %.0f in %.1f s) | hybrid: ttft %.3f norm %.4f "
+      "be %.0f (drained %.0f in %.1f s)\n",
+      fcfs.ttft_attainment, fcfs.rt_normalized_latency_s, fcfs.be_throughput_tokens_per_s,
+      fcfs.be_throughput_until_drained_tokens_per_s, fcfs.seconds, hybrid.ttft_attainment,
+      hybrid.rt_normalized_latency_s, hybrid.be_throughput_tokens_per_s,
+      hybrid.be_throughput_until_drained_tokens_per_s, hybrid.seconds);
 }
 
 }  // namespace
