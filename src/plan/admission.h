@@ -107,9 +107,10 @@ MemoryPartition partition_memory(double memory_bytes, double rho_root, double rh
 //    (PlanRequest::output_spread, from the sampling pass) as d + sigma/2. Paced on the means,
 //    b came out too high: the memory-intensive side got its memory early, and the compute left
 //    over ran in a compute-bound end (debug trace, docs/BENCHMARKS.md). Measured on Table 2's
-//    traces with hidden lengths and 1% sampling: sigma/2 gains 0.7-7.7% on each trace; the
-//    expected token-steps (E[d^2] in place of d^2) gain 0.3-1.9%; a full sigma gains less and
-//    loses 0.4% on Trace#2. Known lengths have no spread and are not touched.
+//    traces with hidden lengths and 1% sampling: sigma/2 gains 0.7-7.7% on each trace on an
+//    A100 (-0.5% to +5.1% on an H200); the expected token-steps (E[d^2] in place of d^2) gain
+//    0.3-1.9%; a full sigma gains less and loses 0.4% on Trace#2. Known lengths have no spread
+//    and are not touched.
 inline constexpr double kSpreadHeadroom = 0.5;
 
 struct PacingOptions {
