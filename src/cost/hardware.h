@@ -34,7 +34,7 @@ struct Hardware {
   double per_logit_row_seconds = 0.0;
   // GEMM-attention interference when the two overlap (NanoFlow §4.3, BlendServe §6.2's
   // "practical" optimum): an overlapped step takes max(parts) + interference x (the rest).
-  // 0 = perfect overlap. The GPU presets assume kAssumedGpuInterference (see hardware.cc).
+  // 0 = perfect overlap. a100-* assume 0.15; h100 and h200 carry measured figures (hardware.cc).
   double overlap_interference = 0.0;
 
   double effective_compute() const { return compute_flops * compute_efficiency; }
@@ -51,7 +51,7 @@ struct Hardware {
   nlohmann::json to_json() const;
 };
 
-// a100-80g, a100-40g, h100, h200 (NanoFlow Table 1).
+// a100-80g, a100-40g, h100, h200 (NanoFlow Table 1); h100 and h200 with a measured fit.
 std::optional<Hardware> find_hardware_preset(std::string_view name);
 std::vector<std::string> hardware_preset_names();
 

@@ -59,7 +59,7 @@ TEST(SimulateCli, OneJsonLinePerPolicyEntry) {
       EXPECT_TRUE(j.contains(key)) << key;
     // The practical optimum pays the interference the ideal one does not, so it is longer.
     EXPECT_GT(j["fraction_of_optimal"].get<double>(), j["fraction_of_ideal"].get<double>());
-    EXPECT_DOUBLE_EQ(j["interference"].get<double>(), 0.15);
+    EXPECT_DOUBLE_EQ(j["interference"].get<double>(), 0.71);  // the h100 preset's measured fit
     EXPECT_EQ(j["requests"], 30);
     EXPECT_GT(j["throughput_tokens_per_s"].get<double>(), 0);
     EXPECT_GT(j["sharing_optimal"].get<double>(), 0);

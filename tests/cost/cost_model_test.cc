@@ -18,6 +18,27 @@ TEST(Hardware, PresetsFollowNanoFlowTable1) {
   const Hardware a100 = *find_hardware_preset("a100-80g");
   EXPECT_DOUBLE_EQ(a100.compute_flops / a100.memory_bandwidth, 156);  // Table 1 ratio
   EXPECT_FALSE(find_hardware_preset("tpu"));
+  // The Hopper presets keep Table 1's peaks and carry what was measured on them: below-peak
+  // rates and a worse overlap than the A100's assumption, so a step costs more than the
+  // datasheet alone would say.
+  for (const char* name : {"h100", "h200"}) {
+    const Hardware measured = *find_hardware_preset(name);
+    Hardware datasheet = measured;
+    datasheet.compute_efficiency = datasheet.bandwidth_efficiency = 1.0;
+    datasheet.overlap_interference = a100.overlap_interference;
+    EXPECT_DOUBLE_EQ(measured.compute_flops, 989e12) << name;
+    const ModelShape shape = *find_model_shape_preset("llama-3-8b");
+    StepShape step;
+    step.prefill_tokens = 1024;
+    step.decode_tokens = 256;
+    step.decode_context_tokens = 256 * 2048;
+    const StepCost slow = CostModel(shape, measured).estimate_step(step);
+    const StepCost fast = CostModel(shape, datasheet).estimate_step(step);
+    EXPECT_GT(slow.compute_seconds, fast.compute_seconds) << name;
+    EXPECT_GT(slow.memory_seconds, fast.memory_seconds) << name;
+    EXPECT_GT(slow.overlapped() / fast.overlapped(), slow.sequential() / fast.sequential())
+        << name << ": the measured interference makes overlap gain less";
+  }
 }
 
 TEST(Hardware, ProfileRoundTripsAndRejectsBadFields) {

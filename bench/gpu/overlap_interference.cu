@@ -1,0 +1,692 @@
+// Measures the cost model's GEMM-attention interference term (hardware.h overlap_interference)
+// on an NVIDIA GPU. An overlapped step costs max(parts) + interference x (the rest); BlendServe
+// §6.2 gets its "practical" optimum by profiling a GEMM overlapped with attention, and NanoFlow
+// §4.3 overlaps them by limiting each kernel's share of the SMs (launching both on plain CUDA
+// streams slows the GEMM by up to 2.5x). This program does the same with one Llama-3-8B decoder
+// layer:
+//   compute part: the layer's four GEMMs (QKV, O, gate-up, down) over M tokens, cuBLASLt bf16
+//                 with fp32 accumulation, its SM count target set to the GEMM's share;
+//   memory part:  decode attention (GQA, 32 query / 8 KV heads of 128) over R requests of C
+//                 context tokens, our kernel below, its persistent grid sized to its SM share.
+// For each size ratio it tries SM splits, keeps the fastest overlapped pair (both parts joined
+// at the end of every repetition, as a step joins its nano-batches), and prints
+//   interference = (t_overlapped - max(t_gemm, t_attention)) / min(t_gemm, t_attention)
+// with the alone times on the whole device. It also prints the GEMMs' TFLOP/s and the
+// memory part's bytes/s alone, against the device's datasheet figures. The memory part is
+// measured twice: with decode_attention (real attention on CUDA cores) and with kv_stream (the
+// same reads and almost no math: what a tensor-core attention kernel could at best reach).
+//
+// Build and run (no GPU in CI; bench/gpu_interference.sh does both on a machine with one):
+//   nvcc -O3 -std=c++17 -arch=sm_90a bench/gpu/overlap_interference.cu -lcublasLt -lcuda -o oi
+//   ./oi [GEMM_TOKENS=2048] [REQUESTS=256] [streams|green]
+#include <cublasLt.h>
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+#define CHECK_CUDA(call)                                                                          \
+  do {                                                                                            \
+    cudaError_t e_ = (call);                                                                      \
+    if (e_ != cudaSuccess) {                                                                      \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                               \
+    }                                                                                             \
+  } while (0)
+#define CHECK_CUBLAS(call)                                                             \
+  do {                                                                                 \
+    cublasStatus_t s_ = (call);                                                        \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                 \
+      std::fprintf(stderr, "%s:%d: %s: cublas status %d\n", __FILE__, __LINE__, #call, \
+                   static_cast<int>(s_));                                              \
+      std::exit(1);                                                                    \
+    }                                                                                  \
+  } while (0)
+
+// Llama-3-8B.
+constexpr int kHidden = 4096;
+constexpr int kIntermediate = 14336;
+constexpr int kHeadDim = 128;
+constexpr int kKvHeads = 8;
+constexpr int kGroup = 4;  // query heads per KV head
+constexpr int kQHeads = kKvHeads * kGroup;
+
+// Datasheet peaks of the device at hand (the h100 / h200 presets' NanoFlow Table 1 figures; both
+// have 989 dense bf16 TFLOP/s); "of_peak" in the output is against them.
+double kPeakFlops = 989e12;
+double kPeakBytesPerSecond = 3352e9;
+
+// ---------------------------------------------------------------------------------------------
+// Decode attention. One block per (request, KV head) item, looping over items (persistent grid
+// of `gridDim.x` blocks, which is how the SM share is set). Each half-warp reads one token's K and
+// V row (256 bytes each, 16 bytes a lane) and keeps an online softmax for the group's 4 query
+// heads; the 8 half-warps of a block are merged through shared memory at the end.
+constexpr int kAttnWarps = 4;
+constexpr int kHalfWarps = kAttnWarps * 2;
+constexpr int kTokensPerLoad = 4;  // tokens a half-warp has in flight
+constexpr int kTokenStride = kHalfWarps * kTokensPerLoad;
+
+__device__ inline void unpack8(const uint4& raw, float out[8]) {
+  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float2 f = __bfloat1622float2(pairs[i]);
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
+}
+
+__global__ void __launch_bounds__(kAttnWarps * 32)
+    decode_attention(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
+                     const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ out,
+                     int requests, int context, float scale) {
+  __shared__ float s_max[kHalfWarps][kGroup];
+  __shared__ float s_sum[kHalfWarps][kGroup];
+  __shared__ float s_acc[kHalfWarps][kGroup][kHeadDim];
+
+  const int lane = threadIdx.x & 31;
+  const int half_warp = threadIdx.x >> 4;  // 0..7
+  const int sub = lane & 15;               // owns dims [8 sub, 8 sub + 8)
+  const int items = requests * kKvHeads;
+
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    const int request = item / kKvHeads;
+    const int kv_head = item % kKvHeads;
+
+    float qr[kGroup][8];
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) {
+      const __nv_bfloat16* qp =
+          q + (static_cast<size_t>(request) * kQHeads + kv_head * kGroup + g) * kHeadDim + 8 * sub;
+      unpack8(*reinterpret_cast<const uint4*>(qp), qr[g]);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) qr[g][i] *= scale;
+    }
+    float running_max[kGroup], running_sum[kGroup], acc[kGroup][8];
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) {
+      running_max[g] = -INFINITY;
+      running_sum[g] = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[g][i] = 0.f;
+    }
+
+    const size_t base = static_cast<size_t>(item) * context * kHeadDim + 8 * sub;
+    for (int t0 = half_warp; t0 < context; t0 += kTokenStride) {
+      uint4 kraw[kTokensPerLoad], vraw[kTokensPerLoad];
+#pragma unroll
+      for (int u = 0; u < kTokensPerLoad; ++u) {  // context % kTokenStride == 0 (host checks)
+        const size_t off = base + static_cast<size_t>(t0 + u * kHalfWarps) * kHeadDim;
+        kraw[u] = __ldcs(reinterpret_cast<const uint4*>(k + off));
+        vraw[u] = __ldcs(reinterpret_cast<const uint4*>(v + off));
+      }
+      // Scores of the 4 tokens for the 4 heads, then one softmax update for all of them.
+      float score[kTokensPerLoad][kGroup];
+#pragma unroll
+      for (int u = 0; u < kTokensPerLoad; ++u) {
+        float kf[8];
+        unpack8(kraw[u], kf);
+#pragma unroll
+        for (int g = 0; g < kGroup; ++g) {
+          float dot = 0.f;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) dot += qr[g][i] * kf[i];
+          score[u][g] = dot;
+        }
+      }
+#pragma unroll
+      for (int offset = 8; offset > 0; offset >>= 1)  // stays inside the half-warp
+#pragma unroll
+        for (int u = 0; u < kTokensPerLoad; ++u)
+#pragma unroll
+          for (int g = 0; g < kGroup; ++g)
+            score[u][g] += __shfl_xor_sync(0xffffffffu, score[u][g], offset);
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) {
+        float new_max = running_max[g];
+#pragma unroll
+        for (int u = 0; u < kTokensPerLoad; ++u) new_max = fmaxf(new_max, score[u][g]);
+        const float correction = __expf(running_max[g] - new_max);
+        running_sum[g] *= correction;
+#pragma unroll
+        for (int u = 0; u < kTokensPerLoad; ++u) {
+          score[u][g] = __expf(score[u][g] - new_max);
+          running_sum[g] += score[u][g];
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[g][i] *= correction;
+        running_max[g] = new_max;
+      }
+#pragma unroll
+      for (int u = 0; u < kTokensPerLoad; ++u) {
+        float vf[8];
+        unpack8(vraw[u], vf);
+#pragma unroll
+        for (int g = 0; g < kGroup; ++g)
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[g][i] += score[u][g] * vf[i];
+      }
+    }
+
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) {
+      if (sub == 0) {
+        s_max[half_warp][g] = running_max[g];
+        s_sum[half_warp][g] = running_sum[g];
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) s_acc[half_warp][g][8 * sub + i] = acc[g][i];
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < kGroup * kHeadDim; idx += blockDim.x) {
+      const int g = idx / kHeadDim, d = idx % kHeadDim;
+      float m = -INFINITY;
+      for (int h = 0; h < kHalfWarps; ++h) m = fmaxf(m, s_max[h][g]);
+      float total = 0.f, value = 0.f;
+      for (int h = 0; h < kHalfWarps; ++h) {
+        const float w = s_max[h][g] == -INFINITY ? 0.f : __expf(s_max[h][g] - m);
+        total += s_sum[h][g] * w;
+        value += s_acc[h][g][d] * w;
+      }
+      out[(static_cast<size_t>(request) * kQHeads + kv_head * kGroup + g) * kHeadDim + d] =
+          __float2bfloat16(value / total);
+    }
+    __syncthreads();
+  }
+}
+
+// The memory part with no arithmetic to speak of: the same K and V reads as decode_attention,
+// summed. What an attention kernel that hides all its math (tensor cores, as FlashInfer's decode
+// does) could reach on a given share of the SMs.
+__global__ void __launch_bounds__(kAttnWarps * 32)
+    kv_stream(const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v,
+              __nv_bfloat16* __restrict__ out, int requests, int context) {
+  const int half_warp = threadIdx.x >> 4, sub = threadIdx.x & 15;
+  const int items = requests * kKvHeads;
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    float sum = 0.f;
+    const size_t base = static_cast<size_t>(item) * context * kHeadDim + 8 * sub;
+    for (int t0 = half_warp; t0 < context; t0 += kTokenStride) {
+      uint4 kraw[kTokensPerLoad], vraw[kTokensPerLoad];
+#pragma unroll
+      for (int u = 0; u < kTokensPerLoad; ++u) {
+        const size_t off = base + static_cast<size_t>(t0 + u * kHalfWarps) * kHeadDim;
+        kraw[u] = __ldcs(reinterpret_cast<const uint4*>(k + off));
+        vraw[u] = __ldcs(reinterpret_cast<const uint4*>(v + off));
+      }
+#pragma unroll
+      for (int u = 0; u < kTokensPerLoad; ++u) {
+        const __nv_bfloat162* kp = reinterpret_cast<const __nv_bfloat162*>(&kraw[u]);
+        const __nv_bfloat162* vp = reinterpret_cast<const __nv_bfloat162*>(&vraw[u]);
+        __nv_bfloat162 pair = __hadd2(kp[0], vp[0]);
+#pragma unroll
+        for (int i = 1; i < 4; ++i) pair = __hadd2(pair, __hadd2(kp[i], vp[i]));
+        sum += __low2float(pair) + __high2float(pair);
+      }
+    }
+    if (sum == 12345.f) out[item] = __float2bfloat16(sum);  // keeps the reads alive
+  }
+}
+
+struct Attention {
+  int requests = 0, context = 0;
+  bool stream_only = false;  // kv_stream in place of decode_attention
+  __nv_bfloat16 *q = nullptr, *k = nullptr, *v = nullptr, *out = nullptr;
+  size_t kv_bytes() const {
+    return 2ull * requests * kKvHeads * static_cast<size_t>(context) * kHeadDim * 2;
+  }
+  void launch(int blocks, cudaStream_t stream) const {
+    if (stream_only)
+      kv_stream<<<blocks, kAttnWarps * 32, 0, stream>>>(k, v, out, requests, context);
+    else
+      decode_attention<<<blocks, kAttnWarps * 32, 0, stream>>>(q, k, v, out, requests, context,
+                                                               1.f / std::sqrt(float(kHeadDim)));
+  }
+};
+
+__global__ void fill_random(__nv_bfloat16* p, size_t n, uint32_t seed, float amplitude) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    x ^= x >> 13;
+    x *= 0x5bd1e995u;
+    x ^= x >> 15;
+    p[i] = __float2bfloat16(amplitude * ((x & 0xffff) / 32768.f - 1.f));
+  }
+}
+
+__nv_bfloat16* device_random(size_t n, uint32_t seed, float amplitude) {
+  __nv_bfloat16* p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, n * sizeof(__nv_bfloat16)));
+  fill_random<<<1024, 256>>>(p, n, seed, amplitude);
+  CHECK_CUDA(cudaGetLastError());
+  return p;
+}
+
+Attention make_attention(int requests, int context, bool stream_only = false) {
+  if (context % kTokenStride != 0) {
+    std::fprintf(stderr, "context %d is not a multiple of %d\n", context, kTokenStride);
+    std::exit(1);
+  }
+  Attention a;
+  a.stream_only = stream_only;
+  a.requests = requests;
+  a.context = context;
+  const size_t kv = static_cast<size_t>(requests) * kKvHeads * context * kHeadDim;
+  a.q = device_random(static_cast<size_t>(requests) * kQHeads * kHeadDim, 1, 1.f);
+  a.k = device_random(kv, 2, 1.f);
+  a.v = device_random(kv, 3, 1.f);
+  CHECK_CUDA(cudaMalloc(&a.out, static_cast<size_t>(requests) * kQHeads * kHeadDim * 2));
+  return a;
+}
+
+void free_attention(Attention& a) {
+  cudaFree(a.q);
+  cudaFree(a.k);
+  cudaFree(a.v);
+  cudaFree(a.out);
+  a = Attention{};
+}
+
+float to_float(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+
+// The kernel against a float reference on a small case; exits non-zero on a mismatch.
+void check_attention(int blocks) {
+  const int requests = 3, context = 96;
+  Attention a = make_attention(requests, context);
+  a.launch(blocks, nullptr);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  const size_t kv = static_cast<size_t>(requests) * kKvHeads * context * kHeadDim;
+  std::vector<__nv_bfloat16> q(requests * kQHeads * kHeadDim), k(kv), v(kv), out(q.size());
+  CHECK_CUDA(cudaMemcpy(q.data(), a.q, q.size() * 2, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(k.data(), a.k, kv * 2, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(v.data(), a.v, kv * 2, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(out.data(), a.out, out.size() * 2, cudaMemcpyDeviceToHost));
+  double worst = 0;
+  for (int r = 0; r < requests; ++r)
+    for (int h = 0; h < kQHeads; ++h) {
+      const int kvh = h / kGroup;
+      const size_t kvbase = (static_cast<size_t>(r) * kKvHeads + kvh) * context * kHeadDim;
+      std::vector<double> scores(context);
+      double m = -1e300;
+      for (int t = 0; t < context; ++t) {
+        double s = 0;
+        for (int d = 0; d < kHeadDim; ++d)
+          s += to_float(q[(r * kQHeads + h) * kHeadDim + d]) *
+               to_float(k[kvbase + size_t(t) * kHeadDim + d]);
+        scores[t] = s / std::sqrt(double(kHeadDim));
+        m = std::max(m, scores[t]);
+      }
+      double total = 0;
+      for (double& s : scores) total += (s = std::exp(s - m));
+      for (int d = 0; d < kHeadDim; ++d) {
+        double value = 0;
+        for (int t = 0; t < context; ++t)
+          value += scores[t] * to_float(v[kvbase + size_t(t) * kHeadDim + d]);
+        worst = std::max(worst,
+                         std::abs(value / total - to_float(out[(r * kQHeads + h) * kHeadDim + d])));
+      }
+    }
+  free_attention(a);
+  std::printf("{\"check\":\"decode_attention vs float reference\",\"max_abs_error\":%.5f}\n",
+              worst);
+  if (!(worst < 0.02)) {
+    std::fprintf(stderr, "decode_attention is wrong: max abs error %.5f\n", worst);
+    std::exit(1);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The layer's GEMMs, y[M, N] = x[M, K] W[N, K]^T (PyTorch's linear layout). In cuBLASLt's
+// column-major terms: C (N x M) = A^T B with A = W seen as K x N and B = x seen as K x M.
+struct Gemm {
+  int n = 0, k = 0;
+  __nv_bfloat16* weight = nullptr;
+};
+
+class LayerGemms {
+ public:
+  LayerGemms(cublasLtHandle_t handle, int tokens) : handle_(handle), tokens_(tokens) {
+    const int shapes[4][2] = {{(kQHeads + 2 * kKvHeads) * kHeadDim, kHidden},
+                              {kHidden, kHidden},
+                              {2 * kIntermediate, kHidden},
+                              {kHidden, kIntermediate}};
+    for (int i = 0; i < 4; ++i) {
+      gemms_[i].n = shapes[i][0];
+      gemms_[i].k = shapes[i][1];
+      gemms_[i].weight = device_random(size_t(gemms_[i].n) * gemms_[i].k, 10 + i, 0.02f);
+    }
+    input_ = device_random(size_t(tokens) * kIntermediate, 20, 1.f);
+    CHECK_CUDA(cudaMalloc(&output_, size_t(tokens) * 2 * kIntermediate * 2));
+    CHECK_CUDA(cudaMalloc(&workspace_, kWorkspace));
+  }
+  ~LayerGemms() {
+    for (Gemm& g : gemms_) cudaFree(g.weight);
+    cudaFree(input_);
+    cudaFree(output_);
+    cudaFree(workspace_);
+  }
+
+  double flops() const {
+    double f = 0;
+    for (const Gemm& g : gemms_) f += 2.0 * tokens_ * g.n * g.k;
+    return f;
+  }
+
+  // The four GEMMs with cuBLASLt's heuristics told to expect `sm_target` SMs (0 = all).
+  void launch(int sm_target, cudaStream_t stream) {
+    for (const Gemm& g : gemms_) run(g, sm_target, stream);
+  }
+
+ private:
+  static constexpr size_t kWorkspace = 64ull << 20;
+
+  void run(const Gemm& g, int sm_target, cudaStream_t stream) {
+    cublasLtMatmulDesc_t desc;
+    CHECK_CUBLAS(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t transpose = CUBLAS_OP_T, none = CUBLAS_OP_N;
+    CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose,
+                                                sizeof(transpose)));
+    CHECK_CUBLAS(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &none, sizeof(none)));
+    const int32_t target = sm_target;
+    CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &target,
+                                                sizeof(target)));
+    cublasLtMatrixLayout_t a, b, c;
+    CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, g.k, g.n, g.k));
+    CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, g.k, tokens_, g.k));
+    CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&c, CUDA_R_16BF, g.n, tokens_, g.n));
+    cublasLtMatmulPreference_t preference;
+    CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&preference));
+    CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(
+        preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspace, sizeof(kWorkspace)));
+    cublasLtMatmulHeuristicResult_t heuristic;
+    int found = 0;
+    CHECK_CUBLAS(cublasLtMatmulAlgoGetHeuristic(handle_, desc, a, b, c, c, preference, 1,
+                                                &heuristic, &found));
+    if (found == 0) {
+      std::fprintf(stderr, "cuBLASLt found no algorithm for %d x %d x %d\n", tokens_, g.n, g.k);
+      std::exit(1);
+    }
+    const float alpha = 1.f, beta = 0.f;
+    CHECK_CUBLAS(cublasLtMatmul(handle_, desc, &alpha, g.weight, a, input_, b, &beta, output_, c,
+                                output_, c, &heuristic.algo, workspace_, kWorkspace, stream));
+    cublasLtMatmulPreferenceDestroy(preference);
+    cublasLtMatrixLayoutDestroy(a);
+    cublasLtMatrixLayoutDestroy(b);
+    cublasLtMatrixLayoutDestroy(c);
+    cublasLtMatmulDescDestroy(desc);
+  }
+
+  cublasLtHandle_t handle_;
+  int tokens_;
+  Gemm gemms_[4];
+  __nv_bfloat16* input_ = nullptr;
+  __nv_bfloat16* output_ = nullptr;
+  void* workspace_ = nullptr;
+};
+
+// ---------------------------------------------------------------------------------------------
+// A hard split of the SMs (CUDA green contexts): the memory part's stream runs on `memory_sms`
+// SMs and the GEMMs' on the rest, so neither kernel's blocks can land on the other's SMs.
+struct GreenSplit {
+  int memory_sms = 0, gemm_sms = 0;
+  CUgreenCtx memory_ctx = nullptr, gemm_ctx = nullptr;
+  cudaStream_t memory = nullptr, gemm = nullptr;
+};
+
+bool cu_ok(CUresult r, const char* what) {
+  if (r == CUDA_SUCCESS) return true;
+  const char* text = nullptr;
+  cuGetErrorString(r, &text);
+  std::fprintf(stderr, "%s: %s\n", what, text ? text : "?");
+  return false;
+}
+
+bool make_green_split(int memory_sms, GreenSplit& split) {
+  CUdevice device;
+  CUdevResource all, group, rest;
+  if (!cu_ok(cuDeviceGet(&device, 0), "cuDeviceGet") ||
+      !cu_ok(cuDeviceGetDevResource(device, &all, CU_DEV_RESOURCE_TYPE_SM),
+             "cuDeviceGetDevResource"))
+    return false;
+  unsigned groups = 1;
+  if (!cu_ok(cuDevSmResourceSplitByCount(&group, &groups, &all, &rest, 0, memory_sms),
+             "cuDevSmResourceSplitByCount") ||
+      groups != 1)
+    return false;
+  CUdevResourceDesc memory_desc, gemm_desc;
+  CUstream memory_stream, gemm_stream;
+  if (!cu_ok(cuDevResourceGenerateDesc(&memory_desc, &group, 1), "cuDevResourceGenerateDesc") ||
+      !cu_ok(cuDevResourceGenerateDesc(&gemm_desc, &rest, 1), "cuDevResourceGenerateDesc") ||
+      !cu_ok(cuGreenCtxCreate(&split.memory_ctx, memory_desc, device, CU_GREEN_CTX_DEFAULT_STREAM),
+             "cuGreenCtxCreate") ||
+      !cu_ok(cuGreenCtxCreate(&split.gemm_ctx, gemm_desc, device, CU_GREEN_CTX_DEFAULT_STREAM),
+             "cuGreenCtxCreate") ||
+      !cu_ok(cuGreenCtxStreamCreate(&memory_stream, split.memory_ctx, CU_STREAM_NON_BLOCKING, 0),
+             "cuGreenCtxStreamCreate") ||
+      !cu_ok(cuGreenCtxStreamCreate(&gemm_stream, split.gemm_ctx, CU_STREAM_NON_BLOCKING, 0),
+             "cuGreenCtxStreamCreate"))
+    return false;
+  split.memory = memory_stream;
+  split.gemm = gemm_stream;
+  split.memory_sms = static_cast<int>(group.sm.smCount);
+  split.gemm_sms = static_cast<int>(rest.sm.smCount);
+  return true;
+}
+
+void free_green_split(GreenSplit& split) {
+  cuStreamDestroy(split.memory);
+  cuStreamDestroy(split.gemm);
+  cuGreenCtxDestroy(split.memory_ctx);
+  cuGreenCtxDestroy(split.gemm_ctx);
+  split = GreenSplit{};
+}
+
+struct Streams {
+  cudaStream_t gemm, attention;
+  cudaEvent_t start, stop, fork, join;
+};
+
+// Median milliseconds of one repetition over `trials` timed runs of `reps` repetitions each.
+template <typename Body>
+double median_ms(Streams& s, int reps, int trials, Body body) {
+  body();  // warm-up (and heuristic choice)
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<double> samples;
+  for (int trial = 0; trial < trials; ++trial) {
+    CHECK_CUDA(cudaEventRecord(s.start, s.gemm));
+    for (int r = 0; r < reps; ++r) body();
+    CHECK_CUDA(cudaEventRecord(s.stop, s.gemm));
+    CHECK_CUDA(cudaEventSynchronize(s.stop));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, s.start, s.stop));
+    samples.push_back(ms / reps);
+  }
+  std::sort(samples.begin(), samples.end());
+  return samples[samples.size() / 2];
+}
+
+// One overlapped repetition: both parts start together and the repetition ends when both have.
+void overlapped_pair(Streams& s, LayerGemms& gemms, const Attention& attention, int gemm_sms,
+                     int attention_blocks) {
+  CHECK_CUDA(cudaEventRecord(s.fork, s.gemm));
+  CHECK_CUDA(cudaStreamWaitEvent(s.attention, s.fork));
+  gemms.launch(gemm_sms, s.gemm);
+  attention.launch(attention_blocks, s.attention);
+  CHECK_CUDA(cudaEventRecord(s.join, s.attention));
+  CHECK_CUDA(cudaStreamWaitEvent(s.gemm, s.join));
+}
+
+// The alone times, the overlapped pairs over SM splits, and the fitted interference for one
+// memory-part kernel.
+void measure(Streams& s, LayerGemms& gemms, double gemm_ms, int sms, int requests, bool stream_only,
+             bool green) {
+  const char* kernel = stream_only ? "kv_stream" : "decode_attention";
+  int blocks_per_sm = 0;
+  if (stream_only)
+    CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kv_stream,
+                                                             kAttnWarps * 32, 0));
+  else
+    CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, decode_attention,
+                                                             kAttnWarps * 32, 0));
+  const int reps = 10, trials = 5;
+  // Bandwidth on a reference size, then contexts that make memory part / GEMMs these ratios.
+  double bytes_per_ms = 0;
+  {
+    Attention probe = make_attention(requests, 2048, stream_only);
+    const double ms =
+        median_ms(s, reps, trials, [&] { probe.launch(sms * blocks_per_sm, s.gemm); });
+    bytes_per_ms = probe.kv_bytes() / ms;
+    std::printf(
+        "{\"kernel\":\"%s\",\"blocks_per_sm\":%d,\"context\":2048,\"ms\":%.4f,"
+        "\"gb_per_s\":%.1f,\"of_peak\":%.3f}\n",
+        kernel, blocks_per_sm, ms, bytes_per_ms / 1e6, bytes_per_ms * 1e3 / kPeakBytesPerSecond);
+    free_attention(probe);
+  }
+
+  const double ratios[] = {0.25, 0.5, 1.0, 2.0, 4.0};
+  const int attention_sm_shares[] = {0, 8, 16, 24, 32, 40, 48, 64, 80, 96};
+  double fit_numerator = 0, fit_denominator = 0, green_numerator = 0, green_denominator = 0;
+  std::vector<double> interferences, green_interferences;
+  for (double ratio : ratios) {
+    const double want_bytes = ratio * gemm_ms * bytes_per_ms;
+    int context = static_cast<int>(want_bytes / (requests * double(kKvHeads) * kHeadDim * 4));
+    context = std::max(kTokenStride, context / kTokenStride * kTokenStride);
+    Attention attention = make_attention(requests, context, stream_only);
+    const double attention_ms =
+        median_ms(s, reps, trials, [&] { attention.launch(sms * blocks_per_sm, s.gemm); });
+    double best_ms = 1e30;
+    int best_share = -1;
+    for (int share : attention_sm_shares) {
+      if (green) break;
+      // share 0: both kernels on the whole device, as plain streams launch them.
+      const int gemm_sms = share == 0 ? 0 : sms - share;
+      const int blocks = (share == 0 ? sms : share) * blocks_per_sm;
+      const double ms = median_ms(s, reps, trials,
+                                  [&] { overlapped_pair(s, gemms, attention, gemm_sms, blocks); });
+      const double gemm_alone = median_ms(s, 3, 3, [&] { gemms.launch(gemm_sms, s.gemm); });
+      const double memory_alone = median_ms(s, 3, 3, [&] { attention.launch(blocks, s.gemm); });
+      std::printf(
+          "{\"kernel\":\"%s\",\"ratio\":%.2f,\"attention_sms\":%d,"
+          "\"overlapped_ms\":%.4f,\"gemm_alone_ms\":%.4f,\"memory_alone_ms\":%.4f}\n",
+          kernel, ratio, share, ms, gemm_alone, memory_alone);
+      if (ms < best_ms) best_ms = ms, best_share = share;
+    }
+    // The same pairs on green-context splits (stream mode's "share" is only a grid size).
+    double best_green_ms = 1e30;
+    int best_green_share = -1;
+    for (int share : attention_sm_shares) {
+      GreenSplit split;
+      if (!green || share == 0 || !make_green_split(share, split)) continue;
+      Streams g = s;
+      g.gemm = split.gemm;
+      g.attention = split.memory;
+      const int blocks = split.memory_sms * blocks_per_sm;
+      const double ms = median_ms(
+          g, reps, trials, [&] { overlapped_pair(g, gemms, attention, split.gemm_sms, blocks); });
+      const double gemm_alone = median_ms(g, 3, 3, [&] { gemms.launch(split.gemm_sms, g.gemm); });
+      Streams m = s;
+      m.gemm = split.memory;
+      const double memory_alone = median_ms(m, 3, 3, [&] { attention.launch(blocks, m.gemm); });
+      std::printf(
+          "{\"kernel\":\"%s\",\"ratio\":%.2f,\"green_memory_sms\":%d,"
+          "\"green_gemm_sms\":%d,\"overlapped_ms\":%.4f,\"gemm_alone_ms\":%.4f,"
+          "\"memory_alone_ms\":%.4f}\n",
+          kernel, ratio, split.memory_sms, split.gemm_sms, ms, gemm_alone, memory_alone);
+      if (ms < best_green_ms) best_green_ms = ms, best_green_share = split.memory_sms;
+      CHECK_CUDA(cudaDeviceSynchronize());
+      free_green_split(split);
+    }
+    const double longer = std::max(gemm_ms, attention_ms);
+    const double shorter = std::min(gemm_ms, attention_ms);
+    if (best_green_ms < 1e30) {
+      const double green = (best_green_ms - longer) / shorter;
+      green_interferences.push_back(green);
+      green_numerator += (best_green_ms - longer) * shorter;
+      green_denominator += shorter * shorter;
+      std::printf(
+          "{\"kernel\":\"%s\",\"ratio\":%.2f,\"green_best_overlapped_ms\":%.4f,"
+          "\"green_best_memory_sms\":%d,\"green_interference\":%.3f,"
+          "\"green_gain_over_sequential\":%.3f}\n",
+          kernel, ratio, best_green_ms, best_green_share, green,
+          (gemm_ms + attention_ms) / best_green_ms);
+    }
+    if (green) {
+      free_attention(attention);
+      continue;
+    }
+    const double interference = (best_ms - longer) / shorter;
+    interferences.push_back(interference);
+    fit_numerator += (best_ms - longer) * shorter;
+    fit_denominator += shorter * shorter;
+    std::printf(
+        "{\"kernel\":\"%s\",\"ratio\":%.2f,\"context\":%d,\"gemm_ms\":%.4f,"
+        "\"memory_ms\":%.4f,\"sequential_ms\":%.4f,\"best_overlapped_ms\":%.4f,"
+        "\"best_attention_sms\":%d,\"interference\":%.3f,"
+        "\"gain_over_sequential\":%.3f}\n",
+        kernel, ratio, context, gemm_ms, attention_ms, gemm_ms + attention_ms, best_ms, best_share,
+        interference, (gemm_ms + attention_ms) / best_ms);
+    free_attention(attention);
+  }
+  if (!green_interferences.empty()) {
+    std::sort(green_interferences.begin(), green_interferences.end());
+    std::printf(
+        "{\"kernel\":\"%s\",\"fit\":\"green_overlap_interference\","
+        "\"least_squares\":%.3f,\"median\":%.3f,\"min\":%.3f,\"max\":%.3f}\n",
+        kernel, green_numerator / green_denominator,
+        green_interferences[green_interferences.size() / 2], green_interferences.front(),
+        green_interferences.back());
+  }
+  if (interferences.empty()) return;
+  std::sort(interferences.begin(), interferences.end());
+  std::printf(
+      "{\"kernel\":\"%s\",\"fit\":\"overlap_interference\",\"least_squares\":%.3f,"
+      "\"median\":%.3f,\"min\":%.3f,\"max\":%.3f}\n",
+      kernel, fit_numerator / fit_denominator, interferences[interferences.size() / 2],
+      interferences.front(), interferences.back());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int tokens = argc > 1 ? std::atoi(argv[1]) : 2048;
+  const int requests = argc > 2 ? std::atoi(argv[2]) : 256;
+  // "green": split the SMs with green contexts; otherwise limit grids on plain streams.
+  const bool green = argc > 3 && std::string(argv[3]) == "green";
+  cudaDeviceProp prop;
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  const int sms = prop.multiProcessorCount;
+  if (std::string(prop.name).find("H200") != std::string::npos) kPeakBytesPerSecond = 4800e9;
+  std::printf("{\"device\":\"%s\",\"sms\":%d,\"gemm_tokens\":%d,\"requests\":%d}\n", prop.name, sms,
+              tokens, requests);
+  check_attention(sms * 2);
+
+  cublasLtHandle_t handle;
+  CHECK_CUBLAS(cublasLtCreate(&handle));
+  Streams s;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s.gemm, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s.attention, cudaStreamNonBlocking));
+  for (cudaEvent_t* e : {&s.start, &s.stop, &s.fork, &s.join}) CHECK_CUDA(cudaEventCreate(e));
+  {
+    LayerGemms gemms(handle, tokens);
+    const double gemm_ms = median_ms(s, 10, 5, [&] { gemms.launch(0, s.gemm); });
+    std::printf("{\"part\":\"gemm\",\"ms\":%.4f,\"tflops\":%.1f,\"of_peak\":%.3f}\n", gemm_ms,
+                gemms.flops() / gemm_ms / 1e9, gemms.flops() / gemm_ms / 1e-3 / kPeakFlops);
+    for (bool stream_only : {false, true})
+      measure(s, gemms, gemm_ms, sms, requests, stream_only, green);
+  }
+  cublasLtDestroy(handle);
+  return 0;
+}
