@@ -7,18 +7,20 @@
 //   compute part: the layer's four GEMMs (QKV, O, gate-up, down) over M tokens, cuBLASLt bf16
 //                 with fp32 accumulation, its SM count target set to the GEMM's share;
 //   memory part:  decode attention (GQA, 32 query / 8 KV heads of 128) over R requests of C
-//                 context tokens, our kernel below, its persistent grid sized to its SM share.
+//                 context tokens, one of our kernels below, its grid sized to its SM share.
 // For each size ratio it tries SM splits, keeps the fastest overlapped pair (both parts joined
 // at the end of every repetition, as a step joins its nano-batches), and prints
 //   interference = (t_overlapped - max(t_gemm, t_attention)) / min(t_gemm, t_attention)
 // with the alone times on the whole device. It also prints the GEMMs' TFLOP/s and the
 // memory part's bytes/s alone, against the device's datasheet figures. The memory part is
-// measured twice: with decode_attention (real attention on CUDA cores) and with kv_stream (the
-// same reads and almost no math: what a tensor-core attention kernel could at best reach).
+// measured with three kernels: decode_attention (real attention on CUDA cores),
+// decode_attention_tc (real attention on tensor cores, mma.sync m16n8k16, split over the context
+// as flash-decoding does so that few SMs still get enough blocks), and kv_stream (the same reads
+// and almost no math: the best any attention kernel could reach).
 //
 // Build and run (no GPU in CI; bench/gpu_interference.sh does both on a machine with one):
 //   nvcc -O3 -std=c++17 -arch=sm_90a bench/gpu/overlap_interference.cu -lcublasLt -lcuda -o oi
-//   ./oi [GEMM_TOKENS=2048] [REQUESTS=256] [streams|green]
+//   ./oi [GEMM_TOKENS=2048] [REQUESTS=256] [streams|green] [KERNEL,...]
 #include <cublasLt.h>
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -237,19 +239,272 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
   }
 }
 
+// Decode attention on tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate), the way
+// FlashAttention-2 chains its two products through registers. A warp takes 16 tokens at a time:
+//   S (16 head rows, 4 real, x 16 tokens) = Q K^T   two n-tiles of 8 tokens, 8 k-steps each;
+//   O (16 head rows x 128 dims)          += P V     16 n-tiles of 8 dims, one k-step of 16 tokens.
+// S's accumulator layout is P's operand layout, so P never leaves registers. The dot products
+// do not care in which order they visit the dimensions, so each lane loads 16 contiguous bytes
+// of K and the k index is permuted to match (Q is loaded with the same permutation). V is the
+// B operand of the second product, which wants two tokens of one dimension per register: each
+// lane loads 16 bytes of 4 tokens and pairs them with byte permutes.
+constexpr int kTcWarps = 4;
+constexpr int kTcTile = 16;  // tokens per warp step
+constexpr int kTcTokenStride = kTcWarps * kTcTile;
+
+__device__ inline void mma_bf16(float d[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ inline uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__global__ void __launch_bounds__(kTcWarps * 32)
+    decode_attention_tc(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
+                        const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ out,
+                        int requests, int context, float scale, int splits,
+                        float* __restrict__ partial) {
+  __shared__ float s_max[kTcWarps][kGroup];
+  __shared__ float s_sum[kTcWarps][kGroup];
+  __shared__ float s_acc[kTcWarps][kGroup][kHeadDim];
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int row = lane >> 2;  // mma groupID: a head row of S and O, a token/dim column of B
+  const int quad = lane & 3;  // mma threadID_in_group
+  const bool real_head = row < kGroup;
+  const int items = requests * kKvHeads;
+  const int tiles = context / kTcTokenStride;
+
+  // A unit is one item's share of the context (flash-decoding's split), so that the work divides
+  // evenly over the grid; with splits > 1 the units' partial results are merged by
+  // merge_splits.
+  for (int unit = blockIdx.x; unit < items * splits; unit += gridDim.x) {
+    const int item = unit / splits, split = unit % splits;
+    const int request = item / kKvHeads;
+    const int kv_head = item % kKvHeads;
+    const int t_begin = split * tiles / splits * kTcTokenStride;
+    const int t_end = (split + 1) * tiles / splits * kTcTokenStride;
+
+    // Q rows 0-3 are the group's heads, 4-15 zero. Chunk c covers dims [32c, 32c + 32): this
+    // lane's 16 bytes are dims 32c + 8 quad .. + 8.
+    uint4 qchunk[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      qchunk[c] = make_uint4(0, 0, 0, 0);
+      if (real_head)
+        qchunk[c] = *reinterpret_cast<const uint4*>(
+            q + (static_cast<size_t>(request) * kQHeads + kv_head * kGroup + row) * kHeadDim +
+            32 * c + 8 * quad);
+    }
+    float running_max = -INFINITY, running_sum = 0.f;  // of head `row`; the sum is this lane's
+    float acc[16][4];
+#pragma unroll
+    for (int n = 0; n < 16; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[n][i] = 0.f;
+
+    const __nv_bfloat16* kbase = k + static_cast<size_t>(item) * context * kHeadDim;
+    const __nv_bfloat16* vbase = v + static_cast<size_t>(item) * context * kHeadDim;
+    for (int t0 = t_begin + warp * kTcTile; t0 < t_end; t0 += kTcTokenStride) {
+      uint4 kraw[2][4], vraw[4][2];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          kraw[nt][c] = __ldcs(reinterpret_cast<const uint4*>(
+              kbase + static_cast<size_t>(t0 + 8 * nt + row) * kHeadDim + 32 * c + 8 * quad));
+      const int vrows[4] = {2 * quad, 2 * quad + 1, 2 * quad + 8, 2 * quad + 9};
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+          vraw[r][half] = __ldcs(reinterpret_cast<const uint4*>(
+              vbase + static_cast<size_t>(t0 + vrows[r]) * kHeadDim + 64 * half + 8 * row));
+
+      // S = Q K^T: score[nt] holds S[row][8 nt + 2 quad + {0, 1}] (and rows + 8: padding).
+      float score[2][4];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) score[nt][i] = 0.f;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          mma_bf16(score[nt], qchunk[c].x, 0u, qchunk[c].y, 0u, kraw[nt][c].x, kraw[nt][c].y);
+          mma_bf16(score[nt], qchunk[c].z, 0u, qchunk[c].w, 0u, kraw[nt][c].z, kraw[nt][c].w);
+        }
+      }
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          score[nt][i] *= scale;
+          tile_max = fmaxf(tile_max, score[nt][i]);
+        }
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      const float new_max = fmaxf(running_max, tile_max);
+      const float correction = __expf(running_max - new_max);
+      running_max = new_max;
+      float p[2][2];
+      float tile_sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) tile_sum += (p[nt][i] = __expf(score[nt][i] - new_max));
+      running_sum = running_sum * correction + tile_sum;
+      const uint32_t a0 = pack_bf16(p[0][0], p[0][1]);  // tokens 2 quad, 2 quad + 1
+      const uint32_t a2 = pack_bf16(p[1][0], p[1][1]);  // tokens 8 + 2 quad, 9 + 2 quad
+
+      // O += P V over 16 n-tiles; n-tile (half, e) maps column n to dim 64 half + 8 n + e.
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const int word = e >> 1;
+          const uint32_t selector = (e & 1) ? 0x7632u : 0x5410u;
+          auto element_pair = [&](int ra, int rb) {
+            const uint32_t* wa = reinterpret_cast<const uint32_t*>(&vraw[ra][half]);
+            const uint32_t* wb = reinterpret_cast<const uint32_t*>(&vraw[rb][half]);
+            return __byte_perm(wa[word], wb[word], selector);
+          };
+          float* d = acc[half * 8 + e];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) d[i] *= correction;
+          mma_bf16(d, a0, 0u, a2, 0u, element_pair(0, 1), element_pair(2, 3));
+        }
+      }
+    }
+
+    running_sum += __shfl_xor_sync(0xffffffffu, running_sum, 1);
+    running_sum += __shfl_xor_sync(0xffffffffu, running_sum, 2);
+    if (real_head) {
+      if (quad == 0) {
+        s_max[warp][row] = running_max;
+        s_sum[warp][row] = running_sum;
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          s_acc[warp][row][64 * half + 8 * (2 * quad) + e] = acc[half * 8 + e][0];
+          s_acc[warp][row][64 * half + 8 * (2 * quad + 1) + e] = acc[half * 8 + e][1];
+        }
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < kGroup * kHeadDim; idx += blockDim.x) {
+      const int g = idx / kHeadDim, d = idx % kHeadDim;
+      float m = -INFINITY;
+      for (int w = 0; w < kTcWarps; ++w) m = fmaxf(m, s_max[w][g]);
+      float total = 0.f, value = 0.f;
+      for (int w = 0; w < kTcWarps; ++w) {
+        const float weight = s_max[w][g] == -INFINITY ? 0.f : __expf(s_max[w][g] - m);
+        total += s_sum[w][g] * weight;
+        value += s_acc[w][g][d] * weight;
+      }
+      if (splits == 1) {
+        out[(static_cast<size_t>(request) * kQHeads + kv_head * kGroup + g) * kHeadDim + d] =
+            __float2bfloat16(value / total);
+      } else {
+        float* slot = partial + (static_cast<size_t>(unit) * kGroup + g) * (kHeadDim + 2);
+        if (d == 0) slot[0] = m, slot[1] = total;
+        slot[2 + d] = value;
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// Merges the splits of each item: one block per item.
+__global__ void merge_splits(const float* __restrict__ partial, __nv_bfloat16* __restrict__ out,
+                             int splits) {
+  const int item = blockIdx.x;
+  for (int idx = threadIdx.x; idx < kGroup * kHeadDim; idx += blockDim.x) {
+    const int g = idx / kHeadDim, d = idx % kHeadDim;
+    auto slot = [&](int split) {
+      return partial + ((static_cast<size_t>(item) * splits + split) * kGroup + g) * (kHeadDim + 2);
+    };
+    float m = -INFINITY;
+    for (int sp = 0; sp < splits; ++sp) m = fmaxf(m, slot(sp)[0]);
+    float total = 0.f, value = 0.f;
+    for (int sp = 0; sp < splits; ++sp) {
+      const float weight = __expf(slot(sp)[0] - m);
+      total += slot(sp)[1] * weight;
+      value += slot(sp)[2 + d] * weight;
+    }
+    out[(static_cast<size_t>(item) * kGroup + g) * kHeadDim + d] = __float2bfloat16(value / total);
+  }
+}
+
+enum class MemoryKernel { kCudaCores, kTensorCores, kStream };
+
+const char* kernel_name(MemoryKernel kernel) {
+  switch (kernel) {
+    case MemoryKernel::kCudaCores:
+      return "decode_attention";
+    case MemoryKernel::kTensorCores:
+      return "decode_attention_tc";
+    case MemoryKernel::kStream:
+      return "kv_stream";
+  }
+  return "?";
+}
+
 struct Attention {
   int requests = 0, context = 0;
-  bool stream_only = false;  // kv_stream in place of decode_attention
+  MemoryKernel kernel = MemoryKernel::kCudaCores;
+  float* partial = nullptr;  // decode_attention_tc's split results
+  static constexpr int kMaxSplits = 16;
   __nv_bfloat16 *q = nullptr, *k = nullptr, *v = nullptr, *out = nullptr;
   size_t kv_bytes() const {
     return 2ull * requests * kKvHeads * static_cast<size_t>(context) * kHeadDim * 2;
   }
   void launch(int blocks, cudaStream_t stream) const {
-    if (stream_only)
-      kv_stream<<<blocks, kAttnWarps * 32, 0, stream>>>(k, v, out, requests, context);
-    else
-      decode_attention<<<blocks, kAttnWarps * 32, 0, stream>>>(q, k, v, out, requests, context,
-                                                               1.f / std::sqrt(float(kHeadDim)));
+    const float scale = 1.f / std::sqrt(float(kHeadDim));
+    switch (kernel) {
+      case MemoryKernel::kCudaCores:
+        decode_attention<<<blocks, kAttnWarps * 32, 0, stream>>>(q, k, v, out, requests, context,
+                                                                 scale);
+        break;
+      case MemoryKernel::kTensorCores: {
+        // Enough units for 16 per block, so the last round leaves few SMs idle.
+        const int items = requests * kKvHeads;
+        const int splits = std::clamp((16 * blocks + items - 1) / items, 1,
+                                      std::min(kMaxSplits, context / kTcTokenStride));
+        decode_attention_tc<<<blocks, kTcWarps * 32, 0, stream>>>(q, k, v, out, requests, context,
+                                                                  scale, splits, partial);
+        if (splits > 1) merge_splits<<<items, 128, 0, stream>>>(partial, out, splits);
+        break;
+      }
+      case MemoryKernel::kStream:
+        kv_stream<<<blocks, kAttnWarps * 32, 0, stream>>>(k, v, out, requests, context);
+        break;
+    }
+  }
+  int blocks_per_sm() const {
+    int blocks = 0;
+    switch (kernel) {
+      case MemoryKernel::kCudaCores:
+        CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, decode_attention,
+                                                                 kAttnWarps * 32, 0));
+        break;
+      case MemoryKernel::kTensorCores:
+        CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, decode_attention_tc,
+                                                                 kTcWarps * 32, 0));
+        break;
+      case MemoryKernel::kStream:
+        CHECK_CUDA(
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kv_stream, kAttnWarps * 32, 0));
+        break;
+    }
+    return blocks;
   }
 };
 
@@ -272,13 +527,16 @@ __nv_bfloat16* device_random(size_t n, uint32_t seed, float amplitude) {
   return p;
 }
 
-Attention make_attention(int requests, int context, bool stream_only = false) {
-  if (context % kTokenStride != 0) {
-    std::fprintf(stderr, "context %d is not a multiple of %d\n", context, kTokenStride);
+// Every kernel needs the context in whole tiles of this many tokens.
+constexpr int kContextStep = kTokenStride > kTcTokenStride ? kTokenStride : kTcTokenStride;
+
+Attention make_attention(int requests, int context, MemoryKernel kernel) {
+  if (context % kContextStep != 0) {
+    std::fprintf(stderr, "context %d is not a multiple of %d\n", context, kContextStep);
     std::exit(1);
   }
   Attention a;
-  a.stream_only = stream_only;
+  a.kernel = kernel;
   a.requests = requests;
   a.context = context;
   const size_t kv = static_cast<size_t>(requests) * kKvHeads * context * kHeadDim;
@@ -286,6 +544,10 @@ Attention make_attention(int requests, int context, bool stream_only = false) {
   a.k = device_random(kv, 2, 1.f);
   a.v = device_random(kv, 3, 1.f);
   CHECK_CUDA(cudaMalloc(&a.out, static_cast<size_t>(requests) * kQHeads * kHeadDim * 2));
+  if (kernel == MemoryKernel::kTensorCores)
+    CHECK_CUDA(cudaMalloc(&a.partial, static_cast<size_t>(requests) * kKvHeads *
+                                          Attention::kMaxSplits * kGroup * (kHeadDim + 2) *
+                                          sizeof(float)));
   return a;
 }
 
@@ -294,6 +556,7 @@ void free_attention(Attention& a) {
   cudaFree(a.k);
   cudaFree(a.v);
   cudaFree(a.out);
+  cudaFree(a.partial);
   a = Attention{};
 }
 
@@ -302,9 +565,9 @@ float to_float(__nv_bfloat16 x) {
 }
 
 // The kernel against a float reference on a small case; exits non-zero on a mismatch.
-void check_attention(int blocks) {
-  const int requests = 3, context = 96;
-  Attention a = make_attention(requests, context);
+void check_attention(MemoryKernel kernel, int blocks) {
+  const int requests = 3, context = 3 * kContextStep;
+  Attention a = make_attention(requests, context, kernel);
   a.launch(blocks, nullptr);
   CHECK_CUDA(cudaDeviceSynchronize());
   const size_t kv = static_cast<size_t>(requests) * kKvHeads * context * kHeadDim;
@@ -339,10 +602,10 @@ void check_attention(int blocks) {
       }
     }
   free_attention(a);
-  std::printf("{\"check\":\"decode_attention vs float reference\",\"max_abs_error\":%.5f}\n",
+  std::printf("{\"check\":\"%s vs float reference\",\"max_abs_error\":%.5f}\n", kernel_name(kernel),
               worst);
   if (!(worst < 0.02)) {
-    std::fprintf(stderr, "decode_attention is wrong: max abs error %.5f\n", worst);
+    std::fprintf(stderr, "%s is wrong: max abs error %.5f\n", kernel_name(kernel), worst);
     std::exit(1);
   }
 }
@@ -531,21 +794,17 @@ void overlapped_pair(Streams& s, LayerGemms& gemms, const Attention& attention, 
 
 // The alone times, the overlapped pairs over SM splits, and the fitted interference for one
 // memory-part kernel.
-void measure(Streams& s, LayerGemms& gemms, double gemm_ms, int sms, int requests, bool stream_only,
-             bool green) {
-  const char* kernel = stream_only ? "kv_stream" : "decode_attention";
-  int blocks_per_sm = 0;
-  if (stream_only)
-    CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kv_stream,
-                                                             kAttnWarps * 32, 0));
-  else
-    CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, decode_attention,
-                                                             kAttnWarps * 32, 0));
+void measure(Streams& s, LayerGemms& gemms, double gemm_ms, int sms, int requests,
+             MemoryKernel memory, bool green) {
+  const char* kernel = kernel_name(memory);
+  Attention shape;
+  shape.kernel = memory;
+  const int blocks_per_sm = shape.blocks_per_sm();
   const int reps = 10, trials = 5;
   // Bandwidth on a reference size, then contexts that make memory part / GEMMs these ratios.
   double bytes_per_ms = 0;
   {
-    Attention probe = make_attention(requests, 2048, stream_only);
+    Attention probe = make_attention(requests, 2048, memory);
     const double ms =
         median_ms(s, reps, trials, [&] { probe.launch(sms * blocks_per_sm, s.gemm); });
     bytes_per_ms = probe.kv_bytes() / ms;
@@ -563,8 +822,8 @@ void measure(Streams& s, LayerGemms& gemms, double gemm_ms, int sms, int request
   for (double ratio : ratios) {
     const double want_bytes = ratio * gemm_ms * bytes_per_ms;
     int context = static_cast<int>(want_bytes / (requests * double(kKvHeads) * kHeadDim * 4));
-    context = std::max(kTokenStride, context / kTokenStride * kTokenStride);
-    Attention attention = make_attention(requests, context, stream_only);
+    context = std::max(kContextStep, context / kContextStep * kContextStep);
+    Attention attention = make_attention(requests, context, memory);
     const double attention_ms =
         median_ms(s, reps, trials, [&] { attention.launch(sms * blocks_per_sm, s.gemm); });
     double best_ms = 1e30;
@@ -665,13 +924,19 @@ int main(int argc, char** argv) {
   const int requests = argc > 2 ? std::atoi(argv[2]) : 256;
   // "green": split the SMs with green contexts; otherwise limit grids on plain streams.
   const bool green = argc > 3 && std::string(argv[3]) == "green";
+  // Which memory kernels to measure: a comma-separated list of their names (default: all).
+  const std::string kernels = argc > 4 ? "," + std::string(argv[4]) + "," : "";
+  auto wanted = [&](const char* name) {
+    return kernels.empty() || kernels.find("," + std::string(name) + ",") != std::string::npos;
+  };
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   const int sms = prop.multiProcessorCount;
   if (std::string(prop.name).find("H200") != std::string::npos) kPeakBytesPerSecond = 4800e9;
   std::printf("{\"device\":\"%s\",\"sms\":%d,\"gemm_tokens\":%d,\"requests\":%d}\n", prop.name, sms,
               tokens, requests);
-  check_attention(sms * 2);
+  for (MemoryKernel kernel : {MemoryKernel::kCudaCores, MemoryKernel::kTensorCores})
+    check_attention(kernel, sms * 2);
 
   cublasLtHandle_t handle;
   CHECK_CUBLAS(cublasLtCreate(&handle));
@@ -684,8 +949,9 @@ int main(int argc, char** argv) {
     const double gemm_ms = median_ms(s, 10, 5, [&] { gemms.launch(0, s.gemm); });
     std::printf("{\"part\":\"gemm\",\"ms\":%.4f,\"tflops\":%.1f,\"of_peak\":%.3f}\n", gemm_ms,
                 gemms.flops() / gemm_ms / 1e9, gemms.flops() / gemm_ms / 1e-3 / kPeakFlops);
-    for (bool stream_only : {false, true})
-      measure(s, gemms, gemm_ms, sms, requests, stream_only, green);
+    for (MemoryKernel memory :
+         {MemoryKernel::kCudaCores, MemoryKernel::kTensorCores, MemoryKernel::kStream})
+      if (wanted(kernel_name(memory))) measure(s, gemms, gemm_ms, sms, requests, memory, green);
   }
   cublasLtDestroy(handle);
   return 0;
