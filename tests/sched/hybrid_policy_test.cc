@@ -86,6 +86,14 @@ TEST(HybridPolicy, KvPagesLimitTheBatch) {
   EXPECT_EQ(s.be, std::vector<size_t>{1});  // 6 + 2 > 7, 6 + 1 fits
 }
 
+TEST(HybridPolicy, RealTimeShortOfAPageDoesNotHoldBackTheOthers) {
+  HybridPolicy p({.initial_batch = 8, .batch_step = 4, .max_batch = 64}, per_token_cost());
+  // The most urgent needs 3 pages and 2 are free; the next two need none and 2.
+  const std::vector<HybridCandidate> rts = {rt(1.0, 3), rt(2.0, 0), rt(3.0, 2)};
+  const HybridSelection s = p.select(rts, {}, 0.0, 2);
+  EXPECT_EQ(s.rt, (std::vector<size_t>{1, 2}));
+}
+
 TEST(HybridPolicy, BatchSizeGrowsWithoutRiskAndHalvesOnRisk) {
   HybridPolicy p({.initial_batch = 4, .batch_step = 4, .max_batch = 12}, per_token_cost());
   const std::vector<HybridCandidate> relaxed = {rt(10.0)};
