@@ -64,8 +64,8 @@ constexpr int kQHeads = kKvHeads * kGroup;
 
 // Datasheet peaks of the device at hand (the h100 / h200 presets' NanoFlow Table 1 figures; both
 // have 989 dense bf16 TFLOP/s); "of_peak" in the output is against them.
-double kPeakFlops = 989e12;
-double kPeakBytesPerSecond = 3352e9;
+constexpr double kPeakFlops = 989e12;
+double peak_bytes_per_second = 3352e9;  // the H100's; main() sets the H200's
 
 // ---------------------------------------------------------------------------------------------
 // Decode attention. One block per (request, KV head) item, looping over items (persistent grid
@@ -76,6 +76,24 @@ constexpr int kAttnWarps = 4;
 constexpr int kHalfWarps = kAttnWarps * 2;
 constexpr int kTokensPerLoad = 4;  // tokens a half-warp has in flight
 constexpr int kTokenStride = kHalfWarps * kTokensPerLoad;
+
+// Online-softmax state of one output element: the running max of the scores seen (-inf when
+// none), and the sum of exponentials and the weighted value, both relative to that max. The
+// element's attention output is value / sum.
+// Merges `parts` such states, part(i) giving the i-th (as {max, sum, value}).
+template <typename Part>
+__device__ inline float3 merge_softmax_parts(int parts, Part part) {
+  float m = -INFINITY;
+  for (int i = 0; i < parts; ++i) m = fmaxf(m, part(i).x);
+  float sum = 0.f, value = 0.f;
+  for (int i = 0; i < parts; ++i) {
+    const float3 p = part(i);
+    const float weight = p.x == -INFINITY ? 0.f : __expf(p.x - m);
+    sum += p.y * weight;
+    value += p.z * weight;
+  }
+  return make_float3(m, sum, value);
+}
 
 __device__ inline void unpack8(const uint4& raw, float out[8]) {
   const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
@@ -191,16 +209,10 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
     __syncthreads();
     for (int idx = threadIdx.x; idx < kGroup * kHeadDim; idx += blockDim.x) {
       const int g = idx / kHeadDim, d = idx % kHeadDim;
-      float m = -INFINITY;
-      for (int h = 0; h < kHalfWarps; ++h) m = fmaxf(m, s_max[h][g]);
-      float total = 0.f, value = 0.f;
-      for (int h = 0; h < kHalfWarps; ++h) {
-        const float w = s_max[h][g] == -INFINITY ? 0.f : __expf(s_max[h][g] - m);
-        total += s_sum[h][g] * w;
-        value += s_acc[h][g][d] * w;
-      }
+      const float3 o = merge_softmax_parts(
+          kHalfWarps, [&](int h) { return make_float3(s_max[h][g], s_sum[h][g], s_acc[h][g][d]); });
       out[(static_cast<size_t>(request) * kQHeads + kv_head * kGroup + g) * kHeadDim + d] =
-          __float2bfloat16(value / total);
+          __float2bfloat16(o.z / o.y);
     }
     __syncthreads();
   }
@@ -401,21 +413,15 @@ __global__ void __launch_bounds__(kTcWarps * 32)
     __syncthreads();
     for (int idx = threadIdx.x; idx < kGroup * kHeadDim; idx += blockDim.x) {
       const int g = idx / kHeadDim, d = idx % kHeadDim;
-      float m = -INFINITY;
-      for (int w = 0; w < kTcWarps; ++w) m = fmaxf(m, s_max[w][g]);
-      float total = 0.f, value = 0.f;
-      for (int w = 0; w < kTcWarps; ++w) {
-        const float weight = s_max[w][g] == -INFINITY ? 0.f : __expf(s_max[w][g] - m);
-        total += s_sum[w][g] * weight;
-        value += s_acc[w][g][d] * weight;
-      }
+      const float3 o = merge_softmax_parts(
+          kTcWarps, [&](int w) { return make_float3(s_max[w][g], s_sum[w][g], s_acc[w][g][d]); });
       if (splits == 1) {
         out[(static_cast<size_t>(request) * kQHeads + kv_head * kGroup + g) * kHeadDim + d] =
-            __float2bfloat16(value / total);
-      } else {
+            __float2bfloat16(o.z / o.y);
+      } else {  // the split's state, merged by merge_splits
         float* slot = partial + (static_cast<size_t>(unit) * kGroup + g) * (kHeadDim + 2);
-        if (d == 0) slot[0] = m, slot[1] = total;
-        slot[2 + d] = value;
+        if (d == 0) slot[0] = o.x, slot[1] = o.y;
+        slot[2 + d] = o.z;
       }
     }
     __syncthreads();
@@ -428,18 +434,12 @@ __global__ void merge_splits(const float* __restrict__ partial, __nv_bfloat16* _
   const int item = blockIdx.x;
   for (int idx = threadIdx.x; idx < kGroup * kHeadDim; idx += blockDim.x) {
     const int g = idx / kHeadDim, d = idx % kHeadDim;
-    auto slot = [&](int split) {
-      return partial + ((static_cast<size_t>(item) * splits + split) * kGroup + g) * (kHeadDim + 2);
-    };
-    float m = -INFINITY;
-    for (int sp = 0; sp < splits; ++sp) m = fmaxf(m, slot(sp)[0]);
-    float total = 0.f, value = 0.f;
-    for (int sp = 0; sp < splits; ++sp) {
-      const float weight = __expf(slot(sp)[0] - m);
-      total += slot(sp)[1] * weight;
-      value += slot(sp)[2 + d] * weight;
-    }
-    out[(static_cast<size_t>(item) * kGroup + g) * kHeadDim + d] = __float2bfloat16(value / total);
+    const float3 o = merge_softmax_parts(splits, [&](int split) {
+      const float* slot =
+          partial + ((static_cast<size_t>(item) * splits + split) * kGroup + g) * (kHeadDim + 2);
+      return make_float3(slot[0], slot[1], slot[2 + d]);
+    });
+    out[(static_cast<size_t>(item) * kGroup + g) * kHeadDim + d] = __float2bfloat16(o.z / o.y);
   }
 }
 
@@ -488,25 +488,27 @@ struct Attention {
         break;
     }
   }
-  int blocks_per_sm() const {
-    int blocks = 0;
-    switch (kernel) {
-      case MemoryKernel::kCudaCores:
-        CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, decode_attention,
-                                                                 kAttnWarps * 32, 0));
-        break;
-      case MemoryKernel::kTensorCores:
-        CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, decode_attention_tc,
-                                                                 kTcWarps * 32, 0));
-        break;
-      case MemoryKernel::kStream:
-        CHECK_CUDA(
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kv_stream, kAttnWarps * 32, 0));
-        break;
-    }
-    return blocks;
-  }
 };
+
+// How many blocks of `kernel` an SM holds at once.
+int blocks_per_sm(MemoryKernel kernel) {
+  int blocks = 0;
+  switch (kernel) {
+    case MemoryKernel::kCudaCores:
+      CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, decode_attention,
+                                                               kAttnWarps * 32, 0));
+      break;
+    case MemoryKernel::kTensorCores:
+      CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, decode_attention_tc,
+                                                               kTcWarps * 32, 0));
+      break;
+    case MemoryKernel::kStream:
+      CHECK_CUDA(
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kv_stream, kAttnWarps * 32, 0));
+      break;
+  }
+  return blocks;
+}
 
 __global__ void fill_random(__nv_bfloat16* p, size_t n, uint32_t seed, float amplitude) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
@@ -792,129 +794,143 @@ void overlapped_pair(Streams& s, LayerGemms& gemms, const Attention& attention, 
   CHECK_CUDA(cudaStreamWaitEvent(s.gemm, s.join));
 }
 
+// The fastest overlapped pair over the SM splits tried: its time, and the memory part's SMs
+// (-1 when no split could be made).
+struct BestPair {
+  double ms = 1e30;
+  int memory_sms = -1;
+};
+
+const int kAttentionSmShares[] = {0, 8, 16, 24, 32, 40, 48, 64, 80, 96};
+constexpr int kReps = 10, kTrials = 5;
+
+// Plain streams: the memory part's grid sized to a share of the SMs and cuBLASLt told to expect
+// the rest. Share 0: both kernels on the whole device, as plain streams launch them.
+BestPair best_on_streams(Streams& s, LayerGemms& gemms, const Attention& attention, int sms,
+                         int blocks_per_sm, double ratio) {
+  const char* kernel = kernel_name(attention.kernel);
+  BestPair best;
+  for (int share : kAttentionSmShares) {
+    const int gemm_sms = share == 0 ? 0 : sms - share;
+    const int blocks = (share == 0 ? sms : share) * blocks_per_sm;
+    const double ms = median_ms(s, kReps, kTrials,
+                                [&] { overlapped_pair(s, gemms, attention, gemm_sms, blocks); });
+    const double gemm_alone = median_ms(s, 3, 3, [&] { gemms.launch(gemm_sms, s.gemm); });
+    const double memory_alone = median_ms(s, 3, 3, [&] { attention.launch(blocks, s.gemm); });
+    std::printf(
+        "{\"kernel\":\"%s\",\"ratio\":%.2f,\"attention_sms\":%d,"
+        "\"overlapped_ms\":%.4f,\"gemm_alone_ms\":%.4f,\"memory_alone_ms\":%.4f}\n",
+        kernel, ratio, share, ms, gemm_alone, memory_alone);
+    if (ms < best.ms) best = {ms, share};
+  }
+  return best;
+}
+
+// Green-context splits: each part's stream runs on its own SMs only.
+BestPair best_on_green_splits(Streams& s, LayerGemms& gemms, const Attention& attention,
+                              int blocks_per_sm, double ratio) {
+  const char* kernel = kernel_name(attention.kernel);
+  BestPair best;
+  for (int share : kAttentionSmShares) {
+    GreenSplit split;
+    if (share == 0 || !make_green_split(share, split)) continue;
+    Streams g = s;
+    g.gemm = split.gemm;
+    g.attention = split.memory;
+    const int blocks = split.memory_sms * blocks_per_sm;
+    const double ms = median_ms(
+        g, kReps, kTrials, [&] { overlapped_pair(g, gemms, attention, split.gemm_sms, blocks); });
+    const double gemm_alone = median_ms(g, 3, 3, [&] { gemms.launch(split.gemm_sms, g.gemm); });
+    Streams m = s;
+    m.gemm = split.memory;
+    const double memory_alone = median_ms(m, 3, 3, [&] { attention.launch(blocks, m.gemm); });
+    std::printf(
+        "{\"kernel\":\"%s\",\"ratio\":%.2f,\"green_memory_sms\":%d,"
+        "\"green_gemm_sms\":%d,\"overlapped_ms\":%.4f,\"gemm_alone_ms\":%.4f,"
+        "\"memory_alone_ms\":%.4f}\n",
+        kernel, ratio, split.memory_sms, split.gemm_sms, ms, gemm_alone, memory_alone);
+    if (ms < best.ms) best = {ms, split.memory_sms};
+    CHECK_CUDA(cudaDeviceSynchronize());
+    free_green_split(split);
+  }
+  return best;
+}
+
+// The interference of each ratio, and their least-squares fit and spread.
+struct InterferenceFit {
+  std::vector<double> values;
+  double numerator = 0, denominator = 0;
+
+  double add(double overlapped_ms, double longer_ms, double shorter_ms) {
+    values.push_back((overlapped_ms - longer_ms) / shorter_ms);
+    numerator += (overlapped_ms - longer_ms) * shorter_ms;
+    denominator += shorter_ms * shorter_ms;
+    return values.back();
+  }
+  void print(const char* kernel, const char* fit) const {
+    if (values.empty()) return;
+    std::vector<double> sorted = values;
+    std::sort(sorted.begin(), sorted.end());
+    std::printf(
+        "{\"kernel\":\"%s\",\"fit\":\"%s\",\"least_squares\":%.3f,\"median\":%.3f,"
+        "\"min\":%.3f,\"max\":%.3f}\n",
+        kernel, fit, numerator / denominator, sorted[sorted.size() / 2], sorted.front(),
+        sorted.back());
+  }
+};
+
 // The alone times, the overlapped pairs over SM splits, and the fitted interference for one
 // memory-part kernel.
 void measure(Streams& s, LayerGemms& gemms, double gemm_ms, int sms, int requests,
              MemoryKernel memory, bool green) {
   const char* kernel = kernel_name(memory);
-  Attention shape;
-  shape.kernel = memory;
-  const int blocks_per_sm = shape.blocks_per_sm();
-  const int reps = 10, trials = 5;
+  const int sm_blocks = blocks_per_sm(memory);
   // Bandwidth on a reference size, then contexts that make memory part / GEMMs these ratios.
   double bytes_per_ms = 0;
   {
     Attention probe = make_attention(requests, 2048, memory);
-    const double ms =
-        median_ms(s, reps, trials, [&] { probe.launch(sms * blocks_per_sm, s.gemm); });
+    const double ms = median_ms(s, kReps, kTrials, [&] { probe.launch(sms * sm_blocks, s.gemm); });
     bytes_per_ms = probe.kv_bytes() / ms;
     std::printf(
         "{\"kernel\":\"%s\",\"blocks_per_sm\":%d,\"context\":2048,\"ms\":%.4f,"
         "\"gb_per_s\":%.1f,\"of_peak\":%.3f}\n",
-        kernel, blocks_per_sm, ms, bytes_per_ms / 1e6, bytes_per_ms * 1e3 / kPeakBytesPerSecond);
+        kernel, sm_blocks, ms, bytes_per_ms / 1e6, bytes_per_ms * 1e3 / peak_bytes_per_second);
     free_attention(probe);
   }
 
-  const double ratios[] = {0.25, 0.5, 1.0, 2.0, 4.0};
-  const int attention_sm_shares[] = {0, 8, 16, 24, 32, 40, 48, 64, 80, 96};
-  double fit_numerator = 0, fit_denominator = 0, green_numerator = 0, green_denominator = 0;
-  std::vector<double> interferences, green_interferences;
-  for (double ratio : ratios) {
+  InterferenceFit fit;
+  for (double ratio : {0.25, 0.5, 1.0, 2.0, 4.0}) {
     const double want_bytes = ratio * gemm_ms * bytes_per_ms;
     int context = static_cast<int>(want_bytes / (requests * double(kKvHeads) * kHeadDim * 4));
     context = std::max(kContextStep, context / kContextStep * kContextStep);
     Attention attention = make_attention(requests, context, memory);
     const double attention_ms =
-        median_ms(s, reps, trials, [&] { attention.launch(sms * blocks_per_sm, s.gemm); });
-    double best_ms = 1e30;
-    int best_share = -1;
-    for (int share : attention_sm_shares) {
-      if (green) break;
-      // share 0: both kernels on the whole device, as plain streams launch them.
-      const int gemm_sms = share == 0 ? 0 : sms - share;
-      const int blocks = (share == 0 ? sms : share) * blocks_per_sm;
-      const double ms = median_ms(s, reps, trials,
-                                  [&] { overlapped_pair(s, gemms, attention, gemm_sms, blocks); });
-      const double gemm_alone = median_ms(s, 3, 3, [&] { gemms.launch(gemm_sms, s.gemm); });
-      const double memory_alone = median_ms(s, 3, 3, [&] { attention.launch(blocks, s.gemm); });
-      std::printf(
-          "{\"kernel\":\"%s\",\"ratio\":%.2f,\"attention_sms\":%d,"
-          "\"overlapped_ms\":%.4f,\"gemm_alone_ms\":%.4f,\"memory_alone_ms\":%.4f}\n",
-          kernel, ratio, share, ms, gemm_alone, memory_alone);
-      if (ms < best_ms) best_ms = ms, best_share = share;
-    }
-    // The same pairs on green-context splits (stream mode's "share" is only a grid size).
-    double best_green_ms = 1e30;
-    int best_green_share = -1;
-    for (int share : attention_sm_shares) {
-      GreenSplit split;
-      if (!green || share == 0 || !make_green_split(share, split)) continue;
-      Streams g = s;
-      g.gemm = split.gemm;
-      g.attention = split.memory;
-      const int blocks = split.memory_sms * blocks_per_sm;
-      const double ms = median_ms(
-          g, reps, trials, [&] { overlapped_pair(g, gemms, attention, split.gemm_sms, blocks); });
-      const double gemm_alone = median_ms(g, 3, 3, [&] { gemms.launch(split.gemm_sms, g.gemm); });
-      Streams m = s;
-      m.gemm = split.memory;
-      const double memory_alone = median_ms(m, 3, 3, [&] { attention.launch(blocks, m.gemm); });
-      std::printf(
-          "{\"kernel\":\"%s\",\"ratio\":%.2f,\"green_memory_sms\":%d,"
-          "\"green_gemm_sms\":%d,\"overlapped_ms\":%.4f,\"gemm_alone_ms\":%.4f,"
-          "\"memory_alone_ms\":%.4f}\n",
-          kernel, ratio, split.memory_sms, split.gemm_sms, ms, gemm_alone, memory_alone);
-      if (ms < best_green_ms) best_green_ms = ms, best_green_share = split.memory_sms;
-      CHECK_CUDA(cudaDeviceSynchronize());
-      free_green_split(split);
-    }
+        median_ms(s, kReps, kTrials, [&] { attention.launch(sms * sm_blocks, s.gemm); });
+    const BestPair best = green ? best_on_green_splits(s, gemms, attention, sm_blocks, ratio)
+                                : best_on_streams(s, gemms, attention, sms, sm_blocks, ratio);
+    free_attention(attention);
+    if (best.memory_sms < 0) continue;
     const double longer = std::max(gemm_ms, attention_ms);
     const double shorter = std::min(gemm_ms, attention_ms);
-    if (best_green_ms < 1e30) {
-      const double green = (best_green_ms - longer) / shorter;
-      green_interferences.push_back(green);
-      green_numerator += (best_green_ms - longer) * shorter;
-      green_denominator += shorter * shorter;
+    const double interference = fit.add(best.ms, longer, shorter);
+    const double gain = (gemm_ms + attention_ms) / best.ms;
+    if (green) {
       std::printf(
           "{\"kernel\":\"%s\",\"ratio\":%.2f,\"green_best_overlapped_ms\":%.4f,"
           "\"green_best_memory_sms\":%d,\"green_interference\":%.3f,"
           "\"green_gain_over_sequential\":%.3f}\n",
-          kernel, ratio, best_green_ms, best_green_share, green,
-          (gemm_ms + attention_ms) / best_green_ms);
+          kernel, ratio, best.ms, best.memory_sms, interference, gain);
+    } else {
+      std::printf(
+          "{\"kernel\":\"%s\",\"ratio\":%.2f,\"context\":%d,\"gemm_ms\":%.4f,"
+          "\"memory_ms\":%.4f,\"sequential_ms\":%.4f,\"best_overlapped_ms\":%.4f,"
+          "\"best_attention_sms\":%d,\"interference\":%.3f,"
+          "\"gain_over_sequential\":%.3f}\n",
+          kernel, ratio, context, gemm_ms, attention_ms, gemm_ms + attention_ms, best.ms,
+          best.memory_sms, interference, gain);
     }
-    if (green) {
-      free_attention(attention);
-      continue;
-    }
-    const double interference = (best_ms - longer) / shorter;
-    interferences.push_back(interference);
-    fit_numerator += (best_ms - longer) * shorter;
-    fit_denominator += shorter * shorter;
-    std::printf(
-        "{\"kernel\":\"%s\",\"ratio\":%.2f,\"context\":%d,\"gemm_ms\":%.4f,"
-        "\"memory_ms\":%.4f,\"sequential_ms\":%.4f,\"best_overlapped_ms\":%.4f,"
-        "\"best_attention_sms\":%d,\"interference\":%.3f,"
-        "\"gain_over_sequential\":%.3f}\n",
-        kernel, ratio, context, gemm_ms, attention_ms, gemm_ms + attention_ms, best_ms, best_share,
-        interference, (gemm_ms + attention_ms) / best_ms);
-    free_attention(attention);
   }
-  if (!green_interferences.empty()) {
-    std::sort(green_interferences.begin(), green_interferences.end());
-    std::printf(
-        "{\"kernel\":\"%s\",\"fit\":\"green_overlap_interference\","
-        "\"least_squares\":%.3f,\"median\":%.3f,\"min\":%.3f,\"max\":%.3f}\n",
-        kernel, green_numerator / green_denominator,
-        green_interferences[green_interferences.size() / 2], green_interferences.front(),
-        green_interferences.back());
-  }
-  if (interferences.empty()) return;
-  std::sort(interferences.begin(), interferences.end());
-  std::printf(
-      "{\"kernel\":\"%s\",\"fit\":\"overlap_interference\",\"least_squares\":%.3f,"
-      "\"median\":%.3f,\"min\":%.3f,\"max\":%.3f}\n",
-      kernel, fit_numerator / fit_denominator, interferences[interferences.size() / 2],
-      interferences.front(), interferences.back());
+  fit.print(kernel, green ? "green_overlap_interference" : "overlap_interference");
 }
 
 }  // namespace
@@ -932,7 +948,7 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   const int sms = prop.multiProcessorCount;
-  if (std::string(prop.name).find("H200") != std::string::npos) kPeakBytesPerSecond = 4800e9;
+  if (std::string(prop.name).find("H200") != std::string::npos) peak_bytes_per_second = 4800e9;
   std::printf("{\"device\":\"%s\",\"sms\":%d,\"gemm_tokens\":%d,\"requests\":%d}\n", prop.name, sms,
               tokens, requests);
   for (MemoryKernel kernel : {MemoryKernel::kCudaCores, MemoryKernel::kTensorCores})
