@@ -23,9 +23,10 @@ constexpr double kAssumedA100Interference = 0.15;
 // interference on H100 and H200"). A Llama-3-8B layer's GEMMs through cuBLASLt at 1024-2048
 // tokens reach this fraction of the datasheet FLOP/s, a streaming read of the KV cache this
 // fraction of its bandwidth, and the two overlapped on split SMs this interference (the median
-// over memory/compute ratios 0.25-4). The read has almost no arithmetic: a real attention kernel
-// on CUDA cores measured about 1.0, no overlap at all, so these are the best the kernels we had
-// could show, not a bound.
+// over memory/compute ratios 0.25-4). The read has almost no arithmetic. Of our real attention
+// kernels, the CUDA-core one measured about 1.0 (no overlap) and the tensor-core one 0.75 on the
+// H100 (one run), within the read's spread between runs; so these are what the kernels we have
+// show, not a bound.
 struct MeasuredFit {
   double compute_efficiency;
   double bandwidth_efficiency;

@@ -21,13 +21,13 @@ TEST(Hardware, PresetsFollowNanoFlowTable1) {
   // The Hopper presets keep Table 1's peaks and carry what was measured on them: below-peak
   // rates and a worse overlap than the A100's assumption, so a step costs more than the
   // datasheet alone would say.
+  const ModelShape shape = *find_model_shape_preset("llama-3-8b");
   for (const char* name : {"h100", "h200"}) {
     const Hardware measured = *find_hardware_preset(name);
     Hardware datasheet = measured;
     datasheet.compute_efficiency = datasheet.bandwidth_efficiency = 1.0;
     datasheet.overlap_interference = a100.overlap_interference;
     EXPECT_DOUBLE_EQ(measured.compute_flops, 989e12) << name;
-    const ModelShape shape = *find_model_shape_preset("llama-3-8b");
     StepShape step;
     step.prefill_tokens = 1024;
     step.decode_tokens = 256;
