@@ -119,6 +119,7 @@ void run(BenchServeArgs& args) {
     so.engine.scheduler.bidirectional_kv = bidirectional_kv_for("auto", so.engine.scheduler.policy);
     if (!args.profile.empty())
       so.engine.scheduler.iteration_cost = read_iteration_model(args.profile);
+    so.engine.scheduler.fit_iteration_cost = args.profile.empty();
     so.engine.ttft_slo = lo.ttft_slo;
     so.engine.tpot_slo = lo.tpot_slo;
     online::LoadReport report;
@@ -187,7 +188,8 @@ void register_bench_command(CLI::App& app) {
                   "Server token budget of one step")
       ->capture_default_str();
   cmd->add_option("--profile", a->profile,
-                  "A `blend profile` file: its iteration model drives --policy hybrid");
+                  "A `blend profile` file: its iteration model drives --policy hybrid (without "
+                  "one the model is fitted from the steps served)");
   cmd->add_flag("--json", a->json, "One JSON object per policy");
   cmd->callback([a, cmd] {
     a->policy_given = cmd->count("--policy") > 0;

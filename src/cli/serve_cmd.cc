@@ -56,7 +56,8 @@ void register_serve_command(CLI::App& app) {
       ->transform(CLI::CheckedTransformer(scheduler_policy_names(), CLI::ignore_case));
   auto profile = std::make_shared<std::string>();
   cmd->add_option("--profile", *profile,
-                  "A `blend profile` file: its iteration model drives --policy hybrid");
+                  "A `blend profile` file: its iteration model drives --policy hybrid (without one "
+                  "the model is fitted from the steps served)");
   cmd->add_option("--ttft-slo", o->engine.ttft_slo,
                   "Default time-to-first-token target of real-time requests, seconds (0.4)");
   cmd->add_option("--tpot-slo", o->engine.tpot_slo,
@@ -70,6 +71,7 @@ void register_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->callback([o, profile, layout] {
     if (!profile->empty()) o->engine.scheduler.iteration_cost = read_iteration_model(*profile);
+    o->engine.scheduler.fit_iteration_cost = profile->empty();
     o->engine.scheduler.bidirectional_kv =
         bidirectional_kv_for(*layout, o->engine.scheduler.policy);
     run_serve(*o);

@@ -330,6 +330,18 @@ void Engine::step() {
     }
     batch.chunks.push_back(std::move(chunk));
   }
+  // What the step costs, for the hybrid policy's online iteration model (sched/iteration_fit).
+  IterationSample cost;
+  for (const ScheduledChunk& c : plan.chunks) {
+    if (c.num_tokens == 1 && c.seq->num_generated() > 0) {
+      cost.decode_tokens += 1;
+      cost.decode_context += c.seq->num_computed;
+    } else {
+      cost.prefill_tokens += c.num_tokens;
+    }
+  }
+  cost.swap_pages = static_cast<int64_t>(plan.restores.size());
+  const WallClock::time_point swap0 = WallClock::now();
   // Before the forward pass: checkpoint slots about to be overwritten, copy pages (copy on
   // write, BE pages restored or moved off a shared page), write checkpointed slots back.
   for (const auto& c : plan.checkpoints)
@@ -352,6 +364,7 @@ void Engine::step() {
       a = b;
     }
   }
+  cost.swap_seconds = std::chrono::duration<double>(WallClock::now() - swap0).count();
   const size_t vocab = static_cast<size_t>(config_.vocab_size);
   logits_.resize(simulated ? 0 : static_cast<size_t>(batch.num_logit_rows()) * vocab);
   backend_->forward(batch, logits_);
@@ -390,6 +403,11 @@ void Engine::step() {
   for (Active* a : done) {
     scheduler_->finish(&a->seq);
     finish(*a);
+  }
+  if (!simulated) {  // a simulated step's cost is the cost model's own
+    cost.seconds =
+        std::chrono::duration<double>(WallClock::now() - wall0).count() - cost.swap_seconds;
+    scheduler_->observe_step_cost(cost);
   }
   if (step_observer_) step_observer_(batch, t0);
 #ifdef BLEND_CHECK_INVARIANTS

@@ -149,6 +149,8 @@ class Engine {
   int32_t max_batch_tokens() const { return scheduler_->max_batch_tokens(); }
   void set_max_batch_tokens(int32_t tokens) { scheduler_->set_max_batch_tokens(tokens); }
   size_t num_waiting() const { return scheduler_->num_waiting(); }
+  // The hybrid policy's iteration model (SchedulerOptions: profiled, given, or fitted online).
+  const IterationCostModel& iteration_cost() const { return scheduler_->iteration_cost(); }
 
  private:
   struct Active;

@@ -93,6 +93,10 @@ class HybridPolicy {
   // Feeds the measured latency of the iteration just run into the moving average.
   void observe_iteration(double seconds);
 
+  // The iteration model in use, and a newer one (sched/iteration_fit refits it while serving).
+  const IterationCostModel& cost() const { return cost_; }
+  void set_cost(const IterationCostModel& cost) { cost_ = cost; }
+
   int32_t batch_size() const { return batch_size_; }
   double mean_iteration_seconds() const { return mean_iteration_; }
 

@@ -22,6 +22,18 @@ void Scheduler::observe_iteration(double seconds) {
   hybrid_.observe_iteration(seconds);
 }
 
+void Scheduler::observe_step_cost(const IterationSample& sample) {
+  if (!options_.fit_iteration_cost) return;
+  iteration_fit_.add(sample);
+  // A refit costs a few small solves over the window: every kRefitSteps steps is plenty for
+  // a machine whose speed drifts over seconds.
+  constexpr int64_t kRefitSteps = 32;
+  if (++samples_since_fit_ >= kRefitSteps && iteration_fit_.ready()) {
+    samples_since_fit_ = 0;
+    hybrid_.set_cost(iteration_fit_.fit());
+  }
+}
+
 void Scheduler::add(Sequence* seq) {
   seq->status = SeqStatus::kWaiting;
   seq->arrival = next_arrival_++;

@@ -33,6 +33,7 @@
 #include "kv/page_pool.h"
 #include "kv/radix_cache.h"
 #include "sched/hybrid_policy.h"
+#include "sched/iteration_fit.h"
 
 namespace blend {
 
@@ -50,8 +51,11 @@ struct SchedulerOptions {
   SchedulerPolicy policy = SchedulerPolicy::kFcfs;
   HybridOptions hybrid;
   IterationCostModel iteration_cost;  // for kHybrid
-  int32_t max_batch_tokens = 1024;    // token budget of one step (prefill chunks + decodes)
-  int32_t max_running = 256;          // sequences in the running set at once
+  // kHybrid without a profiled `iteration_cost` (a server started without `--profile`): fit it
+  // from the steps the engine reports (observe_step_cost), refitted every few steps.
+  bool fit_iteration_cost = false;
+  int32_t max_batch_tokens = 1024;  // token budget of one step (prefill chunks + decodes)
+  int32_t max_running = 256;        // sequences in the running set at once
   // Expected output length used by peak-memory admission before any request has finished
   // (capped by each request's max_tokens); afterwards the mean of finished requests is used.
   int32_t initial_output_estimate = 256;
@@ -100,6 +104,10 @@ class Scheduler {
   StepPlan schedule(double now = 0);
   // The measured duration of the step just run (the hybrid policy's moving average).
   void observe_iteration(double seconds);
+  // The step just run, measured: with `fit_iteration_cost`, feeds the online fit.
+  void observe_step_cost(const IterationSample& sample);
+  // The hybrid policy's iteration model (profiled, derived from a cost model, or fitted).
+  const IterationCostModel& iteration_cost() const { return hybrid_.cost(); }
   // The backend computed the plan: advances each chunk's num_computed and offers the computed
   // pages to the prefix cache.
   void step_done(const StepPlan& plan);
@@ -168,6 +176,8 @@ class Scheduler {
   int64_t cached_prompt_tokens_ = 0;
   int64_t resumed_cached_tokens_ = 0;
   HybridPolicy hybrid_;
+  IterationFit iteration_fit_;
+  int64_t samples_since_fit_ = 0;
   int64_t steps_ = 0;
   std::unique_ptr<BidirectionalPages> bidir_;
   StepPlan* plan_ = nullptr;  // the plan being built, while schedule() runs

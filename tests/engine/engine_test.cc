@@ -247,6 +247,45 @@ TEST_F(EngineTest, SchedulingPoliciesDoNotChangeTokens) {
   }
 }
 
+// A server started without a `blend profile` file fits the hybrid policy's iteration model
+// from its own steps (sched/iteration_fit); without the fit every step is estimated at 0 s.
+TEST_F(EngineTest, HybridFitsItsIterationModelFromTheStepsItRuns) {
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 12; ++i) {
+    GenerationRequest r = request("r" + std::to_string(i), 900 + i, 40 + 30 * i, 24);
+    r.request_class = i % 2 ? RequestClass::kBestEffort : RequestClass::kRealtime;
+    reqs.push_back(std::move(r));
+  }
+  for (bool fit : {false, true}) {
+    EngineOptions o = options();
+    o.scheduler.policy = SchedulerPolicy::kHybrid;
+    o.scheduler.fit_iteration_cost = fit;
+    o.scheduler.max_batch_tokens = 128;  // prompts over several steps: prefill and decode mixed
+    Engine engine(dir_->path(), o);
+    const auto got = run(engine, reqs);
+    ASSERT_EQ(got.size(), reqs.size());
+    ASSERT_GT(engine.stats().steps, 40);  // at least one refit (every 32 steps)
+    const IterationCostModel& m = engine.iteration_cost();
+    if (!fit) {
+      EXPECT_EQ(m.forward_seconds(128, 8, 800), 0.0);
+      continue;
+    }
+    const double decode = m.forward_seconds(0, 8, 800), prefill = m.forward_seconds(128, 0, 0);
+    EXPECT_GT(decode, 0.0);
+    EXPECT_GT(prefill, 0.0);
+    // The same order of magnitude as the steps measured (a tiny model: well under a second).
+    const double mean_step =
+        engine.stats().step_seconds / static_cast<double>(engine.stats().steps);
+    EXPECT_LT(decode, 20 * mean_step);
+    EXPECT_LT(prefill, 20 * mean_step);
+    std::printf(
+        "fitted: prefill %.2e + %.2e/token, decode %.2e + %.2e/token + %.2e/context; mean "
+        "step %.2e s\n",
+        m.prefill_base, m.prefill_per_token, m.decode_base, m.decode_per_token,
+        m.decode_per_context_token, mean_step);
+  }
+}
+
 // BROS §5: with few KV pages, real-time and best-effort sequences share pages from opposite
 // ends, RT sequences overwrite BE slots after checkpointing them, BE sequences restore them
 // (or move off) before running again. None of it may change a token.
