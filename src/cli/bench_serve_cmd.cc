@@ -40,16 +40,20 @@ struct BenchServeArgs {
   int32_t max_context = 2048;
   std::string traces = "../shared/data/traces";
   std::string profile;
+  std::string kv_layout = "auto";
   bool json = false;
   bool policy_given = false;
   online::LoadOptions load;
   EngineOptions engine;
 };
 
+// `kv_layout` is empty for a server this command did not start (--url).
 void print(const std::string& policy, const online::LoadOptions& lo, const online::LoadReport& r,
-           bool json) {
+           bool json, const std::string& kv_layout = "") {
   if (json) {
-    std::printf("%s\n", online::to_json(policy, lo, r).dump().c_str());
+    nlohmann::json j = online::to_json(policy, lo, r);
+    if (!kv_layout.empty()) j["kv_layout"] = kv_layout;
+    std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf(
         "%-11s rate %5.2f/s: RT %lld req (%lld failed), norm. latency %.4f s/token, TTFT attain "
@@ -115,8 +119,8 @@ void run(BenchServeArgs& args) {
     std::filesystem::remove_all(so.data_dir);
     so.engine = args.engine;
     so.engine.scheduler.policy = parse_scheduler_policy(policy);
-    // `blend serve --kv-layout auto`: bidirectional pages with hybrid, as BROS.
-    so.engine.scheduler.bidirectional_kv = bidirectional_kv_for("auto", so.engine.scheduler.policy);
+    so.engine.scheduler.bidirectional_kv =
+        bidirectional_kv_for(args.kv_layout, so.engine.scheduler.policy);
     if (!args.profile.empty())
       so.engine.scheduler.iteration_cost = read_iteration_model(args.profile);
     so.engine.scheduler.fit_iteration_cost = args.profile.empty();
@@ -138,7 +142,8 @@ void run(BenchServeArgs& args) {
       server.stop();
     }
     std::filesystem::remove_all(so.data_dir);
-    print(policy, lo, report, args.json);
+    print(policy, lo, report, args.json,
+          so.engine.scheduler.bidirectional_kv ? "bidirectional" : "unidirectional");
   }
 }
 
@@ -190,6 +195,11 @@ void register_bench_command(CLI::App& app) {
   cmd->add_option("--profile", a->profile,
                   "A `blend profile` file: its iteration model drives --policy hybrid (without "
                   "one the model is fitted from the steps served)");
+  cmd->add_option("--kv-layout", a->kv_layout,
+                  "As `blend serve --kv-layout`: bidirectional, unidirectional, or auto "
+                  "(bidirectional for hybrid only); for BROS's Fig. 13 ablation over HTTP")
+      ->check(CLI::IsMember({"auto", "bidirectional", "unidirectional"}))
+      ->capture_default_str();
   cmd->add_flag("--json", a->json, "One JSON object per policy");
   cmd->callback([a, cmd] {
     a->policy_given = cmd->count("--policy") > 0;

@@ -1,0 +1,116 @@
+// `blend bench serve` and `blend simulate-serve` as a user runs them: the JSON lines the BROS
+// experiments in docs/BENCHMARKS.md are made of, the KV layout flag of the Fig. 13 ablation,
+// and bad flags. Short runs on a generated tiny model and a small ShareGPT-format trace.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <sstream>
+#include <vector>
+
+#include "test_util.h"
+
+namespace blend {
+namespace {
+
+class ServingCli : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new testing::TempDir();
+    std::string sharegpt = "num_prefill_tokens,num_decode_tokens,num_total_tokens,pd_ratio\n";
+    for (int i = 0; i < 30; ++i)
+      sharegpt += std::to_string(20 + 7 * i) + "," + std::to_string(4 + i % 9) + ",0,0\n";
+    std::filesystem::create_directories(*dir_ / "traces/sharegpt_llama2_lengths");
+    testing::write_file(
+        *dir_ / "traces/sharegpt_llama2_lengths/sharegpt_8k_filtered_stats_llama2_tokenizer.csv",
+        sharegpt);
+    const auto r = testing::run_command(
+        blend("model init --preset tiny --out '" + (*dir_ / "tiny").string() + "' --seed 3"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  static std::string blend(const std::string& args) {
+    return std::string("BLEND_TOKENIZER_DIR='") + BLEND_TEST_TOKENIZER_DIR + "' '" + BLEND_BINARY +
+           "' " + args;
+  }
+  static std::string traces() { return (*dir_ / "traces").string(); }
+
+  static std::vector<nlohmann::json> lines(const std::string& output) {
+    std::vector<nlohmann::json> out;
+    std::istringstream in(output);
+    for (std::string line; std::getline(in, line);)
+      if (!line.empty() && line[0] == '{') out.push_back(nlohmann::json::parse(line));
+    return out;
+  }
+
+  static testing::TempDir* dir_;
+};
+
+testing::TempDir* ServingCli::dir_ = nullptr;
+
+TEST_F(ServingCli, BenchServePrintsOneJsonObjectPerPolicyWithItsKvLayout) {
+  const std::string common = "bench serve --model '" + (*dir_ / "tiny").string() +
+                             "' --duration 2 --rt-rate 4 --be-batch 6 --threads 1 "
+                             "--kv-memory 0.01 --seed 2 --json --traces '" +
+                             traces() + "'";
+  auto r = testing::run_command(blend(common + " --policy hybrid,fcfs 2>/dev/null"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto got = lines(r.output);
+  ASSERT_EQ(got.size(), 2u) << r.output;
+  EXPECT_EQ(got[0]["policy"], "hybrid");
+  EXPECT_EQ(got[1]["policy"], "fcfs");
+  EXPECT_EQ(got[0]["kv_layout"], "bidirectional");  // auto: BROS's layout with hybrid only
+  EXPECT_EQ(got[1]["kv_layout"], "unidirectional");
+  for (const auto& j : got) {
+    for (const char* key : {"rt_normalized_latency_s", "ttft_attainment", "tpot_attainment",
+                            "be_throughput_tokens_per_s"})
+      ASSERT_TRUE(j.contains(key)) << key << " in " << j.dump();
+    EXPECT_GT(j["rt_requests"].get<int64_t>(), 0) << j.dump();
+    EXPECT_GE(j["ttft_attainment"].get<double>(), 0.0);
+    EXPECT_LE(j["ttft_attainment"].get<double>(), 1.0);
+    EXPECT_GT(j["rt_normalized_latency_s"].get<double>(), 0.0);
+  }
+
+  r = testing::run_command(
+      blend(common + " --policy hybrid --kv-layout unidirectional 2>/dev/null"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  got = lines(r.output);
+  ASSERT_EQ(got.size(), 1u) << r.output;
+  EXPECT_EQ(got[0]["kv_layout"], "unidirectional");
+}
+
+TEST_F(ServingCli, SimulateServePrintsOneJsonObjectPerRateAndPolicy) {
+  const auto r = testing::run_command(
+      blend("simulate-serve --rt-rate 1,3 --duration 20 --policy hybrid,fcfs --be-batch 32 "
+            "--json --traces '" +
+            traces() + "'"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto got = lines(r.output);
+  ASSERT_EQ(got.size(), 4u) << r.output;
+  for (const auto& j : got) {
+    for (const char* key : {"policy", "rt_rate", "rt_normalized_latency_s", "ttft_attainment",
+                            "tpot_attainment", "be_throughput_tokens_per_s", "kv_layout"})
+      ASSERT_TRUE(j.contains(key)) << key << " in " << j.dump();
+    EXPECT_EQ(j["kv_layout"], j["policy"] == "hybrid" ? "bidirectional" : "unidirectional");
+    EXPECT_GT(j["be_throughput_tokens_per_s"].get<double>(), 0.0) << j.dump();
+  }
+}
+
+TEST_F(ServingCli, BadFlagsAreAnErrorNotACrash) {
+  const std::string model = (*dir_ / "tiny").string();
+  auto r = testing::run_command(
+      blend("bench serve --model '" + model + "' --kv-layout sideways --duration 1 2>&1"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("sideways"), std::string::npos) << r.output;
+  r = testing::run_command(blend("bench serve --model '" + model +
+                                 "' --policy best --duration 1 --traces '" + traces() + "' 2>&1"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("unknown policy 'best'"), std::string::npos) << r.output;
+  r = testing::run_command(
+      blend("simulate-serve --rt-rate 1 --duration 10 --traces /nonexistent/traces 2>&1"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("cannot read trace /nonexistent/traces"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace blend
