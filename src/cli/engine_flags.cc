@@ -44,6 +44,8 @@ IterationCostModel read_iteration_model(const std::string& path) {
   m.decode_base = j.value("decode_base", 0.0);
   m.decode_per_token = j.value("decode_per_token", 0.0);
   m.decode_per_context_token = j.value("decode_per_context_token", 0.0);
+  m.swap_base = j.value("swap_base", 0.0);  // absent from profiles made before it was fitted
+  m.swap_per_page = j.value("swap_per_page", 0.0);
   return m;
 }
 

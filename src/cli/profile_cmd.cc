@@ -73,7 +73,9 @@ void run_profile(const ProfileArgs& args) {
                     {"prefill_per_token", p.iteration.prefill_per_token},
                     {"decode_base", p.iteration.decode_base},
                     {"decode_per_token", p.iteration.decode_per_token},
-                    {"decode_per_context_token", p.iteration.decode_per_context_token}};
+                    {"decode_per_context_token", p.iteration.decode_per_context_token},
+                    {"swap_base", p.iteration.swap_base},
+                    {"swap_per_page", p.iteration.swap_per_page}};
   nlohmann::json points = nlohmann::json::array();
   std::printf("%-8s %6s %7s %8s %12s %12s %8s\n", "kind", "seqs", "tokens", "context",
               "measured ms", "estimate ms", "error");

@@ -234,6 +234,34 @@ BackendProfile profile_backend(Backend& backend, const ModelShape& shape,
     out.hardware.per_logit_row_seconds = (clock() - t0) / kRows;
   }
 
+  // BROS's swap line (§4.1): restoring checkpointed pages, timed as whole pages of slots written
+  // back from a host image (a restore writes at most that much per page).
+  {
+    const auto clock = options.clock ? options.clock : seconds_now;
+    std::vector<std::byte> image(static_cast<size_t>(backend.kv_bytes_per_page()));
+    std::vector<std::vector<double>> xs;
+    std::vector<double> ys;
+    for (int64_t pages : {int64_t{1}, int64_t{4}, int64_t{16}, int64_t{64}}) {
+      if (pages > backend.num_pages()) break;
+      std::vector<double> t;
+      for (int r = 0; r <= options.reps; ++r) {  // the first one warms up
+        const double t0 = clock();
+        for (int64_t p = 0; p < pages; ++p)
+          backend.write_slots(static_cast<PageId>(p), 0, static_cast<int32_t>(page_size),
+                              image.data());
+        if (r > 0) t.push_back(clock() - t0);
+      }
+      std::sort(t.begin(), t.end());
+      xs.push_back({1.0, static_cast<double>(pages)});
+      ys.push_back(t[t.size() / 2]);
+    }
+    if (xs.size() >= 2) {
+      const auto f = nonnegative_least_squares(xs, ys);
+      out.iteration.swap_base = f[0];
+      out.iteration.swap_per_page = f[1];
+    }
+  }
+
   // BROS iteration model, per phase.
   std::vector<std::vector<double>> xp, xd;
   std::vector<double> yp, yd;

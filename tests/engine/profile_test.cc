@@ -29,7 +29,8 @@ class TimedFakeBackend : public Backend {
   void read_pages(std::span<const PageId>, std::byte*) const override {}
   void write_pages(std::span<const PageId>, const std::byte*) override {}
   void read_slots(PageId, int32_t, int32_t, std::byte*) const override {}
-  void write_slots(PageId, int32_t, int32_t, const std::byte*) override {}
+  // A restore: 2 us per page of slots written back.
+  void write_slots(PageId, int32_t, int32_t, const std::byte*) override { *clock_ += 2e-6; }
 
  private:
   ModelConfig config_;
@@ -70,6 +71,9 @@ TEST(Profile, RecoversComputeAttentionBandwidthAndOverhead) {
   EXPECT_GT(p.iteration.decode_per_token, 0);
   EXPECT_GT(p.iteration.decode_per_context_token, 0);
   EXPECT_GT(p.iteration.prefill_per_token, 0);
+  // The swap line: restores timed page by page.
+  EXPECT_NEAR(p.iteration.swap_per_page, 2e-6, 1e-12);
+  EXPECT_NEAR(p.iteration.swap_base, 0.0, 1e-12);
 }
 
 // `blend profile --steps`: the cost model fitted on an engine run's own steps. The run's
