@@ -330,18 +330,22 @@ void Engine::step() {
     }
     batch.chunks.push_back(std::move(chunk));
   }
-  // What the step costs, for the hybrid policy's online iteration model (sched/iteration_fit).
+  // What the step costs, for the hybrid policy's online iteration model (sched/iteration_fit;
+  // a simulated step's cost is the cost model's own).
+  const bool measure_cost = !simulated && scheduler_->fits_iteration_cost();
   IterationSample cost;
-  for (const ScheduledChunk& c : plan.chunks) {
-    if (c.num_tokens == 1 && c.seq->num_generated() > 0) {
-      cost.decode_tokens += 1;
-      cost.decode_context += c.seq->num_computed;
-    } else {
-      cost.prefill_tokens += c.num_tokens;
+  if (measure_cost) {
+    for (const ScheduledChunk& c : plan.chunks) {
+      if (c.num_tokens == 1 && c.seq->num_generated() > 0) {
+        cost.decode_tokens += 1;
+        cost.decode_context += c.seq->num_computed;
+      } else {
+        cost.prefill_tokens += c.num_tokens;
+      }
     }
+    cost.swap_pages = static_cast<int64_t>(plan.restores.size());
   }
-  cost.swap_pages = static_cast<int64_t>(plan.restores.size());
-  const WallClock::time_point swap0 = WallClock::now();
+  const WallClock::time_point swap0 = measure_cost ? WallClock::now() : WallClock::time_point{};
   // Before the forward pass: checkpoint slots about to be overwritten, copy pages (copy on
   // write, BE pages restored or moved off a shared page), write checkpointed slots back.
   for (const auto& c : plan.checkpoints)
@@ -364,7 +368,8 @@ void Engine::step() {
       a = b;
     }
   }
-  cost.swap_seconds = std::chrono::duration<double>(WallClock::now() - swap0).count();
+  if (measure_cost)
+    cost.swap_seconds = std::chrono::duration<double>(WallClock::now() - swap0).count();
   const size_t vocab = static_cast<size_t>(config_.vocab_size);
   logits_.resize(simulated ? 0 : static_cast<size_t>(batch.num_logit_rows()) * vocab);
   backend_->forward(batch, logits_);
@@ -404,7 +409,7 @@ void Engine::step() {
     scheduler_->finish(&a->seq);
     finish(*a);
   }
-  if (!simulated) {  // a simulated step's cost is the cost model's own
+  if (measure_cost) {
     cost.seconds =
         std::chrono::duration<double>(WallClock::now() - wall0).count() - cost.swap_seconds;
     scheduler_->observe_step_cost(cost);

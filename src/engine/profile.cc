@@ -146,20 +146,24 @@ BackendProfile profile_backend(Backend& backend, const ModelShape& shape,
                                const ProfileOptions& options) {
   const ModelConfig& config = backend.config();
   const int64_t page_size = options.page_size;
-  std::vector<float> logits;
-  auto time_batch = [&](const ForwardBatch& batch) {
-    logits.resize(static_cast<size_t>(batch.num_logit_rows()) *
-                  static_cast<size_t>(config.vocab_size));
+  const auto clock = options.clock ? options.clock : seconds_now;
+  // The median seconds of `options.reps` runs of `work`, after one run that warms up.
+  auto median_seconds = [&](const auto& work) {
+    work();
     std::vector<double> t;
-    const auto clock = options.clock ? options.clock : seconds_now;
-    backend.forward(batch, logits);  // warm-up
     for (int r = 0; r < options.reps; ++r) {
       const double t0 = clock();
-      backend.forward(batch, logits);
+      work();
       t.push_back(clock() - t0);
     }
     std::sort(t.begin(), t.end());
     return t[t.size() / 2];
+  };
+  std::vector<float> logits;
+  auto time_batch = [&](const ForwardBatch& batch) {
+    logits.resize(static_cast<size_t>(batch.num_logit_rows()) *
+                  static_cast<size_t>(config.vocab_size));
+    return median_seconds([&] { backend.forward(batch, logits); });
   };
   // Pages are handed out in order; every point starts from page 0 (KV contents do not matter
   // for timing).
@@ -226,7 +230,6 @@ BackendProfile profile_backend(Backend& backend, const ModelShape& shape,
     for (size_t i = 0; i < row.size(); ++i) row[i] = static_cast<float>((i * 2654435761u) % 1000);
     SamplingParams greedy;
     greedy.temperature = 0;
-    const auto clock = options.clock ? options.clock : seconds_now;
     constexpr int kRows = 64;
     const double t0 = clock();
 #pragma omp parallel for schedule(dynamic, 1)  // as the engine samples its rows
@@ -237,23 +240,17 @@ BackendProfile profile_backend(Backend& backend, const ModelShape& shape,
   // BROS's swap line (§4.1): restoring checkpointed pages, timed as whole pages of slots written
   // back from a host image (a restore writes at most that much per page).
   {
-    const auto clock = options.clock ? options.clock : seconds_now;
     std::vector<std::byte> image(static_cast<size_t>(backend.kv_bytes_per_page()));
     std::vector<std::vector<double>> xs;
     std::vector<double> ys;
     for (int64_t pages : {int64_t{1}, int64_t{4}, int64_t{16}, int64_t{64}}) {
       if (pages > backend.num_pages()) break;
-      std::vector<double> t;
-      for (int r = 0; r <= options.reps; ++r) {  // the first one warms up
-        const double t0 = clock();
+      xs.push_back({1.0, static_cast<double>(pages)});
+      ys.push_back(median_seconds([&] {
         for (int64_t p = 0; p < pages; ++p)
           backend.write_slots(static_cast<PageId>(p), 0, static_cast<int32_t>(page_size),
                               image.data());
-        if (r > 0) t.push_back(clock() - t0);
-      }
-      std::sort(t.begin(), t.end());
-      xs.push_back({1.0, static_cast<double>(pages)});
-      ys.push_back(t[t.size() / 2]);
+      }));
     }
     if (xs.size() >= 2) {
       const auto f = nonnegative_least_squares(xs, ys);

@@ -104,7 +104,8 @@ class Scheduler {
   StepPlan schedule(double now = 0);
   // The measured duration of the step just run (the hybrid policy's moving average).
   void observe_iteration(double seconds);
-  // The step just run, measured: with `fit_iteration_cost`, feeds the online fit.
+  // The step just run, measured, for the online fit (only wanted with `fit_iteration_cost`).
+  bool fits_iteration_cost() const { return options_.fit_iteration_cost; }
   void observe_step_cost(const IterationSample& sample);
   // The hybrid policy's iteration model (profiled, derived from a cost model, or fitted).
   const IterationCostModel& iteration_cost() const { return hybrid_.cost(); }
