@@ -64,7 +64,7 @@ Engine::Engine(const std::filesystem::path& model_dir, const EngineOptions& opti
       tokenizer_(std::make_unique<Tokenizer>(Tokenizer::from_dir(model_dir))) {
   weights_ = std::make_unique<TensorStore>(TensorStore::open_dir(model_dir));
   const DType dtype = check_tensors(config_, *weights_);
-  const int64_t kv_elem = dtype == DType::kF32 ? 4 : 2;
+  const auto kv_elem = static_cast<int64_t>(dtype_size(cpu_compute_dtype(dtype)));
   const int64_t page_bytes = kv_bytes_per_token(config_, kv_elem) * options.page_size;
   int64_t kv_bytes = static_cast<int64_t>(options.kv_memory_gb * 1e9);
   if (kv_bytes <= 0) {

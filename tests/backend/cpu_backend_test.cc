@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include "backend/cpu/gemm.h"
 #include "backend/cpu/simd.h"
 #include "core/error.h"
 #include "model/presets.h"
@@ -583,7 +584,11 @@ TEST(CpuBackend, KvBytesPerPageAndCopyPage) {
   const ModelConfig& c = m.config;
   auto backend = make_backend(m, true, 16, 32);
   EXPECT_EQ(backend->num_pages(), 32);
-  EXPECT_EQ(backend->kv_bytes_per_page(), 16 * kv_bytes_per_token(c, 2));
+  // bf16 pages where oneDNN computes in bf16; f32 on CPUs without a bf16 kernel (AVX2).
+  const DType kv = cpu::onednn_has_bf16_matmul() ? DType::kBF16 : DType::kF32;
+  EXPECT_EQ(backend->compute_dtype(), kv);
+  EXPECT_EQ(backend->kv_bytes_per_page(),
+            16 * kv_bytes_per_token(c, static_cast<int>(dtype_size(kv))));
   EXPECT_EQ(make_backend(model("llama"), true, 8, 4)->kv_bytes_per_page(),
             8 * kv_bytes_per_token(c, 4));
   EXPECT_EQ(backend->name(), "cpu");
@@ -627,7 +632,7 @@ TEST(CpuBackend, ReadAndWriteSlotsMoveOnlyThoseSlots) {
   // A page image, for each layer, K ([kv_head][head_dim][16]) then V ([kv_head][16][head_dim]):
   // a byte belongs to slot 3..6 exactly where the layout puts those slots.
   const ModelConfig& c = backend->config();
-  const size_t es = 2, d = static_cast<size_t>(c.head_dim),
+  const size_t es = dtype_size(backend->compute_dtype()), d = static_cast<size_t>(c.head_dim),
                heads = static_cast<size_t>(c.num_kv_heads);
   const size_t half = heads * d * 16 * es;  // one layer's K (or V) part
   size_t from_a = 0;

@@ -8,7 +8,9 @@
 
 #include <gtest/gtest.h>
 
+#include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
+#include "model/config.h"
 #include "model/presets.h"
 #include "model/random_init.h"
 #include "test_util.h"
@@ -26,6 +28,17 @@ class EngineTest : public ::testing::Test {
     write_random_model(*find_model_preset("tiny"), dir_->path(), o);
   }
   static void TearDownTestSuite() { delete dir_; }
+
+  // Bytes of one KV page of 16 tokens of the tiny model on this CPU: 2 layers x 32 KV dims x
+  // 2 (K, V) per token, in the backend's compute dtype (bf16; f32 where oneDNN has no bf16).
+  static int64_t page_bytes() {
+    const ModelConfig c = ModelConfig::from_dir(dir_->path());
+    return 16 *
+           kv_bytes_per_token(
+               c, static_cast<int64_t>(dtype_size(cpu_compute_dtype(RandomInitOptions{}.dtype))));
+  }
+  // --kv-memory for `pages` such pages.
+  static double kv_gb(int pages) { return static_cast<double>(page_bytes() * pages) / 1e9; }
 
   static EngineOptions options() {
     EngineOptions o;
@@ -109,8 +122,7 @@ TEST_F(EngineTest, KvExhaustionPreemptsAndStillGivesTheSameTokens) {
   EXPECT_EQ(roomy.stats().preemptions, 0);
 
   EngineOptions o = options();
-  // tiny: 2 layers x 32 kv dims x 2 (K,V) x 2 bytes = 256 bytes a token; 16 pages of 16 tokens.
-  o.kv_memory_gb = 256.0 * 16 * 16 / 1e9;
+  o.kv_memory_gb = kv_gb(16);
   o.scheduler.initial_output_estimate = 1;  // optimistic admission: forces preemption
   o.scheduler.exact_known_lengths = false;
   Engine tight(dir_->path(), o);
@@ -183,7 +195,7 @@ TEST_F(EngineTest, PrefixCacheUnderHeavyEvictionAndPreemption) {
   auto expected = run(plain, reqs);
 
   EngineOptions o = options();
-  o.kv_memory_gb = 256.0 * 16 * 40 / 1e9;  // 40 pages of 16 tokens: about 3 prompts at once
+  o.kv_memory_gb = kv_gb(40);  // about 3 prompts at once
   o.scheduler.initial_output_estimate = 1;
   Engine tight(dir_->path(), o);
   auto got = run(tight, reqs);
@@ -206,10 +218,10 @@ TEST_F(EngineTest, KvTiersBringBackEvictedPrefixesWithTheSameTokens) {
 
   testing::TempDir disk;
   EngineOptions o = options();
-  o.kv_memory_gb = 256.0 * 16 * 40 / 1e9;   // 40 device pages
-  o.kv_host_memory_gb = 4096.0 * 12 / 1e9;  // 12 pages on the host
+  o.kv_memory_gb = kv_gb(40);       // 40 device pages
+  o.kv_host_memory_gb = kv_gb(12);  // 12 pages on the host
   o.kv_disk_dir = disk.path().string();
-  o.kv_disk_gb = 4096.0 * 30 / 1e9;  // 30 on disk
+  o.kv_disk_gb = kv_gb(30);  // 30 on disk
   o.scheduler.initial_output_estimate = 1;
   Engine tiered(dir_->path(), o);
   auto got = run(tiered, reqs);
@@ -218,8 +230,8 @@ TEST_F(EngineTest, KvTiersBringBackEvictedPrefixesWithTheSameTokens) {
   const EngineStats st = tiered.stats();
   EXPECT_GT(st.kv_offloaded_pages, 0);
   EXPECT_GT(st.kv_loaded_pages, 0);
-  EXPECT_LE(st.kv_host_bytes, 4096 * 12);
-  EXPECT_LE(st.kv_disk_bytes, 4096 * 30);
+  EXPECT_LE(st.kv_host_bytes, page_bytes() * 12);
+  EXPECT_LE(st.kv_disk_bytes, page_bytes() * 30);
   tiered.check_invariants();
 }
 
@@ -307,7 +319,7 @@ TEST_F(EngineTest, BidirectionalPagesShareCheckpointRestoreAndKeepTheTokens) {
   for (int pages : {12, 16, 20})
     for (SchedulerPolicy policy : {SchedulerPolicy::kHybrid, SchedulerPolicy::kFcfs}) {
       EngineOptions o = options();
-      o.kv_memory_gb = 256.0 * 16 * pages / 1e9;  // pages of 16 tokens (see above)
+      o.kv_memory_gb = kv_gb(pages);
       o.scheduler.policy = policy;
       o.scheduler.bidirectional_kv = true;
       o.scheduler.initial_output_estimate = 1;  // optimistic admission: memory runs out

@@ -20,9 +20,10 @@ namespace {
 using cpu::GemmContext;
 using cpu::Linear;
 
-// Rows per GEMM kernel call in deterministic mode. Larger tiles run the kernels faster on big
-// batches (64 rows: ~10% faster forward than 32 at 1024 tokens) but make small decode batches
-// pay for more padding rows (one decode row costs a whole tile); 32 balances the two.
+// Rows per GEMM kernel call in deterministic mode, where the kernels allow it (see
+// cpu::deterministic_row_tile). Larger tiles run the kernels faster on big batches (64 rows:
+// ~10% faster forward than 32 at 1024 tokens) but make small decode batches pay for more
+// padding rows (one decode row costs a whole tile); 32 balances the two.
 constexpr int64_t kDeterministicRowTile = 32;
 
 double now() {
@@ -80,6 +81,7 @@ class CpuBackendImpl final : public CpuBackend {
 
   const CpuOpTimes& op_times() const override { return times_; }
   void reset_op_times() override { times_ = {}; }
+  DType compute_dtype() const override { return compute_; }
   std::string gemm_info() const override;
 
  private:
@@ -127,12 +129,14 @@ CpuBackendImpl::CpuBackendImpl(const ModelConfig& config, const TensorStore& sto
     : config_(validated(config)),
       threads_(resolve_threads(options.threads)),
       file_dtype_(check_tensors(config_, store)),
-      compute_(file_dtype_ == DType::kF32 ? DType::kF32 : DType::kBF16),
+      compute_(cpu_compute_dtype(file_dtype_)),
       gemm_({.compute = compute_,
              .lib = compute_ == DType::kF32 && f32_gemm == CpuGemmLib::kOpenBlas
                         ? cpu::GemmLib::kOpenBlas
                         : cpu::GemmLib::kOneDnn,
-             .row_tile = options.deterministic ? kDeterministicRowTile : 0}),
+             .row_tile = options.deterministic
+                             ? cpu::deterministic_row_tile(compute_, kDeterministicRowTile)
+                             : 0}),
       kv_(config.num_layers, config.num_kv_heads, config.head_dim, options.page_size,
           options.num_pages, compute_) {
   omp_set_num_threads(threads_);
@@ -334,6 +338,12 @@ void CpuBackendImpl::forward(const ForwardBatch& batch, std::span<float> logits)
 }
 
 }  // namespace
+
+DType cpu_compute_dtype(DType checkpoint) {
+  // bf16 and f16 checkpoints compute in bf16 where oneDNN has a bf16 kernel, else in f32
+  // (AVX2-only CPUs): twice the weight and KV memory, the same model.
+  return checkpoint == DType::kF32 || !cpu::onednn_has_bf16_matmul() ? DType::kF32 : DType::kBF16;
+}
 
 std::unique_ptr<CpuBackend> make_cpu_backend(const ModelConfig& config, const TensorStore& weights,
                                              const BackendOptions& options, CpuGemmLib f32_gemm) {

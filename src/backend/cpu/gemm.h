@@ -4,11 +4,14 @@
 //
 // Row contract: a call on m rows reads and writes padded_rows(m) rows of x and y (the extra rows
 // are scratch the caller provides), and row i of y depends only on row i of x. In deterministic
-// mode (row_tile > 0) every call runs the kernel on tiles of exactly row_tile rows, so each row
-// goes through the same kernel with the same K-loop whatever m is and wherever the row sits:
-// a row's output bits do not depend on the batch it came in. The default mode runs one kernel
-// call over m rounded up to a multiple of 16 (fewer, larger calls; a row's bits may then depend
-// on m through the library's blocking choices).
+// mode (row_tile > 0) every call runs the kernel on tiles of exactly row_tile rows, each tile
+// cut into fixed slices of output columns that one thread computes alone, so each row goes
+// through the same single-threaded kernel with the same K-loop whatever m is and wherever the
+// row sits: a row's output bits do not depend on the batch it came in. (A multithreaded library
+// call is not enough: oneDNN's AVX2 sgemm splits a 16-row tile between threads by shape, and a
+// row's bits then depend on its place in the tile.) The default mode runs one multithreaded
+// kernel call over m rounded up to a multiple of 16 (fewer, larger calls; a row's bits may then
+// depend on m through the library's blocking choices).
 //
 // Not thread-safe: one forward pass at a time (the kernels themselves use all threads).
 #pragma once
@@ -33,6 +36,17 @@ namespace blend::cpu {
 
 enum class GemmLib { kOneDnn, kOpenBlas };
 
+// Whether oneDNN has a bf16 matmul on this CPU (AVX-512 BF16, AMX, or AVX-512 where it emulates
+// bf16). Machines with AVX2 only have none: bf16 checkpoints then compute in f32.
+bool onednn_has_bf16_matmul();
+
+// The row tile for deterministic mode: the first of `preferred`, 24, 48, 64 for which oneDNN's
+// single-threaded kernel gives a row the same bits wherever it sits in the tile, found by running
+// the kernel on this machine (once per dtype). Kernels treat a tile's last rows apart when the
+// tile is not a multiple of their row blocking (AVX2 sgemm: 6 rows, so 32 fails and 24 passes),
+// and that blocking is the ISA's, not ours to hard-code.
+int64_t deterministic_row_tile(DType compute, int64_t preferred);
+
 struct GemmOptions {
   DType compute = DType::kBF16;    // kBF16 or kF32: activations fed to GEMMs and packed weights
   GemmLib lib = GemmLib::kOneDnn;  // kOpenBlas needs compute == kF32
@@ -51,14 +65,28 @@ class GemmContext {
 
  private:
   friend class Linear;
-  using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool>;  // m, k, n, bias, accumulate
-  dnnl::matmul& primitive(int64_t m, int64_t k, int64_t n, bool bias, bool accumulate,
-                          const dnnl::memory::desc& weights);
+  // m, k, n, leading dimension of y, bias, accumulate
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool>;
+  struct Kernel {
+    dnnl::matmul matmul;
+    dnnl::memory::desc scratchpad;  // user scratchpad (deterministic mode), else empty
+  };
+  Kernel& kernel(int64_t m, int64_t k, int64_t n, int64_t ldy, bool bias, bool accumulate,
+                 const dnnl::memory::desc& weights);
+  // Deterministic mode: each OpenMP thread's stream and kernel scratch (user scratchpad).
+  struct ThreadState {
+    dnnl::stream stream;
+    Buffer scratch;
+    size_t scratch_bytes = 0;
+  };
+  // At least `threads` of them, each with a stream and scratch_bytes of scratch.
+  void prepare_threads(int threads, size_t scratch_bytes);
 
   GemmOptions options_;
   dnnl::engine engine_;
   dnnl::stream stream_;
-  std::map<Key, dnnl::matmul> cache_;
+  std::vector<ThreadState> threads_;
+  std::map<Key, Kernel> cache_;
 };
 
 class Linear {
@@ -79,16 +107,23 @@ class Linear {
   void forward(const void* x, int64_t m, float* y, bool accumulate = false);
 
  private:
+  // Output columns [first, first + count), packed for oneDNN's kernel.
+  struct Slice {
+    int64_t first = 0, count = 0;
+    dnnl::memory::desc desc;
+    Buffer data;
+    dnnl::memory weights, bias;
+  };
+  void pack(const std::byte* plain, Slice& slice);
   void run(int64_t rows, const void* x, float* y, bool accumulate);
+  void run_tiles(int64_t tiles, const void* x, float* y, bool accumulate);
 
   GemmContext& ctx_;
   int64_t k_ = 0, n_ = 0;
-  dnnl::memory::desc packed_desc_;
-  Buffer packed_data_;
-  dnnl::memory packed_;       // oneDNN: weights in the kernel's blocked layout
+  // oneDNN: one slice of all columns, or in deterministic mode slices of kSliceColumns.
+  std::vector<Slice> slices_;
   std::vector<float> plain_;  // OpenBLAS: weights [n][k] f32
   std::vector<float> bias_;   // [n] or empty
-  dnnl::memory bias_mem_;
 };
 
 }  // namespace blend::cpu
