@@ -174,12 +174,15 @@ double bench_gemms(const ModelConfig& c, const Options& o, DType model_dtype, bo
       {"onednn_bf16", {.compute = DType::kBF16, .lib = cpu::GemmLib::kOneDnn}},
       {"onednn_f32", {.compute = DType::kF32, .lib = cpu::GemmLib::kOneDnn}},
       {"openblas_f32", {.compute = DType::kF32, .lib = cpu::GemmLib::kOpenBlas}}};
-  const std::string bound_variant =
-      model_dtype == DType::kF32
-          ? (o.f32_gemm == CpuGemmLib::kOpenBlas ? "openblas_f32" : "onednn_f32")
-          : "onednn_bf16";
+  // The bound is the variant the forward pass runs: bf16 checkpoints compute in f32 where
+  // oneDNN has no bf16 matmul (AVX2-only CPUs).
+  const DType compute = cpu_compute_dtype(model_dtype);
+  const std::string bound_variant = compute == DType::kBF16               ? "onednn_bf16"
+                                    : o.f32_gemm == CpuGemmLib::kOpenBlas ? "openblas_f32"
+                                                                          : "onednn_f32";
   for (const auto& v : variants) {
     if (!all && v.name != bound_variant) continue;
+    if (v.options.compute == DType::kBF16 && !cpu::onednn_has_bf16_matmul()) continue;
     cpu::GemmContext ctx(v.options);
     // GEMMs run several times slower for the first few hundred ms of the process on this
     // machine (observed, cause not pinned down); burn a second on an untimed shape.
