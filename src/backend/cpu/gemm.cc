@@ -93,17 +93,17 @@ bool onednn_has_bf16_matmul() {
 
 namespace {
 
-// Whether a row's output from one single-threaded kernel call on `tile` rows is bitwise the same
-// at every position of the tile, other rows random, for two shapes (one with odd tails).
+// Whether a row's output from a deterministic-mode call on `tile` rows (the real path: packed
+// weights, column slices, one thread a slice) is bitwise the same at every position of the
+// tile, the other rows random, for two shapes (one with odd tails and two slices).
 bool row_invariant(DType compute, int64_t tile) {
-  const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-  dnnl::stream stream(engine);
-  const auto dt = dnnl_type(compute);
+  GemmContext ctx({.compute = compute, .lib = GemmLib::kOneDnn, .row_tile = tile});
   uint32_t state = 12345;
   auto next = [&state] {
     state = state * 1664525u + 1013904223u;
     return static_cast<float>(state >> 8) / static_cast<float>(1u << 24) - 0.5f;
   };
+  const size_t es = dtype_size(compute);
   auto store = [&](float v, std::byte* p) {
     if (compute == DType::kF32) {
       std::memcpy(p, &v, 4);
@@ -112,35 +112,22 @@ bool row_invariant(DType compute, int64_t tile) {
       std::memcpy(p, &h, 2);
     }
   };
-  const size_t es = dtype_size(compute);
-  for (const auto& [k, n] : {std::pair<int64_t, int64_t>{64, 64}, {200, 72}}) {
-    std::vector<std::byte> w(static_cast<size_t>(k * n) * es),
-        x(static_cast<size_t>(tile * k) * es), row(static_cast<size_t>(k) * es);
-    for (size_t i = 0; i < w.size(); i += es) store(next(), &w[i]);
+  for (const auto& [k, n] : {std::pair<int64_t, int64_t>{64, 64}, {200, 300}}) {
+    std::vector<float> w(static_cast<size_t>(k * n));
+    for (float& v : w) v = next();
+    const TensorView weight{.name = "row-invariance probe",
+                            .dtype = DType::kF32,
+                            .shape = {n, k},
+                            .data = reinterpret_cast<const std::byte*>(w.data()),
+                            .nbytes = w.size() * 4};
+    Linear linear(ctx, {&weight});
+    std::vector<std::byte> x(static_cast<size_t>(tile * k) * es), row(static_cast<size_t>(k) * es);
     for (size_t i = 0; i < row.size(); i += es) store(next(), &row[i]);
-    dnnl::primitive_attr attr;
-    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    const dnnl::matmul::primitive_desc pd(
-        dnnl::matmul::desc(memory::desc({tile, k}, dt, Tag::ab), memory::desc({k, n}, dt, Tag::ba),
-                           memory::desc({tile, n}, memory::data_type::f32, Tag::ab)),
-        attr, engine);
-    const dnnl::matmul matmul(pd);
-    std::vector<std::byte> scratch(pd.scratchpad_desc().get_size() + 1);
     std::vector<float> y(static_cast<size_t>(tile * n)), first(static_cast<size_t>(n));
     for (int64_t pos = 0; pos < tile; ++pos) {
       for (size_t i = 0; i < x.size(); i += es) store(next(), &x[i]);
       std::memcpy(&x[static_cast<size_t>(pos * k) * es], row.data(), row.size());
-      memory xm(pd.src_desc(), engine, x.data()), wm(pd.weights_desc(), engine, w.data()),
-          ym(pd.dst_desc(), engine, y.data()), sm(pd.scratchpad_desc(), engine, scratch.data());
-      // One thread, as deterministic mode runs every kernel call.
-#pragma omp parallel num_threads(1)
-      {
-        matmul.execute(stream, {{DNNL_ARG_SRC, xm},
-                                {DNNL_ARG_WEIGHTS, wm},
-                                {DNNL_ARG_DST, ym},
-                                {DNNL_ARG_SCRATCHPAD, sm}});
-        stream.wait();
-      }
+      linear.forward(x.data(), tile, y.data());
       const float* out = &y[static_cast<size_t>(pos * n)];
       if (pos == 0) {
         std::memcpy(first.data(), out, first.size() * 4);
