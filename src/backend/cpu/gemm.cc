@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "backend/cpu/ops.h"
 #include "core/error.h"
 #include "model/safetensors.h"
 
@@ -28,9 +29,9 @@ constexpr int64_t kRowBucket = 16;
 // Row count used to ask oneDNN for its preferred weight layout at load time.
 constexpr int64_t kPackRows = 256;
 // Deterministic mode: output columns one thread computes alone. Wide enough that a call costs
-// little against its arithmetic, narrow enough that its weights stay in L2 and that a one-tile
-// decode step feeds every core (on the test model's lm_head, 128 and 512 columns were 15% and
-// 5% slower than 256 on an AVX2 EPYC).
+// little against its arithmetic, narrow enough that a one-tile decode step feeds every core
+// (EngineTest.KvExhaustionPreemptsAndStillGivesTheSameTokens on an AVX2 EPYC, median of 3 runs:
+// 3.73 s at 256 columns, 4.32 s at 128, 3.99 s at 512).
 constexpr int64_t kSliceColumns = 256;
 
 float element(const TensorView& t, int64_t i) {
@@ -104,13 +105,11 @@ bool row_invariant(DType compute, int64_t tile) {
     return static_cast<float>(state >> 8) / static_cast<float>(1u << 24) - 0.5f;
   };
   const size_t es = dtype_size(compute);
-  auto store = [&](float v, std::byte* p) {
-    if (compute == DType::kF32) {
-      std::memcpy(p, &v, 4);
-    } else {
-      const uint16_t h = f32_to_bf16(v);
-      std::memcpy(p, &h, 2);
-    }
+  // `count` random values as compute-dtype elements.
+  auto random_row = [&](int64_t count, std::byte* out) {
+    std::vector<float> v(static_cast<size_t>(count));
+    for (float& f : v) f = next();
+    store_row(v.data(), count, compute, out);
   };
   for (const auto& [k, n] : {std::pair<int64_t, int64_t>{64, 64}, {200, 300}}) {
     std::vector<float> w(static_cast<size_t>(k * n));
@@ -122,10 +121,10 @@ bool row_invariant(DType compute, int64_t tile) {
                             .nbytes = w.size() * 4};
     Linear linear(ctx, {&weight});
     std::vector<std::byte> x(static_cast<size_t>(tile * k) * es), row(static_cast<size_t>(k) * es);
-    for (size_t i = 0; i < row.size(); i += es) store(next(), &row[i]);
+    random_row(k, row.data());
     std::vector<float> y(static_cast<size_t>(tile * n)), first(static_cast<size_t>(n));
     for (int64_t pos = 0; pos < tile; ++pos) {
-      for (size_t i = 0; i < x.size(); i += es) store(next(), &x[i]);
+      random_row(tile * k, x.data());
       std::memcpy(&x[static_cast<size_t>(pos * k) * es], row.data(), row.size());
       linear.forward(x.data(), tile, y.data());
       const float* out = &y[static_cast<size_t>(pos * n)];
@@ -331,12 +330,14 @@ void Linear::run(int64_t rows, const void* x, float* y, bool accumulate) {
 void Linear::run_tiles(int64_t tiles, const void* x, float* y, bool accumulate) {
   const int64_t tile = ctx_.options().row_tile;
   const int64_t num_slices = static_cast<int64_t>(slices_.size());
-  // The kernels and scratch come first: the primitive cache is not thread-safe.
-  std::vector<GemmContext::Kernel*> kernels;
+  // Each slice's kernel is looked up once (the primitive cache is not thread-safe, so never
+  // inside the loop below), and the scratch sized before it.
   size_t scratch_bytes = 0;
-  for (const Slice& s : slices_) {
-    kernels.push_back(&ctx_.kernel(tile, k_, s.count, n_, !bias_.empty(), accumulate, s.desc));
-    scratch_bytes = std::max(scratch_bytes, kernels.back()->scratchpad.get_size());
+  for (Slice& s : slices_) {
+    GemmContext::Kernel*& kernel = s.tile_kernel[accumulate ? 1 : 0];
+    if (kernel == nullptr)
+      kernel = &ctx_.kernel(tile, k_, s.count, n_, !bias_.empty(), accumulate, s.desc);
+    scratch_bytes = std::max(scratch_bytes, kernel->scratchpad.get_size());
   }
   const int threads = omp_get_max_threads();
   ctx_.prepare_threads(threads, scratch_bytes);
@@ -348,7 +349,7 @@ void Linear::run_tiles(int64_t tiles, const void* x, float* y, bool accumulate) 
   for (int64_t u = 0; u < units; ++u) {
     const int64_t r = u / num_slices * tile;
     const Slice& s = slices_[static_cast<size_t>(u % num_slices)];
-    GemmContext::Kernel& kernel = *kernels[static_cast<size_t>(u % num_slices)];
+    GemmContext::Kernel& kernel = *s.tile_kernel[accumulate ? 1 : 0];
     GemmContext::ThreadState& ts = ctx_.threads_[static_cast<size_t>(omp_get_thread_num())];
     memory src(memory::desc({tile, k_}, dt, Tag::ab), ctx_.engine_,
                const_cast<std::byte*>(static_cast<const std::byte*>(x) + r * x_row));

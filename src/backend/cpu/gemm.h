@@ -40,9 +40,10 @@ enum class GemmLib { kOneDnn, kOpenBlas };
 // bf16). Machines with AVX2 only have none: bf16 checkpoints then compute in f32.
 bool onednn_has_bf16_matmul();
 
-// The row tile for deterministic mode: the first of `preferred`, 24, 48, 64 for which oneDNN's
-// single-threaded kernel gives a row the same bits wherever it sits in the tile, found by running
-// the kernel on this machine (once per dtype). Kernels treat a tile's last rows apart when the
+// The row tile for deterministic mode: the first of `preferred`, 24, 48, 64 for which the
+// deterministic path (packed weights, one thread a column slice) gives a row the same bits
+// wherever it sits in the tile, found by running it on this machine (once per dtype and
+// preference). Kernels treat a tile's last rows apart when the
 // tile is not a multiple of their row blocking (AVX2 sgemm: 6 rows, so 32 fails and 24 passes),
 // and that blocking is the ISA's, not ours to hard-code.
 int64_t deterministic_row_tile(DType compute, int64_t preferred);
@@ -113,6 +114,9 @@ class Linear {
     dnnl::memory::desc desc;
     Buffer data;
     dnnl::memory weights, bias;
+    // Deterministic mode: its kernel on row_tile rows, without and with accumulate (in the
+    // context's cache), found on first use.
+    GemmContext::Kernel* tile_kernel[2] = {nullptr, nullptr};
   };
   void pack(const std::byte* plain, Slice& slice);
   void run(int64_t rows, const void* x, float* y, bool accumulate);
