@@ -13,7 +13,7 @@
 
 #include "core/error.h"
 #include "core/types.h"
-#include "engine/engine.h"
+#include "core/request.h"
 
 namespace blend {
 

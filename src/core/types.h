@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace blend {
@@ -25,6 +26,27 @@ struct SamplingParams {
   std::vector<TokenId> stop_token_ids;
   bool ignore_eos = false;
   std::optional<int32_t> logprobs;  // number of top logprobs per token, when set
+  // Penalties over the tokens generated so far (OpenAI: presence/frequency, subtracted from a
+  // logit once / once per occurrence) and over prompt + output (vLLM/HF: repetition, positive
+  // logits divided by it, negative ones multiplied); 0, 0 and 1 = off.
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
+  // OpenAI logit_bias: added to the raw logits of these tokens before sampling (and before
+  // logprobs are taken, as OpenAI documents it), sorted by token id.
+  std::vector<std::pair<TokenId, float>> logit_bias;
+};
+
+// One sampled token and, when asked, log-probabilities (the sampler's output).
+struct TopLogprob {
+  TokenId token;
+  float logprob;
+};
+
+struct SampledToken {
+  TokenId token = 0;
+  float logprob = 0.0f;         // log-softmax of the raw logits at `token`
+  std::vector<TopLogprob> top;  // the `logprobs` most likely tokens, when asked
 };
 
 enum class FinishReason { kNone, kStop, kLength };

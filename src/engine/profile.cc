@@ -9,7 +9,7 @@
 
 #include "core/error.h"
 #include "core/least_squares.h"
-#include "engine/sampler.h"
+#include "sampling/sampler.h"
 
 namespace blend {
 namespace {

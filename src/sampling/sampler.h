@@ -12,17 +12,6 @@
 
 namespace blend {
 
-struct TopLogprob {
-  TokenId token;
-  float logprob;
-};
-
-struct SampledToken {
-  TokenId token = 0;
-  float logprob = 0.0f;         // log-softmax of the raw logits at `token`
-  std::vector<TopLogprob> top;  // the `logprobs` most likely tokens, when asked
-};
-
 // A uniform double in [0, 1) for output index `step` of a sequence seeded with `seed`.
 double sampling_uniform(uint64_t seed, int64_t step);
 

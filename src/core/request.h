@@ -1,0 +1,42 @@
+// What a caller asks of the engine and what it gets back: one generation request (a tokenized
+// prompt, its sampling parameters, its class and latency targets) and its result. Plain data,
+// so the API layer (api/) can build and read them without the engine.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/sequence.h"
+#include "core/types.h"
+
+namespace blend {
+
+struct GenerationRequest {
+  std::string id;  // the caller's id (custom_id); also seeds requests without a seed
+  std::vector<TokenId> prompt;
+  SamplingParams params;
+  RequestClass request_class = RequestClass::kRealtime;
+  std::optional<double> ttft_slo, tpot_slo;  // seconds; the engine's defaults when unset
+  // When the request arrived, on the engine's clock (a load generator replaying arrivals on a
+  // simulated clock); unset = at submit. TTFT deadlines count from it.
+  std::optional<double> arrival_time;
+  // Simulator only (backend/sim makes no tokens): the request's true output length. The engine
+  // ends the sequence there as if the model had sampled EOS; the planner and scheduler never
+  // see it, so an unknown length stays unknown to them (`blend simulate`, BlendServe §5.1).
+  std::optional<int32_t> simulated_output_tokens;
+};
+
+struct GenerationResult {
+  std::string id;
+  int32_t prompt_tokens = 0;
+  std::vector<TokenId> tokens;  // generated tokens (a final eos/stop token included)
+  std::string text;             // their text, cut before a stop string or stop token
+  FinishReason finish = FinishReason::kNone;
+  std::vector<SampledToken> logprobs;  // one per generated token, when asked
+  int32_t num_preemptions = 0;
+  int32_t cached_tokens = 0;  // prompt tokens served from the prefix cache
+};
+
+}  // namespace blend
