@@ -1,18 +1,21 @@
 // Backend — one interface, several implementations (DESIGN.md §2): cpu (real arithmetic),
-// cuda, sim (virtual clock). A backend owns the model weights in its preferred layout and the
-// KV cache storage; which pages belong to whom is decided outside (kv/), the backend only reads
-// and writes the pages a ForwardBatch names.
+// cuda, sim (virtual clock), made by name through backend/registry.h. A backend owns the model
+// weights in its preferred layout and the KV cache storage; which pages belong to whom is decided
+// outside (kv/), the backend only reads and writes the pages a ForwardBatch names.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "core/forward_batch.h"
 #include "model/config.h"
+#include "sampling/sampler.h"
 
 namespace blend {
 
@@ -22,7 +25,25 @@ struct BackendOptions {
   int threads = 0;             // 0 = all hardware threads
   bool deterministic = false;  // results independent of batch composition (see cpu backend)
   int page_size = 16;          // tokens per KV page
-  int64_t num_pages = 0;       // KV pages to allocate (the engine sizes this from --kv-memory)
+  // KV pages to allocate at construction; 0 = none until allocate_kv() (the engine sizes the
+  // cache from what the backend reports: kv_bytes_per_token() and kv_memory_budget()).
+  int64_t num_pages = 0;
+};
+
+// One logits row to turn into a token: which sequence, how to sample, and what the penalties
+// look at. Rows come in the order of the batch's chunks that want logits.
+struct SampleRow {
+  SeqId seq = 0;
+  const SamplingParams* params = nullptr;
+  uint64_t rng_seed = 0;  // the draw is a function of (rng_seed, history.output.size())
+  TokenHistory history;
+};
+
+// What one engine step hands a backend: the batch to compute and the rows to sample. The
+// spans in `rows` point into the engine's sequences and stay valid until wait() returns.
+struct StepInput {
+  ForwardBatch batch;
+  std::vector<SampleRow> rows;
 };
 
 class Backend {
@@ -34,9 +55,27 @@ class Backend {
   // Bytes of KV cache storage one page takes across all layers (K and V).
   virtual int64_t kv_bytes_per_page() const = 0;
   virtual int64_t num_pages() const = 0;
+  // Bytes of KV storage one token takes (all layers, K and V) in the dtype this backend keeps
+  // its cache in, and how many bytes of its own memory it could give the KV cache by default
+  // (0 = no opinion: the caller must say). The engine sizes the cache from these.
+  virtual int64_t kv_bytes_per_token() const { return kv_bytes_per_page(); }
+  virtual int64_t kv_memory_budget() const { return 0; }
+  // Allocates `num_pages` pages (of BackendOptions::page_size tokens) for the KV cache, once,
+  // when the backend was built without them.
+  virtual void allocate_kv(int64_t num_pages) = 0;
+
+  // One engine step: launch() starts computing the batch and sampling its rows; wait() blocks
+  // until it is done and returns one token per row (with logprobs where a row asked). A backend
+  // may return from launch() before the work is done, so the caller can prepare the next step
+  // meanwhile (NanoFlow §5.3); it must call wait() before the next launch(). The default runs
+  // forward() and samples on the host (sampling/sampler), each row a pure function of its
+  // logits, seed, output index and history: the result does not depend on the batch.
+  virtual void launch(StepInput step);
+  virtual std::vector<SampledToken> wait();
 
   // Runs all layers over the batch, writes the batch's K/V into its pages, and fills `logits`
-  // with one row of vocab_size floats per chunk that wants logits (in chunk order).
+  // with one row of vocab_size floats per chunk that wants logits (in chunk order). Profiling,
+  // reference checks and the default launch() use it; the engine steps through launch/wait.
   virtual void forward(const ForwardBatch& batch, std::span<float> logits) = 0;
 
   // Copies one page's K/V (all layers) to another page (copy-on-write of a shared last page).
@@ -54,11 +93,15 @@ class Backend {
   virtual void read_slots(PageId page, int32_t first, int32_t count, std::byte* image) const = 0;
   virtual void write_slots(PageId page, int32_t first, int32_t count, const std::byte* image) = 0;
 
-  // A simulating backend (backend/sim) does no arithmetic and keeps its own clock. The engine
-  // then passes it only the chunks' shapes (no tokens, positions or block tables), appends
-  // kNoToken instead of sampling (requests end by max_tokens), and reads time from it.
-  virtual bool simulated() const { return false; }
-  virtual std::optional<double> virtual_seconds() const { return std::nullopt; }
+  // The clock the engine's deadlines and statistics read, in seconds: wall time since the
+  // backend was made, or a simulator's virtual time.
+  virtual double clock_seconds() const;
+
+ private:
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  StepInput pending_;  // the default launch/wait: the step launched and not yet waited for
+  bool launched_ = false;
+  std::vector<float> logits_;
 };
 
 // KV bytes per token for a model whose cache holds elements of `kv_elem_bytes` bytes.

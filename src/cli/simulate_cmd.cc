@@ -166,10 +166,10 @@ void run_simulate(const SimulateArgs& args) {
     eo.scheduler.max_batch_tokens = args.max_batch_tokens;
     eo.scheduler.max_running = args.max_running;
     auto backend = std::make_unique<SimBackend>(config, so, simulate_step_cost(cost, overlap));
-    const SimBackend& sim = *backend;
-    Engine engine(config, std::move(backend), eo);
+    SimBackend& sim = *backend;
+    Engine engine(std::move(backend), eo);
     PlannedRunStats st = run_planned(engine, requests, policy, planner_cost, kv_memory, {},
-                                     args.sampling, args.capacity_pacing);
+                                     args.sampling, args.capacity_pacing, &sim.tokens());
     if (clock_root) {  // T_comp and T_mem as the clock's hardware prices them
       st.compute_seconds = clock_root->compute_seconds;
       st.memory_seconds = clock_root->memory_seconds;

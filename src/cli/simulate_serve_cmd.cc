@@ -66,7 +66,7 @@ void run(const SimulateServeArgs& args) {
       auto backend =
           std::make_unique<SimBackend>(config, so, simulate_step_cost(cost, Overlap::kSequential));
       SimBackend& sim = *backend;
-      Engine engine(config, std::move(backend), eo);
+      Engine engine(std::move(backend), eo);
       online::ServingWorkload run_w = w;
       run_w.rt_rate = std::stod(rate);
       const online::ServingReport r = online::simulate_serving(engine, sim, run_w);

@@ -22,10 +22,6 @@ struct GenerationRequest {
   // When the request arrived, on the engine's clock (a load generator replaying arrivals on a
   // simulated clock); unset = at submit. TTFT deadlines count from it.
   std::optional<double> arrival_time;
-  // Simulator only (backend/sim makes no tokens): the request's true output length. The engine
-  // ends the sequence there as if the model had sampled EOS; the planner and scheduler never
-  // see it, so an unknown length stays unknown to them (`blend simulate`, BlendServe §5.1).
-  std::optional<int32_t> simulated_output_tokens;
 };
 
 struct GenerationResult {

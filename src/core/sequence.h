@@ -40,8 +40,6 @@ struct Sequence {
   int32_t num_preemptions = 0;
   int32_t num_cached_prompt = 0;  // prompt tokens served from the prefix cache at admission
   int64_t arrival = 0;            // admission order, for FCFS and preemption victims
-  // GenerationRequest::simulated_output_tokens: read by the engine's stop check only.
-  int32_t simulated_output_tokens = -1;
 
   FinishReason finish = FinishReason::kNone;
 

@@ -10,7 +10,6 @@
 namespace blend {
 
 using TokenId = int32_t;
-constexpr TokenId kNoToken = -1;  // what a simulating engine appends instead of a sampled token
 using SeqId = int64_t;
 using PageId = int32_t;
 
@@ -47,6 +46,7 @@ struct SampledToken {
   TokenId token = 0;
   float logprob = 0.0f;         // log-softmax of the raw logits at `token`
   std::vector<TopLogprob> top;  // the `logprobs` most likely tokens, when asked
+  bool invalid = false;         // the logits row held no finite value (a broken model)
 };
 
 enum class FinishReason { kNone, kStop, kLength };

@@ -159,7 +159,9 @@ ModelConfig sim_model_config(const ModelShape& shape) {
   c.num_heads = 1;
   c.vocab_size = 1 << 30;
   c.max_position_embeddings = 1 << 30;
-  c.eos_token_ids.clear();
+  // The simulator "samples" EOS (backend/sim's SimTokenSource) where a request's hidden output
+  // length ends it; no real token id is ever this one.
+  c.eos_token_ids = {static_cast<TokenId>(c.vocab_size - 1)};
   return c;
 }
 

@@ -1,26 +1,13 @@
 #include "engine/engine.h"
 
 #include <algorithm>
-#include <fstream>
 #include <string>
 
-#include "backend/cpu/cpu_backend.h"
+#include "backend/registry.h"
 #include "core/error.h"
-#include "model/weights.h"
 
 namespace blend {
 namespace {
-
-// MemAvailable from /proc/meminfo, in bytes (0 when unknown).
-int64_t available_memory_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  int64_t kb = 0;
-  std::string unit;
-  while (in >> key >> kb >> unit)
-    if (key == "MemAvailable:") return kb * 1024;
-  return 0;
-}
 
 uint64_t hash_string(const std::string& s, uint64_t seed) {
   uint64_t h = 0xcbf29ce484222325ull ^ seed;
@@ -61,49 +48,53 @@ struct Engine::Active {
 Engine::Engine(const std::filesystem::path& model_dir, const EngineOptions& options)
     : options_(options),
       config_(ModelConfig::from_dir(model_dir)),
+      weights_(std::make_unique<TensorStore>(TensorStore::open_dir(model_dir))),
       tokenizer_(std::make_unique<Tokenizer>(Tokenizer::from_dir(model_dir))) {
-  weights_ = std::make_unique<TensorStore>(TensorStore::open_dir(model_dir));
-  const DType dtype = check_tensors(config_, *weights_);
-  const auto kv_elem = static_cast<int64_t>(dtype_size(cpu_compute_dtype(dtype)));
-  const int64_t page_bytes = kv_bytes_per_token(config_, kv_elem) * options.page_size;
-  int64_t kv_bytes = static_cast<int64_t>(options.kv_memory_gb * 1e9);
-  if (kv_bytes <= 0) {
-    // A third of what is free after the weights, at most 8 GB (room for activations, the page
-    // cache of the weight file and other processes on a shared machine), and no more than
-    // max_running full-length sequences could ever use.
-    int64_t weight_bytes = 0;
-    for (const auto& [name, view] : weights_->tensors()) weight_bytes += view->nbytes;
-    const int64_t useful =
-        page_bytes * options.scheduler.max_running *
-        ((config_.max_position_embeddings + options.page_size - 1) / options.page_size);
-    kv_bytes =
-        std::clamp<int64_t>((available_memory_bytes() - weight_bytes) / 3, 64 << 20, 8'000'000'000);
-    kv_bytes = std::min(kv_bytes, useful);
-  }
-  const int64_t num_pages = kv_bytes / page_bytes;
-  if (num_pages < 1)
-    throw Error("--kv-memory is too small: one KV page of " + std::to_string(options.page_size) +
-                " tokens takes " + std::to_string(page_bytes) + " bytes");
-
-  BackendOptions bo;
-  bo.threads = options.threads;
-  bo.deterministic = options.deterministic;
-  bo.page_size = options.page_size;
-  bo.num_pages = num_pages;
-  backend_ = make_cpu_backend(config_, *weights_, bo);
-  if (backend_->kv_bytes_per_page() != page_bytes)
-    throw Error("internal: backend KV page size disagrees with the engine's estimate");
-  init_kv_and_scheduler(page_bytes, num_pages);
+  BackendInputs in;
+  in.config = &config_;
+  in.weights = weights_.get();
+  in.options.threads = options.threads;
+  in.options.deterministic = options.deterministic;
+  in.options.page_size = options.page_size;
+  backend_ = make_backend(options.backend, in);
+  init_kv_and_scheduler();
 }
 
-Engine::Engine(const ModelConfig& config, std::unique_ptr<Backend> backend,
-               const EngineOptions& options)
-    : options_(options), config_(config), backend_(std::move(backend)) {
-  init_kv_and_scheduler(backend_->kv_bytes_per_page(), backend_->num_pages());
+Engine::Engine(std::unique_ptr<Backend> backend, const EngineOptions& options,
+               std::unique_ptr<Tokenizer> tokenizer)
+    : options_(options),
+      config_(backend->config()),
+      backend_(std::move(backend)),
+      tokenizer_(std::move(tokenizer)) {
+  init_kv_and_scheduler();
 }
 
-void Engine::init_kv_and_scheduler(int64_t page_bytes, int64_t num_pages) {
+void Engine::init_kv_and_scheduler() {
   const EngineOptions& options = options_;
+  if (backend_->num_pages() == 0) {
+    // The KV cache: --kv-memory, or what the backend offers, but no more than max_running
+    // full-length sequences could ever use.
+    const int64_t page_bytes = backend_->kv_bytes_per_token() * options.page_size;
+    int64_t kv_bytes = static_cast<int64_t>(options.kv_memory_gb * 1e9);
+    if (kv_bytes <= 0) {
+      kv_bytes = backend_->kv_memory_budget();
+      if (kv_bytes <= 0)
+        throw Error("the " + backend_->name() + " backend needs --kv-memory: it has no default");
+      const int64_t useful =
+          page_bytes * options.scheduler.max_running *
+          ((config_.max_position_embeddings + options.page_size - 1) / options.page_size);
+      kv_bytes = std::min(kv_bytes, useful);
+    }
+    const int64_t num_pages = kv_bytes / page_bytes;
+    if (num_pages < 1)
+      throw Error("--kv-memory is too small: one KV page of " + std::to_string(options.page_size) +
+                  " tokens takes " + std::to_string(page_bytes) + " bytes");
+    backend_->allocate_kv(num_pages);
+    if (backend_->kv_bytes_per_page() != page_bytes)
+      throw Error("internal: backend KV page size disagrees with its bytes per token");
+  }
+  const int64_t page_bytes = backend_->kv_bytes_per_page();
+  const int64_t num_pages = backend_->num_pages();
   pool_ = std::make_unique<PagePool>(num_pages, options.page_size);
   if (options.prefix_cache) {
     RadixCacheTiers t;
@@ -181,7 +172,6 @@ SeqId Engine::submit(GenerationRequest request, Callback on_done, TokenCallback 
   a->seq.ttft_slo = request.ttft_slo.value_or(options_.ttft_slo);
   a->seq.tpot_slo = request.tpot_slo.value_or(options_.tpot_slo);
   a->seq.arrival_time = a->seq.last_token_time = request.arrival_time.value_or(now());
-  a->seq.simulated_output_tokens = request.simulated_output_tokens.value_or(-1);
   a->request_id = std::move(request.id);
   a->on_done = std::move(on_done);
   a->on_token = std::move(on_token);
@@ -232,9 +222,7 @@ bool Engine::append_token(Active& a, const SampledToken& sampled) {
                                  sampled.token) != config_.eos_token_ids.end();
   const bool is_stop_id = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(),
                                     sampled.token) != p.stop_token_ids.end();
-  const bool simulated_eos =
-      seq.simulated_output_tokens >= 0 && seq.num_generated() >= seq.simulated_output_tokens;
-  if (is_eos || is_stop_id || simulated_eos) {
+  if (is_eos || is_stop_id) {
     seq.finish = FinishReason::kStop;
     return true;
   }
@@ -282,34 +270,11 @@ void Engine::finish(Active& a) {
   if (cb) cb(std::move(r));
 }
 
-double Engine::now() const {
-  if (const auto t = backend_->virtual_seconds()) return *t;
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-}
-
-void Engine::step() {
-  using WallClock = std::chrono::steady_clock;
-  const WallClock::time_point wall0 = WallClock::now();
-  // Charged on every way out of step(), exceptions included.
-  struct StepTimer {
-    double& total;
-    WallClock::time_point start;
-    ~StepTimer() { total += std::chrono::duration<double>(WallClock::now() - start).count(); }
-  } step_timer{stats_.step_seconds, wall0};
-  const double t0 = now();
-  StepPlan plan = scheduler_->schedule(t0);
-  stats_.schedule_seconds += std::chrono::duration<double>(WallClock::now() - wall0).count();
-  if (plan.empty()) {
-    if (scheduler_->has_work())
-      throw Error("internal: the scheduler has waiting requests but scheduled nothing");
-    return;
-  }
-  const bool simulated = backend_->simulated();
-  ForwardBatch batch;
-  if (!simulated) {
-    batch.tokens.reserve(static_cast<size_t>(plan.num_tokens));
-    batch.positions.reserve(static_cast<size_t>(plan.num_tokens));
-  }
+StepInput Engine::build_step(const StepPlan& plan) const {
+  StepInput in;
+  ForwardBatch& batch = in.batch;
+  batch.tokens.reserve(static_cast<size_t>(plan.num_tokens));
+  batch.positions.reserve(static_cast<size_t>(plan.num_tokens));
   int32_t offset = 0;
   for (const ScheduledChunk& c : plan.chunks) {
     const Sequence& seq = *c.seq;
@@ -319,33 +284,26 @@ void Engine::step() {
     chunk.num_tokens = c.num_tokens;
     chunk.token_offset = offset;
     chunk.wants_logits = c.samples;
+    chunk.block_table = seq.block_table;
+    chunk.reversed_pages = seq.reversed_pages;
     offset += c.num_tokens;
-    if (!simulated) {
-      chunk.block_table = seq.block_table;
-      chunk.reversed_pages = seq.reversed_pages;
-      for (int32_t i = 0; i < c.num_tokens; ++i) {
-        batch.tokens.push_back(seq.tokens[static_cast<size_t>(seq.num_computed + i)]);
-        batch.positions.push_back(seq.num_computed + i);
-      }
-    }
+    const auto first = seq.tokens.begin() + seq.num_computed;
+    batch.tokens.insert(batch.tokens.end(), first, first + c.num_tokens);
+    for (int32_t i = 0; i < c.num_tokens; ++i) batch.positions.push_back(seq.num_computed + i);
     batch.chunks.push_back(std::move(chunk));
-  }
-  // What the step costs, for the hybrid policy's online iteration model (sched/iteration_fit;
-  // a simulated step's cost is the cost model's own).
-  const bool measure_cost = !simulated && scheduler_->fits_iteration_cost();
-  IterationSample cost;
-  if (measure_cost) {
-    for (const ScheduledChunk& c : plan.chunks) {
-      if (c.num_tokens == 1 && c.seq->num_generated() > 0) {
-        cost.decode_tokens += 1;
-        cost.decode_context += c.seq->num_computed;
-      } else {
-        cost.prefill_tokens += c.num_tokens;
-      }
+    if (c.samples) {
+      const std::span<const TokenId> all(seq.tokens);
+      in.rows.push_back({.seq = seq.id,
+                         .params = &seq.params,
+                         .rng_seed = seq.rng_seed,
+                         .history = {.prompt = all.first(static_cast<size_t>(seq.prompt_len)),
+                                     .output = all.subspan(static_cast<size_t>(seq.prompt_len))}});
     }
-    cost.swap_pages = static_cast<int64_t>(plan.restores.size());
   }
-  const WallClock::time_point swap0 = measure_cost ? WallClock::now() : WallClock::time_point{};
+  return in;
+}
+
+void Engine::move_kv(const StepPlan& plan) {
   // Before the forward pass: checkpoint slots about to be overwritten, copy pages (copy on
   // write, BE pages restored or moved off a shared page), write checkpointed slots back.
   for (const auto& c : plan.checkpoints)
@@ -368,53 +326,85 @@ void Engine::step() {
       a = b;
     }
   }
-  if (measure_cost)
-    cost.swap_seconds = std::chrono::duration<double>(WallClock::now() - swap0).count();
-  const size_t vocab = static_cast<size_t>(config_.vocab_size);
-  logits_.resize(simulated ? 0 : static_cast<size_t>(batch.num_logit_rows()) * vocab);
-  backend_->forward(batch, logits_);
+}
 
-  ++stats_.steps;
-  stats_.batch_tokens += offset;
-  stats_.kv_peak_bytes =
-      std::max(stats_.kv_peak_bytes, pool_->peak_used() * backend_->kv_bytes_per_page());
-  // Sample every row that wants a token, in parallel: each draw depends only on its own row,
-  // seed and output index, so the order of work does not matter.
-  scheduler_->step_done(plan);
-  const double t1 = now();
-  scheduler_->observe_iteration(t1 - t0);
-  std::vector<const ScheduledChunk*> sampling;
-  for (const ScheduledChunk& c : plan.chunks)
-    if (c.samples) sampling.push_back(&c);
-  std::vector<SampledToken> sampled(sampling.size());
-#pragma omp parallel for schedule(dynamic, 1) if (sampling.size() > 1 && !simulated)
-  for (size_t r = 0; r < sampling.size(); ++r) {
-    if (simulated) {
-      sampled[r].token = kNoToken;
-      continue;
-    }
-    const Sequence& seq = *sampling[r]->seq;
-    const std::span<const float> logits(logits_.data() + r * vocab, vocab);
-    sampled[r] = sample_token(logits, seq.params, seq.rng_seed, seq.num_generated());
-  }
+void Engine::apply_tokens(const StepPlan& plan, const std::vector<SampledToken>& sampled) {
   std::vector<Active*> done;
-  for (size_t r = 0; r < sampling.size(); ++r) {
-    Active& a = *active_.at(sampling[r]->seq->id);
+  size_t r = 0;
+  for (const ScheduledChunk& c : plan.chunks) {
+    if (!c.samples) continue;
+    Active& a = *active_.at(c.seq->id);
     if (append_token(a, sampled[r]))
       done.push_back(&a);
     else
       stream(a, sampled[r].token, /*final=*/false);
+    ++r;
   }
   for (Active* a : done) {
     scheduler_->finish(&a->seq);
     finish(*a);
   }
+}
+
+void Engine::step() {
+  using WallClock = std::chrono::steady_clock;
+  const WallClock::time_point wall0 = WallClock::now();
+  // Charged on every way out of step(), exceptions included.
+  struct StepTimer {
+    double& total;
+    WallClock::time_point start;
+    ~StepTimer() { total += std::chrono::duration<double>(WallClock::now() - start).count(); }
+  } step_timer{stats_.step_seconds, wall0};
+  const double t0 = now();
+  StepPlan plan = scheduler_->schedule(t0);
+  stats_.schedule_seconds += std::chrono::duration<double>(WallClock::now() - wall0).count();
+  if (plan.empty()) {
+    if (scheduler_->has_work())
+      throw Error("internal: the scheduler has waiting requests but scheduled nothing");
+    return;
+  }
+  StepInput in = build_step(plan);
+  // What the step costs, for the hybrid policy's online iteration model (sched/iteration_fit).
+  const bool measure_cost = scheduler_->fits_iteration_cost();
+  IterationSample cost;
+  if (measure_cost) {
+    for (const ScheduledChunk& c : plan.chunks) {
+      if (c.num_tokens == 1 && c.seq->num_generated() > 0) {
+        cost.decode_tokens += 1;
+        cost.decode_context += c.seq->num_computed;
+      } else {
+        cost.prefill_tokens += c.num_tokens;
+      }
+    }
+    cost.swap_pages = static_cast<int64_t>(plan.restores.size());
+  }
+  const WallClock::time_point swap0 = measure_cost ? WallClock::now() : WallClock::time_point{};
+  move_kv(plan);
+  if (measure_cost)
+    cost.swap_seconds = std::chrono::duration<double>(WallClock::now() - swap0).count();
+  const int32_t num_tokens = in.batch.num_tokens();
+  // The observer sees the batch after the step; the backend takes its own copy of it.
+  ForwardBatch observed;
+  if (step_observer_) observed = in.batch;
+  backend_->launch(std::move(in));
+  const std::vector<SampledToken> sampled = backend_->wait();
+
+  ++stats_.steps;
+  stats_.batch_tokens += num_tokens;
+  stats_.kv_peak_bytes =
+      std::max(stats_.kv_peak_bytes, pool_->peak_used() * backend_->kv_bytes_per_page());
+  scheduler_->step_done(plan);
+  const double t1 = now();
+  scheduler_->observe_iteration(t1 - t0);
+  for (const SampledToken& t : sampled)
+    if (t.invalid) ++stats_.invalid_logit_rows;
+  apply_tokens(plan, sampled);
   if (measure_cost) {
     cost.seconds =
         std::chrono::duration<double>(WallClock::now() - wall0).count() - cost.swap_seconds;
     scheduler_->observe_step_cost(cost);
   }
-  if (step_observer_) step_observer_(batch, t0);
+  if (step_observer_) step_observer_(observed, t0);
 #ifdef BLEND_CHECK_INVARIANTS
   check_invariants();  // leaks, double frees, a stale tree: abort at the step that caused them
 #endif

@@ -18,19 +18,20 @@
 #include "backend/backend.h"
 #include "core/request.h"
 #include "core/sequence.h"
-#include "sampling/sampler.h"
 #include "kv/page_pool.h"
 #include "kv/radix_cache.h"
 #include "model/config.h"
 #include "model/safetensors.h"
 #include "model/tokenizer.h"
+#include "sampling/sampler.h"
 #include "sched/scheduler.h"
 
 namespace blend {
 
 struct EngineOptions {
-  int threads = 0;             // 0 = all hardware threads
-  bool deterministic = false;  // batch-invariant numerics (see backend/cpu)
+  std::string backend = "cpu";  // backend/registry.h kind, for engines made from a model folder
+  int threads = 0;              // 0 = all hardware threads
+  bool deterministic = false;   // batch-invariant numerics (see backend/cpu)
   int32_t page_size = 16;
   double kv_memory_gb = 0;   // KV cache size; 0 = a share of the free memory
   bool prefix_cache = true;  // reuse cached prompt prefixes (kv/radix_cache)
@@ -74,6 +75,9 @@ struct EngineStats {
   // Fig. 14's scheduling overhead per iteration.
   double schedule_seconds = 0;
   double step_seconds = 0;
+  // Sampled rows whose logits held no finite value (NaN weights, a broken checkpoint): the
+  // sampler survives them, and this says it happened.
+  int64_t invalid_logit_rows = 0;
 };
 
 class Engine {
@@ -84,14 +88,18 @@ class Engine {
   // sent if it does), so the deltas of a request concatenate to GenerationResult::text.
   using TokenCallback = std::function<void(TokenId token, std::string_view delta)>;
 
+  // Loads a Hugging Face model folder onto a backend of kind options.backend.
   Engine(const std::filesystem::path& model_dir, const EngineOptions& options);
-  // An engine over a given backend with no weights or tokenizer of its own (the simulator:
-  // backend/sim). Results carry token ids and no text.
-  Engine(const ModelConfig& config, std::unique_ptr<Backend> backend, const EngineOptions& options);
+  // An engine over a backend made by the caller (the simulator, a test's backend). Without a
+  // tokenizer, requests come as token ids and results carry no text. A backend without KV pages
+  // gets them sized as the model-folder constructor sizes them.
+  Engine(std::unique_ptr<Backend> backend, const EngineOptions& options,
+         std::unique_ptr<Tokenizer> tokenizer = nullptr);
   ~Engine();
 
   const ModelConfig& config() const { return config_; }
-  const Tokenizer& tokenizer() const { return *tokenizer_; }  // not for a simulating engine
+  const Tokenizer& tokenizer() const { return *tokenizer_; }  // only when it has one
+  bool has_tokenizer() const { return tokenizer_ != nullptr; }
   // Longest prompt + output one sequence may reach (context window and KV capacity).
   int64_t max_sequence_tokens() const;
 
@@ -111,14 +119,14 @@ class Engine {
   void check_invariants() const;
   void run_until_done();
 
-  // Called at the end of every step that ran a forward pass, with the batch it ran (in a
-  // simulating engine the chunks carry shapes only) and when the step began on the engine's
-  // clock. Step timings (`blend batch --step-timings`) fit the cost model on them.
+  // Called at the end of every step that ran a forward pass, with the batch it ran and when the
+  // step began on the engine's clock. Step timings (`blend batch --step-timings`) fit the cost
+  // model on them.
   using StepObserver = std::function<void(const ForwardBatch& batch, double started)>;
   void set_step_observer(StepObserver observer) { step_observer_ = std::move(observer); }
 
   EngineStats stats() const;
-  // The engine's clock (seconds): the simulator's virtual time, or wall time since start.
+  // The engine's clock (seconds): the backend's (wall time since start, or a simulator's).
   double clock_seconds() const { return now(); }
   size_t num_running() const { return scheduler_->num_running(); }
   int32_t max_batch_tokens() const { return scheduler_->max_batch_tokens(); }
@@ -132,13 +140,16 @@ class Engine {
   bool append_token(Active& a, const SampledToken& sampled);  // true when finished
   void finish(Active& a);
   void stream(Active& a, TokenId token, bool final);
-  void init_kv_and_scheduler(int64_t page_bytes, int64_t num_pages);
+  void init_kv_and_scheduler();
+  StepInput build_step(const StepPlan& plan) const;
+  void move_kv(const StepPlan& plan);  // BROS checkpoints, page copies and restores
+  void apply_tokens(const StepPlan& plan, const std::vector<SampledToken>& sampled);
 
   EngineOptions options_;
   ModelConfig config_;
-  std::unique_ptr<Tokenizer> tokenizer_;  // null in a simulating engine
-  std::unique_ptr<TensorStore> weights_;
+  std::unique_ptr<TensorStore> weights_;  // when loaded from a model folder
   std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Tokenizer> tokenizer_;  // null: token ids in, token ids out
   std::unique_ptr<PagePool> pool_;
   std::unique_ptr<KvTiers> tiers_;  // null without --kv-host-memory / --kv-disk
   std::unique_ptr<KvPageIo> page_io_;
@@ -148,9 +159,7 @@ class Engine {
   SeqId next_id_ = 1;
   EngineStats stats_;
   StepObserver step_observer_;
-  std::vector<float> logits_;
-  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
-  double now() const;  // seconds since the engine started: the clock of SLO deadlines
+  double now() const { return backend_->clock_seconds(); }  // the clock of SLO deadlines
 };
 
 }  // namespace blend

@@ -45,15 +45,24 @@ std::vector<char> choose_samples(const std::vector<OfflineRequest>& requests,
   return chosen;
 }
 
-// Offline requests are best-effort work; a simulated one carries its hidden true length.
+// Offline requests are best-effort work.
 GenerationRequest generation_request(const OfflineRequest& q) {
   GenerationRequest r;
   r.id = q.id;
   r.prompt = q.prompt;
   r.params = q.params;
   r.request_class = RequestClass::kBestEffort;
-  r.simulated_output_tokens = q.simulated_output_tokens;
   return r;
+}
+
+// Submits `q`; a hidden length goes to the simulator's token source, which alone knows it.
+template <typename OnDone, typename OnToken>
+void submit(Engine& engine, const OfflineRequest& q, SimTokenSource* sim_tokens, OnDone on_done,
+            OnToken on_token) {
+  if (q.simulated_output_tokens && !sim_tokens)
+    throw Error("request " + q.id + " has a simulated output length but no simulator runs it");
+  const SeqId id = engine.submit(generation_request(q), std::move(on_done), std::move(on_token));
+  if (q.simulated_output_tokens) sim_tokens->set_output_length(id, *q.simulated_output_tokens);
 }
 
 }  // namespace
@@ -61,7 +70,8 @@ GenerationRequest generation_request(const OfflineRequest& q) {
 PlannedRunStats run_planned(Engine& engine, const std::vector<OfflineRequest>& all_requests,
                             plan::Policy policy, const CostModel& cost, double kv_memory_bytes,
                             const std::function<void(GenerationResult&&)>& on_result,
-                            const SamplingOptions& sampling, bool capacity_pacing) {
+                            const SamplingOptions& sampling, bool capacity_pacing,
+                            SimTokenSource* sim_tokens) {
   if (all_requests.empty()) throw Error("no requests to run");
   const double t_start = engine.clock_seconds();
   const EngineStats at_start = engine.stats();
@@ -87,10 +97,13 @@ PlannedRunStats run_planned(Engine& engine, const std::vector<OfflineRequest>& a
       if (!sampled[i]) continue;
       const OfflineRequest& q = all_requests[i];
       ++num_sampled;
-      engine.submit(generation_request(q), [&, i](GenerationResult&& g) {
-        lengths[i] = static_cast<double>(g.tokens.size());
-        if (on_result) on_result(std::move(g));
-      });
+      submit(
+          engine, q, sim_tokens,
+          [&, i](GenerationResult&& g) {
+            lengths[i] = static_cast<double>(g.tokens.size());
+            if (on_result) on_result(std::move(g));
+          },
+          Engine::TokenCallback{});
     }
     engine.run_until_done();
     double fallback = 0;
@@ -163,8 +176,8 @@ PlannedRunStats run_planned(Engine& engine, const std::vector<OfflineRequest>& a
     engine.set_max_batch_tokens(stream->step_token_budget().value_or(engine_step_tokens));
     while (auto r = stream->next()) {
       const OfflineRequest& q = requests[static_cast<size_t>(*r)];
-      engine.submit(
-          generation_request(q),
+      submit(
+          engine, q, sim_tokens,
           [&](GenerationResult&& g) {
             finished.push_back(index_of.at(g.id));
             if (on_result) on_result(std::move(g));

@@ -23,7 +23,9 @@ struct OfflineRequest {
   SamplingParams params;
   double output_estimate = 0;  // what the planner believes (exact when output_known)
   bool output_known = false;
-  std::optional<int32_t> simulated_output_tokens;  // GenerationRequest's, for backend/sim
+  // The simulator's true output length when it is hidden from the planner and the scheduler:
+  // backend/sim's token source samples EOS there (run_planned's `sim_tokens`).
+  std::optional<int32_t> simulated_output_tokens;
 };
 
 // Output-length sampling (BlendServe §5.1): before planning, a fraction of the requests whose
@@ -56,11 +58,13 @@ struct PlannedRunStats {
 // Runs every request through `engine`, admitted in `policy`'s plan order and pace against
 // `kv_memory_bytes` of KV reservations. `on_result` sees each result as it finishes. With
 // `capacity_pacing` (blend only; plan/admission.h) the dual scanner also sets each step's token
-// budget, up to the engine's own; without it the scanner is Alg. 3 as published.
+// budget, up to the engine's own; without it the scanner is Alg. 3 as published. Requests with
+// a simulated_output_tokens need `sim_tokens`, the simulator's token source.
 PlannedRunStats run_planned(Engine& engine, const std::vector<OfflineRequest>& requests,
                             plan::Policy policy, const CostModel& cost, double kv_memory_bytes,
                             const std::function<void(GenerationResult&&)>& on_result = {},
-                            const SamplingOptions& sampling = {}, bool capacity_pacing = true);
+                            const SamplingOptions& sampling = {}, bool capacity_pacing = true,
+                            SimTokenSource* sim_tokens = nullptr);
 
 enum class Overlap { kSequential, kOverlapped };
 

@@ -67,6 +67,63 @@ bool more_likely(std::span<const float> logits, TokenId a, TokenId b) {
   return la > lb || (la == lb && a < b);
 }
 
+// Whether the row holds a NaN or +inf (a broken model or checkpoint): such rows are sanitised
+// before anything compares or exponentiates them. One branch-free pass.
+bool has_nan_or_inf(std::span<const float> logits) {
+  const float* l = logits.data();
+  bool bad = false;
+  for (size_t i = 0; i < logits.size(); ++i) bad |= !(l[i] <= std::numeric_limits<float>::max());
+  return bad;
+}
+
+bool has_processing(const SamplingParams& p) {
+  return !p.logit_bias.empty() || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f ||
+         p.repetition_penalty != 1.0f;
+}
+
+// The logits the draw reads: logit_bias added, then the repetition penalty over prompt and
+// output tokens (vLLM / HF: positive logits divided by it, negative ones multiplied), then
+// OpenAI's frequency and presence penalties over the output tokens; NaN made -inf and +inf the
+// largest float. Returns `logits` itself when none of that applies.
+std::span<const float> processed_logits(std::span<const float> logits, const SamplingParams& p,
+                                        const TokenHistory& history, std::vector<float>& buf) {
+  const bool sanitize = has_nan_or_inf(logits);
+  if (!sanitize && !has_processing(p)) return logits;
+  buf.assign(logits.begin(), logits.end());
+  if (sanitize) {
+    for (float& x : buf) {
+      if (std::isnan(x))
+        x = -std::numeric_limits<float>::infinity();
+      else if (x > std::numeric_limits<float>::max())
+        x = std::numeric_limits<float>::max();
+    }
+  }
+  for (const auto& [token, bias] : p.logit_bias) buf[static_cast<size_t>(token)] += bias;
+  thread_local std::vector<TokenId> seen;
+  if (p.repetition_penalty != 1.0f) {
+    seen.assign(history.prompt.begin(), history.prompt.end());
+    seen.insert(seen.end(), history.output.begin(), history.output.end());
+    std::sort(seen.begin(), seen.end());
+    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+    for (TokenId t : seen) {
+      float& x = buf[static_cast<size_t>(t)];
+      x = x > 0 ? x / p.repetition_penalty : x * p.repetition_penalty;
+    }
+  }
+  if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+    seen.assign(history.output.begin(), history.output.end());
+    std::sort(seen.begin(), seen.end());
+    for (size_t i = 0; i < seen.size();) {
+      size_t j = i;
+      while (j < seen.size() && seen[j] == seen[i]) ++j;
+      buf[static_cast<size_t>(seen[i])] -=
+          p.frequency_penalty * static_cast<float>(j - i) + p.presence_penalty;
+      i = j;
+    }
+  }
+  return buf;
+}
+
 }  // namespace
 
 double sampling_uniform(uint64_t seed, int64_t step) {
@@ -74,13 +131,19 @@ double sampling_uniform(uint64_t seed, int64_t step) {
   return static_cast<double>(r >> 11) * (1.0 / 9007199254740992.0);  // 53 bits
 }
 
-SampledToken sample_token(std::span<const float> logits, const SamplingParams& params,
-                          uint64_t seed, int64_t step) {
+SampledToken sample_token(std::span<const float> raw_logits, const SamplingParams& params,
+                          uint64_t seed, int64_t step, const TokenHistory& history) {
   SampledToken out;
+  thread_local std::vector<float> processed;
+  const std::span<const float> logits = processed_logits(raw_logits, params, history, processed);
   const size_t vocab = logits.size();
+  if (vocab == 0 || !(max_of(logits) > -std::numeric_limits<float>::infinity())) {
+    out.invalid = true;  // nothing to draw from: token 0, and the caller reports it
+    return out;
+  }
   thread_local std::vector<float> weight;
   thread_local std::vector<TokenId> ids;
-  if (params.temperature <= 0.0f || params.top_k == 1) {
+  if (params.temperature < kGreedyTemperature || params.top_k == 1) {
     out.token = argmax(logits);
   } else {
     // Unnormalised probabilities exp((logit - max) / T) of every token, then the filters

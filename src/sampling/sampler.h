@@ -1,5 +1,6 @@
-// Sampler — turns one logits row into the next token (greedy, temperature, top-k, top-p,
-// min-p) and, when asked, its log-probabilities. Randomness is a pure function of
+// Sampler — turns one logits row into the next token (logit_bias, repetition / frequency /
+// presence penalties, then greedy, temperature, top-k, top-p, min-p) and, when asked, its
+// log-probabilities. Randomness is a pure function of
 // (seed, output index), so a request's tokens do not depend on which other requests share the
 // batch, on the planner's order, or on preemption (DESIGN.md §2 Sampler).
 #pragma once
@@ -15,7 +16,22 @@ namespace blend {
 // A uniform double in [0, 1) for output index `step` of a sequence seeded with `seed`.
 double sampling_uniform(uint64_t seed, int64_t step);
 
+// Temperatures below this sample greedily (as vLLM does): 1/T overflows long before T = 0, and
+// a draw at T = 1e-40 would otherwise read NaN weights.
+constexpr float kGreedyTemperature = 1e-5f;
+
+// What the penalties look at: the sequence's prompt and the tokens it has generated so far
+// (`output.size()` is the output index of the token being sampled).
+struct TokenHistory {
+  std::span<const TokenId> prompt;
+  std::span<const TokenId> output;
+};
+
+// Samples output index `step` of a sequence seeded with `seed`. Any logits are survivable: NaN
+// counts as -inf, and a row with no finite logit gives token 0 (`SampledToken::invalid` says
+// so, for the caller to report). Token ids in `history` and params.logit_bias must be inside
+// the row.
 SampledToken sample_token(std::span<const float> logits, const SamplingParams& params,
-                          uint64_t seed, int64_t step);
+                          uint64_t seed, int64_t step, const TokenHistory& history = {});
 
 }  // namespace blend

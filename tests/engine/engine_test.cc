@@ -285,14 +285,17 @@ TEST_F(EngineTest, HybridFitsItsIterationModelFromTheStepsItRuns) {
       EXPECT_EQ(m.forward_seconds(128, 8, 800), 0.0);
       continue;
     }
-    const double decode = m.forward_seconds(0, 8, 800), prefill = m.forward_seconds(128, 0, 0);
-    EXPECT_GT(decode, 0.0);
-    EXPECT_GT(prefill, 0.0);
+    // The estimate the policy uses: a mixed step. Which phase the fit credits with the time is
+    // not determined on a tiny model whose step times are mostly the neighbours' on a loaded
+    // 2-core machine (a decode-only or prefill-only term fitted at 0 failed CI), so only the
+    // sum is asserted here; recovering each term from known timings is
+    // IterationFit.RecoversTheModelThatTimedTheSteps (tests/sched), on a recorded step log.
+    const double mixed = m.forward_seconds(128, 8, 800);
+    EXPECT_GT(mixed, 0.0);
     // The same order of magnitude as the steps measured (a tiny model: well under a second).
     const double mean_step =
         engine.stats().step_seconds / static_cast<double>(engine.stats().steps);
-    EXPECT_LT(decode, 20 * mean_step);
-    EXPECT_LT(prefill, 20 * mean_step);
+    EXPECT_LT(mixed, 20 * mean_step);
     std::printf(
         "fitted: prefill %.2e + %.2e/token, decode %.2e + %.2e/token + %.2e/context; mean "
         "step %.2e s over %lld steps\n",

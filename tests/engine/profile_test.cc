@@ -22,6 +22,7 @@ class TimedFakeBackend : public Backend {
   std::string name() const override { return "fake"; }
   int64_t kv_bytes_per_page() const override { return 4096; }
   int64_t num_pages() const override { return 1 << 16; }
+  void allocate_kv(int64_t) override {}
   void forward(const ForwardBatch& b, std::span<float>) override {
     *clock_ += truth_.estimate_step(step_shape(b)).sequential();
   }
@@ -96,7 +97,7 @@ TEST(Profile, FitsTheStepsOfAnEngineRunHostWorkIncluded) {
   SimBackend* sim = owned.get();
   EngineOptions o;
   o.scheduler.max_batch_tokens = 512;
-  Engine engine(config, std::move(owned), o);
+  Engine engine(std::move(owned), o);
   StepRecorder recorder(engine);
   std::mt19937 rng(5);
   for (int i = 0; i < 60; ++i) {

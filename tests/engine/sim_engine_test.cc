@@ -28,7 +28,7 @@ std::unique_ptr<Engine> sim_engine(EngineOptions o, SimBackend** backend_out = n
       config, SimBackendOptions{.num_pages = 4096, .kv_bytes_per_page = 4096, .record_steps = true},
       toy_cost);
   if (backend_out) *backend_out = backend.get();
-  return std::make_unique<Engine>(config, std::move(backend), o);
+  return std::make_unique<Engine>(std::move(backend), o);
 }
 
 TEST(SimEngine, RunsRequestsToTheirLengthOnAVirtualClock) {
@@ -52,7 +52,7 @@ TEST(SimEngine, RunsRequestsToTheirLengthOnAVirtualClock) {
   for (int i = 0; i < 40; ++i) {
     const GenerationResult& g = results["r" + std::to_string(i)];
     EXPECT_EQ(g.tokens.size(), static_cast<size_t>(1 + i % 7));
-    for (TokenId t : g.tokens) EXPECT_EQ(t, kNoToken);
+    for (TokenId t : g.tokens) EXPECT_EQ(t, SimTokenSource::kFiller);
     EXPECT_TRUE(g.text.empty());
   }
   const EngineStats st = engine->stats();
@@ -60,8 +60,8 @@ TEST(SimEngine, RunsRequestsToTheirLengthOnAVirtualClock) {
   // last of each request went through the model; the clock is the sum of the step costs.
   EXPECT_EQ(st.batch_tokens, prompt_tokens + output_tokens - 40);
   EXPECT_EQ(static_cast<int64_t>(sim->steps().size()), st.steps);
-  EXPECT_NEAR(*sim->virtual_seconds(), 1e-3 * st.batch_tokens + 5e-3 * st.steps, 1e-9);
-  EXPECT_NEAR(sim->totals().total, *sim->virtual_seconds(), 1e-9);
+  EXPECT_NEAR(sim->clock_seconds(), 1e-3 * st.batch_tokens + 5e-3 * st.steps, 1e-9);
+  EXPECT_NEAR(sim->totals().total, sim->clock_seconds(), 1e-9);
   engine->check_invariants();
 }
 
@@ -69,15 +69,17 @@ TEST(SimEngine, RunsRequestsToTheirLengthOnAVirtualClock) {
 // length as if the model sampled EOS there, although max_tokens (all the scheduler and planner
 // see) allows far more.
 TEST(SimEngine, AHiddenOutputLengthEndsTheRequestAsEosWould) {
-  auto engine = sim_engine(EngineOptions{});
+  SimBackend* sim = nullptr;
+  auto engine = sim_engine(EngineOptions{}, &sim);
   std::map<std::string, GenerationResult> results;
   for (int length : {3, 9}) {
     GenerationRequest r;
     r.id = "len" + std::to_string(length);
     r.prompt.assign(12, static_cast<TokenId>(100 + length));
     r.params.max_tokens = 1000;
-    r.simulated_output_tokens = length;
-    engine->submit(std::move(r), [&](GenerationResult&& g) { results[g.id] = std::move(g); });
+    const SeqId id =
+        engine->submit(std::move(r), [&](GenerationResult&& g) { results[g.id] = std::move(g); });
+    sim->tokens().set_output_length(id, length);
   }
   engine->run_until_done();
   ASSERT_EQ(results.size(), 2u);

@@ -48,8 +48,7 @@ std::unique_ptr<Engine> sim_engine(const CostModel& cost, Overlap overlap, int64
   const ModelConfig config = sim_model_config(cost.shape());
   const SimBackendOptions so{.num_pages = num_pages, .kv_bytes_per_page = page_bytes_of(cost)};
   return std::make_unique<Engine>(
-      config, std::make_unique<SimBackend>(config, so, simulate_step_cost(cost, overlap)),
-      EngineOptions{});
+      std::make_unique<SimBackend>(config, so, simulate_step_cost(cost, overlap)), EngineOptions{});
 }
 
 TEST(PlannedRun, EveryPolicyRunsEveryRequestOnTheSimulator) {

@@ -28,7 +28,7 @@ online::ServingReport serve(SchedulerPolicy policy, double rate) {
   eo.scheduler.max_batch_tokens = 2048;
   eo.scheduler.iteration_cost = iteration_model_of(cost);
   eo.scheduler.bidirectional_kv = policy == SchedulerPolicy::kHybrid;
-  Engine engine(config, std::move(backend), eo);
+  Engine engine(std::move(backend), eo);
   online::ServingWorkload w;
   w.duration_seconds = 60;
   w.rt_rate = rate;

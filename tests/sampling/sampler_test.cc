@@ -1,6 +1,7 @@
 #include "sampling/sampler.h"
 
 #include <cmath>
+#include <limits>
 #include <map>
 
 #include <gtest/gtest.h>
@@ -97,5 +98,92 @@ TEST(Sampler, Logprobs) {
   EXPECT_NEAR(t.top[1].logprob, 2.0 - lse, 1e-6);
 }
 
+// A broken model's NaN row used to reach `ids.back()` on an empty candidate list whenever a
+// filter was on (issue 26): every filter must survive any logits.
+TEST(Sampler, SurvivesNanAndInfiniteLogits) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  SamplingParams filtered;
+  filtered.temperature = 0.7f;
+  filtered.top_p = 0.9f;
+  filtered.top_k = 5;
+  filtered.min_p = 0.1f;
+  const std::vector<float> all_nan(64, nan);
+  for (const SamplingParams& p : {filtered, greedy(), SamplingParams{}}) {
+    const SampledToken t = sample_token(all_nan, p, 1, 0);
+    EXPECT_TRUE(t.invalid);
+    EXPECT_EQ(t.token, 0);
+  }
+  // NaN entries count as -inf: the finite ones decide.
+  std::vector<float> some_nan(64, nan);
+  some_nan[7] = 2.0f;
+  some_nan[9] = 1.0f;
+  for (const SamplingParams& p : {filtered, greedy()}) {
+    const SampledToken t = sample_token(some_nan, p, 1, 0);
+    EXPECT_FALSE(t.invalid);
+    EXPECT_TRUE(t.token == 7 || t.token == 9) << t.token;
+  }
+  std::vector<float> with_inf(64, 0.0f);
+  with_inf[11] = inf;
+  EXPECT_EQ(sample_token(with_inf, filtered, 1, 0).token, 11);
+  EXPECT_EQ(sample_token(with_inf, greedy(), 1, 0).token, 11);
+  const std::vector<float> all_minus_inf(64, -inf);
+  EXPECT_TRUE(sample_token(all_minus_inf, filtered, 1, 0).invalid);
+}
+
+// temperature 1e-40 passed the [0, 2] check and then sampled from NaN weights (always the last
+// id): tiny temperatures are greedy.
+TEST(Sampler, TinyTemperatureIsGreedy) {
+  std::vector<float> logits(1000);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = std::sin(static_cast<float>(i));
+  const TokenId best = sample_token(logits, greedy(), 1, 0).token;
+  SamplingParams p;
+  p.temperature = 1e-40f;
+  for (int step = 0; step < 10; ++step) EXPECT_EQ(sample_token(logits, p, 3, step).token, best);
+}
+
+TEST(Sampler, LogitBiasAddsToTheRawLogits) {
+  const std::vector<float> logits = {0.0f, 5.0f, 1.0f};
+  SamplingParams p = greedy();
+  p.logit_bias = {{2, 4.5f}};  // 1 + 4.5 > 5
+  EXPECT_EQ(sample_token(logits, p, 1, 0).token, 2);
+  p.logit_bias = {{1, -100.0f}};
+  EXPECT_EQ(sample_token(logits, p, 1, 0).token, 2);
+  p.logprobs = 0;
+  p.logit_bias = {{0, 5.0f}};  // ties 0 and 1 at 5: the lowest id, each with log(1/2) and a bit
+  const SampledToken t = sample_token(logits, p, 1, 0);
+  EXPECT_EQ(t.token, 0);
+  EXPECT_NEAR(t.logprob, 5.0 - std::log(2 * std::exp(5.0) + std::exp(1.0)), 1e-5);
+}
+
+TEST(Sampler, PenaltiesFollowOpenAiAndVllm) {
+  const std::vector<float> logits = {2.0f, 1.5f, 1.0f, -1.0f};
+  const std::vector<TokenId> prompt = {3};
+  const std::vector<TokenId> output = {0, 0, 1};
+  const TokenHistory history{prompt, output};
+  SamplingParams p = greedy();
+  p.logprobs = 0;
+  EXPECT_EQ(sample_token(logits, p, 1, 3, history).token, 0);  // no penalty: no change
+  // Frequency: token 0 generated twice, token 1 once.
+  p.frequency_penalty = 0.3f;
+  SampledToken t = sample_token(logits, p, 1, 3, history);
+  EXPECT_EQ(t.token, 0);       // 1.4 against 1.2 and 1.0
+  p.frequency_penalty = 0.6f;  // 0.8, 0.9, 1.0: token 2 (never generated) wins
+  EXPECT_EQ(sample_token(logits, p, 1, 3, history).token, 2);
+  p.frequency_penalty = 0;
+  p.presence_penalty = 0.6f;  // once per token present: 1.4, 0.9, 1.0
+  t = sample_token(logits, p, 1, 3, history);
+  EXPECT_EQ(t.token, 0);
+  EXPECT_NEAR(t.logprob,
+              1.4 - std::log(std::exp(1.4) + std::exp(0.9) + std::exp(1.0) + std::exp(-1.0)), 1e-5);
+  p.presence_penalty = 0;
+  // Repetition over prompt and output: 2 / 4 = 0.5, 1.5 / 4, 1.0 untouched, -1 * 4.
+  p.repetition_penalty = 4.0f;
+  t = sample_token(logits, p, 1, 3, history);
+  EXPECT_EQ(t.token, 2);
+  EXPECT_NEAR(t.logprob,
+              1.0 - std::log(std::exp(0.5) + std::exp(0.375) + std::exp(1.0) + std::exp(-4.0)),
+              1e-5);
+}
 }  // namespace
 }  // namespace blend

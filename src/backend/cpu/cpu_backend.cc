@@ -2,9 +2,11 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 
 #include "backend/cpu/attention.h"
 #include "backend/cpu/gemm.h"
@@ -63,6 +65,9 @@ class CpuBackendImpl final : public CpuBackend {
   std::string name() const override { return "cpu"; }
   int64_t kv_bytes_per_page() const override { return kv_.bytes_per_page(); }
   int64_t num_pages() const override { return kv_.num_pages(); }
+  int64_t kv_bytes_per_token() const override { return kv_.bytes_per_page() / kv_.page_size(); }
+  int64_t kv_memory_budget() const override { return kv_budget_; }
+  void allocate_kv(int64_t num_pages) override;
   void forward(const ForwardBatch& batch, std::span<float> logits) override;
   void copy_page(PageId src, PageId dst) override { kv_.copy_page(src, dst); }
   void read_pages(std::span<const PageId> pages, std::byte* out) const override {
@@ -113,10 +118,32 @@ class CpuBackendImpl final : public CpuBackend {
   cpu::KvCache kv_;
   Scratch x_, xn_, qkv_, attn_, gu_, act_, cos_, sin_, logit_rows_, logit_tail_;
   CpuOpTimes times_;
+  int64_t kv_budget_ = 0;
 };
 
 int resolve_threads(int threads) {
   return threads > 0 ? threads : omp_get_num_procs();
+}
+
+// MemAvailable from /proc/meminfo, in bytes (0 when unknown).
+int64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return 0;
+}
+
+// The KV cache a cpu backend offers by default: a third of what is free besides the weights, at
+// most 8 GB (room for activations, the page cache of the weight file and other processes on a
+// shared machine), at least 64 MB. Read before the weights are packed.
+int64_t default_kv_budget(const TensorStore& store) {
+  int64_t weight_bytes = 0;
+  for (const auto& [name, view] : store.tensors()) weight_bytes += view->nbytes;
+  return std::clamp<int64_t>((available_memory_bytes() - weight_bytes) / 3, 64 << 20,
+                             8'000'000'000);
 }
 
 const ModelConfig& validated(const ModelConfig& config) {
@@ -138,7 +165,8 @@ CpuBackendImpl::CpuBackendImpl(const ModelConfig& config, const TensorStore& sto
                              ? cpu::deterministic_row_tile(compute_, kDeterministicRowTile)
                              : 0}),
       kv_(config.num_layers, config.num_kv_heads, config.head_dim, options.page_size,
-          options.num_pages, compute_) {
+          options.num_pages, compute_),
+      kv_budget_(default_kv_budget(store)) {
   omp_set_num_threads(threads_);
 
   auto get = [&](const std::string& name) { return &store.get(name); };
@@ -183,6 +211,12 @@ CpuBackendImpl::CpuBackendImpl(const ModelConfig& config, const TensorStore& sto
             .num_kv_heads = config_.num_kv_heads,
             .head_dim = config_.head_dim,
             .sliding_window = config_.sliding_window.value_or(0)};
+}
+
+void CpuBackendImpl::allocate_kv(int64_t num_pages) {
+  if (kv_.num_pages() > 0) throw Error("cpu backend: the KV cache is allocated already");
+  kv_ = cpu::KvCache(config_.num_layers, config_.num_kv_heads, config_.head_dim, kv_.page_size(),
+                     num_pages, compute_);
 }
 
 std::string CpuBackendImpl::gemm_info() const {

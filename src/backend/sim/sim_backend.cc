@@ -6,13 +6,49 @@
 
 namespace blend {
 
+TokenId SimTokenSource::next(SeqId seq, int64_t step) {
+  const auto it = hidden_.find(seq);
+  if (it == hidden_.end() || step + 1 < it->second) return kFiller;
+  hidden_.erase(it);
+  return eos_;
+}
+
+namespace {
+
+// The simulated model's EOS: its config's, or a reserved id past the vocabulary.
+TokenId sim_eos(const ModelConfig& config) {
+  if (config.eos_token_ids.empty())
+    throw Error("sim backend: the simulated model needs an EOS token id");
+  return config.eos_token_ids.front();
+}
+
+}  // namespace
+
 SimBackend::SimBackend(const ModelConfig& config, SimBackendOptions options, SimStepCost cost)
-    : config_(config), options_(options), cost_(std::move(cost)) {
-  if (options_.num_pages <= 0) throw Error("sim backend: the KV cache must hold at least a page");
+    : config_(config), options_(options), cost_(std::move(cost)), tokens_(sim_eos(config)) {
+  if (options_.num_pages < 0) throw Error("sim backend: negative KV page count");
   if (!cost_) throw Error("sim backend: no step cost model");
 }
 
+void SimBackend::allocate_kv(int64_t num_pages) {
+  if (options_.num_pages > 0) throw Error("sim backend: the KV cache is allocated already");
+  options_.num_pages = num_pages;
+}
+
+void SimBackend::launch(StepInput step) {
+  forward(step.batch, {});
+  sampled_.assign(step.rows.size(), SampledToken{});
+  for (size_t r = 0; r < step.rows.size(); ++r)
+    sampled_[r].token =
+        tokens_.next(step.rows[r].seq, static_cast<int64_t>(step.rows[r].history.output.size()));
+}
+
+std::vector<SampledToken> SimBackend::wait() {
+  return std::move(sampled_);
+}
+
 void SimBackend::forward(const ForwardBatch& batch, std::span<float>) {
+  if (options_.num_pages <= 0) throw Error("sim backend: the KV cache must hold at least a page");
   const SimStepTime t = cost_(batch);
   if (!(t.total >= 0)) throw Error("sim backend: the cost model gave a negative step time");
   clock_ += t.total;

@@ -3,12 +3,15 @@
 // so the same engine loop, scheduler, planner and KV code as a real run can be replayed at a
 // scale no machine here could compute (400K requests on an 8B model on an A100, say).
 //
-// The engine hands a simulated backend only the chunks' shapes (see Backend::simulated()); the
-// step's cost is a function of those shapes. KV pages are ids only: nothing is stored.
+// The step's cost is a function of the batch's shapes; KV pages are ids only: nothing is stored.
+// What the simulated model "samples" comes from SimTokenSource: a filler token every step, and
+// EOS once a sequence reaches the output length its workload hides from the planner and the
+// scheduler (BlendServe §5.1: an unknown length stays unknown until it happens).
 #pragma once
 
 #include <functional>
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 #include "backend/backend.h"
@@ -29,6 +32,22 @@ struct SimBackendOptions {
   bool record_steps = false;      // keep every step's time (for per-step plots)
 };
 
+// The simulated model's tokens. Sequences without a hidden length get the filler token until
+// max_tokens ends them; one with a hidden length d gets EOS as its d-th output token.
+class SimTokenSource {
+ public:
+  // Token the simulator "samples" (out of any real vocabulary: nothing reads it).
+  static constexpr TokenId kFiller = -1;
+  explicit SimTokenSource(TokenId eos) : eos_(eos) {}
+  void set_output_length(SeqId seq, int32_t tokens) { hidden_[seq] = tokens; }
+  // Output index `step` of `seq`; forgets the sequence once it has had its EOS.
+  TokenId next(SeqId seq, int64_t step);
+
+ private:
+  TokenId eos_;
+  std::unordered_map<SeqId, int32_t> hidden_;
+};
+
 class SimBackend : public Backend {
  public:
   SimBackend(const ModelConfig& config, SimBackendOptions options, SimStepCost cost);
@@ -37,14 +56,17 @@ class SimBackend : public Backend {
   std::string name() const override { return "sim"; }
   int64_t kv_bytes_per_page() const override { return options_.kv_bytes_per_page; }
   int64_t num_pages() const override { return options_.num_pages; }
+  void allocate_kv(int64_t num_pages) override;
   void forward(const ForwardBatch& batch, std::span<float> logits) override;
+  void launch(StepInput step) override;
+  std::vector<SampledToken> wait() override;
   void copy_page(PageId, PageId) override {}
   void read_pages(std::span<const PageId>, std::byte*) const override {}
   void write_pages(std::span<const PageId>, const std::byte*) override {}
   void read_slots(PageId, int32_t, int32_t, std::byte*) const override {}
   void write_slots(PageId, int32_t, int32_t, const std::byte*) override {}
-  bool simulated() const override { return true; }
-  std::optional<double> virtual_seconds() const override { return clock_; }
+  double clock_seconds() const override { return clock_; }
+  SimTokenSource& tokens() { return tokens_; }
 
   // Sums over the steps so far, and each step when recorded.
   const SimStepTime& totals() const { return totals_; }
@@ -57,6 +79,8 @@ class SimBackend : public Backend {
   SimBackendOptions options_;
   SimStepCost cost_;
   double clock_ = 0;
+  SimTokenSource tokens_;
+  std::vector<SampledToken> sampled_;
   SimStepTime totals_;
   std::vector<SimStepTime> steps_;
 };

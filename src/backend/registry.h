@@ -1,0 +1,33 @@
+// Backend registry — makes a backend by name, so that the engine and the commands include no
+// concrete backend (DESIGN.md §2: cpu and sim now, cuda next). Each kind takes what it needs
+// from BackendInputs: the real backends a model's weights, the simulator a step-cost function.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/sim/sim_backend.h"
+
+namespace blend {
+
+class TensorStore;
+
+struct BackendInputs {
+  const ModelConfig* config = nullptr;
+  const TensorStore* weights = nullptr;  // cpu (and cuda): the checkpoint's tensors
+  BackendOptions options;
+  // sim: what a step costs and the simulated model's KV page size.
+  SimStepCost step_cost;
+  SimBackendOptions sim;
+};
+
+// The kinds this build can make, e.g. {"cpu", "sim"}.
+std::vector<std::string> backend_kinds();
+
+// Makes a backend of `kind`; throws blend::Error naming the kinds there are for an unknown one,
+// and for inputs the kind needs and did not get.
+std::unique_ptr<Backend> make_backend(const std::string& kind, const BackendInputs& inputs);
+
+}  // namespace blend
