@@ -200,13 +200,17 @@ GemmContext::Kernel& GemmContext::kernel(int64_t m, int64_t k, int64_t n, int64_
   return cache_.emplace(key, Kernel{dnnl::matmul(pd), pd.scratchpad_desc()}).first->second;
 }
 
-void GemmContext::prepare_threads(int threads, size_t scratch_bytes) {
+void GemmContext::prepare_threads(int threads, size_t scratch_bytes, size_t out_bytes) {
   if (threads_.size() < static_cast<size_t>(threads)) threads_.resize(static_cast<size_t>(threads));
   for (ThreadState& t : threads_) {
     if (!t.stream) t.stream = dnnl::stream(engine_);
     if (t.scratch_bytes < scratch_bytes) {
       t.scratch = allocate_buffer(scratch_bytes);
       t.scratch_bytes = scratch_bytes;
+    }
+    if (t.out_bytes < out_bytes) {
+      t.out = allocate_buffer(out_bytes);
+      t.out_bytes = out_bytes;
     }
   }
 }
@@ -284,10 +288,19 @@ void Linear::pack(const std::byte* plain, Slice& slice) {
                         bias_.data() + slice.first);
 }
 
+GemmContext::Kernel& Linear::tile_kernel(const Slice& s) const {
+  // A dense [row_tile][count] output: oneDNN 2.6's brgemm matmul takes no strided dst and falls
+  // back to its reference kernel (ref:any, 100x slower) when the slice writes into y's rows.
+  return ctx_.kernel(ctx_.options().row_tile, k_, s.count, s.count, !bias_.empty(), false, s.desc);
+}
+
 std::string Linear::impl() const {
   if (ctx_.options().lib == GemmLib::kOpenBlas) return "openblas";
   const Slice& s = slices_.front();
-  auto& p = ctx_.kernel(ctx_.padded_rows(1), k_, s.count, n_, !bias_.empty(), false, s.desc);
+  // The kernel a one-row call runs: the row-tile kernel in deterministic mode.
+  auto& p = ctx_.options().row_tile > 0
+                ? tile_kernel(s)
+                : ctx_.kernel(ctx_.padded_rows(1), k_, s.count, n_, !bias_.empty(), false, s.desc);
   const char* info = nullptr;
   dnnl_primitive_desc_query(p.matmul.get_primitive_desc(), dnnl_query_impl_info_str, 0, &info);
   return info ? info : "?";
@@ -334,13 +347,11 @@ void Linear::run_tiles(int64_t tiles, const void* x, float* y, bool accumulate) 
   // inside the loop below), and the scratch sized before it.
   size_t scratch_bytes = 0;
   for (Slice& s : slices_) {
-    GemmContext::Kernel*& kernel = s.tile_kernel[accumulate ? 1 : 0];
-    if (kernel == nullptr)
-      kernel = &ctx_.kernel(tile, k_, s.count, n_, !bias_.empty(), accumulate, s.desc);
-    scratch_bytes = std::max(scratch_bytes, kernel->scratchpad.get_size());
+    if (s.tile_kernel == nullptr) s.tile_kernel = &tile_kernel(s);
+    scratch_bytes = std::max(scratch_bytes, s.tile_kernel->scratchpad.get_size());
   }
   const int threads = omp_get_max_threads();
-  ctx_.prepare_threads(threads, scratch_bytes);
+  ctx_.prepare_threads(threads, scratch_bytes, static_cast<size_t>(tile * kSliceColumns) * 4);
   const auto dt = dnnl_type(ctx_.options().compute);
   const size_t x_row = static_cast<size_t>(k_) * ctx_.elem_size();
   const int64_t units = tiles * num_slices;
@@ -349,19 +360,29 @@ void Linear::run_tiles(int64_t tiles, const void* x, float* y, bool accumulate) 
   for (int64_t u = 0; u < units; ++u) {
     const int64_t r = u / num_slices * tile;
     const Slice& s = slices_[static_cast<size_t>(u % num_slices)];
-    GemmContext::Kernel& kernel = *s.tile_kernel[accumulate ? 1 : 0];
     GemmContext::ThreadState& ts = ctx_.threads_[static_cast<size_t>(omp_get_thread_num())];
+    float* out = reinterpret_cast<float*>(ts.out.get());
     memory src(memory::desc({tile, k_}, dt, Tag::ab), ctx_.engine_,
                const_cast<std::byte*>(static_cast<const std::byte*>(x) + r * x_row));
-    memory dst(memory::desc({tile, s.count}, memory::data_type::f32, memory::dims{n_, 1}),
-               ctx_.engine_, y + r * n_ + s.first);
+    memory dst(memory::desc({tile, s.count}, memory::data_type::f32, Tag::ab), ctx_.engine_, out);
     std::unordered_map<int, memory> args{
         {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, s.weights}, {DNNL_ARG_DST, dst}};
     if (scratch_bytes > 0)
-      args.emplace(DNNL_ARG_SCRATCHPAD, memory(kernel.scratchpad, ctx_.engine_, ts.scratch.get()));
+      args.emplace(DNNL_ARG_SCRATCHPAD,
+                   memory(s.tile_kernel->scratchpad, ctx_.engine_, ts.scratch.get()));
     if (!bias_.empty()) args.emplace(DNNL_ARG_BIAS, s.bias);
-    kernel.matmul.execute(ts.stream, args);
+    s.tile_kernel->matmul.execute(ts.stream, args);
     ts.stream.wait();
+    // Into the slice's columns of y: an f32 add or copy per element, the same for every row.
+    for (int64_t i = 0; i < tile; ++i) {
+      float* yr = y + (r + i) * n_ + s.first;
+      const float* o = out + i * s.count;
+      if (accumulate) {
+        for (int64_t j = 0; j < s.count; ++j) yr[j] += o[j];
+      } else {
+        std::memcpy(yr, o, static_cast<size_t>(s.count) * 4);
+      }
+    }
   }
 }
 
