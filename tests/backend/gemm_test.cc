@@ -1,5 +1,7 @@
 #include "backend/cpu/gemm.h"
 
+#include <omp.h>
+
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -72,11 +74,29 @@ struct Layer {
 TEST(Gemm, DeterministicSlicesRunAnOptimizedKernel) {
   const Layer layer;
   for (DType dt : compute_dtypes()) {
-    GemmContext ctx({.compute = dt, .row_tile = deterministic_row_tile(dt, 32)});
+    GemmContext ctx({.compute = dt, .row_tile = deterministic_row_tile(dt, 16)});
     Linear linear(ctx, {&layer.wv}, {&layer.bv});
     const std::string impl = linear.impl();
     EXPECT_EQ(impl.find("ref"), std::string::npos) << dtype_name(dt) << ": " << impl;
   }
+}
+
+// Regression (issue 25): 256-column slices cut a K = 64 lm_head (the tiny preset's) into 500
+// kernel calls whose fixed cost tripled its time. Slices now hold about the same number of
+// weights whatever K, and come in a multiple of the threads so that a one-tile call keeps them
+// all busy.
+TEST(Gemm, DeterministicSlicesFollowTheWeightCountAndTheThreads) {
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(2);
+  const auto wide = random_floats(32768 * 64, 5), square = random_floats(576 * 576, 6);
+  const TensorView wide_view = view("wide", wide, {32768, 64});
+  const TensorView square_view = view("square", square, {576, 576});
+  GemmContext ctx({.compute = DType::kF32, .row_tile = deterministic_row_tile(DType::kF32, 16)});
+  const Linear lm_head(ctx, {&wide_view}), o_proj(ctx, {&square_view});
+  omp_set_num_threads(saved);
+  EXPECT_LE(lm_head.num_slices(), 16u);  // 256 columns a slice: 128
+  EXPECT_EQ(lm_head.num_slices() % 2, 0u);
+  EXPECT_EQ(o_proj.num_slices(), 2u);  // 256 columns a slice: 3, two on one thread
 }
 
 // Deterministic mode over several tiles and slices: y = x W^T + b, and y += ... with
@@ -87,8 +107,13 @@ TEST(Gemm, DeterministicTilesMatchReferenceAndSingleRows) {
   const auto xf = random_floats(m * k, 3);
   const auto y0 = random_floats(m * n, 4);
   for (DType dt : compute_dtypes()) {
-    GemmContext ctx({.compute = dt, .row_tile = deterministic_row_tile(dt, 32)});
+    GemmContext ctx({.compute = dt, .row_tile = deterministic_row_tile(dt, 16)});
+    // Three threads at load: three slices, the last one narrower.
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(3);
     Linear linear(ctx, {&layer.wv}, {&layer.bv});
+    omp_set_num_threads(saved);
+    ASSERT_EQ(linear.num_slices(), 3u);
     const int64_t mp = ctx.padded_rows(m);
     const size_t es = dtype_size(dt);
     std::vector<std::byte> x(static_cast<size_t>(mp * k) * es);

@@ -28,11 +28,23 @@ memory::data_type dnnl_type(DType t) {
 constexpr int64_t kRowBucket = 16;
 // Row count used to ask oneDNN for its preferred weight layout at load time.
 constexpr int64_t kPackRows = 256;
-// Deterministic mode: output columns one thread computes alone. Wide enough that a call costs
-// little against its arithmetic, narrow enough that a one-tile decode step feeds every core
-// (EngineTest.KvExhaustionPreemptsAndStillGivesTheSameTokens on an AVX2 EPYC, median of 3 runs:
-// 3.73 s at 256 columns, 4.32 s at 128, 3.99 s at 512).
-constexpr int64_t kSliceColumns = 256;
+// Deterministic mode: a column slice (the output columns one thread computes alone) holds about
+// this many weights: 512 columns of smollm-135m's K = 576 (590 KB of packed bf16 weights, about a
+// core's L2). Each slice is one oneDNN call, ~5 us of fixed cost against ~80 us of bf16 work on a
+// 16-row tile here; the 256-column slices before cost a K = 64 lm_head (the tiny preset's 128K
+// vocabulary: 500 slices) 2.7x the default mode's time.
+constexpr int64_t kSliceWeights = 512 * 576;
+
+// Width of the column slices of an [n][k] weight run by `threads` threads: about kSliceWeights
+// weights each, and a multiple of `threads` slices so that a one-tile call keeps every thread
+// equally busy. Fixed at load: a row's bits depend on the slices' kernels, never on the batch.
+int64_t slice_width(int64_t n, int64_t k, int threads) {
+  const int64_t target = std::max<int64_t>(64, kSliceWeights / std::max<int64_t>(k, 1));
+  int64_t slices = (n + target - 1) / target;
+  slices = (slices + threads - 1) / threads * threads;
+  const int64_t width = ((n + slices - 1) / slices + 15) / 16 * 16;
+  return std::min(width, n);
+}
 
 float element(const TensorView& t, int64_t i) {
   switch (t.dtype) {
@@ -257,7 +269,9 @@ Linear::Linear(GemmContext& ctx, const std::vector<const TensorView*>& parts,
     std::memcpy(plain_.data(), plain.get(), plain_bytes);
     return;
   }
-  const int64_t width = ctx_.options().row_tile > 0 ? kSliceColumns : n_;
+  const int64_t width =
+      ctx_.options().row_tile > 0 ? slice_width(n_, k_, std::max(1, omp_get_max_threads())) : n_;
+  max_slice_ = width;
   for (int64_t first = 0; first < n_; first += width) {
     Slice& slice = slices_.emplace_back();
     slice.first = first;
@@ -351,15 +365,17 @@ void Linear::run_tiles(int64_t tiles, const void* x, float* y, bool accumulate) 
     scratch_bytes = std::max(scratch_bytes, s.tile_kernel->scratchpad.get_size());
   }
   const int threads = omp_get_max_threads();
-  ctx_.prepare_threads(threads, scratch_bytes, static_cast<size_t>(tile * kSliceColumns) * 4);
+  ctx_.prepare_threads(threads, scratch_bytes, static_cast<size_t>(tile * max_slice_) * 4);
   const auto dt = dnnl_type(ctx_.options().compute);
   const size_t x_row = static_cast<size_t>(k_) * ctx_.elem_size();
   const int64_t units = tiles * num_slices;
-  // Inside the parallel loop each oneDNN call runs on the calling thread alone.
+  // Inside the parallel loop each oneDNN call runs on the calling thread alone. Slice-major
+  // order: a thread runs one slice over consecutive tiles, so the slice's packed weights stay in
+  // its cache while the row tiles stream past.
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t u = 0; u < units; ++u) {
-    const int64_t r = u / num_slices * tile;
-    const Slice& s = slices_[static_cast<size_t>(u % num_slices)];
+    const int64_t r = u % tiles * tile;
+    const Slice& s = slices_[static_cast<size_t>(u / tiles)];
     GemmContext::ThreadState& ts = ctx_.threads_[static_cast<size_t>(omp_get_thread_num())];
     float* out = reinterpret_cast<float*>(ts.out.get());
     memory src(memory::desc({tile, k_}, dt, Tag::ab), ctx_.engine_,

@@ -104,6 +104,9 @@ class Linear {
 
   int64_t k() const { return k_; }
   int64_t n() const { return n_; }
+  // oneDNN column slices: 1 in the default mode, in deterministic mode a multiple of the threads
+  // at load, each about the same number of weights.
+  size_t num_slices() const { return slices_.size(); }
   // Implementation oneDNN picked (e.g. "brg:avx512_core_bf16") or "openblas".
   std::string impl() const;
 
@@ -130,8 +133,10 @@ class Linear {
 
   GemmContext& ctx_;
   int64_t k_ = 0, n_ = 0;
-  // oneDNN: one slice of all columns, or in deterministic mode slices of kSliceColumns.
+  // oneDNN: one slice of all columns, or in deterministic mode slices of max_slice_ columns (the
+  // last one may be narrower), as many as a multiple of the threads at load.
   std::vector<Slice> slices_;
+  int64_t max_slice_ = 0;
   std::vector<float> plain_;  // OpenBLAS: weights [n][k] f32
   std::vector<float> bias_;   // [n] or empty
 };
