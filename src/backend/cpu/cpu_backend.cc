@@ -10,6 +10,7 @@
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/memory.h"
 #include "backend/cpu/ops.h"
+#include "backend/cpu/threads.h"
 #include "core/error.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
@@ -139,7 +140,7 @@ CpuBackendImpl::CpuBackendImpl(const ModelConfig& config, const TensorStore& sto
                              : 0}),
       kv_(config.num_layers, config.num_kv_heads, config.head_dim, options.page_size,
           options.num_pages, compute_) {
-  omp_set_num_threads(threads_);
+  cpu::use_threads(threads_);
 
   auto get = [&](const std::string& name) { return &store.get(name); };
   for (int64_t i = 0; i < config_.num_layers; ++i) {
