@@ -57,7 +57,7 @@ class CpuBackend : public Backend {
  public:
   virtual const CpuOpTimes& op_times() const = 0;
   virtual void reset_op_times() = 0;
-  // What runs the GEMMs, e.g. "onednn bf16 brg:avx512_core_bf16, row tile 32".
+  // What runs the GEMMs, e.g. "onednn bf16 brg:avx512_core_bf16, row tile 16".
   virtual std::string gemm_info() const = 0;
   // The dtype of GEMM inputs, packed weights and KV cache elements: F32 for f32 checkpoints and
   // where oneDNN has no bf16 matmul (AVX2-only CPUs), else BF16.

@@ -28,11 +28,23 @@ memory::data_type dnnl_type(DType t) {
 constexpr int64_t kRowBucket = 16;
 // Row count used to ask oneDNN for its preferred weight layout at load time.
 constexpr int64_t kPackRows = 256;
-// Deterministic mode: output columns one thread computes alone. Wide enough that a call costs
-// little against its arithmetic, narrow enough that a one-tile decode step feeds every core
-// (EngineTest.KvExhaustionPreemptsAndStillGivesTheSameTokens on an AVX2 EPYC, median of 3 runs:
-// 3.73 s at 256 columns, 4.32 s at 128, 3.99 s at 512).
-constexpr int64_t kSliceColumns = 256;
+// Deterministic mode: a column slice (the output columns one thread computes alone) holds about
+// this many weights: 512 columns of smollm-135m's K = 576 (590 KB of packed bf16 weights, about a
+// core's L2). Each slice is one oneDNN call, ~5 us of fixed cost against ~80 us of bf16 work on a
+// 16-row tile here; the 256-column slices before cost a K = 64 lm_head (the tiny preset's 128K
+// vocabulary: 500 slices) 2.7x the default mode's time.
+constexpr int64_t kSliceWeights = 512 * 576;
+
+// Width of the column slices of an [n][k] weight run by `threads` threads: about kSliceWeights
+// weights each, and a multiple of `threads` slices so that a one-tile call keeps every thread
+// equally busy. Fixed at load: a row's bits depend on the slices' kernels, never on the batch.
+int64_t slice_width(int64_t n, int64_t k, int threads) {
+  const int64_t target = std::max<int64_t>(64, kSliceWeights / std::max<int64_t>(k, 1));
+  int64_t slices = (n + target - 1) / target;
+  slices = (slices + threads - 1) / threads * threads;
+  const int64_t width = ((n + slices - 1) / slices + 15) / 16 * 16;
+  return std::min(width, n);
+}
 
 float element(const TensorView& t, int64_t i) {
   switch (t.dtype) {
@@ -200,13 +212,17 @@ GemmContext::Kernel& GemmContext::kernel(int64_t m, int64_t k, int64_t n, int64_
   return cache_.emplace(key, Kernel{dnnl::matmul(pd), pd.scratchpad_desc()}).first->second;
 }
 
-void GemmContext::prepare_threads(int threads, size_t scratch_bytes) {
+void GemmContext::prepare_threads(int threads, size_t scratch_bytes, size_t out_bytes) {
   if (threads_.size() < static_cast<size_t>(threads)) threads_.resize(static_cast<size_t>(threads));
   for (ThreadState& t : threads_) {
     if (!t.stream) t.stream = dnnl::stream(engine_);
     if (t.scratch_bytes < scratch_bytes) {
       t.scratch = allocate_buffer(scratch_bytes);
       t.scratch_bytes = scratch_bytes;
+    }
+    if (t.out_bytes < out_bytes) {
+      t.out = allocate_buffer(out_bytes);
+      t.out_bytes = out_bytes;
     }
   }
 }
@@ -253,7 +269,9 @@ Linear::Linear(GemmContext& ctx, const std::vector<const TensorView*>& parts,
     std::memcpy(plain_.data(), plain.get(), plain_bytes);
     return;
   }
-  const int64_t width = ctx_.options().row_tile > 0 ? kSliceColumns : n_;
+  const int64_t width =
+      ctx_.options().row_tile > 0 ? slice_width(n_, k_, std::max(1, omp_get_max_threads())) : n_;
+  max_slice_ = width;
   for (int64_t first = 0; first < n_; first += width) {
     Slice& slice = slices_.emplace_back();
     slice.first = first;
@@ -284,10 +302,19 @@ void Linear::pack(const std::byte* plain, Slice& slice) {
                         bias_.data() + slice.first);
 }
 
+GemmContext::Kernel& Linear::tile_kernel(const Slice& s) const {
+  // A dense [row_tile][count] output: oneDNN 2.6's brgemm matmul takes no strided dst and falls
+  // back to its reference kernel (ref:any, 100x slower) when the slice writes into y's rows.
+  return ctx_.kernel(ctx_.options().row_tile, k_, s.count, s.count, !bias_.empty(), false, s.desc);
+}
+
 std::string Linear::impl() const {
   if (ctx_.options().lib == GemmLib::kOpenBlas) return "openblas";
   const Slice& s = slices_.front();
-  auto& p = ctx_.kernel(ctx_.padded_rows(1), k_, s.count, n_, !bias_.empty(), false, s.desc);
+  // The kernel a one-row call runs: the row-tile kernel in deterministic mode.
+  auto& p = ctx_.options().row_tile > 0
+                ? tile_kernel(s)
+                : ctx_.kernel(ctx_.padded_rows(1), k_, s.count, n_, !bias_.empty(), false, s.desc);
   const char* info = nullptr;
   dnnl_primitive_desc_query(p.matmul.get_primitive_desc(), dnnl_query_impl_info_str, 0, &info);
   return info ? info : "?";
@@ -334,34 +361,44 @@ void Linear::run_tiles(int64_t tiles, const void* x, float* y, bool accumulate) 
   // inside the loop below), and the scratch sized before it.
   size_t scratch_bytes = 0;
   for (Slice& s : slices_) {
-    GemmContext::Kernel*& kernel = s.tile_kernel[accumulate ? 1 : 0];
-    if (kernel == nullptr)
-      kernel = &ctx_.kernel(tile, k_, s.count, n_, !bias_.empty(), accumulate, s.desc);
-    scratch_bytes = std::max(scratch_bytes, kernel->scratchpad.get_size());
+    if (s.tile_kernel == nullptr) s.tile_kernel = &tile_kernel(s);
+    scratch_bytes = std::max(scratch_bytes, s.tile_kernel->scratchpad.get_size());
   }
   const int threads = omp_get_max_threads();
-  ctx_.prepare_threads(threads, scratch_bytes);
+  ctx_.prepare_threads(threads, scratch_bytes, static_cast<size_t>(tile * max_slice_) * 4);
   const auto dt = dnnl_type(ctx_.options().compute);
   const size_t x_row = static_cast<size_t>(k_) * ctx_.elem_size();
   const int64_t units = tiles * num_slices;
-  // Inside the parallel loop each oneDNN call runs on the calling thread alone.
+  // Inside the parallel loop each oneDNN call runs on the calling thread alone. Slice-major
+  // order: a thread runs one slice over consecutive tiles, so the slice's packed weights stay in
+  // its cache while the row tiles stream past.
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t u = 0; u < units; ++u) {
-    const int64_t r = u / num_slices * tile;
-    const Slice& s = slices_[static_cast<size_t>(u % num_slices)];
-    GemmContext::Kernel& kernel = *s.tile_kernel[accumulate ? 1 : 0];
+    const int64_t r = u % tiles * tile;
+    const Slice& s = slices_[static_cast<size_t>(u / tiles)];
     GemmContext::ThreadState& ts = ctx_.threads_[static_cast<size_t>(omp_get_thread_num())];
+    float* out = reinterpret_cast<float*>(ts.out.get());
     memory src(memory::desc({tile, k_}, dt, Tag::ab), ctx_.engine_,
                const_cast<std::byte*>(static_cast<const std::byte*>(x) + r * x_row));
-    memory dst(memory::desc({tile, s.count}, memory::data_type::f32, memory::dims{n_, 1}),
-               ctx_.engine_, y + r * n_ + s.first);
+    memory dst(memory::desc({tile, s.count}, memory::data_type::f32, Tag::ab), ctx_.engine_, out);
     std::unordered_map<int, memory> args{
         {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, s.weights}, {DNNL_ARG_DST, dst}};
     if (scratch_bytes > 0)
-      args.emplace(DNNL_ARG_SCRATCHPAD, memory(kernel.scratchpad, ctx_.engine_, ts.scratch.get()));
+      args.emplace(DNNL_ARG_SCRATCHPAD,
+                   memory(s.tile_kernel->scratchpad, ctx_.engine_, ts.scratch.get()));
     if (!bias_.empty()) args.emplace(DNNL_ARG_BIAS, s.bias);
-    kernel.matmul.execute(ts.stream, args);
+    s.tile_kernel->matmul.execute(ts.stream, args);
     ts.stream.wait();
+    // Into the slice's columns of y: an f32 add or copy per element, the same for every row.
+    for (int64_t i = 0; i < tile; ++i) {
+      float* yr = y + (r + i) * n_ + s.first;
+      const float* o = out + i * s.count;
+      if (accumulate) {
+        for (int64_t j = 0; j < s.count; ++j) yr[j] += o[j];
+      } else {
+        std::memcpy(yr, o, static_cast<size_t>(s.count) * 4);
+      }
+    }
   }
 }
 

@@ -9,9 +9,11 @@
 // through the same single-threaded kernel with the same K-loop whatever m is and wherever the
 // row sits: a row's output bits do not depend on the batch it came in. (A multithreaded library
 // call is not enough: oneDNN's AVX2 sgemm splits a 16-row tile between threads by shape, and a
-// row's bits then depend on its place in the tile.) The default mode runs one multithreaded
-// kernel call over m rounded up to a multiple of 16 (fewer, larger calls; a row's bits may then
-// depend on m through the library's blocking choices).
+// row's bits then depend on its place in the tile.) Each slice's kernel writes a dense
+// per-thread tile that is then copied (or added) into y: oneDNN's optimized matmuls take no
+// strided output, and a slice written straight into y's rows ran its reference kernel. The
+// default mode runs one multithreaded kernel call over m rounded up to a multiple of 16 (fewer,
+// larger calls; a row's bits may then depend on m through the library's blocking choices).
 //
 // Not thread-safe: one forward pass at a time (the kernels themselves use all threads).
 #pragma once
@@ -74,14 +76,16 @@ class GemmContext {
   };
   Kernel& kernel(int64_t m, int64_t k, int64_t n, int64_t ldy, bool bias, bool accumulate,
                  const dnnl::memory::desc& weights);
-  // Deterministic mode: each OpenMP thread's stream and kernel scratch (user scratchpad).
+  // Deterministic mode: each OpenMP thread's stream, kernel scratch (user scratchpad) and dense
+  // output tile.
   struct ThreadState {
     dnnl::stream stream;
-    Buffer scratch;
-    size_t scratch_bytes = 0;
+    Buffer scratch, out;
+    size_t scratch_bytes = 0, out_bytes = 0;
   };
-  // At least `threads` of them, each with a stream and scratch_bytes of scratch.
-  void prepare_threads(int threads, size_t scratch_bytes);
+  // At least `threads` of them, each with a stream, scratch_bytes of scratch and out_bytes of
+  // output.
+  void prepare_threads(int threads, size_t scratch_bytes, size_t out_bytes);
 
   GemmOptions options_;
   dnnl::engine engine_;
@@ -100,6 +104,9 @@ class Linear {
 
   int64_t k() const { return k_; }
   int64_t n() const { return n_; }
+  // oneDNN column slices: 1 in the default mode, in deterministic mode a multiple of the threads
+  // at load, each about the same number of weights.
+  size_t num_slices() const { return slices_.size(); }
   // Implementation oneDNN picked (e.g. "brg:avx512_core_bf16") or "openblas".
   std::string impl() const;
 
@@ -114,18 +121,22 @@ class Linear {
     dnnl::memory::desc desc;
     Buffer data;
     dnnl::memory weights, bias;
-    // Deterministic mode: its kernel on row_tile rows, without and with accumulate (in the
-    // context's cache), found on first use.
-    GemmContext::Kernel* tile_kernel[2] = {nullptr, nullptr};
+    // Deterministic mode: its kernel on row_tile rows (in the context's cache), found on first
+    // use.
+    GemmContext::Kernel* tile_kernel = nullptr;
   };
   void pack(const std::byte* plain, Slice& slice);
+  // Deterministic mode: the kernel of `s` on row_tile rows into a dense [row_tile][count] tile.
+  GemmContext::Kernel& tile_kernel(const Slice& s) const;
   void run(int64_t rows, const void* x, float* y, bool accumulate);
   void run_tiles(int64_t tiles, const void* x, float* y, bool accumulate);
 
   GemmContext& ctx_;
   int64_t k_ = 0, n_ = 0;
-  // oneDNN: one slice of all columns, or in deterministic mode slices of kSliceColumns.
+  // oneDNN: one slice of all columns, or in deterministic mode slices of max_slice_ columns (the
+  // last one may be narrower), as many as a multiple of the threads at load.
   std::vector<Slice> slices_;
+  int64_t max_slice_ = 0;
   std::vector<float> plain_;  // OpenBLAS: weights [n][k] f32
   std::vector<float> bias_;   // [n] or empty
 };

@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# `blend batch` throughput with a CPU hog on one core against without, per OpenMP wait policy
+# (issue 25: idle OpenMP threads that spin starve the thread with the work when another process
+# wants a core).
+#
+#   bench/contention.sh
+#
+# For each model (MODELS: preset-dtype, generated once with `blend model init` under MODELS_DIR)
+# and each variant (VARIANTS: name=ENV,ENV... or name= for none) it runs the same `blend batch`
+# work (N_REQ requests, distinct PP-token prompts as token ids, TG generated tokens, ignore_eos,
+# greedy) REPS times on a quiet machine and REPS times beside a busy loop pinned to core 0
+# (taskset), all interleaved so that a neighbour's load falls on every cell alike, and prints the
+# median throughput (stats.json's throughput_tokens_per_s) of each and their ratio. The default
+# variants: "before" = libgomp's default spin (GOMP_SPINCOUNT=300000, OpenBLAS's own pool: what
+# blend ran before issue 25), "after" = no environment (blend's own choice), "passive" =
+# OMP_WAIT_POLICY=passive.
+# Knobs (environment): BLEND (default build/blend), MODELS_DIR (build/bench_models), OUT_DIR
+# (build/contention), MODELS ("tiny-f32 smollm-135m-bf16"), VARIANTS, N_REQ (4), PP (32), TG (32),
+# REPS (3), HOG_CPU (0).
+# Only bash, taskset and python3 (standard library) are used.
+set -euo pipefail
+
+die() {
+  echo "contention: $*" >&2
+  exit 1
+}
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BLEND=${BLEND:-$ROOT/build/blend}
+MODELS_DIR=${MODELS_DIR:-$ROOT/build/bench_models}
+OUT_DIR=${OUT_DIR:-$ROOT/build/contention}
+MODELS=${MODELS:-"tiny-f32 smollm-135m-bf16"}
+NPROC=$(nproc)
+VARIANTS=${VARIANTS:-"before=GOMP_SPINCOUNT=300000,OPENBLAS_NUM_THREADS=$NPROC after= passive=OMP_WAIT_POLICY=passive"}
+N_REQ=${N_REQ:-4}
+PP=${PP:-32}
+TG=${TG:-32}
+REPS=${REPS:-3}
+HOG_CPU=${HOG_CPU:-0}
+[[ -x "$BLEND" ]] || die "$BLEND not found; build blend first (or set BLEND)"
+command -v python3 >/dev/null || die "python3 is required"
+command -v taskset >/dev/null || die "taskset is required (util-linux)"
+[[ "$REPS" =~ ^[1-9][0-9]*$ ]] || die "REPS must be a positive integer, got '$REPS'"
+mkdir -p "$OUT_DIR" "$MODELS_DIR"
+
+HOG_PID=""
+stop_hog() {
+  if [[ -n "$HOG_PID" ]]; then
+    kill "$HOG_PID" 2>/dev/null || true
+    wait "$HOG_PID" 2>/dev/null || true
+    HOG_PID=""
+  fi
+}
+trap stop_hog EXIT
+start_hog() {
+  taskset -c "$HOG_CPU" bash -c 'while :; do :; done' &
+  HOG_PID=$!
+}
+
+echo "== machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $NPROC cores," \
+  "load average $(cut -d' ' -f1-3 /proc/loadavg); N_REQ=$N_REQ PP=$PP TG=$TG REPS=$REPS," \
+  "hog: a busy loop on cpu $HOG_CPU"
+
+req=$OUT_DIR/requests.jsonl
+python3 - "$req" "$N_REQ" "$PP" "$TG" <<'EOF'
+import json, random, sys
+path, n, pp, tg = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+rng = random.Random(0)
+with open(path, "w") as f:
+    for i in range(n):
+        prompt = [1000 + i] + [rng.randrange(100, 4000) for _ in range(pp - 1)]
+        body = {"model": "bench", "prompt": prompt, "max_tokens": tg, "ignore_eos": True,
+                "temperature": 0}
+        f.write(json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": "/v1/completions",
+                            "body": body}) + "\n")
+EOF
+
+# run MODEL_DIR TAG ENV: one blend batch run under ENV (comma-separated NAME=VALUE); prints its
+# throughput.
+run() {
+  local model=$1 tag=$2 envs=$3
+  local -a env_args=()
+  if [[ -n "$envs" ]]; then IFS=',' read -r -a env_args <<<"$envs"; fi
+  rm -f "$OUT_DIR/out-$tag.jsonl" "$OUT_DIR/stats-$tag.json"
+  env "${env_args[@]}" "$BLEND" batch --model "$model" --input "$req" \
+    --output "$OUT_DIR/out-$tag.jsonl" --stats "$OUT_DIR/stats-$tag.json" --quiet \
+    >"$OUT_DIR/log-$tag.txt" 2>&1 || die "blend batch failed; see $OUT_DIR/log-$tag.txt"
+  python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["throughput_tokens_per_s"])' \
+    "$OUT_DIR/stats-$tag.json"
+}
+
+results=$OUT_DIR/results.txt
+: >"$results"
+for m in $MODELS; do
+  model=$MODELS_DIR/$m
+  if [[ ! -f "$model/config.json" ]]; then
+    "$BLEND" model init --preset "${m%-*}" --dtype "${m##*-}" --out "$model" >/dev/null ||
+      die "blend model init --preset ${m%-*} --dtype ${m##*-} failed"
+  fi
+  for ((i = 0; i < REPS; i++)); do
+    for hog in quiet hog; do
+      [[ $hog == hog ]] && start_hog
+      for v in $VARIANTS; do
+        name=${v%%=*}
+        echo "$m $name $hog $(run "$model" "$m-$name-$hog" "${v#*=}")" >>"$results"
+      done
+      stop_hog
+    done
+  done
+done
+
+python3 - "$results" <<'EOF'
+import collections, statistics, sys
+cells = collections.defaultdict(list)
+order = []
+for line in open(sys.argv[1]):
+    m, v, hog, tps = line.split()
+    cells[(m, v, hog)].append(float(tps))
+    if (m, v) not in order:
+        order.append((m, v))
+print(f"{'model':<18} {'variant':<8} {'quiet tok/s':>12} {'hog tok/s':>10} {'hog/quiet':>9}   runs")
+for m, v in order:
+    q, h = cells[(m, v, "quiet")], cells[(m, v, "hog")]
+    mq, mh = statistics.median(q), statistics.median(h)
+    runs = " ".join(f"{x:.0f}" for x in q) + " / " + " ".join(f"{x:.0f}" for x in h)
+    print(f"{m:<18} {v:<8} {mq:12.1f} {mh:10.1f} {mh / mq:9.2f}   ({runs})")
+EOF

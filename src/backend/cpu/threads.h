@@ -1,0 +1,43 @@
+// The cpu backend's threads: one OpenMP pool (GEMMs, attention and element-wise ops; oneDNN runs
+// on it too), whose idle threads sleep after a short spin, and OpenBLAS without a pool of its own.
+//
+// Why: libgomp's idle threads spin 300,000 rounds (milliseconds) at every barrier and after
+// every parallel region before they sleep. On a machine whose cores something else also uses (a
+// server's HTTP threads, another process) a spinning thread holds a core the thread with the
+// work needs: one request on the tiny model took 6.55 s instead of 0.25 s beside other processes
+// on 2 cores (issue 25). And OpenBLAS (f32 GEMM alternative) starts a thread a core at load.
+//
+// How: libgomp and OpenBLAS read their environment once, in their library constructors, before
+// main() and before any constructor of the executable runs. So where the user set neither
+// OMP_WAIT_POLICY nor GOMP_SPINCOUNT, an executable that links this backend sets
+// GOMP_SPINCOUNT=kSpinCount (and OPENBLAS_NUM_THREADS=1 unless set) and starts itself again,
+// once, from its first constructor; the second start takes them out of the environment again
+// before main(), so child processes and the user see the environment they gave. A user's own
+// setting always wins (and costs no second start). See threads.cc.
+#pragma once
+
+#include <string>
+
+namespace blend::cpu {
+
+// Spin rounds before an idle OpenMP thread sleeps (libgomp's default: 300,000, when
+// OMP_WAIT_POLICY is unset): tens of microseconds, enough to bridge the gap between one
+// parallel region of a forward pass and the next on an idle machine. On the shared 2-core EPYC
+// (tiny model, bench/contention.sh, runs of a first sweep) 1,000 ran 5-16x libgomp's default
+// and close to OMP_WAIT_POLICY=passive, with and without a busy loop on one core; 10,000 ran
+// 1-16x. docs/BENCHMARKS.md has the table.
+inline constexpr long kSpinCount = 1000;
+
+// Sets the calling thread's OpenMP thread count for the backend's parallel regions and keeps
+// OpenBLAS single-threaded (it only ever runs inside them).
+void use_threads(int threads);
+
+// How this process's idle OpenMP threads wait and who chose it, e.g. "GOMP_SPINCOUNT=10000
+// (blend)" or "OMP_WAIT_POLICY=active (environment)"; and OpenBLAS's thread count.
+std::string thread_policy();
+
+// Whether blend set GOMP_SPINCOUNT at start-up (the user had set neither it nor
+// OMP_WAIT_POLICY).
+bool spin_count_set_by_blend();
+
+}  // namespace blend::cpu
