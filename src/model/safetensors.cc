@@ -108,7 +108,10 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::filesystem::pa
     bool operator<(const Range& o) const { return std::tie(begin, end) < std::tie(o.begin, o.end); }
   };
   std::vector<Range> ranges;
-  for (const auto& [name, entry] : header.items()) {
+  for (const auto& item : header.items()) {
+    // Not a structured binding: clang 14 (the fuzz build) cannot capture one in `bad` below.
+    const std::string& name = item.key();
+    const json& entry = item.value();
     if (name == "__metadata__") {
       if (!entry.is_object()) fail(path, "__metadata__ is not an object");
       for (const auto& [k, v] : entry.items()) {
