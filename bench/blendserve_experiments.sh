@@ -12,7 +12,7 @@
 # Knobs: BLEND (build/blend), OUT_DIR (build/blendserve), REQUESTS per trace (40000; the paper
 # uses 400000: set it, it takes about 10x longer and ~5 GB of memory), GRID_REQUESTS per grid
 # point (4000; the paper 40000), GRID_SOURCES ("azure-conv sharegpt bwb arxiv"), TRACES
-# (../shared/data/traces), SEED (1), POLICIES (the LIST of `blend simulate`, all five; the
+# (data/traces in the repository), SEED (1), POLICIES (the LIST of `blend simulate`, all five; the
 # summary needs dfs@sequential, dfs and blend).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -21,7 +21,7 @@ OUT_DIR=${OUT_DIR:-$ROOT/build/blendserve}
 REQUESTS=${REQUESTS:-40000}
 GRID_REQUESTS=${GRID_REQUESTS:-4000}
 GRID_SOURCES=${GRID_SOURCES:-"azure-conv sharegpt bwb arxiv"}
-TRACES=${TRACES:-$ROOT/../shared/data/traces}
+TRACES=${TRACES:-$ROOT/data/traces}
 SEED=${SEED:-1}
 POLICIES=${POLICIES:-"dfs@sequential,dfs,random,blend,fcfs"}
 PARTS=("$@")

@@ -4,7 +4,7 @@
     bench/mmlu_requests.py MMLU_DIR OUT.jsonl [--subjects N] [--per-subject M] [--max-tokens K]
 
 MMLU_DIR holds dev/ and test/ CSVs (hendrycks/test layout: question, A, B, C, D, answer; no
-header), e.g. ../shared/data/traces/mmlu. Prompts are built as the repository's evaluate.py
+header), e.g. data/traces/mmlu in the repository. Prompts are built as the repository's evaluate.py
 builds them: a header naming the subject, the subject's 5 dev examples with answers, then the
 test question ending in "Answer:". Every question of a subject shares the header and examples,
 the long shared prefix of the papers' few-shot workloads. Standard library only.

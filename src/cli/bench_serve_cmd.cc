@@ -21,6 +21,7 @@
 #include "online/load_generator.h"
 #include "online/serving_sim.h"
 #include "server/server.h"
+#include "workload/traces.h"
 
 namespace blend::cli {
 namespace {
@@ -38,7 +39,7 @@ struct BenchServeArgs {
   double rt_rate = 1;
   double length_scale = 1;
   int32_t max_context = 2048;
-  std::string traces = "../shared/data/traces";
+  std::string traces = workload::default_traces_dir().string();
   std::string profile;
   std::string kv_layout = "auto";
   bool json = false;
@@ -185,7 +186,8 @@ void register_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--max-context", a->max_context, "ShareGPT requests longer than this are skipped")
       ->capture_default_str();
-  cmd->add_option("--traces", a->traces, "Folder of ../shared/data/traces")->capture_default_str();
+  cmd->add_option("--traces", a->traces, "Trace folder (default: the repository's data/traces)")
+      ->capture_default_str();
   cmd->add_option("--seed", a->load.seed, "Arrivals, lengths and prompts")->capture_default_str();
   cmd->add_option("--threads", a->engine.threads, "Server compute threads (default: all)");
   cmd->add_option("--kv-memory", a->engine.kv_memory_gb, "Server KV cache size in GB");

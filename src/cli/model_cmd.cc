@@ -6,8 +6,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
-#include "cost/model_shapes.h"
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 #include "model/presets.h"
 #include "model/random_init.h"
 #include "model/safetensors.h"

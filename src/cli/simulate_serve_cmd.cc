@@ -13,6 +13,7 @@
 #include "cost/cost_model.h"
 #include "offline/planned_run.h"
 #include "online/serving_sim.h"
+#include "workload/traces.h"
 
 namespace blend::cli {
 namespace {
@@ -29,7 +30,7 @@ struct SimulateServeArgs {
   int32_t max_batch_tokens = 2048;
   int32_t max_running = 256;
   int32_t max_context = 2048;
-  std::string traces = "../shared/data/traces";
+  std::string traces = workload::default_traces_dir().string();
   online::ServingWorkload workload;
   HybridOptions hybrid;
   bool json = false;
@@ -152,7 +153,8 @@ void register_simulate_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--max-context", a->max_context, "RT requests longer than this are skipped")
       ->capture_default_str();
-  cmd->add_option("--traces", a->traces, "Folder of ../shared/data/traces")->capture_default_str();
+  cmd->add_option("--traces", a->traces, "Trace folder (default: the repository's data/traces)")
+      ->capture_default_str();
   cmd->add_option("--seed", a->workload.seed, "Arrivals and lengths")->capture_default_str();
   cmd->add_flag("--json", a->json, "One JSON object per policy and rate");
   cmd->callback([a] { run(*a); });

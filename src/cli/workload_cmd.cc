@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "cost/cost_model.h"
 #include "workload/synth.h"
+#include "workload/traces.h"
 
 namespace blend::cli {
 namespace {
@@ -17,7 +18,7 @@ namespace {
 struct SynthArgs {
   workload::SynthOptions options;
   std::string out;
-  std::string traces = "../shared/data/traces";
+  std::string traces = workload::default_traces_dir().string();
   std::string model_shape = "llama-3-8b";
   std::string hardware = "a100-80g";
   bool calibrate = false;
@@ -88,7 +89,7 @@ void register_workload_command(CLI::App& app) {
   synth->add_option("--out", a->out, "Batch API JSONL to write")->required();
   synth->add_option("--compute-source", a->options.compute_source,
                     "azure-conv, azure-code, sharegpt, arxiv or bwb");
-  synth->add_option("--traces", a->traces, "Trace folder (default ../shared/data/traces)");
+  synth->add_option("--traces", a->traces, "Trace folder (default: the repository's data/traces)");
   synth->add_option("--model-shape", a->model_shape, "Model shape the density refers to");
   synth->add_option("--hardware", a->hardware, "Hardware preset or profile the density refers to");
   synth->add_flag("--calibrate", a->calibrate,

@@ -4,7 +4,7 @@
 #include <limits>
 
 #include "core/error.h"
-#include "cost/model_shapes.h"
+#include "model/presets.h"
 
 namespace blend {
 namespace {

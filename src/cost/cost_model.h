@@ -41,7 +41,7 @@ struct ModelShape {
                                 int tensor_parallel = 1);
 };
 
-// Presets by name: every model/presets.h and cost/model_shapes.h preset (llama-3-8b,
+// Presets by name: every model/presets.h preset, materialisable or shape-only (llama-3-8b,
 // llama-3-70b, qwen2.5-7b, qwen2.5-72b, llama-2-7b, deepseek-67b, ...) plus opt-13b and opt-30b,
 // whose non-gated MLP ModelConfig cannot describe.
 std::optional<ModelShape> find_model_shape_preset(std::string_view name, int tensor_parallel = 1);

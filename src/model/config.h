@@ -1,7 +1,9 @@
 // ModelConfig — what the engine needs from a Hugging Face model folder's config.json (and
 // generation_config.json): shapes, RoPE, norm epsilon, special token ids. Supports
-// LlamaForCausalLM, Qwen2ForCausalLM (QKV bias) and MistralForCausalLM; anything else is a
-// blend::Error naming the field, never a silently wrong model.
+// LlamaForCausalLM, Qwen2ForCausalLM (QKV bias) and MistralForCausalLM as transformers 4 and 5
+// write them (config_json.cc lists, field by field, what is read, what is ignored on purpose and
+// what is refused); anything else is a blend::Error naming the field, never a silently wrong
+// model.
 #pragma once
 
 #include <cstdint>
@@ -54,13 +56,23 @@ struct ModelConfig {
   // Parameters touched per token excluding the embedding lookup (the "P" of the cost model).
   int64_t num_matmul_parameters() const;
 
-  // Throws blend::Error on a missing or inconsistent field.
+  // Throws blend::Error on a missing, inconsistent or out-of-range field. The bounds below are
+  // far above any real model (Llama-3.1-405B: 126 layers, hidden 16384) and keep every size
+  // computed from the config (parameter counts, tensor lists, byte sizes) small and exact.
   void validate() const;
+  static constexpr int64_t kMaxLayers = 4096;
+  static constexpr int64_t kMaxHidden = int64_t{1} << 17;
+  static constexpr int64_t kMaxIntermediate = int64_t{1} << 20;
+  static constexpr int64_t kMaxHeads = 4096;
+  static constexpr int64_t kMaxHeadDim = 4096;
+  static constexpr int64_t kMaxVocab = int64_t{1} << 24;
 
+  // Reads config.json in either layout: transformers 4 (rope_theta + rope_scaling,
+  // torch_dtype) or 5 (rope_parameters, dtype); where both are present they must agree.
   static ModelConfig from_json(const nlohmann::json& config);
-  // Reads DIR/config.json and, when present, DIR/generation_config.json.
+  // Reads DIR/config.json and, when present, DIR/generation_config.json (regular files only).
   static ModelConfig from_dir(const std::filesystem::path& dir);
-  nlohmann::json to_json() const;  // Hugging Face config.json layout
+  nlohmann::json to_json() const;  // Hugging Face config.json layout (transformers 4)
 };
 
 }  // namespace blend

@@ -3,6 +3,7 @@
 namespace blend {
 namespace {
 
+// The materialisable presets: Llama-3 architecture and tokenizer.
 ModelConfig llama_like(int64_t hidden, int64_t layers, int64_t heads, int64_t kv_heads, int64_t ffn,
                        bool tied) {
   ModelConfig c;
@@ -24,30 +25,93 @@ ModelConfig llama_like(int64_t hidden, int64_t layers, int64_t heads, int64_t kv
   return c;
 }
 
+ModelConfig llama_3_2_1b() {
+  ModelConfig c = llama_like(2048, 16, 32, 8, 8192, true);
+  c.max_position_embeddings = 131072;
+  c.rope_scaling = {.type = "llama3",
+                    .factor = 32.0,
+                    .low_freq_factor = 1.0,
+                    .high_freq_factor = 4.0,
+                    .original_max_position_embeddings = 8192};
+  return c;
+}
+
+// Shape-only presets: what the cost model reads (dimensions, vocabulary, context), with the
+// architecture's own vocabulary; no token ids, default norm epsilon.
+ModelConfig shape(std::string arch, int64_t hidden, int64_t layers, int64_t heads, int64_t kv_heads,
+                  int64_t ffn, int64_t vocab, double theta, int64_t max_pos) {
+  ModelConfig c;
+  c.architecture = std::move(arch);
+  c.model_type = c.architecture == "Qwen2ForCausalLM" ? "qwen2" : "llama";
+  c.hidden_size = hidden;
+  c.num_layers = layers;
+  c.num_heads = heads;
+  c.num_kv_heads = kv_heads;
+  c.head_dim = hidden / heads;
+  c.intermediate_size = ffn;
+  c.vocab_size = vocab;
+  c.rope_theta = theta;
+  c.max_position_embeddings = max_pos;
+  c.attention_bias = c.architecture == "Qwen2ForCausalLM";
+  return c;
+}
+
+std::vector<ModelPreset> build_table() {
+  const char* llama = "LlamaForCausalLM";
+  const char* qwen2 = "Qwen2ForCausalLM";
+  return {
+      // Untied so the separate lm_head path is exercised by the tests.
+      {"tiny", true,
+       llama_like(/*hidden=*/64, /*layers=*/2, /*heads=*/4, /*kv_heads=*/2,
+                  /*ffn=*/128, /*tied=*/false)},
+      {"smollm-135m", true, llama_like(576, 30, 9, 3, 1536, true)},
+      {"llama-3.2-1b", true, llama_3_2_1b()},
+      {"llama-3-8b", false, shape(llama, 4096, 32, 32, 8, 14336, 128256, 500000, 8192)},
+      {"llama-3-70b", false, shape(llama, 8192, 80, 64, 8, 28672, 128256, 500000, 8192)},
+      {"llama-2-7b", false, shape(llama, 4096, 32, 32, 32, 11008, 32000, 10000, 4096)},
+      {"qwen2.5-7b", false, shape(qwen2, 3584, 28, 28, 4, 18944, 152064, 1000000, 32768)},
+      {"qwen2.5-72b", false, shape(qwen2, 8192, 80, 64, 8, 29568, 152064, 1000000, 32768)},
+      {"deepseek-67b", false, shape(llama, 8192, 95, 64, 8, 22016, 102400, 10000, 4096)},
+  };
+}
+
+const ModelPreset* find(std::string_view name) {
+  for (const ModelPreset& p : model_presets())
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
 }  // namespace
 
+const std::vector<ModelPreset>& model_presets() {
+  static const std::vector<ModelPreset> table = build_table();
+  return table;
+}
+
 std::optional<ModelConfig> find_model_preset(std::string_view name) {
-  if (name == "tiny") {
-    // Untied so the separate lm_head path is exercised by the tests.
-    return llama_like(/*hidden=*/64, /*layers=*/2, /*heads=*/4, /*kv_heads=*/2, /*ffn=*/128,
-                      /*tied=*/false);
-  }
-  if (name == "smollm-135m") return llama_like(576, 30, 9, 3, 1536, true);
-  if (name == "llama-3.2-1b") {
-    ModelConfig c = llama_like(2048, 16, 32, 8, 8192, true);
-    c.max_position_embeddings = 131072;
-    c.rope_scaling = {.type = "llama3",
-                      .factor = 32.0,
-                      .low_freq_factor = 1.0,
-                      .high_freq_factor = 4.0,
-                      .original_max_position_embeddings = 8192};
-    return c;
-  }
-  return std::nullopt;
+  const ModelPreset* p = find(name);
+  if (!p || !p->materialisable) return std::nullopt;
+  return p->config;
+}
+
+std::optional<ModelConfig> find_model_shape(std::string_view name) {
+  const ModelPreset* p = find(name);
+  if (!p) return std::nullopt;
+  return p->config;
 }
 
 std::vector<std::string> model_preset_names() {
-  return {"tiny", "smollm-135m", "llama-3.2-1b"};
+  std::vector<std::string> names;
+  for (const ModelPreset& p : model_presets())
+    if (p.materialisable) names.push_back(p.name);
+  return names;
+}
+
+std::vector<std::string> shape_only_preset_names() {
+  std::vector<std::string> names;
+  for (const ModelPreset& p : model_presets())
+    if (!p.materialisable) names.push_back(p.name);
+  return names;
 }
 
 }  // namespace blend

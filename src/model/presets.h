@@ -1,6 +1,9 @@
-// Model presets that `blend model init` can materialise with random weights. All use the
-// Llama-3 tokenizer (vocab 128256), so their shapes match the named model except for vocab.
-// Shapes of models too large to materialise here live in cost/model_shapes.h.
+// The model presets, in one table: every named model shape blend knows, and per preset whether
+// `blend model init` can materialise it (random weights, the Llama-3 tokenizer, small enough to
+// write here) or it is a shape only, for the cost model and the simulator (DESIGN.md §3).
+// Materialisable presets use the Llama-3 tokenizer (vocab 128256), so their shapes match the
+// named model except for the vocabulary. (The cost model adds OPT shapes of its own, which a
+// ModelConfig cannot describe: cost/cost_model.h.)
 #pragma once
 
 #include <optional>
@@ -14,7 +17,21 @@ namespace blend {
 
 inline constexpr int64_t kLlama3VocabSize = 128256;
 
+struct ModelPreset {
+  std::string name;
+  bool materialisable = false;  // `blend model init` can write it
+  ModelConfig config;
+};
+
+// Every preset, materialisable ones first, in the order `model init` lists them.
+const std::vector<ModelPreset>& model_presets();
+
+// A materialisable preset by name (nullopt for unknown and shape-only names).
 std::optional<ModelConfig> find_model_preset(std::string_view name);
-std::vector<std::string> model_preset_names();
+// Any preset by name, materialisable or shape-only.
+std::optional<ModelConfig> find_model_shape(std::string_view name);
+
+std::vector<std::string> model_preset_names();       // materialisable
+std::vector<std::string> shape_only_preset_names();  // the rest
 
 }  // namespace blend

@@ -1,6 +1,5 @@
 #include "model/safetensors.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,10 +9,12 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "model/regular_file.h"
 
 namespace blend {
 namespace {
@@ -65,8 +66,7 @@ float TensorView::at(int64_t i) const {
 std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::filesystem::path& path) {
   std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
   file->path_ = path;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, std::string("cannot open: ") + std::strerror(errno));
+  const int fd = open_regular_fd(path);  // a FIFO would block mmap's reader forever
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     ::close(fd);
@@ -97,15 +97,27 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::filesystem::pa
     fail(path, std::string("corrupted header (invalid JSON): ") + e.what());
   }
   if (!header.is_object()) fail(path, "corrupted header: not a JSON object");
+  // The reference reader requires the header to start with '{' (trailing spaces pad it).
+  if (static_cast<char>(base[8]) != '{') fail(path, "corrupted header: does not start with '{'");
 
   const std::byte* data = base + 8 + header_len;
   const uint64_t data_size = file_size - 8 - header_len;
-  std::vector<std::pair<uint64_t, uint64_t>> ranges;
-  for (const auto& [name, entry] : header.items()) {
+  struct Range {
+    uint64_t begin, end;
+    std::string name;
+    bool operator<(const Range& o) const { return std::tie(begin, end) < std::tie(o.begin, o.end); }
+  };
+  std::vector<Range> ranges;
+  for (const auto& item : header.items()) {
+    // Not a structured binding: clang 14 (the fuzz build) cannot capture one in `bad` below.
+    const std::string& name = item.key();
+    const json& entry = item.value();
     if (name == "__metadata__") {
       if (!entry.is_object()) fail(path, "__metadata__ is not an object");
-      for (const auto& [k, v] : entry.items())
-        if (v.is_string()) file->metadata_[k] = v.get<std::string>();
+      for (const auto& [k, v] : entry.items()) {
+        if (!v.is_string()) fail(path, "__metadata__['" + k + "'] is not a string");
+        file->metadata_[k] = v.get<std::string>();
+      }
       continue;
     }
     auto bad = [&](const std::string& what) { fail(path, "tensor '" + name + "': " + what); };
@@ -146,12 +158,25 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::filesystem::pa
           " of " + std::string(dtype_name(*dtype)) + " needs " + std::to_string(expected));
     view.data = data + begin;
     view.nbytes = static_cast<size_t>(expected);
-    ranges.emplace_back(begin, end);
+    ranges.push_back({begin, end, name});
     file->tensors_.emplace(name, std::move(view));
   }
+  // As the reference reader (safetensors' Metadata::validate): sorted by offset, the tensors
+  // tile the data section exactly, from byte 0 to its last byte, with no gap and no overlap.
+  // A header length off by one shifts every tensor by a byte and leaves one byte over.
   std::sort(ranges.begin(), ranges.end());
-  for (size_t i = 1; i < ranges.size(); ++i)
-    if (ranges[i].first < ranges[i - 1].second) fail(path, "corrupted: tensor data ranges overlap");
+  uint64_t covered = 0;
+  for (const Range& r : ranges) {
+    if (r.begin < covered)
+      fail(path, "corrupted: tensor '" + r.name + "' overlaps the tensor before it");
+    if (r.begin > covered)
+      fail(path, "corrupted: " + std::to_string(r.begin - covered) + " bytes before tensor '" +
+                     r.name + "' belong to no tensor");
+    covered = r.end;
+  }
+  if (covered != data_size)
+    fail(path, "corrupted: " + std::to_string(data_size - covered) +
+                   " trailing bytes after the last tensor (wrong header length?)");
   return file;
 }
 
@@ -166,7 +191,7 @@ TensorStore TensorStore::open_dir(const std::filesystem::path& dir) {
   std::vector<std::string> shard_names;
   json weight_map;
   if (std::filesystem::exists(index_path)) {
-    std::ifstream in(index_path);
+    std::ifstream in = open_regular_file(index_path, 64u << 20);
     json index;
     try {
       index = json::parse(in);

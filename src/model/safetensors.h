@@ -1,8 +1,10 @@
 // Safetensors files (https://huggingface.co/docs/safetensors): a little-endian u64 header
 // length, a JSON header {name: {dtype, shape, data_offsets}, "__metadata__": {...}}, then the
 // raw tensor bytes. Files are memory-mapped read-only; every offset, shape and size is checked
-// against the file before a pointer is handed out, so a truncated or corrupted file is a
-// blend::Error naming the file and tensor, never a crash.
+// against the file before a pointer is handed out, and the tensors must cover the data section
+// exactly (no gap, overlap or trailing byte, as the reference reader requires), so a truncated
+// or corrupted file is a blend::Error naming the file and tensor, never a crash or NaN weights.
+// Only regular files are opened (a FIFO named model.safetensors is refused, not waited on).
 #pragma once
 
 #include <cstddef>

@@ -33,6 +33,11 @@ std::vector<TensorSpec> llama_tensor_specs(const ModelConfig& c) {
   return specs;
 }
 
+int64_t llama_tensor_count(const ModelConfig& c) {
+  const int64_t per_layer = 9 + (c.attention_bias ? 3 : 0);
+  return 1 + c.num_layers * per_layer + 1 + (c.tie_word_embeddings ? 0 : 1);
+}
+
 }  // namespace blend
 
 #include "core/error.h"
@@ -41,6 +46,12 @@ std::vector<TensorSpec> llama_tensor_specs(const ModelConfig& c) {
 namespace blend {
 
 DType check_tensors(const ModelConfig& config, const TensorStore& store) {
+  const int64_t expected = llama_tensor_count(config);
+  const auto held = static_cast<int64_t>(store.tensors().size());
+  if (expected > held)
+    throw Error("config.json describes " + std::to_string(config.num_layers) + " layers (" +
+                std::to_string(expected) + " tensors) but the checkpoint holds only " +
+                std::to_string(held) + " tensors");
   std::optional<DType> dtype;
   for (const auto& spec : llama_tensor_specs(config)) {
     const TensorView& t = store.get(spec.name, spec.shape);

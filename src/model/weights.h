@@ -20,6 +20,8 @@ struct TensorSpec {
 // Every tensor a LlamaForCausalLM / Qwen2ForCausalLM / MistralForCausalLM folder holds, in the
 // order HF writes them (embedding, layers 0..L-1, final norm, lm_head unless tied).
 std::vector<TensorSpec> llama_tensor_specs(const ModelConfig& config);
+// llama_tensor_specs(config).size(), computed without building the list.
+int64_t llama_tensor_count(const ModelConfig& config);
 
 std::string layer_tensor_name(int64_t layer, const char* suffix);  // model.layers.{i}.{suffix}
 
@@ -30,7 +32,9 @@ namespace blend {
 class TensorStore;
 
 // Checks that `store` holds every tensor of llama_tensor_specs(config) with the right shape and
-// one dtype; throws blend::Error naming the first offender. Returns the dtype.
+// one dtype; throws blend::Error naming the first offender. Returns the dtype. The tensor count
+// is compared first, so a config that claims more layers than the checkpoint holds is refused
+// before its tensor list is built.
 DType check_tensors(const ModelConfig& config, const TensorStore& store);
 
 }  // namespace blend

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "plan/planner.h"
+#include "workload/traces.h"
 
 namespace blend::workload {
 namespace {
@@ -27,7 +28,7 @@ bool read_line(std::istream& in, std::string& line) {
 std::vector<LengthSample> read_csv(const std::filesystem::path& path, const std::string& p_column,
                                    const std::string& d_column) {
   std::ifstream in(path);
-  if (!in) throw Error("cannot read trace " + path.string());
+  if (!in) throw Error("cannot read trace " + path.string() + ": " + missing_traces_hint());
   std::string line;
   read_line(in, line);
   std::vector<std::string> header;
@@ -58,7 +59,7 @@ std::vector<LengthSample> read_csv(const std::filesystem::path& path, const std:
 
 std::vector<LengthSample> read_mmlu(const std::filesystem::path& path) {
   std::ifstream in(path);
-  if (!in) throw Error("cannot read trace " + path.string());
+  if (!in) throw Error("cannot read trace " + path.string() + ": " + missing_traces_hint());
   std::string line;
   read_line(in, line);  // subject,question_index,zero_shot,five_shot,shared_prefix,output
   std::unordered_map<std::string, int32_t> subjects;

@@ -1,6 +1,6 @@
 // Synthetic offline-batch workloads after BlendServe App. A.3: a compute-heavy source (real
-// length distributions from ../shared/data/traces), a memory-heavy video-generation-like source
-// and MMLU-like 5-shot requests with long per-subject shared prefixes, mixed so that the
+// length distributions from the repository's data/traces), a memory-heavy video-generation-like
+// source and MMLU-like 5-shot requests with long per-subject shared prefixes, mixed so that the
 // batch's root density and prefix sharing ratio hit a target. Every source carries its own
 // system prompt (A.3: "a unique system prompt ahead of prompts"); prompt text is random token
 // ids of the trace's lengths; output lengths are known (max_tokens with ignore_eos).

@@ -59,5 +59,38 @@ TEST_F(WorkloadCli, UnreachableTargetIsAnError) {
   EXPECT_NE(r.output.find("out of reach"), std::string::npos) << r.output;
 }
 
+// A fresh clone: no --traces, run from a folder that is not the source tree. The traces ship in
+// the repository's data/traces and the binary knows where (it used to look for
+// ../shared/data/traces relative to the current directory and fail).
+TEST(WorkloadCliDefaults, SynthAndSimulateServeFindTheRepositoryTraces) {
+  testing::TempDir dir;
+  const std::string env = "cd '" + dir.path().string() + "' && env -u BLEND_TRACES_DIR '";
+  testing::CommandResult r =
+      testing::run_command(env + BLEND_BINARY +
+                           "' workload synth --density 2.0 --sharing 0.1 --requests 200 --seed 3 "
+                           "--out w.jsonl 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::istringstream in(testing::read_file(dir / "w.jsonl"));
+  int lines = 0;
+  for (std::string line; std::getline(in, line);) ++lines;
+  EXPECT_EQ(lines, 200);
+  EXPECT_NE(r.output.find("azure-conv"), std::string::npos) << r.output;
+
+  r = testing::run_command(env + BLEND_BINARY +
+                           "' simulate-serve --rt-rate 2 --duration 5 --seed 1 --json 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+}
+
+TEST(WorkloadCliDefaults, MissingTracesSayWhereToGetThem) {
+  testing::TempDir dir;
+  const testing::CommandResult r = testing::run_command(
+      "cd '" + dir.path().string() + "' && BLEND_TRACES_DIR=/nonexistent/traces '" + BLEND_BINARY +
+      "' workload synth --density 2.0 --sharing 0.1 --out w.jsonl 2>&1");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("cannot read trace /nonexistent/traces"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("data/traces"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--traces"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace blend

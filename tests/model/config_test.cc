@@ -1,5 +1,9 @@
 #include "model/config.h"
 
+#include <sys/stat.h>
+
+#include <functional>
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -100,6 +104,302 @@ TEST(ModelConfig, ClearErrors) {
   j = llama32_1b_config();
   j["hidden_size"] = "2048";
   EXPECT_THROW(ModelConfig::from_json(j), Error);
+}
+
+// The same model as transformers 5 saves it: rope_parameters (theta inside) instead of
+// rope_theta + rope_scaling, dtype instead of torch_dtype.
+json llama32_1b_config_v5() {
+  json j = llama32_1b_config();
+  j.erase("rope_theta");
+  j.erase("rope_scaling");
+  j.erase("torch_dtype");
+  j["rope_parameters"] = {{"rope_type", "llama3"},  {"rope_theta", 500000.0},
+                          {"factor", 32.0},         {"high_freq_factor", 4.0},
+                          {"low_freq_factor", 1.0}, {"original_max_position_embeddings", 8192}};
+  j["dtype"] = "bfloat16";
+  j["transformers_version"] = "5.0.0";
+  return j;
+}
+
+// What from_json makes of `j`, as comparable JSON (every field of ModelConfig is in to_json).
+std::string parsed(const json& j) {
+  return ModelConfig::from_json(j).to_json().dump();
+}
+
+std::string error_of(const json& j) {
+  try {
+    ModelConfig::from_json(j);
+  } catch (const Error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("not a blend::Error: ") + e.what();
+  }
+  return "(accepted)";
+}
+
+// `edit` applied to the Llama-3.2 config must be refused with a blend::Error naming `expect`.
+void expect_refused(const std::function<void(json&)>& edit, const std::string& expect,
+                    json base = llama32_1b_config()) {
+  edit(base);
+  const std::string msg = error_of(base);
+  EXPECT_EQ(msg.rfind("config.json: ", 0), 0u) << base.dump() << " -> " << msg;
+  EXPECT_NE(msg.find(expect), std::string::npos) << base.dump() << " -> " << msg;
+}
+
+TEST(ModelConfig, TransformersFiveLayoutReadsAsFour) {
+  const ModelConfig v5 = ModelConfig::from_json(llama32_1b_config_v5());
+  EXPECT_EQ(v5.rope_scaling.type, "llama3");  // the old reader ran default RoPE here
+  EXPECT_DOUBLE_EQ(v5.rope_scaling.factor, 32.0);
+  EXPECT_DOUBLE_EQ(v5.rope_theta, 500000.0);
+  EXPECT_EQ(parsed(llama32_1b_config_v5()), parsed(llama32_1b_config()));
+
+  // Both layouts at once (transformers 5 reading a 4 folder keeps rope_scaling) agree.
+  json both = llama32_1b_config();
+  both["rope_parameters"] = llama32_1b_config_v5()["rope_parameters"];
+  both["dtype"] = "bfloat16";
+  EXPECT_EQ(parsed(both), parsed(llama32_1b_config()));
+
+  // transformers 5 defaults original_max_position_embeddings to max_position_embeddings, and
+  // the top-level key (Phi-3 style) wins.
+  json j = llama32_1b_config_v5();
+  j["rope_parameters"].erase("original_max_position_embeddings");
+  EXPECT_EQ(ModelConfig::from_json(j).rope_scaling.original_max_position_embeddings, 131072);
+  j["original_max_position_embeddings"] = 8192;
+  EXPECT_EQ(parsed(j), parsed(llama32_1b_config()));
+
+  // Linear scaling, legacy "type" key, float32 (v4) against rope_type + dtype (v5).
+  json v4 = llama32_1b_config();
+  v4["rope_scaling"] = {{"type", "linear"}, {"factor", 4.0}};
+  v4["rope_theta"] = 10000.0;
+  v4["torch_dtype"] = "float32";
+  json v5l = llama32_1b_config_v5();
+  v5l["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 4.0}, {"rope_theta", 10000.0}};
+  v5l["dtype"] = "float32";
+  EXPECT_EQ(parsed(v5l), parsed(v4));
+  EXPECT_EQ(ModelConfig::from_json(v5l).dtype, DType::kF32);
+
+  // Default RoPE: rope_parameters carries only the theta.
+  json plain4 = llama32_1b_config();
+  plain4.erase("rope_scaling");
+  json plain5 = llama32_1b_config_v5();
+  plain5["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 500000.0}};
+  EXPECT_EQ(parsed(plain5), parsed(plain4));
+
+  // Qwen2 and Mistral as transformers 5 writes them.
+  json qwen = json::parse(R"({
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896,
+    "intermediate_size": 4864, "num_attention_heads": 14, "num_hidden_layers": 24,
+    "num_key_value_heads": 2, "vocab_size": 151936, "rms_norm_eps": 1e-06,
+    "sliding_window": null, "use_sliding_window": false, "max_window_layers": 24,
+    "layer_types": null, "tie_word_embeddings": true, "max_position_embeddings": 32768,
+    "eos_token_id": 151645, "dtype": "bfloat16",
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}})");
+  json qwen4 = qwen;
+  qwen4.erase("rope_parameters");
+  qwen4.erase("dtype");
+  qwen4["rope_theta"] = 1000000.0;
+  qwen4["rope_scaling"] = nullptr;
+  qwen4["torch_dtype"] = "bfloat16";
+  EXPECT_EQ(parsed(qwen), parsed(qwen4));
+  EXPECT_DOUBLE_EQ(ModelConfig::from_json(qwen).rope_theta, 1000000.0);
+
+  json mistral = json::parse(R"({
+    "architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 4096,
+    "intermediate_size": 14336, "num_attention_heads": 32, "num_hidden_layers": 32,
+    "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 32000, "rms_norm_eps": 1e-05,
+    "sliding_window": 4096, "max_position_embeddings": 32768, "dtype": "bfloat16",
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}})");
+  json mistral4 = mistral;
+  mistral4.erase("rope_parameters");
+  mistral4.erase("dtype");
+  mistral4["rope_theta"] = 1000000.0;
+  mistral4["torch_dtype"] = "bfloat16";
+  EXPECT_EQ(parsed(mistral), parsed(mistral4));
+  EXPECT_EQ(ModelConfig::from_json(mistral).sliding_window, 4096);
+}
+
+TEST(ModelConfig, LayoutsThatDisagreeAreRefused) {
+  expect_refused(
+      [](json& j) {
+        j["rope_parameters"] = {{"rope_type", "default"}};
+      },
+      "disagrees with rope_parameters");
+  expect_refused(
+      [](json& j) {
+        j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e4}};
+      },
+      "rope_theta");
+  expect_refused([](json& j) { j["dtype"] = "float32"; }, "disagrees with dtype");
+  expect_refused([](json& j) { j["rope_scaling"]["type"] = "linear"; }, "disagrees with type");
+  expect_refused([](json& j) { j["original_max_position_embeddings"] = 4096; },
+                 "original_max_position_embeddings");
+  expect_refused(
+      [](json& j) {
+        j["rope_parameters"] = {{"full_attention", {{"rope_type", "default"}}},
+                                {"sliding_attention", {{"rope_type", "linear"}, {"factor", 2}}}};
+        j.erase("rope_scaling");
+      },
+      "differ between layer types");
+}
+
+TEST(ModelConfig, FieldsThatChangeTheMathAreRefused) {
+  expect_refused([](json& j) { j["hidden_act"] = "gelu"; }, "hidden_act");
+  expect_refused(
+      [](json& j) {
+        j["quantization_config"] = {{"quant_method", "gptq"}};
+      },
+      "quantization_config");
+  for (const char* type : {"yarn", "dynamic", "longrope", "ntk", "mrope"})
+    expect_refused(
+        [&](json& j) {
+          j["rope_scaling"] = {{"rope_type", type}, {"factor", 4.0}};
+        },
+        std::string("unsupported RoPE type '") + type + "'");
+  expect_refused([](json& j) { j["rope_scaling"]["attention_factor"] = 1.2; }, "attention_factor");
+  expect_refused(
+      [](json& j) {
+        j["rope_scaling"] = {{"type", "linear"}, {"beta_fast", 32}};
+      },
+      "beta_fast");
+  expect_refused([](json& j) { j["rope_scaling"].erase("low_freq_factor"); }, "low_freq_factor");
+  expect_refused([](json& j) { j["partial_rotary_factor"] = 0.5; }, "partial_rotary_factor");
+  expect_refused([](json& j) { j["rope_scaling"]["partial_rotary_factor"] = 0.5; },
+                 "partial_rotary_factor");
+  expect_refused([](json& j) { j["mlp_bias"] = true; }, "mlp_bias");
+  expect_refused([](json& j) { j["sliding_window"] = 4096; }, "LlamaForCausalLM");
+  expect_refused([](json& j) { j["head_dim"] = 63; }, "head_dim");
+  expect_refused([](json& j) { j["tie_word_embeddings"] = "true"; }, "tie_word_embeddings");
+  expect_refused([](json& j) { j["tie_word_embeddings"] = 1; }, "tie_word_embeddings");
+  expect_refused([](json& j) { j["attention_bias"] = "no"; }, "attention_bias");
+  expect_refused([](json& j) { j["model_type"] = "qwen2"; }, "disagrees with architectures");
+  expect_refused(
+      [](json& j) {
+        j["architectures"] = {"LlamaForCausalLM", "Qwen2ForCausalLM"};
+      },
+      "architectures");
+
+  json mistral = llama32_1b_config();
+  mistral["architectures"] = {"MistralForCausalLM"};
+  mistral["model_type"] = "mistral";
+  expect_refused([](json& j) { j["attention_bias"] = true; }, "attention_bias", mistral);
+  expect_refused(
+      [](json& j) {
+        j["sliding_window"] = 4096;
+        j["layer_types"] = json::array();
+        for (int i = 0; i < 16; ++i)
+          j["layer_types"].push_back(i % 2 ? "sliding_attention" : "full_attention");
+      },
+      "layer_types", mistral);
+
+  json qwen = llama32_1b_config();
+  qwen["architectures"] = {"Qwen2ForCausalLM"};
+  qwen["model_type"] = "qwen2";
+  qwen.erase("attention_bias");
+  expect_refused([](json& j) { j["attention_bias"] = false; }, "attention_bias", qwen);
+  // Qwen2 slides only from max_window_layers on: half the layers is not supported.
+  expect_refused(
+      [](json& j) {
+        j["sliding_window"] = 4096;
+        j["use_sliding_window"] = true;
+        j["max_window_layers"] = 8;
+      },
+      "8 of 16 layers", qwen);
+}
+
+TEST(ModelConfig, WindowsFollowEachModelClass) {
+  json mistral = llama32_1b_config();
+  mistral["architectures"] = {"MistralForCausalLM"};
+  mistral["model_type"] = "mistral";
+  mistral.erase("rope_scaling");
+  EXPECT_EQ(ModelConfig::from_json(mistral).sliding_window, 4096);  // MistralConfig's default
+  mistral["sliding_window"] = nullptr;
+  EXPECT_FALSE(ModelConfig::from_json(mistral).sliding_window.has_value());
+  mistral["sliding_window"] = 128;
+  EXPECT_EQ(ModelConfig::from_json(mistral).sliding_window, 128);
+
+  json qwen = mistral;
+  qwen["architectures"] = {"Qwen2ForCausalLM"};
+  qwen["model_type"] = "qwen2";
+  qwen.erase("attention_bias");
+  qwen["use_sliding_window"] = true;
+  qwen["max_window_layers"] = 0;  // every layer slides
+  EXPECT_EQ(ModelConfig::from_json(qwen).sliding_window, 128);
+  qwen["max_window_layers"] = 16;  // none does
+  EXPECT_FALSE(ModelConfig::from_json(qwen).sliding_window.has_value());
+  qwen["layer_types"] = std::vector<std::string>(16, "sliding_attention");  // wins (v5)
+  EXPECT_EQ(ModelConfig::from_json(qwen).sliding_window, 128);
+
+  // Round trip through to_json keeps "no window" and "window on every layer".
+  for (const json& j : {mistral, qwen}) {
+    for (const json& window : {json(nullptr), json(64)}) {
+      json k = j;
+      k["sliding_window"] = window;
+      k.erase("layer_types");
+      k["max_window_layers"] = 0;
+      const ModelConfig c = ModelConfig::from_json(k);
+      EXPECT_EQ(ModelConfig::from_json(c.to_json()).sliding_window, c.sliding_window) << k.dump();
+    }
+  }
+}
+
+TEST(ModelConfig, AcceptedNonsenseIsRefused) {
+  // Sizes far beyond any model are refused before anything is built from them (this one grew
+  // to 6.6 GB of tensor specs before).
+  expect_refused([](json& j) { j["num_hidden_layers"] = 1000000000; }, "num_hidden_layers");
+  expect_refused([](json& j) { j["hidden_size"] = json::number_unsigned_t{1} << 63; },
+                 "hidden_size");
+  expect_refused([](json& j) { j["vocab_size"] = int64_t{1} << 40; }, "vocab_size");
+  expect_refused([](json& j) { j["num_key_value_heads"] = 2.5; }, "num_key_value_heads");
+  // Token ids are range-checked before narrowing (2^40 used to wrap to 0).
+  expect_refused([](json& j) { j["bos_token_id"] = int64_t{1} << 40; }, "bos_token_id");
+  expect_refused([](json& j) { j["eos_token_id"] = int64_t{1} << 40; }, "eos_token_id");
+  expect_refused([](json& j) { j["eos_token_id"] = {128001, int64_t{1} << 40}; }, "eos_token_id");
+  expect_refused([](json& j) { j["eos_token_id"] = -1; }, "eos_token_id");
+  expect_refused([](json& j) { j["eos_token_id"] = "</s>"; }, "eos_token_id");
+  expect_refused([](json& j) { j["torch_dtype"] = "int8"; }, "int8");
+  expect_refused([](json& j) { j["rope_scaling"]["factor"] = 0.0; }, "factor");
+  expect_refused([](json& j) { j["rope_scaling"]["factor"] = -2.0; }, "factor");
+  expect_refused([](json& j) { j["rope_scaling"]["high_freq_factor"] = 1.0; }, "high_freq_factor");
+  expect_refused([](json& j) { j["rope_scaling"] = "llama3"; }, "rope_scaling");
+  expect_refused([](json& j) { j["rms_norm_eps"] = 1e300; }, "rms_norm_eps");
+  expect_refused([](json& j) { j["rms_norm_eps"] = 0.0; }, "rms_norm_eps");
+  expect_refused([](json& j) { j["rope_theta"] = -1.0; }, "rope_theta");
+  json mistral = llama32_1b_config();
+  mistral["architectures"] = {"MistralForCausalLM"};
+  mistral["model_type"] = "mistral";
+  expect_refused([](json& j) { j["sliding_window"] = 0; }, "sliding_window", mistral);
+  expect_refused([](json& j) { j["sliding_window"] = -4096; }, "sliding_window", mistral);
+  // Wrong JSON types name the field instead of escaping as an internal JSON error.
+  expect_refused([](json& j) { j["architectures"] = {1}; }, "architectures");
+  expect_refused([](json& j) { j["architectures"] = "LlamaForCausalLM"; }, "architectures");
+  expect_refused([](json& j) { j["model_type"] = 7; }, "model_type");
+  expect_refused([](json& j) { j["use_sliding_window"] = "yes"; }, "use_sliding_window",
+                 [] {
+                   json q = llama32_1b_config();
+                   q["architectures"] = {"Qwen2ForCausalLM"};
+                   q["model_type"] = "qwen2";
+                   q.erase("attention_bias");
+                   return q;
+                 }());
+}
+
+TEST(ModelConfig, FifoAndBadGenerationConfigAreRefused) {
+  testing::TempDir dir;
+  testing::write_file(dir / "config.json", llama32_1b_config().dump());
+  testing::write_file(dir / "generation_config.json", R"({"eos_token_id": 1099511627776})");
+  try {
+    ModelConfig::from_dir(dir.path());
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("generation_config.json: 'eos_token_id'"),
+              std::string::npos)
+        << e.what();
+  }
+  std::filesystem::remove(dir / "generation_config.json");
+  std::filesystem::remove(dir / "config.json");
+  ASSERT_EQ(::mkfifo((dir / "config.json").c_str(), 0600), 0);
+  // Would block in open() for a writer that never comes; refused at once instead.
+  EXPECT_THROW(ModelConfig::from_dir(dir.path()), Error);
 }
 
 TEST(ModelConfig, FromDirPrefersGenerationConfigAndRoundTrips) {

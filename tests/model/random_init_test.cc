@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "model/presets.h"
@@ -110,6 +111,24 @@ TEST(RandomInit, RefusesHugeModelsAndMissingTokenizer) {
   o = options(0, DType::kBF16);
   o.tokenizer_dir = dir / "no-such-dir";
   EXPECT_THROW(write_random_model(*find_model_preset("tiny"), dir.path(), o), Error);
+}
+
+TEST(RandomInit, MoreLayersThanTheCheckpointHoldsIsRefusedByCount) {
+  testing::TempDir dir;
+  const ModelConfig tiny = *find_model_preset("tiny");
+  write_random_model(tiny, dir.path(), options(0, DType::kBF16));
+  ModelConfig big = tiny;
+  big.num_layers = ModelConfig::kMaxLayers;
+  testing::write_file(dir / "config.json", big.to_json().dump());
+  const ModelConfig loaded = ModelConfig::from_dir(dir.path());
+  const TensorStore store = TensorStore::open_dir(dir.path());
+  EXPECT_EQ(llama_tensor_count(tiny), static_cast<int64_t>(llama_tensor_specs(tiny).size()));
+  try {
+    check_tensors(loaded, store);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("describes 4096 layers"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

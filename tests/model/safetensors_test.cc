@@ -1,6 +1,13 @@
 #include "model/safetensors.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cstring>
+#include <future>
+#include <optional>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -165,6 +172,85 @@ TEST(Safetensors, CorruptedHeadersAreErrors) {
   bytes[9] = '#';
   testing::write_file(path, bytes);
   EXPECT_NE(error_of([&] { SafetensorsFile::open(path); }).find("invalid JSON"), std::string::npos);
+}
+
+// Writes a two-tensor file by hand with `pad` spaces after the JSON and `header_len` as the
+// length prefix (default: the true length).
+std::string hand_written(size_t pad, std::optional<uint64_t> header_len = std::nullopt) {
+  const std::string text =
+      std::string(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)") +
+      R"("v":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})" + std::string(pad, ' ');
+  const uint64_t len = header_len.value_or(text.size());
+  std::string out(8, '\0');
+  std::memcpy(out.data(), &len, 8);
+  const float data[3] = {1.0f, 2.0f, 3.0f};
+  return out + text + std::string(reinterpret_cast<const char*>(data), sizeof(data));
+}
+
+TEST(Safetensors, DataSectionMustBeCoveredExactly) {
+  testing::TempDir dir;
+  const auto path = dir / "m.safetensors";
+  testing::write_file(path, hand_written(4));
+  EXPECT_EQ(SafetensorsFile::open(path)->tensors().at("v").at(0), 3.0f);
+
+  // A length prefix one byte short still parses (the header ends in padding) but shifts every
+  // tensor by a byte: it used to load and give NaN logits. Now the spare byte is refused.
+  const size_t true_len = hand_written(4).size() - 8 - 12;
+  testing::write_file(path, hand_written(4, true_len - 1));
+  std::string msg = error_of([&] { SafetensorsFile::open(path); });
+  EXPECT_NE(msg.find("1 trailing bytes"), std::string::npos) << msg;
+
+  // Trailing bytes after the last tensor.
+  testing::write_file(path, hand_written(4) + "x");
+  msg = error_of([&] { SafetensorsFile::open(path); });
+  EXPECT_NE(msg.find("trailing"), std::string::npos) << msg;
+
+  // A gap before a tensor, and a gap at the start.
+  write_safetensors(path, {iota_tensor("w", DType::kF32, {4}), iota_tensor("v", DType::kF32, {2})});
+  patch_header(path, [](auto& h) { h.erase("w"); });
+  msg = error_of([&] { SafetensorsFile::open(path); });
+  EXPECT_NE(msg.find("16 bytes before tensor 'v' belong to no tensor"), std::string::npos) << msg;
+  // Tensors stored out of header order but tiling the data are fine (the reference sorts).
+  write_safetensors(path, {iota_tensor("w", DType::kF32, {4}), iota_tensor("v", DType::kF32, {2})});
+  patch_header(path, [](auto& h) {
+    h["v"]["data_offsets"] = {0, 8};
+    h["w"]["data_offsets"] = {8, 24};
+  });
+  EXPECT_EQ(SafetensorsFile::open(path)->tensors().size(), 2u);
+
+  // The header must start with '{' and __metadata__ must map strings to strings.
+  std::string bytes = hand_written(4);
+  const uint64_t len = true_len;
+  bytes = bytes.substr(0, 8) + " " + bytes.substr(8, len - 1) + bytes.substr(8 + len);
+  testing::write_file(path, bytes);
+  msg = error_of([&] { SafetensorsFile::open(path); });
+  EXPECT_NE(msg.find("does not start with '{'"), std::string::npos) << msg;
+  write_safetensors(path, {iota_tensor("w", DType::kF32, {4})});
+  patch_header(path, [](auto& h) { h["__metadata__"] = {{"format", 1}}; });
+  msg = error_of([&] { SafetensorsFile::open(path); });
+  EXPECT_NE(msg.find("__metadata__['format']"), std::string::npos) << msg;
+}
+
+TEST(Safetensors, NonRegularFilesAreRefusedWithoutBlocking) {
+  testing::TempDir dir;
+  const auto path = dir / "model.safetensors";
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  // Opening a FIFO for reading blocks until a writer comes. Run the open aside; if it has not
+  // answered in 20 s, open the FIFO for writing so the reader wakes up, and fail.
+  auto result = std::async(std::launch::async,
+                           [&] { return error_of([&] { TensorStore::open_dir(dir.path()); }); });
+  if (result.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK);
+    if (fd >= 0) ::close(fd);
+    ADD_FAILURE() << "opening a FIFO named model.safetensors blocked";
+  }
+  const std::string msg = result.get();
+  EXPECT_NE(msg.find("not a regular file"), std::string::npos) << msg;
+
+  std::filesystem::remove(path);
+  std::filesystem::create_directory(path);
+  EXPECT_NE(error_of([&] { SafetensorsFile::open(path); }).find("not a regular file"),
+            std::string::npos);
 }
 
 TEST(Safetensors, ShardedStoreWithIndex) {

@@ -1,0 +1,433 @@
+// ModelConfig::from_json — reading a Hugging Face config.json as transformers 4 and 5 write it
+// for LlamaConfig, Qwen2Config and MistralConfig. The rule: a field either is understood (read
+// and honoured exactly as transformers' model class honours it), is irrelevant to the forward
+// pass at inference (ignored on purpose, listed below), or is refused with an error naming it.
+// A wrong answer is worse than an error, so no field that could change the math is skipped.
+//
+// Understood:
+//   architectures, model_type (must agree when both name a supported model), hidden_size,
+//   intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim,
+//   max_position_embeddings, rms_norm_eps, tie_word_embeddings, bos_token_id, eos_token_id;
+//   hidden_act ("silu" or its alias "swish"; anything else refused);
+//   RoPE: transformers 4's rope_theta + rope_scaling and transformers 5's rope_parameters
+//     (rope_type/type, rope_theta, factor, low_freq_factor, high_freq_factor,
+//     original_max_position_embeddings, partial_rotary_factor), plus the top-level
+//     original_max_position_embeddings and partial_rotary_factor transformers 5 folds in.
+//     Types default, linear and llama3; any other type, a key the type does not use, a
+//     partial_rotary_factor other than 1, or the two layouts disagreeing is refused;
+//   attention_bias (Llama: q/k/v bias; Qwen2 always has it, so false is refused; Mistral has
+//     none, so true is refused); mlp_bias (true refused);
+//   sliding_window (Mistral: every layer, 4096 when the key is absent, null = none; Qwen2: only
+//     with use_sliding_window, on layers from max_window_layers or as layer_types says, and only
+//     when that is every layer or none; Llama: not used by transformers, so a window is refused);
+//   layer_types (must be uniform and match the window above);
+//   torch_dtype (transformers 4) / dtype (transformers 5): float32, float16, bfloat16;
+//   quantization_config, compression_config: refused (quantized checkpoints are not supported).
+// Ignored on purpose (no effect on the logits of a forward pass): initializer_range, use_cache,
+//   pad_token_id, attention_dropout, pretraining_tp (splits the same matmuls into slices),
+//   transformers_version, _name_or_path, output_* / return_dict flags, tokenizer_class and any
+//   other key transformers' Llama/Qwen2/Mistral classes do not read.
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "model/config.h"
+#include "model/regular_file.h"
+
+namespace blend {
+namespace {
+
+using nlohmann::json;
+
+[[noreturn]] void refuse(const std::string& what) {
+  throw Error("config.json: " + what);
+}
+
+const json* find(const json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+// Integers are range-checked before narrowing: 2^64-1 or 2^40 are errors, never wrapped.
+std::optional<int64_t> opt_int(const json& j, const char* key, const std::string& where = "") {
+  const json* v = find(j, key);
+  if (!v) return std::nullopt;
+  const std::string name = where + key;
+  if (!v->is_number_integer()) refuse("field '" + name + "' must be an integer");
+  if (v->is_number_unsigned() &&
+      v->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+    refuse("field '" + name + "' is out of range");
+  return v->get<int64_t>();
+}
+
+int64_t required_int(const json& j, const char* key) {
+  auto v = opt_int(j, key);
+  if (!v) refuse(std::string("missing or non-integer field '") + key + "'");
+  return *v;
+}
+
+std::optional<double> opt_double(const json& j, const char* key, const std::string& where = "") {
+  const json* v = find(j, key);
+  if (!v) return std::nullopt;
+  if (!v->is_number()) refuse("field '" + where + key + "' must be a number");
+  const double d = v->get<double>();
+  if (!std::isfinite(d)) refuse("field '" + where + key + "' is not finite");
+  return d;
+}
+
+std::optional<bool> opt_bool(const json& j, const char* key) {
+  const json* v = find(j, key);
+  if (!v) return std::nullopt;
+  if (!v->is_boolean()) refuse(std::string("field '") + key + "' must be true or false");
+  return v->get<bool>();
+}
+
+std::optional<std::string> opt_string(const json& j, const char* key,
+                                      const std::string& where = "") {
+  const json* v = find(j, key);
+  if (!v) return std::nullopt;
+  if (!v->is_string()) refuse("field '" + where + key + "' must be a string");
+  return v->get<std::string>();
+}
+
+int32_t token_id(const json& v, const std::string& field) {
+  if (!v.is_number_integer()) refuse("'" + field + "' must hold integer token ids");
+  if (v.is_number_unsigned()
+          ? v.get<uint64_t>() > std::numeric_limits<int32_t>::max()
+          : (v.get<int64_t>() < 0 || v.get<int64_t>() > std::numeric_limits<int32_t>::max()))
+    refuse("'" + field + "' holds token id " + v.dump() + ", outside [0, 2^31)");
+  return static_cast<int32_t>(v.get<int64_t>());
+}
+
+enum class Arch { kLlama, kQwen2, kMistral };
+
+Arch read_architecture(const json& j, ModelConfig& c) {
+  if (const json* a = find(j, "architectures")) {
+    if (!a->is_array() || a->empty() || !(*a)[0].is_string())
+      refuse("field 'architectures' must be a non-empty list of strings");
+    if (a->size() > 1)
+      refuse("field 'architectures' names " + std::to_string(a->size()) +
+             " architectures; expected one");
+    c.architecture = (*a)[0].get<std::string>();
+  }
+  c.model_type = opt_string(j, "model_type").value_or("");
+  static const std::pair<const char*, const char*> kTypes[] = {{"llama", "LlamaForCausalLM"},
+                                                               {"qwen2", "Qwen2ForCausalLM"},
+                                                               {"mistral", "MistralForCausalLM"}};
+  for (const auto& [type, arch] : kTypes) {
+    if (c.model_type != type) continue;
+    if (c.architecture.empty()) c.architecture = arch;
+    // transformers picks the model class from model_type: a disagreeing pair is ambiguous.
+    if (c.architecture != arch)
+      refuse("model_type '" + c.model_type + "' disagrees with architectures ['" + c.architecture +
+             "'] (expected " + arch + ")");
+  }
+  if (c.architecture == "LlamaForCausalLM") return Arch::kLlama;
+  if (c.architecture == "Qwen2ForCausalLM") return Arch::kQwen2;
+  if (c.architecture == "MistralForCausalLM") return Arch::kMistral;
+  refuse("unsupported architecture '" + c.architecture +
+         "' (supported: LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM)");
+}
+
+// One RoPE description from either layout, before the two are reconciled.
+struct Rope {
+  std::optional<double> theta;
+  std::optional<RopeScaling> scaling;  // unset: this layout says nothing about scaling
+};
+
+// Parses a rope_scaling (transformers 4) or rope_parameters (transformers 5) object.
+Rope parse_rope_object(const json& r, const std::string& field, int64_t max_position,
+                       std::optional<int64_t> top_level_original_max) {
+  const std::string where = field + ".";
+  if (!r.is_object()) refuse("field '" + field + "' must be an object or null");
+  auto rope_type = opt_string(r, "rope_type", where);
+  auto legacy_type = opt_string(r, "type", where);
+  if (rope_type && legacy_type && *rope_type != *legacy_type)
+    refuse(field + ": rope_type '" + *rope_type + "' disagrees with type '" + *legacy_type + "'");
+  const std::string type = rope_type ? *rope_type : legacy_type.value_or("default");
+
+  std::set<std::string> allowed = {"rope_type", "type", "rope_theta", "partial_rotary_factor"};
+  if (type == "linear") allowed.insert("factor");
+  if (type == "llama3")
+    allowed.insert(
+        {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"});
+  if (type != "default" && type != "linear" && type != "llama3")
+    refuse("unsupported RoPE type '" + type + "' in '" + field +
+           "' (supported: default, linear, llama3)");
+  for (const auto& [key, value] : r.items()) {
+    if (!allowed.count(key))
+      refuse("'" + where + key + "' is not understood for RoPE type '" + type +
+             "' and could change the result");
+  }
+  if (auto p = opt_double(r, "partial_rotary_factor", where); p && *p != 1.0)
+    refuse("'" + where + "partial_rotary_factor' other than 1 (partial RoPE) is not supported");
+
+  Rope out;
+  out.theta = opt_double(r, "rope_theta", where);
+  RopeScaling s;
+  auto need = [&](const char* key) {
+    auto v = opt_double(r, key, where);
+    if (!v) refuse("'" + where + key + "' is required for RoPE type '" + type + "'");
+    return *v;
+  };
+  if (type == "linear") {
+    s.type = "linear";
+    s.factor = need("factor");
+  } else if (type == "llama3") {
+    s.type = "llama3";
+    s.factor = need("factor");
+    s.low_freq_factor = need("low_freq_factor");
+    s.high_freq_factor = need("high_freq_factor");
+    // transformers 5 (standardize_rope_params): the top-level value wins, else the object's,
+    // else max_position_embeddings.
+    auto inner = opt_int(r, "original_max_position_embeddings", where);
+    if (inner && top_level_original_max && *inner != *top_level_original_max)
+      refuse("'" + where + "original_max_position_embeddings' disagrees with the top-level one");
+    s.original_max_position_embeddings =
+        top_level_original_max ? *top_level_original_max : inner.value_or(max_position);
+  }
+  out.scaling = s;
+  return out;
+}
+
+bool same_scaling(const RopeScaling& a, const RopeScaling& b) {
+  return a.type == b.type && a.factor == b.factor && a.low_freq_factor == b.low_freq_factor &&
+         a.high_freq_factor == b.high_freq_factor &&
+         a.original_max_position_embeddings == b.original_max_position_embeddings;
+}
+
+void read_rope(const json& j, ModelConfig& c) {
+  if (auto p = opt_double(j, "partial_rotary_factor"); p && *p != 1.0)
+    refuse("partial_rotary_factor other than 1 (partial RoPE) is not supported");
+  const auto top_original = opt_int(j, "original_max_position_embeddings");
+  Rope v4;
+  v4.theta = opt_double(j, "rope_theta");
+  if (const json* rs = find(j, "rope_scaling")) {
+    Rope r = parse_rope_object(*rs, "rope_scaling", c.max_position_embeddings, top_original);
+    v4.scaling = r.scaling;
+    if (r.theta && v4.theta && *r.theta != *v4.theta)
+      refuse("rope_scaling.rope_theta disagrees with rope_theta");
+    if (r.theta) v4.theta = r.theta;
+  }
+  Rope v5;
+  if (const json* rp = find(j, "rope_parameters")) {
+    const json* one = rp;
+    // Per-layer-type parameters ({"full_attention": {...}, "sliding_attention": {...}}) are
+    // accepted only when every layer type has the same ones.
+    if (rp->is_object() && !rp->empty() &&
+        (rp->contains("full_attention") || rp->contains("sliding_attention"))) {
+      for (const auto& [key, value] : rp->items()) {
+        if (key != "full_attention" && key != "sliding_attention")
+          refuse("rope_parameters mixes per-layer-type entries with '" + key + "'");
+        if (value != rp->begin().value())
+          refuse("rope_parameters differ between layer types (not supported)");
+      }
+      one = &rp->begin().value();
+    }
+    v5 = parse_rope_object(*one, "rope_parameters", c.max_position_embeddings, top_original);
+  }
+  if (v4.theta && v5.theta && *v4.theta != *v5.theta)
+    refuse("rope_theta (" + json(*v4.theta).dump() +
+           ") disagrees with rope_parameters.rope_theta (" + json(*v5.theta).dump() + ")");
+  if (v4.scaling && v5.scaling && !same_scaling(*v4.scaling, *v5.scaling))
+    refuse("rope_scaling (type '" + v4.scaling->type + "') disagrees with rope_parameters (type '" +
+           v5.scaling->type + "')");
+  c.rope_theta = v5.theta.value_or(v4.theta.value_or(10000.0));
+  const auto& scaling = v5.scaling ? v5.scaling : v4.scaling;
+  if (scaling) c.rope_scaling = *scaling;
+}
+
+// Which layers slide, as the model class decides it; blend supports all or none.
+void read_window(const json& j, Arch arch, ModelConfig& c) {
+  const json* raw = find(j, "sliding_window");
+  std::optional<int64_t> window = opt_int(j, "sliding_window");
+  if (arch == Arch::kMistral && !j.contains("sliding_window")) window = 4096;  // MistralConfig
+  if (window && *window <= 0)
+    refuse("sliding_window must be positive (null means no window), not " + raw->dump());
+
+  std::optional<std::vector<std::string>> layer_types;
+  if (const json* lt = find(j, "layer_types")) {
+    if (!lt->is_array() || static_cast<int64_t>(lt->size()) != c.num_layers)
+      refuse("layer_types must list one type per layer (" + std::to_string(c.num_layers) + ")");
+    layer_types.emplace();
+    for (const auto& t : *lt) {
+      if (!t.is_string() || (t != "full_attention" && t != "sliding_attention"))
+        refuse("layer_types holds " + t.dump() +
+               " (supported: \"full_attention\", \"sliding_attention\")");
+      layer_types->push_back(t.get<std::string>());
+    }
+  }
+  // sliding[i]: whether layer i attends through the window.
+  std::vector<bool> sliding(static_cast<size_t>(c.num_layers), false);
+  if (arch == Arch::kQwen2) {
+    const bool use = opt_bool(j, "use_sliding_window").value_or(false);
+    const int64_t first = opt_int(j, "max_window_layers").value_or(28);  // Qwen2Config default
+    for (int64_t i = 0; i < c.num_layers; ++i)
+      sliding[i] =
+          use && window && (layer_types ? (*layer_types)[i] == "sliding_attention" : i >= first);
+  } else if (arch == Arch::kMistral) {
+    // MistralForCausalLM applies the window on every layer whatever layer_types says; a
+    // config that lists other types was meant for another model class.
+    for (int64_t i = 0; i < c.num_layers; ++i) {
+      sliding[i] = window.has_value();
+      if (layer_types && ((*layer_types)[i] == "sliding_attention") != sliding[i])
+        refuse("layer_types disagrees with sliding_window (MistralForCausalLM uses one for all)");
+    }
+  } else {
+    if (window)
+      refuse(
+          "sliding_window is set but LlamaForCausalLM does not use one (transformers ignores "
+          "it); remove it, or use MistralForCausalLM for windowed attention");
+    if (layer_types)
+      for (const auto& t : *layer_types)
+        if (t != "full_attention") refuse("layer_types: LlamaForCausalLM has no sliding layers");
+  }
+  const auto n_sliding = std::count(sliding.begin(), sliding.end(), true);
+  if (n_sliding != 0 && n_sliding != c.num_layers)
+    refuse("a sliding window on " + std::to_string(n_sliding) + " of " +
+           std::to_string(c.num_layers) + " layers is not supported (all or none)");
+  if (n_sliding == c.num_layers) c.sliding_window = window;
+}
+
+void read_bias_and_activation(const json& j, Arch arch, ModelConfig& c) {
+  const std::string act = opt_string(j, "hidden_act").value_or("silu");
+  if (act != "silu" && act != "swish")
+    refuse("hidden_act '" + act + "' is not supported (supported: silu)");
+  if (opt_bool(j, "mlp_bias").value_or(false)) refuse("mlp_bias=true is not supported");
+  const auto attention_bias = opt_bool(j, "attention_bias");
+  if (arch == Arch::kQwen2) {
+    if (attention_bias == false)
+      refuse("attention_bias=false, but Qwen2ForCausalLM always has q/k/v biases");
+    c.attention_bias = true;
+  } else if (arch == Arch::kMistral) {
+    if (attention_bias == true)
+      refuse("attention_bias=true, but MistralForCausalLM has no attention biases");
+  } else {
+    c.attention_bias = attention_bias.value_or(false);
+  }
+  for (const char* key : {"quantization_config", "compression_config"})
+    if (find(j, key))
+      refuse(std::string(key) + " is present: quantized checkpoints are not supported");
+}
+
+DType read_dtype(const json& j) {
+  auto parse = [](const std::string& field, const std::string& s) {
+    if (s == "float32") return DType::kF32;
+    if (s == "float16") return DType::kF16;
+    if (s == "bfloat16") return DType::kBF16;
+    refuse(field + " '" + s + "' is not supported (supported: float32, float16, bfloat16)");
+  };
+  const auto v4 = opt_string(j, "torch_dtype");
+  const auto v5 = opt_string(j, "dtype");
+  if (v4 && v5 && *v4 != *v5)
+    refuse("torch_dtype '" + *v4 + "' disagrees with dtype '" + *v5 + "'");
+  if (v5) return parse("dtype", *v5);
+  if (v4) return parse("torch_dtype", *v4);
+  return DType::kBF16;
+}
+
+std::vector<int32_t> token_id_list(const json& value, const std::string& field) {
+  std::vector<int32_t> ids;
+  if (value.is_array()) {
+    for (const auto& v : value) ids.push_back(token_id(v, field));
+  } else if (!value.is_null()) {
+    if (!value.is_number_integer()) refuse("'" + field + "' must be an integer or a list");
+    ids.push_back(token_id(value, field));
+  }
+  return ids;
+}
+
+std::optional<int32_t> optional_token_id(const json& j, const char* field) {
+  const json* v = find(j, field);
+  if (!v) return std::nullopt;
+  return token_id(*v, field);
+}
+
+// Reads a small JSON file; a FIFO or device named like one is refused before it is opened.
+json read_json_file(const std::filesystem::path& path) {
+  std::ifstream in = open_regular_file(path, 16u << 20);
+  try {
+    return json::parse(in);
+  } catch (const json::parse_error& e) {
+    throw Error(path.string() + ": invalid JSON: " + e.what());
+  }
+}
+
+// Errors from the parsers above start with "config.json: "; name the actual file instead.
+template <typename F>
+auto naming(const std::filesystem::path& path, F&& f) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    if (msg.rfind("config.json: ", 0) == 0) msg = path.string() + msg.substr(11);
+    throw Error(msg);
+  }
+}
+
+}  // namespace
+
+ModelConfig ModelConfig::from_json(const json& j) {
+  if (!j.is_object()) refuse("expected a JSON object");
+  ModelConfig c;
+  const Arch arch = read_architecture(j, c);
+
+  c.hidden_size = required_int(j, "hidden_size");
+  c.num_layers = required_int(j, "num_hidden_layers");
+  c.num_heads = required_int(j, "num_attention_heads");
+  c.intermediate_size = required_int(j, "intermediate_size");
+  c.vocab_size = required_int(j, "vocab_size");
+  // Defaults as each transformers class has them for an absent key.
+  const int64_t default_kv = arch == Arch::kQwen2 ? 32 : arch == Arch::kMistral ? 8 : c.num_heads;
+  c.num_kv_heads = opt_int(j, "num_key_value_heads").value_or(default_kv);
+  const auto head_dim = opt_int(j, "head_dim");
+  if (!head_dim && c.num_heads > 0 && c.hidden_size % c.num_heads != 0)
+    refuse("hidden_size is not a multiple of num_attention_heads and head_dim is not given");
+  c.head_dim = head_dim.value_or(c.num_heads > 0 ? c.hidden_size / c.num_heads : 0);
+  const int64_t default_max_pos = arch == Arch::kQwen2     ? 32768
+                                  : arch == Arch::kMistral ? 4096 * 32
+                                                           : 2048;
+  c.max_position_embeddings = opt_int(j, "max_position_embeddings").value_or(default_max_pos);
+  c.rms_norm_eps = opt_double(j, "rms_norm_eps").value_or(1e-6);
+  c.tie_word_embeddings = opt_bool(j, "tie_word_embeddings").value_or(false);
+  // Bounds first: the window and layer_types checks walk the layers.
+  c.validate();
+
+  read_bias_and_activation(j, arch, c);
+  read_rope(j, c);
+  read_window(j, arch, c);
+  c.bos_token_id = optional_token_id(j, "bos_token_id");
+  if (const json* eos = find(j, "eos_token_id"))
+    c.eos_token_ids = token_id_list(*eos, "eos_token_id");
+  c.dtype = read_dtype(j);
+  c.validate();
+  return c;
+}
+
+ModelConfig ModelConfig::from_dir(const std::filesystem::path& dir) {
+  const auto config_path = dir / "config.json";
+  if (!std::filesystem::exists(config_path))
+    throw Error("not a model folder (no config.json): " + dir.string());
+  ModelConfig c = naming(config_path, [&] { return from_json(read_json_file(config_path)); });
+  const auto gen_path = dir / "generation_config.json";
+  if (std::filesystem::exists(gen_path)) {
+    const json gen = read_json_file(gen_path);
+    naming(gen_path, [&] {
+      if (!gen.is_object()) refuse("expected a JSON object");
+      if (const json* eos = find(gen, "eos_token_id"))
+        c.eos_token_ids = token_id_list(*eos, "eos_token_id");
+      if (auto bos = optional_token_id(gen, "bos_token_id")) c.bos_token_id = bos;
+      return 0;
+    });
+  }
+  return c;
+}
+
+}  // namespace blend

@@ -1,0 +1,34 @@
+#include "model/presets.h"
+
+#include <set>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace blend {
+namespace {
+
+// One table serves `model init` (materialisable presets) and the cost model (every preset).
+TEST(ModelPresets, OneTableForInitAndTheCostModel) {
+  std::set<std::string> names;
+  for (const ModelPreset& p : model_presets()) {
+    EXPECT_TRUE(names.insert(p.name).second) << "duplicate preset " << p.name;
+    EXPECT_NO_THROW(p.config.validate()) << p.name;
+    ASSERT_TRUE(find_model_shape(p.name).has_value()) << p.name;
+    EXPECT_EQ(find_model_shape(p.name)->to_json(), p.config.to_json()) << p.name;
+    EXPECT_EQ(find_model_preset(p.name).has_value(), p.materialisable) << p.name;
+  }
+  EXPECT_EQ(model_preset_names(),
+            (std::vector<std::string>{"tiny", "smollm-135m", "llama-3.2-1b"}));
+  EXPECT_EQ(shape_only_preset_names(),
+            (std::vector<std::string>{"llama-3-8b", "llama-3-70b", "llama-2-7b", "qwen2.5-7b",
+                                      "qwen2.5-72b", "deepseek-67b"}));
+  EXPECT_FALSE(find_model_shape("opt-13b").has_value());  // the cost model's own OPT formula
+  // Figures the cost model reads, pinned: Llama-3-8B's 8.03B parameters, Qwen2.5-7B's bias.
+  EXPECT_EQ(find_model_shape("llama-3-8b")->num_parameters(), 8030261248);
+  EXPECT_TRUE(find_model_shape("qwen2.5-7b")->attention_bias);
+  EXPECT_EQ(find_model_preset("smollm-135m")->num_parameters(), 180078912);
+}
+
+}  // namespace
+}  // namespace blend
