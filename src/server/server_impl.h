@@ -1,0 +1,129 @@
+// Server::Impl — what the route files share: the engine loop, the metrics, the Batch API store,
+// the handler <-> engine-thread hand-off (Pending) and the error helpers. Internal to
+// src/server; server.h is the public face.
+//   server.cc             set-up, the route table's hooks (auth, errors), start/stop
+//   completions_routes.cc /v1/completions, /v1/chat/completions (JSON and SSE)
+//   batch_routes.cc       /v1/files, /v1/batches (the Batch API)
+//   info_routes.cc        /health, /metrics, /v1/models
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "api/batch_file.h"
+#include "api/openai.h"
+#include "model/chat_template.h"
+#include "server/batch_store.h"
+#include "server/engine_loop.h"
+#include "server/metrics.h"
+#include "server/server.h"
+
+namespace blend {
+
+namespace server_internal {
+
+using Clock = std::chrono::steady_clock;
+
+inline double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// Bytes that are not UTF-8 (echoed from a bad request) become U+FFFD instead of an exception.
+inline std::string dump(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// One request between an HTTP handler thread and the engine thread. The `mu`-guarded part is
+// shared; the rest belongs to the engine thread.
+struct Pending {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string text;  // streamed text not yet taken by the handler
+  bool done = false;
+  std::optional<GenerationResult> result;
+  std::optional<nlohmann::json> error;  // error body
+  int error_status = 0;
+
+  // Engine thread only.
+  RequestClass cls = RequestClass::kRealtime;
+  SeqId seq = 0;
+  bool submitted = false;
+  bool had_first_token = false;
+  Clock::time_point arrival = Clock::now();
+  Clock::time_point first_token;
+};
+
+// A batch being run: its input lines still to do and where their results go. Engine thread
+// only, except `batch` (the object clients poll), which is guarded by Impl::batches_mu.
+struct BatchJob {
+  nlohmann::json batch;
+  std::string output_id;
+  std::unique_ptr<BatchResultWriter> writer;
+  std::unordered_map<SeqId, std::shared_ptr<Pending>> in_flight;
+  int64_t remaining = 0;
+  bool cancelling = false;
+};
+
+}  // namespace server_internal
+
+struct Server::Impl {
+  using Pending = server_internal::Pending;
+  using BatchJob = server_internal::BatchJob;
+
+  ServerOptions options;
+  std::string model_name;
+  std::optional<ChatTemplate> chat_template;
+  int64_t max_sequence_tokens = 0;
+  Metrics metrics;
+  std::unique_ptr<BatchStore> store;
+  std::unique_ptr<EngineLoop> loop;
+  httplib::Server http;
+  int port = 0;
+  std::atomic<bool> stopping{false};
+  std::thread serve_thread;
+
+  std::mutex batches_mu;
+  std::unordered_map<std::string, std::shared_ptr<BatchJob>> jobs;
+
+  explicit Impl(const ServerOptions& o);
+  void routes();
+  // Each route family registers its own handlers (in its own file).
+  void info_routes();
+  void completions_routes();
+  void batch_routes();
+
+  // --- requests (server.cc) ---
+  bool authorized(const httplib::Request& req) const;
+  void send_error(httplib::Response& res, int status, const std::string& message,
+                  const std::string& param = "", const std::string& code = "");
+
+  // --- completions (completions_routes.cc) ---
+  void completion(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
+  std::shared_ptr<Pending> submit(const ApiRequest& request, RequestClass cls);
+  void cancel(const std::shared_ptr<Pending>& p);
+  // Waits for the end (or the server stopping: then false).
+  bool wait_done(Pending& p);
+  void check_request(const ApiRequest& request, const nlohmann::json& body);
+
+  // --- batches (batch_routes.cc) ---
+  void files_create(const httplib::Request& req, httplib::Response& res);
+  void batches_create(const httplib::Request& req, httplib::Response& res);
+  void batch_get(const httplib::Request& req, httplib::Response& res);
+  void batch_cancel(const httplib::Request& req, httplib::Response& res);
+  void start_job(nlohmann::json batch, bool resume);
+  void run_line(const std::shared_ptr<BatchJob>& job, Engine& engine, const BatchInputLine& line);
+  void line_done(const std::shared_ptr<BatchJob>& job);
+  void finish_job(const std::shared_ptr<BatchJob>& job);
+};
+
+}  // namespace blend
