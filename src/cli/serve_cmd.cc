@@ -41,7 +41,10 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--model", o->model, "Model folder")->required();
   cmd->add_option("--host", o->host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", o->port, "Port (0 = any free port)")->capture_default_str();
-  cmd->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' on /v1/*");
+  cmd->add_option("--api-key", o->api_key,
+                  "Require 'Authorization: Bearer KEY' on /v1/* and /metrics");
+  cmd->add_flag("--metrics-public", o->metrics_public,
+                "Serve /metrics without the API key (for a Prometheus scraper without one)");
   cmd->add_option("--data-dir", o->data_dir, "Where Batch API files and results are kept")
       ->capture_default_str();
   cmd->add_option("--served-model-name", o->served_model_name,

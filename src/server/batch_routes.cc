@@ -59,9 +59,14 @@ void Server::Impl::files_create(const httplib::Request& req, httplib::Response& 
   while (std::getline(in, line)) {
     ++n;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    json parsed = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!parsed.is_object())
-      return send_error(res, 400, "line " + std::to_string(n) + " is not a JSON object", "file");
+    const std::string what = "line " + std::to_string(n);
+    json parsed;
+    try {
+      parsed = server_internal::parse_client_json(line, what);
+    } catch (const ApiError& e) {
+      return send_error(res, 400, e.what(), "file");
+    }
+    if (!parsed.is_object()) return send_error(res, 400, what + " is not a JSON object", "file");
   }
   json f = store->create_file(file.filename.empty() ? "upload.jsonl" : file.filename, purpose,
                               file.content);
@@ -69,8 +74,19 @@ void Server::Impl::files_create(const httplib::Request& req, httplib::Response& 
 }
 
 void Server::Impl::batches_create(const httplib::Request& req, httplib::Response& res) {
-  const json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  json body;
+  try {
+    body = server_internal::parse_client_json(req.body);
+  } catch (const ApiError& e) {
+    return send_error(res, e.status(), e.what());
+  }
   if (!body.is_object()) return send_error(res, 400, "the body must be a JSON object");
+  // A field of the wrong type is the client's error (400), not a JSON type exception (500).
+  for (const char* field : {"input_file_id", "endpoint", "completion_window"})
+    if (body.contains(field) && !body[field].is_string())
+      return send_error(res, 400, std::string("'") + field + "' must be a string", field);
+  if (body.contains("metadata") && !body["metadata"].is_object() && !body["metadata"].is_null())
+    return send_error(res, 400, "'metadata' must be an object", "metadata");
   const std::string input = body.value("input_file_id", "");
   const std::string endpoint = body.value("endpoint", "");
   if (!store->file(input)) return send_error(res, 404, "no such file", "input_file_id");

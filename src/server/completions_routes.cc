@@ -111,10 +111,12 @@ void Server::Impl::cancel(const std::shared_ptr<Pending>& p) {
   });
 }
 
-bool Server::Impl::wait_done(Pending& p) {
+bool Server::Impl::wait_done(Pending& p, int socket) {
   std::unique_lock lock(p.mu);
   while (!p.done) {
     if (stopping) return false;
+    // A client that hung up gets no answer: stop generating it (as a stream's end does).
+    if (socket >= 0 && peer_hung_up(socket)) return false;
     p.cv.wait_for(lock, std::chrono::milliseconds(100));
   }
   return true;
@@ -125,9 +127,9 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
   json body;
   ApiRequest request;
   try {
-    body = json::parse(req.body);
-  } catch (const json::exception& e) {
-    return send_error(res, 400, std::string("the body is not valid JSON: ") + e.what());
+    body = server_internal::parse_client_json(req.body);
+  } catch (const ApiError& e) {
+    return send_error(res, e.status(), e.what());
   }
   try {
     if (body.is_object() && body.contains("model") && body["model"].is_string() &&
@@ -151,7 +153,14 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
   auto p = submit(request, cls);
 
   if (!request.stream) {
-    if (!wait_done(*p)) return send_error(res, 503, "the server is shutting down");
+    if (!wait_done(*p, request_socket(req))) {
+      cancel(p);
+      if (stopping) return send_error(res, 503, "the server is shutting down");
+      // Nobody reads this answer; 499 (nginx's "client closed request") keeps the access log
+      // honest. The body is set so that the error handler leaves it alone.
+      res.status = 499;
+      return res.set_content("{}", "application/json");
+    }
     std::lock_guard lock(p->mu);
     if (p->error) {
       metrics.on_error(p->error_status);

@@ -59,6 +59,39 @@ const char* default_message(int status) {
 
 using server_internal::dump;
 
+namespace server_internal {
+
+json parse_client_json(const std::string& text, const std::string& what) {
+  // One pass over the bytes: brackets outside strings open and close levels.
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth)
+        throw ApiError(
+            400, what + " nests JSON deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  try {
+    return json::parse(text);
+  } catch (const json::exception& e) {
+    throw ApiError(400, what + " is not valid JSON: " + e.what());
+  }
+}
+
+}  // namespace server_internal
+
 Server::Impl::Impl(const ServerOptions& o) : options(o) {
   model_name = options.served_model_name;
   if (model_name.empty()) {
@@ -88,6 +121,8 @@ Server::Impl::Impl(const ServerOptions& o) : options(o) {
   }
   if (port < 0)
     throw Error("cannot listen on " + options.host + ":" + std::to_string(options.port));
+  if (!set_listen_backlog(http, options.listen_backlog))
+    throw Error("cannot set the listen backlog of " + options.host + ":" + std::to_string(port));
   for (json& b : store->batches()) {
     const std::string status = b.value("status", "");
     if (status == "in_progress" || status == "validating" || status == "finalizing" ||
@@ -113,7 +148,9 @@ void Server::Impl::routes() {
   ::signal(SIGPIPE, SIG_IGN);
 
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (req.path.rfind("/v1/", 0) == 0 && !authorized(req)) {
+    const bool needs_key =
+        req.path.rfind("/v1/", 0) == 0 || (req.path == "/metrics" && !options.metrics_public);
+    if (needs_key && !authorized(req)) {
       send_error(res, 401, "Incorrect API key provided.", "", "invalid_api_key");
       return httplib::Server::HandlerResponse::Handled;
     }

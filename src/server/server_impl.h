@@ -24,6 +24,7 @@
 #include "api/openai.h"
 #include "model/chat_template.h"
 #include "server/batch_store.h"
+#include "server/connection.h"
 #include "server/engine_loop.h"
 #include "server/metrics.h"
 #include "server/server.h"
@@ -74,6 +75,12 @@ struct BatchJob {
   bool cancelling = false;
 };
 
+// Parses a client's JSON body. Nesting is bounded (kMaxJsonDepth) before anything is built:
+// copying, dumping or walking a 100,000-deep value recurses once per level and overflowed a
+// handler thread's stack. Throws ApiError (400) naming `what` for bad or too deep JSON.
+constexpr int kMaxJsonDepth = 128;
+nlohmann::json parse_client_json(const std::string& text, const std::string& what = "the body");
+
 }  // namespace server_internal
 
 struct Server::Impl {
@@ -87,7 +94,7 @@ struct Server::Impl {
   Metrics metrics;
   std::unique_ptr<BatchStore> store;
   std::unique_ptr<EngineLoop> loop;
-  httplib::Server http;
+  HttpServer http;
   int port = 0;
   std::atomic<bool> stopping{false};
   std::thread serve_thread;
@@ -111,8 +118,9 @@ struct Server::Impl {
   void completion(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
   std::shared_ptr<Pending> submit(const ApiRequest& request, RequestClass cls);
   void cancel(const std::shared_ptr<Pending>& p);
-  // Waits for the end (or the server stopping: then false).
-  bool wait_done(Pending& p);
+  // Waits for the end: false when the server is stopping or the client on `socket` (when not
+  // -1) hung up.
+  bool wait_done(Pending& p, int socket = -1);
   void check_request(const ApiRequest& request, const nlohmann::json& body);
 
   // --- batches (batch_routes.cc) ---

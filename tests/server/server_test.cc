@@ -4,11 +4,15 @@
 #include "server/server.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <set>
@@ -326,6 +330,202 @@ TEST_F(ServerTest, AClientThatHangsUpMidStreamFreesItsSequenceAndKv) {
   int status = 0;
   post(c, "/v1/completions", {{"model", "tiny"}, {"prompt", "x"}, {"max_tokens", 2}}, &status);
   EXPECT_EQ(status, 200);
+}
+
+// A connected loopback socket to `port` (blocking), or -1.
+int connect_to(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Everything the peer sends until it closes; `error` gets errno when a read fails (a reset).
+std::string read_all(int fd, int* error) {
+  std::string got;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n == 0) return got;
+    if (n < 0) {
+      *error = errno;
+      return got;
+    }
+    got.append(buf, static_cast<size_t>(n));
+  }
+}
+
+// Regression (issue 26): httplib listens with a backlog of 5, so a burst of connections that
+// arrives while the accept thread is busy overflows the kernel's queue (clients then saw
+// ECONNRESET). Before start() nothing accepts, which makes the queue's length observable: every
+// handshake of a burst of 300 must complete at once (a dropped SYN is retried only after 1 s),
+// and every connection must then be served.
+TEST_F(ServerTest, ABurstOfConnectionsIsQueuedNotDropped) {
+  Server server(options());  // bound and listening, not accepting yet
+  const int n = 300;
+  std::vector<int> fds;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(server.port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  for (int i = 0; i < n; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+    const int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    ASSERT_TRUE(rc == 0 || errno == EINPROGRESS) << std::strerror(errno);
+    fds.push_back(fd);
+  }
+  // Handshakes done within 700 ms: all of them when the queue holds the burst.
+  int connected = 0;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(700);
+  std::vector<bool> done(n, false);
+  while (connected < n && std::chrono::steady_clock::now() < end) {
+    for (int i = 0; i < n; ++i) {
+      if (done[i]) continue;
+      pollfd p{fds[i], POLLOUT, 0};
+      if (::poll(&p, 1, 0) == 1 && (p.revents & POLLOUT)) {
+        int err = 0;
+        socklen_t len = sizeof err;
+        ::getsockopt(fds[i], SOL_SOCKET, SO_ERROR, &err, &len);
+        EXPECT_EQ(err, 0) << std::strerror(err);
+        done[i] = true;
+        ++connected;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(connected, n) << "connections left waiting for a full accept queue";
+
+  server.start();
+  int ok = 0, resets = 0;
+  const std::string request = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  for (int fd : fds) {
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    timeval tv{30, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
+        static_cast<ssize_t>(request.size()))
+      ++resets;
+  }
+  for (int fd : fds) {
+    int error = 0;
+    const std::string got = read_all(fd, &error);
+    if (error == ECONNRESET) ++resets;
+    if (got.rfind("HTTP/1.1 200", 0) == 0) ++ok;
+    ::close(fd);
+  }
+  EXPECT_EQ(resets, 0);
+  EXPECT_EQ(ok, n);
+}
+
+// Regression (issue 26): a non-streaming request whose client hung up went on generating to
+// its end. It is cancelled now, as a stream's is, and its KV freed.
+TEST_F(ServerTest, AClientThatHangsUpBeforeTheAnswerStopsItsGeneration) {
+  auto server = start(options());
+  auto c = client(*server);
+  const int fd = connect_to(server->port());
+  ASSERT_GE(fd, 0);
+  const std::string payload = json{
+      {"model", "tiny"},
+      {"prompt", "a long story"},
+      {"max_tokens", 8000},
+      {"ignore_eos", true}}.dump();
+  const std::string request =
+      "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
+      "Content-Type: application/json\r\nContent-Length: " +
+      std::to_string(payload.size()) + "\r\n\r\n" + payload;
+  ASSERT_EQ(::send(fd, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
+  ASSERT_TRUE(poll([&] { return metric(c, "blend:num_requests_running{class=\"rt\"}") == 1; }));
+  ::close(fd);
+  EXPECT_TRUE(poll(
+      [&] {
+        return metric(c, "blend:request_cancelled_total{class=\"rt\"}") == 1 &&
+               metric(c, "blend:num_requests_running{class=\"rt\"}") == 0;
+      },
+      20));
+  EXPECT_TRUE(poll([&] { return metric(c, "blend:kv_cache_used_bytes") == 0; }));
+  // The engine is idle: no step runs any more.
+  const double steps = metric(c, "blend:iterations_total");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(metric(c, "blend:iterations_total"), steps) << "still generating";
+  EXPECT_EQ(metric(c, "blend:request_success_total{class=\"rt\",finished_reason=\"length\"}"), -1);
+}
+
+// Regression (issue 26): /metrics (request, token and latency counts) was open with --api-key.
+TEST_F(ServerTest, MetricsNeedTheApiKeyUnlessMadePublic) {
+  for (const bool public_metrics : {false, true}) {
+    SCOPED_TRACE(public_metrics ? "--metrics-public" : "key required");
+    ServerOptions o = options();
+    o.api_key = "sekret";
+    o.metrics_public = public_metrics;
+    auto server = start(o);
+    httplib::Client anonymous("127.0.0.1", server->port());
+    auto r = anonymous.Get("/metrics");
+    ASSERT_TRUE(r);
+    if (public_metrics) {
+      EXPECT_EQ(r->status, 200);
+    } else {
+      EXPECT_EQ(r->status, 401);
+      EXPECT_EQ(json::parse(r->body)["error"]["code"], "invalid_api_key");
+      EXPECT_EQ(r->body.find("blend:"), std::string::npos);
+    }
+    httplib::Client keyed("127.0.0.1", server->port());
+    keyed.set_bearer_token_auth("sekret");
+    r = keyed.Get("/metrics");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_NE(r->body.find("blend:"), std::string::npos);
+  }
+}
+
+// Regression (issue 26): a chat request or batch metadata nested 100,000 deep killed the server
+// (stack overflow in recursive JSON code). Refused with a 400 now, and the server carries on.
+TEST_F(ServerTest, DeeplyNestedJsonIsRefusedNotACrash) {
+  auto server = start(options("deep"));
+  auto c = client(*server);
+  const int depth = 100000;
+  const std::string nested = std::string(depth, '[') + std::string(depth, ']');
+  auto r = c.Post(
+      "/v1/chat/completions",
+      "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": " + nested + "}]}",
+      "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_NE(json::parse(r->body)["error"]["message"].get<std::string>().find("deeper"),
+            std::string::npos)
+      << r->body;
+
+  httplib::MultipartFormDataItems items = {
+      {"purpose", "batch", "", ""},
+      {"file", "{\"custom_id\": \"a\", \"body\": " + nested + "}\n", "in.jsonl", ""}};
+  r = c.Post("/v1/files", items);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400) << r->body;
+
+  r = c.Post("/v1/batches",
+             "{\"input_file_id\": \"file-x\", \"endpoint\": \"/v1/completions\", \"metadata\": "
+             "{\"a\": " +
+                 nested + "}}",
+             "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  // Wrong types are the client's error too (they were a 500).
+  int status = 0;
+  post(c, "/v1/batches", {{"input_file_id", 5}, {"endpoint", "/v1/completions"}}, &status);
+  EXPECT_EQ(status, 400);
+
+  // Strings may hold any brackets; real nesting up to the bound is fine.
+  json ok =
+      post(c, "/v1/completions",
+           {{"model", "tiny"}, {"prompt", std::string(500, '[')}, {"max_tokens", 1}}, &status);
+  EXPECT_EQ(status, 200) << ok.dump();
 }
 
 class BatchApi : public ServerTest {
