@@ -104,6 +104,8 @@ constexpr Field kFields[] = {
     {"safety_identifier", kBoth, Kind::kHarmless, null_or_string, nullptr},
     {"prompt_cache_key", kBoth, Kind::kHarmless, null_or_string, nullptr},
     {"request_id", kBoth, Kind::kHarmless, null_or_string, nullptr},   // vLLM
+    // blend workload files: the output length `blend simulate` and the planner assume.
+    {"estimated_output", kBoth, Kind::kHarmless, any_value, nullptr},
     // Predicted outputs only speed decoding up; the text is the model's either way.
     {"prediction", kChat, Kind::kHarmless, any_value, nullptr},
     // Meaningful only with tools, which are refused below.

@@ -203,6 +203,10 @@ TEST_F(OpenAiTest, EveryFieldIsImplementedHarmlessOrRefused) {
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","tools":[{}]})"), "tools");
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","service_tier":5})"),
             "service_tier");
+  EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","stream_options":5})"),
+            "stream_options");
+  // A blend workload file's planner hint changes nothing the model produces.
+  EXPECT_NO_THROW(parse(Endpoint::kCompletions, R"({"prompt":"x","estimated_output":40})"));
   // Defaults and harmless fields pass.
   EXPECT_NO_THROW(parse(Endpoint::kChatCompletions,
                         chat +
