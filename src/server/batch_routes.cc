@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "api/batch_lines.h"
+#include "api/json_limits.h"
 #include "server/server_impl.h"
 
 namespace blend {
@@ -62,7 +64,7 @@ void Server::Impl::files_create(const httplib::Request& req, httplib::Response& 
     const std::string what = "line " + std::to_string(n);
     json parsed;
     try {
-      parsed = server_internal::parse_client_json(line, what);
+      parsed = parse_client_json(line, what);
     } catch (const ApiError& e) {
       return send_error(res, 400, e.what(), "file");
     }
@@ -76,7 +78,7 @@ void Server::Impl::files_create(const httplib::Request& req, httplib::Response& 
 void Server::Impl::batches_create(const httplib::Request& req, httplib::Response& res) {
   json body;
   try {
-    body = server_internal::parse_client_json(req.body);
+    body = parse_client_json(req.body, "the request body");
   } catch (const ApiError& e) {
     return send_error(res, e.status(), e.what());
   }
@@ -200,20 +202,19 @@ void Server::Impl::start_job(json batch, bool resume) {
 
 void Server::Impl::run_line(const std::shared_ptr<BatchJob>& job, Engine& engine,
                             const BatchInputLine& line) {
+  // The checks `blend batch` makes too (api/batch_lines.h), against this batch's endpoint.
+  BatchLineContext context;
+  context.tokenizer = &engine.tokenizer();
+  context.chat_template = chat_template ? &*chat_template : nullptr;
+  context.max_sequence_tokens = max_sequence_tokens;
+  context.max_prompt_bytes = max_prompt_bytes_;
+  context.model = model_name;
+  context.request_class = RequestClass::kBestEffort;
+  if (job->batch.contains("endpoint") && job->batch["endpoint"].is_string())
+    context.endpoint = parse_endpoint(job->batch["endpoint"].get<std::string>());
+  PreparedBatchLine prepared = prepare_batch_line(line, context);
   try {
-    if (line.error) throw ApiError(400, *line.error);
-    const Endpoint endpoint = parse_endpoint(line.url);
-    if (line.body.is_object() && line.body.contains("model") && line.body["model"].is_string() &&
-        line.body["model"] != model_name)
-      throw ApiError(404,
-                     "The model '" + line.body["model"].get<std::string>() + "' does not exist.",
-                     "model");
-    ApiRequest request = parse_api_request(endpoint, line.body, engine.tokenizer(),
-                                           chat_template ? &*chat_template : nullptr);
-    check_request(request, line.body);
-    GenerationRequest gen{line.custom_id, std::move(request.prompt), request.params,
-                          RequestClass::kBestEffort};
-    request.prompt.clear();
+    if (prepared.error) throw *prepared.error;
     metrics.on_queued(RequestClass::kBestEffort);
     auto state = std::make_shared<Pending>();
     state->cls = RequestClass::kBestEffort;
@@ -224,7 +225,8 @@ void Server::Impl::run_line(const std::shared_ptr<BatchJob>& job, Engine& engine
       state->first_token = Clock::now();
       metrics.on_first_token(state->cls, seconds_between(state->arrival, state->first_token));
     };
-    auto on_done = [this, job, state, request, created, id = line.custom_id](GenerationResult&& r) {
+    auto on_done = [this, job, state, request = prepared.api, created,
+                    id = line.custom_id](GenerationResult&& r) {
       const auto now = Clock::now();
       const int64_t n = static_cast<int64_t>(r.tokens.size());
       metrics.on_finished(
@@ -243,7 +245,7 @@ void Server::Impl::run_line(const std::shared_ptr<BatchJob>& job, Engine& engine
       }
       line_done(job);
     };
-    state->seq = engine.submit(std::move(gen), on_done, on_token);
+    state->seq = engine.submit(std::move(prepared.generation), on_done, on_token);
     // A request with max_tokens 0 finished inside submit(); only the others are in flight.
     if (!state->done) job->in_flight.emplace(state->seq, state);
   } catch (const Error& e) {

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "api/json_limits.h"
 #include "server/server_impl.h"
 
 namespace blend {
@@ -30,28 +31,6 @@ void Server::Impl::completions_routes() {
   http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
     completion(req, res, Endpoint::kChatCompletions);
   });
-}
-
-// Limits the engine would quietly apply become errors here, as in vLLM: a client asking for
-// more than fits should know.
-void Server::Impl::check_request(const ApiRequest& request, const json& body) {
-  const int64_t prompt = static_cast<int64_t>(request.prompt.size());
-  const char* prompt_param = request.endpoint == Endpoint::kCompletions ? "prompt" : "messages";
-  if (prompt >= max_sequence_tokens)
-    throw ApiError(400,
-                   "This model's maximum context length is " + std::to_string(max_sequence_tokens) +
-                       " tokens. However, your prompt has " + std::to_string(prompt) + " tokens.",
-                   prompt_param);
-  const bool asked = body.contains("max_tokens") || body.contains("max_completion_tokens");
-  if (asked && prompt + request.params.max_tokens > max_sequence_tokens)
-    throw ApiError(400,
-                   "This model's maximum context length is " + std::to_string(max_sequence_tokens) +
-                       " tokens. However, you requested " +
-                       std::to_string(prompt + request.params.max_tokens) + " tokens (" +
-                       std::to_string(prompt) + " in the prompt, " +
-                       std::to_string(request.params.max_tokens) +
-                       " for the completion). Please reduce the prompt or max_tokens.",
-                   "max_tokens");
 }
 
 std::shared_ptr<Pending> Server::Impl::submit(const ApiRequest& request, RequestClass cls) {
@@ -127,7 +106,7 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
   json body;
   ApiRequest request;
   try {
-    body = server_internal::parse_client_json(req.body);
+    body = parse_client_json(req.body, "the request body");
   } catch (const ApiError& e) {
     return send_error(res, e.status(), e.what());
   }
@@ -137,9 +116,13 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
       return send_error(res, 404,
                         "The model '" + body["model"].get<std::string>() + "' does not exist.",
                         "model", "model_not_found");
+    RequestLimits limits;
+    limits.max_prompt_bytes = max_prompt_bytes_;
     request = parse_api_request(endpoint, body, loop->engine().tokenizer(),
-                                chat_template ? &*chat_template : nullptr);
-    check_request(request, body);
+                                chat_template ? &*chat_template : nullptr, limits);
+    // Limits the engine would quietly apply become errors, as in vLLM: a client asking for
+    // more than fits should know.
+    check_context(request, body, max_sequence_tokens);
   } catch (const ApiError& e) {
     return send_error(res, e.status(), e.what(), e.param());
   } catch (const Error& e) {

@@ -59,39 +59,6 @@ const char* default_message(int status) {
 
 using server_internal::dump;
 
-namespace server_internal {
-
-json parse_client_json(const std::string& text, const std::string& what) {
-  // One pass over the bytes: brackets outside strings open and close levels.
-  int depth = 0;
-  bool in_string = false, escaped = false;
-  for (const char c : text) {
-    if (in_string) {
-      if (escaped)
-        escaped = false;
-      else if (c == '\\')
-        escaped = true;
-      else if (c == '"')
-        in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > kMaxJsonDepth)
-        throw ApiError(
-            400, what + " nests JSON deeper than " + std::to_string(kMaxJsonDepth) + " levels");
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  try {
-    return json::parse(text);
-  } catch (const json::exception& e) {
-    throw ApiError(400, what + " is not valid JSON: " + e.what());
-  }
-}
-
-}  // namespace server_internal
-
 Server::Impl::Impl(const ServerOptions& o) : options(o) {
   model_name = options.served_model_name;
   if (model_name.empty()) {
@@ -105,6 +72,7 @@ Server::Impl::Impl(const ServerOptions& o) : options(o) {
   }
   auto engine = std::make_unique<Engine>(options.model, options.engine);
   max_sequence_tokens = engine->max_sequence_tokens();
+  max_prompt_bytes_ = max_prompt_bytes(engine->tokenizer(), max_sequence_tokens);
   store = std::make_unique<BatchStore>(options.data_dir);
   loop = std::make_unique<EngineLoop>(std::move(engine),
                                       [this](const Engine& e) { metrics.on_step(e.stats()); });

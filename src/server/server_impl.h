@@ -75,12 +75,6 @@ struct BatchJob {
   bool cancelling = false;
 };
 
-// Parses a client's JSON body. Nesting is bounded (kMaxJsonDepth) before anything is built:
-// copying, dumping or walking a 100,000-deep value recurses once per level and overflowed a
-// handler thread's stack. Throws ApiError (400) naming `what` for bad or too deep JSON.
-constexpr int kMaxJsonDepth = 128;
-nlohmann::json parse_client_json(const std::string& text, const std::string& what = "the body");
-
 }  // namespace server_internal
 
 struct Server::Impl {
@@ -91,6 +85,7 @@ struct Server::Impl {
   std::string model_name;
   std::optional<ChatTemplate> chat_template;
   int64_t max_sequence_tokens = 0;
+  int64_t max_prompt_bytes_ = 0;  // longer prompt texts are refused before tokenizing
   Metrics metrics;
   std::unique_ptr<BatchStore> store;
   std::unique_ptr<EngineLoop> loop;
@@ -121,7 +116,6 @@ struct Server::Impl {
   // Waits for the end: false when the server is stopping or the client on `socket` (when not
   // -1) hung up.
   bool wait_done(Pending& p, int socket = -1);
-  void check_request(const ApiRequest& request, const nlohmann::json& body);
 
   // --- batches (batch_routes.cc) ---
   void files_create(const httplib::Request& req, httplib::Response& res);

@@ -498,7 +498,7 @@ TEST_F(ServerTest, DeeplyNestedJsonIsRefusedNotACrash) {
       "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 400);
-  EXPECT_NE(json::parse(r->body)["error"]["message"].get<std::string>().find("deeper"),
+  EXPECT_NE(json::parse(r->body)["error"]["message"].get<std::string>().find("deep"),
             std::string::npos)
       << r->body;
 
