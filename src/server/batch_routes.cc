@@ -1,6 +1,8 @@
 // The Batch API: /v1/files (uploads, results) and /v1/batches (create, poll, cancel). Batch lines
 // run as best-effort requests on the engine thread; results are appended as lines finish, so a
 // restarted server resumes a batch where it stopped.
+#include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -19,32 +21,34 @@ using server_internal::Pending;
 using server_internal::seconds_between;
 
 void Server::Impl::batch_routes() {
-  http.Post("/v1/files", [this](const httplib::Request& req, httplib::Response& res) {
-    files_create(req, res);
-  });
-  http.Get(R"(/v1/files/([A-Za-z0-9_-]+))",
-           [this](const httplib::Request& req, httplib::Response& res) {
-             auto f = store->file(req.matches[1]);
-             if (!f) return send_error(res, 404, "no such file", "file_id");
-             res.set_content(f->dump(), "application/json");
-           });
-  http.Get(R"(/v1/files/([A-Za-z0-9_-]+)/content)",
-           [this](const httplib::Request& req, httplib::Response& res) {
-             if (!store->file(req.matches[1]))
-               return send_error(res, 404, "no such file", "file_id");
-             std::ifstream in(store->file_path(req.matches[1]), std::ios::binary);
-             std::ostringstream ss;
-             ss << in.rdbuf();
-             res.set_content(ss.str(), "application/octet-stream");
-           });
-  http.Post("/v1/batches", [this](const httplib::Request& req, httplib::Response& res) {
-    batches_create(req, res);
-  });
-  http.Get(R"(/v1/batches/([A-Za-z0-9_-]+))",
-           [this](const httplib::Request& req, httplib::Response& res) { batch_get(req, res); });
-  http.Post(
-      R"(/v1/batches/([A-Za-z0-9_-]+)/cancel)",
-      [this](const httplib::Request& req, httplib::Response& res) { batch_cancel(req, res); });
+  route("POST", "/v1/files",
+        [this](const httplib::Request& req, httplib::Response& res) { files_create(req, res); });
+  route("GET", R"(/v1/files/([A-Za-z0-9_-]+))",
+        [this](const httplib::Request& req, httplib::Response& res) {
+          auto f = store->file(req.matches[1]);
+          if (!f) return send_error(res, 404, "no such file", "file_id");
+          res.set_content(f->dump(), "application/json");
+        });
+  route("GET", R"(/v1/files/([A-Za-z0-9_-]+)/content)",
+        [this](const httplib::Request& req, httplib::Response& res) {
+          if (!store->file(req.matches[1])) return send_error(res, 404, "no such file", "file_id");
+          std::ifstream in(store->file_path(req.matches[1]), std::ios::binary);
+          std::ostringstream ss;
+          ss << in.rdbuf();
+          res.set_content(ss.str(), "application/octet-stream");
+        });
+  route("GET", "/v1/files",
+        [this](const httplib::Request& req, httplib::Response& res) { files_list(req, res); });
+  route("DELETE", R"(/v1/files/([A-Za-z0-9_-]+))",
+        [this](const httplib::Request& req, httplib::Response& res) { file_delete(req, res); });
+  route("POST", "/v1/batches",
+        [this](const httplib::Request& req, httplib::Response& res) { batches_create(req, res); });
+  route("GET", "/v1/batches",
+        [this](const httplib::Request& req, httplib::Response& res) { batches_list(req, res); });
+  route("GET", R"(/v1/batches/([A-Za-z0-9_-]+))",
+        [this](const httplib::Request& req, httplib::Response& res) { batch_get(req, res); });
+  route("POST", R"(/v1/batches/([A-Za-z0-9_-]+)/cancel)",
+        [this](const httplib::Request& req, httplib::Response& res) { batch_cancel(req, res); });
 }
 
 void Server::Impl::files_create(const httplib::Request& req, httplib::Response& res) {
@@ -101,6 +105,14 @@ void Server::Impl::batches_create(const httplib::Request& req, httplib::Response
   json batch = store->create_batch(input, endpoint, body.value("completion_window", "24h"),
                                    body.value("metadata", json(nullptr)), &output_id);
   start_job(batch, /*resume=*/false);
+  // start_job counted the lines (request_counts.total) or failed the batch: answer with that.
+  const std::string id = batch["id"];
+  {
+    std::lock_guard lock(batches_mu);
+    if (auto it = jobs.find(id); it != jobs.end()) batch = it->second->batch;
+  }
+  if (batch["request_counts"]["total"] == 0)
+    if (auto saved = store->batch(id)) batch = *saved;
   res.set_content(batch.dump(), "application/json");
 }
 
@@ -114,6 +126,97 @@ void Server::Impl::batch_get(const httplib::Request& req, httplib::Response& res
   auto b = store->batch(id);
   if (!b) return send_error(res, 404, "no such batch", "batch_id");
   res.set_content(b->dump(), "application/json");
+}
+
+namespace {
+
+// OpenAI's cursor pages: newest first, `limit` items after the one whose id is `after`.
+// Ties on created_at (whole seconds) are ordered by id, so a cursor is stable.
+json page(std::vector<json> items, const httplib::Request& req, int64_t default_limit,
+          int64_t max_limit) {
+  int64_t limit = default_limit;
+  if (req.has_param("limit")) {
+    const std::string v = req.get_param_value("limit");
+    char* end = nullptr;
+    limit = std::strtoll(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0' || limit < 1 || limit > max_limit)
+      throw ApiError(400, "limit must be an integer in [1, " + std::to_string(max_limit) + "]",
+                     "limit");
+  }
+  const bool ascending = req.has_param("order") && req.get_param_value("order") == "asc";
+  if (req.has_param("order") && !ascending && req.get_param_value("order") != "desc")
+    throw ApiError(400, "order must be 'asc' or 'desc'", "order");
+  std::sort(items.begin(), items.end(), [&](const json& a, const json& b) {
+    const auto ka = std::make_pair(a.value("created_at", int64_t{0}), a.value("id", ""));
+    const auto kb = std::make_pair(b.value("created_at", int64_t{0}), b.value("id", ""));
+    return ascending ? ka < kb : ka > kb;
+  });
+  size_t first = 0;
+  if (req.has_param("after")) {
+    const std::string after = req.get_param_value("after");
+    auto it = std::find_if(items.begin(), items.end(),
+                           [&](const json& j) { return j.value("id", "") == after; });
+    if (it == items.end()) throw ApiError(404, "no such object: " + after, "after");
+    first = static_cast<size_t>(it - items.begin()) + 1;
+  }
+  json data = json::array();
+  for (size_t i = first; i < items.size() && static_cast<int64_t>(data.size()) < limit; ++i)
+    data.push_back(std::move(items[i]));
+  const bool has_more = first + data.size() < items.size();
+  json out = {{"object", "list"}, {"data", data}, {"has_more", has_more}};
+  out["first_id"] = data.empty() ? json(nullptr) : data.front()["id"];
+  out["last_id"] = data.empty() ? json(nullptr) : data.back()["id"];
+  return out;
+}
+
+}  // namespace
+
+void Server::Impl::files_list(const httplib::Request& req, httplib::Response& res) {
+  std::vector<json> files = store->files();
+  if (req.has_param("purpose")) {
+    const std::string purpose = req.get_param_value("purpose");
+    std::erase_if(files, [&](const json& f) { return f.value("purpose", "") != purpose; });
+  }
+  try {
+    res.set_content(page(std::move(files), req, 10000, 10000).dump(), "application/json");
+  } catch (const ApiError& e) {
+    send_error(res, e.status(), e.what(), e.param());
+  }
+}
+
+void Server::Impl::file_delete(const httplib::Request& req, httplib::Response& res) {
+  const std::string id = req.matches[1];
+  if (!store->file(id)) return send_error(res, 404, "no such file", "file_id");
+  {
+    // A running batch still reads its input (and reads it again if the server restarts).
+    std::lock_guard lock(batches_mu);
+    for (const auto& [batch_id, job] : jobs) {
+      const std::string status = job->batch.value("status", "");
+      if (job->batch.value("input_file_id", "") == id &&
+          (status == "in_progress" || status == "validating" || status == "cancelling"))
+        return send_error(
+            res, 400, "file " + id + " is the input of batch " + batch_id + ", which is " + status,
+            "file_id");
+    }
+  }
+  if (!store->delete_file(id)) return send_error(res, 404, "no such file", "file_id");
+  res.set_content(json{{"id", id}, {"object", "file"}, {"deleted", true}}.dump(),
+                  "application/json");
+}
+
+void Server::Impl::batches_list(const httplib::Request& req, httplib::Response& res) {
+  std::vector<json> batches = store->batches();
+  {
+    // Running batches: their live counts, not the last saved ones.
+    std::lock_guard lock(batches_mu);
+    for (json& b : batches)
+      if (auto it = jobs.find(b.value("id", "")); it != jobs.end()) b = it->second->batch;
+  }
+  try {
+    res.set_content(page(std::move(batches), req, 20, 100).dump(), "application/json");
+  } catch (const ApiError& e) {
+    send_error(res, e.status(), e.what(), e.param());
+  }
 }
 
 void Server::Impl::batch_cancel(const httplib::Request& req, httplib::Response& res) {
@@ -156,10 +259,12 @@ void Server::Impl::start_job(json batch, bool resume) {
   auto job = std::make_shared<BatchJob>();
   const std::string id = batch["id"];
   job->output_id = store->output_id(id);
+  job->error_id = store->error_id(id);
   std::vector<BatchInputLine> lines;
   try {
     lines = read_batch_input(store->file_path(batch["input_file_id"]));
     job->writer = std::make_unique<BatchResultWriter>(store->file_path(job->output_id));
+    job->error_writer = std::make_unique<BatchResultWriter>(store->file_path(job->error_id));
   } catch (const Error& e) {
     batch["status"] = "failed";
     batch["failed_at"] = unix_seconds();
@@ -170,21 +275,26 @@ void Server::Impl::start_job(json batch, bool resume) {
   }
   int64_t completed = 0, failed = 0;
   if (resume) {
-    std::ifstream in(store->file_path(job->output_id));
-    std::string line;
-    while (std::getline(in, line)) {
-      json r = json::parse(line, nullptr, false);
-      if (!r.is_object()) continue;
-      const bool ok = r.contains("response") && r["response"].is_object() &&
-                      r["response"].value("status_code", 0) == 200;
-      ++(ok ? completed : failed);
+    // Both files: batches run before error files existed have their failures in the output.
+    for (const std::string& file : {job->output_id, job->error_id}) {
+      std::ifstream in(store->file_path(file));
+      std::string line;
+      while (std::getline(in, line)) {
+        json r = json::parse(line, nullptr, false);
+        if (!r.is_object()) continue;
+        const bool ok = r.contains("response") && r["response"].is_object() &&
+                        r["response"].value("status_code", 0) == 200;
+        ++(ok ? completed : failed);
+      }
     }
   }
   batch["request_counts"] = {
       {"total", static_cast<int64_t>(lines.size())}, {"completed", completed}, {"failed", failed}};
   std::vector<BatchInputLine> todo;
   for (BatchInputLine& l : lines)
-    if (!job->writer->done_ids().count(l.custom_id)) todo.push_back(std::move(l));
+    if (!job->writer->done_ids().count(l.custom_id) &&
+        !job->error_writer->done_ids().count(l.custom_id))
+      todo.push_back(std::move(l));
   job->remaining = static_cast<int64_t>(todo.size());
   job->batch = batch;
   // A batch cancelled just before a restart only needs its final status.
@@ -251,8 +361,8 @@ void Server::Impl::run_line(const std::shared_ptr<BatchJob>& job, Engine& engine
   } catch (const Error& e) {
     const ApiError* api = dynamic_cast<const ApiError*>(&e);
     const int status = api ? api->status() : 400;
-    job->writer->write_error(line.custom_id, status,
-                             api ? api->body() : ApiError(400, e.what()).body());
+    job->error_writer->write_error(line.custom_id, status,
+                                   api ? api->body() : ApiError(400, e.what()).body());
     {
       std::lock_guard lock(batches_mu);
       auto& counts = job->batch["request_counts"];
@@ -275,12 +385,15 @@ void Server::Impl::finish_job(const std::shared_ptr<BatchJob>& job) {
     if (b["status"] == "completed" || b["status"] == "cancelled") return;
     id = b["id"];
   }
-  // The results are all written: publish their file before the status that points at it.
+  // The results are all written: publish their files before the status that points at them.
   store->register_file(job->output_id, id + "_output.jsonl", "batch_output");
+  const bool any_failed = !job->error_writer->done_ids().empty();
+  if (any_failed) store->register_file(job->error_id, id + "_errors.jsonl", "batch_output");
   json snapshot;
   {
     std::lock_guard lock(batches_mu);
     json& b = job->batch;
+    if (any_failed) b["error_file_id"] = job->error_id;
     const int64_t now = unix_seconds();
     const bool cancelled = job->cancelling || b["status"] == "cancelling";
     b["status"] = cancelled ? "cancelled" : "completed";

@@ -25,12 +25,13 @@ std::string sse(const json& chunk) {
 }  // namespace
 
 void Server::Impl::completions_routes() {
-  http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+  route("POST", "/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     completion(req, res, Endpoint::kCompletions);
   });
-  http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    completion(req, res, Endpoint::kChatCompletions);
-  });
+  route("POST", "/v1/chat/completions",
+        [this](const httplib::Request& req, httplib::Response& res) {
+          completion(req, res, Endpoint::kChatCompletions);
+        });
 }
 
 std::shared_ptr<Pending> Server::Impl::submit(const ApiRequest& request, RequestClass cls) {

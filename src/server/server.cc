@@ -30,6 +30,8 @@ const char* error_type(int status) {
       return "authentication_error";
     case 404:
       return "not_found_error";
+    case 405:
+      return "invalid_request_error";
     case 413:
       return "invalid_request_error";
     case 429:
@@ -111,13 +113,27 @@ void Server::Impl::send_error(httplib::Response& res, int status, const std::str
   res.set_content(dump(error_body(message, error_type(status), param, code)), "application/json");
 }
 
+void Server::Impl::route(const char* method, const std::string& pattern,
+                         httplib::Server::Handler handler) {
+  known_routes.emplace_back(std::regex(pattern), method);
+  const std::string m = method;
+  if (m == "GET")
+    http.Get(pattern, std::move(handler));
+  else if (m == "POST")
+    http.Post(pattern, std::move(handler));
+  else
+    http.Delete(pattern, std::move(handler));
+}
+
 void Server::Impl::routes() {
   // Serving a client that hung up must not kill the process.
   ::signal(SIGPIPE, SIG_IGN);
 
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    const bool needs_key =
-        req.path.rfind("/v1/", 0) == 0 || (req.path == "/metrics" && !options.metrics_public);
+    // /tokenize and /detokenize cost CPU per byte sent: keyed like /v1/*.
+    const bool needs_key = req.path.rfind("/v1/", 0) == 0 || req.path == "/tokenize" ||
+                           req.path == "/detokenize" ||
+                           (req.path == "/metrics" && !options.metrics_public);
     if (needs_key && !authorized(req)) {
       send_error(res, 401, "Incorrect API key provided.", "", "invalid_api_key");
       return httplib::Server::HandlerResponse::Handled;
@@ -126,8 +142,21 @@ void Server::Impl::routes() {
   });
   // Statuses httplib sets by itself (413 body too large, 404 unknown path, ...) get an OpenAI
   // error body too.
-  http.set_error_handler([this](const httplib::Request&, httplib::Response& res) {
+  http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
+    // httplib routes by method first: a known path asked with another method is a 404 to it.
+    if (res.status == 404) {
+      std::string allow;
+      for (const auto& [pattern, method] : known_routes)
+        if (method != req.method && std::regex_match(req.path, pattern) &&
+            allow.find(method) == std::string::npos)
+          allow += (allow.empty() ? "" : ", ") + method;
+      if (!allow.empty()) {
+        res.set_header("Allow", allow);
+        return send_error(res, 405,
+                          req.method + " is not allowed on " + req.path + " (use " + allow + ")");
+      }
+    }
     send_error(res, res.status, default_message(res.status));
   });
 

@@ -4,7 +4,8 @@
 //   server.cc             set-up, the route table's hooks (auth, errors), start/stop
 //   completions_routes.cc /v1/completions, /v1/chat/completions (JSON and SSE)
 //   batch_routes.cc       /v1/files, /v1/batches (the Batch API)
-//   info_routes.cc        /health, /metrics, /v1/models
+//   info_routes.cc        /health, /version, /metrics, /v1/models[/{id}], /tokenize,
+//                         /detokenize
 #pragma once
 
 #include <atomic>
@@ -13,9 +14,12 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <regex>
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -68,8 +72,9 @@ struct Pending {
 // only, except `batch` (the object clients poll), which is guarded by Impl::batches_mu.
 struct BatchJob {
   nlohmann::json batch;
-  std::string output_id;
-  std::unique_ptr<BatchResultWriter> writer;
+  std::string output_id, error_id;
+  std::unique_ptr<BatchResultWriter> writer;        // successful lines (output_file_id)
+  std::unique_ptr<BatchResultWriter> error_writer;  // failed lines (error_file_id)
   std::unordered_map<SeqId, std::shared_ptr<Pending>> in_flight;
   int64_t remaining = 0;
   bool cancelling = false;
@@ -99,10 +104,17 @@ struct Server::Impl {
 
   explicit Impl(const ServerOptions& o);
   void routes();
+  // Registers a handler and remembers the route, so that another method on it is a 405.
+  void route(const char* method, const std::string& pattern, httplib::Server::Handler handler);
+  std::vector<std::pair<std::regex, std::string>> known_routes;  // (path pattern, method)
   // Each route family registers its own handlers (in its own file).
   void info_routes();
   void completions_routes();
   void batch_routes();
+
+  // --- info (info_routes.cc) ---
+  void tokenize(const httplib::Request& req, httplib::Response& res);
+  void detokenize(const httplib::Request& req, httplib::Response& res);
 
   // --- requests (server.cc) ---
   bool authorized(const httplib::Request& req) const;
@@ -121,6 +133,9 @@ struct Server::Impl {
   void files_create(const httplib::Request& req, httplib::Response& res);
   void batches_create(const httplib::Request& req, httplib::Response& res);
   void batch_get(const httplib::Request& req, httplib::Response& res);
+  void batches_list(const httplib::Request& req, httplib::Response& res);
+  void files_list(const httplib::Request& req, httplib::Response& res);
+  void file_delete(const httplib::Request& req, httplib::Response& res);
   void batch_cancel(const httplib::Request& req, httplib::Response& res);
   void start_job(nlohmann::json batch, bool resume);
   void run_line(const std::shared_ptr<BatchJob>& job, Engine& engine, const BatchInputLine& line);

@@ -100,6 +100,12 @@ class ServerTest : public ::testing::Test {
     return done();
   }
 
+  static json get_json(httplib::Client& c, const std::string& path) {
+    auto r = c.Get(path.c_str());
+    EXPECT_TRUE(r && r->status == 200) << path;
+    return r && r->status == 200 ? json::parse(r->body, nullptr, false) : json(nullptr);
+  }
+
   // The value of a /metrics sample line that starts with `prefix` (-1 when absent).
   static double metric(httplib::Client& c, const std::string& prefix) {
     auto r = c.Get("/metrics");
@@ -575,10 +581,10 @@ class BatchApi : public ServerTest {
         seconds);
   }
 
-  static std::map<std::string, json> results(httplib::Client& c, const json& batch) {
+  static std::map<std::string, json> results(httplib::Client& c, const json& batch,
+                                             const std::string& file = "output_file_id") {
     std::map<std::string, json> out;
-    auto r =
-        c.Get(("/v1/files/" + batch["output_file_id"].get<std::string>() + "/content").c_str());
+    auto r = c.Get(("/v1/files/" + batch[file].get<std::string>() + "/content").c_str());
     EXPECT_TRUE(r && r->status == 200);
     if (!r) return out;
     std::istringstream in(r->body);
@@ -615,9 +621,14 @@ TEST_F(BatchApi, UploadRunPollAndDownload) {
   EXPECT_EQ(batch["request_counts"]["total"], 3);
   EXPECT_EQ(batch["request_counts"]["completed"], 2);
   EXPECT_EQ(batch["request_counts"]["failed"], 1);
+  EXPECT_EQ(created["request_counts"]["total"], 3) << "the line count, from creation on";
+  // Successes in the output file, failures in the error file (as OpenAI).
   const auto out = results(c, batch);
-  ASSERT_EQ(out.size(), 3u);
-  EXPECT_EQ(out.at("c")["response"]["status_code"], 400);
+  ASSERT_EQ(out.size(), 2u);
+  ASSERT_TRUE(batch["error_file_id"].is_string()) << batch.dump();
+  const auto errors = results(c, batch, "error_file_id");
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors.at("c")["response"]["status_code"], 400);
   // A batch line gives the tokens the same request gets online (temperature 0, deterministic).
   const json online = post(c, "/v1/completions",
                            {{"model", "tiny"},
@@ -733,6 +744,119 @@ TEST_F(BatchApi, CancelStopsTheBatchAndFreesItsKv) {
   EXPECT_TRUE(poll([&] { return metric(c, "blend:kv_cache_used_bytes") == 0; }));
   post(c, "/v1/batches/" + id + "/cancel", json::object(), &status);
   EXPECT_EQ(status, 400);  // already cancelled
+}
+
+TEST_F(BatchApi, FilesAndBatchesAreListedPagedAndDeleted) {
+  auto server = start(options("batch-list"));
+  auto c = client(*server);
+  const std::string a = upload(c, line("x", "one", 2));
+  const std::string b = upload(c, line("y", "two", 2));
+  json files = get(c, "/v1/files");
+  ASSERT_TRUE(files.is_object());
+  EXPECT_EQ(files["object"], "list");
+  std::set<std::string> ids;
+  for (const json& f : files["data"]) ids.insert(f["id"]);
+  EXPECT_EQ(ids, (std::set<std::string>{a, b}));
+  EXPECT_EQ(get(c, "/v1/files?purpose=batch_output")["data"].size(), 0u);
+
+  int status = 0;
+  std::vector<std::string> batch_ids;
+  for (const std::string& f : {a, b}) {
+    const json created =
+        post(c, "/v1/batches", {{"input_file_id", f}, {"endpoint", "/v1/completions"}}, &status);
+    ASSERT_EQ(status, 200) << created.dump();
+    EXPECT_EQ(created["request_counts"]["total"], 1);
+    batch_ids.push_back(created["id"]);
+    json done;
+    ASSERT_TRUE(completed(c, created["id"], done)) << done.dump();
+    EXPECT_TRUE(done["error_file_id"].is_null()) << "no line failed";
+  }
+  // Pages of one: both batches, each once, then nothing more.
+  const json first = get(c, "/v1/batches?limit=1");
+  ASSERT_TRUE(first.is_object());
+  ASSERT_EQ(first["data"].size(), 1u);
+  EXPECT_TRUE(first["has_more"].get<bool>());
+  const json second = get(c, "/v1/batches?limit=1&after=" + first["last_id"].get<std::string>());
+  ASSERT_EQ(second["data"].size(), 1u);
+  EXPECT_FALSE(second["has_more"].get<bool>());
+  EXPECT_EQ((std::set<std::string>{first["data"][0]["id"], second["data"][0]["id"]}),
+            (std::set<std::string>(batch_ids.begin(), batch_ids.end())));
+  EXPECT_EQ(c.Get("/v1/batches?limit=0")->status, 400);
+  EXPECT_EQ(c.Get("/v1/batches?after=batch_nope")->status, 404);
+
+  auto r = c.Delete(("/v1/files/" + a).c_str());
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(json::parse(r->body)["deleted"], true);
+  EXPECT_EQ(c.Get(("/v1/files/" + a).c_str())->status, 404);
+  EXPECT_EQ(c.Delete(("/v1/files/" + a).c_str())->status, 404);
+  for (const json& f : get(c, "/v1/files")["data"]) EXPECT_NE(f["id"], a);
+}
+
+TEST_F(ServerTest, WrongMethodOnAKnownRouteIs405) {
+  auto server = start(options());
+  auto c = client(*server);
+  for (const auto& [method, path] :
+       std::vector<std::pair<std::string, std::string>>{{"GET", "/v1/completions"},
+                                                        {"GET", "/v1/chat/completions"},
+                                                        {"DELETE", "/v1/models"},
+                                                        {"POST", "/v1/files/file-abc/content"},
+                                                        {"GET", "/tokenize"}}) {
+    SCOPED_TRACE(method + " " + path);
+    auto r = method == "GET"      ? c.Get(path.c_str())
+             : method == "DELETE" ? c.Delete(path.c_str())
+                                  : c.Post(path.c_str(), "{}", "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 405);
+    EXPECT_FALSE(r->get_header_value("Allow").empty());
+    const json e = json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(e.is_object()) << r->body;
+    EXPECT_TRUE(e["error"]["message"].is_string());
+  }
+  EXPECT_EQ(c.Get("/v1/nothing")->status, 404);
+}
+
+TEST_F(ServerTest, VersionModelByIdTokenizeAndDetokenize) {
+  auto server = start(options());
+  auto c = client(*server);
+  const json version = get_json(c, "/version");
+  EXPECT_TRUE(version["version"].is_string()) << version.dump();
+  const json model = get_json(c, "/v1/models/tiny");
+  EXPECT_EQ(model["id"], "tiny");
+  EXPECT_EQ(model["object"], "model");
+  EXPECT_EQ(c.Get("/v1/models/other")->status, 404);
+
+  int status = 0;
+  const json tok = post(c, "/tokenize", {{"prompt", "Hello there"}}, &status);
+  ASSERT_EQ(status, 200) << tok.dump();
+  ASSERT_TRUE(tok["tokens"].is_array());
+  EXPECT_EQ(tok["count"], tok["tokens"].size());
+  EXPECT_GT(tok["max_model_len"].get<int>(), 0);
+  EXPECT_TRUE(tok["token_strs"].is_null());
+  // The same count a completion of that prompt reports.
+  const json done =
+      post(c, "/v1/completions", {{"prompt", "Hello there"}, {"max_tokens", 1}}, &status);
+  EXPECT_EQ(done["usage"]["prompt_tokens"], tok["count"]);
+  const json messages = {{{"role", "user"}, {"content", "Hi"}}};
+  const json chat_tok = post(c, "/tokenize", {{"messages", messages}}, &status);
+  ASSERT_EQ(status, 200) << chat_tok.dump();
+  const json chat =
+      post(c, "/v1/chat/completions", {{"messages", messages}, {"max_tokens", 1}}, &status);
+  EXPECT_EQ(chat["usage"]["prompt_tokens"], chat_tok["count"]);
+  const json strs =
+      post(c, "/tokenize", {{"prompt", "Hello there"}, {"return_token_strs", true}}, &status);
+  ASSERT_EQ(strs["token_strs"].size(), tok["tokens"].size());
+
+  const json detok = post(c, "/detokenize", {{"tokens", tok["tokens"]}}, &status);
+  ASSERT_EQ(status, 200) << detok.dump();
+  const std::string text = detok["prompt"];
+  EXPECT_EQ(text.substr(text.size() - 11), "Hello there") << text;
+  post(c, "/detokenize", {{"tokens", {1, -5}}}, &status);
+  EXPECT_EQ(status, 400);
+  post(c, "/tokenize", {{"prompt", "x"}, {"add_special_tokens", false}}, &status);
+  EXPECT_EQ(status, 400) << "an unknown field is refused, not ignored";
+  post(c, "/tokenize", {{"model", "other"}, {"prompt", "x"}}, &status);
+  EXPECT_EQ(status, 404);
 }
 
 // The official OpenAI Node client (setup.sh installs it) against the `blend serve` binary.
