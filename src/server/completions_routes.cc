@@ -151,6 +151,9 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
       res.status = p->error_status;
       return res.set_content(dump(*p->error), "application/json");
     }
+    server_internal::request_log().prompt_tokens = p->result->prompt_tokens;
+    server_internal::request_log().completion_tokens =
+        static_cast<int64_t>(p->result->tokens.size());
     res.set_content(
         make_response(request, *p->result, id, model_name, created, loop->engine().tokenizer())
             .dump(-1, ' ', false, json::error_handler_t::replace),
@@ -209,6 +212,9 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
             out += sse(*p->error);
           } else {
             const GenerationResult& r = *p->result;
+            server_internal::request_log().prompt_tokens = r.prompt_tokens;
+            server_internal::request_log().completion_tokens =
+                static_cast<int64_t>(r.tokens.size());
             out += sse(chunk(text_choice("", finish_reason_name(r.finish))));
             if (request.include_usage) {
               json c = chunk(nullptr);

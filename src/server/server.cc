@@ -6,8 +6,13 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
+#include "backend/cpu/cpu_backend.h"
+#include "model/weights.h"
 #include "server/server_impl.h"
 
 namespace blend {
@@ -57,9 +62,62 @@ const char* default_message(int status) {
   }
 }
 
+// bos_token / eos_token of tokenizer_config.json (a string or an AddedToken object), "" if none.
+std::string special_token(const json& config, const char* name) {
+  auto t = config.find(name);
+  if (t == config.end()) return "";
+  if (t->is_string()) return t->get<std::string>();
+  if (t->is_object() && t->contains("content") && (*t)["content"].is_string())
+    return (*t)["content"].get<std::string>();
+  return "";
+}
+
+// --chat-template FILE: its Jinja text, with the model folder's special tokens.
+ChatTemplate template_from_file(const std::filesystem::path& file,
+                                const std::filesystem::path& model_dir) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw Error("cannot read the chat template " + file.string());
+  std::ostringstream text;
+  text << in.rdbuf();
+  json config = json::object();
+  std::ifstream cfg(model_dir / "tokenizer_config.json");
+  if (cfg) config = json::parse(cfg, nullptr, /*allow_exceptions=*/false);
+  if (!config.is_object()) config = json::object();
+  try {
+    return ChatTemplate(text.str(), special_token(config, "bos_token"),
+                        special_token(config, "eos_token"));
+  } catch (const Error& e) {
+    throw Error("the chat template " + file.string() + ": " + e.what());
+  }
+}
+
+// --dtype: what the backend will compute in must be what was asked for.
+void check_dtype(const std::string& asked, const std::filesystem::path& model_dir) {
+  if (asked == "auto") return;
+  const TensorStore weights = TensorStore::open_dir(model_dir);
+  const DType checkpoint = check_tensors(ModelConfig::from_dir(model_dir), weights);
+  const DType compute = cpu_compute_dtype(checkpoint);
+  const DType want = asked == "bf16" ? DType::kBF16 : DType::kF32;
+  if (asked != "bf16" && asked != "f32") throw Error("--dtype must be auto, bf16 or f32");
+  if (compute != want)
+    throw Error(
+        "--dtype " + asked + ": the cpu backend computes this " +
+        std::string(dtype_name(checkpoint)) + " checkpoint in " + std::string(dtype_name(compute)) +
+        " on this CPU and cannot convert it; use --dtype auto or a checkpoint saved in " + asked);
+}
+
 }  // namespace
 
 using server_internal::dump;
+
+namespace server_internal {
+
+RequestLog& request_log() {
+  thread_local RequestLog log;
+  return log;
+}
+
+}  // namespace server_internal
 
 Server::Impl::Impl(const ServerOptions& o) : options(o) {
   model_name = options.served_model_name;
@@ -67,17 +125,28 @@ Server::Impl::Impl(const ServerOptions& o) : options(o) {
     model_name = options.model.filename().string();
     if (model_name.empty()) model_name = options.model.parent_path().filename().string();
   }
-  try {
-    chat_template = ChatTemplate::from_dir(options.model);
-  } catch (const Error&) {
-    // chat requests then fail with a clear message
+  if (!options.chat_template.empty()) {
+    chat_template = template_from_file(options.chat_template, options.model);
+  } else {
+    try {
+      chat_template = ChatTemplate::from_dir(options.model);
+    } catch (const Error&) {
+      // chat requests then fail with a clear message
+    }
   }
+  check_dtype(options.dtype, options.model);
   auto engine = std::make_unique<Engine>(options.model, options.engine);
   max_sequence_tokens = engine->max_sequence_tokens();
   max_prompt_bytes_ = max_prompt_bytes(engine->tokenizer(), max_sequence_tokens);
   store = std::make_unique<BatchStore>(options.data_dir);
-  loop = std::make_unique<EngineLoop>(std::move(engine),
-                                      [this](const Engine& e) { metrics.on_step(e.stats()); });
+  loop = std::make_unique<EngineLoop>(std::move(engine), [this](const Engine& e) {
+    const EngineStats stats = e.stats();
+    metrics.on_step(stats);
+    stat_prompt_tokens = stats.prompt_tokens;
+    stat_output_tokens = stats.output_tokens;
+    stat_running = static_cast<int64_t>(e.num_running());
+    stat_waiting = static_cast<int64_t>(e.num_waiting());
+  });
   // Streams hold a handler thread each for their whole life: allow many.
   http.new_task_queue = [] { return new httplib::ThreadPool(64); };
   http.set_payload_max_length(options.max_body_bytes);
@@ -130,6 +199,7 @@ void Server::Impl::routes() {
   ::signal(SIGPIPE, SIG_IGN);
 
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    server_internal::request_log() = {server_internal::Clock::now(), -1, -1};
     // /tokenize and /detokenize cost CPU per byte sent: keyed like /v1/*.
     const bool needs_key = req.path.rfind("/v1/", 0) == 0 || req.path == "/tokenize" ||
                            req.path == "/detokenize" ||
@@ -142,6 +212,19 @@ void Server::Impl::routes() {
   });
   // Statuses httplib sets by itself (413 body too large, 404 unknown path, ...) get an OpenAI
   // error body too.
+  if (!options.quiet) {
+    http.set_logger([](const httplib::Request& req, const httplib::Response& res) {
+      const auto& log = server_internal::request_log();
+      const double seconds =
+          server_internal::seconds_between(log.start, server_internal::Clock::now());
+      std::string tokens;
+      if (log.prompt_tokens >= 0)
+        tokens = " prompt_tokens=" + std::to_string(log.prompt_tokens) +
+                 " completion_tokens=" + std::to_string(log.completion_tokens);
+      std::fprintf(stderr, "blend serve: %s %s %s %d%s %.3fs\n", req.remote_addr.c_str(),
+                   req.method.c_str(), req.path.c_str(), res.status, tokens.c_str(), seconds);
+    });
+  }
   http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     // httplib routes by method first: a known path asked with another method is a 404 to it.
@@ -165,11 +248,38 @@ void Server::Impl::routes() {
   batch_routes();
 }
 
-Server::Server(const ServerOptions& options) : impl_(std::make_unique<Impl>(options)) {}
+// Every stats_interval seconds with traffic: tokens/s in and out, requests running and waiting.
+void Server::Impl::stats_loop() {
+  int64_t prompt = stat_prompt_tokens, output = stat_output_tokens;
+  auto last = server_internal::Clock::now();
+  while (!stopping) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const auto now = server_internal::Clock::now();
+    const double dt = server_internal::seconds_between(last, now);
+    if (dt < options.stats_interval) continue;
+    const int64_t p = stat_prompt_tokens, o = stat_output_tokens;
+    const int64_t running = stat_running, waiting = stat_waiting;
+    if (p != prompt || o != output || running > 0 || waiting > 0)
+      std::fprintf(stderr,
+                   "blend serve: %.1f prompt tokens/s, %.1f generated tokens/s, %lld running, "
+                   "%lld waiting\n",
+                   static_cast<double>(p - prompt) / dt, static_cast<double>(o - output) / dt,
+                   static_cast<long long>(running), static_cast<long long>(waiting));
+    prompt = p;
+    output = o;
+    last = now;
+  }
+}
+
+Server::Server(const ServerOptions& options) : impl_(std::make_unique<Impl>(options)) {
+  if (!options.quiet && options.stats_interval > 0)
+    impl_->stats_thread = std::thread([this] { impl_->stats_loop(); });
+}
 
 Server::~Server() {
   stop();
   if (impl_->serve_thread.joinable()) impl_->serve_thread.join();
+  if (impl_->stats_thread.joinable()) impl_->stats_thread.join();
   // The engine thread runs callbacks that use the rest of Impl, `loop` included: stop it while
   // all of that still exists. (Resetting `loop` alone nulled it before joining the thread, and a
   // batch line finishing in the last step then crashed on loop->engine().)
@@ -194,6 +304,7 @@ void Server::start() {
 }
 
 void Server::stop() {
+  // Called from signal handlers too: no lock here (the stats loop polls `stopping`).
   impl_->stopping = true;
   impl_->http.stop();
 }

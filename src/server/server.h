@@ -27,6 +27,14 @@ struct ServerOptions {
   bool metrics_public = false;  // /metrics without the key even when api_key is set
   std::filesystem::path data_dir = "blend-data";
   std::string served_model_name;  // default: the model folder's name
+  std::filesystem::path chat_template;
+  // "auto", "bf16" or "f32": the compute dtype asked for. The cpu backend's is fixed by the
+  // checkpoint (and CPU); another is refused at start-up rather than silently not used.
+  std::string dtype = "auto";  // a Jinja file instead of the model folder's template
+  // On stderr: one line per request (method, path, status, tokens, latency), and every
+  // stats_interval seconds while there is traffic, the throughput. quiet = neither.
+  bool quiet = false;
+  double stats_interval = 10;
   size_t max_body_bytes = 64 << 20;
   // Connections the kernel may hold for accept() (capped by net.core.somaxconn): httplib's 5
   // reset clients under bursts.

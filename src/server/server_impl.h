@@ -80,6 +80,15 @@ struct BatchJob {
   bool cancelling = false;
 };
 
+// What the access-log line of the request this thread is serving reports. httplib runs the
+// pre-routing handler, the route handler (with its stream) and the logger on one thread per
+// connection, so a thread_local carries it from the first to the last.
+struct RequestLog {
+  Clock::time_point start;
+  int64_t prompt_tokens = -1, completion_tokens = -1;  // -1: not a generation
+};
+RequestLog& request_log();
+
 }  // namespace server_internal
 
 struct Server::Impl {
@@ -98,6 +107,11 @@ struct Server::Impl {
   int port = 0;
   std::atomic<bool> stopping{false};
   std::thread serve_thread;
+  // The throughput line (server.cc): a thread printing every options.stats_interval seconds.
+  std::thread stats_thread;
+  void stats_loop();
+  std::atomic<int64_t> stat_prompt_tokens{0}, stat_output_tokens{0};  // engine totals
+  std::atomic<int64_t> stat_running{0}, stat_waiting{0};
 
   std::mutex batches_mu;
   std::unordered_map<std::string, std::shared_ptr<BatchJob>> jobs;

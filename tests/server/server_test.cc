@@ -13,6 +13,8 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <set>
@@ -23,6 +25,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "core/error.h"
 #include "model/presets.h"
 #include "model/random_init.h"
 #include "test_util.h"
@@ -857,6 +860,89 @@ TEST_F(ServerTest, VersionModelByIdTokenizeAndDetokenize) {
   EXPECT_EQ(status, 400) << "an unknown field is refused, not ignored";
   post(c, "/tokenize", {{"model", "other"}, {"prompt", "x"}}, &status);
   EXPECT_EQ(status, 404);
+}
+
+TEST_F(ServerTest, MaxModelLenChatTemplateFileAndDtype) {
+  ServerOptions o = options();
+  o.engine.max_model_len = 64;
+  const std::filesystem::path jinja = *dir_ / "brackets.jinja";
+  { std::ofstream(jinja) << "{% for m in messages %}[{{ m.content }}]{% endfor %}"; }
+  o.chat_template = jinja;
+  auto server = start(o);
+  auto c = client(*server);
+  EXPECT_EQ(get_json(c, "/v1/models")["data"][0]["max_model_len"], 64);
+  int status = 0;
+  std::vector<int> prompt(80, 100);
+  post(c, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 1}}, &status);
+  EXPECT_EQ(status, 400) << "80 prompt tokens pass --max-model-len 64";
+  const json tok =
+      post(c, "/tokenize", {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}}, &status);
+  ASSERT_EQ(status, 200) << tok.dump();
+  const json text = post(c, "/detokenize", {{"tokens", tok["tokens"]}}, &status);
+  EXPECT_NE(text["prompt"].get<std::string>().find("[Hi]"), std::string::npos) << text.dump();
+
+  ServerOptions too_long = options();
+  too_long.engine.max_model_len = 1 << 30;
+  EXPECT_THROW(Server{too_long}, ::blend::Error);
+  ServerOptions bad_template = options();
+  bad_template.chat_template = *dir_ / "missing.jinja";
+  EXPECT_THROW(Server{bad_template}, ::blend::Error);
+  // The cpu backend computes a checkpoint in one dtype: asking for the other is refused.
+  int refused = 0;
+  for (const char* dtype : {"bf16", "f32"}) {
+    ServerOptions d = options();
+    d.dtype = dtype;
+    try {
+      Server s(d);
+    } catch (const Error& e) {
+      ++refused;
+      EXPECT_NE(std::string(e.what()).find("--dtype"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(refused, 1);
+}
+
+// The binary: --version, one access-log line per request and a throughput line, on stderr.
+TEST(ServeCommand, VersionAccessLogAndThroughputLines) {
+  for (const std::string args : {"--version", "serve --version"}) {
+    const auto r = testing::run_command(std::string("'") + BLEND_BINARY + "' " + args + " 2>&1");
+    EXPECT_EQ(r.exit_code, 0) << args << ": " << r.output;
+    EXPECT_NE(r.output.find("0."), std::string::npos) << args << ": " << r.output;
+  }
+  testing::TempDir dir;
+  RandomInitOptions o;
+  o.seed = 9;
+  o.tokenizer_dir = BLEND_TEST_TOKENIZER_DIR;
+  write_random_model(*find_model_preset("tiny"), dir / "tiny", o);
+  const std::string log_file = (dir / "log").string();
+  const auto started = testing::run_command(
+      std::string("'") + BLEND_BINARY + "' serve --model " + (dir / "tiny").string() +
+      " --port 0 --data-dir " + (dir / "data").string() +
+      " --threads 2 --kv-memory 0.05 --stats-interval 0.5 >/dev/null 2>" + log_file + " & echo $!");
+  const std::string pid = started.output.substr(0, started.output.find('\n'));
+  int port = 0;
+  for (int i = 0; i < 3000 && port == 0; ++i) {
+    const std::string log = testing::read_file(log_file);
+    if (auto at = log.find("127.0.0.1:"); at != std::string::npos)
+      port = std::stoi(log.substr(at + 10));
+    if (port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_GT(port, 0) << testing::read_file(log_file);
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(60, 0);
+  auto r = c.Post("/v1/completions",
+                  json{{"prompt", "Hello"}, {"max_tokens", 200}, {"ignore_eos", true}}.dump(),
+                  "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(c.Get("/nothing")->status, 404);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  testing::run_command("kill " + pid);
+  const std::string log = testing::read_file(log_file);
+  EXPECT_NE(log.find("POST /v1/completions 200 prompt_tokens="), std::string::npos) << log;
+  EXPECT_NE(log.find("completion_tokens=200"), std::string::npos) << log;
+  EXPECT_NE(log.find("GET /nothing 404"), std::string::npos) << log;
+  EXPECT_NE(log.find("generated tokens/s"), std::string::npos) << log;
 }
 
 // The official OpenAI Node client (setup.sh installs it) against the `blend serve` binary.
