@@ -10,6 +10,8 @@
 #include <fstream>
 #include <random>
 
+#include "api/api_error.h"
+#include "api/json_limits.h"
 #include "core/error.h"
 
 namespace blend {
@@ -53,9 +55,11 @@ void for_each_batch_input(const std::filesystem::path& path,
     line.custom_id = "line-" + std::to_string(number);
     json j;
     try {
-      j = json::parse(text);
-    } catch (const json::parse_error& e) {
-      line.error = "line " + std::to_string(number) + " is not valid JSON";
+      // Depth-bounded: one line of 100,000 nested arrays used to kill the whole run.
+      j = parse_client_json(text, "line " + std::to_string(number));
+    } catch (const ApiError& e) {
+      line.error = e.what();
+      line.error_param = e.param();
     }
     if (!line.error) {
       if (!j.is_object()) {
@@ -63,14 +67,18 @@ void for_each_batch_input(const std::filesystem::path& path,
       } else if (!j.contains("custom_id") || !j["custom_id"].is_string() ||
                  j["custom_id"].get_ref<const std::string&>().empty()) {
         line.error = "missing 'custom_id'";
+        line.error_param = "custom_id";
       } else {
         line.custom_id = j["custom_id"].get<std::string>();
         if (j.contains("method") && j["method"] != "POST") {
           line.error = "'method' must be POST";
+          line.error_param = "method";
         } else if (!j.contains("url") || !j["url"].is_string()) {
           line.error = "missing 'url'";
+          line.error_param = "url";
         } else if (!j.contains("body") || !j["body"].is_object()) {
           line.error = "missing 'body' object";
+          line.error_param = "body";
         } else {
           line.url = j["url"].get<std::string>();
           line.body = std::move(j["body"]);
@@ -101,13 +109,12 @@ BatchResultWriter::BatchResultWriter(const std::filesystem::path& path) : path_(
     const size_t end = content.find('\n', start);
     const std::string line = content.substr(start, end - start);
     start = end + 1;
-    try {
-      const json j = json::parse(line);
-      if (j.contains("custom_id") && j["custom_id"].is_string())
-        done_.insert(j["custom_id"].get<std::string>());
-    } catch (const json::parse_error&) {
-      // Not ours to judge: keep it, it does not count as done.
-    }
+    // A line that does not parse is not ours to judge: keep it, it does not count as done.
+    // Lines are ours, but the file may have been edited: parse with the client bounds.
+    if (json_nesting_depth(line) > kMaxClientJsonDepth) continue;
+    const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("custom_id") && j["custom_id"].is_string())
+      done_.insert(j["custom_id"].get<std::string>());
   }
   fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd_ < 0) throw Error("cannot open " + path.string() + ": " + std::strerror(errno));

@@ -22,11 +22,13 @@ struct BatchInputLine {
   std::string url;
   nlohmann::json body;
   std::optional<std::string> error;  // why the line cannot run (reported as its result)
+  std::string error_param;           // the field at fault ("custom_id", "body.temperature")
 };
 
-// Reads every non-blank line. Malformed lines become entries with `error` set (their custom_id
-// is "line-N" when none can be read). Throws blend::Error if the file cannot be read or two
-// lines share a custom_id (the Batch API requires them unique).
+// Reads every non-blank line. Malformed lines (not JSON, nested deeper than
+// kMaxClientJsonDepth, a number out of range, no custom_id/url/body) become entries with
+// `error` set (their custom_id is "line-N" when none can be read). Throws blend::Error if the file
+// cannot be read or two lines share a custom_id (the Batch API requires them unique).
 std::vector<BatchInputLine> read_batch_input(const std::filesystem::path& path);
 // The same, one line at a time, in file order, without holding them all (a 400K-request
 // workload's JSON bodies would take gigabytes).

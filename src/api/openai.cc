@@ -1,7 +1,12 @@
 #include "api/openai.h"
 
+#include <algorithm>
 #include <limits>
 
+#include "api/chat_messages.h"
+#include "api/logprobs.h"
+#include "api/request_fields.h"
+#include "api/utf8.h"
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
 
@@ -49,22 +54,37 @@ std::vector<TokenId> token_list(const json& list, const char* param) {
   return ids;
 }
 
-void check_utf8(const std::string& s, const char* param) {
-  // Rejects invalid UTF-8 up front: a prompt we cannot represent is the client's error.
-  size_t i = 0;
-  while (i < s.size()) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (n == 0 || i + n > s.size())
-      throw ApiError(400, "invalid UTF-8 in '" + std::string(param) + "'", param);
-    for (size_t k = 1; k < n; ++k)
-      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 2)
-        throw ApiError(400, "invalid UTF-8 in '" + std::string(param) + "'", param);
-    i += n;
+// OpenAI logit_bias: {"<token id>": bias in [-100, 100]}; ids must exist in the vocabulary.
+std::vector<std::pair<TokenId, float>> parse_logit_bias(const json& body, int32_t vocab_size) {
+  std::vector<std::pair<TokenId, float>> out;
+  auto it = body.find("logit_bias");
+  if (it == body.end() || it->is_null()) return out;
+  if (!it->is_object())
+    throw ApiError(400, "'logit_bias' must be an object of token id -> bias", "logit_bias");
+  for (const auto& [key, value] : it->items()) {
+    const bool digits =
+        !key.empty() && key.size() <= 10 &&
+        std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+    const int64_t id = digits ? std::stoll(key) : -1;
+    if (id < 0 || id >= vocab_size)
+      throw ApiError(400,
+                     "'logit_bias' key '" + key.substr(0, 40) +
+                         "' is not a token id of this model (0 to " +
+                         std::to_string(vocab_size - 1) + ")",
+                     "logit_bias");
+    if (!value.is_number() || value.get<double>() < -100.0 || value.get<double>() > 100.0)
+      throw ApiError(400, "'logit_bias' values must be numbers between -100 and 100", "logit_bias");
+    out.emplace_back(static_cast<TokenId>(id), value.get<float>());
   }
+  std::sort(out.begin(), out.end());
+  for (size_t i = 1; i < out.size(); ++i)
+    if (out[i].first == out[i - 1].first)
+      throw ApiError(400, "'logit_bias' names token " + std::to_string(out[i].first) + " twice",
+                     "logit_bias");
+  return out;
 }
 
-SamplingParams parse_sampling(Endpoint endpoint, const json& body) {
+SamplingParams parse_sampling(Endpoint endpoint, const json& body, int32_t vocab_size) {
   SamplingParams p;
   p.temperature = number_field<float>(body, "temperature", 1.0f, 0.0f, 2.0f);
   p.top_p = number_field<float>(body, "top_p", 1.0f, 0.0f, 1.0f);
@@ -105,6 +125,13 @@ SamplingParams parse_sampling(Endpoint endpoint, const json& body) {
     p.stop_token_ids = token_list(*it, "stop_token_ids");
   }
   p.ignore_eos = bool_field(body, "ignore_eos", false);
+  p.presence_penalty = number_field<float>(body, "presence_penalty", 0.0f, -2.0f, 2.0f);
+  p.frequency_penalty = number_field<float>(body, "frequency_penalty", 0.0f, -2.0f, 2.0f);
+  // vLLM's repetition_penalty: > 0 (1 = off). The bound above only keeps it finite.
+  p.repetition_penalty = number_field<float>(body, "repetition_penalty", 1.0f, 0.0f, 1e6f);
+  if (p.repetition_penalty <= 0.0f)
+    throw ApiError(400, "'repetition_penalty' must be > 0", "repetition_penalty");
+  p.logit_bias = parse_logit_bias(body, vocab_size);
   if (endpoint == Endpoint::kCompletions) {
     if (auto it = body.find("logprobs"); it != body.end() && !it->is_null())
       p.logprobs = number_field<int32_t>(body, "logprobs", 0, 0, 20);
@@ -119,21 +146,7 @@ SamplingParams parse_sampling(Endpoint endpoint, const json& body) {
   return p;
 }
 
-json token_bytes(const std::string& s) {
-  json bytes = json::array();
-  for (unsigned char c : s) bytes.push_back(c);
-  return bytes;
-}
-
 }  // namespace
-
-json ApiError::body() const {
-  return {{"error",
-           {{"message", what()},
-            {"type", type_},
-            {"param", param_.empty() ? json(nullptr) : json(param_)},
-            {"code", nullptr}}}};
-}
 
 Endpoint parse_endpoint(const std::string& url) {
   if (url == "/v1/completions" || url == "/completions") return Endpoint::kCompletions;
@@ -156,20 +169,62 @@ const char* finish_reason_name(FinishReason reason) {
   return "stop";
 }
 
+int64_t max_prompt_bytes(const Tokenizer& tokenizer, int64_t max_sequence_tokens) {
+  size_t longest = 1;
+  for (int32_t id = 0; id < tokenizer.vocab_size(); ++id)
+    longest = std::max(longest, tokenizer.token_bytes(id).size());
+  return std::max<int64_t>(0, max_sequence_tokens - 1) * static_cast<int64_t>(longest);
+}
+
+void check_context(const ApiRequest& request, const json& body, int64_t max_sequence_tokens) {
+  const int64_t prompt = static_cast<int64_t>(request.prompt.size());
+  const char* prompt_param = request.endpoint == Endpoint::kCompletions ? "prompt" : "messages";
+  if (prompt >= max_sequence_tokens)
+    throw ApiError(400,
+                   "This model's maximum context length is " + std::to_string(max_sequence_tokens) +
+                       " tokens. However, your prompt has " + std::to_string(prompt) + " tokens.",
+                   prompt_param);
+  const auto asked = [&](const char* key) { return body.contains(key) && !body[key].is_null(); };
+  if ((asked("max_tokens") || asked("max_completion_tokens")) &&
+      prompt + request.params.max_tokens > max_sequence_tokens)
+    throw ApiError(400,
+                   "This model's maximum context length is " + std::to_string(max_sequence_tokens) +
+                       " tokens. However, you requested " +
+                       std::to_string(prompt + request.params.max_tokens) + " tokens (" +
+                       std::to_string(prompt) + " in the prompt, " +
+                       std::to_string(request.params.max_tokens) +
+                       " for the completion). Please reduce the prompt or max_tokens.",
+                   "max_tokens");
+}
+
 ApiRequest parse_api_request(Endpoint endpoint, const json& body, const Tokenizer& tokenizer,
-                             const ChatTemplate* chat_template) {
+                             const ChatTemplate* chat_template, const RequestLimits& limits) {
   if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object");
+  check_request_fields(endpoint, body);
   ApiRequest r;
   r.endpoint = endpoint;
   if (auto it = body.find("model"); it != body.end() && it->is_string())
     r.model = it->get<std::string>();
-  r.params = parse_sampling(endpoint, body);
+  r.params = parse_sampling(endpoint, body, tokenizer.vocab_size());
+  // Checked on the text, before tokenizing: a tokenizer pass over a 60 MB prompt takes 24 s
+  // and 2.4 GB only to find it cannot fit (issue 26).
+  const auto check_size = [&](const std::string& text, const char* param) {
+    if (limits.max_prompt_bytes > 0 && static_cast<int64_t>(text.size()) > limits.max_prompt_bytes)
+      throw ApiError(400,
+                     "the prompt is " + std::to_string(text.size()) + " bytes; no text over " +
+                         std::to_string(limits.max_prompt_bytes) +
+                         " bytes fits this model's context",
+                     param);
+  };
   r.stream = bool_field(body, "stream", false);
   for (auto [key, slot] : {std::pair{"ttft_slo", &r.ttft_slo}, std::pair{"tpot_slo", &r.tpot_slo}})
     if (body.contains(key) && !body[key].is_null())
       *slot = number_field<double>(body, key, 0.0, 1e-6, 3600.0);
-  if (auto it = body.find("stream_options"); it != body.end() && it->is_object())
+  if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
+    if (!it->is_object())
+      throw ApiError(400, "'stream_options' must be an object", "stream_options");
     r.include_usage = bool_field(*it, "include_usage", false);
+  }
 
   if (endpoint == Endpoint::kCompletions) {
     auto it = body.find("prompt");
@@ -181,6 +236,7 @@ ApiRequest parse_api_request(Endpoint endpoint, const json& body, const Tokenize
       prompt = &(*prompt)[0];
     if (prompt->is_string()) {
       const std::string& text = prompt->get_ref<const std::string&>();
+      check_size(text, "prompt");
       check_utf8(text, "prompt");
       r.prompt = tokenizer.encode(text);
     } else if (prompt->is_array() && (prompt->empty() || (*prompt)[0].is_number())) {
@@ -195,19 +251,16 @@ ApiRequest parse_api_request(Endpoint endpoint, const json& body, const Tokenize
     auto it = body.find("messages");
     if (it == body.end() || !it->is_array() || it->empty())
       throw ApiError(400, "'messages' must be a non-empty list", "messages");
-    for (const auto& m : *it) {
-      if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
-        throw ApiError(400, "each message needs a 'role'", "messages");
-      if (auto c = m.find("content"); c != m.end() && c->is_string())
-        check_utf8(c->get_ref<const std::string&>(), "messages");
-    }
+    const json messages = flatten_chat_messages(*it);
     if (!chat_template) throw ApiError(400, "this model has no chat template", "messages");
+    const bool add_generation_prompt = bool_field(body, "add_generation_prompt", true);
     std::string text;
     try {
-      text = chat_template->render(*it, /*add_generation_prompt=*/true);
+      text = chat_template->render(messages, add_generation_prompt);
     } catch (const Error& e) {
       throw ApiError(400, std::string("chat template: ") + e.what(), "messages");
     }
+    check_size(text, "messages");
     // The rendered prompt already carries the template's special tokens (BOS included).
     r.prompt = tokenizer.encode(text, /*parse_special=*/true);
   }
@@ -225,43 +278,9 @@ json make_response(const ApiRequest& request, const GenerationResult& result,
                 {"prompt_tokens_details", {{"cached_tokens", result.cached_tokens}}}};
   json logprobs = nullptr;
   const bool chat = request.endpoint == Endpoint::kChatCompletions;
-  if (request.params.logprobs) {
-    if (chat) {
-      json content = json::array();
-      for (const auto& lp : result.logprobs) {
-        const std::string tok = tokenizer.decode(std::vector<TokenId>{lp.token});
-        json top = json::array();
-        for (const auto& t : lp.top) {
-          const std::string s = tokenizer.decode(std::vector<TokenId>{t.token});
-          top.push_back({{"token", s}, {"logprob", t.logprob}, {"bytes", token_bytes(s)}});
-        }
-        content.push_back({{"token", tok},
-                           {"logprob", lp.logprob},
-                           {"bytes", token_bytes(tok)},
-                           {"top_logprobs", top}});
-      }
-      logprobs = {{"content", content}};
-    } else {
-      json tokens = json::array(), token_logprobs = json::array(), top = json::array(),
-           offsets = json::array();
-      size_t offset = 0;
-      for (const auto& lp : result.logprobs) {
-        const std::string tok = tokenizer.decode(std::vector<TokenId>{lp.token});
-        tokens.push_back(tok);
-        token_logprobs.push_back(lp.logprob);
-        json alts = json::object();
-        for (const auto& t : lp.top)
-          alts[tokenizer.decode(std::vector<TokenId>{t.token})] = t.logprob;
-        top.push_back(alts);
-        offsets.push_back(offset);
-        offset += tok.size();
-      }
-      logprobs = {{"tokens", tokens},
-                  {"token_logprobs", token_logprobs},
-                  {"top_logprobs", top},
-                  {"text_offset", offsets}};
-    }
-  }
+  if (request.params.logprobs)
+    logprobs = chat ? chat_logprobs(result.logprobs, tokenizer)
+                    : completion_logprobs(result.logprobs, tokenizer);
   json choice = {
       {"index", 0}, {"logprobs", logprobs}, {"finish_reason", finish_reason_name(result.finish)}};
   if (chat) {

@@ -11,32 +11,14 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/error.h"
-#include "core/types.h"
+#include "api/api_error.h"
 #include "core/request.h"
+#include "core/types.h"
 
 namespace blend {
 
 class ChatTemplate;
 class Tokenizer;
-
-// A request the API rejects: HTTP status, OpenAI error type and the offending parameter.
-class ApiError : public Error {
- public:
-  ApiError(int status, std::string message, std::string param = "",
-           std::string type = "invalid_request_error")
-      : Error(message), status_(status), param_(std::move(param)), type_(std::move(type)) {}
-  int status() const { return status_; }
-  const std::string& param() const { return param_; }
-  const std::string& type() const { return type_; }
-  // {"error": {"message", "type", "param", "code"}}
-  nlohmann::json body() const;
-
- private:
-  int status_;
-  std::string param_;
-  std::string type_;
-};
 
 enum class Endpoint { kCompletions, kChatCompletions };
 
@@ -55,10 +37,33 @@ struct ApiRequest {
   std::optional<double> ttft_slo, tpot_slo;
 };
 
+// What the caller knows about the engine that bounds a request before any costly work.
+struct RequestLimits {
+  // A prompt text longer than this many UTF-8 bytes cannot fit the context whatever its
+  // tokens (see max_prompt_bytes); it is refused before tokenizing. 0 = no bound.
+  int64_t max_prompt_bytes = 0;
+};
+
+// The longest prompt text, in bytes, that could still tokenize to fewer than
+// `max_sequence_tokens` tokens: every token stands for at most the longest token's bytes of
+// the text (byte-level BPE consumes its input without normalizing it away), so a text of more
+// than (max_sequence_tokens - 1) x longest-token bytes needs at least max_sequence_tokens
+// tokens. A 60 MB prompt is refused in microseconds instead of tokenized in 24 s (issue 26).
+int64_t max_prompt_bytes(const Tokenizer& tokenizer, int64_t max_sequence_tokens);
+
 // Parses a request body; tokenizes the prompt (rendering `messages` through the chat template).
-// Throws ApiError (status 400) naming the parameter on bad input.
+// Throws ApiError (status 400) naming the parameter on bad input, on fields this engine does
+// not implement (api/request_fields.h) and on a prompt text over limits.max_prompt_bytes.
 ApiRequest parse_api_request(Endpoint endpoint, const nlohmann::json& body,
-                             const Tokenizer& tokenizer, const ChatTemplate* chat_template);
+                             const Tokenizer& tokenizer, const ChatTemplate* chat_template,
+                             const RequestLimits& limits = {});
+
+// The context check OpenAI makes: a prompt of max_sequence_tokens or more tokens is refused
+// (param "prompt" or "messages"), and so is a max_tokens / max_completion_tokens the client set
+// that, with the prompt, passes the context (param "max_tokens"). An unset max_tokens is
+// clamped by the engine instead.
+void check_context(const ApiRequest& request, const nlohmann::json& body,
+                   int64_t max_sequence_tokens);
 
 // The response body for a finished request.
 nlohmann::json make_response(const ApiRequest& request, const GenerationResult& result,

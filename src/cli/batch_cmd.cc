@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "api/batch_file.h"
+#include "api/batch_lines.h"
 #include "api/openai.h"
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
@@ -33,7 +34,9 @@ struct BatchArgs {
   std::string input;
   std::string output;
   std::string stats;
-  std::string step_timings;  // each step's shape and time, for `blend profile --steps`
+  std::string step_timings;       // each step's shape and time, for `blend profile --steps`
+  std::string endpoint;           // the batch's endpoint; empty = each line's url
+  std::string served_model_name;  // lines naming another model fail; empty = any name
   EngineOptions engine;
   bool quiet = false;
   std::string policy = "fcfs";   // fcfs = input order, all queued at once; else a plan's
@@ -65,6 +68,14 @@ std::optional<ChatTemplate> load_chat_template(const std::filesystem::path& dir)
 void run_batch(const BatchArgs& args) {
   const auto t_load = std::chrono::steady_clock::now();
   const std::vector<BatchInputLine> lines = read_batch_input(args.input);
+  std::optional<Endpoint> batch_endpoint;
+  if (!args.endpoint.empty()) {
+    try {
+      batch_endpoint = parse_endpoint(args.endpoint);
+    } catch (const ApiError& e) {
+      throw Error(std::string("--endpoint: ") + e.what());
+    }
+  }
   Engine engine(args.model, args.engine);
   const std::optional<ChatTemplate> chat_template = load_chat_template(args.model);
   BatchResultWriter writer(args.output);
@@ -96,6 +107,13 @@ void run_batch(const BatchArgs& args) {
     const EngineStats st = engine.stats();
     progress.update(done + failed, st.prompt_tokens + st.output_tokens);
   };
+  BatchLineContext context;
+  context.tokenizer = &engine.tokenizer();
+  context.chat_template = chat_template ? &*chat_template : nullptr;
+  context.max_sequence_tokens = engine.max_sequence_tokens();
+  context.max_prompt_bytes = max_prompt_bytes(engine.tokenizer(), context.max_sequence_tokens);
+  context.endpoint = batch_endpoint;
+  if (!args.served_model_name.empty()) context.model = args.served_model_name;
   for (const BatchInputLine& line : lines) {
     if (writer.done_ids().count(line.custom_id)) {
       ++skipped;
@@ -103,17 +121,12 @@ void run_batch(const BatchArgs& args) {
     }
     ++total;
     try {
-      if (line.error) throw ApiError(400, *line.error);
-      if (api_of.count(line.custom_id)) throw ApiError(400, "duplicate custom_id", "custom_id");
-      const Endpoint endpoint = parse_endpoint(line.url);
-      ApiRequest request = parse_api_request(endpoint, line.body, engine.tokenizer(),
-                                             chat_template ? &*chat_template : nullptr);
-      GenerationRequest gen{line.custom_id, request.prompt, request.params,
-                            RequestClass::kBestEffort};
+      PreparedBatchLine prepared = prepare_batch_line(line, context);
+      if (prepared.error) throw *prepared.error;
+      GenerationRequest& gen = prepared.generation;
       engine.check_request(gen);
-      prompts.push_back(request.prompt);
-      request.prompt.clear();  // the engine holds the tokens now
-      api_of.emplace(line.custom_id, std::move(request));
+      prompts.push_back(gen.prompt);
+      api_of.emplace(line.custom_id, std::move(prepared.api));
       if (use_plan) {
         OfflineRequest q{gen.id, std::move(gen.prompt), gen.params, 0, gen.params.ignore_eos};
         q.output_estimate = q.output_known
@@ -215,6 +228,12 @@ void register_batch_command(CLI::App& app) {
                   "Result JSONL (appended; custom_ids already there are skipped)")
       ->required();
   cmd->add_option("--stats", args->stats, "Write run statistics as JSON here");
+  cmd->add_option("--endpoint", args->endpoint,
+                  "The batch's endpoint (/v1/completions or /v1/chat/completions): lines with "
+                  "another url fail, as in OpenAI's Batch API (default: each line's url)");
+  cmd->add_option("--served-model-name", args->served_model_name,
+                  "Lines whose body names another model fail with 404, as `blend serve` does "
+                  "(default: any model name is accepted)");
   cmd->add_option("--step-timings", args->step_timings,
                   "Write each engine step's shape and wall time (to the next step's start) as "
                   "JSONL here, for `blend profile --steps`");

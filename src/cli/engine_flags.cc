@@ -1,6 +1,8 @@
 #include "cli/engine_flags.h"
 
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -9,24 +11,62 @@
 
 namespace blend::cli {
 
+namespace {
+
+// Accepts a finite number in [lo, hi] (an integer when `integer`); the error names the flag
+// (CLI11 prefixes it) and says what the value should be.
+CLI::Validator number_in(double lo, double hi, bool integer, const std::string& meaning) {
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        // Checked on the text: NaN passes every comparison, and "1e999" converts to infinity.
+        double v = 0;
+        size_t used = 0;
+        try {
+          v = std::stod(text, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        const bool ok = used == text.size() && std::isfinite(v) && v >= lo && v <= hi &&
+                        (!integer || v == std::floor(v));
+        if (ok) return "";
+        std::ostringstream msg;
+        msg << "'" << text << "' is not " << meaning;
+        return msg.str();
+      },
+      integer ? "INT" : "NUMBER");
+}
+
+}  // namespace
+
 void add_engine_flags(CLI::App* cmd, EngineOptions& o) {
+  // Nonsense values are refused here, naming the flag: `--max-batch-tokens 0` used to end in
+  // "internal: the scheduler ... scheduled nothing" (issue 26).
+  const double int_max = std::numeric_limits<int32_t>::max();
   cmd->add_option("--max-batch-tokens", o.scheduler.max_batch_tokens,
-                  "Token budget of one step (prefill chunks + decodes)");
-  cmd->add_option("--max-running", o.scheduler.max_running, "Most sequences decoding at once");
+                  "Token budget of one step (prefill chunks + decodes)")
+      ->check(number_in(1, int_max, true, "a token count of at least 1"));
+  cmd->add_option("--max-running", o.scheduler.max_running, "Most sequences decoding at once")
+      ->check(number_in(1, int_max, true, "a sequence count of at least 1"));
   cmd->add_option("--kv-memory", o.kv_memory_gb,
-                  "KV cache size in GB (fractions allowed); default: a share of free memory");
-  cmd->add_option("--page-size", o.page_size, "Tokens per KV page");
-  cmd->add_option("--threads", o.threads, "Compute threads (default: all)");
+                  "KV cache size in GB (fractions allowed); default: a share of free memory")
+      ->check(
+          number_in(0, 1e6, false, "a size in GB, 0 (default: a share of free memory) or more"));
+  cmd->add_option("--page-size", o.page_size, "Tokens per KV page")
+      ->check(number_in(1, 1 << 20, true, "a page size of 1 to 1048576 tokens"));
+  cmd->add_option("--threads", o.threads, "Compute threads (default: all)")
+      ->check(number_in(0, 65536, true, "a thread count, 0 (all) or more"));
   cmd->add_flag("--deterministic", o.deterministic,
                 "Same seed, same tokens, whatever the batch or order");
   cmd->add_option("--seed", o.seed, "Seed for requests without one");
   cmd->add_option("--prefix-cache", o.prefix_cache,
                   "Reuse cached prompt prefixes: on|off (default on)");
   cmd->add_option("--kv-host-memory", o.kv_host_memory_gb,
-                  "GB of host memory for cached KV evicted from the KV cache (default 0: none)");
+                  "GB of host memory for cached KV evicted from the KV cache (default 0: none)")
+      ->check(number_in(0, 1e6, false, "a size in GB, 0 (none) or more"));
   cmd->add_option("--kv-disk", o.kv_disk_dir,
                   "Directory for cached KV evicted from host memory (default: none)");
-  cmd->add_option("--kv-disk-size", o.kv_disk_gb, "Cap of --kv-disk in GB (default 10)");
+  cmd->add_option("--kv-disk-size", o.kv_disk_gb, "Cap of --kv-disk in GB (default 10)")
+      ->check(number_in(1e-9, 1e9, false, "a size in GB above 0"));
 }
 
 IterationCostModel read_iteration_model(const std::string& path) {

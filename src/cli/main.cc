@@ -6,10 +6,12 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "server/version.h"
 
 int main(int argc, char** argv) {
   CLI::App app{
       "blend: serve and batch-run Llama-family models (BlendServe, NanoFlow, BROS, BlockLLM)"};
+  app.set_version_flag("--version", blend::kBlendVersion, "Print blend's version and exit");
   app.require_subcommand(1);
   blend::cli::register_model_commands(app);
   blend::cli::register_tokenize_command(app);

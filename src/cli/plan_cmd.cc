@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "api/batch_file.h"
+#include "api/json_limits.h"
 #include "api/openai.h"
 #include "cli/commands.h"
 #include "core/error.h"
@@ -66,7 +67,7 @@ std::unordered_map<std::string, double> read_sampled_lengths(const std::string& 
   std::unordered_map<std::string, double> out;
   std::string line;
   while (std::getline(in, line)) {
-    if (line.empty()) continue;
+    if (line.empty() || json_nesting_depth(line) > kMaxClientJsonDepth) continue;
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (!j.is_object() || !j.contains("custom_id")) continue;
     const nlohmann::json* usage = nullptr;

@@ -11,6 +11,7 @@
 #include "cli/engine_flags.h"
 #include "core/error.h"
 #include "server/server.h"
+#include "server/version.h"
 
 namespace blend::cli {
 namespace {
@@ -41,12 +42,34 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--model", o->model, "Model folder")->required();
   cmd->add_option("--host", o->host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", o->port, "Port (0 = any free port)")->capture_default_str();
-  cmd->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' on /v1/*");
+  cmd->add_option("--api-key", o->api_key,
+                  "Require 'Authorization: Bearer KEY' on /v1/* and /metrics");
+  cmd->add_flag("--metrics-public", o->metrics_public,
+                "Serve /metrics without the API key (for a Prometheus scraper without one)");
   cmd->add_option("--data-dir", o->data_dir, "Where Batch API files and results are kept")
       ->capture_default_str();
   cmd->add_option("--served-model-name", o->served_model_name,
                   "Model id clients use (default: the model folder's name)");
   cmd->add_option("--max-body-bytes", o->max_body_bytes, "Largest request body accepted")
+      ->capture_default_str();
+  cmd->set_version_flag("--version", kBlendVersion, "Print blend's version and exit");
+  cmd->add_option("--max-model-len", o->engine.max_model_len,
+                  "Longest prompt + output of a request (default: the model's context; more is "
+                  "refused)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--chat-template", o->chat_template,
+                  "A Jinja chat template file instead of the model folder's")
+      ->check(CLI::ExistingFile);
+  auto dtype = std::make_shared<std::string>("auto");
+  cmd->add_option("--dtype", *dtype,
+                  "Compute dtype: auto (the checkpoint's: bf16 -> bf16, f16/f32 -> f32); bf16 "
+                  "or f32 are checked against what the backend computes for the checkpoint")
+      ->check(CLI::IsMember({"auto", "bf16", "f32"}))
+      ->capture_default_str();
+  cmd->add_flag("--quiet", o->quiet, "No access log and no throughput lines on stderr");
+  cmd->add_option("--stats-interval", o->stats_interval,
+                  "Seconds between throughput lines while serving (0 = none)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   add_engine_flags(cmd, o->engine);
   o->engine.scheduler.policy = SchedulerPolicy::kHybrid;
@@ -69,7 +92,8 @@ void register_serve_command(CLI::App& app) {
                   "--policy hybrid, as BROS; unidirectional for its baselines)")
       ->check(CLI::IsMember({"auto", "bidirectional", "unidirectional"}))
       ->capture_default_str();
-  cmd->callback([o, profile, layout] {
+  cmd->callback([o, profile, layout, dtype] {
+    o->dtype = *dtype;
     if (!profile->empty()) o->engine.scheduler.iteration_cost = read_iteration_model(*profile);
     o->engine.scheduler.fit_iteration_cost = profile->empty();
     o->engine.scheduler.bidirectional_kv =

@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "api/json_limits.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "model/chat_template.h"
@@ -28,8 +29,9 @@ void run_template(const TemplateArgs& a) {
                           std::istreambuf_iterator<char>());
   nlohmann::ordered_json messages;  // ordered: tools and arguments print in the order given
   try {
+    if (json_nesting_depth(input) > kMaxClientJsonDepth) throw Error("messages nest too deep");
     messages = nlohmann::ordered_json::parse(input);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const std::exception& e) {
     throw Error(std::string("expected a JSON array of messages on stdin: ") + e.what());
   }
   if (!messages.is_array()) throw Error("expected a JSON array of messages on stdin");

@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "api/json_limits.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "model/tokenizer.h"
@@ -28,8 +29,8 @@ void run_tokenize(const TokenizeArgs& a) {
   if (a.decode) {
     nlohmann::json ids;
     try {
-      ids = nlohmann::json::parse(input);
-    } catch (const nlohmann::json::parse_error&) {
+      ids = parse_client_json(input, "stdin");
+    } catch (const Error&) {
       throw Error("--decode expects a JSON array of token ids on stdin");
     }
     if (!ids.is_array()) throw Error("--decode expects a JSON array of token ids on stdin");

@@ -50,6 +50,10 @@ Engine::Engine(const std::filesystem::path& model_dir, const EngineOptions& opti
       config_(ModelConfig::from_dir(model_dir)),
       weights_(std::make_unique<TensorStore>(TensorStore::open_dir(model_dir))),
       tokenizer_(std::make_unique<Tokenizer>(Tokenizer::from_dir(model_dir))) {
+  if (options.max_model_len < 0 || options.max_model_len > config_.max_position_embeddings)
+    throw Error("max_model_len " + std::to_string(options.max_model_len) + " is outside [1, " +
+                std::to_string(config_.max_position_embeddings) +
+                "], the model's context (max_position_embeddings)");
   BackendInputs in;
   in.config = &config_;
   in.weights = weights_.get();
@@ -133,8 +137,9 @@ void Engine::check_invariants() const {
 }
 
 int64_t Engine::max_sequence_tokens() const {
-  return std::min<int64_t>(config_.max_position_embeddings,
-                           pool_->num_pages() * pool_->page_size());
+  const int64_t context =
+      options_.max_model_len > 0 ? options_.max_model_len : config_.max_position_embeddings;
+  return std::min<int64_t>(context, pool_->num_pages() * pool_->page_size());
 }
 
 void Engine::check_request(GenerationRequest& request) const {

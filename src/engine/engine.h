@@ -33,6 +33,9 @@ struct EngineOptions {
   int threads = 0;              // 0 = all hardware threads
   bool deterministic = false;   // batch-invariant numerics (see backend/cpu)
   int32_t page_size = 16;
+  // Longest prompt + output of a sequence (vLLM's --max-model-len); 0 = the model's context.
+  // More than the model's max_position_embeddings is refused.
+  int64_t max_model_len = 0;
   double kv_memory_gb = 0;   // KV cache size; 0 = a share of the free memory
   bool prefix_cache = true;  // reuse cached prompt prefixes (kv/radix_cache)
   // KV tiers for cached pages evicted from the KV cache (kv/kv_tiers): host memory, then disk.

@@ -88,6 +88,27 @@ std::optional<json> BatchStore::file(const std::string& id) const {
   return read_json(dir_ / "files" / (id + ".json"));
 }
 
+std::vector<json> BatchStore::files() const {
+  std::lock_guard lock(mu_);
+  std::vector<json> out;
+  for (const auto& entry : fs::directory_iterator(dir_ / "files")) {
+    if (entry.path().extension() != ".json") continue;
+    if (auto f = read_json(entry.path()); f && f->is_object()) out.push_back(std::move(*f));
+  }
+  return out;
+}
+
+bool BatchStore::delete_file(const std::string& id) {
+  if (!safe_id(id)) return false;
+  std::lock_guard lock(mu_);
+  std::error_code ec;
+  // The object goes first: a crash in between leaves unpublished content, never a file object
+  // without its content.
+  if (!fs::remove(dir_ / "files" / (id + ".json"), ec)) return false;
+  fs::remove(file_path(id), ec);
+  return true;
+}
+
 json BatchStore::create_batch(const std::string& input_file_id, const std::string& endpoint,
                               const std::string& completion_window, const json& metadata,
                               std::string* output_id) {
@@ -114,8 +135,9 @@ json BatchStore::create_batch(const std::string& input_file_id, const std::strin
             {"metadata", metadata}};
   *output_id = make_id("file-");
   std::lock_guard lock(mu_);
-  write_atomically(dir_ / "batches" / (b["id"].get<std::string>() + ".json"),
-                   json{{"batch", b}, {"output_id", *output_id}}.dump());
+  write_atomically(
+      dir_ / "batches" / (b["id"].get<std::string>() + ".json"),
+      json{{"batch", b}, {"output_id", *output_id}, {"error_id", make_id("file-")}}.dump());
   return b;
 }
 
@@ -140,6 +162,15 @@ std::string BatchStore::output_id(const std::string& batch_id) const {
   std::lock_guard lock(mu_);
   auto record = read_json(dir_ / "batches" / (batch_id + ".json"));
   return record ? record->value("output_id", "") : "";
+}
+
+std::string BatchStore::error_id(const std::string& batch_id) const {
+  std::lock_guard lock(mu_);
+  auto record = read_json(dir_ / "batches" / (batch_id + ".json"));
+  if (!record) return "";
+  // Records written before error files existed have none: derive one from the output's id.
+  if (!record->contains("error_id")) return record->value("output_id", "") + "_errors";
+  return record->value("error_id", "");
 }
 
 std::vector<json> BatchStore::batches() const {

@@ -25,6 +25,9 @@ class BatchStore {
   nlohmann::json create_file(const std::string& filename, const std::string& purpose,
                              const std::string& content);
   std::optional<nlohmann::json> file(const std::string& id) const;
+  std::vector<nlohmann::json> files() const;  // every published file object
+  // Removes the file's object and content; false when there is no such file.
+  bool delete_file(const std::string& id);
   std::filesystem::path file_path(const std::string& id) const;
   // Publishes a file written in place at file_path(id) (a batch's results).
   nlohmann::json register_file(const std::string& id, const std::string& filename,
@@ -36,6 +39,8 @@ class BatchStore {
                               std::string* output_id);
   std::optional<nlohmann::json> batch(const std::string& id) const;
   std::string output_id(const std::string& batch_id) const;
+  // Where the batch's failed lines go (a separate file, as OpenAI's error_file_id).
+  std::string error_id(const std::string& batch_id) const;
   void save_batch(const nlohmann::json& batch);  // replaces the record with this batch object
   std::vector<nlohmann::json> batches() const;   // every batch on disk
 

@@ -5,9 +5,9 @@
 //   POST /v1/batches/{id}/cancel                  (Batch API, files kept in data_dir)
 // Interactive requests are real-time (RT); batch lines and "service_tier": "flex" requests are
 // best-effort (BE). Bad requests get OpenAI error objects {"error": {message, type, param,
-// code}} with the matching HTTP status, and the server carries on. A streaming client that
-// goes away has its request cancelled and its KV freed. Unfinished batches found in data_dir
-// at start-up are resumed, skipping the lines whose results are already written.
+// code}} with the matching HTTP status, and the server carries on. A client that goes away
+// (streaming or not) has its request cancelled and its KV freed. Unfinished batches found in
+// data_dir at start-up are resumed, skipping the lines whose results are already written.
 #pragma once
 
 #include <cstddef>
@@ -22,11 +22,23 @@ namespace blend {
 struct ServerOptions {
   std::filesystem::path model;
   std::string host = "127.0.0.1";
-  int port = 8000;      // 0 = any free port (see Server::port())
-  std::string api_key;  // when set, /v1/* needs "Authorization: Bearer <key>"
+  int port = 8000;              // 0 = any free port (see Server::port())
+  std::string api_key;          // when set, /v1/* and /metrics need "Authorization: Bearer <key>"
+  bool metrics_public = false;  // /metrics without the key even when api_key is set
   std::filesystem::path data_dir = "blend-data";
   std::string served_model_name;  // default: the model folder's name
+  std::filesystem::path chat_template;
+  // "auto", "bf16" or "f32": the compute dtype asked for. The cpu backend's is fixed by the
+  // checkpoint (and CPU); another is refused at start-up rather than silently not used.
+  std::string dtype = "auto";  // a Jinja file instead of the model folder's template
+  // On stderr: one line per request (method, path, status, tokens, latency), and every
+  // stats_interval seconds while there is traffic, the throughput. quiet = neither.
+  bool quiet = false;
+  double stats_interval = 10;
   size_t max_body_bytes = 64 << 20;
+  // Connections the kernel may hold for accept() (capped by net.core.somaxconn): httplib's 5
+  // reset clients under bursts.
+  int listen_backlog = 4096;
   EngineOptions engine;
 };
 

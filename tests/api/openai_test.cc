@@ -1,5 +1,7 @@
 #include "api/openai.h"
 
+#include <chrono>
+
 #include <gtest/gtest.h>
 
 #include "api/batch_file.h"
@@ -138,6 +140,167 @@ TEST_F(OpenAiTest, ResponseShapes) {
   EXPECT_EQ(body["choices"][0]["message"]["content"], "Hello,");
   EXPECT_EQ(body["choices"][0]["finish_reason"], "stop");
   EXPECT_TRUE(body["choices"][0]["logprobs"].is_null());
+}
+
+// Clients send content as a list of parts; the template used to print the list's repr.
+TEST_F(OpenAiTest, ContentPartsAreFlattenedAsVllmDoes) {
+  const ApiRequest parts = parse(
+      Endpoint::kChatCompletions,
+      R"({"messages":[{"role":"system","content":[{"type":"text","text":"Be brief."}]},)"
+      R"({"role":"user","content":[{"type":"text","text":"Hi"},{"type":"text","text":"there"}]}]})");
+  const ApiRequest plain =
+      parse(Endpoint::kChatCompletions, R"({"messages":[{"role":"system","content":"Be brief."},)"
+                                        R"({"role":"user","content":"Hi\nthere"}]})");
+  EXPECT_EQ(parts.prompt, plain.prompt);
+  EXPECT_EQ(tokenizer_->decode(parts.prompt).find("'type'"), std::string::npos);
+  // Parts a text model cannot read are refused, naming the part.
+  EXPECT_EQ(error_param(Endpoint::kChatCompletions,
+                        R"({"messages":[{"role":"user","content":[{"type":"text","text":"x"},)"
+                        R"({"type":"image_url","image_url":{"url":"http://x/y.png"}}]}]})"),
+            "messages[0].content[1].type");
+  EXPECT_EQ(error_param(Endpoint::kChatCompletions,
+                        R"({"messages":[{"role":"user","content":[{"type":"input_audio"}]}]})"),
+            "messages[0].content[0].type");
+  EXPECT_EQ(error_param(Endpoint::kChatCompletions,
+                        R"({"messages":[{"role":"user","content":[{"type":"text"}]}]})"),
+            "messages[0].content[0].text");
+  EXPECT_EQ(
+      error_param(Endpoint::kChatCompletions, R"({"messages":[{"role":"user","content":5}]})"),
+      "messages[0].content");
+  json bad = {
+      {"messages",
+       {{{"role", "user"}, {"content", {{{"type", "text"}, {"text", std::string("\xff", 1)}}}}}}}};
+  EXPECT_THROW(parse_api_request(Endpoint::kChatCompletions, bad, *tokenizer_, template_),
+               ApiError);
+}
+
+// Fields that would change the result and are not implemented are a 400 naming them; those
+// that cannot are accepted; penalties and logit_bias reach SamplingParams.
+TEST_F(OpenAiTest, EveryFieldIsImplementedHarmlessOrRefused) {
+  const std::string chat = R"({"messages":[{"role":"user","content":"Hi"}],)";
+  EXPECT_EQ(error_param(Endpoint::kChatCompletions,
+                        chat + R"("response_format":{"type":"json_object"}})"),
+            "response_format");
+  EXPECT_EQ(error_param(Endpoint::kChatCompletions,
+                        chat + R"("tools":[{"type":"function","function":{"name":"f"}}]})"),
+            "tools");
+  EXPECT_EQ(error_param(Endpoint::kChatCompletions, chat + R"("tool_choice":"auto"})"),
+            "tool_choice");
+  EXPECT_EQ(error_param(Endpoint::kChatCompletions, chat + R"("functions":[{"name":"f"}]})"),
+            "functions");
+  EXPECT_EQ(error_param(Endpoint::kChatCompletions, chat + R"("n":2})"), "n");
+  EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","best_of":3})"), "best_of");
+  EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","echo":true})"), "echo");
+  EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","suffix":"end"})"), "suffix");
+  EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","min_tokens":4})"), "min_tokens");
+  EXPECT_EQ(
+      error_param(Endpoint::kCompletions, R"({"prompt":"x","guided_json":{"type":"object"}})"),
+      "guided_json");
+  EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","guided_regex":"a+"})"),
+            "guided_regex");
+  EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","frobnicate":1})"), "frobnicate");
+  // A chat-only field on /v1/completions is unknown there.
+  EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","tools":[{}]})"), "tools");
+  EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","service_tier":5})"),
+            "service_tier");
+  EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","stream_options":5})"),
+            "stream_options");
+  // A blend workload file's planner hint changes nothing the model produces.
+  EXPECT_NO_THROW(parse(Endpoint::kCompletions, R"({"prompt":"x","estimated_output":40})"));
+  // Defaults and harmless fields pass.
+  EXPECT_NO_THROW(parse(Endpoint::kChatCompletions,
+                        chat +
+                            R"("response_format":{"type":"text"},"tools":[],"tool_choice":"none",)"
+                            R"("user":"u1","metadata":{"k":"v"},"store":false,"n":1,)"
+                            R"("parallel_tool_calls":true,"service_tier":"flex",)"
+                            R"("functions":null,"skip_special_tokens":true})"));
+  EXPECT_NO_THROW(parse(Endpoint::kCompletions,
+                        R"({"prompt":"x","suffix":null,"echo":false,"best_of":1,"user":"u"})"));
+
+  const ApiRequest r = parse(Endpoint::kCompletions,
+                             R"({"prompt":"x","presence_penalty":0.5,"frequency_penalty":-1.5,)"
+                             R"("repetition_penalty":1.3,"logit_bias":{"50256":-100,"11":2.5}})");
+  EXPECT_FLOAT_EQ(r.params.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(r.params.frequency_penalty, -1.5f);
+  EXPECT_FLOAT_EQ(r.params.repetition_penalty, 1.3f);
+  EXPECT_EQ(r.params.logit_bias,
+            (std::vector<std::pair<TokenId, float>>{{11, 2.5f}, {50256, -100.0f}}));
+  for (const char* body :
+       {R"({"prompt":"x","presence_penalty":2.5})", R"({"prompt":"x","frequency_penalty":-3})",
+        R"({"prompt":"x","frequency_penalty":"high"})"})
+    EXPECT_NE(error_param(Endpoint::kCompletions, body).find("penalty"), std::string::npos) << body;
+  EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","repetition_penalty":0})"),
+            "repetition_penalty");
+  for (const char* bias : {R"({"x":1})", R"({"-1":1})", R"({"999999999":1})", R"({"5":101})",
+                           R"({"5":"1"})", R"({"5":1,"05":2})", R"([1])"})
+    EXPECT_EQ(error_param(Endpoint::kCompletions,
+                          std::string(R"({"prompt":"x","logit_bias":)") + bias + "}"),
+              "logit_bias")
+        << bias;
+}
+
+TEST_F(OpenAiTest, AddGenerationPromptCanBeTurnedOff) {
+  const ChatTemplate t(
+      "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}"
+      "{% if add_generation_prompt %}[assistant]{% endif %}",
+      "", "");
+  const auto text = [&](const std::string& body) {
+    return tokenizer_->decode(
+        parse_api_request(Endpoint::kChatCompletions, json::parse(body), *tokenizer_, &t).prompt);
+  };
+  EXPECT_EQ(text(R"({"messages":[{"role":"user","content":"Hi"}]})"), "[user]Hi[assistant]");
+  EXPECT_EQ(text(R"({"messages":[{"role":"user","content":"Hi"}],"add_generation_prompt":false})"),
+            "[user]Hi");
+}
+
+// A prompt whose bytes alone cannot fit the context is refused before it is tokenized.
+TEST_F(OpenAiTest, APromptTooLongInBytesIsRefusedBeforeTokenizing) {
+  const int64_t bound = max_prompt_bytes(*tokenizer_, 8192);
+  // Llama-3's longest token is over a hundred bytes (runs of spaces, dashes...).
+  EXPECT_GT(bound, 8191 * 16);
+  EXPECT_LT(bound, 8191 * 1024);
+  RequestLimits limits;
+  limits.max_prompt_bytes = bound;
+  const json ok = {{"prompt", std::string(1000, 'a')}};
+  EXPECT_NO_THROW(parse_api_request(Endpoint::kCompletions, ok, *tokenizer_, template_, limits));
+  // 60 MB: refused at once (it took 24 s and 2.4 GB to tokenize before the context check).
+  const json huge = {{"prompt", std::string(60u << 20, 'a')}};
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    parse_api_request(Endpoint::kCompletions, huge, *tokenizer_, template_, limits);
+    FAIL() << "accepted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.param(), "prompt");
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
+  const json chat = {{"messages", {{{"role", "user"}, {"content", std::string(bound + 1, 'a')}}}}};
+  try {
+    parse_api_request(Endpoint::kChatCompletions, chat, *tokenizer_, template_, limits);
+    FAIL() << "accepted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.param(), "messages");
+  }
+}
+
+TEST_F(OpenAiTest, ContextCheckNamesPromptOrMaxTokens) {
+  const json body = json::parse(R"({"prompt":"Hello, my dog","max_tokens":10})");
+  const ApiRequest r = parse_api_request(Endpoint::kCompletions, body, *tokenizer_, template_);
+  EXPECT_NO_THROW(check_context(r, body, 14));
+  try {
+    check_context(r, body, 13);
+    FAIL();
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.param(), "max_tokens");
+  }
+  try {
+    check_context(r, body, 4);
+    FAIL();
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.param(), "prompt");
+  }
+  // An unset max_tokens is the engine's to clamp.
+  const json no_max = json::parse(R"({"prompt":"Hello, my dog"})");
+  EXPECT_NO_THROW(check_context(r, no_max, 5));
 }
 
 TEST(BatchFile, ReadsLinesAndRejectsDuplicateIds) {

@@ -339,5 +339,78 @@ TEST_F(BatchCli, KillNineThenRerunLosesAndDuplicatesNothing) {
   for (const auto& [id, count] : seen) EXPECT_EQ(count, 1) << id;
 }
 
+// Hostile and careless lines each get an error result and the others still run (issue 26):
+// a line nested 100,000 deep (it killed the run at depth 70,000), "temperature": 1e999 (it
+// aborted the run before any output), a url other than the batch's endpoint (it ran anyway),
+// a model other than the served one, and a prompt whose bytes cannot fit the context.
+TEST_F(BatchCli, BadLinesFailAloneAndTheOthersRun) {
+  testing::TempDir work;
+  const auto good = [](const std::string& id) {
+    return R"({"custom_id":")" + id +
+           R"(","method":"POST","url":"/v1/completions","body":{"model":"tiny","prompt":"Hi","max_tokens":2,"temperature":0}})"
+           "\n";
+  };
+  std::string input = good("ok1");
+  input += R"({"custom_id":"deep","method":"POST","url":"/v1/completions","body":{"prompt":)" +
+           std::string(100000, '[') + std::string(100000, ']') + "}}\n";
+  input +=
+      R"({"custom_id":"inf","method":"POST","url":"/v1/completions","body":{"prompt":"x","temperature":1e999}})"
+      "\n";
+  input +=
+      R"({"custom_id":"chat","method":"POST","url":"/v1/chat/completions","body":{"messages":[{"role":"user","content":"Hi"}]}})"
+      "\n";
+  input +=
+      R"({"custom_id":"other-model","method":"POST","url":"/v1/completions","body":{"model":"big","prompt":"x"}})"
+      "\n";
+  input += R"({"custom_id":"huge","method":"POST","url":"/v1/completions","body":{"prompt":")" +
+           std::string(8u << 20, 'a') + "\"}}\n";
+  input += good("ok2");
+  testing::write_file(work / "in.jsonl", input);
+  const auto r =
+      testing::run_command(batch_cmd((work / "in.jsonl").string(), (work / "out.jsonl").string(),
+                                     "--endpoint /v1/completions --served-model-name tiny") +
+                           " 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::map<std::string, json> by_id;
+  for (const json& line : read_jsonl(work / "out.jsonl")) by_id[line["custom_id"]] = line;
+  ASSERT_EQ(by_id.size(), 7u);
+  EXPECT_EQ(by_id["ok1"]["response"]["status_code"], 200);
+  EXPECT_EQ(by_id["ok2"]["response"]["status_code"], 200);
+  const auto error = [&](const std::string& id) { return by_id[id]["response"]["body"]["error"]; };
+  // The deep line's custom_id cannot be read: it is reported under its line number.
+  EXPECT_EQ(by_id["line-2"]["response"]["status_code"], 400);
+  EXPECT_NE(error("line-2")["message"].get<std::string>().find("levels deep"), std::string::npos);
+  EXPECT_EQ(by_id["line-3"]["response"]["status_code"], 400);
+  EXPECT_EQ(error("line-3")["param"], "body.temperature");
+  EXPECT_EQ(by_id["chat"]["response"]["status_code"], 400);
+  EXPECT_EQ(error("chat")["param"], "url");
+  EXPECT_EQ(by_id["other-model"]["response"]["status_code"], 404);
+  EXPECT_EQ(error("other-model")["param"], "model");
+  EXPECT_EQ(by_id["huge"]["response"]["status_code"], 400);
+  // Refused on its byte length, before tokenizing (OpenAiTest.APromptTooLongInBytes... times it).
+  EXPECT_NE(error("huge")["message"].get<std::string>().find("bytes"), std::string::npos);
+  EXPECT_EQ(error("huge")["param"], "prompt");
+}
+
+// Nonsense engine flags are refused naming the flag, before any model is loaded.
+TEST_F(BatchCli, EngineFlagsAreValidated) {
+  testing::TempDir work;
+  testing::write_file(work / "in.jsonl", "");
+  for (const std::string flag :
+       {"--max-batch-tokens 0", "--max-batch-tokens -5", "--max-running 0", "--kv-memory -1",
+        "--kv-memory nan", "--kv-memory 1e999", "--threads -1", "--page-size 0",
+        "--kv-host-memory -2", "--kv-disk-size 0"}) {
+    const auto r =
+        testing::run_command(std::string("'") + BLEND_BINARY + "' batch --model " + model() +
+                             " --input " + (work / "in.jsonl").string() + " --output " +
+                             (work / "out.jsonl").string() + " " + flag + " 2>&1");
+    EXPECT_NE(r.exit_code, 0) << flag;
+    const std::string name = flag.substr(0, flag.find(' '));
+    EXPECT_NE(r.output.find(name), std::string::npos) << flag << ": " << r.output;
+    EXPECT_EQ(r.output.find("internal"), std::string::npos) << flag << ": " << r.output;
+  }
+  EXPECT_FALSE(std::filesystem::exists(work / "out.jsonl"));
+}
+
 }  // namespace
 }  // namespace blend

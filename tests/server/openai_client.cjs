@@ -1,5 +1,6 @@
-// Drives `blend serve` with the official OpenAI Node client: models, chat, completions,
-// streaming (with usage), a 404 for an unknown model, and a Batch API round trip.
+// Drives `blend serve` with the official OpenAI Node client: models (list and retrieve), chat,
+// completions, streaming (with usage), a 404 for an unknown model, and a Batch API round trip
+// with files.list, batches.list and files.del.
 // Usage: node openai_client.cjs BASE_URL API_KEY   (prints "openai client: ok" on success)
 'use strict';
 const assert = require('node:assert/strict');
@@ -12,6 +13,9 @@ async function main() {
   const models = await client.models.list();
   const model = models.data[0].id;
   assert.equal(model, 'tiny');
+  const retrieved = await client.models.retrieve(model);
+  assert.equal(retrieved.id, model);
+  await assert.rejects(client.models.retrieve('nope'), (e) => e.status === 404);
 
   const messages = [{ role: 'user', content: 'Say something' }];
   const args = { model, max_tokens: 8, temperature: 0, ignore_eos: true };
@@ -70,6 +74,18 @@ async function main() {
     assert.equal(r.response.status_code, 200);
     assert.equal(r.response.body.choices[0].message.content, chat.choices[0].message.content);
   }
+
+  // Listing: the upload and the batch's output file; the batch itself.
+  const files = [];
+  for await (const f of client.files.list()) files.push(f.id);
+  assert.ok(files.includes(file.id), `files.list lacks ${file.id}: ${files}`);
+  assert.ok(files.includes(batch.output_file_id));
+  const batches = [];
+  for await (const b of client.batches.list({ limit: 1 })) batches.push(b.id);
+  assert.deepEqual(batches, [batch.id]);
+  const deleted = await client.files.del(file.id);
+  assert.equal(deleted.deleted, true);
+  await assert.rejects(client.files.retrieve(file.id), (e) => e.status === 404);
   console.log('openai client: ok');
 }
 

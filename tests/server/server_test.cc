@@ -4,11 +4,17 @@
 #include "server/server.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <set>
@@ -19,6 +25,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "core/error.h"
 #include "model/presets.h"
 #include "model/random_init.h"
 #include "test_util.h"
@@ -94,6 +101,12 @@ class ServerTest : public ::testing::Test {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     return done();
+  }
+
+  static json get_json(httplib::Client& c, const std::string& path) {
+    auto r = c.Get(path.c_str());
+    EXPECT_TRUE(r && r->status == 200) << path;
+    return r && r->status == 200 ? json::parse(r->body, nullptr, false) : json(nullptr);
   }
 
   // The value of a /metrics sample line that starts with `prefix` (-1 when absent).
@@ -328,6 +341,202 @@ TEST_F(ServerTest, AClientThatHangsUpMidStreamFreesItsSequenceAndKv) {
   EXPECT_EQ(status, 200);
 }
 
+// A connected loopback socket to `port` (blocking), or -1.
+int connect_to(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Everything the peer sends until it closes; `error` gets errno when a read fails (a reset).
+std::string read_all(int fd, int* error) {
+  std::string got;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n == 0) return got;
+    if (n < 0) {
+      *error = errno;
+      return got;
+    }
+    got.append(buf, static_cast<size_t>(n));
+  }
+}
+
+// Regression (issue 26): httplib listens with a backlog of 5, so a burst of connections that
+// arrives while the accept thread is busy overflows the kernel's queue (clients then saw
+// ECONNRESET). Before start() nothing accepts, which makes the queue's length observable: every
+// handshake of a burst of 300 must complete at once (a dropped SYN is retried only after 1 s),
+// and every connection must then be served.
+TEST_F(ServerTest, ABurstOfConnectionsIsQueuedNotDropped) {
+  Server server(options());  // bound and listening, not accepting yet
+  const int n = 300;
+  std::vector<int> fds;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(server.port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  for (int i = 0; i < n; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+    const int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    ASSERT_TRUE(rc == 0 || errno == EINPROGRESS) << std::strerror(errno);
+    fds.push_back(fd);
+  }
+  // Handshakes done within 700 ms: all of them when the queue holds the burst.
+  int connected = 0;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(700);
+  std::vector<bool> done(n, false);
+  while (connected < n && std::chrono::steady_clock::now() < end) {
+    for (int i = 0; i < n; ++i) {
+      if (done[i]) continue;
+      pollfd p{fds[i], POLLOUT, 0};
+      if (::poll(&p, 1, 0) == 1 && (p.revents & POLLOUT)) {
+        int err = 0;
+        socklen_t len = sizeof err;
+        ::getsockopt(fds[i], SOL_SOCKET, SO_ERROR, &err, &len);
+        EXPECT_EQ(err, 0) << std::strerror(err);
+        done[i] = true;
+        ++connected;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(connected, n) << "connections left waiting for a full accept queue";
+
+  server.start();
+  int ok = 0, resets = 0;
+  const std::string request = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  for (int fd : fds) {
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    timeval tv{30, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
+        static_cast<ssize_t>(request.size()))
+      ++resets;
+  }
+  for (int fd : fds) {
+    int error = 0;
+    const std::string got = read_all(fd, &error);
+    if (error == ECONNRESET) ++resets;
+    if (got.rfind("HTTP/1.1 200", 0) == 0) ++ok;
+    ::close(fd);
+  }
+  EXPECT_EQ(resets, 0);
+  EXPECT_EQ(ok, n);
+}
+
+// Regression (issue 26): a non-streaming request whose client hung up went on generating to
+// its end. It is cancelled now, as a stream's is, and its KV freed.
+TEST_F(ServerTest, AClientThatHangsUpBeforeTheAnswerStopsItsGeneration) {
+  auto server = start(options());
+  auto c = client(*server);
+  const int fd = connect_to(server->port());
+  ASSERT_GE(fd, 0);
+  const std::string payload = json{
+      {"model", "tiny"},
+      {"prompt", "a long story"},
+      {"max_tokens", 8000},
+      {"ignore_eos", true}}.dump();
+  const std::string request =
+      "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
+      "Content-Type: application/json\r\nContent-Length: " +
+      std::to_string(payload.size()) + "\r\n\r\n" + payload;
+  ASSERT_EQ(::send(fd, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
+  ASSERT_TRUE(poll([&] { return metric(c, "blend:num_requests_running{class=\"rt\"}") == 1; }));
+  ::close(fd);
+  EXPECT_TRUE(poll(
+      [&] {
+        return metric(c, "blend:request_cancelled_total{class=\"rt\"}") == 1 &&
+               metric(c, "blend:num_requests_running{class=\"rt\"}") == 0;
+      },
+      20));
+  EXPECT_TRUE(poll([&] { return metric(c, "blend:kv_cache_used_bytes") == 0; }));
+  // The engine is idle: no step runs any more.
+  const double steps = metric(c, "blend:iterations_total");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(metric(c, "blend:iterations_total"), steps) << "still generating";
+  EXPECT_EQ(metric(c, "blend:request_success_total{class=\"rt\",finished_reason=\"length\"}"), -1);
+}
+
+// Regression (issue 26): /metrics (request, token and latency counts) was open with --api-key.
+TEST_F(ServerTest, MetricsNeedTheApiKeyUnlessMadePublic) {
+  for (const bool public_metrics : {false, true}) {
+    SCOPED_TRACE(public_metrics ? "--metrics-public" : "key required");
+    ServerOptions o = options();
+    o.api_key = "sekret";
+    o.metrics_public = public_metrics;
+    auto server = start(o);
+    httplib::Client anonymous("127.0.0.1", server->port());
+    auto r = anonymous.Get("/metrics");
+    ASSERT_TRUE(r);
+    if (public_metrics) {
+      EXPECT_EQ(r->status, 200);
+    } else {
+      EXPECT_EQ(r->status, 401);
+      EXPECT_EQ(json::parse(r->body)["error"]["code"], "invalid_api_key");
+      EXPECT_EQ(r->body.find("blend:"), std::string::npos);
+    }
+    httplib::Client keyed("127.0.0.1", server->port());
+    keyed.set_bearer_token_auth("sekret");
+    r = keyed.Get("/metrics");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_NE(r->body.find("blend:"), std::string::npos);
+  }
+}
+
+// Regression (issue 26): a chat request or batch metadata nested 100,000 deep killed the server
+// (stack overflow in recursive JSON code). Refused with a 400 now, and the server carries on.
+TEST_F(ServerTest, DeeplyNestedJsonIsRefusedNotACrash) {
+  auto server = start(options("deep"));
+  auto c = client(*server);
+  const int depth = 100000;
+  const std::string nested = std::string(depth, '[') + std::string(depth, ']');
+  auto r = c.Post(
+      "/v1/chat/completions",
+      "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": " + nested + "}]}",
+      "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_NE(json::parse(r->body)["error"]["message"].get<std::string>().find("deep"),
+            std::string::npos)
+      << r->body;
+
+  httplib::MultipartFormDataItems items = {
+      {"purpose", "batch", "", ""},
+      {"file", "{\"custom_id\": \"a\", \"body\": " + nested + "}\n", "in.jsonl", ""}};
+  r = c.Post("/v1/files", items);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400) << r->body;
+
+  r = c.Post("/v1/batches",
+             "{\"input_file_id\": \"file-x\", \"endpoint\": \"/v1/completions\", \"metadata\": "
+             "{\"a\": " +
+                 nested + "}}",
+             "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  // Wrong types are the client's error too (they were a 500).
+  int status = 0;
+  post(c, "/v1/batches", {{"input_file_id", 5}, {"endpoint", "/v1/completions"}}, &status);
+  EXPECT_EQ(status, 400);
+
+  // Strings may hold any brackets; real nesting up to the bound is fine.
+  json ok =
+      post(c, "/v1/completions",
+           {{"model", "tiny"}, {"prompt", std::string(500, '[')}, {"max_tokens", 1}}, &status);
+  EXPECT_EQ(status, 200) << ok.dump();
+}
+
 class BatchApi : public ServerTest {
  protected:
   static std::string upload(httplib::Client& c, const std::string& jsonl) {
@@ -375,10 +584,10 @@ class BatchApi : public ServerTest {
         seconds);
   }
 
-  static std::map<std::string, json> results(httplib::Client& c, const json& batch) {
+  static std::map<std::string, json> results(httplib::Client& c, const json& batch,
+                                             const std::string& file = "output_file_id") {
     std::map<std::string, json> out;
-    auto r =
-        c.Get(("/v1/files/" + batch["output_file_id"].get<std::string>() + "/content").c_str());
+    auto r = c.Get(("/v1/files/" + batch[file].get<std::string>() + "/content").c_str());
     EXPECT_TRUE(r && r->status == 200);
     if (!r) return out;
     std::istringstream in(r->body);
@@ -415,9 +624,14 @@ TEST_F(BatchApi, UploadRunPollAndDownload) {
   EXPECT_EQ(batch["request_counts"]["total"], 3);
   EXPECT_EQ(batch["request_counts"]["completed"], 2);
   EXPECT_EQ(batch["request_counts"]["failed"], 1);
+  EXPECT_EQ(created["request_counts"]["total"], 3) << "the line count, from creation on";
+  // Successes in the output file, failures in the error file (as OpenAI).
   const auto out = results(c, batch);
-  ASSERT_EQ(out.size(), 3u);
-  EXPECT_EQ(out.at("c")["response"]["status_code"], 400);
+  ASSERT_EQ(out.size(), 2u);
+  ASSERT_TRUE(batch["error_file_id"].is_string()) << batch.dump();
+  const auto errors = results(c, batch, "error_file_id");
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors.at("c")["response"]["status_code"], 400);
   // A batch line gives the tokens the same request gets online (temperature 0, deterministic).
   const json online = post(c, "/v1/completions",
                            {{"model", "tiny"},
@@ -533,6 +747,202 @@ TEST_F(BatchApi, CancelStopsTheBatchAndFreesItsKv) {
   EXPECT_TRUE(poll([&] { return metric(c, "blend:kv_cache_used_bytes") == 0; }));
   post(c, "/v1/batches/" + id + "/cancel", json::object(), &status);
   EXPECT_EQ(status, 400);  // already cancelled
+}
+
+TEST_F(BatchApi, FilesAndBatchesAreListedPagedAndDeleted) {
+  auto server = start(options("batch-list"));
+  auto c = client(*server);
+  const std::string a = upload(c, line("x", "one", 2));
+  const std::string b = upload(c, line("y", "two", 2));
+  json files = get(c, "/v1/files");
+  ASSERT_TRUE(files.is_object());
+  EXPECT_EQ(files["object"], "list");
+  std::set<std::string> ids;
+  for (const json& f : files["data"]) ids.insert(f["id"]);
+  EXPECT_EQ(ids, (std::set<std::string>{a, b}));
+  EXPECT_EQ(get(c, "/v1/files?purpose=batch_output")["data"].size(), 0u);
+
+  int status = 0;
+  std::vector<std::string> batch_ids;
+  for (const std::string& f : {a, b}) {
+    const json created =
+        post(c, "/v1/batches", {{"input_file_id", f}, {"endpoint", "/v1/completions"}}, &status);
+    ASSERT_EQ(status, 200) << created.dump();
+    EXPECT_EQ(created["request_counts"]["total"], 1);
+    batch_ids.push_back(created["id"]);
+    json done;
+    ASSERT_TRUE(completed(c, created["id"], done)) << done.dump();
+    EXPECT_TRUE(done["error_file_id"].is_null()) << "no line failed";
+  }
+  // Pages of one: both batches, each once, then nothing more.
+  const json first = get(c, "/v1/batches?limit=1");
+  ASSERT_TRUE(first.is_object());
+  ASSERT_EQ(first["data"].size(), 1u);
+  EXPECT_TRUE(first["has_more"].get<bool>());
+  const json second = get(c, "/v1/batches?limit=1&after=" + first["last_id"].get<std::string>());
+  ASSERT_EQ(second["data"].size(), 1u);
+  EXPECT_FALSE(second["has_more"].get<bool>());
+  EXPECT_EQ((std::set<std::string>{first["data"][0]["id"], second["data"][0]["id"]}),
+            (std::set<std::string>(batch_ids.begin(), batch_ids.end())));
+  EXPECT_EQ(c.Get("/v1/batches?limit=0")->status, 400);
+  EXPECT_EQ(c.Get("/v1/batches?after=batch_nope")->status, 404);
+
+  auto r = c.Delete(("/v1/files/" + a).c_str());
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(json::parse(r->body)["deleted"], true);
+  EXPECT_EQ(c.Get(("/v1/files/" + a).c_str())->status, 404);
+  EXPECT_EQ(c.Delete(("/v1/files/" + a).c_str())->status, 404);
+  for (const json& f : get(c, "/v1/files")["data"]) EXPECT_NE(f["id"], a);
+}
+
+TEST_F(ServerTest, WrongMethodOnAKnownRouteIs405) {
+  auto server = start(options());
+  auto c = client(*server);
+  for (const auto& [method, path] :
+       std::vector<std::pair<std::string, std::string>>{{"GET", "/v1/completions"},
+                                                        {"GET", "/v1/chat/completions"},
+                                                        {"DELETE", "/v1/models"},
+                                                        {"POST", "/v1/files/file-abc/content"},
+                                                        {"GET", "/tokenize"}}) {
+    SCOPED_TRACE(method + " " + path);
+    auto r = method == "GET"      ? c.Get(path.c_str())
+             : method == "DELETE" ? c.Delete(path.c_str())
+                                  : c.Post(path.c_str(), "{}", "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 405);
+    EXPECT_FALSE(r->get_header_value("Allow").empty());
+    const json e = json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(e.is_object()) << r->body;
+    EXPECT_TRUE(e["error"]["message"].is_string());
+  }
+  EXPECT_EQ(c.Get("/v1/nothing")->status, 404);
+}
+
+TEST_F(ServerTest, VersionModelByIdTokenizeAndDetokenize) {
+  auto server = start(options());
+  auto c = client(*server);
+  const json version = get_json(c, "/version");
+  EXPECT_TRUE(version["version"].is_string()) << version.dump();
+  const json model = get_json(c, "/v1/models/tiny");
+  EXPECT_EQ(model["id"], "tiny");
+  EXPECT_EQ(model["object"], "model");
+  EXPECT_EQ(c.Get("/v1/models/other")->status, 404);
+
+  int status = 0;
+  const json tok = post(c, "/tokenize", {{"prompt", "Hello there"}}, &status);
+  ASSERT_EQ(status, 200) << tok.dump();
+  ASSERT_TRUE(tok["tokens"].is_array());
+  EXPECT_EQ(tok["count"], tok["tokens"].size());
+  EXPECT_GT(tok["max_model_len"].get<int>(), 0);
+  EXPECT_TRUE(tok["token_strs"].is_null());
+  // The same count a completion of that prompt reports.
+  const json done =
+      post(c, "/v1/completions", {{"prompt", "Hello there"}, {"max_tokens", 1}}, &status);
+  EXPECT_EQ(done["usage"]["prompt_tokens"], tok["count"]);
+  const json messages = {{{"role", "user"}, {"content", "Hi"}}};
+  const json chat_tok = post(c, "/tokenize", {{"messages", messages}}, &status);
+  ASSERT_EQ(status, 200) << chat_tok.dump();
+  const json chat =
+      post(c, "/v1/chat/completions", {{"messages", messages}, {"max_tokens", 1}}, &status);
+  EXPECT_EQ(chat["usage"]["prompt_tokens"], chat_tok["count"]);
+  const json strs =
+      post(c, "/tokenize", {{"prompt", "Hello there"}, {"return_token_strs", true}}, &status);
+  ASSERT_EQ(strs["token_strs"].size(), tok["tokens"].size());
+
+  const json detok = post(c, "/detokenize", {{"tokens", tok["tokens"]}}, &status);
+  ASSERT_EQ(status, 200) << detok.dump();
+  const std::string text = detok["prompt"];
+  EXPECT_EQ(text.substr(text.size() - 11), "Hello there") << text;
+  post(c, "/detokenize", {{"tokens", {1, -5}}}, &status);
+  EXPECT_EQ(status, 400);
+  post(c, "/tokenize", {{"prompt", "x"}, {"add_special_tokens", false}}, &status);
+  EXPECT_EQ(status, 400) << "an unknown field is refused, not ignored";
+  post(c, "/tokenize", {{"model", "other"}, {"prompt", "x"}}, &status);
+  EXPECT_EQ(status, 404);
+}
+
+TEST_F(ServerTest, MaxModelLenChatTemplateFileAndDtype) {
+  ServerOptions o = options();
+  o.engine.max_model_len = 64;
+  const std::filesystem::path jinja = *dir_ / "brackets.jinja";
+  { std::ofstream(jinja) << "{% for m in messages %}[{{ m.content }}]{% endfor %}"; }
+  o.chat_template = jinja;
+  auto server = start(o);
+  auto c = client(*server);
+  EXPECT_EQ(get_json(c, "/v1/models")["data"][0]["max_model_len"], 64);
+  int status = 0;
+  std::vector<int> prompt(80, 100);
+  post(c, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 1}}, &status);
+  EXPECT_EQ(status, 400) << "80 prompt tokens pass --max-model-len 64";
+  const json tok =
+      post(c, "/tokenize", {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}}, &status);
+  ASSERT_EQ(status, 200) << tok.dump();
+  const json text = post(c, "/detokenize", {{"tokens", tok["tokens"]}}, &status);
+  EXPECT_NE(text["prompt"].get<std::string>().find("[Hi]"), std::string::npos) << text.dump();
+
+  ServerOptions too_long = options();
+  too_long.engine.max_model_len = 1 << 30;
+  EXPECT_THROW(Server{too_long}, ::blend::Error);
+  ServerOptions bad_template = options();
+  bad_template.chat_template = *dir_ / "missing.jinja";
+  EXPECT_THROW(Server{bad_template}, ::blend::Error);
+  // The cpu backend computes a checkpoint in one dtype: asking for the other is refused.
+  int refused = 0;
+  for (const char* dtype : {"bf16", "f32"}) {
+    ServerOptions d = options();
+    d.dtype = dtype;
+    try {
+      Server s(d);
+    } catch (const Error& e) {
+      ++refused;
+      EXPECT_NE(std::string(e.what()).find("--dtype"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(refused, 1);
+}
+
+// The binary: --version, one access-log line per request and a throughput line, on stderr.
+TEST(ServeCommand, VersionAccessLogAndThroughputLines) {
+  for (const std::string args : {"--version", "serve --version"}) {
+    const auto r = testing::run_command(std::string("'") + BLEND_BINARY + "' " + args + " 2>&1");
+    EXPECT_EQ(r.exit_code, 0) << args << ": " << r.output;
+    EXPECT_NE(r.output.find("0."), std::string::npos) << args << ": " << r.output;
+  }
+  testing::TempDir dir;
+  RandomInitOptions o;
+  o.seed = 9;
+  o.tokenizer_dir = BLEND_TEST_TOKENIZER_DIR;
+  write_random_model(*find_model_preset("tiny"), dir / "tiny", o);
+  const std::string log_file = (dir / "log").string();
+  const auto started = testing::run_command(
+      std::string("'") + BLEND_BINARY + "' serve --model " + (dir / "tiny").string() +
+      " --port 0 --data-dir " + (dir / "data").string() +
+      " --threads 2 --kv-memory 0.05 --stats-interval 0.5 >/dev/null 2>" + log_file + " & echo $!");
+  const std::string pid = started.output.substr(0, started.output.find('\n'));
+  int port = 0;
+  for (int i = 0; i < 3000 && port == 0; ++i) {
+    const std::string log = testing::read_file(log_file);
+    if (auto at = log.find("127.0.0.1:"); at != std::string::npos)
+      port = std::stoi(log.substr(at + 10));
+    if (port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_GT(port, 0) << testing::read_file(log_file);
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(60, 0);
+  auto r = c.Post("/v1/completions",
+                  json{{"prompt", "Hello"}, {"max_tokens", 200}, {"ignore_eos", true}}.dump(),
+                  "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(c.Get("/nothing")->status, 404);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  testing::run_command("kill " + pid);
+  const std::string log = testing::read_file(log_file);
+  EXPECT_NE(log.find("POST /v1/completions 200 prompt_tokens="), std::string::npos) << log;
+  EXPECT_NE(log.find("completion_tokens=200"), std::string::npos) << log;
+  EXPECT_NE(log.find("GET /nothing 404"), std::string::npos) << log;
+  EXPECT_NE(log.find("generated tokens/s"), std::string::npos) << log;
 }
 
 // The official OpenAI Node client (setup.sh installs it) against the `blend serve` binary.

@@ -1,0 +1,57 @@
+#include "api/batch_lines.h"
+
+#include <utility>
+
+namespace blend {
+namespace {
+
+const char* endpoint_url(Endpoint e) {
+  return e == Endpoint::kCompletions ? "/v1/completions" : "/v1/chat/completions";
+}
+
+void check_line(const BatchInputLine& line, const BatchLineContext& context,
+                PreparedBatchLine& out) {
+  if (line.error) throw ApiError(400, *line.error, line.error_param);
+  const Endpoint endpoint = parse_endpoint(line.url);
+  if (context.endpoint && endpoint != *context.endpoint)
+    throw ApiError(400,
+                   "the line's url '" + line.url + "' differs from the batch's endpoint '" +
+                       endpoint_url(*context.endpoint) + "'",
+                   "url");
+  const nlohmann::json& body = line.body;
+  if (context.model) {
+    auto m = body.find("model");
+    if (m != body.end() && m->is_string() && *m != *context.model)
+      throw ApiError(404, "The model '" + m->get<std::string>() + "' does not exist.", "model");
+  }
+  if (auto s = body.find("stream"); s != body.end() && *s == true)
+    throw ApiError(400, "a batch request cannot be streamed ('stream' must be false)", "stream");
+  RequestLimits limits;
+  limits.max_prompt_bytes = context.max_prompt_bytes;
+  out.api = parse_api_request(endpoint, body, *context.tokenizer, context.chat_template, limits);
+  check_context(out.api, body, context.max_sequence_tokens);
+  out.generation.id = line.custom_id;
+  out.generation.prompt = std::move(out.api.prompt);
+  out.api.prompt.clear();
+  out.generation.params = out.api.params;
+  out.generation.request_class = context.request_class;
+  out.generation.ttft_slo = out.api.ttft_slo;
+  out.generation.tpot_slo = out.api.tpot_slo;
+}
+
+}  // namespace
+
+PreparedBatchLine prepare_batch_line(const BatchInputLine& line, const BatchLineContext& context) {
+  PreparedBatchLine out;
+  out.custom_id = line.custom_id;
+  try {
+    check_line(line, context, out);
+  } catch (const ApiError& e) {
+    out.error = e;
+  } catch (const Error& e) {
+    out.error = ApiError(400, e.what());
+  }
+  return out;
+}
+
+}  // namespace blend

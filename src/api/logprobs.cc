@@ -1,0 +1,64 @@
+#include "api/logprobs.h"
+
+#include <string>
+#include <vector>
+
+#include "model/tokenizer.h"
+
+namespace blend {
+namespace {
+
+using nlohmann::json;
+
+std::string token_string(const Tokenizer& tokenizer, TokenId id) {
+  return tokenizer.decode(std::vector<TokenId>{id});
+}
+
+json byte_list(const std::string& s) {
+  json bytes = json::array();
+  for (unsigned char c : s) bytes.push_back(c);
+  return bytes;
+}
+
+}  // namespace
+
+json chat_logprobs(std::span<const SampledToken> tokens, const Tokenizer& tokenizer) {
+  json content = json::array();
+  for (const SampledToken& lp : tokens) {
+    const std::string tok = token_string(tokenizer, lp.token);
+    json top = json::array();
+    for (const TopLogprob& t : lp.top) {
+      const std::string s = token_string(tokenizer, t.token);
+      top.push_back({{"token", s}, {"logprob", t.logprob}, {"bytes", byte_list(s)}});
+    }
+    content.push_back({{"token", tok},
+                       {"logprob", lp.logprob},
+                       {"bytes", byte_list(tok)},
+                       {"top_logprobs", top}});
+  }
+  return {{"content", content}};
+}
+
+json completion_logprobs(std::span<const SampledToken> tokens, const Tokenizer& tokenizer,
+                         size_t first_offset, size_t* end_offset) {
+  json strings = json::array(), token_logprobs = json::array(), top = json::array(),
+       offsets = json::array();
+  size_t offset = first_offset;
+  for (const SampledToken& lp : tokens) {
+    const std::string tok = token_string(tokenizer, lp.token);
+    strings.push_back(tok);
+    token_logprobs.push_back(lp.logprob);
+    json alts = json::object();
+    for (const TopLogprob& t : lp.top) alts[token_string(tokenizer, t.token)] = t.logprob;
+    top.push_back(alts);
+    offsets.push_back(offset);
+    offset += tok.size();
+  }
+  if (end_offset) *end_offset = offset;
+  return {{"tokens", strings},
+          {"token_logprobs", token_logprobs},
+          {"top_logprobs", top},
+          {"text_offset", offsets}};
+}
+
+}  // namespace blend

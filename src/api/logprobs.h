@@ -1,0 +1,25 @@
+// OpenAI's two logprobs shapes, built from the sampler's tokens: chat's
+// {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]} and the
+// completions API's {tokens, token_logprobs, top_logprobs: [{text: logprob}], text_offset}.
+// Used by whole responses and by stream chunks alike, so both carry the same numbers.
+#pragma once
+
+#include <cstddef>
+#include <span>
+
+#include <nlohmann/json.hpp>
+
+#include "core/types.h"
+
+namespace blend {
+
+class Tokenizer;
+
+nlohmann::json chat_logprobs(std::span<const SampledToken> tokens, const Tokenizer& tokenizer);
+
+// `text_offset` counts from `first_offset`: the bytes of completion text before these tokens
+// (0 for a whole response; the text already streamed for a chunk). Returns the offset after.
+nlohmann::json completion_logprobs(std::span<const SampledToken> tokens, const Tokenizer& tokenizer,
+                                   size_t first_offset = 0, size_t* end_offset = nullptr);
+
+}  // namespace blend

@@ -1,0 +1,209 @@
+#include "api/request_fields.h"
+
+#include <string>
+#include <string_view>
+
+#include "api/api_error.h"
+#include "api/openai.h"
+
+namespace blend {
+namespace {
+
+using nlohmann::json;
+
+enum : unsigned { kCompletions = 1, kChat = 2, kBoth = 3 };
+
+enum class Kind {
+  kImplemented,  // parsed and honoured (api/openai.cc, the server for service_tier)
+  kHarmless,     // cannot change the tokens or text: ignored on purpose
+  kRefused,      // would change the result and is not implemented: 400 unless `is_default`
+};
+
+bool null_or_false(const json& v) {
+  return v.is_null() || v == false;
+}
+bool null_or_empty(const json& v) {
+  return v.is_null() || ((v.is_array() || v.is_object() || v.is_string()) && v.empty());
+}
+bool null_or_zero(const json& v) {
+  return v.is_null() || (v.is_number() && v == 0);
+}
+bool null_or_one(const json& v) {
+  return v.is_null() || (v.is_number() && v == 1);
+}
+bool null_or_true(const json& v) {
+  return v.is_null() || v == true;
+}
+bool text_format(const json& v) {
+  return v.is_null() || (v.is_object() && v.value("type", json()) == "text");
+}
+bool no_tool_choice(const json& v) {
+  return v.is_null() || v == "none";
+}
+bool text_modality(const json& v) {
+  return v.is_null() || v == json::array({"text"});
+}
+bool any_value(const json&) {
+  return true;
+}
+bool null_or_string(const json& v) {
+  return v.is_null() || v.is_string();
+}
+bool service_tier(const json& v) {
+  return v.is_null() || (v.is_string() && (v == "auto" || v == "default" || v == "flex" ||
+                                           v == "scale" || v == "priority"));
+}
+
+struct Field {
+  const char* name;
+  unsigned endpoints;
+  Kind kind;
+  // kRefused: the values that change nothing; kHarmless/kImplemented: the values accepted
+  // (the type check of a field nothing else reads).
+  bool (*accepts)(const json&);
+  const char* refusal;  // why, for the error message
+};
+
+// clang-format off
+constexpr Field kFields[] = {
+    // --- implemented (values checked in api/openai.cc) ---
+    {"model", kBoth, Kind::kImplemented, null_or_string, nullptr},
+    {"prompt", kCompletions, Kind::kImplemented, any_value, nullptr},
+    {"messages", kChat, Kind::kImplemented, any_value, nullptr},
+    {"max_tokens", kBoth, Kind::kImplemented, any_value, nullptr},
+    {"max_completion_tokens", kChat, Kind::kImplemented, any_value, nullptr},
+    {"temperature", kBoth, Kind::kImplemented, any_value, nullptr},
+    {"top_p", kBoth, Kind::kImplemented, any_value, nullptr},
+    {"top_k", kBoth, Kind::kImplemented, any_value, nullptr},          // vLLM
+    {"min_p", kBoth, Kind::kImplemented, any_value, nullptr},          // vLLM
+    {"seed", kBoth, Kind::kImplemented, any_value, nullptr},
+    {"stop", kBoth, Kind::kImplemented, any_value, nullptr},
+    {"stop_token_ids", kBoth, Kind::kImplemented, any_value, nullptr}, // vLLM
+    {"ignore_eos", kBoth, Kind::kImplemented, any_value, nullptr},     // vLLM
+    {"logprobs", kBoth, Kind::kImplemented, any_value, nullptr},
+    {"top_logprobs", kChat, Kind::kImplemented, any_value, nullptr},
+    {"presence_penalty", kBoth, Kind::kImplemented, any_value, nullptr},
+    {"frequency_penalty", kBoth, Kind::kImplemented, any_value, nullptr},
+    {"repetition_penalty", kBoth, Kind::kImplemented, any_value, nullptr},  // vLLM
+    {"logit_bias", kBoth, Kind::kImplemented, any_value, nullptr},
+    {"n", kBoth, Kind::kImplemented, any_value, nullptr},              // 1 only
+    {"best_of", kCompletions, Kind::kImplemented, any_value, nullptr}, // 1 only
+    {"echo", kBoth, Kind::kImplemented, any_value, nullptr},           // false only
+    {"stream", kBoth, Kind::kImplemented, any_value, nullptr},
+    {"stream_options", kBoth, Kind::kImplemented, any_value, nullptr},
+    {"add_generation_prompt", kChat, Kind::kImplemented, any_value, nullptr},  // vLLM
+    {"ttft_slo", kBoth, Kind::kImplemented, any_value, nullptr},       // blend: BROS targets
+    {"tpot_slo", kBoth, Kind::kImplemented, any_value, nullptr},
+    // The server runs "flex" as best-effort (BROS §4) and the others as real-time.
+    {"service_tier", kBoth, Kind::kImplemented, service_tier, nullptr},
+
+    // --- harmless: bookkeeping, caching hints and latency-only features ---
+    {"user", kBoth, Kind::kHarmless, null_or_string, nullptr},
+    {"metadata", kChat, Kind::kHarmless, any_value, nullptr},
+    {"store", kChat, Kind::kHarmless, any_value, nullptr},
+    {"safety_identifier", kBoth, Kind::kHarmless, null_or_string, nullptr},
+    {"prompt_cache_key", kBoth, Kind::kHarmless, null_or_string, nullptr},
+    {"request_id", kBoth, Kind::kHarmless, null_or_string, nullptr},   // vLLM
+    // blend workload files: the output length `blend simulate` and the planner assume.
+    {"estimated_output", kBoth, Kind::kHarmless, any_value, nullptr},
+    // Predicted outputs only speed decoding up; the text is the model's either way.
+    {"prediction", kChat, Kind::kHarmless, any_value, nullptr},
+    // Meaningful only with tools, which are refused below.
+    {"parallel_tool_calls", kChat, Kind::kHarmless, any_value, nullptr},
+    // Default true: special tokens are already left out of the text.
+    {"skip_special_tokens", kBoth, Kind::kRefused, null_or_true,
+     "only skip_special_tokens=true is supported"},
+    {"spaces_between_special_tokens", kBoth, Kind::kRefused, null_or_true,
+     "only spaces_between_special_tokens=true is supported"},
+
+    // --- refused: would change the result and is not implemented ---
+    {"suffix", kCompletions, Kind::kRefused, null_or_empty, "'suffix' (insertion) is not supported"},
+    {"response_format", kChat, Kind::kRefused, text_format,
+     "structured output (response_format other than {\"type\": \"text\"}) is not supported yet"},
+    {"tools", kChat, Kind::kRefused, null_or_empty, "tool calling ('tools') is not supported yet"},
+    {"tool_choice", kChat, Kind::kRefused, no_tool_choice,
+     "tool calling ('tool_choice' other than \"none\") is not supported yet"},
+    {"functions", kChat, Kind::kRefused, null_or_empty,
+     "function calling ('functions') is not supported yet"},
+    {"function_call", kChat, Kind::kRefused, no_tool_choice,
+     "function calling ('function_call' other than \"none\") is not supported yet"},
+    {"modalities", kChat, Kind::kRefused, text_modality, "only the text modality is supported"},
+    {"audio", kChat, Kind::kRefused, null_or_empty, "audio output is not supported"},
+    {"reasoning_effort", kChat, Kind::kRefused, [](const json& v) { return v.is_null(); },
+     "'reasoning_effort' is not supported"},
+    {"verbosity", kChat, Kind::kRefused, [](const json& v) { return v.is_null(); },
+     "'verbosity' is not supported"},
+    {"web_search_options", kChat, Kind::kRefused, [](const json& v) { return v.is_null(); },
+     "web search is not supported"},
+    // vLLM / SGLang extensions
+    {"min_tokens", kBoth, Kind::kRefused, null_or_zero, "'min_tokens' is not supported"},
+    {"include_stop_str_in_output", kBoth, Kind::kRefused, null_or_false,
+     "'include_stop_str_in_output' is not supported"},
+    {"continue_final_message", kChat, Kind::kRefused, null_or_false,
+     "'continue_final_message' is not supported"},
+    {"add_special_tokens", kBoth, Kind::kRefused, null_or_false,
+     "'add_special_tokens' is not supported (the chat template adds them)"},
+    {"use_beam_search", kBoth, Kind::kRefused, null_or_false, "beam search is not supported"},
+    {"length_penalty", kBoth, Kind::kRefused, null_or_one, "'length_penalty' is not supported"},
+    {"prompt_logprobs", kBoth, Kind::kRefused, [](const json& v) { return v.is_null(); },
+     "'prompt_logprobs' is not supported"},
+    {"allowed_token_ids", kBoth, Kind::kRefused, null_or_empty,
+     "'allowed_token_ids' is not supported"},
+    {"bad_words", kBoth, Kind::kRefused, null_or_empty, "'bad_words' is not supported"},
+    {"truncate_prompt_tokens", kBoth, Kind::kRefused, [](const json& v) { return v.is_null(); },
+     "'truncate_prompt_tokens' is not supported"},
+    {"return_tokens_as_token_ids", kBoth, Kind::kRefused, null_or_false,
+     "'return_tokens_as_token_ids' is not supported"},
+    {"return_token_ids", kBoth, Kind::kRefused, null_or_false,
+     "'return_token_ids' is not supported"},
+    // A cache salt isolates tenants' cached prefixes: accepting it silently would promise an
+    // isolation this engine does not give.
+    {"cache_salt", kBoth, Kind::kRefused, null_or_empty, "'cache_salt' is not supported"},
+    {"priority", kBoth, Kind::kRefused, null_or_zero,
+     "'priority' is not supported (use service_tier \"flex\" for best-effort requests)"},
+    {"structured_outputs", kBoth, Kind::kRefused, null_or_empty,
+     "structured output is not supported yet"},
+    {"guided_json", kBoth, Kind::kRefused, null_or_empty, "structured output is not supported yet"},
+    {"guided_regex", kBoth, Kind::kRefused, null_or_empty, "structured output is not supported yet"},
+    {"guided_choice", kBoth, Kind::kRefused, null_or_empty, "structured output is not supported yet"},
+    {"guided_grammar", kBoth, Kind::kRefused, null_or_empty,
+     "structured output is not supported yet"},
+    {"json_schema", kBoth, Kind::kRefused, null_or_empty, "structured output is not supported yet"},
+    {"regex", kBoth, Kind::kRefused, null_or_empty, "structured output is not supported yet"},
+    {"ebnf", kBoth, Kind::kRefused, null_or_empty, "structured output is not supported yet"},
+    {"chat_template", kChat, Kind::kRefused, null_or_empty,
+     "a per-request 'chat_template' is not supported"},
+    {"chat_template_kwargs", kChat, Kind::kRefused, null_or_empty,
+     "'chat_template_kwargs' is not supported"},
+    {"documents", kChat, Kind::kRefused, null_or_empty, "'documents' is not supported"},
+    {"logits_processors", kBoth, Kind::kRefused, null_or_empty,
+     "'logits_processors' is not supported"},
+    {"lora_path", kBoth, Kind::kRefused, null_or_empty, "LoRA adapters are not supported"},
+    {"lora_request", kBoth, Kind::kRefused, null_or_empty, "LoRA adapters are not supported"},
+};
+// clang-format on
+
+const Field* find_field(std::string_view name) {
+  for (const Field& f : kFields)
+    if (name == f.name) return &f;
+  return nullptr;
+}
+
+}  // namespace
+
+void check_request_fields(Endpoint endpoint, const json& body) {
+  const unsigned mask = endpoint == Endpoint::kCompletions ? kCompletions : kChat;
+  const char* route =
+      endpoint == Endpoint::kCompletions ? "/v1/completions" : "/v1/chat/completions";
+  for (const auto& [name, value] : body.items()) {
+    const Field* f = find_field(name);
+    if (!f || !(f->endpoints & mask))
+      throw ApiError(400, "Unrecognized request argument supplied: '" + name + "' (" + route + ")",
+                     name);
+    if (f->accepts(value)) continue;
+    if (f->kind == Kind::kRefused) throw ApiError(400, f->refusal, name);
+    throw ApiError(400, "'" + name + "' has an invalid value " + value.dump().substr(0, 80), name);
+  }
+}
+
+}  // namespace blend

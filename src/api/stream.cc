@@ -1,0 +1,74 @@
+#include "api/stream.h"
+
+#include <utility>
+
+#include "api/logprobs.h"
+
+namespace blend {
+
+using nlohmann::json;
+
+StreamChunks::StreamChunks(const ApiRequest& request, std::string id, std::string model,
+                           int64_t created, const Tokenizer& tokenizer)
+    : chat_(request.endpoint == Endpoint::kChatCompletions),
+      logprobs_(request.params.logprobs.has_value()),
+      include_usage_(request.include_usage),
+      id_(std::move(id)),
+      model_(std::move(model)),
+      created_(created),
+      tokenizer_(tokenizer) {}
+
+json StreamChunks::chunk(json choices) const {
+  json c = {{"id", id_},
+            {"object", chat_ ? "chat.completion.chunk" : "text_completion"},
+            {"created", created_},
+            {"model", model_},
+            {"choices", std::move(choices)}};
+  // OpenAI: with include_usage every chunk has "usage": null but the last.
+  if (include_usage_) c["usage"] = nullptr;
+  return c;
+}
+
+json StreamChunks::role() const {
+  if (!chat_) return nullptr;
+  return chunk(json::array({{{"index", 0},
+                             {"delta", {{"role", "assistant"}, {"content", ""}}},
+                             {"logprobs", nullptr},
+                             {"finish_reason", nullptr}}}));
+}
+
+json StreamChunks::delta(std::string_view text, std::span<const SampledToken> tokens) {
+  json logprobs = nullptr;
+  if (logprobs_) {
+    logprobs = chat_ ? chat_logprobs(tokens, tokenizer_)
+                     : completion_logprobs(tokens, tokenizer_, text_offset_, &text_offset_);
+  }
+  json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", nullptr}};
+  if (chat_)
+    choice["delta"] = {{"content", text}};
+  else
+    choice["text"] = text;
+  return chunk(json::array({choice}));
+}
+
+json StreamChunks::finish(FinishReason reason) const {
+  json choice = {
+      {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason_name(reason)}};
+  if (chat_)
+    choice["delta"] = json::object();
+  else
+    choice["text"] = "";
+  return chunk(json::array({choice}));
+}
+
+json StreamChunks::usage(const GenerationResult& result) const {
+  json c = chunk(json::array());
+  const int64_t n = static_cast<int64_t>(result.tokens.size());
+  c["usage"] = {{"prompt_tokens", result.prompt_tokens},
+                {"completion_tokens", n},
+                {"total_tokens", result.prompt_tokens + n},
+                {"prompt_tokens_details", {{"cached_tokens", result.cached_tokens}}}};
+  return c;
+}
+
+}  // namespace blend

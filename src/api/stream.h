@@ -1,0 +1,50 @@
+// Server-sent-event chunks of a streamed response in OpenAI's shapes: chat.completion.chunk
+// ({"delta": {"role"|"content"}}) and text_completion chunks ({"text"}), each carrying the
+// logprobs of the tokens it holds when the request asked for them (OpenAI sends them in
+// stream chunks too; issue 25). The server makes one of these per engine token (or per batch
+// of tokens) and frames it as "data: <json>\n\n".
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "api/openai.h"
+
+namespace blend {
+
+class StreamChunks {
+ public:
+  // Keeps what the chunks need from `request` (its endpoint, logprobs and include_usage) and a
+  // reference to `tokenizer`, which must outlive this object.
+  StreamChunks(const ApiRequest& request, std::string id, std::string model, int64_t created,
+               const Tokenizer& tokenizer);
+
+  // Chat: the first chunk, {"delta": {"role": "assistant", "content": ""}}. Completions have
+  // no such chunk: returns null.
+  nlohmann::json role() const;
+  // The chunk for `text` and the tokens that made it. With logprobs asked, `tokens` gives one
+  // entry per token (text can lag its tokens: an incomplete UTF-8 character waits); the
+  // completions API's text_offset continues across chunks.
+  nlohmann::json delta(std::string_view text, std::span<const SampledToken> tokens);
+  // The last choice chunk: an empty delta (or text) and the finish reason.
+  nlohmann::json finish(FinishReason reason) const;
+  // With stream_options.include_usage: the final chunk, "choices": [] and the usage.
+  nlohmann::json usage(const GenerationResult& result) const;
+
+ private:
+  nlohmann::json chunk(nlohmann::json choices) const;
+
+  bool chat_;
+  bool logprobs_;
+  bool include_usage_;
+  std::string id_, model_;
+  int64_t created_;
+  const Tokenizer& tokenizer_;
+  size_t text_offset_ = 0;  // completion bytes the earlier chunks' logprobs covered
+};
+
+}  // namespace blend

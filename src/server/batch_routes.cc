@@ -1,0 +1,408 @@
+// The Batch API: /v1/files (uploads, results) and /v1/batches (create, poll, cancel). Batch lines
+// run as best-effort requests on the engine thread; results are appended as lines finish, so a
+// restarted server resumes a batch where it stopped.
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "api/batch_lines.h"
+#include "api/json_limits.h"
+#include "server/server_impl.h"
+
+namespace blend {
+
+using nlohmann::json;
+using server_internal::BatchJob;
+using server_internal::Clock;
+using server_internal::Pending;
+using server_internal::seconds_between;
+
+void Server::Impl::batch_routes() {
+  route("POST", "/v1/files",
+        [this](const httplib::Request& req, httplib::Response& res) { files_create(req, res); });
+  route("GET", R"(/v1/files/([A-Za-z0-9_-]+))",
+        [this](const httplib::Request& req, httplib::Response& res) {
+          auto f = store->file(req.matches[1]);
+          if (!f) return send_error(res, 404, "no such file", "file_id");
+          res.set_content(f->dump(), "application/json");
+        });
+  route("GET", R"(/v1/files/([A-Za-z0-9_-]+)/content)",
+        [this](const httplib::Request& req, httplib::Response& res) {
+          if (!store->file(req.matches[1])) return send_error(res, 404, "no such file", "file_id");
+          std::ifstream in(store->file_path(req.matches[1]), std::ios::binary);
+          std::ostringstream ss;
+          ss << in.rdbuf();
+          res.set_content(ss.str(), "application/octet-stream");
+        });
+  route("GET", "/v1/files",
+        [this](const httplib::Request& req, httplib::Response& res) { files_list(req, res); });
+  route("DELETE", R"(/v1/files/([A-Za-z0-9_-]+))",
+        [this](const httplib::Request& req, httplib::Response& res) { file_delete(req, res); });
+  route("POST", "/v1/batches",
+        [this](const httplib::Request& req, httplib::Response& res) { batches_create(req, res); });
+  route("GET", "/v1/batches",
+        [this](const httplib::Request& req, httplib::Response& res) { batches_list(req, res); });
+  route("GET", R"(/v1/batches/([A-Za-z0-9_-]+))",
+        [this](const httplib::Request& req, httplib::Response& res) { batch_get(req, res); });
+  route("POST", R"(/v1/batches/([A-Za-z0-9_-]+)/cancel)",
+        [this](const httplib::Request& req, httplib::Response& res) { batch_cancel(req, res); });
+}
+
+void Server::Impl::files_create(const httplib::Request& req, httplib::Response& res) {
+  if (!req.is_multipart_form_data() || !req.has_file("file"))
+    return send_error(res, 400, "expected a multipart/form-data upload with a 'file' part", "file");
+  const std::string purpose = req.has_file("purpose") ? req.get_file_value("purpose").content : "";
+  if (purpose != "batch")
+    return send_error(res, 400, "only purpose 'batch' is supported", "purpose");
+  const httplib::MultipartFormData file = req.get_file_value("file");
+  // Reject what could never run before storing it: every line must be a JSON object.
+  std::istringstream in(file.content);
+  std::string line;
+  int64_t n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string what = "line " + std::to_string(n);
+    json parsed;
+    try {
+      parsed = parse_client_json(line, what);
+    } catch (const ApiError& e) {
+      return send_error(res, 400, e.what(), "file");
+    }
+    if (!parsed.is_object()) return send_error(res, 400, what + " is not a JSON object", "file");
+  }
+  json f = store->create_file(file.filename.empty() ? "upload.jsonl" : file.filename, purpose,
+                              file.content);
+  res.set_content(f.dump(), "application/json");
+}
+
+void Server::Impl::batches_create(const httplib::Request& req, httplib::Response& res) {
+  json body;
+  try {
+    body = parse_client_json(req.body, "the request body");
+  } catch (const ApiError& e) {
+    return send_error(res, e.status(), e.what());
+  }
+  if (!body.is_object()) return send_error(res, 400, "the body must be a JSON object");
+  // A field of the wrong type is the client's error (400), not a JSON type exception (500).
+  for (const char* field : {"input_file_id", "endpoint", "completion_window"})
+    if (body.contains(field) && !body[field].is_string())
+      return send_error(res, 400, std::string("'") + field + "' must be a string", field);
+  if (body.contains("metadata") && !body["metadata"].is_object() && !body["metadata"].is_null())
+    return send_error(res, 400, "'metadata' must be an object", "metadata");
+  const std::string input = body.value("input_file_id", "");
+  const std::string endpoint = body.value("endpoint", "");
+  if (!store->file(input)) return send_error(res, 404, "no such file", "input_file_id");
+  try {
+    parse_endpoint(endpoint);
+  } catch (const ApiError& e) {
+    return send_error(res, 400, e.what(), "endpoint");
+  }
+  std::string output_id;
+  json batch = store->create_batch(input, endpoint, body.value("completion_window", "24h"),
+                                   body.value("metadata", json(nullptr)), &output_id);
+  start_job(batch, /*resume=*/false);
+  // start_job counted the lines (request_counts.total) or failed the batch: answer with that.
+  const std::string id = batch["id"];
+  {
+    std::lock_guard lock(batches_mu);
+    if (auto it = jobs.find(id); it != jobs.end()) batch = it->second->batch;
+  }
+  if (batch["request_counts"]["total"] == 0)
+    if (auto saved = store->batch(id)) batch = *saved;
+  res.set_content(batch.dump(), "application/json");
+}
+
+void Server::Impl::batch_get(const httplib::Request& req, httplib::Response& res) {
+  const std::string id = req.matches[1];
+  {
+    std::lock_guard lock(batches_mu);
+    if (auto it = jobs.find(id); it != jobs.end())
+      return res.set_content(it->second->batch.dump(), "application/json");
+  }
+  auto b = store->batch(id);
+  if (!b) return send_error(res, 404, "no such batch", "batch_id");
+  res.set_content(b->dump(), "application/json");
+}
+
+namespace {
+
+// OpenAI's cursor pages: newest first, `limit` items after the one whose id is `after`.
+// Ties on created_at (whole seconds) are ordered by id, so a cursor is stable.
+json page(std::vector<json> items, const httplib::Request& req, int64_t default_limit,
+          int64_t max_limit) {
+  int64_t limit = default_limit;
+  if (req.has_param("limit")) {
+    const std::string v = req.get_param_value("limit");
+    char* end = nullptr;
+    limit = std::strtoll(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0' || limit < 1 || limit > max_limit)
+      throw ApiError(400, "limit must be an integer in [1, " + std::to_string(max_limit) + "]",
+                     "limit");
+  }
+  const bool ascending = req.has_param("order") && req.get_param_value("order") == "asc";
+  if (req.has_param("order") && !ascending && req.get_param_value("order") != "desc")
+    throw ApiError(400, "order must be 'asc' or 'desc'", "order");
+  std::sort(items.begin(), items.end(), [&](const json& a, const json& b) {
+    const auto ka = std::make_pair(a.value("created_at", int64_t{0}), a.value("id", ""));
+    const auto kb = std::make_pair(b.value("created_at", int64_t{0}), b.value("id", ""));
+    return ascending ? ka < kb : ka > kb;
+  });
+  size_t first = 0;
+  if (req.has_param("after")) {
+    const std::string after = req.get_param_value("after");
+    auto it = std::find_if(items.begin(), items.end(),
+                           [&](const json& j) { return j.value("id", "") == after; });
+    if (it == items.end()) throw ApiError(404, "no such object: " + after, "after");
+    first = static_cast<size_t>(it - items.begin()) + 1;
+  }
+  json data = json::array();
+  for (size_t i = first; i < items.size() && static_cast<int64_t>(data.size()) < limit; ++i)
+    data.push_back(std::move(items[i]));
+  const bool has_more = first + data.size() < items.size();
+  json out = {{"object", "list"}, {"data", data}, {"has_more", has_more}};
+  out["first_id"] = data.empty() ? json(nullptr) : data.front()["id"];
+  out["last_id"] = data.empty() ? json(nullptr) : data.back()["id"];
+  return out;
+}
+
+}  // namespace
+
+void Server::Impl::files_list(const httplib::Request& req, httplib::Response& res) {
+  std::vector<json> files = store->files();
+  if (req.has_param("purpose")) {
+    const std::string purpose = req.get_param_value("purpose");
+    std::erase_if(files, [&](const json& f) { return f.value("purpose", "") != purpose; });
+  }
+  try {
+    res.set_content(page(std::move(files), req, 10000, 10000).dump(), "application/json");
+  } catch (const ApiError& e) {
+    send_error(res, e.status(), e.what(), e.param());
+  }
+}
+
+void Server::Impl::file_delete(const httplib::Request& req, httplib::Response& res) {
+  const std::string id = req.matches[1];
+  if (!store->file(id)) return send_error(res, 404, "no such file", "file_id");
+  {
+    // A running batch still reads its input (and reads it again if the server restarts).
+    std::lock_guard lock(batches_mu);
+    for (const auto& [batch_id, job] : jobs) {
+      const std::string status = job->batch.value("status", "");
+      if (job->batch.value("input_file_id", "") == id &&
+          (status == "in_progress" || status == "validating" || status == "cancelling"))
+        return send_error(
+            res, 400, "file " + id + " is the input of batch " + batch_id + ", which is " + status,
+            "file_id");
+    }
+  }
+  if (!store->delete_file(id)) return send_error(res, 404, "no such file", "file_id");
+  res.set_content(json{{"id", id}, {"object", "file"}, {"deleted", true}}.dump(),
+                  "application/json");
+}
+
+void Server::Impl::batches_list(const httplib::Request& req, httplib::Response& res) {
+  std::vector<json> batches = store->batches();
+  {
+    // Running batches: their live counts, not the last saved ones.
+    std::lock_guard lock(batches_mu);
+    for (json& b : batches)
+      if (auto it = jobs.find(b.value("id", "")); it != jobs.end()) b = it->second->batch;
+  }
+  try {
+    res.set_content(page(std::move(batches), req, 20, 100).dump(), "application/json");
+  } catch (const ApiError& e) {
+    send_error(res, e.status(), e.what(), e.param());
+  }
+}
+
+void Server::Impl::batch_cancel(const httplib::Request& req, httplib::Response& res) {
+  const std::string id = req.matches[1];
+  std::shared_ptr<BatchJob> job;
+  {
+    std::lock_guard lock(batches_mu);
+    if (auto it = jobs.find(id); it != jobs.end()) job = it->second;
+  }
+  if (!job) {
+    auto b = store->batch(id);
+    if (!b) return send_error(res, 404, "no such batch", "batch_id");
+    return send_error(res, 400,
+                      "batch " + id + " is " + b->value("status", "") + " and cannot be cancelled");
+  }
+  json snapshot;
+  {
+    std::lock_guard lock(batches_mu);
+    const std::string status = job->batch["status"];
+    if (status != "in_progress" && status != "validating")
+      return send_error(res, 400, "batch " + id + " is " + status + " and cannot be cancelled");
+    job->batch["status"] = "cancelling";
+    job->batch["cancelling_at"] = unix_seconds();
+    snapshot = job->batch;
+  }
+  store->save_batch(snapshot);
+  loop->post([this, job](Engine& engine) {
+    job->cancelling = true;
+    for (const auto& [seq, state] : job->in_flight)
+      if (engine.cancel(seq)) metrics.on_cancelled(state->cls, state->had_first_token);
+    job->in_flight.clear();
+    finish_job(job);
+  });
+  res.set_content(snapshot.dump(), "application/json");
+}
+
+// Counts the results already written (a resumed batch) and queues the other lines as BE
+// requests on the engine thread.
+void Server::Impl::start_job(json batch, bool resume) {
+  auto job = std::make_shared<BatchJob>();
+  const std::string id = batch["id"];
+  job->output_id = store->output_id(id);
+  job->error_id = store->error_id(id);
+  std::vector<BatchInputLine> lines;
+  try {
+    lines = read_batch_input(store->file_path(batch["input_file_id"]));
+    job->writer = std::make_unique<BatchResultWriter>(store->file_path(job->output_id));
+    job->error_writer = std::make_unique<BatchResultWriter>(store->file_path(job->error_id));
+  } catch (const Error& e) {
+    batch["status"] = "failed";
+    batch["failed_at"] = unix_seconds();
+    batch["errors"] = {{"object", "list"},
+                       {"data", json::array({{{"code", "invalid_file"}, {"message", e.what()}}})}};
+    store->save_batch(batch);
+    return;
+  }
+  int64_t completed = 0, failed = 0;
+  if (resume) {
+    // Both files: batches run before error files existed have their failures in the output.
+    for (const std::string& file : {job->output_id, job->error_id}) {
+      std::ifstream in(store->file_path(file));
+      std::string line;
+      while (std::getline(in, line)) {
+        json r = json::parse(line, nullptr, false);
+        if (!r.is_object()) continue;
+        const bool ok = r.contains("response") && r["response"].is_object() &&
+                        r["response"].value("status_code", 0) == 200;
+        ++(ok ? completed : failed);
+      }
+    }
+  }
+  batch["request_counts"] = {
+      {"total", static_cast<int64_t>(lines.size())}, {"completed", completed}, {"failed", failed}};
+  std::vector<BatchInputLine> todo;
+  for (BatchInputLine& l : lines)
+    if (!job->writer->done_ids().count(l.custom_id) &&
+        !job->error_writer->done_ids().count(l.custom_id))
+      todo.push_back(std::move(l));
+  job->remaining = static_cast<int64_t>(todo.size());
+  job->batch = batch;
+  // A batch cancelled just before a restart only needs its final status.
+  job->cancelling = batch["status"] == "cancelling";
+  if (job->cancelling) todo.clear();
+  {
+    std::lock_guard lock(batches_mu);
+    jobs[id] = job;
+  }
+  loop->post([this, job, todo = std::move(todo)](Engine& engine) {
+    for (const BatchInputLine& line : todo) run_line(job, engine, line);
+    if (job->remaining == 0 || job->cancelling) finish_job(job);
+  });
+}
+
+void Server::Impl::run_line(const std::shared_ptr<BatchJob>& job, Engine& engine,
+                            const BatchInputLine& line) {
+  // The checks `blend batch` makes too (api/batch_lines.h), against this batch's endpoint.
+  BatchLineContext context;
+  context.tokenizer = &engine.tokenizer();
+  context.chat_template = chat_template ? &*chat_template : nullptr;
+  context.max_sequence_tokens = max_sequence_tokens;
+  context.max_prompt_bytes = max_prompt_bytes_;
+  context.model = model_name;
+  context.request_class = RequestClass::kBestEffort;
+  if (job->batch.contains("endpoint") && job->batch["endpoint"].is_string())
+    context.endpoint = parse_endpoint(job->batch["endpoint"].get<std::string>());
+  PreparedBatchLine prepared = prepare_batch_line(line, context);
+  try {
+    if (prepared.error) throw *prepared.error;
+    metrics.on_queued(RequestClass::kBestEffort);
+    auto state = std::make_shared<Pending>();
+    state->cls = RequestClass::kBestEffort;
+    const int64_t created = unix_seconds();
+    auto on_token = [this, state](TokenId, std::string_view) {
+      if (state->had_first_token) return;
+      state->had_first_token = true;
+      state->first_token = Clock::now();
+      metrics.on_first_token(state->cls, seconds_between(state->arrival, state->first_token));
+    };
+    auto on_done = [this, job, state, request = prepared.api, created,
+                    id = line.custom_id](GenerationResult&& r) {
+      const auto now = Clock::now();
+      const int64_t n = static_cast<int64_t>(r.tokens.size());
+      metrics.on_finished(
+          state->cls, state->had_first_token, finish_reason_name(r.finish), r.prompt_tokens, n,
+          seconds_between(state->arrival, now),
+          n > 1 ? seconds_between(state->first_token, now) / static_cast<double>(n - 1) : 0.0);
+      const char* prefix = request.endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-";
+      job->writer->write_success(id, make_response(request, r, make_id(prefix), model_name, created,
+                                                   loop->engine().tokenizer()));
+      job->in_flight.erase(state->seq);
+      state->done = true;
+      {
+        std::lock_guard lock(batches_mu);
+        auto& counts = job->batch["request_counts"];
+        counts["completed"] = counts["completed"].get<int64_t>() + 1;
+      }
+      line_done(job);
+    };
+    state->seq = engine.submit(std::move(prepared.generation), on_done, on_token);
+    // A request with max_tokens 0 finished inside submit(); only the others are in flight.
+    if (!state->done) job->in_flight.emplace(state->seq, state);
+  } catch (const Error& e) {
+    const ApiError* api = dynamic_cast<const ApiError*>(&e);
+    const int status = api ? api->status() : 400;
+    job->error_writer->write_error(line.custom_id, status,
+                                   api ? api->body() : ApiError(400, e.what()).body());
+    {
+      std::lock_guard lock(batches_mu);
+      auto& counts = job->batch["request_counts"];
+      counts["failed"] = counts["failed"].get<int64_t>() + 1;
+    }
+    line_done(job);
+  }
+}
+
+void Server::Impl::line_done(const std::shared_ptr<BatchJob>& job) {
+  if (--job->remaining == 0) finish_job(job);
+}
+
+// Engine thread: publishes the results file and the final status.
+void Server::Impl::finish_job(const std::shared_ptr<BatchJob>& job) {
+  std::string id;
+  {
+    std::lock_guard lock(batches_mu);
+    const json& b = job->batch;
+    if (b["status"] == "completed" || b["status"] == "cancelled") return;
+    id = b["id"];
+  }
+  // The results are all written: publish their files before the status that points at them.
+  store->register_file(job->output_id, id + "_output.jsonl", "batch_output");
+  const bool any_failed = !job->error_writer->done_ids().empty();
+  if (any_failed) store->register_file(job->error_id, id + "_errors.jsonl", "batch_output");
+  json snapshot;
+  {
+    std::lock_guard lock(batches_mu);
+    json& b = job->batch;
+    if (any_failed) b["error_file_id"] = job->error_id;
+    const int64_t now = unix_seconds();
+    const bool cancelled = job->cancelling || b["status"] == "cancelling";
+    b["status"] = cancelled ? "cancelled" : "completed";
+    b[cancelled ? "cancelled_at" : "completed_at"] = now;
+    b["finalizing_at"] = now;
+    b["output_file_id"] = job->output_id;
+    snapshot = b;
+  }
+  store->save_batch(snapshot);
+}
+
+}  // namespace blend

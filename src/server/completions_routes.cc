@@ -1,0 +1,240 @@
+// /v1/completions and /v1/chat/completions: parse and check the body, hand the request to the
+// engine thread, answer with one JSON object or a Server-Sent Events stream (OpenAI's chunks).
+#include <chrono>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "api/json_limits.h"
+#include "server/server_impl.h"
+
+namespace blend {
+namespace {
+
+using nlohmann::json;
+using server_internal::BatchJob;
+using server_internal::Clock;
+using server_internal::dump;
+using server_internal::Pending;
+using server_internal::seconds_between;
+
+std::string sse(const json& chunk) {
+  return "data: " + dump(chunk) + "\n\n";
+}
+
+}  // namespace
+
+void Server::Impl::completions_routes() {
+  route("POST", "/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    completion(req, res, Endpoint::kCompletions);
+  });
+  route("POST", "/v1/chat/completions",
+        [this](const httplib::Request& req, httplib::Response& res) {
+          completion(req, res, Endpoint::kChatCompletions);
+        });
+}
+
+std::shared_ptr<Pending> Server::Impl::submit(const ApiRequest& request, RequestClass cls) {
+  auto p = std::make_shared<Pending>();
+  p->cls = cls;
+  GenerationRequest gen{make_id("req-"),  request.prompt,  request.params, cls,
+                        request.ttft_slo, request.tpot_slo};
+  loop->post([this, p, gen = std::move(gen)](Engine& engine) mutable {
+    metrics.on_queued(p->cls);
+    auto on_token = [this, p](TokenId, std::string_view delta) {
+      if (!p->had_first_token) {
+        p->had_first_token = true;
+        p->first_token = Clock::now();
+        metrics.on_first_token(p->cls, seconds_between(p->arrival, p->first_token));
+      }
+      if (delta.empty()) return;
+      {
+        std::lock_guard lock(p->mu);
+        p->text += delta;
+      }
+      p->cv.notify_all();
+    };
+    auto on_done = [this, p](GenerationResult&& r) {
+      const auto now = Clock::now();
+      const int64_t n = static_cast<int64_t>(r.tokens.size());
+      const double tpot =
+          n > 1 ? seconds_between(p->first_token, now) / static_cast<double>(n - 1) : 0.0;
+      metrics.on_finished(p->cls, p->had_first_token, finish_reason_name(r.finish), r.prompt_tokens,
+                          n, seconds_between(p->arrival, now), tpot);
+      {
+        std::lock_guard lock(p->mu);
+        p->result = std::move(r);
+        p->done = true;
+      }
+      p->cv.notify_all();
+    };
+    try {
+      p->seq = engine.submit(std::move(gen), on_done, on_token);
+      p->submitted = true;
+    } catch (const Error& e) {
+      metrics.on_cancelled(p->cls, false);
+      {
+        std::lock_guard lock(p->mu);
+        p->error = ApiError(400, e.what()).body();
+        p->error_status = 400;
+        p->done = true;
+      }
+      p->cv.notify_all();
+    }
+  });
+  return p;
+}
+
+void Server::Impl::cancel(const std::shared_ptr<Pending>& p) {
+  loop->post([this, p](Engine& engine) {
+    if (p->submitted && engine.cancel(p->seq)) metrics.on_cancelled(p->cls, p->had_first_token);
+  });
+}
+
+bool Server::Impl::wait_done(Pending& p, int socket) {
+  std::unique_lock lock(p.mu);
+  while (!p.done) {
+    if (stopping) return false;
+    // A client that hung up gets no answer: stop generating it (as a stream's end does).
+    if (socket >= 0 && peer_hung_up(socket)) return false;
+    p.cv.wait_for(lock, std::chrono::milliseconds(100));
+  }
+  return true;
+}
+
+void Server::Impl::completion(const httplib::Request& req, httplib::Response& res,
+                              Endpoint endpoint) {
+  json body;
+  ApiRequest request;
+  try {
+    body = parse_client_json(req.body, "the request body");
+  } catch (const ApiError& e) {
+    return send_error(res, e.status(), e.what());
+  }
+  try {
+    if (body.is_object() && body.contains("model") && body["model"].is_string() &&
+        body["model"] != model_name)
+      return send_error(res, 404,
+                        "The model '" + body["model"].get<std::string>() + "' does not exist.",
+                        "model", "model_not_found");
+    RequestLimits limits;
+    limits.max_prompt_bytes = max_prompt_bytes_;
+    request = parse_api_request(endpoint, body, loop->engine().tokenizer(),
+                                chat_template ? &*chat_template : nullptr, limits);
+    // Limits the engine would quietly apply become errors, as in vLLM: a client asking for
+    // more than fits should know.
+    check_context(request, body, max_sequence_tokens);
+  } catch (const ApiError& e) {
+    return send_error(res, e.status(), e.what(), e.param());
+  } catch (const Error& e) {
+    return send_error(res, 400, e.what());
+  }
+  const RequestClass cls = body.value("service_tier", "") == "flex" ? RequestClass::kBestEffort
+                                                                    : RequestClass::kRealtime;
+  const bool chat = endpoint == Endpoint::kChatCompletions;
+  const std::string id = make_id(chat ? "chatcmpl-" : "cmpl-");
+  const int64_t created = unix_seconds();
+  auto p = submit(request, cls);
+
+  if (!request.stream) {
+    if (!wait_done(*p, request_socket(req))) {
+      cancel(p);
+      if (stopping) return send_error(res, 503, "the server is shutting down");
+      // Nobody reads this answer; 499 (nginx's "client closed request") keeps the access log
+      // honest. The body is set so that the error handler leaves it alone.
+      res.status = 499;
+      return res.set_content("{}", "application/json");
+    }
+    std::lock_guard lock(p->mu);
+    if (p->error) {
+      metrics.on_error(p->error_status);
+      res.status = p->error_status;
+      return res.set_content(dump(*p->error), "application/json");
+    }
+    server_internal::request_log().prompt_tokens = p->result->prompt_tokens;
+    server_internal::request_log().completion_tokens =
+        static_cast<int64_t>(p->result->tokens.size());
+    res.set_content(
+        make_response(request, *p->result, id, model_name, created, loop->engine().tokenizer())
+            .dump(-1, ' ', false, json::error_handler_t::replace),
+        "application/json");
+    return;
+  }
+
+  // Server-Sent Events in OpenAI's chunk format.
+  request.prompt.clear();
+  auto chunk = [this, id, created, chat, request](const json& choice) {
+    json c = {{"id", id},
+              {"object", chat ? "chat.completion.chunk" : "text_completion"},
+              {"created", created},
+              {"model", model_name},
+              {"choices", choice.is_null() ? json::array() : json::array({choice})}};
+    if (request.include_usage) c["usage"] = nullptr;
+    return c;
+  };
+  auto text_choice = [chat](const std::string& text, const json& finish) {
+    if (chat)
+      return json{
+          {"index", 0},
+          {"delta", text.empty() && !finish.is_null() ? json::object() : json{{"content", text}}},
+          {"logprobs", nullptr},
+          {"finish_reason", finish}};
+    return json{{"index", 0}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", finish}};
+  };
+  auto sent_role = std::make_shared<bool>(false);
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, p, chunk, text_choice, sent_role, chat, request](size_t, httplib::DataSink& sink) {
+        std::string delta;
+        bool done;
+        {
+          std::unique_lock lock(p->mu);
+          p->cv.wait_for(lock, std::chrono::milliseconds(100),
+                         [&] { return p->done || !p->text.empty() || stopping; });
+          if (stopping) return false;
+          delta.swap(p->text);
+          done = p->done;
+        }
+        std::string out;
+        if (chat && !*sent_role && !(done && p->error)) {
+          out += sse(chunk({{"index", 0},
+                            {"delta", {{"role", "assistant"}, {"content", ""}}},
+                            {"logprobs", nullptr},
+                            {"finish_reason", nullptr}}));
+          *sent_role = true;
+        }
+        if (!delta.empty()) out += sse(chunk(text_choice(delta, nullptr)));
+        if (done) {
+          std::lock_guard lock(p->mu);
+          if (p->error) {
+            metrics.on_error(p->error_status);
+            out += sse(*p->error);
+          } else {
+            const GenerationResult& r = *p->result;
+            server_internal::request_log().prompt_tokens = r.prompt_tokens;
+            server_internal::request_log().completion_tokens =
+                static_cast<int64_t>(r.tokens.size());
+            out += sse(chunk(text_choice("", finish_reason_name(r.finish))));
+            if (request.include_usage) {
+              json c = chunk(nullptr);
+              const int64_t n = static_cast<int64_t>(r.tokens.size());
+              c["usage"] = {{"prompt_tokens", r.prompt_tokens},
+                            {"completion_tokens", n},
+                            {"total_tokens", r.prompt_tokens + n}};
+              out += sse(c);
+            }
+          }
+          out += "data: [DONE]\n\n";
+        }
+        if (!out.empty() && !sink.write(out.data(), out.size())) return false;
+        if (done) sink.done();
+        return true;
+      },
+      // Not a success: the client went away (or we are stopping). Free the sequence now.
+      [this, p](bool success) {
+        if (!success) cancel(p);
+      });
+}
+
+}  // namespace blend

@@ -1,0 +1,160 @@
+// Server::Impl — what the route files share: the engine loop, the metrics, the Batch API store,
+// the handler <-> engine-thread hand-off (Pending) and the error helpers. Internal to
+// src/server; server.h is the public face.
+//   server.cc             set-up, the route table's hooks (auth, errors), start/stop
+//   completions_routes.cc /v1/completions, /v1/chat/completions (JSON and SSE)
+//   batch_routes.cc       /v1/files, /v1/batches (the Batch API)
+//   info_routes.cc        /health, /version, /metrics, /v1/models[/{id}], /tokenize,
+//                         /detokenize
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <regex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "api/batch_file.h"
+#include "api/openai.h"
+#include "model/chat_template.h"
+#include "server/batch_store.h"
+#include "server/connection.h"
+#include "server/engine_loop.h"
+#include "server/metrics.h"
+#include "server/server.h"
+
+namespace blend {
+
+namespace server_internal {
+
+using Clock = std::chrono::steady_clock;
+
+inline double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// Bytes that are not UTF-8 (echoed from a bad request) become U+FFFD instead of an exception.
+inline std::string dump(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// One request between an HTTP handler thread and the engine thread. The `mu`-guarded part is
+// shared; the rest belongs to the engine thread.
+struct Pending {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string text;  // streamed text not yet taken by the handler
+  bool done = false;
+  std::optional<GenerationResult> result;
+  std::optional<nlohmann::json> error;  // error body
+  int error_status = 0;
+
+  // Engine thread only.
+  RequestClass cls = RequestClass::kRealtime;
+  SeqId seq = 0;
+  bool submitted = false;
+  bool had_first_token = false;
+  Clock::time_point arrival = Clock::now();
+  Clock::time_point first_token;
+};
+
+// A batch being run: its input lines still to do and where their results go. Engine thread
+// only, except `batch` (the object clients poll), which is guarded by Impl::batches_mu.
+struct BatchJob {
+  nlohmann::json batch;
+  std::string output_id, error_id;
+  std::unique_ptr<BatchResultWriter> writer;        // successful lines (output_file_id)
+  std::unique_ptr<BatchResultWriter> error_writer;  // failed lines (error_file_id)
+  std::unordered_map<SeqId, std::shared_ptr<Pending>> in_flight;
+  int64_t remaining = 0;
+  bool cancelling = false;
+};
+
+// What the access-log line of the request this thread is serving reports. httplib runs the
+// pre-routing handler, the route handler (with its stream) and the logger on one thread per
+// connection, so a thread_local carries it from the first to the last.
+struct RequestLog {
+  Clock::time_point start;
+  int64_t prompt_tokens = -1, completion_tokens = -1;  // -1: not a generation
+};
+RequestLog& request_log();
+
+}  // namespace server_internal
+
+struct Server::Impl {
+  using Pending = server_internal::Pending;
+  using BatchJob = server_internal::BatchJob;
+
+  ServerOptions options;
+  std::string model_name;
+  std::optional<ChatTemplate> chat_template;
+  int64_t max_sequence_tokens = 0;
+  int64_t max_prompt_bytes_ = 0;  // longer prompt texts are refused before tokenizing
+  Metrics metrics;
+  std::unique_ptr<BatchStore> store;
+  std::unique_ptr<EngineLoop> loop;
+  HttpServer http;
+  int port = 0;
+  std::atomic<bool> stopping{false};
+  std::thread serve_thread;
+  // The throughput line (server.cc): a thread printing every options.stats_interval seconds.
+  std::thread stats_thread;
+  void stats_loop();
+  std::atomic<int64_t> stat_prompt_tokens{0}, stat_output_tokens{0};  // engine totals
+  std::atomic<int64_t> stat_running{0}, stat_waiting{0};
+
+  std::mutex batches_mu;
+  std::unordered_map<std::string, std::shared_ptr<BatchJob>> jobs;
+
+  explicit Impl(const ServerOptions& o);
+  void routes();
+  // Registers a handler and remembers the route, so that another method on it is a 405.
+  void route(const char* method, const std::string& pattern, httplib::Server::Handler handler);
+  std::vector<std::pair<std::regex, std::string>> known_routes;  // (path pattern, method)
+  // Each route family registers its own handlers (in its own file).
+  void info_routes();
+  void completions_routes();
+  void batch_routes();
+
+  // --- info (info_routes.cc) ---
+  void tokenize(const httplib::Request& req, httplib::Response& res);
+  void detokenize(const httplib::Request& req, httplib::Response& res);
+
+  // --- requests (server.cc) ---
+  bool authorized(const httplib::Request& req) const;
+  void send_error(httplib::Response& res, int status, const std::string& message,
+                  const std::string& param = "", const std::string& code = "");
+
+  // --- completions (completions_routes.cc) ---
+  void completion(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
+  std::shared_ptr<Pending> submit(const ApiRequest& request, RequestClass cls);
+  void cancel(const std::shared_ptr<Pending>& p);
+  // Waits for the end: false when the server is stopping or the client on `socket` (when not
+  // -1) hung up.
+  bool wait_done(Pending& p, int socket = -1);
+
+  // --- batches (batch_routes.cc) ---
+  void files_create(const httplib::Request& req, httplib::Response& res);
+  void batches_create(const httplib::Request& req, httplib::Response& res);
+  void batch_get(const httplib::Request& req, httplib::Response& res);
+  void batches_list(const httplib::Request& req, httplib::Response& res);
+  void files_list(const httplib::Request& req, httplib::Response& res);
+  void file_delete(const httplib::Request& req, httplib::Response& res);
+  void batch_cancel(const httplib::Request& req, httplib::Response& res);
+  void start_job(nlohmann::json batch, bool resume);
+  void run_line(const std::shared_ptr<BatchJob>& job, Engine& engine, const BatchInputLine& line);
+  void line_done(const std::shared_ptr<BatchJob>& job);
+  void finish_job(const std::shared_ptr<BatchJob>& job);
+};
+
+}  // namespace blend

@@ -1,0 +1,116 @@
+#include "api/batch_lines.h"
+
+#include <gtest/gtest.h>
+
+#include "model/chat_template.h"
+#include "model/tokenizer.h"
+#include "test_util.h"
+
+namespace blend {
+namespace {
+
+using nlohmann::json;
+
+class BatchLinesTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    tokenizer_ = new Tokenizer(Tokenizer::from_dir(BLEND_TEST_TOKENIZER_DIR));
+    template_ = new ChatTemplate(ChatTemplate::from_dir(BLEND_TEST_TOKENIZER_DIR));
+  }
+  static void TearDownTestSuite() {
+    delete tokenizer_;
+    delete template_;
+  }
+  static BatchLineContext context() {
+    BatchLineContext c;
+    c.tokenizer = tokenizer_;
+    c.chat_template = template_;
+    c.max_sequence_tokens = 64;
+    c.max_prompt_bytes = max_prompt_bytes(*tokenizer_, c.max_sequence_tokens);
+    return c;
+  }
+  // Reads `text` as a one-line batch file, so the line goes through the same reader.
+  static BatchInputLine line(const std::string& text) {
+    testing::TempDir dir;
+    testing::write_file(dir / "in.jsonl", text + "\n");
+    auto lines = read_batch_input(dir / "in.jsonl");
+    EXPECT_EQ(lines.size(), 1u);
+    return lines.at(0);
+  }
+  static std::string completion(const std::string& body,
+                                const std::string& url = "/v1/completions") {
+    return R"({"custom_id":"r1","method":"POST","url":")" + url + R"(","body":)" + body + "}";
+  }
+  static Tokenizer* tokenizer_;
+  static ChatTemplate* template_;
+};
+
+Tokenizer* BatchLinesTest::tokenizer_ = nullptr;
+ChatTemplate* BatchLinesTest::template_ = nullptr;
+
+TEST_F(BatchLinesTest, AGoodLineBecomesARequest) {
+  BatchLineContext c = context();
+  c.request_class = RequestClass::kRealtime;
+  PreparedBatchLine p = prepare_batch_line(
+      line(completion(R"({"model":"m","prompt":"Hello, my dog","max_tokens":3,"seed":7})")), c);
+  ASSERT_FALSE(p.error) << p.error->what();
+  EXPECT_EQ(p.custom_id, "r1");
+  EXPECT_EQ(p.generation.id, "r1");
+  EXPECT_EQ(p.generation.prompt, (std::vector<TokenId>{9906, 11, 856, 5679}));
+  EXPECT_EQ(p.generation.params.max_tokens, 3);
+  EXPECT_EQ(p.generation.params.seed, 7u);
+  EXPECT_EQ(p.generation.request_class, RequestClass::kRealtime);
+  EXPECT_EQ(p.api.endpoint, Endpoint::kCompletions);
+  EXPECT_TRUE(p.api.prompt.empty());  // moved into the generation request
+}
+
+TEST_F(BatchLinesTest, EachCheckGivesAnErrorResultNamingTheField) {
+  const auto error_of = [](const PreparedBatchLine& p) -> std::pair<int, std::string> {
+    if (!p.error) return {0, "<no error>"};
+    return {p.error->status(), p.error->param()};
+  };
+  BatchLineContext c = context();
+  // A line that is not JSON, nests 100,000 deep, or holds 1e999: an error line, no throw.
+  EXPECT_EQ(error_of(prepare_batch_line(line("{oops"), c)).first, 400);
+  EXPECT_EQ(error_of(prepare_batch_line(line(completion(R"({"prompt":)" + std::string(100000, '[') +
+                                                        std::string(100000, ']') + "}")),
+                                        c)),
+            (std::pair<int, std::string>{400, ""}));
+  EXPECT_EQ(
+      error_of(prepare_batch_line(line(completion(R"({"prompt":"x","temperature":1e999})")), c)),
+      (std::pair<int, std::string>{400, "body.temperature"}));
+  EXPECT_EQ(error_of(prepare_batch_line(
+                line(R"({"custom_id":"r1","method":"GET","url":"/v1/completions","body":{}})"), c)),
+            (std::pair<int, std::string>{400, "method"}));
+  EXPECT_EQ(error_of(prepare_batch_line(line(completion(R"({"input":"x"})", "/v1/embeddings")), c)),
+            (std::pair<int, std::string>{400, "url"}));
+  EXPECT_EQ(error_of(prepare_batch_line(line(completion(R"({"prompt":"x","stream":true})")), c)),
+            (std::pair<int, std::string>{400, "stream"}));
+  EXPECT_EQ(error_of(prepare_batch_line(line(completion(R"({"prompt":"x","temperature":3})")), c)),
+            (std::pair<int, std::string>{400, "temperature"}));
+  // The context: 64 tokens here.
+  EXPECT_EQ(error_of(prepare_batch_line(line(completion(R"({"prompt":"x","max_tokens":64})")), c)),
+            (std::pair<int, std::string>{400, "max_tokens"}));
+  std::string long_prompt;
+  for (int i = 0; i < 80; ++i) long_prompt += " dog";
+  EXPECT_EQ(
+      error_of(prepare_batch_line(line(completion(R"({"prompt":")" + long_prompt + R"("})")), c)),
+      (std::pair<int, std::string>{400, "prompt"}));
+  // Without max_tokens the engine clamps it: fine.
+  EXPECT_EQ(error_of(prepare_batch_line(line(completion(R"({"prompt":"x"})")), c)).first, 0);
+
+  // The batch's endpoint (OpenAI refuses lines whose url differs) and the served model.
+  c.endpoint = Endpoint::kChatCompletions;
+  EXPECT_EQ(error_of(prepare_batch_line(line(completion(R"({"prompt":"x"})")), c)),
+            (std::pair<int, std::string>{400, "url"}));
+  c.endpoint.reset();
+  c.model = "tiny";
+  EXPECT_EQ(error_of(prepare_batch_line(line(completion(R"({"model":"big","prompt":"x"})")), c)),
+            (std::pair<int, std::string>{404, "model"}));
+  EXPECT_EQ(
+      error_of(prepare_batch_line(line(completion(R"({"model":"tiny","prompt":"x"})")), c)).first,
+      0);
+}
+
+}  // namespace
+}  // namespace blend
