@@ -2,8 +2,8 @@
 
 #include <limits>
 
-#include "model/chat_template.h"
-#include "model/tokenizer.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 
 namespace blend {
 namespace {

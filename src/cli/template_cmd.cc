@@ -11,7 +11,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
-#include "model/chat_template.h"
+#include "text/chat_template.h"
 
 namespace blend::cli {
 namespace {

@@ -9,7 +9,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace blend::cli {
 namespace {

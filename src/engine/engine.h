@@ -18,13 +18,13 @@
 #include "backend/backend.h"
 #include "core/request.h"
 #include "core/sequence.h"
-#include "sampling/sampler.h"
 #include "kv/page_pool.h"
 #include "kv/radix_cache.h"
 #include "model/config.h"
 #include "model/safetensors.h"
-#include "model/tokenizer.h"
+#include "sampling/sampler.h"
 #include "sched/scheduler.h"
+#include "text/tokenizer.h"
 
 namespace blend {
 

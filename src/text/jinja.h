@@ -4,7 +4,7 @@
 //
 // What it promises:
 // - The output equals Jinja2's byte for byte for every template it accepts (checked against
-//   python3-jinja2 by tests/model/chat_template_parity_test.cc). Values behave as Python's do:
+//   python3-jinja2 by tests/text/chat_template_parity_test.cc). Values behave as Python's do:
 //   str()/repr() of lists, tuples and dicts, int/float arithmetic, code-point string indexing,
 //   Unicode whitespace in strip()/trim/split(), json.dumps for tojson; what filters return
 //   behaves like the Python object (map/select/items give a generator: always true, no length,

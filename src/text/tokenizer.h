@@ -8,7 +8,7 @@
 //   2. the pre-tokenizer splits each remaining section: Split(Regex, Isolated) steps (PCRE2, UTF +
 //      UCP, JIT), Digits, or ByteLevel(use_regex=true) with GPT-2's pattern. `\s` in a pattern
 //      means Unicode White_Space, as in tiktoken and the Rust tokenizers (transformers.js differs
-//      on U+0085 and U+FEFF; see tests/model/tokenizer_test.cc).
+//      on U+0085 and U+FEFF; see tests/text/tokenizer_test.cc).
 //   3. each piece becomes ids by BPE over its raw bytes: a piece that is itself in the vocabulary
 //      is emitted as is when the model says `ignore_merges` (Llama-3); otherwise the adjacent pair
 //      of lowest merge rank (leftmost on ties) is merged until none is left.
