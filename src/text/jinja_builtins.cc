@@ -131,8 +131,15 @@ bool affix_matches(const std::string& s, const Value& affix, bool prefix, int li
 
 }  // namespace
 
+void check_size(const std::string& s, int line, const char* what) {
+  if (s.size() > kMaxSize)
+    fail(line, std::string(what) + ": the string would be too large (over " +
+                   std::to_string(kMaxSize >> 20) + " MiB)");
+}
+
 std::string replace(const std::string& s, const std::string& from, const std::string& to,
-                    int64_t count) {
+                    int64_t count, int line) {
+  charge_bytes(s.size());
   std::string out;
   int64_t done = 0;
   auto more = [&] { return count < 0 || done < count; };
@@ -141,10 +148,12 @@ std::string replace(const std::string& s, const std::string& from, const std::st
       if (more()) {
         out += to;
         ++done;
+        check_size(out, line, "replace");
       }
       put_cp(out, next_cp(s, k));
     }
     if (more()) out += to;
+    check_size(out, line, "replace");
     return out;
   }
   size_t k = 0;
@@ -152,8 +161,10 @@ std::string replace(const std::string& s, const std::string& from, const std::st
     out.append(s, k, at - k);
     out += to;
     ++done;
+    check_size(out, line, "replace");
   }
   out.append(s, k, std::string::npos);
+  check_size(out, line, "replace");
   return out;
 }
 
@@ -198,6 +209,7 @@ std::string spaces(const Value& width, int line, const std::string& what) {
 
 Value joined(std::string a, const std::string& b, int line) {
   if (a.size() + b.size() > kMaxSize) fail(line, "the string would be too large");
+  charge_bytes(a.size() + b.size());
   return Value::string(a += b);
 }
 
@@ -205,14 +217,20 @@ List iterate(const Value& v, int line) {
   switch (v.kind) {
     case Value::kList:
       consume(v, line);
+      charge(static_cast<int64_t>(v.list->size()));
       return *v.list;
     case Value::kDict: {
       if (v.dict->type == Dict::kNamespace) break;
+      charge(static_cast<int64_t>(v.dict->items.size()));
       List keys;
       for (const auto& item : v.dict->items) keys.push_back(Value::string(item.first));
       return keys;
     }
     case Value::kString: {
+      // One Value per character: bounded as a list the template builds.
+      if (cp_count(v.s) > kMaxListBytes / (sizeof(Value) + 4))
+        fail(line, "the string is too long to iterate over");
+      charge_bytes(v.s.size() * 8);
       List chars;
       for (size_t k = 0; k < v.s.size();) {
         std::string c;
@@ -255,13 +273,23 @@ Value getitem(const Value& obj, const Value& key, int line) {
   }
   const bool indexable = obj.kind == Value::kString ||
                          (obj.kind == Value::kList && (obj.s.empty() || type_name(obj) == "range"));
-  if (indexable && key.is_integral()) {
-    const List chars = obj.kind == Value::kString ? iterate(obj, line) : List();
-    const List& seq = obj.kind == Value::kList ? *obj.list : chars;
-    const auto size = static_cast<int64_t>(seq.size());
+  if (indexable && key.is_integral() && obj.kind == Value::kList) {
+    const auto size = static_cast<int64_t>(obj.list->size());
     int64_t k = key.integral();
     if (k < 0) k += size;
-    if (k >= 0 && k < size) return seq[static_cast<size_t>(k)];
+    if (k >= 0 && k < size) return (*obj.list)[static_cast<size_t>(k)];
+  }
+  if (indexable && key.is_integral() && obj.kind == Value::kString) {  // a code point
+    charge_bytes(obj.s.size());
+    const Cps chars = to_cps(obj.s);
+    const auto size = static_cast<int64_t>(chars.size());
+    int64_t k = key.integral();
+    if (k < 0) k += size;
+    if (k >= 0 && k < size) {
+      std::string c;
+      put_cp(c, chars[static_cast<size_t>(k)]);
+      return Value::string(std::move(c));
+    }
   }
   return Value::undefined(type_name(obj) + " object has no element " + py_repr(key));
 }
@@ -347,6 +375,7 @@ bool contains(const Value& container, const Value& item, int line) {
     case Value::kString:
       if (item.kind != Value::kString)
         fail(line, "'in <string>' requires string as left operand, not " + type_name(item));
+      charge_bytes(container.s.size());
       return container.s.find(item.s) != std::string::npos;
     case Value::kList:
       consume(container, line);
@@ -397,13 +426,20 @@ Value call_global(int line, const std::string& name, Args& args, Kwargs& kwargs)
       if (args.size() == 3) step = to_index(args[2], line, "range() argument");
     }
     if (step == 0) fail(line, "range() arg 3 must not be zero");
-    const double count = std::ceil((static_cast<double>(stop) - static_cast<double>(start)) /
-                                   static_cast<double>(step));
-    if (count > static_cast<double>(kMaxRange))
+    // The count and the items in unsigned 64-bit arithmetic: `stop - start` always fits there,
+    // and stepping a signed counter past `stop` could wrap around and never end.
+    const bool up = step > 0;
+    const uint64_t span = up ? static_cast<uint64_t>(stop) - static_cast<uint64_t>(start)
+                             : static_cast<uint64_t>(start) - static_cast<uint64_t>(stop);
+    const uint64_t stride = up ? static_cast<uint64_t>(step) : 0 - static_cast<uint64_t>(step);
+    const uint64_t count = (up ? start < stop : start > stop) ? (span - 1) / stride + 1 : 0;
+    if (count > static_cast<uint64_t>(kMaxRange))
       fail(line, "range too big (the sandbox allows " + std::to_string(kMaxRange) + " items)");
+    charge(static_cast<int64_t>(count));
     List items;
-    for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step)
-      items.push_back(Value::integer(k));
+    for (uint64_t k = 0; k < count; ++k)  // modulo 2^64, exact since each item fits in 64 bits
+      items.push_back(Value::integer(
+          static_cast<int64_t>(static_cast<uint64_t>(start) + k * static_cast<uint64_t>(step))));
     Value v = Value::of_list(std::move(items));
     v.s = "range(" + std::to_string(start) + ", " + std::to_string(stop) +
           (step != 1 ? ", " + std::to_string(step) : "") + ")";
@@ -441,6 +477,7 @@ Value method(int line, const Value& obj, const std::string& name, Args& args, Kw
   const std::string what = "." + name;
   if (obj.kind == Value::kString) {
     const std::string& s = obj.s;
+    charge_bytes(s.size());  // every str method reads the string
     if (name == "strip" || name == "lstrip" || name == "rstrip") {
       const Bound a = bind(line, what, {"chars"}, args, kwargs);
       const std::string* chars = given(a[0]) ? &to_text(*a[0], line, "strip chars") : nullptr;
@@ -463,7 +500,7 @@ Value method(int line, const Value& obj, const std::string& name, Args& args, Kw
       if (!a[0] || !a[1]) fail(line, ".replace() needs two arguments");
       return Value::string(replace(s, to_text(*a[0], line, "replace() old"),
                                    to_text(*a[1], line, "replace() new"),
-                                   given(a[2]) ? to_index(*a[2], line, "count") : -1));
+                                   given(a[2]) ? to_index(*a[2], line, "count") : -1, line));
     }
     if (name == "find" || name == "rfind" || name == "count") {
       const Bound a = bind(line, what, {"sub"}, args, kwargs);
@@ -489,8 +526,11 @@ Value method(int line, const Value& obj, const std::string& name, Args& args, Kw
       if (!a[0]) fail(line, ".join() needs an argument");
       std::string out;
       const List items = iterate(*a[0], line);
-      for (size_t k = 0; k < items.size(); ++k)
+      for (size_t k = 0; k < items.size(); ++k) {
         out += (k ? s : "") + to_text(items[k], line, "sequence item " + std::to_string(k));
+        check_size(out, line, ".join()");
+      }
+      charge_bytes(out.size());
       return Value::string(std::move(out));
     }
   }

@@ -25,9 +25,7 @@ bool given(const std::optional<Value>& v);  // passed and not None
 int64_t to_index(const Value& v, int line, const std::string& what);
 const std::string& to_text(const Value& v, int line, const std::string& what);
 
-// Bounds on what a template can build, so a runaway one is an error instead of exhausting
-// memory: the length of one string or list, and of an indentation.
-constexpr size_t kMaxSize = size_t{1} << 28;
+// The widest indentation (indent, tojson); kMaxSize bounds what it is applied to.
 constexpr int64_t kMaxIndent = 1 << 12;
 std::string spaces(const Value& width, int line, const std::string& what);
 Value joined(std::string a, const std::string& b, int line);  // a + b, within kMaxSize
@@ -41,7 +39,9 @@ bool contains(const Value& container, const Value& item, int line);
 bool compare(const std::string& op, const Value& l, const Value& r, int line);
 // str.replace(old, new, count); count < 0: all.
 std::string replace(const std::string& s, const std::string& from, const std::string& to,
-                    int64_t count);
+                    int64_t count, int line);
+// A blend::Error naming `what` when s is over kMaxSize.
+void check_size(const std::string& s, int line, const char* what);
 Value call_global(int line, const std::string& name, Args& args, Kwargs& kwargs);
 Value method(int line, const Value& obj, const std::string& name, Args& args, Kwargs& kwargs);
 Value filter(int line, const std::string& name, Value v, Args& args, Kwargs& kwargs);

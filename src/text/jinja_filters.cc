@@ -89,13 +89,20 @@ int64_t length(const Value& v, int line) {
 std::string indent(const std::string& s, const Value& width, bool first, bool blank, int line) {
   const std::string pad =
       width.kind == Value::kString ? width.s : spaces(width, line, "indent width");
+  // Refused before splitting when the line feeds alone would make it too large.
+  const auto feeds = static_cast<size_t>(std::count(s.begin(), s.end(), '\n'));
+  if (!pad.empty() && feeds > (kMaxSize - std::min(kMaxSize, s.size())) / pad.size())
+    fail(line,
+         "indent: the string would be too large (over " + std::to_string(kMaxSize >> 20) + " MiB)");
   std::vector<std::string> lines = py_splitlines(s + "\n");
   std::string out;
   for (size_t k = 0; k < lines.size(); ++k) {
     if (k) out += "\n";
     if (k && (blank || !lines[k].empty())) out += pad;
     out += lines[k];
+    check_size(out, line, "indent");
   }
+  charge_bytes(out.size());
   return first ? pad + out : out;
 }
 
@@ -158,7 +165,7 @@ Value text_filter(int line, const std::string& name, Value v, Args& args, Kwargs
     const Bound a = bind(line, name, {"old", "new", "count"}, args, kwargs);
     if (!a[0] || !a[1]) fail(line, "replace needs two arguments");
     return Value::string(replace(py_str(v), py_str(*a[0]), py_str(*a[1]),
-                                 given(a[2]) ? to_index(*a[2], line, "count") : -1));
+                                 given(a[2]) ? to_index(*a[2], line, "count") : -1, line));
   }
   if (name == "indent") {
     const Bound a = bind(line, name, {"width", "first", "blank"}, args, kwargs);
@@ -251,9 +258,12 @@ Value sequence_filter(int line, const std::string& name, Value v, Args& args, Kw
     const std::string sep = a[0] ? py_str(*a[0]) : "";
     std::string out;
     const List items = iterate(v, line);
-    for (size_t k = 0; k < items.size(); ++k)
+    for (size_t k = 0; k < items.size(); ++k) {
       out += (k ? sep : "") +
              py_str(given(a[1]) ? attribute(items[k], py_str(*a[1]), line) : items[k]);
+      check_size(out, line, "join");
+    }
+    charge_bytes(out.size());
     return Value::string(std::move(out));
   }
   if (name == "items") {
@@ -330,6 +340,7 @@ Value sequence_filter(int line, const std::string& name, Value v, Args& args, Kw
 
 Value filter(int line, const std::string& name, Value v, Args& args, Kwargs& kwargs) {
   if (!kFilters.count(name)) fail(line, "unsupported filter '" + name + "'");
+  charge_bytes(v.s.size());  // what the filters on strings read
   static const std::unordered_set<std::string> kNumber = {"int", "float", "abs", "round"};
   static const std::unordered_set<std::string> kSequence = {
       "first",  "last", "list",   "reverse", "join",       "items",

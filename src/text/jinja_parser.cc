@@ -103,14 +103,14 @@ class Parser {
         out->kids.push_back(parse_tuple(true, false));
         if (cur().kind != Token::kVarEnd) unexpected("end of print statement '}}'");
         next();
-        body->kids.push_back(out);
+        body->kids.push_back(seal(out));
       } else if (t.kind == Token::kBlockBegin) {
         next();
         for (const char* e : ends)
-          if (at_name(e)) return body;
-        body->kids.push_back(parse_statement());
+          if (at_name(e)) return seal(body);
+        body->kids.push_back(seal(parse_statement()));
       } else if (t.kind == Token::kEof) {
-        if (ends.size() == 0) return body;
+        if (ends.size() == 0) return seal(body);
         std::string want;
         for (const char* e : ends) want += std::string(want.empty() ? "" : " or ") + "'" + e + "'";
         fail(open_line, std::string("'{% ") + opener + " %}' is never closed (expected " + want +
@@ -119,6 +119,32 @@ class Parser {
         unexpected("template text or a tag");
       }
     }
+  }
+
+  // Sets n's depth from its children's (complete by now). Deeper than kMaxTreeDepth is an error
+  // here, before the tree grows further: a chain parsed in a loop (`a + b + ...`, `x|f|g...`,
+  // `x.a.b...`) is as deep as it is long, and the renderer and the tree's destructor recurse
+  // down it.
+  static NodeP seal(NodeP n) {
+    int d = 0;
+    auto see = [&d](const NodeP& k) {
+      if (k) d = std::max(d, k->depth);
+    };
+    for (const auto& k : n->kids) see(k);
+    for (const auto& kw : n->kwargs) see(kw.second);
+    for (const auto& [c, b] : n->branches) {
+      see(c);
+      see(b);
+    }
+    see(n->iter);
+    see(n->cond);
+    see(n->body);
+    see(n->else_body);
+    n->depth = d + 1;
+    if (n->depth > kMaxTreeDepth)
+      fail(n->line, "the template nests too deeply (more than " + std::to_string(kMaxTreeDepth) +
+                        " levels of expressions and blocks)");
+    return n;
   }
 
   // Nesting of expressions and blocks is bounded, so a pathological template is an error, not
@@ -295,7 +321,7 @@ class Parser {
     NodeP t = make_node(Node::kList, line);
     t->kids = std::move(items);
     t->flag = true;
-    return t;
+    return seal(t);
   }
 
   NodeP parse_expression(bool with_condexpr) {
@@ -311,7 +337,7 @@ class Parser {
       c->cond = parse_or();
       c->kids.push_back(e);
       if (skip_name("else")) c->kids.push_back(parse_condexpr());
-      e = c;
+      e = seal(c);
     }
     return e;
   }
@@ -320,7 +346,7 @@ class Parser {
     NodeP n = make_node(Node::kBinary, line);
     n->name = op;
     n->kids = {std::move(l), std::move(r)};
-    return n;
+    return seal(n);
   }
 
   NodeP parse_or() {
@@ -350,7 +376,7 @@ class Parser {
       next();
       n->name = "not";
       n->kids.push_back(parse_not());
-      return n;
+      return seal(n);
     }
     return parse_compare();
   }
@@ -382,7 +408,7 @@ class Parser {
       n->ops.push_back(op);
       n->kids.push_back(parse_math1());
     }
-    return n ? n : first;
+    return n ? seal(n) : first;
   }
 
   NodeP parse_math1() {
@@ -435,6 +461,7 @@ class Parser {
       n->name = cur().text;
       next();
       n->kids.push_back(parse_unary(false));
+      n = seal(n);
     } else {
       n = parse_primary();
     }
@@ -492,7 +519,7 @@ class Parser {
         }
         n->kids.push_back(parse_expression(true));
       }
-      return n;
+      return seal(n);
     }
     if (at_op("{")) {
       n->kind = Node::kDict;
@@ -506,7 +533,7 @@ class Parser {
         expect_op(":");
         n->kids.push_back(parse_expression(true));
       }
-      return n;
+      return seal(n);
     }
     unexpected("an expression");
   }
@@ -521,14 +548,14 @@ class Parser {
           NodeP g = make_node(Node::kGetattr, line);
           g->name = expect_name();
           g->kids.push_back(n);
-          n = g;
+          n = seal(g);
         } else if (cur().kind == Token::kInt) {  // x.0 is x[0]
           NodeP g = make_node(Node::kGetitem, line);
           NodeP key = make_node(Node::kLiteral, line);
           key->value = Value::integer(cur().i);
           next();
           g->kids = {n, key};
-          n = g;
+          n = seal(g);
         } else {
           unexpected("a name or number after '.'");
         }
@@ -561,7 +588,7 @@ class Parser {
       n->kids.push_back(parts[1]);
       n->kids.push_back(parts[2]);
     }
-    return n;
+    return seal(n);
   }
 
   void parse_call_args(Node& n) {
@@ -597,7 +624,7 @@ class Parser {
     }
     n->iter = callee;
     parse_call_args(*n);
-    return n;
+    return seal(n);
   }
 
   // Filters and tests, which in Jinja2 bind to the whole unary expression before them.
@@ -641,7 +668,7 @@ class Parser {
     if (s && n->name == "map" && !kFilters.count(*s))
       fail(n->line, "unsupported filter '" + *s + "'");
     if (s && takes_test && !kTests.count(*s)) fail(n->line, "unsupported test '" + *s + "'");
-    return n;
+    return seal(n);
   }
 
   NodeP parse_test(NodeP input) {
@@ -661,7 +688,7 @@ class Parser {
       if (at_name("is")) fail(cur().line, "tests cannot be chained with 'is'");
       n->kids.push_back(parse_postfix(parse_primary()));  // `x is divisibleby 3`
     }
-    return n;
+    return seal(n);
   }
 
   std::vector<Token> t_;

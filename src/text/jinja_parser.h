@@ -58,6 +58,7 @@ struct Node {
   std::vector<std::pair<std::shared_ptr<Node>, std::shared_ptr<Node>>> branches;
   std::shared_ptr<Node> iter, cond, body, else_body;
   bool flag = false;
+  int depth = 1;  // levels of nodes from this one down, at most kMaxTreeDepth
 };
 
 using NodeP = std::shared_ptr<Node>;

@@ -20,7 +20,10 @@ class Renderer {
  public:
   explicit Renderer(const Template::Variables& variables) {
     scopes_.emplace_back();
-    for (const auto& [name, value] : variables) scopes_[0][name] = from_json(*value);
+    int64_t values = 0, bytes = 0;
+    for (const auto& [name, value] : variables) scopes_[0][name] = from_json(*value, values, bytes);
+    // A long conversation may take proportionally more work than the fixed budget.
+    budget_.add(kStepsPerInputValue * values + bytes / kInputBytesPerStep);
   }
 
   void render(const Node& root, std::string& out) { exec(root, out); }
@@ -29,11 +32,34 @@ class Renderer {
   enum class Flow { kNext, kBreak, kContinue };
   using Scope = std::unordered_map<std::string, Value>;
   static constexpr int kMaxMacroDepth = 200;
-  static constexpr int64_t kMaxRange = 100000;  // the sandbox's MAX_RANGE
+
+  // Every statement and expression evaluated is a step of the budget and a level of recursion.
+  class Enter {
+   public:
+    Enter(Renderer& r, int line) : nesting_(r.nesting_) {
+      if (++nesting_ > kMaxRenderDepth)
+        fail(line, "the template recurses too deeply while rendering (more than " +
+                       std::to_string(kMaxRenderDepth) + " levels)");
+      r.budget_.line = line;
+      charge(1);
+    }
+    ~Enter() { --nesting_; }
+    Enter(const Enter&) = delete;
+    Enter& operator=(const Enter&) = delete;
+
+   private:
+    int& nesting_;
+  };
+
+  static void check_output(const std::string& out, int line) {
+    if (out.size() > kMaxSize)
+      fail(line, "the output would be too large (over " + std::to_string(kMaxSize >> 20) + " MiB)");
+  }
 
   // --- statements
 
   Flow exec(const Node& n, std::string& out) {
+    const Enter enter(*this, n.line);
     switch (n.kind) {
       case Node::kBody:
         for (const auto& k : n.kids) {
@@ -43,11 +69,13 @@ class Renderer {
         return Flow::kNext;
       case Node::kText:
         out += n.value.s;
+        check_output(out, n.line);
         return Flow::kNext;
       case Node::kOutput: {
         const Value v = eval(*n.kids[0]);
         out += v.kind == Value::kString ? v.s : py_str(v);
-        if (out.size() > kMaxSize) fail(n.line, "the output would be too large");
+        charge_bytes(v.s.size());
+        check_output(out, n.line);
         return Flow::kNext;
       }
       case Node::kIf:
@@ -174,6 +202,7 @@ class Renderer {
   // --- expressions
 
   Value eval(const Node& n) {
+    const Enter enter(*this, n.line);
     switch (n.kind) {
       case Node::kLiteral:
         return n.value;
@@ -266,9 +295,11 @@ class Renderer {
       fail(n.line, "'" + type_name(obj) + "' object cannot be sliced");
     const int64_t step = step_arg.value_or(1);
     if (step == 0) fail(n.line, "slice step cannot be zero");
-    const List chars = obj.kind == Value::kString ? iterate(obj, n.line) : List();
-    const List& seq = obj.kind == Value::kList ? *obj.list : chars;
-    const auto size = static_cast<int64_t>(seq.size());
+    // A string is sliced by code points (not made a list of one-character strings first).
+    const Cps chars = obj.kind == Value::kString ? to_cps(obj.s) : Cps();
+    charge_bytes(obj.s.size());
+    const auto size =
+        static_cast<int64_t>(obj.kind == Value::kList ? obj.list->size() : chars.size());
     auto adjust = [&](std::optional<int64_t> v, int64_t dflt) {  // PySlice_AdjustIndices
       if (!v) return dflt;
       int64_t x = *v < 0 ? *v + size : *v;
@@ -277,12 +308,16 @@ class Renderer {
     };
     const int64_t b = adjust(start, step > 0 ? 0 : size - 1);
     const int64_t e = adjust(stop, step > 0 ? size : -1);
-    List picked;
-    for (int64_t k = b; step > 0 ? k < e : k > e; k += step)
-      picked.push_back(seq[static_cast<size_t>(k)]);
-    if (obj.kind == Value::kList) return Value::of_list(std::move(picked), obj.tuple);
+    if (obj.kind == Value::kList) {
+      List picked;
+      for (int64_t k = b; step > 0 ? k < e : k > e; k += step)
+        picked.push_back((*obj.list)[static_cast<size_t>(k)]);
+      charge(static_cast<int64_t>(picked.size()));
+      return Value::of_list(std::move(picked), obj.tuple);
+    }
     std::string s;
-    for (const auto& c : picked) s += c.s;
+    for (int64_t k = b; step > 0 ? k < e : k > e; k += step)
+      put_cp(s, chars[static_cast<size_t>(k)]);
     return Value::string(std::move(s));
   }
 
@@ -299,9 +334,12 @@ class Renderer {
   }
 
   static Value repeat(const Value& seq, int64_t times, int line) {
-    const size_t unit = seq.kind == Value::kString ? seq.s.size() : seq.list->size();
-    if (times > 0 && unit > 0 && static_cast<uint64_t>(times) > kMaxSize / unit)
+    // A list's items are copied (their text too), so a list is bounded by the memory it takes.
+    const size_t unit = seq.kind == Value::kString ? seq.s.size() : list_bytes(*seq.list);
+    const size_t limit = seq.kind == Value::kString ? kMaxSize : kMaxListBytes;
+    if (times > 0 && unit > 0 && static_cast<uint64_t>(times) > limit / unit)
       fail(line, "the repeated sequence would be too large");
+    if (times > 0) charge_bytes(unit * static_cast<size_t>(times));
     if (seq.kind == Value::kString) {
       std::string out;
       for (int64_t k = 0; k < times; ++k) out += seq.s;
@@ -330,8 +368,9 @@ class Renderer {
     const bool l_list = l.kind == Value::kList && l.s.empty();  // not range, generator, ...
     const bool r_list = r.kind == Value::kList && r.s.empty();
     if (op == "+" && l_list && r_list && l.tuple == r.tuple) {
-      if (l.list->size() + r.list->size() > kMaxSize / sizeof(Value))
+      if (list_bytes(*l.list) + list_bytes(*r.list) > kMaxListBytes)
         fail(n.line, "the list would be too large");
+      charge(static_cast<int64_t>(l.list->size() + r.list->size()));
       List out = *l.list;
       out.insert(out.end(), r.list->begin(), r.list->end());
       return Value::of_list(std::move(out), l.tuple);
@@ -407,6 +446,8 @@ class Renderer {
   std::vector<Scope> scopes_;  // [0]: the context and top-level sets; then loops and macros
   size_t frame_ = 0;           // the innermost macro call's scope (0: none)
   int depth_ = 0;              // macro call depth
+  int nesting_ = 0;            // statements and expressions being evaluated, one in another
+  Budget budget_{kMaxSteps};   // this render's steps, charged by it and by the builtins
 };
 
 }  // namespace

@@ -14,6 +14,32 @@ namespace blend::jinja {
   throw Error("template line " + std::to_string(line) + ": " + what);
 }
 
+namespace {
+thread_local Budget* current_budget = nullptr;
+}  // namespace
+
+Budget::Budget(int64_t steps) : left_(steps), total_(steps), saved_(current_budget) {
+  current_budget = this;
+}
+Budget::~Budget() {
+  current_budget = saved_;
+}
+
+void charge(int64_t steps) {
+  Budget* b = current_budget;
+  if (!b) return;
+  b->left_ -= steps;
+  if (b->left_ < 0)
+    fail(b->line, "the template ran out of its step budget (" + std::to_string(b->total_) +
+                      " steps: an endless or exponential loop?)");
+}
+
+size_t list_bytes(const List& items) {
+  size_t bytes = 0;
+  for (const Value& v : items) bytes += sizeof(Value) + v.s.size();
+  return bytes;
+}
+
 Value generator(List items) {
   Value v = Value::of_list(std::move(items));
   v.s = kGenerator;
@@ -37,8 +63,9 @@ Value of_dict(Dict d) {
   return v;
 }
 
-Value from_json(const ojson& j, int depth) {
+Value from_json(const ojson& j, int64_t& values, int64_t& bytes, int depth) {
   if (depth > kMaxNesting) throw Error("template input is nested too deeply");
+  ++values;
   switch (j.type()) {
     case ojson::value_t::null:
       return Value::none();
@@ -53,17 +80,19 @@ Value from_json(const ojson& j, int depth) {
     case ojson::value_t::number_float:
       return Value::real(j.get<double>());
     case ojson::value_t::string:
+      bytes += static_cast<int64_t>(j.get_ref<const std::string&>().size());
       return Value::string(j.get<std::string>());
     case ojson::value_t::array: {
       List items;
       items.reserve(j.size());
-      for (const auto& e : j) items.push_back(from_json(e, depth + 1));
+      for (const auto& e : j) items.push_back(from_json(e, values, bytes, depth + 1));
       return Value::of_list(std::move(items));
     }
     case ojson::value_t::object: {
       Dict d;
       d.items.reserve(j.size());
-      for (const auto& [k, v] : j.items()) d.items.emplace_back(k, from_json(v, depth + 1));
+      for (const auto& [k, v] : j.items())
+        d.items.emplace_back(k, from_json(v, values, bytes, depth + 1));
       return of_dict(std::move(d));
     }
     default:
@@ -204,54 +233,102 @@ std::string py_str(const Value& v) {  // str(v); what {{ v }} prints
   }
 }
 
-std::string py_repr(const Value& v, int depth) {
+namespace {
+
+void repr_into(const Value& v, int depth, std::string& out);
+
+void repr_list(const Value& v, int depth, std::string& out) {
+  if (v.s == kGenerator)
+    throw Error(
+        "printing a generator (what map, select, items, ... return) is not "
+        "supported; add '| list'");
+  if (v.s.rfind("range(", 0) == 0) {
+    out += v.s;
+    return;
+  }
+  if (!v.s.empty()) out += v.s + "(";  // dict_items([...])
+  out += v.tuple ? "(" : "[";
+  for (size_t k = 0; k < v.list->size(); ++k) {
+    if (k) out += ", ";
+    repr_into((*v.list)[k], depth + 1, out);
+  }
+  if (v.tuple && v.list->size() == 1) out += ",";
+  out += v.tuple ? ")" : "]";
+  if (!v.s.empty()) out += ")";
+}
+
+void repr_dict(const Value& v, int depth, std::string& out) {
+  if (v.dict->type == Dict::kLoop) {
+    out += "<LoopContext ";
+    repr_into(*v.dict->find("index"), depth + 1, out);
+    out += "/";
+    repr_into(*v.dict->find("length"), depth + 1, out);
+    out += ">";
+    return;
+  }
+  if (v.dict->type == Dict::kNamespace) out += "<Namespace ";
+  out += "{";
+  bool first = true;
+  for (const auto& [key, val] : v.dict->items) {
+    out += (first ? "" : ", ") + str_repr(key) + ": ";
+    repr_into(val, depth + 1, out);
+    first = false;
+  }
+  out += "}";
+  if (v.dict->type == Dict::kNamespace) out += ">";
+}
+
+// Appends repr(v): one string grows (a value that shares its parts prints in time linear in
+// the text, not in the text times the depth) and stops at kMaxSize.
+void repr_into(const Value& v, int depth, std::string& out) {
   if (depth > kMaxNesting) throw Error("a value to print is nested too deeply");
+  if (out.size() > kMaxSize)
+    throw Error("a value to print is too large (over " + std::to_string(kMaxSize >> 20) + " MiB)");
+  charge(1);
   switch (v.kind) {
     case Value::kUndefined:
-      return "Undefined";
+      out += "Undefined";
+      return;
     case Value::kNone:
-      return "None";
+      out += "None";
+      return;
     case Value::kBool:
-      return v.b ? "True" : "False";
+      out += v.b ? "True" : "False";
+      return;
     case Value::kInt:
-      return std::to_string(v.i);
+      out += std::to_string(v.i);
+      return;
     case Value::kFloat:
-      return float_repr(v.f);
+      out += float_repr(v.f);
+      return;
     case Value::kString:
-      return str_repr(v.s);
-    case Value::kList: {
-      if (v.s == kGenerator)
-        throw Error(
-            "printing a generator (what map, select, items, ... return) is not "
-            "supported; add '| list'");
-      if (v.s.rfind("range(", 0) == 0) return v.s;
-      std::string out = v.tuple ? "(" : "[";
-      for (size_t k = 0; k < v.list->size(); ++k)
-        out += (k ? ", " : "") + py_repr((*v.list)[k], depth + 1);
-      if (v.tuple && v.list->size() == 1) out += ",";
-      out += v.tuple ? ")" : "]";
-      return v.s.empty() ? out : v.s + "(" + out + ")";  // dict_items([...])
-    }
-    case Value::kDict: {
-      std::string out = "{";
-      bool first = true;
-      for (const auto& [key, val] : v.dict->items) {
-        out += (first ? "" : ", ") + str_repr(key) + ": " + py_repr(val, depth + 1);
-        first = false;
-      }
-      out += "}";
-      if (v.dict->type == Dict::kNamespace) return "<Namespace " + out + ">";
-      if (v.dict->type == Dict::kLoop)
-        return "<LoopContext " + py_repr(*v.dict->find("index"), depth + 1) + "/" +
-               py_repr(*v.dict->find("length"), depth + 1) + ">";
-      return out;
-    }
+      charge_bytes(v.s.size());
+      out += str_repr(v.s);
+      return;
+    case Value::kList:
+      repr_list(v, depth, out);
+      return;
+    case Value::kDict:
+      repr_dict(v, depth, out);
+      return;
     case Value::kFunction:
-      if (v.macro) return "<Macro '" + v.s + "'>";
+      if (v.macro) {
+        out += "<Macro '" + v.s + "'>";
+        return;
+      }
       // Python prints a function or a bound method with its address: there is no stable text.
       throw Error("printing the function '" + v.s + "' is not supported");
   }
-  return "";
+}
+
+}  // namespace
+
+std::string py_repr(const Value& v, int depth) {
+  std::string out;
+  repr_into(v, depth, out);
+  if (out.size() > kMaxSize)
+    throw Error("a value to print is too large (over " + std::to_string(kMaxSize >> 20) + " MiB)");
+  return out;
 }
 
 void json_string(const std::string& s, bool ensure_ascii, std::string& out) {
@@ -301,6 +378,10 @@ void json_string(const std::string& s, bool ensure_ascii, std::string& out) {
 
 void to_json(const Value& v, const JsonStyle& st, int level, int line, std::string& out) {
   if (level > kMaxNesting) fail(line, "tojson: the value is nested too deeply");
+  if (out.size() > kMaxSize)
+    fail(line,
+         "tojson: the text would be too large (over " + std::to_string(kMaxSize >> 20) + " MiB)");
+  charge(1);
   auto newline = [&](int lvl) {
     out += '\n';
     for (int k = 0; k < lvl; ++k) out += st.indent;
@@ -321,6 +402,7 @@ void to_json(const Value& v, const JsonStyle& st, int level, int line, std::stri
                                : float_repr(v.f);
       return;
     case Value::kString:
+      charge_bytes(v.s.size());
       json_string(v.s, st.ensure_ascii, out);
       return;
     case Value::kList:
@@ -371,6 +453,7 @@ void to_json(const Value& v, const JsonStyle& st, int level, int line, std::stri
 // Python ==.
 bool py_eq(const Value& a, const Value& b, int depth) {
   if (depth > kMaxNesting) throw Error("values to compare are nested too deeply");
+  charge(1);
   if (a.is_number() && b.is_number()) {
     if (a.is_integral() && b.is_integral()) return a.integral() == b.integral();
     return a.number() == b.number();
@@ -381,15 +464,20 @@ bool py_eq(const Value& a, const Value& b, int depth) {
     case Value::kNone:
       return true;
     case Value::kString:
+      charge_bytes(a.s.size());
       return a.s == b.s;
     case Value::kList:
-      if (a.s == kGenerator || b.s == kGenerator) return a.list == b.list;  // identity
+      // A list is equal to itself without looking inside, as Python's == (identity first)
+      // finds; it also keeps comparing a value built of shared parts linear.
+      if (a.list == b.list) return true;
+      if (a.s == kGenerator || b.s == kGenerator) return false;
       if (a.tuple != b.tuple || a.s != b.s || a.list->size() != b.list->size()) return false;
       for (size_t k = 0; k < a.list->size(); ++k)
         if (!py_eq((*a.list)[k], (*b.list)[k], depth + 1)) return false;
       return true;
     case Value::kDict:
-      if (a.dict->type != Dict::kPlain || b.dict->type != Dict::kPlain) return a.dict == b.dict;
+      if (a.dict == b.dict) return true;
+      if (a.dict->type != Dict::kPlain || b.dict->type != Dict::kPlain) return false;
       if (a.dict->items.size() != b.dict->items.size()) return false;
       for (const auto& [key, val] : a.dict->items) {
         const Value* o = b.dict->find(key);

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "text/jinja.h"
 
 namespace blend::jinja {
 
@@ -135,7 +136,47 @@ Value of_dict(Dict d);
 // error rather than a stack overflow.
 constexpr int kMaxNesting = 512;
 
-Value from_json(const ojson& j, int depth = 0);
+// The largest string a template may build or print (and the largest output), and the most
+// memory one list it builds may take (items counted at sizeof(Value) plus their text): beyond
+// them a runaway template is an error instead of exhausting memory. text/jinja.h lists them.
+constexpr size_t kMaxSize = size_t{64} << 20;
+constexpr size_t kMaxListBytes = size_t{256} << 20;
+
+// What one render may spend. The renderer charges a step for every statement and expression it
+// evaluates and every loop iteration; the builtins charge for the items and bytes they go
+// through (1 step per item, per 64 bytes), so a filter on a big value inside a long loop counts
+// what it costs. The budget of the render running on this thread is reached through a
+// thread-local pointer rather than a parameter of every builtin: a render runs on one thread
+// from start to end.
+class Budget {
+ public:
+  explicit Budget(int64_t steps);
+  void add(int64_t steps) {
+    left_ += steps;
+    total_ += steps;
+  }
+  ~Budget();
+  Budget(const Budget&) = delete;
+  Budget& operator=(const Budget&) = delete;
+  int line = 0;  // the template line being rendered, for the error message
+
+ private:
+  friend void charge(int64_t steps);
+  int64_t left_;
+  int64_t total_;
+  Budget* saved_;
+};
+// Charges this thread's render `steps`; a blend::Error naming the step budget when it is spent.
+// Outside a render it does nothing.
+void charge(int64_t steps);
+inline void charge_bytes(size_t bytes) {
+  charge(static_cast<int64_t>(bytes / 64) + 1);
+}
+// The memory a list's items take, as kMaxListBytes counts it.
+size_t list_bytes(const List& items);
+
+// Adds to `values` and `bytes` the JSON values and string bytes it converts.
+Value from_json(const ojson& j, int64_t& values, int64_t& bytes, int depth = 0);
 bool truthy(const Value& v);
 std::string type_name(const Value& v);
 
