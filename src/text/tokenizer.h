@@ -73,6 +73,8 @@ class Tokenizer {
  private:
   struct Impl;
   explicit Tokenizer(std::unique_ptr<Impl> impl);
+  static Tokenizer load(const std::filesystem::path& tokenizer_json,
+                        const std::filesystem::path& tokenizer_config_json);
   std::unique_ptr<Impl> impl_;
 };
 

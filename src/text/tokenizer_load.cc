@@ -189,11 +189,38 @@ TokenizerFile read_tokenizer_file(const std::filesystem::path& path) {
   return file;
 }
 
-std::string token_string(const json& j) {
-  if (j.is_string()) return j.get<std::string>();
-  if (j.is_object() && j.contains("content") && j["content"].is_string())
-    return j["content"].get<std::string>();
-  return "";
+// Members read with their type checked: a wrong JSON type is an error naming the file and the
+// field (nlohmann's own type_error surfaced as "internal error"). `field` is where `obj` is.
+bool flag(const json& obj, const char* key, bool dflt, const std::string& where,
+          const std::string& field) {
+  const auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return dflt;
+  if (!it->is_boolean())
+    throw Error(where + ": " + field + key + " must be true or false, not " +
+                it->dump().substr(0, 60));
+  return it->get<bool>();
+}
+
+std::string text(const json& obj, const char* key, const std::string& where,
+                 const std::string& field) {
+  const auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return "";
+  if (!it->is_string())
+    throw Error(where + ": " + field + key + " must be a string, not " + it->dump().substr(0, 60));
+  return it->get<std::string>();
+}
+
+// A special token in tokenizer_config.json: a string, an AddedToken object {"content": ...} or
+// null.
+std::string token_string(const json& c, const char* key, const std::string& where) {
+  const auto it = c.find(key);
+  if (it == c.end() || it->is_null()) return "";
+  if (it->is_object() && it->contains("content") && (*it)["content"].is_string())
+    return (*it)["content"].get<std::string>();
+  if (!it->is_string())
+    throw Error(where + ": " + key + " must be a string or an object with a string \"content\", " +
+                "not " + it->dump().substr(0, 60));
+  return it->get<std::string>();
 }
 
 // GPT-2's pre-tokenizer pattern (ByteLevel with use_regex=true).
@@ -210,6 +237,18 @@ Tokenizer Tokenizer::from_dir(const std::filesystem::path& dir) {
 
 Tokenizer Tokenizer::from_files(const std::filesystem::path& tokenizer_json,
                                 const std::filesystem::path& tokenizer_config_json) {
+  try {
+    return load(tokenizer_json, tokenizer_config_json);
+  } catch (const nlohmann::json::exception& e) {
+    // A JSON type this reader does not check by name: still an error naming the files.
+    throw Error(tokenizer_json.string() +
+                (tokenizer_config_json.empty() ? "" : " or " + tokenizer_config_json.string()) +
+                ": unexpected JSON: " + e.what());
+  }
+}
+
+Tokenizer Tokenizer::load(const std::filesystem::path& tokenizer_json,
+                          const std::filesystem::path& tokenizer_config_json) {
   const std::string where = tokenizer_json.string();
   TokenizerFile file = read_tokenizer_file(tokenizer_json);
   const json& j = file.rest;
@@ -222,9 +261,9 @@ Tokenizer Tokenizer::from_files(const std::filesystem::path& tokenizer_json,
   if (!file.has_vocab) throw Error(where + ": missing model.vocab");
   if (model.contains("merges") && !model["merges"].is_null())
     throw Error(where + ": model.merges is not an array");
-  if (model.value("byte_fallback", false))
+  if (flag(model, "byte_fallback", false, where, "model."))
     throw Error(where + ": BPE with byte_fallback (SentencePiece style) is not supported");
-  impl->ignore_merges = model.value("ignore_merges", false);
+  impl->ignore_merges = flag(model, "ignore_merges", false, where, "model.");
   const json empty_array = json::array();
   const json& added_json =
       j.contains("added_tokens") && !j["added_tokens"].is_null() ? j["added_tokens"] : empty_array;
@@ -237,8 +276,8 @@ Tokenizer Tokenizer::from_files(const std::filesystem::path& tokenizer_json,
   if (!tokenizer_config_json.empty()) {
     const json c = read_json(tokenizer_config_json);
     if (!c.is_object()) throw Error(tokenizer_config_json.string() + ": not a JSON object");
-    if (c.contains("bos_token")) impl->bos = token_string(c["bos_token"]);
-    if (c.contains("eos_token")) impl->eos = token_string(c["eos_token"]);
+    impl->bos = token_string(c, "bos_token", tokenizer_config_json.string());
+    impl->eos = token_string(c, "eos_token", tokenizer_config_json.string());
   }
   return Tokenizer(std::move(impl));
 }
@@ -319,13 +358,15 @@ void Tokenizer::Impl::load_merges(std::vector<std::pair<std::string, std::string
 }
 
 void Tokenizer::Impl::load_added_tokens(const json& added_json, const std::string& where) {
-  for (const auto& a : added_json) {
+  for (size_t k = 0; k < added_json.size(); ++k) {
+    const json& a = added_json[k];
+    const std::string field = "added_tokens[" + std::to_string(k) + "].";
     AddedToken t;
     t.content = a["content"].get<std::string>();
     t.id = static_cast<int32_t>(a["id"].get<int64_t>());
-    t.special = a.value("special", false);
-    t.lstrip = a.value("lstrip", false);
-    t.rstrip = a.value("rstrip", false);
+    t.special = flag(a, "special", false, where, field);
+    t.lstrip = flag(a, "lstrip", false, where, field);
+    t.rstrip = flag(a, "rstrip", false, where, field);
     const auto id = static_cast<size_t>(t.id);
     id_to_bytes[id] = t.content;
     id_to_text[id] = t.content;
@@ -355,14 +396,14 @@ void Tokenizer::Impl::load_pipeline(const json& j, const std::string& where) {
   // Normalizer: none, or NFC (taken as already applied; see the header).
   if (j.contains("normalizer") && !j["normalizer"].is_null()) {
     const json& norm = j["normalizer"];
-    if (!norm.is_object() || norm.value("type", "") != "NFC")
+    if (!norm.is_object() || text(norm, "type", where, "normalizer.") != "NFC")
       throw Error(where + ": unsupported normalizer " + norm.dump().substr(0, 200));
   }
 
   // Pre-tokenizer: Split(regex or string, Isolated), Digits, ByteLevel; alone or in a Sequence.
   const json& pre = j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json();
   std::vector<json> steps;
-  if (pre.is_object() && pre.value("type", "") == "Sequence") {
+  if (pre.is_object() && text(pre, "type", where, "pre_tokenizer.") == "Sequence") {
     if (!pre.contains("pretokenizers") || !pre["pretokenizers"].is_array())
       throw Error(where + ": Sequence pre-tokenizer without 'pretokenizers'");
     for (const auto& p : pre["pretokenizers"]) steps.push_back(p);
@@ -371,10 +412,14 @@ void Tokenizer::Impl::load_pipeline(const json& j, const std::string& where) {
   } else if (!pre.is_null()) {
     throw Error(where + ": malformed pre_tokenizer");
   }
-  for (const auto& p : steps) {
-    const std::string type = p.is_object() ? p.value("type", "") : "";
+  for (size_t k = 0; k < steps.size(); ++k) {
+    const json& p = steps[k];
+    const std::string field = steps.size() > 1 || pre.contains("pretokenizers")
+                                  ? "pre_tokenizer.pretokenizers[" + std::to_string(k) + "]."
+                                  : "pre_tokenizer.";
+    const std::string type = p.is_object() ? text(p, "type", where, field) : "";
     if (type == "Split") {
-      if (p.value("behavior", "") != "Isolated" || p.value("invert", false))
+      if (text(p, "behavior", where, field) != "Isolated" || flag(p, "invert", false, where, field))
         throw Error(where + ": only Split with behavior Isolated (not inverted) is supported");
       const json& pat = p.contains("pattern") ? p["pattern"] : json();
       if (pat.is_object() && pat.contains("Regex") && pat["Regex"].is_string()) {
@@ -385,19 +430,19 @@ void Tokenizer::Impl::load_pipeline(const json& j, const std::string& where) {
         throw Error(where + ": Split pre-tokenizer without a Regex or String pattern");
       }
     } else if (type == "Digits") {
-      const bool each = p.value("individual_digits", false);
+      const bool each = flag(p, "individual_digits", false, where, field);
       splits.push_back(std::make_unique<Regex>(each ? "\\p{N}" : "\\p{N}+", false, where));
     } else if (type == "ByteLevel") {
-      if (p.value("add_prefix_space", false))
+      if (flag(p, "add_prefix_space", false, where, field))
         throw Error(where + ": ByteLevel pre-tokenizer with add_prefix_space is not supported");
-      if (p.value("use_regex", true))
+      if (flag(p, "use_regex", true, where, field))
         splits.push_back(std::make_unique<Regex>(kGpt2Pattern, false, where));
     } else {
       throw Error(where + ": unsupported pre-tokenizer '" + (type.empty() ? p.dump() : type) + "'");
     }
   }
   if (j.contains("decoder") && !j["decoder"].is_null() &&
-      (!j["decoder"].is_object() || j["decoder"].value("type", "") != "ByteLevel"))
+      (!j["decoder"].is_object() || text(j["decoder"], "type", where, "decoder.") != "ByteLevel"))
     throw Error(where + ": unsupported decoder " + j["decoder"].dump().substr(0, 200));
 }
 

@@ -275,6 +275,29 @@ TEST(ChatTemplate, FromDirVariants) {
   }
 }
 
+TEST(ChatTemplate, WrongJsonTypesInTokenizerConfigAreErrorsNamingTheField) {
+  testing::TempDir dir;
+  // A special token of another type than string / {"content": ...} / null is refused, naming
+  // the file and the token, instead of being left out of the template silently.
+  testing::write_file(dir / "tokenizer_config.json",
+                      R"({"chat_template": "{{ bos_token }}", "bos_token": 5})");
+  try {
+    ChatTemplate::from_dir(dir.path());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer_config.json"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("bos_token"), std::string::npos);
+  }
+  // A named template whose name is not a string is not the default (it was a raw type_error).
+  testing::write_file(dir / "tokenizer_config.json",
+                      R"({"chat_template": [{"name": 5, "template": "x"},
+                                            {"name": "default", "template": "ok"}]})");
+  EXPECT_EQ(ChatTemplate::from_dir(dir.path()).render(ojson::array(), true), "ok");
+  testing::write_file(dir / "tokenizer_config.json",
+                      R"({"chat_template": [{"name": 5, "template": "x"}]})");
+  EXPECT_THROW(ChatTemplate::from_dir(dir.path()), Error);
+}
+
 TEST(ChatTemplate, VariablesAndErrors) {
   const ChatTemplate t(
       "{{ bos_token }}{{ messages | length }}{{ add_generation_prompt }}"

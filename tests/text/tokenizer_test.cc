@@ -461,5 +461,69 @@ TEST(TokenizerBpe, MalformedFilesAreErrorsNamingTheFile) {
   EXPECT_THROW(Tokenizer::from_dir(dir.path()), Error);
 }
 
+TEST(TokenizerBpe, WrongJsonTypesAreErrorsNamingTheFileAndField) {
+  // Each of these was nlohmann's raw type_error ("internal error", rc 2) from `blend tokenize`.
+  testing::TempDir dir;
+  const auto path = (dir / "tokenizer.json").string();
+  auto expect_error = [&](const json& j, const std::string& field) {
+    testing::write_file(dir / "tokenizer.json", j.dump());
+    try {
+      Tokenizer::from_dir(dir.path());
+      ADD_FAILURE() << "no error for " << field;
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(path), std::string::npos) << what;
+      EXPECT_NE(what.find(field), std::string::npos) << what;
+    }
+  };
+  TinySpec spec;
+  spec.added = json::array({{{"id", 300}, {"content", "<x>"}, {"special", true}}});
+  const json good = tiny_tokenizer_json(spec, nullptr);
+  json j = good;
+  j["model"]["byte_fallback"] = "no";
+  expect_error(j, "model.byte_fallback must be true or false");
+  j = good;
+  j["model"]["ignore_merges"] = 1;
+  expect_error(j, "model.ignore_merges");
+  for (const char* key : {"special", "lstrip", "rstrip"}) {
+    j = good;
+    j["added_tokens"][0][key] = "true";
+    expect_error(j, std::string("added_tokens[0].") + key);
+  }
+  j = good;
+  j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", "false"}};
+  expect_error(j, "pre_tokenizer.add_prefix_space");
+  j["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       json::array({{{"type", "Digits"}}, {{"type", "ByteLevel"}, {"use_regex", 0}}})}};
+  expect_error(j, "pre_tokenizer.pretokenizers[1].use_regex");
+  j["pre_tokenizer"] = {{"type", "Digits"}, {"individual_digits", "yes"}};
+  expect_error(j, "pre_tokenizer.individual_digits");
+  j["pre_tokenizer"] = {{"type", 7}};
+  expect_error(j, "pre_tokenizer.type must be a string");
+  j = good;
+  j["normalizer"] = {{"type", 5}};
+  expect_error(j, "normalizer.type");
+  j = good;
+  j["decoder"] = {{"type", json::array()}};
+  expect_error(j, "decoder.type");
+
+  // tokenizer_config.json: the special tokens are strings, {"content": ...} or null.
+  testing::write_file(dir / "tokenizer.json", good.dump());
+  testing::write_file(dir / "tokenizer_config.json",
+                      R"({"bos_token": null, "eos_token": {"content": "<x>"}})");
+  EXPECT_EQ(Tokenizer::from_dir(dir.path()).eos_token(), "<x>");
+  testing::write_file(dir / "tokenizer_config.json", R"({"bos_token": 5})");
+  try {
+    Tokenizer::from_dir(dir.path());
+    ADD_FAILURE() << "no error for bos_token 5";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("tokenizer_config.json"), std::string::npos) << what;
+    EXPECT_NE(what.find("bos_token"), std::string::npos) << what;
+  }
+}
+
 }  // namespace
 }  // namespace blend
