@@ -27,7 +27,9 @@
 // Supported tokenizer.json shapes: model.type BPE with a byte-level vocabulary; normalizer null
 // or NFC (NFC is not applied: text is taken to be NFC already, which is what clients send);
 // pre_tokenizer Split / Digits / ByteLevel(add_prefix_space=false) alone or in a Sequence; decoder
-// ByteLevel or null. Anything else is a blend::Error naming the file.
+// ByteLevel or null. Anything else is a blend::Error naming the file (and the field, for a wrong
+// JSON type). SentencePiece-style files (Llama 2, Mistral 7B v0.x: byte_fallback, Metaspace,
+// U+2581 normalizers, ByteFallback decoders) are refused when loaded, naming what they use.
 #pragma once
 
 #include <cstdint>

@@ -210,6 +210,41 @@ std::string text(const json& obj, const char* key, const std::string& where,
   return it->get<std::string>();
 }
 
+// What marks a SentencePiece-style tokenizer.json (Llama 2, Mistral 7B v0.x, ...): byte
+// fallback to <0xNN> tokens, the Metaspace pre-tokenizer or decoder (spaces as U+2581), a
+// normalizer that prepends or replaces with U+2581, a ByteFallback decoder. None is supported
+// (their vocabulary is not byte-level either); the list names the ones this file uses.
+std::vector<std::string> sentencepiece_features(const json& j) {
+  std::vector<std::string> found;
+  const json& model = j["model"];
+  if (model.contains("byte_fallback") && model["byte_fallback"] == true)
+    found.push_back("model.byte_fallback");
+  // The types named anywhere in a component, Sequences included.
+  auto types = [](const json& component) {
+    std::vector<std::string> out;
+    std::vector<const json*> todo = {&component};
+    while (!todo.empty()) {
+      const json* c = todo.back();
+      todo.pop_back();
+      if (c->is_array())
+        for (const auto& e : *c) todo.push_back(&e);
+      if (!c->is_object()) continue;
+      if (c->contains("type") && (*c)["type"].is_string()) out.push_back((*c)["type"]);
+      for (const char* list : {"normalizers", "pretokenizers", "decoders"})
+        if (c->contains(list)) todo.push_back(&(*c)[list]);
+    }
+    return out;
+  };
+  for (const char* component : {"normalizer", "pre_tokenizer", "decoder"}) {
+    if (!j.contains(component)) continue;
+    for (const std::string& type : types(j[component]))
+      if (type == "Metaspace" || type == "Prepend" || type == "ByteFallback" ||
+          (type == "Replace" && j[component].dump().find("\xe2\x96\x81") != std::string::npos))
+        found.push_back(std::string(component) + " " + type);
+  }
+  return found;
+}
+
 // A special token in tokenizer_config.json: a string, an AddedToken object {"content": ...} or
 // null.
 std::string token_string(const json& c, const char* key, const std::string& where) {
@@ -261,6 +296,13 @@ Tokenizer Tokenizer::load(const std::filesystem::path& tokenizer_json,
   if (!file.has_vocab) throw Error(where + ": missing model.vocab");
   if (model.contains("merges") && !model["merges"].is_null())
     throw Error(where + ": model.merges is not an array");
+  // Refused before the vocabulary is read, naming what makes it so (issue 25).
+  if (const auto sp = sentencepiece_features(j); !sp.empty()) {
+    std::string list;
+    for (const auto& f : sp) list += (list.empty() ? "" : ", ") + f;
+    throw Error(where + ": SentencePiece-style tokenizers (" + list +
+                ") are not supported: only byte-level BPE (Llama 3, Qwen2, GPT-2 style) is");
+  }
   if (flag(model, "byte_fallback", false, where, "model."))
     throw Error(where + ": BPE with byte_fallback (SentencePiece style) is not supported");
   impl->ignore_merges = flag(model, "ignore_merges", false, where, "model.");

@@ -525,5 +525,61 @@ TEST(TokenizerBpe, WrongJsonTypesAreErrorsNamingTheFileAndField) {
   }
 }
 
+TEST(TokenizerBpe, SentencePieceStyleTokenizersAreRefusedAtLoadNamingWhatTheyUse) {
+  // Small hand-written tokenizer.json files shaped as Llama 2's (normalizer Prepend + Replace,
+  // byte_fallback, a decoder with ByteFallback) and Mistral 7B v0.3's (Metaspace pre-tokenizer
+  // and decoder, byte_fallback). Both used to pass `model info` and fail at `tokenize`; they are
+  // refused when the tokenizer loads, naming what is not supported.
+  const json vocab = {{"<unk>", 0},  {"<s>", 1},     {"</s>", 2}, {"<0x0A>", 3},
+                      {"\u2581", 4}, {"\u2581a", 5}, {"a", 6},    {"b", 7}};
+  const json model = {{"type", "BPE"},        {"byte_fallback", true}, {"fuse_unk", true},
+                      {"unk_token", "<unk>"}, {"vocab", vocab},        {"merges", {"\u2581 a"}}};
+  const json llama2 = {
+      {"normalizer",
+       {{"type", "Sequence"},
+        {"normalizers",
+         {{{"type", "Prepend"}, {"prepend", "\u2581"}},
+          {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}}}}}},
+      {"pre_tokenizer", nullptr},
+      {"decoder",
+       {{"type", "Sequence"},
+        {"decoders",
+         {{{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}},
+          {{"type", "ByteFallback"}},
+          {{"type", "Fuse"}}}}}},
+      {"model", model}};
+  const json mistral = {
+      {"normalizer", nullptr},
+      {"pre_tokenizer",
+       {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "first"}}},
+      {"decoder", {{"type", "Metaspace"}, {"replacement", "\u2581"}}},
+      {"model", model}};
+  json metaspace_only = mistral;  // no byte fallback: still refused, naming Metaspace
+  metaspace_only["model"]["byte_fallback"] = false;
+  testing::TempDir dir;
+  const auto path = (dir / "tokenizer.json").string();
+  auto error_of = [&](const json& j) {
+    testing::write_file(dir / "tokenizer.json", j.dump());
+    try {
+      Tokenizer::from_dir(dir.path());
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::string a = error_of(llama2);
+  EXPECT_NE(a.find(path), std::string::npos) << a;
+  EXPECT_NE(a.find("SentencePiece"), std::string::npos) << a;
+  for (const char* f :
+       {"model.byte_fallback", "normalizer Prepend", "normalizer Replace", "decoder ByteFallback"})
+    EXPECT_NE(a.find(f), std::string::npos) << f << " in " << a;
+  const std::string b = error_of(mistral);
+  for (const char* f : {"model.byte_fallback", "pre_tokenizer Metaspace", "decoder Metaspace"})
+    EXPECT_NE(b.find(f), std::string::npos) << f << " in " << b;
+  const std::string c = error_of(metaspace_only);
+  EXPECT_NE(c.find("pre_tokenizer Metaspace"), std::string::npos) << c;
+  EXPECT_EQ(c.find("byte_fallback"), std::string::npos) << c;
+}
+
 }  // namespace
 }  // namespace blend
