@@ -42,8 +42,8 @@
 //   loop iterations, and the items and bytes (per 64) that filters, methods, printing and
 //   comparison go through; a context of many values or long strings adds to it
 //   (kStepsPerInputValue per JSON value, a step per kInputBytesPerStep bytes of its strings):
-//   the chat templates in tests/text take 33 to 110 steps per message, so 2M steps alone hold
-//   18,000 messages;
+//   the chat templates in tests/text take 33 to 110 steps per message, so 1M steps alone hold
+//   9,000 messages, and each message brings about twice what it takes;
 // - 64 MiB for any string built, any value printed and the output; 256 MiB for one list a
 //   template builds (range() as the sandbox: at most 100,000 items).
 #pragma once
@@ -62,7 +62,7 @@ struct Node;
 
 inline constexpr int kMaxTreeDepth = 200;
 inline constexpr int kMaxRenderDepth = 1000;
-inline constexpr int64_t kMaxSteps = 2'000'000;
+inline constexpr int64_t kMaxSteps = 1'000'000;
 inline constexpr int64_t kStepsPerInputValue = 64;
 inline constexpr int64_t kInputBytesPerStep = 8;
 

@@ -20,6 +20,16 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
+// Optimised builds answer in well under a second of CPU (0.1-0.5 s with the machine to
+// themselves); 2 s leaves room for a machine shared with parallel builds, where the page faults
+// of a 64 MiB string cost several times more, and still tells a limit from a hang (minutes).
+// Sanitizer and unoptimised builds run several times slower.
+#if defined(__SANITIZE_ADDRESS__) || !defined(NDEBUG)
+constexpr double kSecondsAllowed = 20.0;
+#else
+constexpr double kSecondsAllowed = 2.0;
+#endif
+
 std::string repeat(const std::string& s, int n) {
   std::string out;
   for (int k = 0; k < n; ++k) out += s;
@@ -38,7 +48,7 @@ std::string error_of(const std::string& source, const ojson& context = ojson::ob
     what = e.what();
   }
   const double seconds = static_cast<double>(std::clock() - start) / CLOCKS_PER_SEC;
-  EXPECT_LT(seconds, 1.0) << source.substr(0, 200);
+  EXPECT_LT(seconds, kSecondsAllowed) << source.substr(0, 200);
   return what;
 }
 
@@ -127,9 +137,9 @@ TEST(JinjaLimits, StringBuildersAreCapped) {
 }
 
 TEST(JinjaLimits, OutputIsCapped) {
-  const std::string what = error_of("{% for i in range(100000) %}{{ big }}{% endfor %}",
-                                    {{"big", std::string(1 << 12, 'a')}});
-  EXPECT_NE(what.find("output"), std::string::npos) << what;
+  const std::string what = error_of("{% for i in range(10) %}{{ big }}{% endfor %}",
+                                    {{"big", std::string(16 << 20, 'a')}});
+  EXPECT_NE(what.find("the output would be too large"), std::string::npos) << what;
 }
 
 TEST(JinjaLimits, DeepMacroRecursionIsAnError) {
