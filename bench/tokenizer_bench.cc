@@ -24,7 +24,7 @@
 #include <string_view>
 #include <vector>
 
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace {
 

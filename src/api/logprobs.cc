@@ -3,7 +3,7 @@
 #include <string>
 #include <vector>
 
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace blend {
 namespace {

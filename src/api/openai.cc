@@ -7,8 +7,8 @@
 #include "api/logprobs.h"
 #include "api/request_fields.h"
 #include "api/utf8.h"
-#include "model/chat_template.h"
-#include "model/tokenizer.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 
 namespace blend {
 namespace {

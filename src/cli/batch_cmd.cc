@@ -23,8 +23,8 @@
 #include "engine/engine.h"
 #include "engine/profile.h"
 #include "kv/radix_cache.h"
-#include "model/chat_template.h"
 #include "offline/planned_run.h"
+#include "text/chat_template.h"
 
 namespace blend::cli {
 namespace {

@@ -18,12 +18,12 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "cost/cost_model.h"
-#include "model/chat_template.h"
 #include "model/config.h"
-#include "model/tokenizer.h"
 #include "plan/admission.h"
 #include "plan/planner.h"
 #include "plan/prefix_tree.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 
 namespace blend::cli {
 namespace {

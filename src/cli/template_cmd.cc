@@ -12,7 +12,7 @@
 #include "api/json_limits.h"
 #include "cli/commands.h"
 #include "core/error.h"
-#include "model/chat_template.h"
+#include "text/chat_template.h"
 
 namespace blend::cli {
 namespace {

@@ -10,7 +10,7 @@
 #include "api/json_limits.h"
 #include "cli/commands.h"
 #include "core/error.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace blend::cli {
 namespace {

@@ -22,9 +22,9 @@
 #include "kv/radix_cache.h"
 #include "model/config.h"
 #include "model/safetensors.h"
-#include "model/tokenizer.h"
 #include "sampling/sampler.h"
 #include "sched/scheduler.h"
+#include "text/tokenizer.h"
 
 namespace blend {
 

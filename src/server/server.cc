@@ -14,6 +14,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "model/weights.h"
 #include "server/server_impl.h"
+#include "text/chat_template.h"
 
 namespace blend {
 namespace {

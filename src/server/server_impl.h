@@ -26,7 +26,7 @@
 
 #include "api/batch_file.h"
 #include "api/openai.h"
-#include "model/chat_template.h"
+#include "text/chat_template.h"
 #include "server/batch_store.h"
 #include "server/connection.h"
 #include "server/engine_loop.h"

@@ -2,8 +2,8 @@
 
 #include <gtest/gtest.h>
 
-#include "model/chat_template.h"
-#include "model/tokenizer.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 #include "test_util.h"
 
 namespace blend {

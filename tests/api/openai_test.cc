@@ -5,9 +5,9 @@
 #include <gtest/gtest.h>
 
 #include "api/batch_file.h"
-#include "model/chat_template.h"
-#include "model/tokenizer.h"
 #include "test_util.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 
 namespace blend {
 namespace {

@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 #include "test_util.h"
 
 namespace blend {

@@ -1,5 +1,5 @@
 // ChatTemplate — renders a model's chat template for an OpenAI-style message list exactly as
-// Hugging Face transformers' apply_chat_template does (model/jinja.h is the engine and lists
+// Hugging Face transformers' apply_chat_template does (text/jinja.h is the engine and lists
 // what it supports). The template sees the variables transformers passes: messages,
 // add_generation_prompt, tools and documents (None unless given), bos_token and eos_token (and
 // the tokenizer's other special tokens when loaded from a model folder), plus any extra
@@ -16,7 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/jinja.h"
+#include "text/jinja.h"
 
 namespace blend {
 

@@ -1,5 +1,5 @@
 // Parity with Jinja2 itself (Debian's python3-jinja2, set up as transformers sets it up by
-// tests/model/render_jinja2.py): for every chat template x conversation x add_generation_prompt,
+// tests/text/render_jinja2.py): for every chat template x conversation x add_generation_prompt,
 // our rendering equals Jinja2's byte for byte, and we raise exactly when Jinja2 raises. The same
 // holds for the small templates in data/jinja_snippets.json. A missing python3-jinja2 fails the
 // test (scripts/setup.sh installs it); it is never skipped.
@@ -11,16 +11,16 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "model/chat_template.h"
-#include "model/jinja.h"
 #include "test_util.h"
+#include "text/chat_template.h"
+#include "text/jinja.h"
 
 namespace blend {
 namespace {
 
 using ojson = nlohmann::ordered_json;
 
-const std::string kDataDir = std::string(BLEND_SOURCE_DIR) + "/tests/model/data/";
+const std::string kDataDir = std::string(BLEND_SOURCE_DIR) + "/tests/text/data/";
 
 // Runs render_jinja2.py over `cases`; returns one {"text"} or {"error"} per case.
 ojson run_jinja2(const ojson& cases) {
@@ -29,7 +29,7 @@ ojson run_jinja2(const ojson& cases) {
   const std::string python =
       std::filesystem::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
   const auto r =
-      testing::run_command(python + " '" + BLEND_SOURCE_DIR + "/tests/model/render_jinja2.py' < '" +
+      testing::run_command(python + " '" + BLEND_SOURCE_DIR + "/tests/text/render_jinja2.py' < '" +
                            (dir / "cases.json").string() + "' 2>&1");
   if (r.exit_code != 0) {
     ADD_FAILURE() << "render_jinja2.py failed (is python3-jinja2 installed? run "
@@ -273,6 +273,29 @@ TEST(ChatTemplate, FromDirVariants) {
     EXPECT_NE(std::string(e.what()).find("tokenizer_config.json"), std::string::npos);
     EXPECT_NE(std::string(e.what()).find("include"), std::string::npos);
   }
+}
+
+TEST(ChatTemplate, WrongJsonTypesInTokenizerConfigAreErrorsNamingTheField) {
+  testing::TempDir dir;
+  // A special token of another type than string / {"content": ...} / null is refused, naming
+  // the file and the token, instead of being left out of the template silently.
+  testing::write_file(dir / "tokenizer_config.json",
+                      R"({"chat_template": "{{ bos_token }}", "bos_token": 5})");
+  try {
+    ChatTemplate::from_dir(dir.path());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer_config.json"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("bos_token"), std::string::npos);
+  }
+  // A named template whose name is not a string is not the default (it was a raw type_error).
+  testing::write_file(dir / "tokenizer_config.json",
+                      R"({"chat_template": [{"name": 5, "template": "x"},
+                                            {"name": "default", "template": "ok"}]})");
+  EXPECT_EQ(ChatTemplate::from_dir(dir.path()).render(ojson::array(), true), "ok");
+  testing::write_file(dir / "tokenizer_config.json",
+                      R"({"chat_template": [{"name": 5, "template": "x"}]})");
+  EXPECT_THROW(ChatTemplate::from_dir(dir.path()), Error);
 }
 
 TEST(ChatTemplate, VariablesAndErrors) {

@@ -1,4 +1,4 @@
-#include "model/chat_template.h"
+#include "text/chat_template.h"
 
 #include <fstream>
 #include <sstream>
@@ -65,8 +65,8 @@ ChatTemplate ChatTemplate::from_dir(const std::filesystem::path& dir) {
     } else if (it->is_array()) {
       bool found = false;
       for (const auto& t : *it) {
-        if (t.is_object() && t.value("name", "") == "default" && t.contains("template") &&
-            t["template"].is_string()) {
+        if (t.is_object() && t.contains("name") && t["name"] == "default" &&
+            t.contains("template") && t["template"].is_string()) {
           source = t["template"].get<std::string>();
           found = true;
         }
@@ -80,14 +80,21 @@ ChatTemplate ChatTemplate::from_dir(const std::filesystem::path& dir) {
                 " (neither chat_template.jinja nor \"chat_template\" in tokenizer_config.json)");
   }
 
+  ojson special = ojson::object();
+  for (const char* name : kSpecialTokens) {
+    auto it = config.find(name);
+    if (it == config.end() || it->is_null()) continue;
+    auto text = token_text(*it);
+    // Another type would render differently in transformers (or fail there): refused.
+    if (!text)
+      throw Error(config_path.string() + ": " + name +
+                  " must be a string or an object with a string \"content\", not " +
+                  it->dump().substr(0, 60));
+    special[name] = *text;
+  }
   try {
     ChatTemplate t(std::move(source), "", "");
-    t.special_tokens_ = ojson::object();
-    for (const char* name : kSpecialTokens) {
-      auto it = config.find(name);
-      if (it == config.end()) continue;
-      if (auto text = token_text(*it)) t.special_tokens_[name] = *text;
-    }
+    t.special_tokens_ = std::move(special);
     return t;
   } catch (const Error& e) {
     throw Error(origin + ": " + e.what());

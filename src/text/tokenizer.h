@@ -8,7 +8,7 @@
 //   2. the pre-tokenizer splits each remaining section: Split(Regex, Isolated) steps (PCRE2, UTF +
 //      UCP, JIT), Digits, or ByteLevel(use_regex=true) with GPT-2's pattern. `\s` in a pattern
 //      means Unicode White_Space, as in tiktoken and the Rust tokenizers (transformers.js differs
-//      on U+0085 and U+FEFF; see tests/model/tokenizer_test.cc).
+//      on U+0085 and U+FEFF; see tests/text/tokenizer_test.cc).
 //   3. each piece becomes ids by BPE over its raw bytes: a piece that is itself in the vocabulary
 //      is emitted as is when the model says `ignore_merges` (Llama-3); otherwise the adjacent pair
 //      of lowest merge rank (leftmost on ties) is merged until none is left.
@@ -27,7 +27,9 @@
 // Supported tokenizer.json shapes: model.type BPE with a byte-level vocabulary; normalizer null
 // or NFC (NFC is not applied: text is taken to be NFC already, which is what clients send);
 // pre_tokenizer Split / Digits / ByteLevel(add_prefix_space=false) alone or in a Sequence; decoder
-// ByteLevel or null. Anything else is a blend::Error naming the file.
+// ByteLevel or null. Anything else is a blend::Error naming the file (and the field, for a wrong
+// JSON type). SentencePiece-style files (Llama 2, Mistral 7B v0.x: byte_fallback, Metaspace,
+// U+2581 normalizers, ByteFallback decoders) are refused when loaded, naming what they use.
 #pragma once
 
 #include <cstdint>
@@ -73,6 +75,8 @@ class Tokenizer {
  private:
   struct Impl;
   explicit Tokenizer(std::unique_ptr<Impl> impl);
+  static Tokenizer load(const std::filesystem::path& tokenizer_json,
+                        const std::filesystem::path& tokenizer_config_json);
   std::unique_ptr<Impl> impl_;
 };
 

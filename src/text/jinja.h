@@ -4,7 +4,7 @@
 //
 // What it promises:
 // - The output equals Jinja2's byte for byte for every template it accepts (checked against
-//   python3-jinja2 by tests/model/chat_template_parity_test.cc). Values behave as Python's do:
+//   python3-jinja2 by tests/text/chat_template_parity_test.cc). Values behave as Python's do:
 //   str()/repr() of lists, tuples and dicts, int/float arithmetic, code-point string indexing,
 //   Unicode whitespace in strip()/trim/split(), json.dumps for tojson; what filters return
 //   behaves like the Python object (map/select/items give a generator: always true, no length,
@@ -29,8 +29,26 @@
 // Known differences: upper/lower/title map case for Latin, Greek, Cyrillic, Armenian and
 // Cherokee only (other scripts are left as they are, which is right for the caseless ones);
 // identifiers must be ASCII; iterating a used-up generator again is an error here.
+//
+// Limits. A template comes with a model folder a user downloaded, so it is untrusted input:
+// parsing and rendering end, quickly, whatever it does. Reaching a limit is a blend::Error that
+// names it; real chat templates stay far below all of them (tests/text/jinja_limits_test.cc):
+// - kMaxTreeDepth: how deeply the parsed template nests (a chain `a + b + ...`, `x|f|g|...` or
+//   `x.a.b...` nests one level per link), so neither the parser nor the renderer recurses
+//   without bound;
+// - kMaxRenderDepth: recursion while rendering (statements and expressions inside macro calls
+//   inside ...), and at most 200 nested macro calls;
+// - kMaxSteps: the work one render may do, counted in statements and expressions evaluated,
+//   loop iterations, and the items and bytes (per 64) that filters, methods, printing and
+//   comparison go through; a context of many values or long strings adds to it
+//   (kStepsPerInputValue per JSON value, a step per kInputBytesPerStep bytes of its strings):
+//   the chat templates in tests/text take 33 to 110 steps per message, so 1M steps alone hold
+//   9,000 messages, and each message brings about twice what it takes;
+// - 64 MiB for any string built, any value printed and the output; 256 MiB for one list a
+//   template builds (range() as the sandbox: at most 100,000 items).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -41,6 +59,12 @@
 namespace blend::jinja {
 
 struct Node;
+
+inline constexpr int kMaxTreeDepth = 200;
+inline constexpr int kMaxRenderDepth = 1000;
+inline constexpr int64_t kMaxSteps = 1'000'000;
+inline constexpr int64_t kStepsPerInputValue = 64;
+inline constexpr int64_t kInputBytesPerStep = 8;
 
 class Template {
  public:
