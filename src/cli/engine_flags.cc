@@ -4,6 +4,8 @@
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -42,6 +44,9 @@ void add_engine_flags(CLI::App* cmd, EngineOptions& o) {
   // Nonsense values are refused here, naming the flag: `--max-batch-tokens 0` used to end in
   // "internal: the scheduler ... scheduled nothing" (issue 26).
   const double int_max = std::numeric_limits<int32_t>::max();
+  cmd->add_option("--backend", o.backend, "Backend that computes the model (this build: cpu)")
+      ->check(CLI::IsMember(std::vector<std::string>{"cpu"}))
+      ->capture_default_str();
   cmd->add_option("--max-batch-tokens", o.scheduler.max_batch_tokens,
                   "Token budget of one step (prefill chunks + decodes)")
       ->check(number_in(1, int_max, true, "a token count of at least 1"));

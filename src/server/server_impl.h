@@ -26,12 +26,12 @@
 
 #include "api/batch_file.h"
 #include "api/openai.h"
-#include "text/chat_template.h"
 #include "server/batch_store.h"
 #include "server/connection.h"
 #include "server/engine_loop.h"
 #include "server/metrics.h"
 #include "server/server.h"
+#include "text/chat_template.h"
 
 namespace blend {
 

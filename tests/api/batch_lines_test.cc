@@ -2,9 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include "test_util.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
-#include "test_util.h"
 
 namespace blend {
 namespace {

@@ -2,8 +2,8 @@
 
 #include <gtest/gtest.h>
 
-#include "text/tokenizer.h"
 #include "test_util.h"
+#include "text/tokenizer.h"
 
 namespace blend {
 namespace {
