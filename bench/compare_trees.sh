@@ -88,12 +88,12 @@ run_both batch_preempt '$BLEND batch --model model --input requests.jsonl --outp
 run_both simulate '$BLEND simulate --workload workload.jsonl --policy blend,dfs,dfs@sequential,random,fcfs --json'
 run_both simulate_sampled '$BLEND simulate --workload workload.jsonl --policy blend,dfs --sample-fraction 0.05 --json'
 run_both simulate_serve '$BLEND simulate-serve --policy hybrid,fcfs,round-robin --rt-rate 1,3 --duration 120 --be-batch 256 --traces "$TRACES" --json'
-run_both plan '$BLEND plan --input workload.jsonl --model-shape llama-3-8b --explain'
+run_both plan '$BLEND plan --input workload.jsonl --model-shape llama-3-8b --hardware a100-80g --explain'
 
 python3 - "$WORK" <<'PY'
 import json, sys, os, re
 work = sys.argv[1]
-VOLATILE = re.compile(r"^(id|created|.*seconds.*|.*_s|.*per_s.*|.*wall.*|throughput_tokens_per_s|elapsed.*|system_fingerprint)$")
+VOLATILE = re.compile(r"^(id|request_id|created|.*seconds.*|.*_s|.*per_s.*|.*wall.*|throughput_tokens_per_s|elapsed.*|system_fingerprint)$")
 
 def scrub(x):
     if isinstance(x, dict):

@@ -36,18 +36,29 @@ inline float exp_nonpositive(float x) {
   return p * std::bit_cast<float>(static_cast<uint32_t>(e) << 23);  // e >= 1: x >= -87
 }
 
-TokenId argmax(std::span<const float> logits) {
-  // Ties go to the lowest id, so greedy decoding is reproducible everywhere.
-  size_t best = 0;
-  for (size_t i = 1; i < logits.size(); ++i)
-    if (logits[i] > logits[best]) best = i;
-  return static_cast<TokenId>(best);
+// One branch-free pass over a row: its largest value (NaN skipped), and whether it holds a NaN
+// or +inf (a broken model or checkpoint: such rows are sanitised before anything compares or
+// exponentiates them).
+struct RowScan {
+  float max = -std::numeric_limits<float>::infinity();
+  bool nan_or_inf = false;
+};
+RowScan scan_row(std::span<const float> logits) {
+  const float* l = logits.data();
+  float m = -std::numeric_limits<float>::infinity();
+  bool bad = false;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    m = l[i] > m ? l[i] : m;
+    bad |= !(l[i] <= std::numeric_limits<float>::max());
+  }
+  return {m, bad};
 }
 
-float max_of(std::span<const float> v) {
-  float m = -std::numeric_limits<float>::infinity();
-  for (float x : v) m = std::max(m, x);
-  return m;
+// The lowest id holding `max` (ties go to the lowest id, so greedy decoding is reproducible).
+TokenId first_at(std::span<const float> logits, float max) {
+  size_t i = 0;
+  while (i + 1 < logits.size() && logits[i] != max) ++i;
+  return static_cast<TokenId>(i);
 }
 
 // Sum in fixed-size blocks of float, blocks added in double: fast, and the same order every time.
@@ -67,15 +78,6 @@ bool more_likely(std::span<const float> logits, TokenId a, TokenId b) {
   return la > lb || (la == lb && a < b);
 }
 
-// Whether the row holds a NaN or +inf (a broken model or checkpoint): such rows are sanitised
-// before anything compares or exponentiates them. One branch-free pass.
-bool has_nan_or_inf(std::span<const float> logits) {
-  const float* l = logits.data();
-  bool bad = false;
-  for (size_t i = 0; i < logits.size(); ++i) bad |= !(l[i] <= std::numeric_limits<float>::max());
-  return bad;
-}
-
 bool has_processing(const SamplingParams& p) {
   return !p.logit_bias.empty() || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f ||
          p.repetition_penalty != 1.0f;
@@ -86,8 +88,8 @@ bool has_processing(const SamplingParams& p) {
 // OpenAI's frequency and presence penalties over the output tokens; NaN made -inf and +inf the
 // largest float. Returns `logits` itself when none of that applies.
 std::span<const float> processed_logits(std::span<const float> logits, const SamplingParams& p,
-                                        const TokenHistory& history, std::vector<float>& buf) {
-  const bool sanitize = has_nan_or_inf(logits);
+                                        const TokenHistory& history, bool sanitize,
+                                        std::vector<float>& buf) {
   if (!sanitize && !has_processing(p)) return logits;
   buf.assign(logits.begin(), logits.end());
   if (sanitize) {
@@ -135,20 +137,23 @@ SampledToken sample_token(std::span<const float> raw_logits, const SamplingParam
                           uint64_t seed, int64_t step, const TokenHistory& history) {
   SampledToken out;
   thread_local std::vector<float> processed;
-  const std::span<const float> logits = processed_logits(raw_logits, params, history, processed);
+  RowScan scan = scan_row(raw_logits);
+  const std::span<const float> logits =
+      processed_logits(raw_logits, params, history, scan.nan_or_inf, processed);
+  if (logits.data() != raw_logits.data()) scan = scan_row(logits);
   const size_t vocab = logits.size();
-  if (vocab == 0 || !(max_of(logits) > -std::numeric_limits<float>::infinity())) {
+  if (vocab == 0 || !(scan.max > -std::numeric_limits<float>::infinity())) {
     out.invalid = true;  // nothing to draw from: token 0, and the caller reports it
     return out;
   }
   thread_local std::vector<float> weight;
   thread_local std::vector<TokenId> ids;
   if (params.temperature < kGreedyTemperature || params.top_k == 1) {
-    out.token = argmax(logits);
+    out.token = first_at(logits, scan.max);
   } else {
     // Unnormalised probabilities exp((logit - max) / T) of every token, then the filters
     // restrict the candidate set `ids` (all tokens unless top-k/min-p/top-p cut it).
-    const float max_logit = max_of(logits);
+    const float max_logit = scan.max;
     const float inv_t = 1.0f / params.temperature;
     weight.resize(vocab);
     float* w = weight.data();  // plain pointers: the thread_local wrapper blocks vectorisation
@@ -245,8 +250,8 @@ SampledToken sample_token(std::span<const float> raw_logits, const SamplingParam
     }
   }
   if (params.logprobs) {
-    // log-softmax of the raw logits (temperature 1), as OpenAI reports them.
-    const float max_logit = max_of(logits);
+    // log-softmax of the logits (temperature 1), as OpenAI reports them.
+    const float max_logit = scan.max;
     weight.resize(vocab);
     float* w = weight.data();
     const float* l = logits.data();
