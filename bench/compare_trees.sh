@@ -17,14 +17,14 @@
 #   - `blend plan --explain`.
 # Fields that differ between any two runs by nature (response ids, creation times, wall-clock
 # seconds and rates) are dropped before comparing. Exit status 0 = identical.
-# Knobs (environment): TRACES (default ../shared/data/traces beside the repository).
+# Knobs (environment): TRACES (default data/traces in the repository).
 set -euo pipefail
 [[ $# -ge 2 ]] || { echo "usage: $0 OLD_BLEND NEW_BLEND [WORK_DIR]" >&2; exit 2; }
 OLD=$(realpath "$1")
 NEW=$(realpath "$2")
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 WORK=${3:-$(mktemp -d)}
-TRACES=${TRACES:-$ROOT/../shared/data/traces}
+TRACES=${TRACES:-$ROOT/data/traces}
 mkdir -p "$WORK"
 cd "$WORK"
 
