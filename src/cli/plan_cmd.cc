@@ -32,7 +32,7 @@ struct PlanArgs {
   std::string input;
   std::string model_dir;
   std::string model_shape;
-  std::string hardware;
+  std::string hardware = "a100-80g";  // as `blend simulate`: the README's plan runs without it
   int tensor_parallel = 1;
   std::string policy = "blend";
   std::string sampled;  // a `blend batch` result file: true output lengths of a sample
@@ -313,7 +313,7 @@ void register_plan_command(CLI::App& app) {
                   "are token ids");
   cmd->add_option("--hardware", args->hardware,
                   "a100-80g, a100-40g, h100, h200, or a JSON hardware profile")
-      ->required();
+      ->capture_default_str();
   cmd->add_option("--tp", args->tensor_parallel, "Tensor-parallel degree")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--policy", args->policy, "blend, dfs, fcfs or random");

@@ -107,5 +107,15 @@ TEST_F(PlanCli, BadInputIsAnError) {
   EXPECT_EQ(last_.exit_code, 1) << last_.output;
 }
 
+// The README runs `blend plan` without --hardware (issue 25): it plans for a100-80g, as
+// `blend simulate` does, and says so.
+TEST_F(PlanCli, HardwareDefaultsToTheSimulatorsDefault) {
+  const testing::CommandResult r =
+      testing::run_command(std::string("'") + BLEND_BINARY + "' plan --input '" + input_.string() +
+                           "' --model-shape llama-3-8b --explain 2>&1");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("a100-80g"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace blend
