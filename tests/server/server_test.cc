@@ -793,7 +793,9 @@ TEST_F(BatchApi, FilesAndBatchesAreListedPagedAndDeleted) {
   EXPECT_EQ(json::parse(r->body)["deleted"], true);
   EXPECT_EQ(c.Get(("/v1/files/" + a).c_str())->status, 404);
   EXPECT_EQ(c.Delete(("/v1/files/" + a).c_str())->status, 404);
-  for (const json& f : get(c, "/v1/files")["data"]) EXPECT_NE(f["id"], a);
+  // The listing outlives the loop (a range-for over a temporary's member would not keep it).
+  const json remaining = get(c, "/v1/files");
+  for (const json& f : remaining["data"]) EXPECT_NE(f["id"], a);
 }
 
 TEST_F(ServerTest, WrongMethodOnAKnownRouteIs405) {
