@@ -20,6 +20,7 @@
 namespace blend {
 
 class TensorStore;
+class StepWorker;
 
 struct BackendOptions {
   int threads = 0;             // 0 = all hardware threads
@@ -28,6 +29,10 @@ struct BackendOptions {
   // KV pages to allocate at construction; 0 = none until allocate_kv() (the engine sizes the
   // cache from what the backend reports: kv_bytes_per_token() and kv_memory_budget()).
   int64_t num_pages = 0;
+  // launch() hands the step to a worker thread and returns at once, so the engine plans the
+  // next step while this one computes (NanoFlow §5.3's asynchronous scheduling). Backends that
+  // compute on the host thread honour it; the simulator has no work to hide and ignores it.
+  bool overlap = false;
 };
 
 // One logits row to turn into a token: which sequence, how to sample, and what the penalties
@@ -48,7 +53,9 @@ struct StepInput {
 
 class Backend {
  public:
-  virtual ~Backend() = default;
+  Backend();
+  // The owner must wait() for a launched step before destroying the backend.
+  virtual ~Backend();
 
   virtual const ModelConfig& config() const = 0;
   virtual std::string name() const = 0;
@@ -72,6 +79,13 @@ class Backend {
   // logits, seed, output index and history: the result does not depend on the batch.
   virtual void launch(StepInput step);
   virtual std::vector<SampledToken> wait();
+  // Whether launch() returns before the step is computed. The engine then plans step i+1 while
+  // step i runs and sees step i's tokens (an EOS among them) one step late.
+  virtual bool launch_overlaps() const { return worker_ != nullptr; }
+  // Blocks until the launched step's work is done, leaving its tokens for wait(). Page I/O from
+  // the caller's thread (read_pages, write_pages, copy_page, the slot copies) must follow it
+  // while a step is in flight: the step may still be writing those pages.
+  virtual void synchronize();
 
   // Runs all layers over the batch, writes the batch's K/V into its pages, and fills `logits`
   // with one row of vocab_size floats per chunk that wants logits (in chunk order). Profiling,
@@ -97,11 +111,19 @@ class Backend {
   // backend was made, or a simulator's virtual time.
   virtual double clock_seconds() const;
 
+ protected:
+  // The default launch() runs forward() and sampling on a worker thread of its own from now on
+  // (BackendOptions::overlap); call it from the constructor.
+  void compute_steps_on_worker();
+
  private:
+  void compute_step();  // forward() and sampling of pending_ into sampled_
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
   StepInput pending_;  // the default launch/wait: the step launched and not yet waited for
   bool launched_ = false;
   std::vector<float> logits_;
+  std::vector<SampledToken> sampled_;
+  std::unique_ptr<StepWorker> worker_;  // null: launch() computes on the caller's thread
 };
 
 // KV bytes per token for a model whose cache holds elements of `kv_elem_bytes` bytes.

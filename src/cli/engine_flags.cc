@@ -62,6 +62,9 @@ void add_engine_flags(CLI::App* cmd, EngineOptions& o) {
       ->check(number_in(0, 65536, true, "a thread count, 0 (all) or more"));
   cmd->add_flag("--deterministic", o.deterministic,
                 "Same seed, same tokens, whatever the batch or order");
+  cmd->add_option("--overlap-schedule", o.overlap,
+                  "Plan the next step while this one computes (NanoFlow's asynchronous "
+                  "scheduling): on|off (default off)");
   cmd->add_option("--seed", o.seed, "Seed for requests without one");
   cmd->add_option("--prefix-cache", o.prefix_cache,
                   "Reuse cached prompt prefixes: on|off (default on)");

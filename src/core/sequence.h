@@ -47,6 +47,9 @@ struct Sequence {
   int32_t num_generated() const { return num_tokens() - prompt_len; }
   // Tokens still to feed through the model before the next token can be sampled.
   int32_t num_uncomputed() const { return num_tokens() - num_computed; }
+  // Every token the request may generate is sampled or being sampled (with overlapped steps the
+  // last one is still in flight, and the sequence finishes when it arrives): nothing to compute.
+  bool generation_complete() const { return num_generated() >= params.max_tokens; }
   bool page_reversed(size_t j) const { return j < reversed_pages.size() && reversed_pages[j]; }
   // Tokens held in pages that fill from slot 0 before the first reversed one: what the prefix
   // cache may take (it stores pages in that direction only).

@@ -9,6 +9,9 @@
 namespace blend {
 namespace {
 
+// Holds the place of a token a launched step is still sampling (collect_step writes it).
+constexpr TokenId kPendingToken = -1;
+
 uint64_t hash_string(const std::string& s, uint64_t seed) {
   uint64_t h = 0xcbf29ce484222325ull ^ seed;
   for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
@@ -19,10 +22,13 @@ uint64_t hash_string(const std::string& s, uint64_t seed) {
 class BackendPageIo : public KvPageIo {
  public:
   explicit BackendPageIo(Backend& backend) : backend_(backend) {}
+  // A launched step may still be writing pages the cache just freed or is about to load into.
   void read_pages(std::span<const PageId> pages, std::byte* out) override {
+    backend_.synchronize();
     backend_.read_pages(pages, out);
   }
   void write_pages(std::span<const PageId> pages, const std::byte* in) override {
+    backend_.synchronize();
     backend_.write_pages(pages, in);
   }
 
@@ -43,6 +49,7 @@ struct Engine::Active {
   size_t max_stop_len = 0;
   std::vector<SampledToken> logprobs;
   bool stopped_by_string = false;
+  int32_t accepted = 0;  // output tokens whose stop conditions were checked
 };
 
 Engine::Engine(const std::filesystem::path& model_dir, const EngineOptions& options)
@@ -60,6 +67,7 @@ Engine::Engine(const std::filesystem::path& model_dir, const EngineOptions& opti
   in.options.threads = options.threads;
   in.options.deterministic = options.deterministic;
   in.options.page_size = options.page_size;
+  in.options.overlap = options.overlap;
   backend_ = make_backend(options.backend, in);
   init_kv_and_scheduler();
 }
@@ -125,6 +133,12 @@ void Engine::init_kv_and_scheduler() {
 }
 
 Engine::~Engine() {
+  if (in_flight_) {
+    try {
+      backend_->wait();  // the backend's step may not outlive what it reads
+    } catch (...) {
+    }
+  }
   scheduler_.reset();
   cache_.reset();  // returns the cached pages to the pool before it goes
   tiers_.reset();
@@ -201,8 +215,15 @@ bool Engine::cancel(SeqId id) {
   auto it = active_.find(id);
   if (it == active_.end()) return false;
   scheduler_->abort(&it->second->seq);
-  active_.erase(it);
+  retire(id);
   return true;
+}
+
+void Engine::retire(SeqId id) {
+  auto it = active_.find(id);
+  retired_.push_back(std::move(it->second));
+  active_.erase(it);
+  if (!in_flight_) retired_.clear();
 }
 
 void Engine::stream(Active& a, TokenId token, bool final) {
@@ -216,10 +237,10 @@ void Engine::stream(Active& a, TokenId token, bool final) {
   a.on_token(token, delta);
 }
 
-bool Engine::append_token(Active& a, const SampledToken& sampled) {
+bool Engine::accept_token(Active& a, const SampledToken& sampled) {
   Sequence& seq = a.seq;
   const SamplingParams& p = seq.params;
-  seq.tokens.push_back(sampled.token);
+  ++a.accepted;  // collect_step wrote the token into seq.tokens already
   seq.last_token_time = now();
   if (p.logprobs) a.logprobs.push_back(sampled);
   const bool is_eos =
@@ -249,7 +270,7 @@ bool Engine::append_token(Active& a, const SampledToken& sampled) {
       return true;
     }
   }
-  if (seq.num_generated() >= p.max_tokens) {
+  if (a.accepted >= p.max_tokens) {
     seq.finish = FinishReason::kLength;
     return true;
   }
@@ -271,7 +292,7 @@ void Engine::finish(Active& a) {
   stats_.output_tokens += static_cast<int64_t>(r.tokens.size());
   ++stats_.finished;
   Callback cb = std::move(a.on_done);
-  active_.erase(a.seq.id);  // `a` is gone from here on
+  retire(a.seq.id);  // `a` belongs to no one from here on
   if (cb) cb(std::move(r));
 }
 
@@ -297,7 +318,10 @@ StepInput Engine::build_step(const StepPlan& plan) const {
     for (int32_t i = 0; i < c.num_tokens; ++i) batch.positions.push_back(seq.num_computed + i);
     batch.chunks.push_back(std::move(chunk));
     if (c.samples) {
-      const std::span<const TokenId> all(seq.tokens);
+      // The tokens up to this chunk's end: a placeholder for the token sampled here follows.
+      const std::span<const TokenId> all =
+          std::span<const TokenId>(seq.tokens)
+              .first(static_cast<size_t>(chunk.num_cached + c.num_tokens));
       in.rows.push_back({.seq = seq.id,
                          .params = &seq.params,
                          .rng_seed = seq.rng_seed,
@@ -333,19 +357,86 @@ void Engine::move_kv(const StepPlan& plan) {
   }
 }
 
-void Engine::apply_tokens(const StepPlan& plan, const std::vector<SampledToken>& sampled) {
+void Engine::launch_step(const StepPlan& plan) {
+  using WallClock = std::chrono::steady_clock;
+  InFlight f;
+  f.started = now();
+  f.wall_started = WallClock::now();
+  // What the step costs, for the hybrid policy's online iteration model (sched/iteration_fit).
+  f.measure_cost = scheduler_->fits_iteration_cost();
+  if (f.measure_cost) {
+    for (const ScheduledChunk& c : plan.chunks) {
+      if (c.num_tokens == 1 && c.seq->num_generated() > 0) {
+        f.cost.decode_tokens += 1;
+        f.cost.decode_context += c.seq->num_computed;
+      } else {
+        f.cost.prefill_tokens += c.num_tokens;
+      }
+    }
+    f.cost.swap_pages = static_cast<int64_t>(plan.restores.size());
+  }
+  // Each sampled row's token takes its place now, so that the next plan sees it to compute.
+  // (Before the rows take spans of the tokens: pushing may move them.)
+  for (const ScheduledChunk& c : plan.chunks)
+    if (c.samples) c.seq->tokens.push_back(kPendingToken);
+  StepInput in = build_step(plan);
+  const WallClock::time_point swap0 = WallClock::now();
+  move_kv(plan);
+  if (f.measure_cost)
+    f.cost.swap_seconds = std::chrono::duration<double>(WallClock::now() - swap0).count();
+  f.num_tokens = in.batch.num_tokens();
+  f.row_seqs.reserve(in.rows.size());
+  for (const SampleRow& row : in.rows) f.row_seqs.push_back(row.seq);
+  // The observer sees the batch after the step; the backend takes its own copy of it.
+  if (step_observer_) f.observed = in.batch;
+  const WallClock::time_point launch0 = WallClock::now();
+  backend_->launch(std::move(in));
+  stats_.backend_seconds += std::chrono::duration<double>(WallClock::now() - launch0).count();
+  in_flight_ = std::move(f);
+  // The chunks' KV is (being) computed: the next plan starts after it.
+  scheduler_->step_done(plan);
+}
+
+std::vector<SampledToken> Engine::collect_step() {
+  const auto wait0 = std::chrono::steady_clock::now();
+  std::vector<SampledToken> sampled = backend_->wait();
+  stats_.backend_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - wait0).count();
+  retired_.clear();  // nothing in flight reads them now
+  const InFlight& f = *in_flight_;
+  if (sampled.size() != f.row_seqs.size())
+    throw Error("internal: the backend returned " + std::to_string(sampled.size()) +
+                " tokens for " + std::to_string(f.row_seqs.size()) + " rows");
+  for (size_t r = 0; r < sampled.size(); ++r) {
+    auto it = active_.find(f.row_seqs[r]);
+    if (it == active_.end()) continue;  // finished (seen a step late) or cancelled meanwhile
+    std::vector<TokenId>& tokens = it->second->seq.tokens;
+    // The newest placeholder is this step's: the next step is launched after this call.
+    tokens.back() = sampled[r].token;
+  }
+  return sampled;
+}
+
+void Engine::apply_tokens(const InFlight& step, const std::vector<SampledToken>& sampled) {
+  ++stats_.steps;
+  stats_.batch_tokens += step.num_tokens;
+  stats_.kv_peak_bytes =
+      std::max(stats_.kv_peak_bytes, pool_->peak_used() * backend_->kv_bytes_per_page());
+  scheduler_->observe_iteration(now() - step.started);
   std::vector<Active*> done;
-  size_t r = 0;
-  for (const ScheduledChunk& c : plan.chunks) {
-    if (!c.samples) continue;
-    Active& a = *active_.at(c.seq->id);
-    if (append_token(a, sampled[r]))
+  for (size_t r = 0; r < sampled.size(); ++r) {
+    if (sampled[r].invalid) ++stats_.invalid_logit_rows;
+    auto it = active_.find(step.row_seqs[r]);
+    if (it == active_.end()) continue;  // its EOS came a step late: this token is dropped
+    Active& a = *it->second;
+    if (accept_token(a, sampled[r]))
       done.push_back(&a);
     else
       stream(a, sampled[r].token, /*final=*/false);
-    ++r;
   }
   for (Active* a : done) {
+    // A placeholder of the step in flight, if any, is not part of the result.
+    a->seq.tokens.resize(static_cast<size_t>(a->seq.prompt_len + a->accepted));
     scheduler_->finish(&a->seq);
     finish(*a);
   }
@@ -360,58 +451,39 @@ void Engine::step() {
     WallClock::time_point start;
     ~StepTimer() { total += std::chrono::duration<double>(WallClock::now() - start).count(); }
   } step_timer{stats_.step_seconds, wall0};
-  const double t0 = now();
-  StepPlan plan = scheduler_->schedule(t0);
-  stats_.schedule_seconds += std::chrono::duration<double>(WallClock::now() - wall0).count();
-  if (plan.empty()) {
-    if (scheduler_->has_work())
-      throw Error("internal: the scheduler has waiting requests but scheduled nothing");
-    return;
-  }
-  StepInput in = build_step(plan);
-  // What the step costs, for the hybrid policy's online iteration model (sched/iteration_fit).
-  const bool measure_cost = scheduler_->fits_iteration_cost();
-  IterationSample cost;
-  if (measure_cost) {
-    for (const ScheduledChunk& c : plan.chunks) {
-      if (c.num_tokens == 1 && c.seq->num_generated() > 0) {
-        cost.decode_tokens += 1;
-        cost.decode_context += c.seq->num_computed;
-      } else {
-        cost.prefill_tokens += c.num_tokens;
-      }
+  auto schedule = [&] {
+    const WallClock::time_point s0 = WallClock::now();
+    StepPlan plan = scheduler_->schedule(now());
+    stats_.schedule_seconds += std::chrono::duration<double>(WallClock::now() - s0).count();
+    return plan;
+  };
+  if (!in_flight_) {
+    StepPlan plan = schedule();
+    if (plan.empty()) {
+      if (scheduler_->has_work())
+        throw Error("internal: the scheduler has waiting requests but scheduled nothing");
+      return;
     }
-    cost.swap_pages = static_cast<int64_t>(plan.restores.size());
+    launch_step(plan);
   }
-  const WallClock::time_point swap0 = measure_cost ? WallClock::now() : WallClock::time_point{};
-  move_kv(plan);
-  if (measure_cost)
-    cost.swap_seconds = std::chrono::duration<double>(WallClock::now() - swap0).count();
-  const int32_t num_tokens = in.batch.num_tokens();
-  // The observer sees the batch after the step; the backend takes its own copy of it.
-  ForwardBatch observed;
-  if (step_observer_) observed = in.batch;
-  backend_->launch(std::move(in));
-  const std::vector<SampledToken> sampled = backend_->wait();
-
-  ++stats_.steps;
-  stats_.batch_tokens += num_tokens;
-  stats_.kv_peak_bytes =
-      std::max(stats_.kv_peak_bytes, pool_->peak_used() * backend_->kv_bytes_per_page());
-  scheduler_->step_done(plan);
-  const double t1 = now();
-  scheduler_->observe_iteration(t1 - t0);
-  for (const SampledToken& t : sampled)
-    if (t.invalid) ++stats_.invalid_logit_rows;
-  apply_tokens(plan, sampled);
-  if (measure_cost) {
-    cost.seconds =
-        std::chrono::duration<double>(WallClock::now() - wall0).count() - cost.swap_seconds;
-    scheduler_->observe_step_cost(cost);
-  }
-  if (step_observer_) step_observer_(observed, t0);
+  // With overlap, step i+1 is planned while step i computes (NanoFlow §5.3). Sequences whose
+  // step-i token is an EOS are in that plan too: their extra token is dropped.
+  StepPlan next;
+  if (backend_->launch_overlaps() && options_.overlap) next = schedule();
+  const std::vector<SampledToken> sampled = collect_step();
+  InFlight done = std::move(*in_flight_);
+  in_flight_.reset();
+  if (done.measure_cost)
+    done.cost.seconds =
+        std::chrono::duration<double>(WallClock::now() - done.wall_started).count() -
+        done.cost.swap_seconds;
+  if (!next.empty()) launch_step(next);
+  apply_tokens(done, sampled);  // while `next` computes
+  if (done.measure_cost) scheduler_->observe_step_cost(done.cost);
+  if (step_observer_) step_observer_(done.observed, done.started);
 #ifdef BLEND_CHECK_INVARIANTS
-  check_invariants();  // leaks, double frees, a stale tree: abort at the step that caused them
+  if (!in_flight_)
+    check_invariants();  // leaks, double frees, a stale tree: abort at the step that caused them
 #endif
 }
 

@@ -32,6 +32,10 @@ struct EngineOptions {
   std::string backend = "cpu";  // backend/registry.h kind, for engines made from a model folder
   int threads = 0;              // 0 = all hardware threads
   bool deterministic = false;   // batch-invariant numerics (see backend/cpu)
+  // Plan step i+1 while step i computes (NanoFlow §5.3), on backends whose launch() returns
+  // early (BackendOptions::overlap): a request's EOS is seen one step late, and the token
+  // computed in that extra step is dropped. Tokens are the same either way.
+  bool overlap = false;
   int32_t page_size = 16;
   // Longest prompt + output of a sequence (vLLM's --max-model-len); 0 = the model's context.
   // More than the model's max_position_embeddings is refused.
@@ -78,6 +82,11 @@ struct EngineStats {
   // Fig. 14's scheduling overhead per iteration.
   double schedule_seconds = 0;
   double step_seconds = 0;
+  // Wall-clock seconds the engine's thread spent inside the backend's launch() and wait():
+  // computing, or waiting for a step computed meanwhile. step_seconds - backend_seconds is the
+  // engine's own work (planning, detokenizing, stop checks, callbacks), which
+  // --overlap-schedule runs while the backend computes.
+  double backend_seconds = 0;
   // Sampled rows whose logits held no finite value (NaN weights, a broken checkpoint): the
   // sampler survives them, and this says it happened.
   int64_t invalid_logit_rows = 0;
@@ -116,8 +125,11 @@ class Engine {
   // callbacks run again. False when the id is unknown (finished already).
   bool cancel(SeqId id);
 
-  bool has_work() const { return scheduler_->has_work(); }
-  void step();  // one iteration
+  // Requests not finished yet, or a step still computing.
+  bool has_work() const { return scheduler_->has_work() || in_flight_.has_value(); }
+  // One iteration: with overlap, collects the step in flight and launches the next one, whose
+  // computing overlaps this step's bookkeeping and the caller's work until the next step().
+  void step();
   // Checks the KV page pool and the prefix cache for leaks and double frees (aborts). Tests.
   void check_invariants() const;
   void run_until_done();
@@ -140,13 +152,29 @@ class Engine {
 
  private:
   struct Active;
-  bool append_token(Active& a, const SampledToken& sampled);  // true when finished
+  // A launched step, until its tokens are applied: what its bookkeeping needs once the
+  // sequences it ran may have finished (rows are matched to sequences by id).
+  struct InFlight {
+    std::vector<SeqId> row_seqs;  // the sequence of each sampled row
+    int32_t num_tokens = 0;
+    double started = 0;  // engine clock at launch
+    std::chrono::steady_clock::time_point wall_started;
+    bool measure_cost = false;
+    IterationSample cost;
+    ForwardBatch observed;  // for the step observer
+  };
+  bool accept_token(Active& a, const SampledToken& sampled);  // true when finished
   void finish(Active& a);
+  void retire(SeqId id);  // forgets a request, once no launched step reads its sequence
   void stream(Active& a, TokenId token, bool final);
   void init_kv_and_scheduler();
   StepInput build_step(const StepPlan& plan) const;
   void move_kv(const StepPlan& plan);  // BROS checkpoints, page copies and restores
-  void apply_tokens(const StepPlan& plan, const std::vector<SampledToken>& sampled);
+  void launch_step(const StepPlan& plan);
+  // Waits for the step in flight and writes its tokens into their sequences.
+  std::vector<SampledToken> collect_step();
+  // Statistics, stop conditions, streaming and results of the step collected last.
+  void apply_tokens(const InFlight& step, const std::vector<SampledToken>& sampled);
 
   EngineOptions options_;
   ModelConfig config_;
@@ -159,6 +187,10 @@ class Engine {
   std::unique_ptr<RadixCache> cache_;  // null when prefix caching is off
   std::unique_ptr<Scheduler> scheduler_;
   std::unordered_map<SeqId, std::unique_ptr<Active>> active_;
+  std::optional<InFlight> in_flight_;
+  // Requests finished or cancelled while a launched step may still read their sequences (its
+  // sampling rows point into them): dropped once that step is collected.
+  std::vector<std::unique_ptr<Active>> retired_;
   SeqId next_id_ = 1;
   EngineStats stats_;
   StepObserver step_observer_;

@@ -294,7 +294,7 @@ void Scheduler::schedule_fcfs(StepPlan& plan, int32_t& budget, Eligible eligible
   //    preempted; it has not been scheduled yet in this step (or is the one asking).
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Sequence* seq = running_[i];
-    if (!eligible(*seq)) {
+    if (!eligible(*seq) || seq->generation_complete()) {
       ++i;
       continue;
     }
@@ -329,7 +329,7 @@ void Scheduler::schedule_fcfs(StepPlan& plan, int32_t& budget, Eligible eligible
   for (size_t i = 0; admit_waiting && plan.preempted.empty() && budget > 0 && i < waiting_.size() &&
                      running_.size() < static_cast<size_t>(options_.max_running);) {
     Sequence* seq = waiting_[i];
-    if (!eligible(*seq)) {
+    if (!eligible(*seq) || seq->generation_complete()) {
       ++i;
       continue;
     }
@@ -371,6 +371,10 @@ void Scheduler::schedule_prefill_first(StepPlan& plan, int32_t& budget) {
   for (size_t i = 0; budget > 0 && i < waiting_.size() &&
                      running_.size() < static_cast<size_t>(options_.max_running);) {
     Sequence* seq = waiting_[i];
+    if (seq->generation_complete()) {
+      ++i;
+      continue;
+    }
     const bool alone = plan.chunks.empty();
     if (!alone && seq->num_uncomputed() > budget) break;  // whole prompts only
     if (!alone && pool_.num_available() - pool_.pages_for(seq->num_uncomputed()) < watermark) break;
@@ -395,6 +399,7 @@ void Scheduler::schedule_hybrid(StepPlan& plan, int32_t& budget, double now) {
   std::vector<Sequence*> rt_seqs, be_seqs;
   std::vector<HybridCandidate> rt, be;
   auto add = [&](Sequence* seq) {
+    if (seq->generation_complete()) return;
     HybridCandidate c;
     c.cls = seq->request_class;
     c.prefill = seq->num_uncomputed() > 1 || seq->num_generated() == 0;
@@ -535,6 +540,9 @@ void Scheduler::finish(Sequence* seq) {
   seq->status = SeqStatus::kFinished;
   if (auto it = std::find(running_.begin(), running_.end(), seq); it != running_.end())
     running_.erase(it);
+  // With overlapped steps a sequence preempted while its last step computed finishes waiting.
+  if (auto it = std::find(waiting_.begin(), waiting_.end(), seq); it != waiting_.end())
+    waiting_.erase(it);
   ++finished_count_;
   finished_output_tokens_ += seq->num_generated();
 }

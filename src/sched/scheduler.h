@@ -112,7 +112,8 @@ class Scheduler {
   // The backend computed the plan: advances each chunk's num_computed and offers the computed
   // pages to the prefix cache.
   void step_done(const StepPlan& plan);
-  // The engine appended a sampled token to seq->tokens (nothing to do) or finished it:
+  // The engine appended a sampled token to seq->tokens (nothing to do) or finished it
+  // (running, or waiting when preempted while its last step computed):
   void finish(Sequence* seq);
   // Drops a sequence wherever it is (waiting or running) and frees its pages at once; it does
   // not count as finished (a cancelled request says nothing about output lengths).

@@ -18,7 +18,9 @@
 namespace blend {
 namespace {
 
-class EngineTest : public ::testing::Test {
+// Every test runs twice: plain steps, and overlapped ones (the next step planned while this
+// one computes, EOS seen a step late): the tokens must be the same.
+class EngineTest : public ::testing::TestWithParam<bool> {
  protected:
   static void SetUpTestSuite() {
     dir_ = new testing::TempDir();
@@ -45,6 +47,7 @@ class EngineTest : public ::testing::Test {
     o.threads = 2;
     o.deterministic = true;
     o.kv_memory_gb = 0.05;
+    o.overlap = GetParam();
     return o;
   }
 
@@ -83,12 +86,14 @@ class EngineTest : public ::testing::Test {
 
 testing::TempDir* EngineTest::dir_ = nullptr;
 
-TEST_F(EngineTest, TokensDoNotDependOnTheBatchOrItsOrder) {
+TEST_P(EngineTest, TokensDoNotDependOnTheBatchOrItsOrder) {
   std::vector<GenerationRequest> probes = {request("greedy", 1, 37, 12),
                                            request("sampled", 2, 21, 12, 0.8f)};
   std::map<std::string, GenerationResult> alone;
   for (const auto& p : probes) {
-    Engine engine(dir_->path(), options());
+    EngineOptions plain = options();
+    plain.overlap = false;  // the overlapped runs below must match plain steps too
+    Engine engine(dir_->path(), plain);
     auto r = run(engine, {p});
     alone[p.id] = r[p.id];
     EXPECT_EQ(alone[p.id].tokens.size(), 12u);
@@ -114,7 +119,7 @@ TEST_F(EngineTest, TokensDoNotDependOnTheBatchOrItsOrder) {
   }
 }
 
-TEST_F(EngineTest, KvExhaustionPreemptsAndStillGivesTheSameTokens) {
+TEST_P(EngineTest, KvExhaustionPreemptsAndStillGivesTheSameTokens) {
   std::vector<GenerationRequest> reqs;
   for (int i = 0; i < 12; ++i) reqs.push_back(request("r" + std::to_string(i), 300 + i, 40, 30));
   Engine roomy(dir_->path(), options());
@@ -156,7 +161,7 @@ std::vector<GenerationRequest> few_shot_requests(int groups, int per_group, int 
   return reqs;
 }
 
-TEST_F(EngineTest, PrefixCacheGivesTheSameTokensAndTheOptimalSharing) {
+TEST_P(EngineTest, PrefixCacheGivesTheSameTokensAndTheOptimalSharing) {
   const auto reqs = few_shot_requests(4, 12, 6);  // in DFS order: group by group
   EngineOptions off = options();
   off.prefix_cache = false;
@@ -185,7 +190,7 @@ TEST_F(EngineTest, PrefixCacheGivesTheSameTokensAndTheOptimalSharing) {
   EXPECT_EQ(per_request, cached.stats().cached_prompt_tokens);
 }
 
-TEST_F(EngineTest, PrefixCacheUnderHeavyEvictionAndPreemption) {
+TEST_P(EngineTest, PrefixCacheUnderHeavyEvictionAndPreemption) {
   auto reqs = few_shot_requests(5, 6, 20);
   std::mt19937 rng(5);
   std::shuffle(reqs.begin(), reqs.end(), rng);  // not DFS: the cache must evict and refill
@@ -207,7 +212,7 @@ TEST_F(EngineTest, PrefixCacheUnderHeavyEvictionAndPreemption) {
   tight.check_invariants();
 }
 
-TEST_F(EngineTest, KvTiersBringBackEvictedPrefixesWithTheSameTokens) {
+TEST_P(EngineTest, KvTiersBringBackEvictedPrefixesWithTheSameTokens) {
   auto reqs = few_shot_requests(5, 6, 20);
   std::mt19937 rng(5);
   std::shuffle(reqs.begin(), reqs.end(), rng);
@@ -235,7 +240,7 @@ TEST_F(EngineTest, KvTiersBringBackEvictedPrefixesWithTheSameTokens) {
   tiered.check_invariants();
 }
 
-TEST_F(EngineTest, SchedulingPoliciesDoNotChangeTokens) {
+TEST_P(EngineTest, SchedulingPoliciesDoNotChangeTokens) {
   std::vector<GenerationRequest> reqs;
   for (int i = 0; i < 16; ++i) {
     GenerationRequest r =
@@ -261,7 +266,7 @@ TEST_F(EngineTest, SchedulingPoliciesDoNotChangeTokens) {
 
 // A server started without a `blend profile` file fits the hybrid policy's iteration model
 // from its own steps (sched/iteration_fit); without the fit every step is estimated at 0 s.
-TEST_F(EngineTest, HybridFitsItsIterationModelFromTheStepsItRuns) {
+TEST_P(EngineTest, HybridFitsItsIterationModelFromTheStepsItRuns) {
   std::vector<GenerationRequest> reqs;
   for (int i = 0; i < 12; ++i) {
     // 64 tokens out: most steps after the prompts are decode-only, and the refits at steps 64
@@ -307,7 +312,7 @@ TEST_F(EngineTest, HybridFitsItsIterationModelFromTheStepsItRuns) {
 // BROS §5: with few KV pages, real-time and best-effort sequences share pages from opposite
 // ends, RT sequences overwrite BE slots after checkpointing them, BE sequences restore them
 // (or move off) before running again. None of it may change a token.
-TEST_F(EngineTest, BidirectionalPagesShareCheckpointRestoreAndKeepTheTokens) {
+TEST_P(EngineTest, BidirectionalPagesShareCheckpointRestoreAndKeepTheTokens) {
   std::vector<GenerationRequest> reqs;
   for (int i = 0; i < 16; ++i) {
     GenerationRequest r =
@@ -358,7 +363,7 @@ TEST_F(EngineTest, BidirectionalPagesShareCheckpointRestoreAndKeepTheTokens) {
               static_cast<long long>(total.kv_moved_pages));
 }
 
-TEST_F(EngineTest, StopStringsTokenIdsAndMaxTokens) {
+TEST_P(EngineTest, StopStringsTokenIdsAndMaxTokens) {
   Engine engine(dir_->path(), options());
   auto free_run = run(engine, {request("a", 5, 10, 24)})["a"];
   ASSERT_EQ(free_run.tokens.size(), 24u);
@@ -388,7 +393,7 @@ TEST_F(EngineTest, StopStringsTokenIdsAndMaxTokens) {
   EXPECT_EQ(none.finish, FinishReason::kLength);
 }
 
-TEST_F(EngineTest, BadRequestsAreErrorsAndTheEngineCarriesOn) {
+TEST_P(EngineTest, BadRequestsAreErrorsAndTheEngineCarriesOn) {
   Engine engine(dir_->path(), options());
   EXPECT_THROW(engine.submit(request("empty", 1, 0, 4), nullptr), Error);
   GenerationRequest bad = request("range", 1, 4, 4);
@@ -399,7 +404,7 @@ TEST_F(EngineTest, BadRequestsAreErrorsAndTheEngineCarriesOn) {
   EXPECT_EQ(ok["fine"].tokens.size(), 4u);
 }
 
-TEST_F(EngineTest, StreamedDeltasAreTheTextAndNeverIncludeACutStopString) {
+TEST_P(EngineTest, StreamedDeltasAreTheTextAndNeverIncludeACutStopString) {
   Engine engine(dir_->path(), options());
   const GenerationResult free_run = run(engine, {request("a", 7, 10, 32)})["a"];
   ASSERT_GT(free_run.text.size(), 8u);
@@ -429,7 +434,7 @@ TEST_F(EngineTest, StreamedDeltasAreTheTextAndNeverIncludeACutStopString) {
   }
 }
 
-TEST_F(EngineTest, CancelFreesTheKvAtOnceAndTheOthersFinishUnchanged) {
+TEST_P(EngineTest, CancelFreesTheKvAtOnceAndTheOthersFinishUnchanged) {
   Engine engine(dir_->path(), options());
   const GenerationResult alone = run(engine, {request("keep", 3, 40, 16)})["keep"];
   std::map<std::string, GenerationResult> out;
@@ -460,6 +465,11 @@ TEST_F(EngineTest, CancelFreesTheKvAtOnceAndTheOthersFinishUnchanged) {
   EXPECT_EQ(out["keep"].tokens, alone.tokens);
   EXPECT_EQ(engine.stats().kv_used_bytes, 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Steps, EngineTest, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& param) {
+                           return param.param ? "Overlapped" : "Plain";
+                         });
 
 }  // namespace
 }  // namespace blend

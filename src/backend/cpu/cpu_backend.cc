@@ -169,6 +169,7 @@ CpuBackendImpl::CpuBackendImpl(const ModelConfig& config, const TensorStore& sto
           options.num_pages, compute_),
       kv_budget_(default_kv_budget(store)) {
   cpu::use_threads(threads_);
+  if (options.overlap) compute_steps_on_worker();
 
   auto get = [&](const std::string& name) { return &store.get(name); };
   for (int64_t i = 0; i < config_.num_layers; ++i) {
