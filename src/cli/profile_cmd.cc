@@ -17,7 +17,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "cli/commands.h"
 #include "core/error.h"
-#include "engine/profile.h"
+#include "harness/profile.h"
 #include "model/config.h"
 #include "model/safetensors.h"
 #include "model/weights.h"

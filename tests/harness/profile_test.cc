@@ -1,6 +1,6 @@
 // The profiler recovers a machine's compute rate, bandwidth and step overhead from step timings:
 // here a fake backend whose steps take exactly what a known cost model says, on a fake clock.
-#include "engine/profile.h"
+#include "harness/profile.h"
 
 #include <gtest/gtest.h>
 
