@@ -17,15 +17,10 @@
 # Knobs (environment): BLEND (default build/blend), MODELS_DIR (build/bench_models), OUT_DIR
 # (build/contention), MODELS ("tiny-f32 smollm-135m-bf16"), VARIANTS, N_REQ (4), PP (32), TG (32),
 # REPS (3), HOG_CPU (0).
-# Only bash, taskset and python3 (standard library) are used.
+# Only bash, taskset and python3 (standard library) are used; bench/lib.sh has the shared parts.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-die() {
-  echo "contention: $*" >&2
-  exit 1
-}
-
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BLEND=${BLEND:-$ROOT/build/blend}
 MODELS_DIR=${MODELS_DIR:-$ROOT/build/bench_models}
 OUT_DIR=${OUT_DIR:-$ROOT/build/contention}
@@ -37,10 +32,9 @@ PP=${PP:-32}
 TG=${TG:-32}
 REPS=${REPS:-3}
 HOG_CPU=${HOG_CPU:-0}
-[[ -x "$BLEND" ]] || die "$BLEND not found; build blend first (or set BLEND)"
-command -v python3 >/dev/null || die "python3 is required"
+need_blend_and_python
 command -v taskset >/dev/null || die "taskset is required (util-linux)"
-[[ "$REPS" =~ ^[1-9][0-9]*$ ]] || die "REPS must be a positive integer, got '$REPS'"
+check_reps
 mkdir -p "$OUT_DIR" "$MODELS_DIR"
 
 HOG_PID=""
@@ -57,36 +51,20 @@ start_hog() {
   HOG_PID=$!
 }
 
-echo "== machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $NPROC cores," \
+echo "== machine: $(cpu_model), $NPROC cores," \
   "load average $(cut -d' ' -f1-3 /proc/loadavg); N_REQ=$N_REQ PP=$PP TG=$TG REPS=$REPS," \
   "hog: a busy loop on cpu $HOG_CPU"
 
 req=$OUT_DIR/requests.jsonl
-python3 - "$req" "$N_REQ" "$PP" "$TG" <<'EOF'
-import json, random, sys
-path, n, pp, tg = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-rng = random.Random(0)
-with open(path, "w") as f:
-    for i in range(n):
-        prompt = [1000 + i] + [rng.randrange(100, 4000) for _ in range(pp - 1)]
-        body = {"model": "bench", "prompt": prompt, "max_tokens": tg, "ignore_eos": True,
-                "temperature": 0}
-        f.write(json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": "/v1/completions",
-                            "body": body}) + "\n")
-EOF
+write_requests "$req" "$N_REQ" "$PP" "$TG"
 
 # run MODEL_DIR TAG ENV: one blend batch run under ENV (comma-separated NAME=VALUE); prints its
 # throughput.
 run() {
   local model=$1 tag=$2 envs=$3
-  local -a env_args=()
-  if [[ -n "$envs" ]]; then IFS=',' read -r -a env_args <<<"$envs"; fi
-  rm -f "$OUT_DIR/out-$tag.jsonl" "$OUT_DIR/stats-$tag.json"
-  env "${env_args[@]}" "$BLEND" batch --model "$model" --input "$req" \
-    --output "$OUT_DIR/out-$tag.jsonl" --stats "$OUT_DIR/stats-$tag.json" --quiet \
-    >"$OUT_DIR/log-$tag.txt" 2>&1 || die "blend batch failed; see $OUT_DIR/log-$tag.txt"
-  python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["throughput_tokens_per_s"])' \
-    "$OUT_DIR/stats-$tag.json"
+  local -a BATCH_ENV=()
+  if [[ -n "$envs" ]]; then IFS=',' read -r -a BATCH_ENV <<<"$envs"; fi
+  run_batch "$model" "$tag" throughput_tokens_per_s
 }
 
 results=$OUT_DIR/results.txt

@@ -12,15 +12,10 @@
 # Knobs (environment): BLEND (default build/blend), MODELS_DIR (build/bench_models), OUT_DIR
 # (build/deterministic_cost), PRESETS ("tiny smollm-135m"), DTYPES ("f32 bf16"), N_REQ (8), PP
 # (32), TG (32), REPS (3), THREADS (0: all cores), BLEND_BATCH_ARGS (extra flags for blend batch).
-# Only bash and python3 (standard library) are used.
+# Only bash and python3 (standard library) are used; bench/lib.sh has the shared parts.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-die() {
-  echo "deterministic_cost: $*" >&2
-  exit 1
-}
-
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BLEND=${BLEND:-$ROOT/build/blend}
 MODELS_DIR=${MODELS_DIR:-$ROOT/build/bench_models}
 OUT_DIR=${OUT_DIR:-$ROOT/build/deterministic_cost}
@@ -31,41 +26,22 @@ PP=${PP:-32}
 TG=${TG:-32}
 REPS=${REPS:-3}
 THREADS=${THREADS:-0}
-[[ -x "$BLEND" ]] || die "$BLEND not found; build blend first (or set BLEND)"
-command -v python3 >/dev/null || die "python3 is required"
-[[ "$REPS" =~ ^[1-9][0-9]*$ ]] || die "REPS must be a positive integer, got '$REPS'"
+need_blend_and_python
+check_reps
 mkdir -p "$OUT_DIR" "$MODELS_DIR"
 
-echo "== machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores," \
+echo "== machine: $(cpu_model), $(nproc) cores," \
   "load average $(cut -d' ' -f1-3 /proc/loadavg); N_REQ=$N_REQ PP=$PP TG=$TG REPS=$REPS"
 
 req=$OUT_DIR/requests.jsonl
-python3 - "$req" "$N_REQ" "$PP" "$TG" <<'EOF'
-import json, random, sys
-path, n, pp, tg = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-rng = random.Random(0)
-with open(path, "w") as f:
-    for i in range(n):
-        # Distinct first tokens: no request gets its prompt from the prefix cache. Ids below
-        # 4096 fit every preset's vocabulary.
-        prompt = [1000 + i] + [rng.randrange(100, 4000) for _ in range(pp - 1)]
-        body = {"model": "bench", "prompt": prompt, "max_tokens": tg, "ignore_eos": True,
-                "temperature": 0}
-        f.write(json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": "/v1/completions",
-                            "body": body}) + "\n")
-EOF
+write_requests "$req" "$N_REQ" "$PP" "$TG"
 
 read -r -a extra <<<"${BLEND_BATCH_ARGS:-}"
 # run MODEL_DIR TAG FLAGS...: one blend batch run; prints its wall_seconds.
 run() {
   local model=$1 tag=$2
   shift 2
-  rm -f "$OUT_DIR/out-$tag.jsonl" "$OUT_DIR/stats-$tag.json"
-  "$BLEND" batch --model "$model" --input "$req" --output "$OUT_DIR/out-$tag.jsonl" \
-    --stats "$OUT_DIR/stats-$tag.json" --threads "$THREADS" --quiet "${extra[@]}" "$@" \
-    >"$OUT_DIR/log-$tag.txt" 2>&1 || die "blend batch failed; see $OUT_DIR/log-$tag.txt"
-  python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["wall_seconds"])' \
-    "$OUT_DIR/stats-$tag.json"
+  run_batch "$model" "$tag" wall_seconds --threads "$THREADS" "${extra[@]}" "$@"
 }
 
 printf '%-12s %-5s %12s %12s %8s\n' model dtype "default s" "determ. s" ratio

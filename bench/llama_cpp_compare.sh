@@ -17,13 +17,9 @@
 # (build/llama_cpp_compare/P), THREADS (2), PP (128), TG (128), N_REQ (256), NPL (default per
 # preset), DTYPES ("bf16 f16"), CTX (batched-bench -c; default max(NPL) * (PP + TG) + 512),
 # BLEND_BATCH_ARGS (extra flags for blend batch).
-# Only bash and python3 (standard library) are used.
+# Only bash and python3 (standard library) are used; bench/lib.sh has the shared parts.
 set -euo pipefail
-
-die() {
-  echo "llama_cpp_compare: $*" >&2
-  exit 1
-}
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 [[ $# -eq 1 ]] || die "usage: LLAMA_CPP_BIN=/path/to/llama.cpp/build/bin $0 smollm-135m|llama-3.2-1b"
 PRESET=$1
@@ -33,7 +29,6 @@ case "$PRESET" in
   *) die "unknown preset '$PRESET' (smollm-135m | llama-3.2-1b)" ;;
 esac
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BLEND=${BLEND:-$ROOT/build/blend}
 MODELS_DIR=${MODELS_DIR:-$ROOT/models}
 OUT_DIR=${OUT_DIR:-$ROOT/build/llama_cpp_compare/$PRESET}
@@ -46,15 +41,14 @@ DTYPES=${DTYPES:-"bf16 f16"}
 [[ -n "${LLAMA_CPP_BIN:-}" ]] || die "set LLAMA_CPP_BIN to the bin/ folder of an existing llama.cpp build"
 BENCH_BIN=$LLAMA_CPP_BIN/llama-batched-bench
 [[ -x "$BENCH_BIN" ]] || die "$BENCH_BIN not found or not executable"
-[[ -x "$BLEND" ]] || die "$BLEND not found; build blend first (or set BLEND)"
-command -v python3 >/dev/null || die "python3 is required"
+need_blend_and_python
 
 MAX_NPL=$(tr ',' '\n' <<<"$NPL" | sort -n | tail -1)
 CTX=${CTX:-$((MAX_NPL * (PP + TG) + 512))}
 MODEL_DIR=$MODELS_DIR/$PRESET
 mkdir -p "$OUT_DIR" "$MODELS_DIR"
 
-echo "== machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores visible, threads=$THREADS"
+echo "== machine: $(cpu_model), $(nproc) cores visible, threads=$THREADS"
 echo "== llama.cpp: $LLAMA_CPP_BIN ($(git -C "$LLAMA_CPP_BIN/../.." describe --tags --always 2>/dev/null || echo unknown))"
 
 if [[ ! -f "$MODEL_DIR/config.json" ]]; then
@@ -95,28 +89,16 @@ done
 BLEND_TPS=""
 if "$BLEND" batch --help >/dev/null 2>&1; then
   req=$OUT_DIR/requests.jsonl
-  python3 - "$req" "$N_REQ" "$PP" "$TG" <<'EOF'
-import json, random, sys
-path, n, pp, tg = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-rng = random.Random(0)
-with open(path, "w") as f:
-    for i in range(n):
-        # Distinct prompts (the first token differs), like batched-bench without -pps: no prefix
-        # is shared, so no request gets its prompt from the cache.
-        prompt = [1000 + i] + [rng.randrange(100, 120000) for _ in range(pp - 1)]
-        body = {"model": "bench", "prompt": prompt, "max_tokens": tg, "ignore_eos": True,
-                "temperature": 0}
-        f.write(json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": "/v1/completions",
-                            "body": body}) + "\n")
-EOF
+  # Distinct prompts (the first token differs), like batched-bench without -pps: no prefix is
+  # shared, so no request gets its prompt from the cache.
+  write_requests "$req" "$N_REQ" "$PP" "$TG" 120000
   rm -f "$OUT_DIR/out.jsonl" "$OUT_DIR/stats.json"
   read -r -a extra <<<"${BLEND_BATCH_ARGS:-}"
   cmd=("$BLEND" batch --model "$MODEL_DIR" --input "$req" --output "$OUT_DIR/out.jsonl"
     --stats "$OUT_DIR/stats.json" --threads "$THREADS" "${extra[@]}")
   echo "== ${cmd[*]}"
   "${cmd[@]}"
-  BLEND_TPS=$(python3 -c 'import json,sys; print("%.2f" % json.load(open(sys.argv[1]))["throughput_tokens_per_s"])' \
-    "$OUT_DIR/stats.json")
+  BLEND_TPS=$(stats_field "$OUT_DIR/stats.json" throughput_tokens_per_s %.2f)
 else
   echo "== '$BLEND batch' is not available: llama.cpp numbers only"
 fi

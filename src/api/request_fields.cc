@@ -19,6 +19,9 @@ enum class Kind {
   kRefused,      // would change the result and is not implemented: 400 unless `is_default`
 };
 
+bool null_only(const json& v) {
+  return v.is_null();
+}
 bool null_or_false(const json& v) {
   return v.is_null() || v == false;
 }
@@ -53,6 +56,10 @@ bool service_tier(const json& v) {
   return v.is_null() || (v.is_string() && (v == "auto" || v == "default" || v == "flex" ||
                                            v == "scale" || v == "priority"));
 }
+
+// Refusals several fields share.
+constexpr const char* kNoStructuredOutput = "structured output is not supported yet";
+constexpr const char* kNoLora = "LoRA adapters are not supported";
 
 struct Field {
   const char* name;
@@ -129,12 +136,9 @@ constexpr Field kFields[] = {
      "function calling ('function_call' other than \"none\") is not supported yet"},
     {"modalities", kChat, Kind::kRefused, text_modality, "only the text modality is supported"},
     {"audio", kChat, Kind::kRefused, null_or_empty, "audio output is not supported"},
-    {"reasoning_effort", kChat, Kind::kRefused, [](const json& v) { return v.is_null(); },
-     "'reasoning_effort' is not supported"},
-    {"verbosity", kChat, Kind::kRefused, [](const json& v) { return v.is_null(); },
-     "'verbosity' is not supported"},
-    {"web_search_options", kChat, Kind::kRefused, [](const json& v) { return v.is_null(); },
-     "web search is not supported"},
+    {"reasoning_effort", kChat, Kind::kRefused, null_only, "'reasoning_effort' is not supported"},
+    {"verbosity", kChat, Kind::kRefused, null_only, "'verbosity' is not supported"},
+    {"web_search_options", kChat, Kind::kRefused, null_only, "web search is not supported"},
     // vLLM / SGLang extensions
     {"min_tokens", kBoth, Kind::kRefused, null_or_zero, "'min_tokens' is not supported"},
     {"include_stop_str_in_output", kBoth, Kind::kRefused, null_or_false,
@@ -145,12 +149,11 @@ constexpr Field kFields[] = {
      "'add_special_tokens' is not supported (the chat template adds them)"},
     {"use_beam_search", kBoth, Kind::kRefused, null_or_false, "beam search is not supported"},
     {"length_penalty", kBoth, Kind::kRefused, null_or_one, "'length_penalty' is not supported"},
-    {"prompt_logprobs", kBoth, Kind::kRefused, [](const json& v) { return v.is_null(); },
-     "'prompt_logprobs' is not supported"},
+    {"prompt_logprobs", kBoth, Kind::kRefused, null_only, "'prompt_logprobs' is not supported"},
     {"allowed_token_ids", kBoth, Kind::kRefused, null_or_empty,
      "'allowed_token_ids' is not supported"},
     {"bad_words", kBoth, Kind::kRefused, null_or_empty, "'bad_words' is not supported"},
-    {"truncate_prompt_tokens", kBoth, Kind::kRefused, [](const json& v) { return v.is_null(); },
+    {"truncate_prompt_tokens", kBoth, Kind::kRefused, null_only,
      "'truncate_prompt_tokens' is not supported"},
     {"return_tokens_as_token_ids", kBoth, Kind::kRefused, null_or_false,
      "'return_tokens_as_token_ids' is not supported"},
@@ -161,16 +164,14 @@ constexpr Field kFields[] = {
     {"cache_salt", kBoth, Kind::kRefused, null_or_empty, "'cache_salt' is not supported"},
     {"priority", kBoth, Kind::kRefused, null_or_zero,
      "'priority' is not supported (use service_tier \"flex\" for best-effort requests)"},
-    {"structured_outputs", kBoth, Kind::kRefused, null_or_empty,
-     "structured output is not supported yet"},
-    {"guided_json", kBoth, Kind::kRefused, null_or_empty, "structured output is not supported yet"},
-    {"guided_regex", kBoth, Kind::kRefused, null_or_empty, "structured output is not supported yet"},
-    {"guided_choice", kBoth, Kind::kRefused, null_or_empty, "structured output is not supported yet"},
-    {"guided_grammar", kBoth, Kind::kRefused, null_or_empty,
-     "structured output is not supported yet"},
-    {"json_schema", kBoth, Kind::kRefused, null_or_empty, "structured output is not supported yet"},
-    {"regex", kBoth, Kind::kRefused, null_or_empty, "structured output is not supported yet"},
-    {"ebnf", kBoth, Kind::kRefused, null_or_empty, "structured output is not supported yet"},
+    {"structured_outputs", kBoth, Kind::kRefused, null_or_empty, kNoStructuredOutput},
+    {"guided_json", kBoth, Kind::kRefused, null_or_empty, kNoStructuredOutput},
+    {"guided_regex", kBoth, Kind::kRefused, null_or_empty, kNoStructuredOutput},
+    {"guided_choice", kBoth, Kind::kRefused, null_or_empty, kNoStructuredOutput},
+    {"guided_grammar", kBoth, Kind::kRefused, null_or_empty, kNoStructuredOutput},
+    {"json_schema", kBoth, Kind::kRefused, null_or_empty, kNoStructuredOutput},
+    {"regex", kBoth, Kind::kRefused, null_or_empty, kNoStructuredOutput},
+    {"ebnf", kBoth, Kind::kRefused, null_or_empty, kNoStructuredOutput},
     {"chat_template", kChat, Kind::kRefused, null_or_empty,
      "a per-request 'chat_template' is not supported"},
     {"chat_template_kwargs", kChat, Kind::kRefused, null_or_empty,
@@ -178,8 +179,8 @@ constexpr Field kFields[] = {
     {"documents", kChat, Kind::kRefused, null_or_empty, "'documents' is not supported"},
     {"logits_processors", kBoth, Kind::kRefused, null_or_empty,
      "'logits_processors' is not supported"},
-    {"lora_path", kBoth, Kind::kRefused, null_or_empty, "LoRA adapters are not supported"},
-    {"lora_request", kBoth, Kind::kRefused, null_or_empty, "LoRA adapters are not supported"},
+    {"lora_path", kBoth, Kind::kRefused, null_or_empty, kNoLora},
+    {"lora_request", kBoth, Kind::kRefused, null_or_empty, kNoLora},
 };
 // clang-format on
 

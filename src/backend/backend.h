@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/forward_batch.h"
 #include "model/config.h"
 #include "sampling/sampler.h"
@@ -59,6 +60,10 @@ class Backend {
 
   virtual const ModelConfig& config() const = 0;
   virtual std::string name() const = 0;
+  // The dtype it computes in: GEMM inputs, packed weights and KV cache elements (the cpu backend:
+  // cpu_compute_dtype of the checkpoint's; the simulator: the simulated model's dtype, which its
+  // step costs assume). What `serve --dtype` is checked against.
+  virtual DType compute_dtype() const = 0;
   // Bytes of KV cache storage one page takes across all layers (K and V).
   virtual int64_t kv_bytes_per_page() const = 0;
   virtual int64_t num_pages() const = 0;

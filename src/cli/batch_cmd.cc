@@ -21,7 +21,7 @@
 #include "cli/progress.h"
 #include "core/error.h"
 #include "engine/engine.h"
-#include "engine/profile.h"
+#include "harness/profile.h"
 #include "kv/radix_cache.h"
 #include "offline/planned_run.h"
 #include "text/chat_template.h"

@@ -1,7 +1,7 @@
 // `blend bench serve`: BROS's online experiment (§7.1) over HTTP — for each scheduling policy it
 // starts the real `blend serve` server in this process (127.0.0.1, a free port, the cpu
 // backend), or targets a running one with --url (loopback only), drives it with Poisson RT
-// streams and resubmitted Batch API jobs (online/load_generator) and reports RT latency, SLO
+// streams and resubmitted Batch API jobs (harness/load_generator) and reports RT latency, SLO
 // attainment, BE throughput and the scheduler's share of the step time.
 #include <unistd.h>
 
@@ -18,10 +18,10 @@
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
 #include "core/error.h"
-#include "online/load_generator.h"
-#include "online/serving_sim.h"
+#include "harness/load_generator.h"
+#include "harness/serving_sim.h"
+#include "harness/traces.h"
 #include "server/server.h"
-#include "workload/traces.h"
 
 namespace blend::cli {
 namespace {

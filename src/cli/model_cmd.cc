@@ -6,7 +6,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
-#include "gguf/gguf.h"
+#include "gguf/export.h"
 #include "model/presets.h"
 #include "model/random_init.h"
 #include "model/safetensors.h"

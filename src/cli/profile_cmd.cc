@@ -14,10 +14,10 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "backend/cpu/cpu_backend.h"
+#include "backend/registry.h"
 #include "cli/commands.h"
 #include "core/error.h"
-#include "engine/profile.h"
+#include "harness/profile.h"
 #include "model/config.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
@@ -50,7 +50,7 @@ void run_profile(const ProfileArgs& args) {
   bo.deterministic = args.deterministic;
   bo.page_size = static_cast<int>(po.page_size);
   bo.num_pages = po.max_kv_tokens / po.page_size + 256;
-  auto backend = make_cpu_backend(config, weights, bo);
+  auto backend = make_backend("cpu", {.config = &config, .weights = &weights, .options = bo});
   const ModelShape shape =
       ModelShape::from_config(config, std::filesystem::path(args.model).filename().string());
   const BackendProfile p = profile_backend(*backend, shape, po);

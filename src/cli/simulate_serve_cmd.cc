@@ -1,6 +1,6 @@
 // `blend simulate-serve`: BROS's online experiment (§7) on the simulator at the paper's scale —
 // Poisson RT arrivals with ShareGPT lengths plus resubmitted BE batch jobs, per scheduling
-// policy and RT rate, on a model shape and hardware preset (online/serving_sim).
+// policy and RT rate, on a model shape and hardware preset (harness/serving_sim).
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
@@ -11,9 +11,9 @@
 #include "cli/engine_flags.h"
 #include "core/error.h"
 #include "cost/cost_model.h"
+#include "harness/serving_sim.h"
+#include "harness/traces.h"
 #include "offline/planned_run.h"
-#include "online/serving_sim.h"
-#include "workload/traces.h"
 
 namespace blend::cli {
 namespace {

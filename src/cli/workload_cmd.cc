@@ -1,5 +1,5 @@
 // blend workload synth — Batch API JSONL workloads with a target root density and prefix
-// sharing ratio (BlendServe App. A.3; sources and assumptions in workload/synth.h).
+// sharing ratio (BlendServe App. A.3; sources and assumptions in harness/synth.h).
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -9,8 +9,8 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "cost/cost_model.h"
-#include "workload/synth.h"
-#include "workload/traces.h"
+#include "harness/synth.h"
+#include "harness/traces.h"
 
 namespace blend::cli {
 namespace {

@@ -1,4 +1,4 @@
-// Least-squares fits of y = X beta, shared by `blend profile` (engine/profile) and the hybrid
+// Least-squares fits of y = X beta, shared by `blend profile` (harness/profile) and the hybrid
 // scheduler's online iteration model (sched/iteration_fit). Rows of X are observations.
 #pragma once
 

@@ -112,6 +112,8 @@ class Engine {
   const ModelConfig& config() const { return config_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }  // only when it has one
   bool has_tokenizer() const { return tokenizer_ != nullptr; }
+  // The dtype the backend computes in (Backend::compute_dtype).
+  DType compute_dtype() const { return backend_->compute_dtype(); }
   // Longest prompt + output one sequence may reach (context window and KV capacity).
   int64_t max_sequence_tokens() const;
 

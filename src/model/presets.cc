@@ -3,39 +3,6 @@
 namespace blend {
 namespace {
 
-// The materialisable presets: Llama-3 architecture and tokenizer.
-ModelConfig llama_like(int64_t hidden, int64_t layers, int64_t heads, int64_t kv_heads, int64_t ffn,
-                       bool tied) {
-  ModelConfig c;
-  c.architecture = "LlamaForCausalLM";
-  c.model_type = "llama";
-  c.hidden_size = hidden;
-  c.num_layers = layers;
-  c.num_heads = heads;
-  c.num_kv_heads = kv_heads;
-  c.head_dim = hidden / heads;
-  c.intermediate_size = ffn;
-  c.vocab_size = kLlama3VocabSize;
-  c.max_position_embeddings = 8192;
-  c.rope_theta = 500000.0;
-  c.rms_norm_eps = 1e-5;
-  c.tie_word_embeddings = tied;
-  c.bos_token_id = 128000;
-  c.eos_token_ids = {128001, 128008, 128009};  // end_of_text, eom, eot (Llama-3 instruct)
-  return c;
-}
-
-ModelConfig llama_3_2_1b() {
-  ModelConfig c = llama_like(2048, 16, 32, 8, 8192, true);
-  c.max_position_embeddings = 131072;
-  c.rope_scaling = {.type = "llama3",
-                    .factor = 32.0,
-                    .low_freq_factor = 1.0,
-                    .high_freq_factor = 4.0,
-                    .original_max_position_embeddings = 8192};
-  return c;
-}
-
 // Shape-only presets: what the cost model reads (dimensions, vocabulary, context), with the
 // architecture's own vocabulary; no token ids, default norm epsilon.
 ModelConfig shape(std::string arch, int64_t hidden, int64_t layers, int64_t heads, int64_t kv_heads,
@@ -53,6 +20,30 @@ ModelConfig shape(std::string arch, int64_t hidden, int64_t layers, int64_t head
   c.rope_theta = theta;
   c.max_position_embeddings = max_pos;
   c.attention_bias = c.architecture == "Qwen2ForCausalLM";
+  return c;
+}
+
+// The materialisable presets: Llama-3 architecture and tokenizer (its vocabulary, RoPE base,
+// context, norm epsilon and token ids) on a shape.
+ModelConfig llama_like(int64_t hidden, int64_t layers, int64_t heads, int64_t kv_heads, int64_t ffn,
+                       bool tied) {
+  ModelConfig c = shape("LlamaForCausalLM", hidden, layers, heads, kv_heads, ffn, kLlama3VocabSize,
+                        500000.0, 8192);
+  c.rms_norm_eps = 1e-5;
+  c.tie_word_embeddings = tied;
+  c.bos_token_id = 128000;
+  c.eos_token_ids = {128001, 128008, 128009};  // end_of_text, eom, eot (Llama-3 instruct)
+  return c;
+}
+
+ModelConfig llama_3_2_1b() {
+  ModelConfig c = llama_like(2048, 16, 32, 8, 8192, true);
+  c.max_position_embeddings = 131072;
+  c.rope_scaling = {.type = "llama3",
+                    .factor = 32.0,
+                    .low_freq_factor = 1.0,
+                    .high_freq_factor = 4.0,
+                    .original_max_position_embeddings = 8192};
   return c;
 }
 

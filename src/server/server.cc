@@ -11,7 +11,6 @@
 #include <sstream>
 #include <thread>
 
-#include "backend/cpu/cpu_backend.h"
 #include "model/weights.h"
 #include "server/server_impl.h"
 #include "text/chat_template.h"
@@ -92,19 +91,24 @@ ChatTemplate template_from_file(const std::filesystem::path& file,
   }
 }
 
-// --dtype: what the backend will compute in must be what was asked for.
-void check_dtype(const std::string& asked, const std::filesystem::path& model_dir) {
+// --dtype: auto, bf16 or f32; checked before the model loads.
+void check_dtype_flag(const std::string& asked) {
+  if (asked != "auto" && asked != "bf16" && asked != "f32")
+    throw Error("--dtype must be auto, bf16 or f32");
+}
+
+// --dtype: what the engine's backend computes in must be what was asked for.
+void check_compute_dtype(const std::string& asked, const Engine& engine, const std::string& backend,
+                         const std::filesystem::path& model_dir) {
   if (asked == "auto") return;
+  const DType compute = engine.compute_dtype();
+  if (compute == (asked == "bf16" ? DType::kBF16 : DType::kF32)) return;
   const TensorStore weights = TensorStore::open_dir(model_dir);
   const DType checkpoint = check_tensors(ModelConfig::from_dir(model_dir), weights);
-  const DType compute = cpu_compute_dtype(checkpoint);
-  const DType want = asked == "bf16" ? DType::kBF16 : DType::kF32;
-  if (asked != "bf16" && asked != "f32") throw Error("--dtype must be auto, bf16 or f32");
-  if (compute != want)
-    throw Error(
-        "--dtype " + asked + ": the cpu backend computes this " +
-        std::string(dtype_name(checkpoint)) + " checkpoint in " + std::string(dtype_name(compute)) +
-        " on this CPU and cannot convert it; use --dtype auto or a checkpoint saved in " + asked);
+  throw Error(
+      "--dtype " + asked + ": the " + backend + " backend computes this " +
+      std::string(dtype_name(checkpoint)) + " checkpoint in " + std::string(dtype_name(compute)) +
+      " on this CPU and cannot convert it; use --dtype auto or a checkpoint saved in " + asked);
 }
 
 }  // namespace
@@ -135,8 +139,9 @@ Server::Impl::Impl(const ServerOptions& o) : options(o) {
       // chat requests then fail with a clear message
     }
   }
-  check_dtype(options.dtype, options.model);
+  check_dtype_flag(options.dtype);
   auto engine = std::make_unique<Engine>(options.model, options.engine);
+  check_compute_dtype(options.dtype, *engine, options.engine.backend, options.model);
   max_sequence_tokens = engine->max_sequence_tokens();
   max_prompt_bytes_ = max_prompt_bytes(engine->tokenizer(), max_sequence_tokens);
   store = std::make_unique<BatchStore>(options.data_dir);

@@ -2,25 +2,16 @@
 
 #include <gtest/gtest.h>
 
+#include "llama3_text_fixture.h"
 #include "test_util.h"
-#include "text/chat_template.h"
-#include "text/tokenizer.h"
 
 namespace blend {
 namespace {
 
 using nlohmann::json;
 
-class BatchLinesTest : public ::testing::Test {
+class BatchLinesTest : public Llama3TextTest {
  protected:
-  static void SetUpTestSuite() {
-    tokenizer_ = new Tokenizer(Tokenizer::from_dir(BLEND_TEST_TOKENIZER_DIR));
-    template_ = new ChatTemplate(ChatTemplate::from_dir(BLEND_TEST_TOKENIZER_DIR));
-  }
-  static void TearDownTestSuite() {
-    delete tokenizer_;
-    delete template_;
-  }
   static BatchLineContext context() {
     BatchLineContext c;
     c.tokenizer = tokenizer_;
@@ -41,12 +32,7 @@ class BatchLinesTest : public ::testing::Test {
                                 const std::string& url = "/v1/completions") {
     return R"({"custom_id":"r1","method":"POST","url":")" + url + R"(","body":)" + body + "}";
   }
-  static Tokenizer* tokenizer_;
-  static ChatTemplate* template_;
 };
-
-Tokenizer* BatchLinesTest::tokenizer_ = nullptr;
-ChatTemplate* BatchLinesTest::template_ = nullptr;
 
 TEST_F(BatchLinesTest, AGoodLineBecomesARequest) {
   BatchLineContext c = context();

@@ -5,25 +5,16 @@
 #include <gtest/gtest.h>
 
 #include "api/batch_file.h"
+#include "llama3_text_fixture.h"
 #include "test_util.h"
-#include "text/chat_template.h"
-#include "text/tokenizer.h"
 
 namespace blend {
 namespace {
 
 using nlohmann::json;
 
-class OpenAiTest : public ::testing::Test {
+class OpenAiTest : public Llama3TextTest {
  protected:
-  static void SetUpTestSuite() {
-    tokenizer_ = new Tokenizer(Tokenizer::from_dir(BLEND_TEST_TOKENIZER_DIR));
-    template_ = new ChatTemplate(ChatTemplate::from_dir(BLEND_TEST_TOKENIZER_DIR));
-  }
-  static void TearDownTestSuite() {
-    delete tokenizer_;
-    delete template_;
-  }
   static ApiRequest parse(Endpoint e, const std::string& body) {
     return parse_api_request(e, json::parse(body), *tokenizer_, template_);
   }
@@ -36,12 +27,7 @@ class OpenAiTest : public ::testing::Test {
     }
     return "<no error>";
   }
-  static Tokenizer* tokenizer_;
-  static ChatTemplate* template_;
 };
-
-Tokenizer* OpenAiTest::tokenizer_ = nullptr;
-ChatTemplate* OpenAiTest::template_ = nullptr;
 
 TEST_F(OpenAiTest, CompletionDefaultsAndFields) {
   ApiRequest r = parse(Endpoint::kCompletions, R"({"model":"m","prompt":"Hello, my dog"})");

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "gguf/export.h"
 #include "model/presets.h"
 #include "model/random_init.h"
 #include "model/safetensors.h"

@@ -59,13 +59,11 @@ class CpuBackend : public Backend {
   virtual void reset_op_times() = 0;
   // What runs the GEMMs, e.g. "onednn bf16 brg:avx512_core_bf16, row tile 16".
   virtual std::string gemm_info() const = 0;
-  // The dtype of GEMM inputs, packed weights and KV cache elements: F32 for f32 checkpoints and
-  // where oneDNN has no bf16 matmul (AVX2-only CPUs), else BF16.
-  virtual DType compute_dtype() const = 0;
 };
 
-// The compute dtype (see CpuBackend::compute_dtype) the cpu backend picks for a checkpoint whose
-// tensors are `checkpoint`, on this CPU; what KV pages cost follows from it.
+// The compute dtype (Backend::compute_dtype) the cpu backend picks for a checkpoint whose tensors
+// are `checkpoint`, on this CPU: F32 for f32 checkpoints and where oneDNN has no bf16 matmul
+// (AVX2-only CPUs), else BF16; what KV pages cost follows from it.
 DType cpu_compute_dtype(DType checkpoint);
 
 // Loads the weights of `config` from `weights` (checked against llama_tensor_specs), packs them

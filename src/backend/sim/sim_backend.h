@@ -54,6 +54,8 @@ class SimBackend : public Backend {
 
   const ModelConfig& config() const override { return config_; }
   std::string name() const override { return "sim"; }
+  // Nothing is computed: the simulated model's dtype, the one its step costs price.
+  DType compute_dtype() const override { return config_.dtype; }
   int64_t kv_bytes_per_page() const override { return options_.kv_bytes_per_page; }
   int64_t num_pages() const override { return options_.num_pages; }
   void allocate_kv(int64_t num_pages) override;

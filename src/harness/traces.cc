@@ -1,4 +1,4 @@
-#include "workload/traces.h"
+#include "harness/traces.h"
 
 #include <cstdlib>
 

@@ -1,4 +1,4 @@
-#include "engine/profile.h"
+#include "harness/profile.h"
 
 #include <algorithm>
 #include <chrono>

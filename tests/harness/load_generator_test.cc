@@ -1,7 +1,7 @@
 // The load generator of `blend bench serve`: its metric definitions on hand-made records, the
 // loopback-only rule, and a short run against an in-process server over a tiny model with the
 // hybrid and fcfs policies.
-#include "online/load_generator.h"
+#include "harness/load_generator.h"
 
 #include <set>
 

@@ -5,8 +5,8 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "harness/synth.h"
 #include "test_util.h"
-#include "workload/synth.h"
 
 namespace blend::workload {
 namespace {

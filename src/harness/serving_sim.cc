@@ -1,4 +1,4 @@
-#include "online/serving_sim.h"
+#include "harness/serving_sim.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,8 +6,8 @@
 
 #include "backend/sim/sim_backend.h"
 #include "core/error.h"
-#include "online/load_generator.h"
-#include "workload/synth.h"
+#include "harness/load_generator.h"
+#include "harness/synth.h"
 
 namespace blend::online {
 

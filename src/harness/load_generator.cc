@@ -1,4 +1,4 @@
-#include "online/load_generator.h"
+#include "harness/load_generator.h"
 
 #include <arpa/inet.h>
 

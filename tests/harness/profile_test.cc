@@ -1,6 +1,6 @@
 // The profiler recovers a machine's compute rate, bandwidth and step overhead from step timings:
 // here a fake backend whose steps take exactly what a known cost model says, on a fake clock.
-#include "engine/profile.h"
+#include "harness/profile.h"
 
 #include <gtest/gtest.h>
 
@@ -20,6 +20,7 @@ class TimedFakeBackend : public Backend {
       : config_(c), truth_(truth), clock_(clock) {}
   const ModelConfig& config() const override { return config_; }
   std::string name() const override { return "fake"; }
+  DType compute_dtype() const override { return config_.dtype; }
   int64_t kv_bytes_per_page() const override { return 4096; }
   int64_t num_pages() const override { return 1 << 16; }
   void allocate_kv(int64_t) override {}

@@ -1,7 +1,7 @@
 // The online serving experiment on the simulator (BROS §7): every RT arrival is served to the
 // end, BE jobs keep the engine busy, metrics are consistent, and on a loaded engine the hybrid
 // policy meets more TTFT targets than FCFS at a small cost in BE throughput.
-#include "online/serving_sim.h"
+#include "harness/serving_sim.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "workload/synth.h"
+#include "harness/synth.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,8 +9,8 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "harness/traces.h"
 #include "plan/planner.h"
-#include "workload/traces.h"
 
 namespace blend::workload {
 namespace {

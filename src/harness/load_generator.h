@@ -37,7 +37,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "online/serving_sim.h"
+#include "harness/serving_sim.h"
 
 namespace blend::online {
 

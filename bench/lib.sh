@@ -1,0 +1,75 @@
+# Shared by the bench scripts that drive `blend batch` (contention.sh, deterministic_cost.sh,
+# llama_cpp_compare.sh). Sourced, not run:
+#
+#   source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+#
+# It sets ROOT (the repository root) and BENCH_NAME (the script's name without .sh) and defines
+#   die MSG...                      "BENCH_NAME: MSG" on stderr, exit 1
+#   need_blend_and_python           $BLEND must be executable and python3 present (else die)
+#   check_reps                      $REPS must be a positive integer (else die)
+#   cpu_model                       the CPU's model name, as lscpu says it
+#   write_requests FILE N PP TG [MAX_ID]
+#                                   N Batch API /v1/completions lines: each a distinct PP-token
+#                                   prompt of token ids (first token 1000 + i, the rest drawn
+#                                   from [100, MAX_ID), MAX_ID 4000 by default: random.Random(0)),
+#                                   max_tokens TG, ignore_eos, greedy; the first tokens differ,
+#                                   so no request gets its prompt from the prefix cache
+#   stats_field FILE FIELD [FORMAT] a field of a `blend batch --stats` file (printf-style FORMAT)
+#   run_batch MODEL TAG FIELD [FLAGS...]
+#                                   one quiet `blend batch` run of $req into $OUT_DIR/out-TAG.jsonl
+#                                   (stats-TAG.json, log-TAG.txt), with FLAGS and the environment
+#                                   in the array BATCH_ENV (NAME=VALUE words; a caller may declare
+#                                   it local); prints the stats file's FIELD; dies when it fails
+# Only bash and python3 (standard library) are used.
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BENCH_NAME=$(basename "$0" .sh)
+BATCH_ENV=()
+
+die() {
+  echo "$BENCH_NAME: $*" >&2
+  exit 1
+}
+
+need_blend_and_python() {
+  [[ -x "$BLEND" ]] || die "$BLEND not found; build blend first (or set BLEND)"
+  command -v python3 >/dev/null || die "python3 is required"
+}
+
+check_reps() {
+  [[ "$REPS" =~ ^[1-9][0-9]*$ ]] || die "REPS must be a positive integer, got '$REPS'"
+}
+
+cpu_model() {
+  lscpu | sed -n 's/^Model name: *//p' | head -1
+}
+
+write_requests() {
+  python3 - "$1" "$2" "$3" "$4" "${5:-4000}" <<'PY'
+import json, random, sys
+path, n, pp, tg, max_id = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+rng = random.Random(0)
+with open(path, "w") as f:
+    for i in range(n):
+        prompt = [1000 + i] + [rng.randrange(100, max_id) for _ in range(pp - 1)]
+        body = {"model": "bench", "prompt": prompt, "max_tokens": tg, "ignore_eos": True,
+                "temperature": 0}
+        f.write(json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": "/v1/completions",
+                            "body": body}) + "\n")
+PY
+}
+
+stats_field() {
+  python3 -c 'import json, sys; print(sys.argv[3] % json.load(open(sys.argv[1]))[sys.argv[2]])' \
+    "$1" "$2" "${3:-%s}"
+}
+
+run_batch() {
+  local model=$1 tag=$2 field=$3
+  shift 3
+  rm -f "$OUT_DIR/out-$tag.jsonl" "$OUT_DIR/stats-$tag.json"
+  env ${BATCH_ENV[@]+"${BATCH_ENV[@]}"} "$BLEND" batch --model "$model" --input "$req" \
+    --output "$OUT_DIR/out-$tag.jsonl" --stats "$OUT_DIR/stats-$tag.json" --quiet "$@" \
+    >"$OUT_DIR/log-$tag.txt" 2>&1 || die "blend batch failed; see $OUT_DIR/log-$tag.txt"
+  stats_field "$OUT_DIR/stats-$tag.json" "$field"
+}

@@ -1,0 +1,175 @@
+#include "gguf/export.h"
+
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "gguf/gguf.h"
+#include "gguf/tensor_data.h"
+#include "gguf/tokenizer_metadata.h"
+#include "gguf/writer.h"
+#include "model/safetensors.h"
+#include "model/weights.h"
+
+namespace blend {
+
+using gguf_internal::add_tokenizer_metadata;
+using gguf_internal::gguf_tensor_name;
+using gguf_internal::KvBuffer;
+using gguf_internal::OutFile;
+using gguf_internal::PlannedTensor;
+using gguf_internal::read_json;
+using gguf_internal::release_pages;
+using gguf_internal::write_tensor_data;
+using nlohmann::json;
+
+namespace {
+
+GgufFileType file_type_of(DType d) {
+  switch (d) {
+    case DType::kF32:
+      return GgufFileType::kAllF32;
+    case DType::kF16:
+      return GgufFileType::kMostlyF16;
+    case DType::kBF16:
+      return GgufFileType::kMostlyBF16;
+  }
+  return GgufFileType::kAllF32;
+}
+
+}  // namespace
+
+GgufExportSummary export_gguf(const std::filesystem::path& model_dir,
+                              const std::filesystem::path& out_file,
+                              const GgufExportOptions& options) {
+  const ModelConfig config = ModelConfig::from_dir(model_dir);
+  const json raw_config = read_json(model_dir / "config.json");
+  const TensorStore store = TensorStore::open_dir(model_dir);
+  const DType src_dtype = check_tensors(config, store);
+  const DType dtype = options.dtype.value_or(src_dtype);
+
+  const bool qwen2 = config.architecture == "Qwen2ForCausalLM";
+  const std::string arch = qwen2 ? "qwen2" : "llama";
+  const bool permute = !qwen2;  // LlamaModel.undo_permute; Qwen2 uses NEOX RoPE in llama.cpp
+  std::string name = options.name;
+  if (name.empty()) {
+    name = std::filesystem::absolute(model_dir).lexically_normal().filename().string();
+    if (name.empty())
+      name =
+          std::filesystem::absolute(model_dir).lexically_normal().parent_path().filename().string();
+  }
+
+  // Tensors: rope_freqs first (generate_extra_tensors), then the checkpoint's in HF order.
+  std::vector<PlannedTensor> plan;
+  if (std::vector<float> f = llama3_rope_factors(config); !f.empty()) {
+    if (qwen2) throw Error("gguf: llama3 RoPE scaling on a Qwen2 model is not supported");
+    PlannedTensor t;
+    t.name = "rope_freqs.weight";
+    t.shape = {static_cast<int64_t>(f.size())};
+    t.values = std::move(f);
+    plan.push_back(std::move(t));
+  }
+  for (const TensorSpec& spec : llama_tensor_specs(config)) {
+    PlannedTensor t;
+    int64_t layer = -1;
+    t.name = gguf_tensor_name(spec.name, layer);
+    t.shape = spec.shape;
+    t.source = &store.get(spec.name, spec.shape);
+    const bool one_d = spec.shape.size() <= 1 || t.name.ends_with("_norm.weight");
+    t.type = one_d ? GgmlType::kF32 : ggml_type_of(dtype);
+    if (permute) {
+      if (spec.name.ends_with("q_proj.weight") || spec.name.ends_with("q_proj.bias"))
+        t.permute_heads = config.num_heads;
+      if (spec.name.ends_with("k_proj.weight") || spec.name.ends_with("k_proj.bias"))
+        t.permute_heads = config.num_kv_heads;
+    }
+    plan.push_back(std::move(t));
+  }
+  uint64_t offset = 0;
+  for (auto& t : plan) {
+    t.nbytes = static_cast<uint64_t>(t.numel()) * ggml_type_size(t.type);
+    t.offset = offset;
+    offset = gguf_align_up(offset + t.nbytes, kGgufAlignment);
+  }
+
+  // Metadata, in the converter's order.
+  KvBuffer kv;
+  kv.put_string("general.architecture", arch);
+  kv.put_string("general.type", "model");
+  kv.put_string("general.name", name);
+  kv.put_u32(arch + ".block_count", static_cast<uint32_t>(config.num_layers));
+  kv.put_u32(arch + ".context_length", static_cast<uint32_t>(config.max_position_embeddings));
+  kv.put_u32(arch + ".embedding_length", static_cast<uint32_t>(config.hidden_size));
+  kv.put_u32(arch + ".feed_forward_length", static_cast<uint32_t>(config.intermediate_size));
+  kv.put_u32(arch + ".attention.head_count", static_cast<uint32_t>(config.num_heads));
+  kv.put_u32(arch + ".attention.head_count_kv", static_cast<uint32_t>(config.num_kv_heads));
+  if (config.rope_scaling.type == "linear") {
+    kv.put_string(arch + ".rope.scaling.type", "linear");
+    kv.put_f32(arch + ".rope.scaling.factor", config.rope_scaling.factor);
+  }
+  kv.put_f32(arch + ".rope.freq_base", config.rope_theta);
+  kv.put_f32(arch + ".attention.layer_norm_rms_epsilon", config.rms_norm_eps);
+  if (raw_config.contains("head_dim") || config.head_dim * config.num_heads != config.hidden_size) {
+    kv.put_u32(arch + ".attention.key_length", static_cast<uint32_t>(config.head_dim));
+    kv.put_u32(arch + ".attention.value_length", static_cast<uint32_t>(config.head_dim));
+  }
+  kv.put_u32("general.file_type", static_cast<uint32_t>(file_type_of(dtype)));
+  if (!qwen2) {
+    kv.put_u32(arch + ".vocab_size", static_cast<uint32_t>(config.vocab_size));
+    kv.put_u32(arch + ".rope.dimension_count", static_cast<uint32_t>(config.head_dim));
+  }
+  kv.put_u32("general.quantization_version", 2);
+  kv.put_u32("general.alignment", kGgufAlignment);
+  add_tokenizer_metadata(kv, model_dir, config, raw_config);
+
+  // Tensor infos.
+  std::string ti;
+  auto put_u32 = [&](uint32_t v) { ti.append(reinterpret_cast<const char*>(&v), 4); };
+  auto put_u64 = [&](uint64_t v) { ti.append(reinterpret_cast<const char*>(&v), 8); };
+  for (const auto& t : plan) {
+    put_u64(t.name.size());
+    ti += t.name;
+    put_u32(static_cast<uint32_t>(t.shape.size()));
+    for (size_t j = t.shape.size(); j-- > 0;) put_u64(static_cast<uint64_t>(t.shape[j]));
+    put_u32(static_cast<uint32_t>(t.type));
+    put_u64(t.offset);
+  }
+
+  // Write to a temporary file next to the target, then rename.
+  if (out_file.has_parent_path()) std::filesystem::create_directories(out_file.parent_path());
+  const std::filesystem::path tmp = out_file.string() + ".tmp";
+  uint64_t file_bytes = 0;
+  try {
+    OutFile out(tmp);
+    const uint32_t magic = kGgufMagic, version = kGgufVersion;
+    const uint64_t n_tensors = plan.size(), n_kv = kv.count();
+    out.write(&magic, 4);
+    out.write(&version, 4);
+    out.write(&n_tensors, 8);
+    out.write(&n_kv, 8);
+    out.write(kv.bytes().data(), kv.bytes().size());
+    out.write(ti.data(), ti.size());
+    out.pad_to(kGgufAlignment);
+    const uint64_t data_start = out.pos();
+    for (const auto& t : plan) {
+      if (out.pos() != data_start + t.offset) throw Error("gguf: internal offset mismatch");
+      write_tensor_data(out, t);
+      if (t.source) release_pages(*t.source);
+      out.pad_to(kGgufAlignment);
+    }
+    file_bytes = out.pos();
+    out.close();
+    std::filesystem::rename(tmp, out_file);
+  } catch (...) {
+    std::error_code ec;
+    std::filesystem::remove(tmp, ec);
+    throw;
+  }
+  return {arch, dtype, plan.size(), kv.count(), file_bytes};
+}
+
+}  // namespace blend

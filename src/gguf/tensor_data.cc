@@ -1,0 +1,188 @@
+#include "gguf/tensor_data.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "core/error.h"
+#include "gguf/export.h"
+
+namespace blend {
+
+int64_t gguf_permuted_source_row(int64_t row, int64_t n_head, int64_t rows) {
+  // weights.reshape(n_head, 2, rows/n_head/2, ...).swapaxes(1, 2).reshape(rows, ...)
+  const int64_t hd = rows / n_head, half = hd / 2;
+  const int64_t h = row / hd, r = row % hd;
+  return h * hd + (r % 2) * half + r / 2;
+}
+
+std::vector<float> llama3_rope_factors(const ModelConfig& c) {
+  if (c.rope_scaling.type != "llama3") return {};
+  const int64_t dim = c.head_dim;
+  const float base = static_cast<float>(c.rope_theta);
+  const float factor = static_cast<float>(c.rope_scaling.factor);
+  const float low = static_cast<float>(c.rope_scaling.low_freq_factor);
+  const float high = static_cast<float>(c.rope_scaling.high_freq_factor);
+  const float old_ctx = static_cast<float>(c.rope_scaling.original_max_position_embeddings);
+  const float low_wavelen =
+      static_cast<float>(static_cast<double>(c.rope_scaling.original_max_position_embeddings) /
+                         c.rope_scaling.low_freq_factor);
+  const float high_wavelen =
+      static_cast<float>(static_cast<double>(c.rope_scaling.original_max_position_embeddings) /
+                         c.rope_scaling.high_freq_factor);
+  const float two_pi = static_cast<float>(2.0 * 3.14159265358979323846);
+  std::vector<float> out;
+  for (int64_t i = 0; i < dim; i += 2) {
+    const float e = static_cast<float>(i) / static_cast<float>(dim);
+    const float freq = 1.0f / std::pow(base, e);
+    const float wavelen = two_pi / freq;
+    if (wavelen < high_wavelen) {
+      out.push_back(1.0f);
+    } else if (wavelen > low_wavelen) {
+      out.push_back(factor);
+    } else {
+      const float smooth = (old_ctx / wavelen - low) / (high - low);
+      out.push_back(1.0f / ((1.0f - smooth) / factor + smooth));
+    }
+  }
+  return out;
+}
+
+namespace gguf_internal {
+namespace {
+
+float load_element(const std::byte* p, DType t) {
+  switch (t) {
+    case DType::kF32: {
+      float f;
+      std::memcpy(&f, p, 4);
+      return f;
+    }
+    case DType::kBF16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      return bf16_to_f32(h);
+    }
+    case DType::kF16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      return f16_to_f32(h);
+    }
+  }
+  return 0;
+}
+
+void store_element(std::byte* p, GgmlType t, float v) {
+  switch (t) {
+    case GgmlType::kF32:
+      std::memcpy(p, &v, 4);
+      return;
+    case GgmlType::kBF16: {
+      const uint16_t h = f32_to_bf16(v);
+      std::memcpy(p, &h, 2);
+      return;
+    }
+    case GgmlType::kF16: {
+      const uint16_t h = f32_to_f16(v);
+      std::memcpy(p, &h, 2);
+      return;
+    }
+  }
+}
+
+// Converts n elements; bytes are copied unchanged when the types agree.
+void convert(const std::byte* src, DType st, std::byte* dst, GgmlType dt, size_t n) {
+  if (ggml_type_of(st) == dt) {
+    std::memcpy(dst, src, n * dtype_size(st));
+    return;
+  }
+  const size_t ss = dtype_size(st), ds = ggml_type_size(dt);
+  for (size_t i = 0; i < n; ++i) store_element(dst + i * ds, dt, load_element(src + i * ss, st));
+}
+
+}  // namespace
+
+void release_pages(const TensorView& v) {
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(v.data) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(v.data) + v.nbytes + page - 1) / page * page;
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
+void write_tensor_data(OutFile& out, const PlannedTensor& t) {
+  const size_t ds = ggml_type_size(t.type);
+  constexpr size_t kChunkBytes = 8u << 20;
+  std::vector<std::byte> buf;
+  if (!t.source) {
+    buf.resize(t.values.size() * ds);
+    for (size_t i = 0; i < t.values.size(); ++i)
+      store_element(buf.data() + i * ds, t.type, t.values[i]);
+    out.write(buf.data(), buf.size());
+    return;
+  }
+  const TensorView& src = *t.source;
+  const size_t ss = dtype_size(src.dtype);
+  const int64_t numel = t.numel();
+  if (t.permute_heads == 0) {
+    const size_t chunk = std::max<size_t>(1, kChunkBytes / ds);
+    buf.resize(std::min<size_t>(chunk, static_cast<size_t>(numel)) * ds);
+    for (int64_t i = 0; i < numel; i += static_cast<int64_t>(chunk)) {
+      const size_t k = static_cast<size_t>(std::min<int64_t>(chunk, numel - i));
+      convert(src.data + i * ss, src.dtype, buf.data(), t.type, k);
+      out.write(buf.data(), k * ds);
+    }
+    return;
+  }
+  const int64_t rows = t.shape[0];
+  const int64_t cols = numel / rows;
+  const int64_t rows_per_chunk =
+      std::max<int64_t>(1, static_cast<int64_t>(kChunkBytes / (static_cast<size_t>(cols) * ds)));
+  buf.resize(static_cast<size_t>(std::min(rows, rows_per_chunk) * cols) * ds);
+  for (int64_t r0 = 0; r0 < rows; r0 += rows_per_chunk) {
+    const int64_t r1 = std::min(rows, r0 + rows_per_chunk);
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t sr = gguf_permuted_source_row(r, t.permute_heads, rows);
+      convert(src.data + static_cast<size_t>(sr * cols) * ss, src.dtype,
+              buf.data() + static_cast<size_t>((r - r0) * cols) * ds, t.type,
+              static_cast<size_t>(cols));
+    }
+    out.write(buf.data(), static_cast<size_t>((r1 - r0) * cols) * ds);
+  }
+}
+
+std::string gguf_tensor_name(const std::string& hf, int64_t& layer) {
+  layer = -1;
+  if (hf == "model.embed_tokens.weight") return "token_embd.weight";
+  if (hf == "model.norm.weight") return "output_norm.weight";
+  if (hf == "lm_head.weight") return "output.weight";
+  const std::string prefix = "model.layers.";
+  if (hf.starts_with(prefix)) {
+    const size_t dot = hf.find('.', prefix.size());
+    layer = std::stoll(hf.substr(prefix.size(), dot - prefix.size()));
+    const std::string rest = hf.substr(dot + 1);
+    static const std::pair<const char*, const char*> kMap[] = {
+        {"input_layernorm.weight", "attn_norm.weight"},
+        {"self_attn.q_proj.weight", "attn_q.weight"},
+        {"self_attn.k_proj.weight", "attn_k.weight"},
+        {"self_attn.v_proj.weight", "attn_v.weight"},
+        {"self_attn.q_proj.bias", "attn_q.bias"},
+        {"self_attn.k_proj.bias", "attn_k.bias"},
+        {"self_attn.v_proj.bias", "attn_v.bias"},
+        {"self_attn.o_proj.weight", "attn_output.weight"},
+        {"post_attention_layernorm.weight", "ffn_norm.weight"},
+        {"mlp.gate_proj.weight", "ffn_gate.weight"},
+        {"mlp.up_proj.weight", "ffn_up.weight"},
+        {"mlp.down_proj.weight", "ffn_down.weight"},
+    };
+    for (const auto& [from, to] : kMap)
+      if (rest == from) return "blk." + std::to_string(layer) + "." + to;
+  }
+  throw Error("gguf: no GGUF name for tensor '" + hf + "'");
+}
+
+}  // namespace gguf_internal
+}  // namespace blend
