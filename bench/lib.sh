@@ -1,5 +1,5 @@
 # Shared by the bench scripts that drive `blend batch` (contention.sh, deterministic_cost.sh,
-# llama_cpp_compare.sh). Sourced, not run:
+# llama_cpp_compare.sh, overlap_schedule.sh). Sourced, not run:
 #
 #   source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 #

@@ -14,13 +14,8 @@
 # (build/overlap_schedule), PRESET (smollm-135m), DTYPE (bf16), N_REQ (256), PP (128), TG (128),
 # REPS (3), THREADS (0: all cores), BLEND_BATCH_ARGS (extra flags for blend batch).
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-die() {
-  echo "overlap_schedule: $*" >&2
-  exit 1
-}
-
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BLEND=${BLEND:-$ROOT/build/blend}
 MODELS_DIR=${MODELS_DIR:-$ROOT/build/bench_models}
 OUT_DIR=${OUT_DIR:-$ROOT/build/overlap_schedule}
@@ -31,8 +26,8 @@ PP=${PP:-128}
 TG=${TG:-128}
 REPS=${REPS:-3}
 THREADS=${THREADS:-0}
-[[ -x "$BLEND" ]] || die "$BLEND not found; build blend first (or set BLEND)"
-[[ "$REPS" =~ ^[1-9][0-9]*$ ]] || die "REPS must be a positive integer, got '$REPS'"
+need_blend_and_python
+check_reps
 mkdir -p "$OUT_DIR" "$MODELS_DIR"
 model=$MODELS_DIR/$PRESET-$DTYPE
 if [[ ! -f "$model/config.json" ]]; then
@@ -40,31 +35,16 @@ if [[ ! -f "$model/config.json" ]]; then
     die "blend model init --preset $PRESET --dtype $DTYPE failed"
 fi
 
-echo "== machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores," \
+echo "== machine: $(cpu_model), $(nproc) cores," \
   "load average $(cut -d' ' -f1-3 /proc/loadavg); $PRESET $DTYPE N_REQ=$N_REQ PP=$PP TG=$TG"
-
 req=$OUT_DIR/requests.jsonl
-python3 - "$req" "$N_REQ" "$PP" "$TG" <<'PY'
-import json, random, sys
-path, n, pp, tg = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-rng = random.Random(0)
-with open(path, "w") as f:
-    for i in range(n):
-        prompt = [1000 + i] + [rng.randrange(100, 4000) for _ in range(pp - 1)]
-        body = {"model": "bench", "prompt": prompt, "max_tokens": tg, "ignore_eos": True,
-                "temperature": 0}
-        f.write(json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": "/v1/completions",
-                            "body": body}) + "\n")
-PY
+write_requests "$req" "$N_REQ" "$PP" "$TG"
 
 read -r -a extra <<<"${BLEND_BATCH_ARGS:-}"
 for ((i = 0; i < REPS; i++)); do
   for overlap in off on; do
-    tag=$overlap-$i
-    "$BLEND" batch --model "$model" --input "$req" --output "$OUT_DIR/out-$tag.jsonl" \
-      --stats "$OUT_DIR/stats-$tag.json" --threads "$THREADS" --overlap-schedule "$overlap" \
-      --quiet "${extra[@]}" >"$OUT_DIR/log-$tag.txt" 2>&1 ||
-      die "blend batch failed; see $OUT_DIR/log-$tag.txt"
+    run_batch "$model" "$overlap-$i" throughput_tokens_per_s --threads "$THREADS" \
+      --overlap-schedule "$overlap" "${extra[@]}" >/dev/null
   done
 done
 
