@@ -17,7 +17,9 @@
 #   - `blend plan --explain`.
 # Fields that differ between any two runs by nature (response ids, creation times, wall-clock
 # seconds and rates) are dropped before comparing. Exit status 0 = identical.
-# Knobs (environment): TRACES (default data/traces in the repository).
+# Knobs (environment): TRACES (default data/traces in the repository); NEW_BATCH_ARGS, flags
+# only the new binary's `blend batch` runs get (e.g. "--overlap-schedule on": a mode that must
+# not change the tokens either).
 set -euo pipefail
 [[ $# -ge 2 ]] || { echo "usage: $0 OLD_BLEND NEW_BLEND [WORK_DIR]" >&2; exit 2; }
 OLD=$(realpath "$1")
@@ -70,21 +72,21 @@ PY
 "$NEW" workload synth --density 1.2 --sharing 0.3 --requests 2000 --seed 5 --traces "$TRACES" \
   --out workload.jsonl >/dev/null
 
-run_both() {  # NAME CMD... (the binary is BLEND; outputs go to NAME.old / NAME.new)
+run_both() {  # NAME CMD... (the binary is BLEND, new-only flags EXTRA; outputs NAME.old / .new)
   local name=$1
   shift
   for side in old new; do
-    local bin=$OLD
-    [[ $side == new ]] && bin=$NEW
+    local bin=$OLD extra=""
+    [[ $side == new ]] && bin=$NEW extra=${NEW_BATCH_ARGS:-}
     rm -f "$name.$side.out"
-    (BLEND=$bin; OUTFILE=$name.$side.out; eval "$@") >"$name.$side.stdout" 2>"$name.$side.stderr" ||
+    (BLEND=$bin; EXTRA=$extra; OUTFILE=$name.$side.out; eval "$@") >"$name.$side.stdout" 2>"$name.$side.stderr" ||
       { echo "$name ($side) failed:" >&2; tail -5 "$name.$side.stderr" >&2; return 1; }
   done
 }
 
-run_both batch '$BLEND batch --model model --input requests.jsonl --output $OUTFILE --deterministic --threads 2'
-run_both batch_blend '$BLEND batch --model model --input requests.jsonl --output $OUTFILE --deterministic --threads 2 --policy blend'
-run_both batch_preempt '$BLEND batch --model model --input requests.jsonl --output $OUTFILE --deterministic --threads 2 --kv-memory 0.0004 --max-batch-tokens 64'
+run_both batch '$BLEND batch --model model --input requests.jsonl --output $OUTFILE --deterministic --threads 2 $EXTRA'
+run_both batch_blend '$BLEND batch --model model --input requests.jsonl --output $OUTFILE --deterministic --threads 2 --policy blend $EXTRA'
+run_both batch_preempt '$BLEND batch --model model --input requests.jsonl --output $OUTFILE --deterministic --threads 2 --kv-memory 0.0004 --max-batch-tokens 64 $EXTRA'
 run_both simulate '$BLEND simulate --workload workload.jsonl --policy blend,dfs,dfs@sequential,random,fcfs --json'
 run_both simulate_sampled '$BLEND simulate --workload workload.jsonl --policy blend,dfs --sample-fraction 0.05 --json'
 run_both simulate_serve '$BLEND simulate-serve --policy hybrid,fcfs,round-robin --rt-rate 1,3 --duration 120 --be-batch 256 --traces "$TRACES" --json'
