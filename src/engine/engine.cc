@@ -50,6 +50,7 @@ struct Engine::Active {
   std::vector<SampledToken> logprobs;
   bool stopped_by_string = false;
   int32_t accepted = 0;  // output tokens whose stop conditions were checked
+  SampledToken last;     // the latest of them (the final streamed token)
 };
 
 Engine::Engine(const std::filesystem::path& model_dir, const EngineOptions& options)
@@ -226,7 +227,7 @@ void Engine::retire(SeqId id) {
   if (!in_flight_) retired_.clear();
 }
 
-void Engine::stream(Active& a, TokenId token, bool final) {
+void Engine::stream(Active& a, const SampledToken& token, bool final) {
   if (!a.on_token) return;
   size_t safe = a.text.size();
   // Until the request ends, the last max_stop_len - 1 bytes may be the start of a stop string.
@@ -241,6 +242,7 @@ bool Engine::accept_token(Active& a, const SampledToken& sampled) {
   Sequence& seq = a.seq;
   const SamplingParams& p = seq.params;
   ++a.accepted;  // collect_step wrote the token into seq.tokens already
+  a.last = sampled;
   seq.last_token_time = now();
   if (p.logprobs) a.logprobs.push_back(sampled);
   const bool is_eos =
@@ -279,7 +281,7 @@ bool Engine::accept_token(Active& a, const SampledToken& sampled) {
 
 void Engine::finish(Active& a) {
   if (!a.stopped_by_string && a.detok) a.text += a.detok->flush();
-  if (a.seq.num_generated() > 0) stream(a, a.seq.tokens.back(), /*final=*/true);
+  if (a.accepted > 0) stream(a, a.last, /*final=*/true);
   GenerationResult r;
   r.id = a.request_id;
   r.prompt_tokens = a.seq.prompt_len;
@@ -432,7 +434,7 @@ void Engine::apply_tokens(const InFlight& step, const std::vector<SampledToken>&
     if (accept_token(a, sampled[r]))
       done.push_back(&a);
     else
-      stream(a, sampled[r].token, /*final=*/false);
+      stream(a, sampled[r], /*final=*/false);
   }
   for (Active* a : done) {
     // A placeholder of the step in flight, if any, is not part of the result.

@@ -95,10 +95,11 @@ struct EngineStats {
 class Engine {
  public:
   using Callback = std::function<void(GenerationResult&&)>;
-  // Called once per generated token, on the thread that runs step(), with the text that token
-  // makes final: text that could still turn out to start a stop string is held back (and never
-  // sent if it does), so the deltas of a request concatenate to GenerationResult::text.
-  using TokenCallback = std::function<void(TokenId token, std::string_view delta)>;
+  // Called once per generated token, on the thread that runs step(), with the token (its
+  // logprobs when the request asked) and the text it makes final: text that could still turn
+  // out to start a stop string is held back (and never sent if it does), so the deltas of a
+  // request concatenate to GenerationResult::text.
+  using TokenCallback = std::function<void(const SampledToken& token, std::string_view delta)>;
 
   // Loads a Hugging Face model folder onto a backend of kind options.backend.
   Engine(const std::filesystem::path& model_dir, const EngineOptions& options);
@@ -168,7 +169,7 @@ class Engine {
   bool accept_token(Active& a, const SampledToken& sampled);  // true when finished
   void finish(Active& a);
   void retire(SeqId id);  // forgets a request, once no launched step reads its sequence
-  void stream(Active& a, TokenId token, bool final);
+  void stream(Active& a, const SampledToken& token, bool final);
   void init_kv_and_scheduler();
   StepInput build_step(const StepPlan& plan) const;
   void move_kv(const StepPlan& plan);  // BROS checkpoints, page copies and restores

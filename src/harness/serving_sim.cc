@@ -113,7 +113,7 @@ ServingReport simulate_serving(Engine& engine, SimBackend& backend, const Servin
             if (timing.first < 0) timing.first = timing.last;
             --rt_open;
           },
-          [&engine, &timing, t0](TokenId, std::string_view) {
+          [&engine, &timing, t0](const SampledToken&, std::string_view) {
             if (timing.first < 0) timing.first = engine.clock_seconds() - t0;
           });
       ++rt_open;

@@ -182,7 +182,7 @@ PlannedRunStats run_planned(Engine& engine, const std::vector<OfflineRequest>& a
             finished.push_back(index_of.at(g.id));
             if (on_result) on_result(std::move(g));
           },
-          [&stream, &generated, r = *r](TokenId, std::string_view) {
+          [&stream, &generated, r = *r](const SampledToken&, std::string_view) {
             stream->on_progress(r, ++generated[static_cast<size_t>(r)]);
           });
       ++in_flight;

@@ -329,7 +329,7 @@ void Server::Impl::run_line(const std::shared_ptr<BatchJob>& job, Engine& engine
     auto state = std::make_shared<Pending>();
     state->cls = RequestClass::kBestEffort;
     const int64_t created = unix_seconds();
-    auto on_token = [this, state](TokenId, std::string_view) {
+    auto on_token = [this, state](const SampledToken&, std::string_view) {
       if (state->had_first_token) return;
       state->had_first_token = true;
       state->first_token = Clock::now();

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "api/json_limits.h"
+#include "api/stream.h"
 #include "server/server_impl.h"
 
 namespace blend {
@@ -41,18 +42,20 @@ std::shared_ptr<Pending> Server::Impl::submit(const ApiRequest& request, Request
                         request.ttft_slo, request.tpot_slo};
   loop->post([this, p, gen = std::move(gen)](Engine& engine) mutable {
     metrics.on_queued(p->cls);
-    auto on_token = [this, p](TokenId, std::string_view delta) {
+    auto on_token = [this, p](const SampledToken& token, std::string_view delta) {
       if (!p->had_first_token) {
         p->had_first_token = true;
         p->first_token = Clock::now();
         metrics.on_first_token(p->cls, seconds_between(p->arrival, p->first_token));
       }
-      if (delta.empty()) return;
       {
         std::lock_guard lock(p->mu);
         p->text += delta;
+        p->tokens.push_back(token);
       }
-      p->cv.notify_all();
+      // A token whose text is held back (a possible stop string, a partial UTF-8 character)
+      // rides with the next chunk that has text.
+      if (!delta.empty()) p->cv.notify_all();
     };
     auto on_done = [this, p](GenerationResult&& r) {
       const auto now = Clock::now();
@@ -161,32 +164,18 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
     return;
   }
 
-  // Server-Sent Events in OpenAI's chunk format.
+  // Server-Sent Events in OpenAI's chunk format (api/stream), logprobs included when asked.
   request.prompt.clear();
-  auto chunk = [this, id, created, chat, request](const json& choice) {
-    json c = {{"id", id},
-              {"object", chat ? "chat.completion.chunk" : "text_completion"},
-              {"created", created},
-              {"model", model_name},
-              {"choices", choice.is_null() ? json::array() : json::array({choice})}};
-    if (request.include_usage) c["usage"] = nullptr;
-    return c;
-  };
-  auto text_choice = [chat](const std::string& text, const json& finish) {
-    if (chat)
-      return json{
-          {"index", 0},
-          {"delta", text.empty() && !finish.is_null() ? json::object() : json{{"content", text}}},
-          {"logprobs", nullptr},
-          {"finish_reason", finish}};
-    return json{{"index", 0}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", finish}};
-  };
+  auto chunks =
+      std::make_shared<StreamChunks>(request, id, model_name, created, loop->engine().tokenizer());
   auto sent_role = std::make_shared<bool>(false);
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [this, p, chunk, text_choice, sent_role, chat, request](size_t, httplib::DataSink& sink) {
+      [this, p, chunks, sent_role, include_usage = request.include_usage,
+       logprobs = request.params.logprobs.has_value()](size_t, httplib::DataSink& sink) {
         std::string delta;
+        std::vector<SampledToken> tokens;
         bool done;
         {
           std::unique_lock lock(p->mu);
@@ -194,17 +183,17 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
                          [&] { return p->done || !p->text.empty() || stopping; });
           if (stopping) return false;
           delta.swap(p->text);
+          // Without text, the tokens wait for the chunk that brings it (or the last one).
+          if (!delta.empty() || p->done) tokens.swap(p->tokens);
           done = p->done;
         }
         std::string out;
-        if (chat && !*sent_role && !(done && p->error)) {
-          out += sse(chunk({{"index", 0},
-                            {"delta", {{"role", "assistant"}, {"content", ""}}},
-                            {"logprobs", nullptr},
-                            {"finish_reason", nullptr}}));
+        if (!*sent_role && !(done && p->error)) {
+          if (const json role = chunks->role(); !role.is_null()) out += sse(role);
           *sent_role = true;
         }
-        if (!delta.empty()) out += sse(chunk(text_choice(delta, nullptr)));
+        if (!delta.empty() || (logprobs && !tokens.empty() && !p->error))
+          out += sse(chunks->delta(delta, tokens));
         if (done) {
           std::lock_guard lock(p->mu);
           if (p->error) {
@@ -215,15 +204,8 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
             server_internal::request_log().prompt_tokens = r.prompt_tokens;
             server_internal::request_log().completion_tokens =
                 static_cast<int64_t>(r.tokens.size());
-            out += sse(chunk(text_choice("", finish_reason_name(r.finish))));
-            if (request.include_usage) {
-              json c = chunk(nullptr);
-              const int64_t n = static_cast<int64_t>(r.tokens.size());
-              c["usage"] = {{"prompt_tokens", r.prompt_tokens},
-                            {"completion_tokens", n},
-                            {"total_tokens", r.prompt_tokens + n}};
-              out += sse(c);
-            }
+            out += sse(chunks->finish(r.finish));
+            if (include_usage) out += sse(chunks->usage(r));
           }
           out += "data: [DONE]\n\n";
         }

@@ -53,7 +53,8 @@ inline std::string dump(const nlohmann::json& j) {
 struct Pending {
   std::mutex mu;
   std::condition_variable cv;
-  std::string text;  // streamed text not yet taken by the handler
+  std::string text;                  // streamed text not yet taken by the handler
+  std::vector<SampledToken> tokens;  // and the tokens that made it (their logprobs)
   bool done = false;
   std::optional<GenerationResult> result;
   std::optional<nlohmann::json> error;  // error body

@@ -418,8 +418,8 @@ TEST_P(EngineTest, StreamedDeltasAreTheTextAndNeverIncludeACutStopString) {
     GenerationResult result;
     engine.submit(
         std::move(r), [&](GenerationResult&& g) { result = std::move(g); },
-        [&](TokenId t, std::string_view delta) {
-          tokens.push_back(t);
+        [&](const SampledToken& t, std::string_view delta) {
+          tokens.push_back(t.token);
           streamed += delta;
           if (with_stop) {
             EXPECT_EQ(streamed.find(stop), std::string::npos);
@@ -440,8 +440,9 @@ TEST_P(EngineTest, CancelFreesTheKvAtOnceAndTheOthersFinishUnchanged) {
   std::map<std::string, GenerationResult> out;
   auto collect = [&out](GenerationResult&& g) { out[g.id] = std::move(g); };
   int cancelled_tokens = 0;
-  const SeqId running = engine.submit(request("running", 4, 60, 64), collect,
-                                      [&](TokenId, std::string_view) { ++cancelled_tokens; });
+  const SeqId running =
+      engine.submit(request("running", 4, 60, 64), collect,
+                    [&](const SampledToken&, std::string_view) { ++cancelled_tokens; });
   engine.submit(request("keep", 3, 40, 16), collect);
   engine.step();
   engine.step();

@@ -248,6 +248,49 @@ TEST_F(ServerTest, StreamingChunksConcatenateToTheNonStreamingText) {
   }
 }
 
+// Streamed chunks carry the logprobs of their tokens (OpenAI sends them in stream chunks too):
+// concatenated, they are the non-streamed response's, token for token.
+TEST_F(ServerTest, StreamedLogprobsAreTheNonStreamedOnes) {
+  auto server = start(options());
+  auto c = client(*server);
+  for (const bool chat : {false, true}) {
+    SCOPED_TRACE(chat ? "chat" : "completions");
+    const std::string path = chat ? "/v1/chat/completions" : "/v1/completions";
+    json body = {{"model", "tiny"}, {"max_tokens", 12}, {"temperature", 0}, {"ignore_eos", true}};
+    if (chat) {
+      body["messages"] = {{{"role", "user"}, {"content", "Tell me a story"}}};
+      body["logprobs"] = true;
+      body["top_logprobs"] = 2;
+    } else {
+      body["prompt"] = "Once upon a time";
+      body["logprobs"] = 2;
+    }
+    int status = 0;
+    const json full = post(c, path, body, &status);
+    ASSERT_EQ(status, 200);
+    const json& want = full["choices"][0]["logprobs"];
+    ASSERT_TRUE(want.is_object());
+
+    body["stream"] = true;
+    auto r = c.Post(path.c_str(), body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200);
+    json got = json::object();  // each array field of the chunks' logprobs, concatenated
+    for (const std::string& event : sse_events(r->body)) {
+      if (event == "[DONE]") continue;
+      const json e = json::parse(event);
+      if (e["choices"].empty() || e["choices"][0]["logprobs"].is_null()) continue;
+      for (const auto& [key, value] : e["choices"][0]["logprobs"].items()) {
+        ASSERT_TRUE(value.is_array()) << key;
+        for (const json& v : value) got[key].push_back(v);
+      }
+    }
+    EXPECT_EQ(got, want);
+    const size_t n = (chat ? want["content"] : want["tokens"]).size();
+    EXPECT_EQ(n, 12u);
+  }
+}
+
 TEST_F(ServerTest, BadRequestsGetOpenAiErrorsAndTheServerCarriesOn) {
   ServerOptions o = options();
   o.api_key = "sekret";
