@@ -69,6 +69,7 @@ class AdmissionSource {
   void on_finished(int32_t request, std::optional<double> output_tokens);
 
   size_t size() const { return requests_.size(); }
+  size_t handed_out() const { return handed_out_; }
   bool exhausted() const { return handed_out_ == requests_.size(); }  // all handed out
   int64_t in_flight() const { return in_flight_; }              // handed out, not reported finished
   bool sampling() const { return phase_ == Phase::kSampling; }  // no plan yet
