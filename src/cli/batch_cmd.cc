@@ -45,18 +45,6 @@ struct BatchArgs {
   SamplingOptions sampling{.fraction = 0.01, .seed = 1};
 };
 
-// What the planner assumes about this machine without a `blend profile` file: a 2-core CPU
-// of the kind we develop on (its measured bf16 GEMM rate and a modest DRAM bandwidth).
-Hardware default_cpu_hardware() {
-  Hardware h;
-  h.name = "cpu-default";
-  h.compute_flops = 0.8e12;
-  h.memory_bandwidth = 20e9;
-  h.network_bandwidth = 1e18;
-  h.memory_bytes = 16e9;
-  return h;
-}
-
 std::optional<ChatTemplate> load_chat_template(const std::filesystem::path& dir) {
   try {
     return ChatTemplate::from_dir(dir);

@@ -80,11 +80,30 @@ void register_serve_command(CLI::App& app) {
   auto profile = std::make_shared<std::string>();
   cmd->add_option("--profile", *profile,
                   "A `blend profile` file: its iteration model drives --policy hybrid (without one "
-                  "the model is fitted from the steps served)");
+                  "the model is fitted from the steps served), its hardware fit the batch "
+                  "planner's cost model (without one: a built-in CPU estimate)");
   cmd->add_option("--ttft-slo", o->engine.ttft_slo,
                   "Default time-to-first-token target of real-time requests, seconds (0.4)");
   cmd->add_option("--tpot-slo", o->engine.tpot_slo,
                   "Default time-per-output-token target of real-time requests, seconds (0.2)");
+  cmd->add_option("--batch-policy", o->batch_policy,
+                  "Order of Batch API lines: blend (default: each job planned as `blend batch "
+                  "--policy blend` plans it, its lines handed to the engine in the plan's order "
+                  "and pace), dfs, random, or fcfs (every line queued at once in file order, no "
+                  "planner); real-time requests keep their priority either way")
+      ->check(CLI::IsMember({"blend", "dfs", "random", "fcfs"}))
+      ->capture_default_str();
+  cmd->add_option("--batch-sample-fraction", o->batch_sample_fraction,
+                  "With a planned --batch-policy: this fraction of a job's lines without "
+                  "ignore_eos runs first and their output lengths estimate the others' "
+                  "(BlendServe §5.1)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  cmd->add_option("--batch-assume-output", o->batch_assumed_output,
+                  "Output length the planner assumes for lines without ignore_eos before the "
+                  "sampling pass")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   auto layout = std::make_shared<std::string>("auto");
   cmd->add_option("--kv-layout", *layout,
                   "KV pages shared by a real-time and a best-effort request from opposite ends "
@@ -94,7 +113,10 @@ void register_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->callback([o, profile, layout, dtype] {
     o->dtype = *dtype;
-    if (!profile->empty()) o->engine.scheduler.iteration_cost = read_iteration_model(*profile);
+    if (!profile->empty()) {
+      o->engine.scheduler.iteration_cost = read_iteration_model(*profile);
+      o->batch_hardware = *profile;  // the planner's view of this machine too
+    }
     o->engine.scheduler.fit_iteration_cost = profile->empty();
     o->engine.scheduler.bidirectional_kv =
         bidirectional_kv_for(*layout, o->engine.scheduler.policy);

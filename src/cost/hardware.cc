@@ -147,4 +147,14 @@ Hardware resolve_hardware(const std::string& name_or_file) {
   return Hardware::from_json(j);
 }
 
+Hardware default_cpu_hardware() {
+  Hardware h;
+  h.name = "cpu-default";
+  h.compute_flops = 0.8e12;
+  h.memory_bandwidth = 20e9;
+  h.network_bandwidth = 1e18;
+  h.memory_bytes = 16e9;
+  return h;
+}
+
 }  // namespace blend

@@ -58,4 +58,9 @@ std::vector<std::string> hardware_preset_names();
 // A preset name, or else a path to a JSON profile. Throws blend::Error when it is neither.
 Hardware resolve_hardware(const std::string& name_or_file);
 
+// What the planner assumes about the machine without a profile (`blend batch` without
+// --hardware, `blend serve` without --profile): a 2-core CPU of the kind we develop on (its
+// measured bf16 GEMM rate and a modest DRAM bandwidth).
+Hardware default_cpu_hardware();
+
 }  // namespace blend

@@ -1,7 +1,10 @@
 // The Batch API: /v1/files (uploads, results) and /v1/batches (create, poll, cancel). Batch lines
 // run as best-effort requests on the engine thread; results are appended as lines finish, so a
-// restarted server resumes a batch where it stopped.
+// restarted server resumes a batch where it stopped. A job's lines reach the engine in the order
+// and pace of a BlendServe plan of the job (plan/admission_source.h, driven before every step by
+// admit_batch_lines), or all at once in file order with --batch-policy fcfs.
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -248,13 +251,19 @@ void Server::Impl::batch_cancel(const httplib::Request& req, httplib::Response& 
     for (const auto& [seq, state] : job->in_flight)
       if (engine.cancel(seq)) metrics.on_cancelled(state->cls, state->had_first_token);
     job->in_flight.clear();
+    // Lines the planner has not handed out yet never reach the engine.
+    std::erase(admission, job);
+    job->source.reset();
+    job->lines = {};
+    job->generated = {};
+    job->ended.clear();
     finish_job(job);
   });
   res.set_content(snapshot.dump(), "application/json");
 }
 
-// Counts the results already written (a resumed batch) and queues the other lines as BE
-// requests on the engine thread.
+// Counts the results already written (a resumed batch) and hands the other lines to the engine
+// thread as BE requests: all at once (fcfs), or planned, for admit_batch_lines to admit.
 void Server::Impl::start_job(json batch, bool resume) {
   auto job = std::make_shared<BatchJob>();
   const std::string id = batch["id"];
@@ -300,9 +309,21 @@ void Server::Impl::start_job(json batch, bool resume) {
   // A batch cancelled just before a restart only needs its final status.
   job->cancelling = batch["status"] == "cancelling";
   if (job->cancelling) todo.clear();
+  // A planned job is tokenized and planned here, on the caller's thread, not on the engine's.
+  std::vector<PreparedBatchLine> errors;
+  const bool planned = options.batch_policy != "fcfs";
+  if (planned) plan_job(*job, todo, errors);
   {
     std::lock_guard lock(batches_mu);
     jobs[id] = job;
+  }
+  if (planned) {
+    loop->post([this, job, errors = std::move(errors)](Engine& engine) mutable {
+      for (PreparedBatchLine& line : errors) submit_line(job, engine, std::move(line));
+      if (job->source && !job->cancelling) admission.push_back(job);
+      if (job->remaining == 0 || job->cancelling) finish_job(job);
+    });
+    return;
   }
   loop->post([this, job, todo = std::move(todo)](Engine& engine) {
     for (const BatchInputLine& line : todo) run_line(job, engine, line);
@@ -310,8 +331,7 @@ void Server::Impl::start_job(json batch, bool resume) {
   });
 }
 
-void Server::Impl::run_line(const std::shared_ptr<BatchJob>& job, Engine& engine,
-                            const BatchInputLine& line) {
+BatchLineContext Server::Impl::line_context(const BatchJob& job, const Engine& engine) const {
   // The checks `blend batch` makes too (api/batch_lines.h), against this batch's endpoint.
   BatchLineContext context;
   context.tokenizer = &engine.tokenizer();
@@ -320,23 +340,129 @@ void Server::Impl::run_line(const std::shared_ptr<BatchJob>& job, Engine& engine
   context.max_prompt_bytes = max_prompt_bytes_;
   context.model = model_name;
   context.request_class = RequestClass::kBestEffort;
-  if (job->batch.contains("endpoint") && job->batch["endpoint"].is_string())
-    context.endpoint = parse_endpoint(job->batch["endpoint"].get<std::string>());
-  PreparedBatchLine prepared = prepare_batch_line(line, context);
+  if (job.batch.contains("endpoint") && job.batch["endpoint"].is_string())
+    context.endpoint = parse_endpoint(job.batch["endpoint"].get<std::string>());
+  return context;
+}
+
+void Server::Impl::plan_job(BatchJob& job, const std::vector<BatchInputLine>& todo,
+                            std::vector<PreparedBatchLine>& errors) {
+  // The engine's immutable parts (tokenizer, limits) may be read from any thread.
+  const Engine& engine = loop->engine();
+  const BatchLineContext context = line_context(job, engine);
+  std::vector<plan::SourceRequest> requests;
+  for (const BatchInputLine& line : todo) {
+    PreparedBatchLine prepared = prepare_batch_line(line, context);
+    if (!prepared.error) {
+      try {
+        engine.check_request(prepared.generation);  // what submit() refuses, refused now
+      } catch (const Error& e) {
+        prepared.error = ApiError(400, e.what());
+      }
+    }
+    if (prepared.error) {
+      errors.push_back(std::move(prepared));
+      continue;
+    }
+    // As `blend batch`: a line that ignores EOS runs to max_tokens; the others' lengths are
+    // assumed until the sampling pass estimates them.
+    const SamplingParams& params = prepared.generation.params;
+    const bool known = params.ignore_eos;
+    const double max_tokens = params.max_tokens;
+    requests.push_back(
+        {{prepared.custom_id, prepared.generation.prompt,
+          known ? max_tokens : std::min(options.batch_assumed_output, max_tokens), known},
+         max_tokens});
+    job.lines.push_back(std::move(prepared));
+  }
+  if (requests.empty()) return;
+  job.generated.assign(requests.size(), 0);
+  job.source = std::make_unique<plan::AdmissionSource>(
+      std::move(requests), *batch_cost,
+      plan::SourceOptions{.policy = plan::parse_policy(options.batch_policy),
+                          .kv_memory_bytes = batch_kv_bytes,
+                          .max_step_tokens = batch_step_tokens,
+                          .sample_fraction = options.batch_sample_fraction,
+                          .sample_seed = 1});
+}
+
+bool Server::Impl::admit_batch_lines(Engine& engine) {
+  // What ended in the last step, then the oldest job's admission: one job's stream at a time,
+  // as BlendServe plans one batch (two would each count the whole KV memory as theirs).
+  for (const auto& job : admission) {
+    for (const auto& [line, tokens] : job->ended)
+      if (job->source) job->source->on_finished(line, tokens);
+    job->ended.clear();
+  }
+  while (!admission.empty()) {
+    const std::shared_ptr<BatchJob> job = admission.front();
+    if (job->cancelling || !job->source) {
+      admission.pop_front();
+      continue;
+    }
+    plan::AdmissionSource& source = *job->source;
+    std::vector<int32_t> admitted = source.admit();
+    if (admitted.empty() && source.in_flight() == 0 && !source.exhausted()) {
+      // Nothing of the job runs and its stream admits nothing: it would wait forever (the
+      // streams never do this). Hand the rest out rather than hang the job.
+      std::string id;
+      {
+        std::lock_guard lock(batches_mu);
+        id = job->batch.value("id", "");
+      }
+      std::fprintf(stderr,
+                   "blend serve: batch %s: the planner admits nothing while none of its lines "
+                   "runs; queueing the rest at once\n",
+                   id.c_str());
+      admitted = source.admit_rest();
+    }
+    for (int32_t line : admitted)
+      submit_line(job, engine, std::move(job->lines[static_cast<size_t>(line)]), line);
+    if (!source.exhausted()) break;
+    // Every line is handed out: the planning state goes, the next job starts.
+    job->source.reset();
+    job->lines = {};
+    job->generated = {};
+    admission.pop_front();
+  }
+  int64_t pending = 0;
+  for (const auto& job : admission)
+    if (job->source)
+      pending += static_cast<int64_t>(job->source->size() - job->source->handed_out());
+  metrics.set_batch_lines_pending(pending);
+  return !admission.empty();
+}
+
+void Server::Impl::run_line(const std::shared_ptr<BatchJob>& job, Engine& engine,
+                            const BatchInputLine& line) {
+  submit_line(job, engine, prepare_batch_line(line, line_context(*job, engine)));
+}
+
+void Server::Impl::submit_line(const std::shared_ptr<BatchJob>& job, Engine& engine,
+                               PreparedBatchLine prepared, int32_t planned) {
+  const std::string id = prepared.custom_id;
+  // A planned line's end goes back to its job's admission stream (while it still admits).
+  auto ended = [job, planned](std::optional<double> tokens) {
+    if (planned >= 0 && job->source) job->ended.emplace_back(planned, tokens);
+  };
   try {
     if (prepared.error) throw *prepared.error;
     metrics.on_queued(RequestClass::kBestEffort);
     auto state = std::make_shared<Pending>();
     state->cls = RequestClass::kBestEffort;
     const int64_t created = unix_seconds();
-    auto on_token = [this, state](const SampledToken&, std::string_view) {
+    auto on_token = [this, job, state, planned](const SampledToken&, std::string_view) {
+      if (planned >= 0 && job->source) {
+        double& generated = job->generated[static_cast<size_t>(planned)];
+        job->source->on_progress(planned, ++generated);
+      }
       if (state->had_first_token) return;
       state->had_first_token = true;
       state->first_token = Clock::now();
       metrics.on_first_token(state->cls, seconds_between(state->arrival, state->first_token));
     };
-    auto on_done = [this, job, state, request = prepared.api, created,
-                    id = line.custom_id](GenerationResult&& r) {
+    auto on_done = [this, job, state, ended, request = std::move(prepared.api), created,
+                    id](GenerationResult&& r) {
       const auto now = Clock::now();
       const int64_t n = static_cast<int64_t>(r.tokens.size());
       metrics.on_finished(
@@ -348,6 +474,7 @@ void Server::Impl::run_line(const std::shared_ptr<BatchJob>& job, Engine& engine
                                                    loop->engine().tokenizer()));
       job->in_flight.erase(state->seq);
       state->done = true;
+      ended(static_cast<double>(n));
       {
         std::lock_guard lock(batches_mu);
         auto& counts = job->batch["request_counts"];
@@ -356,13 +483,14 @@ void Server::Impl::run_line(const std::shared_ptr<BatchJob>& job, Engine& engine
       line_done(job);
     };
     state->seq = engine.submit(std::move(prepared.generation), on_done, on_token);
+    if (options.on_batch_line_submitted) options.on_batch_line_submitted(id);
     // A request with max_tokens 0 finished inside submit(); only the others are in flight.
     if (!state->done) job->in_flight.emplace(state->seq, state);
   } catch (const Error& e) {
     const ApiError* api = dynamic_cast<const ApiError*>(&e);
     const int status = api ? api->status() : 400;
-    job->error_writer->write_error(line.custom_id, status,
-                                   api ? api->body() : ApiError(400, e.what()).body());
+    job->error_writer->write_error(id, status, api ? api->body() : ApiError(400, e.what()).body());
+    ended(std::nullopt);
     {
       std::lock_guard lock(batches_mu);
       auto& counts = job->batch["request_counts"];

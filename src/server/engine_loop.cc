@@ -6,8 +6,8 @@
 
 namespace blend {
 
-EngineLoop::EngineLoop(std::unique_ptr<Engine> engine, StepHook after_step)
-    : engine_(std::move(engine)), after_step_(std::move(after_step)) {
+EngineLoop::EngineLoop(std::unique_ptr<Engine> engine, StepHook after_step, Feed feed)
+    : engine_(std::move(engine)), after_step_(std::move(after_step)), feed_(std::move(feed)) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -37,17 +37,20 @@ void EngineLoop::run() {
   for (;;) {
     {
       std::unique_lock lock(mu_);
-      // has_work() is only ever called on this thread, so reading it under our lock is safe.
-      cv_.wait(lock, [&] { return stop_ || !tasks_.empty() || engine_->has_work(); });
+      // has_work() and feeding_ are only ever used on this thread, so reading them under our
+      // lock is safe.
+      cv_.wait(lock, [&] { return stop_ || !tasks_.empty() || engine_->has_work() || feeding_; });
       if (stop_) return;
       tasks.swap(tasks_);
     }
     const bool ran_tasks = !tasks.empty();
     for (Task& t : tasks) t(*engine_);
     tasks.clear();
+    const bool fed = feeding_;
+    if (feed_) feeding_ = feed_(*engine_);
     if (!engine_->has_work()) {
       // A cancel frees pages without a step: observers should see that too.
-      if (ran_tasks && after_step_) after_step_(*engine_);
+      if ((ran_tasks || fed) && after_step_) after_step_(*engine_);
       continue;
     }
     try {

@@ -18,10 +18,15 @@ class EngineLoop {
  public:
   using Task = std::function<void(Engine&)>;
   using StepHook = std::function<void(const Engine&)>;
+  // Work that enters the engine at its own pace (the Batch API's planned admission): called
+  // before every step, after the posted closures, it submits what should run now and returns
+  // whether it holds more. While it does the loop keeps going; it must then submit something
+  // whenever the engine is idle, or the loop spins.
+  using Feed = std::function<bool(Engine&)>;
 
   // Starts the thread. `after_step` (optional) runs on it after every step, and after posted
-  // closures when no step follows them.
-  EngineLoop(std::unique_ptr<Engine> engine, StepHook after_step = {});
+  // closures or a feed when no step follows them.
+  EngineLoop(std::unique_ptr<Engine> engine, StepHook after_step = {}, Feed feed = {});
   ~EngineLoop();  // stop()s; requests still in the engine are dropped without callbacks
   // Ends the thread after the step or closure it is running (whose callbacks still run, so
   // what they use must outlive this call). Idempotent.
@@ -39,6 +44,8 @@ class EngineLoop {
 
   std::unique_ptr<Engine> engine_;
   StepHook after_step_;
+  Feed feed_;
+  bool feeding_ = false;  // the feed holds more (loop thread only)
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Task> tasks_;

@@ -94,6 +94,11 @@ void Metrics::on_step(const EngineStats& stats) {
     samples_.pop_front();
 }
 
+void Metrics::set_batch_lines_pending(int64_t lines) {
+  std::lock_guard lock(mu_);
+  batch_lines_pending_ = lines;
+}
+
 std::string Metrics::render() const {
   std::lock_guard lock(mu_);
   std::string out;
@@ -111,6 +116,9 @@ std::string Metrics::render() const {
   for (size_t i = 0; i < 2; ++i) line("blend:num_requests_waiting", cls(i), classes_[i].waiting);
   help("blend:num_requests_running", "gauge", "Requests producing tokens.");
   for (size_t i = 0; i < 2; ++i) line("blend:num_requests_running", cls(i), classes_[i].running);
+  help("blend:num_batch_lines_pending", "gauge",
+       "Batch API lines the batch planner has not handed to the engine yet.");
+  line("blend:num_batch_lines_pending", "", static_cast<double>(batch_lines_pending_));
   help("blend:request_success_total", "counter", "Finished requests by finish reason.");
   for (size_t i = 0; i < 2; ++i)
     for (const auto& [reason, n] : classes_[i].finished)

@@ -1,7 +1,7 @@
 // Metrics — what /metrics reports, in the Prometheus text format (names follow vLLM's, with a
 // `blend:` prefix): request counts by class and outcome, TTFT / TPOT / end-to-end latency
-// histograms per class, requests waiting (no token yet) and running per class, KV usage and
-// token throughput. Every method is thread-safe.
+// histograms per class, requests waiting (no token yet) and running per class, Batch API lines
+// the planner still holds back, KV usage and token throughput. Every method is thread-safe.
 #pragma once
 
 #include <array>
@@ -33,6 +33,8 @@ class Metrics {
 
   // Called by the engine thread after each step: the engine's counters now.
   void on_step(const EngineStats& stats);
+  // Batch API lines a planned job still holds back (not yet handed to the engine).
+  void set_batch_lines_pending(int64_t lines);
 
   std::string render() const;
 
@@ -56,6 +58,7 @@ class Metrics {
   std::array<PerClass, 2> classes_;
   std::vector<std::pair<int, int64_t>> errors_;  // by HTTP status
   EngineStats engine_;
+  int64_t batch_lines_pending_ = 0;
   // (time, prompt + output tokens) samples over the last seconds, for tokens/s.
   std::deque<std::pair<std::chrono::steady_clock::time_point, int64_t>> samples_;
 };

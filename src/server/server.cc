@@ -140,19 +140,32 @@ Server::Impl::Impl(const ServerOptions& o) : options(o) {
     }
   }
   check_dtype_flag(options.dtype);
+  plan::parse_policy(options.batch_policy);  // an unknown name fails here, not per job
+  if (!(options.batch_sample_fraction >= 0 && options.batch_sample_fraction <= 1))
+    throw Error("the batch sample fraction must be in [0, 1]");
   auto engine = std::make_unique<Engine>(options.model, options.engine);
   check_compute_dtype(options.dtype, *engine, options.engine.backend, options.model);
   max_sequence_tokens = engine->max_sequence_tokens();
   max_prompt_bytes_ = max_prompt_bytes(engine->tokenizer(), max_sequence_tokens);
+  if (options.batch_policy != "fcfs") {
+    batch_cost.emplace(ModelShape::from_config(engine->config(), model_name),
+                       options.batch_hardware.empty() ? default_cpu_hardware()
+                                                      : resolve_hardware(options.batch_hardware));
+    batch_kv_bytes = static_cast<double>(engine->stats().kv_capacity_bytes);
+    batch_step_tokens = engine->max_batch_tokens();
+  }
   store = std::make_unique<BatchStore>(options.data_dir);
-  loop = std::make_unique<EngineLoop>(std::move(engine), [this](const Engine& e) {
-    const EngineStats stats = e.stats();
-    metrics.on_step(stats);
-    stat_prompt_tokens = stats.prompt_tokens;
-    stat_output_tokens = stats.output_tokens;
-    stat_running = static_cast<int64_t>(e.num_running());
-    stat_waiting = static_cast<int64_t>(e.num_waiting());
-  });
+  loop = std::make_unique<EngineLoop>(
+      std::move(engine),
+      [this](const Engine& e) {
+        const EngineStats stats = e.stats();
+        metrics.on_step(stats);
+        stat_prompt_tokens = stats.prompt_tokens;
+        stat_output_tokens = stats.output_tokens;
+        stat_running = static_cast<int64_t>(e.num_running());
+        stat_waiting = static_cast<int64_t>(e.num_waiting());
+      },
+      [this](Engine& e) { return admit_batch_lines(e); });
   // Streams hold a handler thread each for their whole life: allow many.
   http.new_task_queue = [] { return new httplib::ThreadPool(64); };
   http.set_payload_max_length(options.max_body_bytes);

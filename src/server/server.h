@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -39,6 +40,23 @@ struct ServerOptions {
   // Connections the kernel may hold for accept() (capped by net.core.somaxconn): httplib's 5
   // reset clients under bursts.
   int listen_backlog = 4096;
+  // Batch API jobs: "blend" (default) hands each job's lines to the engine in the order and
+  // pace of a BlendServe plan of the job (prefix tree, dual scanner; as `blend batch --policy
+  // blend`), "dfs" or "random" in those plans' orders, "fcfs" all at once in file order (no
+  // planner). Jobs run one after another: the next one starts when the one before has handed
+  // out all its lines. Real-time requests keep their priority (--policy hybrid) either way.
+  std::string batch_policy = "blend";
+  // A planned job's output-length sampling pass (BlendServe §5.1): this fraction of its lines
+  // without ignore_eos runs first, their lengths estimate the others'; before that the planner
+  // assumes `batch_assumed_output` tokens (at most max_tokens).
+  double batch_sample_fraction = 0.01;
+  double batch_assumed_output = 256;
+  // The planner's view of this machine: a hardware preset or a `blend profile` file; empty =
+  // the built-in CPU estimate (as `blend batch`).
+  std::string batch_hardware;
+  // Tests: called on the engine thread with each Batch API line's custom_id as the line is
+  // handed to the engine, in that order.
+  std::function<void(const std::string& custom_id)> on_batch_line_submitted;
   EngineOptions engine;
 };
 

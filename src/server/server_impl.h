@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -25,7 +26,10 @@
 #include <nlohmann/json.hpp>
 
 #include "api/batch_file.h"
+#include "api/batch_lines.h"
 #include "api/openai.h"
+#include "cost/cost_model.h"
+#include "plan/admission_source.h"
 #include "server/batch_store.h"
 #include "server/connection.h"
 #include "server/engine_loop.h"
@@ -79,6 +83,15 @@ struct BatchJob {
   std::unordered_map<SeqId, std::shared_ptr<Pending>> in_flight;
   int64_t remaining = 0;
   bool cancelling = false;
+  // A planned job (ServerOptions::batch_policy other than fcfs): its valid lines, handed to the
+  // engine in the order and pace of `source` (plan/admission_source.h) by
+  // Impl::admit_batch_lines; `source` is dropped once every line is handed out.
+  std::vector<PreparedBatchLine> lines;
+  std::unique_ptr<plan::AdmissionSource> source;
+  std::vector<double> generated;  // tokens each line has produced
+  // Lines that ended during the last step (index, output tokens; none if the line failed),
+  // reported to `source` before its next admission.
+  std::vector<std::pair<int32_t, std::optional<double>>> ended;
 };
 
 // What the access-log line of the request this thread is serving reports. httplib runs the
@@ -116,6 +129,13 @@ struct Server::Impl {
 
   std::mutex batches_mu;
   std::unordered_map<std::string, std::shared_ptr<BatchJob>> jobs;
+  // Planned admission of Batch API jobs (batch_routes.cc): the planner's cost model and what
+  // it admits against, and the jobs with lines not yet handed to the engine, oldest first
+  // (engine thread only; the oldest one admits, the next starts when it has handed out all).
+  std::optional<CostModel> batch_cost;
+  double batch_kv_bytes = 0;
+  int32_t batch_step_tokens = 0;
+  std::deque<std::shared_ptr<BatchJob>> admission;
 
   explicit Impl(const ServerOptions& o);
   void routes();
@@ -153,7 +173,18 @@ struct Server::Impl {
   void file_delete(const httplib::Request& req, httplib::Response& res);
   void batch_cancel(const httplib::Request& req, httplib::Response& res);
   void start_job(nlohmann::json batch, bool resume);
+  BatchLineContext line_context(const BatchJob& job, const Engine& engine) const;
+  // Tokenizes and plans the lines of a planned job (on the caller's thread); the lines that
+  // fail go back in `errors`.
+  void plan_job(BatchJob& job, const std::vector<BatchInputLine>& todo,
+                std::vector<PreparedBatchLine>& errors);
+  // Before every engine step (EngineLoop's feed): hands the engine the lines the oldest planned
+  // job admits now; true while some planned line waits.
+  bool admit_batch_lines(Engine& engine);
   void run_line(const std::shared_ptr<BatchJob>& job, Engine& engine, const BatchInputLine& line);
+  // Submits a prepared line, or writes its error result; `planned` is its index in job.lines.
+  void submit_line(const std::shared_ptr<BatchJob>& job, Engine& engine, PreparedBatchLine prepared,
+                   int32_t planned = -1);
   void line_done(const std::shared_ptr<BatchJob>& job);
   void finish_job(const std::shared_ptr<BatchJob>& job);
 };

@@ -17,6 +17,8 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -839,6 +841,178 @@ TEST_F(BatchApi, FilesAndBatchesAreListedPagedAndDeleted) {
   // The listing outlives the loop (a range-for over a temporary's member would not keep it).
   const json remaining = get(c, "/v1/files");
   for (const json& f : remaining["data"]) EXPECT_NE(f["id"], a);
+}
+
+// Issue 24: BlendServe's planner orders the Batch API jobs of `blend serve`.
+class PlannedBatches : public BatchApi {
+ protected:
+  // The custom_ids the server hands to its engine, in that order.
+  struct Submitted {
+    std::mutex mu;
+    std::vector<std::string> ids;
+    std::vector<std::string> get() {
+      std::lock_guard lock(mu);
+      return ids;
+    }
+  };
+
+  static ServerOptions recording(const std::string& data_dir, const std::string& policy,
+                                 const std::shared_ptr<Submitted>& submitted) {
+    ServerOptions o = options(data_dir);
+    o.batch_policy = policy;
+    o.on_batch_line_submitted = [submitted](const std::string& id) {
+      std::lock_guard lock(submitted->mu);
+      submitted->ids.push_back(id);
+    };
+    return o;
+  }
+
+  // `groups` long prompt prefixes with `per_group` lines each ("g<G>-<k>"), the groups
+  // interleaved in the file: g0-0, g1-0, ..., g0-1, g1-1, ...
+  static std::string grouped_lines(int groups, int per_group, int max_tokens,
+                                   std::vector<std::string>* ids) {
+    std::string jsonl;
+    for (int k = 0; k < per_group; ++k)
+      for (int g = 0; g < groups; ++g) {
+        std::string prompt = "Context " + std::to_string(g) + ":";
+        for (int w = 0; w < 40; ++w) prompt += " word" + std::to_string(100 * g + w);
+        prompt += ". Question " + std::to_string(k) + "?";
+        const std::string id = "g" + std::to_string(g) + "-" + std::to_string(k);
+        ids->push_back(id);
+        jsonl += line(id, prompt, max_tokens);
+      }
+    return jsonl;
+  }
+
+  static int group_of(const std::string& id) { return std::stoi(id.substr(1, id.find('-') - 1)); }
+
+  // Places in `ids` where the next line belongs to another group than the one before.
+  static int group_changes(const std::vector<std::string>& ids) {
+    int changes = 0;
+    for (size_t i = 1; i < ids.size(); ++i) changes += group_of(ids[i]) != group_of(ids[i - 1]);
+    return changes;
+  }
+
+  // Runs `jsonl` as one batch on a server with `policy` to its end: the custom_ids in the order
+  // they reached the engine.
+  static std::vector<std::string> run_in_order(const std::string& policy, const std::string& jsonl,
+                                               size_t n) {
+    auto submitted = std::make_shared<Submitted>();
+    auto server = start(recording("order-" + policy, policy, submitted));
+    auto c = client(*server);
+    const std::string file_id = upload(c, jsonl);
+    int status = 0;
+    const json created = post(
+        c, "/v1/batches", {{"input_file_id", file_id}, {"endpoint", "/v1/completions"}}, &status);
+    EXPECT_EQ(status, 200) << created.dump();
+    json batch;
+    EXPECT_TRUE(completed(c, created["id"], batch)) << batch.dump();
+    EXPECT_EQ(batch["request_counts"]["completed"], n) << policy;
+    EXPECT_EQ(results(c, batch).size(), n) << policy;
+    return submitted->get();
+  }
+};
+
+// The lines share long prompt prefixes by group but interleave the groups in the file. A plan
+// (dfs, and blend, the default) hands them to the engine one group after another: each group is
+// one subtree of the prefix tree. fcfs keeps the file's order.
+TEST_F(PlannedBatches, LinesReachTheEngineInThePlansOrderOrInFileOrderWithFcfs) {
+  const int groups = 4, per_group = 6;
+  const size_t n = groups * per_group;
+  std::vector<std::string> file_order;
+  const std::string jsonl = grouped_lines(groups, per_group, 3, &file_order);
+  ASSERT_EQ(group_changes(file_order), static_cast<int>(n) - 1);
+
+  EXPECT_EQ(run_in_order("fcfs", jsonl, n), file_order);
+  for (const std::string policy : {"dfs", "blend"}) {
+    const std::vector<std::string> planned = run_in_order(policy, jsonl, n);
+    ASSERT_EQ(planned.size(), n) << policy;
+    EXPECT_EQ(std::set<std::string>(planned.begin(), planned.end()),
+              std::set<std::string>(file_order.begin(), file_order.end()))
+        << policy << ": every line once";
+    EXPECT_EQ(group_changes(planned), groups - 1) << policy << ": one group after another";
+  }
+}
+
+// A planned job's lines enter the engine as its KV memory allows. Cancelled with most of them
+// still held back, nothing of it is left: not in the engine, not in KV, not handed out later;
+// and the next job runs.
+TEST_F(PlannedBatches, CancellingAPlannedJobMidwayFreesEverything) {
+  auto submitted = std::make_shared<Submitted>();
+  ServerOptions o = recording("plan-cancel", "blend", submitted);
+  o.engine.kv_memory_gb = 0.002;
+  auto server = start(o);
+  auto c = client(*server);
+  const size_t n = 40;
+  std::string jsonl;
+  for (size_t i = 0; i < n; ++i)
+    jsonl += line("p" + std::to_string(i), "planned " + std::to_string(i), 1500);
+  const std::string file_id = upload(c, jsonl);
+  int status = 0;
+  const std::string id =
+      post(c, "/v1/batches", {{"input_file_id", file_id}, {"endpoint", "/v1/completions"}},
+           &status)["id"];
+  ASSERT_TRUE(poll([&] { return metric(c, "blend:num_requests_running{class=\"be\"}") >= 1; }));
+  EXPECT_LT(submitted->get().size(), n) << "the planner holds lines back";
+  EXPECT_GT(metric(c, "blend:num_batch_lines_pending"), 0);
+  post(c, "/v1/batches/" + id + "/cancel", json::object(), &status);
+  EXPECT_EQ(status, 200);
+  json batch;
+  ASSERT_TRUE(poll([&] {
+    batch = get(c, "/v1/batches/" + id);
+    return batch["status"] == "cancelled";
+  }));
+  EXPECT_LT(batch["request_counts"]["completed"].get<size_t>(), n);
+  const size_t handed_out = submitted->get().size();
+  EXPECT_LT(handed_out, n);
+  EXPECT_TRUE(poll([&] { return metric(c, "blend:kv_cache_used_bytes") == 0; }));
+  EXPECT_EQ(metric(c, "blend:num_requests_running{class=\"be\"}"), 0);
+  EXPECT_EQ(metric(c, "blend:num_requests_waiting{class=\"be\"}"), 0);
+  EXPECT_EQ(metric(c, "blend:num_batch_lines_pending"), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(submitted->get().size(), handed_out) << "no line of the cancelled job starts later";
+
+  // The engine goes on: a real-time request, and the next job to its end.
+  const json online = post(c, "/v1/completions",
+                           {{"model", "tiny"}, {"prompt", "after"}, {"max_tokens", 2}}, &status);
+  EXPECT_EQ(status, 200) << online.dump();
+  const std::string next = upload(c, line("after-0", "next job", 3) + line("after-1", "next", 2));
+  const json created =
+      post(c, "/v1/batches", {{"input_file_id", next}, {"endpoint", "/v1/completions"}}, &status);
+  ASSERT_TRUE(completed(c, created["id"], batch)) << batch.dump();
+  EXPECT_EQ(batch["request_counts"]["completed"], 2);
+}
+
+// Jobs are planned one by one and run one after another: the next starts when the one before
+// has handed out all of its lines (two streams would each count the whole KV memory as theirs).
+TEST_F(PlannedBatches, JobsRunOneAfterAnother) {
+  auto submitted = std::make_shared<Submitted>();
+  ServerOptions o = recording("plan-two", "blend", submitted);
+  o.engine.kv_memory_gb = 0.0005;
+  auto server = start(o);
+  auto c = client(*server);
+  const size_t n_first = 60, n_second = 12;
+  std::string first, second;
+  for (size_t i = 0; i < n_first; ++i)
+    first += line("a" + std::to_string(i), "first job " + std::to_string(i), 200);
+  for (size_t i = 0; i < n_second; ++i)
+    second += line("b" + std::to_string(i), "second job " + std::to_string(i), 20);
+  int status = 0;
+  std::vector<std::string> ids;
+  for (const std::string& jsonl : {first, second})
+    ids.push_back(post(c, "/v1/batches",
+                       {{"input_file_id", upload(c, jsonl)}, {"endpoint", "/v1/completions"}},
+                       &status)["id"]);
+  EXPECT_LT(submitted->get().size(), n_first)
+      << "the first job still holds lines back when the second arrives";
+  for (const std::string& id : ids) {
+    json batch;
+    ASSERT_TRUE(completed(c, id, batch, 120)) << batch.dump();
+  }
+  const std::vector<std::string> order = submitted->get();
+  ASSERT_EQ(order.size(), n_first + n_second);
+  for (size_t i = 0; i < order.size(); ++i)
+    EXPECT_EQ(order[i][0], i < n_first ? 'a' : 'b') << "line " << i << " is " << order[i];
 }
 
 TEST_F(ServerTest, WrongMethodOnAKnownRouteIs405) {
