@@ -87,9 +87,10 @@ PlannedRunStats run_planned(Engine& engine, const std::vector<OfflineRequest>& r
         if (on_result) on_result(std::move(g));
       };
       if (source.streamed(r))
-        submit(engine, q, sim_tokens, on_done, [&source, &generated, r](const SampledToken&, std::string_view) {
-          source.on_progress(r, ++generated[static_cast<size_t>(r)]);
-        });
+        submit(engine, q, sim_tokens, on_done,
+               [&source, &generated, r](const SampledToken&, std::string_view) {
+                 source.on_progress(r, ++generated[static_cast<size_t>(r)]);
+               });
       else  // the sampling pass
         submit(engine, q, sim_tokens, on_done, Engine::TokenCallback{});
     }
