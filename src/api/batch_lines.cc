@@ -28,6 +28,7 @@ void check_line(const BatchInputLine& line, const BatchLineContext& context,
     throw ApiError(400, "a batch request cannot be streamed ('stream' must be false)", "stream");
   RequestLimits limits;
   limits.max_prompt_bytes = context.max_prompt_bytes;
+  limits.sampling_defaults = context.sampling_defaults;
   out.api = parse_api_request(endpoint, body, *context.tokenizer, context.chat_template, limits);
   check_context(out.api, body, context.max_sequence_tokens);
   out.generation.id = line.custom_id;

@@ -37,6 +37,7 @@ struct BatchLineContext {
   std::optional<Endpoint> endpoint;  // the batch's; unset = each line's url decides
   std::optional<std::string> model;  // the served model name; unset = any name is accepted
   RequestClass request_class = RequestClass::kBestEffort;
+  const SamplingDefaults* sampling_defaults = nullptr;  // the model's (generation_config.json)
 };
 
 struct PreparedBatchLine {

@@ -84,15 +84,18 @@ std::vector<std::pair<TokenId, float>> parse_logit_bias(const json& body, int32_
   return out;
 }
 
-SamplingParams parse_sampling(Endpoint endpoint, const json& body, int32_t vocab_size) {
+SamplingParams parse_sampling(Endpoint endpoint, const json& body, int32_t vocab_size,
+                              const SamplingDefaults& model) {
   SamplingParams p;
-  p.temperature = number_field<float>(body, "temperature", 1.0f, 0.0f, 2.0f);
-  p.top_p = number_field<float>(body, "top_p", 1.0f, 0.0f, 1.0f);
+  p.temperature =
+      number_field<float>(body, "temperature", model.temperature.value_or(1.0f), 0.0f, 2.0f);
+  p.top_p = number_field<float>(body, "top_p", model.top_p.value_or(1.0f), 0.0f, 1.0f);
   if (body.contains("top_p") && p.top_p <= 0.0f)
     throw ApiError(400, "'top_p' must be > 0", "top_p");
-  p.top_k = number_field<int32_t>(body, "top_k", 0, -1, std::numeric_limits<int32_t>::max());
+  p.top_k = number_field<int32_t>(body, "top_k", model.top_k.value_or(0), -1,
+                                  std::numeric_limits<int32_t>::max());
   if (p.top_k < 0) p.top_k = 0;
-  p.min_p = number_field<float>(body, "min_p", 0.0f, 0.0f, 1.0f);
+  p.min_p = number_field<float>(body, "min_p", model.min_p.value_or(0.0f), 0.0f, 1.0f);
   if (auto it = body.find("seed"); it != body.end() && !it->is_null()) {
     if (!it->is_number_integer()) throw ApiError(400, "'seed' must be an integer", "seed");
     p.seed =
@@ -100,10 +103,13 @@ SamplingParams parse_sampling(Endpoint endpoint, const json& body, int32_t vocab
   }
   const int32_t unlimited = std::numeric_limits<int32_t>::max();
   if (endpoint == Endpoint::kCompletions) {
-    p.max_tokens = number_field<int32_t>(body, "max_tokens", 16, 0, unlimited);
+    p.max_tokens =
+        number_field<int32_t>(body, "max_tokens", model.max_tokens.value_or(16), 0, unlimited);
   } else {
-    // Chat: max_completion_tokens supersedes max_tokens; the default is "until the context ends".
-    p.max_tokens = number_field<int32_t>(body, "max_tokens", unlimited, 0, unlimited);
+    // Chat: max_completion_tokens supersedes max_tokens; the default is "until the context ends"
+    // (or the model's max_new_tokens).
+    p.max_tokens = number_field<int32_t>(body, "max_tokens", model.max_tokens.value_or(unlimited),
+                                         0, unlimited);
     p.max_tokens = number_field<int32_t>(body, "max_completion_tokens", p.max_tokens, 0, unlimited);
   }
   if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
@@ -128,7 +134,8 @@ SamplingParams parse_sampling(Endpoint endpoint, const json& body, int32_t vocab
   p.presence_penalty = number_field<float>(body, "presence_penalty", 0.0f, -2.0f, 2.0f);
   p.frequency_penalty = number_field<float>(body, "frequency_penalty", 0.0f, -2.0f, 2.0f);
   // vLLM's repetition_penalty: > 0 (1 = off). The bound above only keeps it finite.
-  p.repetition_penalty = number_field<float>(body, "repetition_penalty", 1.0f, 0.0f, 1e6f);
+  p.repetition_penalty = number_field<float>(body, "repetition_penalty",
+                                             model.repetition_penalty.value_or(1.0f), 0.0f, 1e6f);
   if (p.repetition_penalty <= 0.0f)
     throw ApiError(400, "'repetition_penalty' must be > 0", "repetition_penalty");
   p.logit_bias = parse_logit_bias(body, vocab_size);
@@ -205,7 +212,9 @@ ApiRequest parse_api_request(Endpoint endpoint, const json& body, const Tokenize
   r.endpoint = endpoint;
   if (auto it = body.find("model"); it != body.end() && it->is_string())
     r.model = it->get<std::string>();
-  r.params = parse_sampling(endpoint, body, tokenizer.vocab_size());
+  r.params =
+      parse_sampling(endpoint, body, tokenizer.vocab_size(),
+                     limits.sampling_defaults ? *limits.sampling_defaults : SamplingDefaults{});
   // Checked on the text, before tokenizing: a tokenizer pass over a 60 MB prompt takes 24 s
   // and 2.4 GB only to find it cannot fit (issue 26).
   const auto check_size = [&](const std::string& text, const char* param) {

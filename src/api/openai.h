@@ -42,6 +42,9 @@ struct RequestLimits {
   // A prompt text longer than this many UTF-8 bytes cannot fit the context whatever its
   // tokens (see max_prompt_bytes); it is refused before tokenizing. 0 = no bound.
   int64_t max_prompt_bytes = 0;
+  // The model's sampling defaults (generation_config.json) for the fields a request leaves
+  // unset; null = OpenAI's defaults (vLLM's --generation-config vllm).
+  const SamplingDefaults* sampling_defaults = nullptr;
 };
 
 // The longest prompt text, in bytes, that could still tokenize to fewer than

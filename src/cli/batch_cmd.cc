@@ -101,6 +101,7 @@ void run_batch(const BatchArgs& args) {
   context.max_sequence_tokens = engine.max_sequence_tokens();
   context.max_prompt_bytes = max_prompt_bytes(engine.tokenizer(), context.max_sequence_tokens);
   context.endpoint = batch_endpoint;
+  context.sampling_defaults = &engine.config().sampling_defaults;
   if (!args.served_model_name.empty()) context.model = args.served_model_name;
   for (const BatchInputLine& line : lines) {
     if (writer.done_ids().count(line.custom_id)) {

@@ -36,6 +36,17 @@ struct SamplingParams {
   std::vector<std::pair<TokenId, float>> logit_bias;
 };
 
+// A model's own sampling defaults (generation_config.json), used where a request sets no value
+// of its own, as vLLM does (its --generation-config auto): the fields vLLM takes from it.
+struct SamplingDefaults {
+  std::optional<float> temperature, top_p, min_p, repetition_penalty;
+  std::optional<int32_t> top_k;
+  std::optional<int32_t> max_tokens;  // max_new_tokens
+  bool empty() const {
+    return !temperature && !top_p && !min_p && !repetition_penalty && !top_k && !max_tokens;
+  }
+};
+
 // One sampled token and, when asked, log-probabilities (the sampler's output).
 struct TopLogprob {
   TokenId token;

@@ -15,6 +15,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "core/dtype.h"
+#include "core/types.h"
 
 namespace blend {
 
@@ -48,6 +49,9 @@ struct ModelConfig {
   std::optional<int32_t> bos_token_id;
   std::vector<int32_t> eos_token_ids;  // generation_config.json wins over config.json
   DType dtype = DType::kBF16;          // torch_dtype of the checkpoint
+  // generation_config.json's sampling defaults (temperature, top_p, top_k, min_p,
+  // repetition_penalty, max_new_tokens); requests that set a field keep their own.
+  SamplingDefaults sampling_defaults;
 
   int64_t q_dim() const { return num_heads * head_dim; }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }  // H_kv of DESIGN.md §3

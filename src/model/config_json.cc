@@ -411,6 +411,32 @@ ModelConfig ModelConfig::from_json(const json& j) {
   return c;
 }
 
+namespace {
+
+// The sampling fields vLLM reads from generation_config.json. A value of the wrong type or out
+// of range is refused (it would change every request that relies on it); null = unset.
+SamplingDefaults read_sampling_defaults(const json& gen) {
+  SamplingDefaults d;
+  auto number = [&](const char* key, double lo, double hi) -> std::optional<double> {
+    const json* v = find(gen, key);
+    if (!v || v->is_null()) return std::nullopt;
+    if (!v->is_number() || !(v->get<double>() >= lo && v->get<double>() <= hi))
+      refuse(std::string("'") + key + "' must be a number in [" + std::to_string(lo) + ", " +
+             std::to_string(hi) + "]");
+    return v->get<double>();
+  };
+  if (auto t = number("temperature", 0, 100)) d.temperature = static_cast<float>(*t);
+  if (auto t = number("top_p", 1e-9, 1)) d.top_p = static_cast<float>(*t);
+  if (auto t = number("min_p", 0, 1)) d.min_p = static_cast<float>(*t);
+  if (auto t = number("repetition_penalty", 1e-9, 1e6))
+    d.repetition_penalty = static_cast<float>(*t);
+  if (auto t = number("top_k", -1, 1e9)) d.top_k = static_cast<int32_t>(*t);
+  if (auto t = number("max_new_tokens", 0, 2147483647.0)) d.max_tokens = static_cast<int32_t>(*t);
+  return d;
+}
+
+}  // namespace
+
 ModelConfig ModelConfig::from_dir(const std::filesystem::path& dir) {
   const auto config_path = dir / "config.json";
   if (!std::filesystem::exists(config_path))
@@ -424,6 +450,7 @@ ModelConfig ModelConfig::from_dir(const std::filesystem::path& dir) {
       if (const json* eos = find(gen, "eos_token_id"))
         c.eos_token_ids = token_id_list(*eos, "eos_token_id");
       if (auto bos = optional_token_id(gen, "bos_token_id")) c.bos_token_id = bos;
+      c.sampling_defaults = read_sampling_defaults(gen);
       return 0;
     });
   }

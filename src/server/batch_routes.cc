@@ -340,6 +340,7 @@ BatchLineContext Server::Impl::line_context(const BatchJob& job, const Engine& e
   context.max_prompt_bytes = max_prompt_bytes_;
   context.model = model_name;
   context.request_class = RequestClass::kBestEffort;
+  context.sampling_defaults = &engine.config().sampling_defaults;
   if (job.batch.contains("endpoint") && job.batch["endpoint"].is_string())
     context.endpoint = parse_endpoint(job.batch["endpoint"].get<std::string>());
   return context;

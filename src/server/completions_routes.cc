@@ -122,6 +122,7 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
                         "model", "model_not_found");
     RequestLimits limits;
     limits.max_prompt_bytes = max_prompt_bytes_;
+    limits.sampling_defaults = &loop->engine().config().sampling_defaults;
     request = parse_api_request(endpoint, body, loop->engine().tokenizer(),
                                 chat_template ? &*chat_template : nullptr, limits);
     // Limits the engine would quietly apply become errors, as in vLLM: a client asking for

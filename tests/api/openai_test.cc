@@ -46,6 +46,42 @@ TEST_F(OpenAiTest, CompletionDefaultsAndFields) {
   EXPECT_EQ(r.params.logprobs, 3);
 }
 
+// The model's generation_config.json defaults fill what a request leaves unset (vLLM's
+// --generation-config auto); what the request sets is its own.
+TEST_F(OpenAiTest, ModelSamplingDefaultsFillUnsetFields) {
+  SamplingDefaults model;
+  model.temperature = 0.6f;
+  model.top_p = 0.9f;
+  model.top_k = 20;
+  model.min_p = 0.05f;
+  model.repetition_penalty = 1.1f;
+  model.max_tokens = 64;
+  RequestLimits limits;
+  limits.sampling_defaults = &model;
+  for (const Endpoint e : {Endpoint::kCompletions, Endpoint::kChatCompletions}) {
+    const json unset = e == Endpoint::kCompletions
+                           ? json::parse(R"({"prompt":"x"})")
+                           : json::parse(R"({"messages":[{"role":"user","content":"x"}]})");
+    const SamplingParams p = parse_api_request(e, unset, *tokenizer_, template_, limits).params;
+    EXPECT_FLOAT_EQ(p.temperature, 0.6f);
+    EXPECT_FLOAT_EQ(p.top_p, 0.9f);
+    EXPECT_EQ(p.top_k, 20);
+    EXPECT_FLOAT_EQ(p.min_p, 0.05f);
+    EXPECT_FLOAT_EQ(p.repetition_penalty, 1.1f);
+    EXPECT_EQ(p.max_tokens, 64);
+    json set = unset;
+    set.update(json::parse(R"({"temperature":0,"top_p":1,"top_k":-1,"min_p":0,)"
+                           R"("repetition_penalty":1,"max_tokens":5})"));
+    const SamplingParams q = parse_api_request(e, set, *tokenizer_, template_, limits).params;
+    EXPECT_FLOAT_EQ(q.temperature, 0.0f);
+    EXPECT_FLOAT_EQ(q.top_p, 1.0f);
+    EXPECT_EQ(q.top_k, 0);
+    EXPECT_FLOAT_EQ(q.min_p, 0.0f);
+    EXPECT_FLOAT_EQ(q.repetition_penalty, 1.0f);
+    EXPECT_EQ(q.max_tokens, 5);
+  }
+}
+
 TEST_F(OpenAiTest, LatencyTargetsAreAnExtensionField) {
   const ApiRequest r = parse_api_request(
       Endpoint::kCompletions, json::parse(R"({"prompt":"x","ttft_slo":0.25,"tpot_slo":0.05})"),

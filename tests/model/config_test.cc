@@ -402,6 +402,35 @@ TEST(ModelConfig, FifoAndBadGenerationConfigAreRefused) {
   EXPECT_THROW(ModelConfig::from_dir(dir.path()), Error);
 }
 
+// generation_config.json's sampling defaults (the fields vLLM takes from it); a value of the
+// wrong type is refused, naming the file and the field.
+TEST(ModelConfig, GenerationConfigSamplingDefaults) {
+  testing::TempDir dir;
+  testing::write_file(dir / "config.json", llama32_1b_config().dump());
+  testing::write_file(dir / "generation_config.json",
+                      R"({"do_sample": true, "temperature": 0.6, "top_p": 0.9, "top_k": 20,)"
+                      R"( "repetition_penalty": 1.05, "max_new_tokens": 64})");
+  const SamplingDefaults d = ModelConfig::from_dir(dir.path()).sampling_defaults;
+  EXPECT_FLOAT_EQ(*d.temperature, 0.6f);
+  EXPECT_FLOAT_EQ(*d.top_p, 0.9f);
+  EXPECT_EQ(*d.top_k, 20);
+  EXPECT_FLOAT_EQ(*d.repetition_penalty, 1.05f);
+  EXPECT_EQ(*d.max_tokens, 64);
+  EXPECT_FALSE(d.min_p);
+
+  testing::write_file(dir / "generation_config.json", R"({"temperature": "hot"})");
+  try {
+    ModelConfig::from_dir(dir.path());
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("generation_config.json: 'temperature'"),
+              std::string::npos)
+        << e.what();
+  }
+  testing::write_file(dir / "generation_config.json", R"({"eos_token_id": 1})");
+  EXPECT_TRUE(ModelConfig::from_dir(dir.path()).sampling_defaults.empty());
+}
+
 TEST(ModelConfig, FromDirPrefersGenerationConfigAndRoundTrips) {
   testing::TempDir dir;
   ModelConfig c = *find_model_preset("smollm-135m");
