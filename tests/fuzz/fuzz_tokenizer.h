@@ -1,0 +1,30 @@
+// libFuzzer harness helper: the real Llama-3 tokenizer and chat template that the harnesses of
+// client input (prompts, requests, batch lines) run against, loaded once per process. The
+// folder is $BLEND_TOKENIZER_DIR, else the one scripts/setup.sh fetched (BLEND_TOKENIZER_DIR at
+// configure time), as for the tests.
+#pragma once
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
+
+namespace blend::fuzz {
+
+inline std::filesystem::path tokenizer_dir() {
+  if (const char* env = std::getenv("BLEND_TOKENIZER_DIR"); env && *env) return env;
+  return BLEND_FUZZ_TOKENIZER_DIR;
+}
+
+inline const Tokenizer& llama3_tokenizer() {
+  static const Tokenizer tokenizer = Tokenizer::from_dir(tokenizer_dir());
+  return tokenizer;
+}
+
+inline const ChatTemplate& llama3_chat_template() {
+  static const ChatTemplate chat_template = ChatTemplate::from_dir(tokenizer_dir());
+  return chat_template;
+}
+
+}  // namespace blend::fuzz

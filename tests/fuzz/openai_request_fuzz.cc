@@ -1,0 +1,49 @@
+// Fuzzes the OpenAI request path a server body takes: parse_client_json (depth bound), then
+// parse_api_request for both endpoints with the real Llama-3 tokenizer and chat template, then
+// the context check. Either an ApiError (a 400 naming a parameter) or a request whose fields
+// are in range; never a crash, a JSON exception escaping as a 500, or a hang. The first byte
+// picks the endpoint.
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "api/api_error.h"
+#include "api/json_limits.h"
+#include "api/openai.h"
+#include "core/error.h"
+#include "fuzz_tokenizer.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size == 0) return 0;
+  const blend::Endpoint endpoint =
+      (data[0] & 1) ? blend::Endpoint::kChatCompletions : blend::Endpoint::kCompletions;
+  const std::string_view text(reinterpret_cast<const char*>(data) + 1, size - 1);
+  const blend::Tokenizer& tokenizer = blend::fuzz::llama3_tokenizer();
+  constexpr int64_t kMaxSequenceTokens = 4096;
+  // max_prompt_bytes walks the vocabulary: once per process, not per input.
+  static const blend::RequestLimits limits = [&] {
+    blend::RequestLimits l;
+    l.max_prompt_bytes = blend::max_prompt_bytes(tokenizer, kMaxSequenceTokens);
+    return l;
+  }();
+  try {
+    const nlohmann::json body = blend::parse_client_json(text, "the request body");
+    const blend::ApiRequest request = blend::parse_api_request(
+        endpoint, body, tokenizer, &blend::fuzz::llama3_chat_template(), limits);
+    blend::check_context(request, body, kMaxSequenceTokens);
+    for (int32_t id : request.prompt)
+      if (id < 0 || id >= tokenizer.vocab_size()) {
+        std::fprintf(stderr, "openai_request_fuzz: prompt id %d out of range\n", id);
+        std::abort();
+      }
+  } catch (const blend::ApiError&) {
+  } catch (const blend::Error&) {
+    // A chat template's raise_exception() (e.g. roles that do not alternate) is a blend::Error
+    // the server turns into a 400 too.
+  }
+  return 0;
+}
