@@ -132,13 +132,19 @@ BatchResultWriter::~BatchResultWriter() {
 void BatchResultWriter::append(const json& line) {
   // One write(2) per line on an O_APPEND descriptor: the kernel keeps the line whole even if
   // the process is killed right after, and concurrent appenders do not interleave.
+  // A full disk (or a file size limit) may take part of the line and then refuse the rest:
+  // cut the part off again, so the file holds whole lines only and a later append (or a
+  // rerun, once there is space) does not glue a result onto a torn one (issue 26).
   const std::string text = line.dump() + "\n";
+  const off_t end = ::lseek(fd_, 0, SEEK_END);
   size_t done = 0;
   while (done < text.size()) {
     const ssize_t n = ::write(fd_, text.data() + done, text.size() - done);
     if (n < 0) {
       if (errno == EINTR) continue;
-      throw Error("cannot write " + path_.string() + ": " + std::strerror(errno));
+      const int error = errno;
+      if (done > 0 && end >= 0) (void)::ftruncate(fd_, end);
+      throw Error("cannot write " + path_.string() + ": " + std::strerror(error));
     }
     done += static_cast<size_t>(n);
   }

@@ -1,4 +1,6 @@
 // `blend`: one executable, one subcommand per job (DESIGN.md §1).
+#include <signal.h>
+
 #include <cstdio>
 #include <exception>
 
@@ -9,6 +11,10 @@
 #include "server/version.h"
 
 int main(int argc, char** argv) {
+  // A file size limit (ulimit -f) reached while writing results is reported like a full disk
+  // (EFBIG: "cannot write FILE: File too large") by the writer that hit it, instead of killing
+  // the process mid-line with SIGXFSZ.
+  ::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{
       "blend: serve and batch-run Llama-family models (BlendServe, NanoFlow, BROS, BlockLLM)"};
   app.set_version_flag("--version", blend::kBlendVersion, "Print blend's version and exit");

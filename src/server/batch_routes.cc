@@ -248,16 +248,7 @@ void Server::Impl::batch_cancel(const httplib::Request& req, httplib::Response& 
   store->save_batch(snapshot);
   loop->post([this, job](Engine& engine) {
     job->cancelling = true;
-    for (const auto& [seq, state] : job->in_flight)
-      if (engine.cancel(seq)) metrics.on_cancelled(state->cls, state->had_first_token);
-    job->in_flight.clear();
-    // Lines the planner has not handed out yet never reach the engine.
-    std::erase(admission, job);
-    job->source.reset();
-    job->lines = {};
-    job->generated = {};
-    job->ended.clear();
-    finish_job(job);
+    stop_job(job, engine);
   });
   res.set_content(snapshot.dump(), "application/json");
 }
@@ -471,11 +462,14 @@ void Server::Impl::submit_line(const std::shared_ptr<BatchJob>& job, Engine& eng
           seconds_between(state->arrival, now),
           n > 1 ? seconds_between(state->first_token, now) / static_cast<double>(n - 1) : 0.0);
       const char* prefix = request.endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-";
-      job->writer->write_success(id, make_response(request, r, make_id(prefix), model_name, created,
-                                                   loop->engine().tokenizer()));
+      const bool written = write_result(job, [&] {
+        job->writer->write_success(id, make_response(request, r, make_id(prefix), model_name,
+                                                     created, loop->engine().tokenizer()));
+      });
       job->in_flight.erase(state->seq);
       state->done = true;
       ended(static_cast<double>(n));
+      if (!written) return;  // the job has failed; stop_job finishes it
       {
         std::lock_guard lock(batches_mu);
         auto& counts = job->batch["request_counts"];
@@ -490,8 +484,12 @@ void Server::Impl::submit_line(const std::shared_ptr<BatchJob>& job, Engine& eng
   } catch (const Error& e) {
     const ApiError* api = dynamic_cast<const ApiError*>(&e);
     const int status = api ? api->status() : 400;
-    job->error_writer->write_error(id, status, api ? api->body() : ApiError(400, e.what()).body());
+    const bool written = write_result(job, [&] {
+      job->error_writer->write_error(id, status,
+                                     api ? api->body() : ApiError(400, e.what()).body());
+    });
     ended(std::nullopt);
+    if (!written) return;
     {
       std::lock_guard lock(batches_mu);
       auto& counts = job->batch["request_counts"];
@@ -505,33 +503,92 @@ void Server::Impl::line_done(const std::shared_ptr<BatchJob>& job) {
   if (--job->remaining == 0) finish_job(job);
 }
 
+bool Server::Impl::write_result(const std::shared_ptr<BatchJob>& job,
+                                const std::function<void()>& write) {
+  if (job->write_failure) return false;  // a line that ends after the failure is dropped
+  try {
+    write();
+    return true;
+  } catch (const Error& e) {
+    fail_job(job, e.what());
+    return false;
+  }
+}
+
+// A result that cannot be written cannot be kept: rather than compute the rest of the batch
+// into the void (or stop the server), the batch fails at once with the reason, as OpenAI's
+// batches do. What was written stays: whole lines only (BatchResultWriter cuts a torn one),
+// published as the output file (issue 26: disk full leaves a clear error, no corrupt file).
+void Server::Impl::fail_job(const std::shared_ptr<BatchJob>& job, const std::string& reason) {
+  if (job->write_failure) return;
+  job->write_failure = reason;
+  std::fprintf(stderr, "blend serve: batch %s failed: %s\n", job->batch.value("id", "").c_str(),
+               reason.c_str());
+  // This may run inside an engine step (a result callback): cancel between steps instead.
+  loop->post([this, job](Engine& engine) { stop_job(job, engine); });
+}
+
+void Server::Impl::stop_job(const std::shared_ptr<BatchJob>& job, Engine& engine) {
+  for (const auto& [seq, state] : job->in_flight)
+    if (engine.cancel(seq)) metrics.on_cancelled(state->cls, state->had_first_token);
+  job->in_flight.clear();
+  // Lines the planner has not handed out yet never reach the engine.
+  std::erase(admission, job);
+  job->source.reset();
+  job->lines = {};
+  job->generated = {};
+  job->ended.clear();
+  finish_job(job);
+}
 // Engine thread: publishes the results file and the final status.
 void Server::Impl::finish_job(const std::shared_ptr<BatchJob>& job) {
   std::string id;
   {
     std::lock_guard lock(batches_mu);
     const json& b = job->batch;
-    if (b["status"] == "completed" || b["status"] == "cancelled") return;
+    if (b["status"] == "completed" || b["status"] == "cancelled" || b["status"] == "failed") return;
     id = b["id"];
   }
   // The results are all written: publish their files before the status that points at them.
-  store->register_file(job->output_id, id + "_output.jsonl", "batch_output");
+  // On a full disk even that may fail; the batch then fails with the reason, and its status is
+  // still served from memory (jobs) if it cannot be saved either.
+  std::optional<std::string> failure = job->write_failure;
   const bool any_failed = !job->error_writer->done_ids().empty();
-  if (any_failed) store->register_file(job->error_id, id + "_errors.jsonl", "batch_output");
+  bool published = true;
+  try {
+    store->register_file(job->output_id, id + "_output.jsonl", "batch_output");
+    if (any_failed) store->register_file(job->error_id, id + "_errors.jsonl", "batch_output");
+  } catch (const Error& e) {
+    published = false;
+    if (!failure) failure = e.what();
+  }
   json snapshot;
   {
     std::lock_guard lock(batches_mu);
     json& b = job->batch;
-    if (any_failed) b["error_file_id"] = job->error_id;
     const int64_t now = unix_seconds();
-    const bool cancelled = job->cancelling || b["status"] == "cancelling";
-    b["status"] = cancelled ? "cancelled" : "completed";
-    b[cancelled ? "cancelled_at" : "completed_at"] = now;
+    if (failure) {
+      b["status"] = "failed";
+      b["failed_at"] = now;
+      b["errors"] = {{"object", "list"},
+                     {"data", json::array({{{"code", "write_failed"}, {"message", *failure}}})}};
+    } else {
+      const bool cancelled = job->cancelling || b["status"] == "cancelling";
+      b["status"] = cancelled ? "cancelled" : "completed";
+      b[cancelled ? "cancelled_at" : "completed_at"] = now;
+    }
     b["finalizing_at"] = now;
-    b["output_file_id"] = job->output_id;
+    if (published) {
+      b["output_file_id"] = job->output_id;
+      if (any_failed) b["error_file_id"] = job->error_id;
+    }
     snapshot = b;
   }
-  store->save_batch(snapshot);
+  try {
+    store->save_batch(snapshot);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "blend serve: cannot save batch %s: %s\n", id.c_str(), e.what());
+  }
 }
 
 }  // namespace blend

@@ -1,7 +1,12 @@
 #include "server/batch_store.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cctype>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <fstream>
 
 #include "api/batch_file.h"
@@ -13,14 +18,38 @@ namespace {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
+// Write, fsync, rename, fsync the directory: a reader (or a restart after a crash) sees the
+// old content or the new, never a part. A full disk is a blend::Error naming the file and the
+// reason, and leaves neither a partial file nor the temporary behind (issue 26).
 void write_atomically(const fs::path& path, const std::string& text) {
   const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    if (!(out.flush())) throw Error("cannot write " + tmp.string());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error("cannot write " + tmp.string() + ": " + std::strerror(errno));
+  auto fail = [&](const char* what) {
+    const int error = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw Error(std::string("cannot ") + what + " " + path.string() + ": " + std::strerror(error));
+  };
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail("write");
+    done += static_cast<size_t>(n);
   }
-  fs::rename(tmp, path);
+  if (::fsync(fd) != 0) fail("sync");
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    ::unlink(tmp.c_str());
+    throw Error("cannot write " + path.string() + ": " + std::strerror(error));
+  }
+  if (const int dir = ::open(path.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+      dir >= 0) {
+    ::fsync(dir);
+    ::close(dir);
+  }
 }
 
 std::optional<json> read_json(const fs::path& path) {

@@ -214,8 +214,10 @@ void Server::Impl::route(const char* method, const std::string& pattern,
 }
 
 void Server::Impl::routes() {
-  // Serving a client that hung up must not kill the process.
+  // Serving a client that hung up must not kill the process; nor may a file size limit
+  // (ulimit -f) reached while writing results: that is an EFBIG error, handled as a full disk.
   ::signal(SIGPIPE, SIG_IGN);
+  ::signal(SIGXFSZ, SIG_IGN);
 
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     server_internal::request_log() = {server_internal::Clock::now(), -1, -1};
@@ -244,6 +246,21 @@ void Server::Impl::routes() {
                    req.method.c_str(), req.path.c_str(), res.status, tokens.c_str(), seconds);
     });
   }
+  // A route that throws (say, storing an upload on a full disk) answers with the reason in
+  // OpenAI's error shape: a 500 (server_error), or an ApiError's own status. Without this,
+  // httplib answers a bare 500 and puts the reason in a header.
+  http.set_exception_handler(
+      [this](const httplib::Request&, httplib::Response& res, std::exception_ptr thrown) {
+        try {
+          std::rethrow_exception(thrown);
+        } catch (const ApiError& e) {
+          send_error(res, e.status(), e.what(), e.param());
+        } catch (const std::exception& e) {
+          send_error(res, 500, e.what());
+        } catch (...) {
+          send_error(res, 500, "internal error");
+        }
+      });
   http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     // httplib routes by method first: a known path asked with another method is a 404 to it.

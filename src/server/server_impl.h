@@ -12,6 +12,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -83,6 +84,9 @@ struct BatchJob {
   std::unordered_map<SeqId, std::shared_ptr<Pending>> in_flight;
   int64_t remaining = 0;
   bool cancelling = false;
+  // Set when a result could not be written (a full disk): the batch then fails with this
+  // reason, keeping the whole lines already written (Impl::fail_job).
+  std::optional<std::string> write_failure;
   // A planned job (ServerOptions::batch_policy other than fcfs): its valid lines, handed to the
   // engine in the order and pace of `source` (plan/admission_source.h) by
   // Impl::admit_batch_lines; `source` is dropped once every line is handed out.
@@ -186,6 +190,14 @@ struct Server::Impl {
   void submit_line(const std::shared_ptr<BatchJob>& job, Engine& engine, PreparedBatchLine prepared,
                    int32_t planned = -1);
   void line_done(const std::shared_ptr<BatchJob>& job);
+  // Writes one result line with `write`; when that fails (a full disk), the job fails
+  // (fail_job) and false is returned.
+  bool write_result(const std::shared_ptr<BatchJob>& job, const std::function<void()>& write);
+  // Engine thread: the job ends as "failed" with `reason`; its other lines stop.
+  void fail_job(const std::shared_ptr<BatchJob>& job, const std::string& reason);
+  // Engine thread (a loop task, not a step callback): cancels the job's requests in flight and
+  // the lines not yet handed out, then finishes it.
+  void stop_job(const std::shared_ptr<BatchJob>& job, Engine& engine);
   void finish_job(const std::shared_ptr<BatchJob>& job);
 };
 

@@ -49,9 +49,10 @@ class BatchCli : public ::testing::Test {
   }
 
   static std::string batch_cmd(const std::string& input, const std::string& output,
-                               const std::string& extra = "") {
+                               const std::string& extra = "", const std::string& kv_gb = "0.05") {
     return std::string("'") + BLEND_BINARY + "' batch --model " + model() + " --input " + input +
-           " --output " + output + " --threads 2 --kv-memory 0.05 --deterministic --quiet " + extra;
+           " --output " + output + " --threads 2 --kv-memory " + kv_gb +
+           " --deterministic --quiet " + extra;
   }
 
   static testing::TempDir* dir_;
@@ -328,6 +329,100 @@ TEST_F(BatchCli, KillNineThenRerunLosesAndDuplicatesNothing) {
   EXPECT_TRUE(WIFSIGNALED(status)) << "the run finished before it could be killed";
   const size_t partial = read_jsonl(out).size();
   EXPECT_GE(partial, 3u);
+
+  ASSERT_EQ(testing::run_command(batch_cmd(in, out.string())).exit_code, 0);
+  std::map<std::string, int> seen;
+  for (const json& l : read_jsonl(out)) {
+    ++seen[l["custom_id"]];
+    EXPECT_EQ(l["response"]["body"]["choices"][0]["text"], clean[l["custom_id"]]) << l["custom_id"];
+  }
+  EXPECT_EQ(seen.size(), static_cast<size_t>(n));
+  for (const auto& [id, count] : seen) EXPECT_EQ(count, 1) << id;
+}
+
+// A KV cache far smaller than the batch needs, under every --policy (the input order and each
+// BlendServe plan): every line still completes, with the tokens a roomy run gives (issue 26).
+TEST_F(BatchCli, KvExhaustionUnderEveryPolicyCompletesEveryLine) {
+  testing::TempDir work;
+  const int n = 12;
+  std::string input;
+  for (int i = 0; i < n; ++i)
+    input += json{{"custom_id", "k" + std::to_string(i)},
+                  {"method", "POST"},
+                  {"url", "/v1/completions"},
+                  {"body",
+                   {{"model", "tiny"},
+                    {"prompt", "shared start, then line " + std::to_string(i % 4)},
+                    {"max_tokens", 40},
+                    {"temperature", i % 2 ? 0.7 : 0.0},
+                    {"seed", i},
+                    {"ignore_eos", true}}}}
+                 .dump() +
+             "\n";
+  testing::write_file(work / "in.jsonl", input);
+  const std::string in = (work / "in.jsonl").string();
+  const auto texts = [&](const std::filesystem::path& path) {
+    std::map<std::string, std::string> out;
+    for (const json& l : read_jsonl(path)) {
+      EXPECT_EQ(l["response"]["status_code"], 200) << l.dump();
+      out[l["custom_id"]] = l["response"]["body"]["choices"][0]["text"];
+    }
+    return out;
+  };
+  ASSERT_EQ(testing::run_command(batch_cmd(in, (work / "roomy.jsonl").string())).exit_code, 0);
+  const auto expected = texts(work / "roomy.jsonl");
+  ASSERT_EQ(expected.size(), static_cast<size_t>(n));
+  // About 16 pages of 16 tokens of the tiny model: room for 4-5 of the 12 lines at once.
+  for (const std::string policy : {"fcfs", "blend", "dfs", "random"}) {
+    const auto out = work / ("tight-" + policy + ".jsonl");
+    const auto r = testing::run_command(
+        batch_cmd(in, out.string(), "--policy " + policy + " 2>&1", "0.00007"));
+    ASSERT_EQ(r.exit_code, 0) << policy << ": " << r.output;
+    EXPECT_EQ(texts(out), expected) << policy;
+  }
+}
+
+// The disk fills up mid-run (simulated with a file size limit, which fails write(2) after a
+// partial write as a full disk does): `blend batch` stops with a message naming the file and the
+// reason and a non-zero exit, the output holds whole lines only (the torn one is cut off), and
+// a rerun with space again completes exactly the rest, with the clean run's tokens (issue 26).
+TEST_F(BatchCli, AFullDiskStopsTheRunWithWholeLinesAndARerunCompletesIt) {
+  testing::TempDir work;
+  const int n = 20;
+  std::string input;
+  for (int i = 0; i < n; ++i)
+    input += json{{"custom_id", "d" + std::to_string(i)},
+                  {"method", "POST"},
+                  {"url", "/v1/completions"},
+                  {"body",
+                   {{"model", "tiny"},
+                    {"prompt", "disk " + std::to_string(i)},
+                    {"max_tokens", 4},
+                    {"temperature", 0},
+                    {"ignore_eos", true}}}}
+                 .dump() +
+             "\n";
+  testing::write_file(work / "in.jsonl", input);
+  const std::string in = (work / "in.jsonl").string();
+  ASSERT_EQ(testing::run_command(batch_cmd(in, (work / "clean.jsonl").string())).exit_code, 0);
+  std::map<std::string, std::string> clean;
+  for (const json& l : read_jsonl(work / "clean.jsonl"))
+    clean[l["custom_id"]] = l["response"]["body"]["choices"][0]["text"];
+  ASSERT_EQ(clean.size(), static_cast<size_t>(n));
+
+  // Room for a few result lines (about 500 bytes each), not for twenty.
+  const auto out = work / "out.jsonl";
+  const auto full =
+      testing::run_command("prlimit --fsize=2500 " + batch_cmd(in, out.string()) + " 2>&1");
+  EXPECT_NE(full.exit_code, 0) << full.output;
+  EXPECT_NE(full.output.find("cannot write " + out.string()), std::string::npos) << full.output;
+  EXPECT_NE(full.output.find("File too large"), std::string::npos) << full.output;
+  const std::string text = testing::read_file(out);
+  ASSERT_FALSE(text.empty());
+  EXPECT_EQ(text.back(), '\n') << "a torn line was left at the end";
+  const size_t partial = read_jsonl(out).size();  // every line parses
+  EXPECT_GE(partial, 1u);
+  EXPECT_LT(partial, static_cast<size_t>(n));
 
   ASSERT_EQ(testing::run_command(batch_cmd(in, out.string())).exit_code, 0);
   std::map<std::string, int> seen;

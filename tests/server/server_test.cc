@@ -7,6 +7,8 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -792,6 +794,82 @@ TEST_F(BatchApi, CancelStopsTheBatchAndFreesItsKv) {
   EXPECT_TRUE(poll([&] { return metric(c, "blend:kv_cache_used_bytes") == 0; }));
   post(c, "/v1/batches/" + id + "/cancel", json::object(), &status);
   EXPECT_EQ(status, 400);  // already cancelled
+}
+
+// A full disk while a batch runs (simulated with a file size limit, which fails write(2) as
+// ENOSPC does, after a partial write): the batch fails with the reason and keeps the whole
+// result lines already written, the server carries on serving, and an upload that cannot be
+// stored is a 500 with the reason and leaves no file behind (issue 26). Before, the failed write
+// threw inside an engine step and the server aborted.
+TEST_F(BatchApi, AFullDiskFailsTheBatchCleanlyAndTheServerCarriesOn) {
+  auto server = start(options("batch-full"));
+  auto c = client(*server);
+  std::string jsonl;
+  const int n = 24;
+  for (int i = 0; i < n; ++i)
+    jsonl += line("f" + std::to_string(i), "full " + std::to_string(i), 3);
+  const std::string file_id = upload(c, jsonl);
+
+  struct rlimit saved {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &saved), 0);
+  const auto restore = [&] { ::setrlimit(RLIMIT_FSIZE, &saved); };
+  ::signal(SIGXFSZ, SIG_IGN);
+  // Room for the batch's own records (about 1 KB each) and a few result lines (about 600
+  // bytes each), not for all of them.
+  struct rlimit small = saved;
+  small.rlim_cur = 3000;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+
+  int status = 0;
+  const json created = post(c, "/v1/batches",
+                            {{"input_file_id", file_id}, {"endpoint", "/v1/completions"}}, &status);
+  if (status != 200) restore();
+  ASSERT_EQ(status, 200) << created.dump();
+  json batch;
+  const bool ended = poll([&] {
+    batch = get(c, "/v1/batches/" + created["id"].get<std::string>());
+    return batch.is_object() && batch["status"] != "in_progress";
+  });
+  // An upload too large for the limit: refused with the reason, nothing stored.
+  httplib::MultipartFormDataItems items = {
+      {"purpose", "batch", "", ""}, {"file", jsonl + jsonl, "big.jsonl", "application/jsonl"}};
+  auto up = c.Post("/v1/files", items);
+  restore();
+  ASSERT_TRUE(ended) << batch.dump();
+  EXPECT_EQ(batch["status"], "failed") << batch.dump();
+  ASSERT_TRUE(batch["errors"].is_object()) << batch.dump();
+  EXPECT_EQ(batch["errors"]["data"][0]["code"], "write_failed");
+  EXPECT_NE(batch["errors"]["data"][0]["message"].get<std::string>().find("File too large"),
+            std::string::npos)
+      << batch.dump();
+  // What was written is whole lines of distinct custom_ids, and not everything.
+  ASSERT_TRUE(batch["output_file_id"].is_string()) << batch.dump();
+  const auto out = results(c, batch);  // parses every line; fails on a duplicate
+  EXPECT_GE(out.size(), 1u);
+  EXPECT_LT(out.size(), static_cast<size_t>(n));
+  for (const auto& [id, r] : out) EXPECT_EQ(r["response"]["status_code"], 200) << id;
+  EXPECT_EQ(metric(c, "blend:num_requests_running{class=\"be\"}"), 0);
+
+  ASSERT_TRUE(up);
+  EXPECT_EQ(up->status, 500) << up->body;
+  const json err = json::parse(up->body, nullptr, false);
+  ASSERT_TRUE(err.is_object()) << up->body;
+  EXPECT_NE(err["error"]["message"].get<std::string>().find("File too large"), std::string::npos)
+      << up->body;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(*dir_ / "batch-full"))
+    EXPECT_NE(entry.path().extension(), ".tmp") << entry.path();
+  EXPECT_EQ(get(c, "/v1/files")["data"].size(), 2u) << "the input and the partial output";
+
+  // The server still serves, and the disk (with space again) takes a new batch.
+  const json online =
+      post(c, "/v1/completions", {{"model", "tiny"}, {"prompt", "still here"}, {"max_tokens", 2}},
+           &status);
+  EXPECT_EQ(status, 200) << online.dump();
+  const std::string again =
+      post(c, "/v1/batches", {{"input_file_id", file_id}, {"endpoint", "/v1/completions"}},
+           &status)["id"];
+  ASSERT_TRUE(completed(c, again, batch)) << batch.dump();
+  EXPECT_EQ(results(c, batch).size(), static_cast<size_t>(n));
 }
 
 TEST_F(BatchApi, FilesAndBatchesAreListedPagedAndDeleted) {
