@@ -207,6 +207,7 @@ void register_bench_command(CLI::App& app) {
     a->policy_given = cmd->count("--policy") > 0;
     run(*a);
   });
+  register_bench_soak_command(*bench);
 }
 
 }  // namespace blend::cli

@@ -18,6 +18,7 @@ void register_simulate_serve_command(CLI::App& app);  // blend simulate-serve
 void register_profile_command(CLI::App& app);         // blend profile
 void register_serve_command(CLI::App& app);           // blend serve
 void register_workload_command(CLI::App& app);        // blend workload synth
-void register_bench_command(CLI::App& app);           // blend bench serve
+void register_bench_command(CLI::App& app);           // blend bench serve | soak
+void register_bench_soak_command(CLI::App& bench);    // blend bench soak (under `bench`)
 
 }  // namespace blend::cli

@@ -66,6 +66,11 @@ void register_serve_command(CLI::App& app) {
                   "or f32 are checked against what the backend computes for the checkpoint")
       ->check(CLI::IsMember({"auto", "bf16", "f32"}))
       ->capture_default_str();
+  cmd->add_option("--threads-http", o->http_threads,
+                  "Connections served at once (a stream holds one until it ends); more wait "
+                  "in a queue, none is refused")
+      ->check(CLI::Range(1, 65536))
+      ->capture_default_str();
   cmd->add_flag("--quiet", o->quiet, "No access log and no throughput lines on stderr");
   cmd->add_option("--stats-interval", o->stats_interval,
                   "Seconds between throughput lines while serving (0 = none)")

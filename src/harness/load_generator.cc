@@ -40,30 +40,15 @@ MetricSnapshot read_metrics(httplib::Client& c) {
   if (!r || r->status != 200)
     throw Error("GET /metrics failed" +
                 (r ? ": HTTP " + std::to_string(r->status) : ": " + httplib::to_string(r.error())));
+  const std::vector<MetricSample> samples = parse_metrics(r->body);
+  const std::string be = "class=\"be\"";
   MetricSnapshot m;
-  std::istringstream in(r->body);
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty() || line[0] == '#') continue;
-    const size_t space = line.rfind(' ');
-    if (space == std::string::npos) continue;
-    const size_t brace = line.find('{');
-    const std::string name = line.substr(0, std::min(brace, space));
-    const std::string labels =
-        brace < space ? line.substr(brace, line.find('}', brace) - brace + 1) : "";
-    double v = 0;
-    try {
-      v = std::stod(line.substr(space + 1));
-    } catch (const std::exception&) {
-      continue;
-    }
-    const bool be = labels.find("class=\"be\"") != std::string::npos;
-    if (name == "blend:request_success_total" && be) m.be_finished += v;
-    if (name == "blend:prompt_tokens_total" && be) m.be_prompt_tokens += v;
-    if (name == "blend:generation_tokens_total" && be) m.be_output_tokens += v;
-    if (name == "blend:scheduler_seconds_total") m.scheduler_seconds = v;
-    if (name == "blend:step_seconds_total") m.step_seconds = v;
-    if (name == "blend:iterations_total") m.steps = v;
-  }
+  m.be_finished = metric_sum(samples, "blend:request_success_total", be);
+  m.be_prompt_tokens = metric_sum(samples, "blend:prompt_tokens_total", be);
+  m.be_output_tokens = metric_sum(samples, "blend:generation_tokens_total", be);
+  m.scheduler_seconds = metric_sum(samples, "blend:scheduler_seconds_total");
+  m.step_seconds = metric_sum(samples, "blend:step_seconds_total");
+  m.steps = metric_sum(samples, "blend:iterations_total");
   return m;
 }
 
@@ -88,15 +73,59 @@ json random_prompt(std::mt19937_64& rng, int32_t n, int32_t max_token_id) {
 // One streamed RT request; fills `rec`. Gives up at `deadline`.
 void run_rt_request(const LoadOptions& o, const std::string& body, Clock::time_point start,
                     Clock::time_point deadline, RtRecord& rec) {
-  httplib::Client c(o.host, o.port);
+  rec.arrival = since(start, Clock::now());
+  const StreamOutcome out = stream_completion(o.host, o.port, body, deadline);
+  rec.finished = out.finished;
+  rec.error = out.error;
+  rec.e2e = out.e2e;
+  rec.ttft = out.ttft;
+  rec.output_tokens = out.output_tokens;
+}
+
+}  // namespace
+
+std::vector<MetricSample> parse_metrics(const std::string& text) {
+  std::vector<MetricSample> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t space = line.rfind(' ');
+    if (space == std::string::npos) continue;
+    const size_t brace = line.find('{');
+    MetricSample m;
+    m.name = line.substr(0, std::min(brace, space));
+    if (brace < space) m.labels = line.substr(brace, line.find('}', brace) - brace + 1);
+    try {
+      m.value = std::stod(line.substr(space + 1));
+    } catch (const std::exception&) {
+      continue;
+    }
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+double metric_sum(const std::vector<MetricSample>& samples, const std::string& name,
+                  const std::string& label) {
+  double sum = 0;
+  for (const MetricSample& m : samples)
+    if (m.name == name && (label.empty() || m.labels.find(label) != std::string::npos))
+      sum += m.value;
+  return sum;
+}
+
+StreamOutcome stream_completion(const std::string& host, int port, const std::string& body,
+                                Clock::time_point deadline, int32_t hang_up_after_events) {
+  StreamOutcome out;
+  httplib::Client c(host, port);
   c.set_connection_timeout(5, 0);
   const double left = std::max(1.0, since(Clock::now(), deadline));
   c.set_read_timeout(static_cast<time_t>(left), static_cast<time_t>(std::fmod(left, 1.0) * 1e6));
   const Clock::time_point sent = Clock::now();
-  rec.arrival = since(start, sent);
   double first = -1, end = -1;
   int64_t tokens = -1;
-  bool done = false;
+  int32_t events = 0;
+  bool done = false, hang_up = false;
   std::string buffer, error;
   httplib::Request req;
   req.method = "POST";
@@ -110,6 +139,7 @@ void run_rt_request(const LoadOptions& o, const std::string& body, Clock::time_p
       const std::string event = buffer.substr(0, cut);
       buffer.erase(0, cut + 2);
       if (event.rfind("data: ", 0) != 0) continue;
+      ++events;
       const std::string payload = event.substr(6);
       if (payload == "[DONE]") {
         done = true;
@@ -135,27 +165,32 @@ void run_rt_request(const LoadOptions& o, const std::string& body, Clock::time_p
       if (j.contains("usage") && j["usage"].is_object())
         tokens = j["usage"].value("completion_tokens", int64_t{-1});
     }
+    if (hang_up_after_events > 0 && events >= hang_up_after_events && !done) {
+      hang_up = true;
+      return false;  // httplib closes the connection
+    }
     return now < deadline;
   };
   auto result = c.send(req);
-  if (!result) {
-    rec.error = Clock::now() >= deadline ? "unfinished at the drain deadline"
+  if (hang_up && !done) {
+    out.hung_up = true;
+  } else if (!result) {
+    out.error = Clock::now() >= deadline ? "unfinished at the drain deadline"
                                          : "HTTP: " + httplib::to_string(result.error());
   } else if (result->status != 200) {
-    rec.error = "HTTP " + std::to_string(result->status) + ": " + buffer + result->body;
+    out.error = "HTTP " + std::to_string(result->status) + ": " + buffer + result->body;
   } else if (!error.empty()) {
-    rec.error = error;
+    out.error = error;
   } else if (!done || end < 0 || tokens < 0) {
-    rec.error = "the stream ended without a finish reason, usage and [DONE]";
+    out.error = "the stream ended without a finish reason, usage and [DONE]";
   } else {
-    rec.finished = true;
-    rec.e2e = end;
-    rec.ttft = first < 0 ? end : first;  // no text at all: the first token came with the end
-    rec.output_tokens = tokens;
+    out.finished = true;
+    out.e2e = end;
+    out.ttft = first < 0 ? end : first;  // no text at all: the first token came with the end
+    out.output_tokens = tokens;
   }
+  return out;
 }
-
-}  // namespace
 
 double percentile(std::vector<double> v, double q) {
   if (v.empty()) return 0;

@@ -30,6 +30,7 @@
 // requests.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -78,7 +79,7 @@ struct LoadOptions {
   double ttft_slo = 0.4, tpot_slo = 0.2;
   int32_t max_token_id = 30000;  // prompt ids are drawn from [100, max_token_id)
   int64_t max_rt_requests = 10000;
-  int32_t max_in_flight = 48;  // `blend serve` handles 64 connections at once
+  int32_t max_in_flight = 48;  // under `blend serve --threads-http` (512 by default)
   double drain_timeout_seconds = 60;
   uint64_t seed = 1;
 };
@@ -103,6 +104,34 @@ struct LoadReport {
 // steps, scheduler_fraction, seconds.
 nlohmann::json to_json(const std::string& policy, const LoadOptions& options,
                        const LoadReport& report);
+
+// One streamed POST /v1/completions as a client sees it (the body asks for `stream` and
+// `stream_options.include_usage`): read until [DONE], or until `deadline`. With
+// hang_up_after_events > 0 the client closes the connection after that many SSE events, as a
+// user who gives up does; such a stream ends `hung_up` (unless it had already finished).
+struct StreamOutcome {
+  bool finished = false;  // finish reason, usage and [DONE] all seen, no error
+  bool hung_up = false;   // the client closed the connection on purpose
+  double ttft = 0;        // seconds from sending to the first non-empty text (finished only)
+  double e2e = 0;         // ... to the event with the finish reason
+  int64_t output_tokens = 0;
+  std::string error;  // why it neither finished nor was hung up
+};
+StreamOutcome stream_completion(const std::string& host, int port, const std::string& body,
+                                std::chrono::steady_clock::time_point deadline,
+                                int32_t hang_up_after_events = 0);
+
+// One sample line of a Prometheus text exposition (GET /metrics): `name{labels} value`.
+struct MetricSample {
+  std::string name;
+  std::string labels;  // "{...}" as written, or empty
+  double value = 0;
+};
+std::vector<MetricSample> parse_metrics(const std::string& text);
+// The sum of the samples named `name` whose labels contain `label` (e.g. "class=\"rt\"";
+// empty: all).
+double metric_sum(const std::vector<MetricSample>& samples, const std::string& name,
+                  const std::string& label = "");
 
 // Throws blend::Error unless `host` is a loopback address (localhost, 127.0.0.0/8, ::1).
 void check_loopback(const std::string& host);

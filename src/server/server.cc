@@ -167,7 +167,9 @@ Server::Impl::Impl(const ServerOptions& o) : options(o) {
       },
       [this](Engine& e) { return admit_batch_lines(e); });
   // Streams hold a handler thread each for their whole life: allow many.
-  http.new_task_queue = [] { return new httplib::ThreadPool(64); };
+  http.new_task_queue = [n = static_cast<size_t>(options.http_threads)] {
+    return new httplib::ThreadPool(n);
+  };
   http.set_payload_max_length(options.max_body_bytes);
   routes();
   if (options.port == 0) {

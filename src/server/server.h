@@ -40,6 +40,10 @@ struct ServerOptions {
   // Connections the kernel may hold for accept() (capped by net.core.somaxconn): httplib's 5
   // reset clients under bursts.
   int listen_backlog = 4096;
+  // Connections served at once: httplib gives each its own thread for its whole life (a stream
+  // holds one until its last token). More wait, queued, for a free thread; none is refused.
+  // llama.cpp's --threads-http.
+  int http_threads = 512;
   // Batch API jobs: "blend" (default) hands each job's lines to the engine in the order and
   // pace of a BlendServe plan of the job (prefix tree, dual scanner; as `blend batch --policy
   // blend`), "dfs" or "random" in those plans' orders, "fcfs" all at once in file order (no

@@ -79,6 +79,35 @@ TEST_F(ServingCli, BenchServePrintsOneJsonObjectPerPolicyWithItsKvLayout) {
   EXPECT_EQ(got[0]["kv_layout"], "unidirectional");
 }
 
+// A short soak (issue 26): `blend serve` as a child, 40 streaming clients with a third of
+// their requests abandoned mid-stream, Batch API jobs beside them. Every request must be
+// answered or cleanly cancelled and accounted for by the server, which must stop cleanly on
+// SIGTERM. (RSS growth is not judged in a few seconds: first-touch of the KV pool dominates.)
+TEST_F(ServingCli, BenchSoakAnswersOrCancelsEveryRequestAndTheServerStopsCleanly) {
+  const auto r = testing::run_command(
+      blend("bench soak --model '" + (*dir_ / "tiny").string() +
+            "' --clients 40 --duration 4 --hang-up-fraction 0.3 --be-batch 8 --threads 1 "
+            "--kv-memory 0.01 --prompt-max 48 --output-max 24 --rss-growth-limit 100 --json "
+            "2>&1"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto got = lines(r.output);
+  ASSERT_EQ(got.size(), 1u) << r.output;
+  const nlohmann::json& j = got[0];
+  EXPECT_TRUE(j["ok"].get<bool>()) << j.dump();
+  EXPECT_EQ(j["failed"], 0) << j.dump();
+  EXPECT_GT(j["completed"].get<int64_t>(), 0);
+  EXPECT_GT(j["hung_up"].get<int64_t>(), 0);
+  EXPECT_EQ(j["requests"].get<int64_t>(),
+            j["completed"].get<int64_t>() + j["hung_up"].get<int64_t>());
+  EXPECT_EQ(j["server_finished_rt"].get<double>() + j["server_cancelled_rt"].get<double>(),
+            static_cast<double>(j["requests"].get<int64_t>()));
+  EXPECT_EQ(j["max_open_streams"], 40);
+  EXPECT_GT(j["be_jobs"].get<int64_t>(), 0);
+  EXPECT_GE(j["rss_mib"].size(), 3u);
+  EXPECT_TRUE(j["healthy"].get<bool>());
+  EXPECT_EQ(j["server_running_at_end"], 0);
+}
+
 TEST_F(ServingCli, SimulateServePrintsOneJsonObjectPerRateAndPolicy) {
   const auto r = testing::run_command(
       blend("simulate-serve --rt-rate 1,3 --duration 20 --policy hybrid,fcfs --be-batch 32 "
