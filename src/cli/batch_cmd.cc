@@ -1,6 +1,7 @@
 // blend batch — an OpenAI Batch API input file in, a result file out (DESIGN.md §1).
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -21,6 +22,7 @@
 #include "cli/progress.h"
 #include "core/error.h"
 #include "engine/engine.h"
+#include "harness/plot.h"
 #include "harness/profile.h"
 #include "kv/radix_cache.h"
 #include "offline/planned_run.h"
@@ -35,6 +37,7 @@ struct BatchArgs {
   std::string output;
   std::string stats;
   std::string step_timings;       // each step's shape and time, for `blend profile --steps`
+  std::string plot;               // PNG of throughput and KV use over the run
   std::string endpoint;           // the batch's endpoint; empty = each line's url
   std::string served_model_name;  // lines naming another model fail; empty = any name
   EngineOptions engine;
@@ -75,6 +78,8 @@ void run_batch(const BatchArgs& args) {
 
   std::optional<StepRecorder> recorder;
   if (!args.step_timings.empty()) recorder.emplace(engine);
+  std::optional<RunTimeline> timeline;
+  if (!args.plot.empty()) timeline.emplace(engine);
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t created = std::chrono::duration_cast<std::chrono::seconds>(
                               std::chrono::system_clock::now().time_since_epoch())
@@ -85,15 +90,20 @@ void run_batch(const BatchArgs& args) {
   std::vector<OfflineRequest> planned;                 // --policy other than fcfs
   const bool use_plan = args.policy != "fcfs";
   Progress progress(0, false);
+  // The progress bar's work bound: prompt + max_tokens of every request to run, less what
+  // each finished one did not use.
+  int64_t token_bound = 0;
   auto on_result = [&](GenerationResult&& r) {
     const ApiRequest& request = api_of.at(r.id);
+    token_bound -= std::max<int64_t>(
+        0, static_cast<int64_t>(request.params.max_tokens) - static_cast<int64_t>(r.tokens.size()));
     const char* prefix = request.endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-";
     writer.write_success(
         r.id, make_response(request, r, make_id(prefix), model_name, created, engine.tokenizer()));
     api_of.erase(r.id);
     ++done;
     const EngineStats st = engine.stats();
-    progress.update(done + failed, st.prompt_tokens + st.output_tokens);
+    progress.update(done + failed, st.prompt_tokens + st.output_tokens, token_bound);
   };
   BatchLineContext context;
   context.tokenizer = &engine.tokenizer();
@@ -115,6 +125,11 @@ void run_batch(const BatchArgs& args) {
       GenerationRequest& gen = prepared.generation;
       engine.check_request(gen);
       prompts.push_back(gen.prompt);
+      // An unset max_tokens runs to the context's end at most.
+      token_bound +=
+          static_cast<int64_t>(gen.prompt.size()) +
+          std::min<int64_t>(gen.params.max_tokens,
+                            context.max_sequence_tokens - static_cast<int64_t>(gen.prompt.size()));
       api_of.emplace(line.custom_id, std::move(prepared.api));
       if (use_plan) {
         OfflineRequest q{gen.id, std::move(gen.prompt), gen.params, 0, gen.params.ignore_eos};
@@ -147,10 +162,15 @@ void run_batch(const BatchArgs& args) {
   while (engine.has_work()) {
     engine.step();
     const EngineStats s = engine.stats();
-    progress.update(done + failed, s.prompt_tokens + s.output_tokens);
+    progress.update(done + failed, s.prompt_tokens + s.output_tokens, token_bound);
   }
   progress.finish();
   if (recorder) write_step_timings(args.step_timings, recorder->steps(engine.clock_seconds()));
+  if (timeline && !timeline->steps().empty()) {
+    write_run_plot(args.plot, "blend batch: " + model_name + ", " + args.policy + " order",
+                   *timeline, engine.clock_seconds());
+    if (!args.quiet) std::fprintf(stderr, "blend batch: wrote %s\n", args.plot.c_str());
+  }
 
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const EngineStats s = engine.stats();
@@ -230,6 +250,9 @@ void register_batch_command(CLI::App& app) {
   cmd->add_option("--step-timings", args->step_timings,
                   "Write each engine step's shape and wall time (to the next step's start) as "
                   "JSONL here, for `blend profile --steps`");
+  cmd->add_option("--plot", args->plot,
+                  "Write a PNG of throughput (tokens/s) and KV cache use over the run here; its "
+                  "numbers go to the same name with .dat");
   add_engine_flags(cmd, args->engine);
   cmd->add_option("--policy", args->policy,
                   "Request order: fcfs (input order, default), or a BlendServe plan: blend "

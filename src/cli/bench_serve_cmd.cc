@@ -19,6 +19,7 @@
 #include "cli/engine_flags.h"
 #include "core/error.h"
 #include "harness/load_generator.h"
+#include "harness/plot.h"
 #include "harness/serving_sim.h"
 #include "harness/traces.h"
 #include "server/server.h"
@@ -44,6 +45,7 @@ struct BenchServeArgs {
   std::string kv_layout = "auto";
   bool json = false;
   bool policy_given = false;
+  std::string plot;  // PNG of the latency CDFs per class and policy
   online::LoadOptions load;
   EngineOptions engine;
 };
@@ -105,9 +107,31 @@ void run(BenchServeArgs& args) {
                lo.ttft_slo, lo.tpot_slo, lo.rt_rate, lo.duration_seconds, lo.length_scale,
                lo.be_batch_requests);
 
+  // Latency CDFs per class and policy for --plot: RT TTFT and end-to-end, BE job completion.
+  std::vector<CdfSeries> cdfs;
+  auto collect = [&](const std::string& policy, const online::LoadReport& r) {
+    if (args.plot.empty()) return;
+    CdfSeries ttft{policy + " RT TTFT", {}}, e2e{policy + " RT end-to-end", {}};
+    for (const auto& rec : r.records)
+      if (rec.finished) {
+        ttft.values.push_back(rec.ttft);
+        e2e.values.push_back(rec.e2e);
+      }
+    cdfs.push_back(std::move(ttft));
+    cdfs.push_back(std::move(e2e));
+    cdfs.push_back({policy + " BE batch job", r.be_job_seconds});
+  };
+  auto plot = [&] {
+    if (args.plot.empty()) return;
+    write_cdf_plot(args.plot, "blend bench serve: latency CDF per class", "seconds", cdfs);
+    std::fprintf(stderr, "blend bench serve: wrote %s\n", args.plot.c_str());
+  };
   if (!args.url.empty()) {
     const std::string label = args.policy_given ? policies[0] : "server";
-    print(label, lo, online::run_load(lo), args.json);
+    const online::LoadReport report = online::run_load(lo);
+    print(label, lo, report, args.json);
+    collect(label, report);
+    plot();
     return;
   }
   for (const std::string& policy : policies) {
@@ -145,7 +169,9 @@ void run(BenchServeArgs& args) {
     std::filesystem::remove_all(so.data_dir);
     print(policy, lo, report, args.json,
           so.engine.scheduler.bidirectional_kv ? "bidirectional" : "unidirectional");
+    collect(policy, report);
   }
+  plot();
 }
 
 }  // namespace
@@ -203,6 +229,9 @@ void register_bench_command(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "bidirectional", "unidirectional"}))
       ->capture_default_str();
   cmd->add_flag("--json", a->json, "One JSON object per policy");
+  cmd->add_option("--plot", a->plot,
+                  "Write a PNG of the latency CDFs per class and policy (RT TTFT and "
+                  "end-to-end, BE batch jobs) here; its numbers go to the same name with .dat");
   cmd->callback([a, cmd] {
     a->policy_given = cmd->count("--policy") > 0;
     run(*a);

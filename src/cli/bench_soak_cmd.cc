@@ -39,6 +39,7 @@ struct SoakArgs {
   int threads = 0;
   double kv_memory_gb = 0;
   int http_threads = 0;  // 0 = clients + 64
+  std::string policy;    // the server's --policy; empty = its default
   bool json = false;
   online::SoakOptions soak;
 };
@@ -80,6 +81,7 @@ class ServerProcess {
         "--threads-http",
         std::to_string(args.http_threads > 0 ? args.http_threads : args.soak.clients + 64)};
     if (args.threads > 0) argv.insert(argv.end(), {"--threads", std::to_string(args.threads)});
+    if (!args.policy.empty()) argv.insert(argv.end(), {"--policy", args.policy});
     if (args.kv_memory_gb > 0)
       argv.insert(argv.end(), {"--kv-memory", std::to_string(args.kv_memory_gb)});
     std::vector<char*> cargv;
@@ -237,6 +239,8 @@ void register_bench_soak_command(CLI::App& bench) {
   cmd->add_option("--seed", a->soak.seed, "Prompts, lengths and hang-ups")->capture_default_str();
   cmd->add_option("--threads", a->threads, "Server compute threads (default: all)");
   cmd->add_option("--kv-memory", a->kv_memory_gb, "Server KV cache size in GB");
+  cmd->add_option("--policy", a->policy,
+                  "The server's scheduling policy (`blend serve --policy`; default: its own)");
   cmd->add_option("--threads-http", a->http_threads,
                   "Server connections at once (default: clients + 64)");
   cmd->add_flag("--json", a->json, "The report as one JSON object (RSS samples included)");

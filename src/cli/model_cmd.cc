@@ -11,6 +11,7 @@
 #include "model/random_init.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
+#include "text/tokenizer.h"
 
 namespace blend::cli {
 namespace {
@@ -31,6 +32,11 @@ DType parse_dtype_flag(const std::string& s) {
   throw Error("--dtype must be bf16, f16 or f32, not '" + s + "'");
 }
 
+// The embedding table's parameters, and the lm_head's when it is a matrix of its own.
+int64_t embedding_parameters(const ModelConfig& config) {
+  return config.vocab_size * config.hidden_size * (config.tie_word_embeddings ? 1 : 2);
+}
+
 void run_init(const InitArgs& a) {
   auto config = find_model_preset(a.preset);
   if (!config) {
@@ -48,30 +54,45 @@ void run_init(const InitArgs& a) {
       a.tokenizer.empty() ? default_tokenizer_dir() : std::filesystem::path(a.tokenizer);
   options.max_shard_bytes = static_cast<uint64_t>(a.shard_mib * 1024 * 1024);
   write_random_model(*config, a.out, options);
-  std::printf("wrote %s: %s, %.1fM parameters, %s\n", a.out.c_str(), a.preset.c_str(),
-              static_cast<double>(config->num_parameters()) / 1e6, a.dtype.c_str());
+  // The presets keep their namesake's layer shapes but carry the Llama-3 vocabulary: say where
+  // the parameters are, so "smollm-135m: 180.1M" does not read as a miscount.
+  std::printf(
+      "wrote %s: %s, %.1fM parameters (%.1fM in the layers, %.1fM in the %s embedding "
+      "of a %lld-token vocabulary), %s\n",
+      a.out.c_str(), a.preset.c_str(), static_cast<double>(config->num_parameters()) / 1e6,
+      static_cast<double>(config->num_parameters() - embedding_parameters(*config)) / 1e6,
+      static_cast<double>(embedding_parameters(*config)) / 1e6,
+      config->tie_word_embeddings ? "tied" : "untied (input + lm_head)",
+      static_cast<long long>(config->vocab_size), a.dtype.c_str());
 }
 
 void run_info(const std::string& dir) {
   const ModelConfig config = ModelConfig::from_dir(dir);
   const TensorStore store = TensorStore::open_dir(dir);
   const DType dtype = check_tensors(config, store);
+  // The tokenizer too: a folder whose tokenizer blend cannot run (SentencePiece-style,
+  // Metaspace) must fail here, not pass `model info` and fail at the first request.
+  const Tokenizer tokenizer = Tokenizer::from_dir(dir);
   uint64_t bytes = 0;
   for (const auto& [name, view] : store.tensors()) bytes += view->nbytes;
-  nlohmann::json info = {{"architecture", config.architecture},
-                         {"hidden_size", config.hidden_size},
-                         {"num_layers", config.num_layers},
-                         {"num_heads", config.num_heads},
-                         {"num_kv_heads", config.num_kv_heads},
-                         {"head_dim", config.head_dim},
-                         {"intermediate_size", config.intermediate_size},
-                         {"vocab_size", config.vocab_size},
-                         {"tie_word_embeddings", config.tie_word_embeddings},
-                         {"parameters", config.num_parameters()},
-                         {"tensors", store.tensors().size()},
-                         {"weight_bytes", bytes},
-                         {"dtype", dtype_name(dtype)},
-                         {"eos_token_ids", config.eos_token_ids}};
+  nlohmann::json info = {
+      {"architecture", config.architecture},
+      {"hidden_size", config.hidden_size},
+      {"num_layers", config.num_layers},
+      {"num_heads", config.num_heads},
+      {"num_kv_heads", config.num_kv_heads},
+      {"head_dim", config.head_dim},
+      {"intermediate_size", config.intermediate_size},
+      {"vocab_size", config.vocab_size},
+      {"tie_word_embeddings", config.tie_word_embeddings},
+      {"parameters", config.num_parameters()},
+      {"embedding_parameters", embedding_parameters(config)},
+      {"non_embedding_parameters", config.num_parameters() - embedding_parameters(config)},
+      {"tensors", store.tensors().size()},
+      {"weight_bytes", bytes},
+      {"dtype", dtype_name(dtype)},
+      {"eos_token_ids", config.eos_token_ids},
+      {"tokenizer_vocab_size", tokenizer.vocab_size()}};
   std::printf("%s\n", info.dump(2).c_str());
 }
 

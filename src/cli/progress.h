@@ -1,35 +1,61 @@
 // A one-line progress bar on stderr (requests done/total, tokens/s, ETA), redrawn at most
-// five times a second; silent when stderr is not a terminal.
+// five times a second; silent when stderr is not a terminal. The bar and the ETA follow tokens,
+// not requests: requests differ in length by orders of magnitude, and BlendServe's order runs
+// long and short ones in a planned mix, so finished requests say little about the time left.
+// `token_bound` is the work the run can still need at most (prompt + max_tokens of every
+// request, shrunk as requests finish early), so the ETA errs long, never short, and converges.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 
 namespace blend::cli {
 
+// What one redraw shows; a function of its own so that tests can check the arithmetic.
+struct ProgressFigures {
+  double fraction = 0;  // of the bar
+  double tokens_per_s = 0;
+  double eta_seconds = 0;
+};
+
+inline ProgressFigures progress_figures(int64_t done, int64_t total, int64_t tokens,
+                                        int64_t token_bound, double elapsed_seconds) {
+  ProgressFigures f;
+  f.tokens_per_s = elapsed_seconds > 0 ? static_cast<double>(tokens) / elapsed_seconds : 0.0;
+  if (done >= total) {
+    f.fraction = 1;
+    return f;
+  }
+  if (token_bound > 0)
+    f.fraction = std::min(1.0, static_cast<double>(tokens) / static_cast<double>(token_bound));
+  const double left = static_cast<double>(std::max<int64_t>(0, token_bound - tokens));
+  f.eta_seconds = f.tokens_per_s > 0 ? left / f.tokens_per_s : 0.0;
+  return f;
+}
+
 class Progress {
  public:
   Progress(int64_t total, bool enabled)
       : total_(total), enabled_(enabled), start_(std::chrono::steady_clock::now()) {}
 
-  void update(int64_t done, int64_t tokens) {
+  void update(int64_t done, int64_t tokens, int64_t token_bound) {
     if (!enabled_) return;
     const auto now = std::chrono::steady_clock::now();
     if (done < total_ && now - last_ < std::chrono::milliseconds(200)) return;
     last_ = now;
-    const double elapsed = std::chrono::duration<double>(now - start_).count();
-    const double rate = elapsed > 0 ? static_cast<double>(tokens) / elapsed : 0.0;
-    const double frac = total_ > 0 ? static_cast<double>(done) / static_cast<double>(total_) : 1.0;
-    const double eta = frac > 0 ? elapsed * (1 - frac) / frac : 0.0;
+    const ProgressFigures f = progress_figures(done, total_, tokens, token_bound,
+                                               std::chrono::duration<double>(now - start_).count());
     constexpr int kWidth = 30;
     char bar[kWidth + 1];
-    const int filled = static_cast<int>(frac * kWidth);
+    const int filled = static_cast<int>(f.fraction * kWidth);
     for (int i = 0; i < kWidth; ++i) bar[i] = i < filled ? '=' : (i == filled ? '>' : ' ');
     bar[kWidth] = '\0';
+    const int eta = static_cast<int>(f.eta_seconds);
     std::fprintf(stderr, "\r[%s] %lld/%lld requests  %.0f tokens/s  ETA %02d:%02d  ", bar,
-                 static_cast<long long>(done), static_cast<long long>(total_), rate,
-                 static_cast<int>(eta) / 60, static_cast<int>(eta) % 60);
+                 static_cast<long long>(done), static_cast<long long>(total_), f.tokens_per_s,
+                 eta / 60, eta % 60);
     drawn_ = true;
   }
 

@@ -137,11 +137,11 @@ class Engine {
   void check_invariants() const;
   void run_until_done();
 
-  // Called at the end of every step that ran a forward pass, with the batch it ran and when the
-  // step began on the engine's clock. Step timings (`blend batch --step-timings`) fit the cost
-  // model on them.
+  // Called, in the order added, at the end of every step that ran a forward pass, with the
+  // batch it ran and when the step began on the engine's clock. Step timings (`blend batch
+  // --step-timings`) fit the cost model on them; `--plot` draws the run's timeline.
   using StepObserver = std::function<void(const ForwardBatch& batch, double started)>;
-  void set_step_observer(StepObserver observer) { step_observer_ = std::move(observer); }
+  void add_step_observer(StepObserver observer) { step_observers_.push_back(std::move(observer)); }
 
   EngineStats stats() const;
   // The engine's clock (seconds): the backend's (wall time since start, or a simulator's).
@@ -196,7 +196,7 @@ class Engine {
   std::vector<std::unique_ptr<Active>> retired_;
   SeqId next_id_ = 1;
   EngineStats stats_;
-  StepObserver step_observer_;
+  std::vector<StepObserver> step_observers_;
   double now() const { return backend_->clock_seconds(); }  // the clock of SLO deadlines
 };
 

@@ -415,6 +415,7 @@ LoadReport run_load(const LoadOptions& o) {
         if (!cr || cr->status != 200)
           return fail("BE batch creation failed" + (cr ? ": " + cr->body : std::string()));
         const std::string id = field(cr->body, "id");
+        const Clock::time_point created = Clock::now();
         {
           std::lock_guard lock(be_mu);
           be_running = id;
@@ -432,6 +433,7 @@ LoadReport run_load(const LoadOptions& o) {
         }
         std::lock_guard lock(be_mu);
         be_running.clear();
+        report.be_job_seconds.push_back(since(created, Clock::now()));
       }
     });
   }

@@ -87,9 +87,10 @@ struct LoadOptions {
 struct LoadReport {
   RtSummary rt;
   std::vector<RtRecord> records;
-  int64_t be_jobs = 0;      // batch jobs submitted
-  int64_t be_requests = 0;  // finished within the window
-  int64_t be_tokens = 0;    // their prompt + output tokens
+  int64_t be_jobs = 0;                 // batch jobs submitted
+  std::vector<double> be_job_seconds;  // creation to completion of each job done in the window
+  int64_t be_requests = 0;             // finished within the window
+  int64_t be_tokens = 0;               // their prompt + output tokens
   double be_requests_per_s = 0, be_throughput_tokens_per_s = 0;
   double scheduler_seconds = 0, step_seconds = 0;
   double scheduler_fraction = 0;  // scheduler_seconds / step_seconds (0 without steps)

@@ -35,7 +35,7 @@ StepShape shape_of(const ProfilePoint& p) {
 }  // namespace
 
 StepRecorder::StepRecorder(Engine& engine) {
-  engine.set_step_observer([this](const ForwardBatch& batch, double started) {
+  engine.add_step_observer([this](const ForwardBatch& batch, double started) {
     started_.emplace_back(step_shape(batch), started);
   });
 }

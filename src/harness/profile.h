@@ -54,7 +54,7 @@ struct MeasuredStep {
   double seconds = 0;
 };
 
-// Records an engine's steps through Engine::set_step_observer (replacing any observer there).
+// Records an engine's steps through Engine::add_step_observer.
 // The engine keeps a pointer to the recorder: it must not step once the recorder is gone.
 class StepRecorder {
  public:

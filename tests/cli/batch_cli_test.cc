@@ -340,6 +340,54 @@ TEST_F(BatchCli, KillNineThenRerunLosesAndDuplicatesNothing) {
   for (const auto& [id, count] : seen) EXPECT_EQ(count, 1) << id;
 }
 
+// --plot draws throughput and KV use over the run (issue 25): a PNG, and its numbers next to
+// it, whose throughput integrates to the tokens the run's forward passes computed.
+TEST_F(BatchCli, PlotWritesAPngWhoseNumbersAddUpToTheRun) {
+  testing::TempDir work;
+  std::string input;
+  for (int i = 0; i < 24; ++i)
+    input += json{{"custom_id", "t" + std::to_string(i)},
+                  {"method", "POST"},
+                  {"url", "/v1/completions"},
+                  {"body",
+                   {{"model", "tiny"},
+                    {"prompt", "plot " + std::to_string(i)},
+                    {"max_tokens", 10 + i},
+                    {"ignore_eos", true}}}}
+                 .dump() +
+             "\n";
+  testing::write_file(work / "in.jsonl", input);
+  const auto png = work / "run.png";
+  const auto r = testing::run_command(
+      batch_cmd((work / "in.jsonl").string(), (work / "out.jsonl").string(),
+                "--plot " + png.string() + " --stats " + (work / "stats.json").string() + " 2>&1"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string image = testing::read_file(png);
+  ASSERT_GT(image.size(), 1000u);
+  EXPECT_EQ(image.substr(1, 3), "PNG");
+  const json stats = json::parse(testing::read_file(work / "stats.json"));
+  std::istringstream dat(testing::read_file(work / "run.dat"));
+  double width = 0, integral = 0;
+  int rows = 0;
+  for (std::string line; std::getline(dat, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream row(line);
+    double t = 0, rate = 0, kv = 0;
+    row >> t >> rate >> kv;
+    if (rows++ == 0) width = 2 * t;  // the first bin's centre
+    integral += rate * width;
+    EXPECT_GE(kv, 0);
+    EXPECT_LE(kv, 100);
+  }
+  EXPECT_GT(rows, 1);
+  // The forward passes' tokens: prompts less what the prefix cache served, and every output
+  // token but each request's last (sampled, never fed back).
+  const double computed = stats["input_tokens"].get<double>() -
+                          stats["cached_prompt_tokens"].get<double>() +
+                          stats["output_tokens"].get<double>() - stats["completed"].get<double>();
+  EXPECT_NEAR(integral, computed, 0.01 * computed);
+}
+
 // A KV cache far smaller than the batch needs, under every --policy (the input order and each
 // BlendServe plan): every line still completes, with the tokens a roomy run gives (issue 26).
 TEST_F(BatchCli, KvExhaustionUnderEveryPolicyCompletesEveryLine) {

@@ -24,6 +24,31 @@ TEST(ModelCli, InitThenInfo) {
   EXPECT_EQ(info["num_layers"], 2);
   EXPECT_EQ(info["dtype"], "BF16");
   EXPECT_EQ(info["vocab_size"], 128256);
+  EXPECT_EQ(info["tokenizer_vocab_size"], 128256);
+  // Where the parameters are (issue 25): the tiny preset's untied embedding and lm_head are
+  // 2 x 128256 x 64 of its 16.5M; its two layers hold the rest.
+  EXPECT_EQ(info["embedding_parameters"], 2 * 128256 * 64);
+  EXPECT_EQ(
+      info["non_embedding_parameters"].get<int64_t>() + info["embedding_parameters"].get<int64_t>(),
+      info["parameters"].get<int64_t>());
+  EXPECT_EQ(info["non_embedding_parameters"],
+            2 * (64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 128 + 2 * 64) + 64);
+}
+
+// A tokenizer blend cannot run is refused by `model info` (it passed before, and the folder then
+// failed at its first request): a SentencePiece-style Metaspace pre-tokenizer here.
+TEST(ModelCli, InfoRefusesATokenizerItCannotRun) {
+  testing::TempDir dir;
+  const auto model = (dir / "sp").string();
+  ASSERT_EQ(testing::run_command(blend_cmd("model init --preset tiny --out " + model)).exit_code,
+            0);
+  auto tokenizer = nlohmann::json::parse(testing::read_file(dir / "sp" / "tokenizer.json"));
+  tokenizer["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "\u2581"}};
+  testing::write_file(dir / "sp" / "tokenizer.json", tokenizer.dump());
+  const auto r = testing::run_command(blend_cmd("model info --model " + model + " 2>&1"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("Metaspace"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("tokenizer.json"), std::string::npos) << r.output;
 }
 
 TEST(ModelCli, BadInputGivesMessageAndNonZeroExit) {

@@ -71,6 +71,15 @@ TEST_F(ServingCli, BenchServePrintsOneJsonObjectPerPolicyWithItsKvLayout) {
     EXPECT_GT(j["rt_normalized_latency_s"].get<double>(), 0.0);
   }
 
+  // --plot: the latency CDFs per class and policy (issue 25), a series each in the .dat file.
+  const auto png = *dir_ / "bench.png";
+  r = testing::run_command(blend(common + " --policy hybrid --plot '" + png.string() + "' 2>&1"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(testing::read_file(png).substr(1, 3), "PNG");
+  const std::string dat = testing::read_file(*dir_ / "bench.dat");
+  EXPECT_NE(dat.find("# hybrid RT TTFT"), std::string::npos) << dat;
+  EXPECT_NE(dat.find("# hybrid RT end-to-end"), std::string::npos) << dat;
+
   r = testing::run_command(
       blend(common + " --policy hybrid --kv-layout unidirectional 2>/dev/null"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
