@@ -38,6 +38,26 @@ std::vector<OfflineRequest> workload(int groups, int per_group, uint32_t seed) {
   return out;
 }
 
+// The optimal sharing ratio of the prompts, counted independently of plan/prefix_tree: one minus
+// the distinct (prefix) nodes of a token trie over the prompts' tokens.
+double trie_sharing(const std::vector<OfflineRequest>& requests) {
+  std::vector<std::map<TokenId, int32_t>> trie(1);
+  int64_t total = 0;
+  for (const OfflineRequest& r : requests) {
+    int32_t node = 0;
+    for (TokenId t : r.prompt) {
+      ++total;
+      auto it = trie[static_cast<size_t>(node)].find(t);
+      if (it == trie[static_cast<size_t>(node)].end()) {
+        it = trie[static_cast<size_t>(node)].emplace(t, static_cast<int32_t>(trie.size())).first;
+        trie.emplace_back();
+      }
+      node = it->second;
+    }
+  }
+  return total ? 1.0 - static_cast<double>(trie.size() - 1) / static_cast<double>(total) : 0.0;
+}
+
 // KV bytes of one 16-token page of `cost`'s model on one device.
 int64_t page_bytes_of(const CostModel& cost) {
   return static_cast<int64_t>(cost.kv_bytes_per_token_per_device()) * 16;
@@ -74,7 +94,7 @@ TEST(PlannedRun, EveryPolicyRunsEveryRequestOnTheSimulator) {
       EXPECT_EQ(done.size(), requests.size());
       EXPECT_EQ(st.output_tokens, expected_output);
       EXPECT_GT(st.seconds, 0);
-      EXPECT_GT(st.sharing_optimal, 0.1);
+      EXPECT_NEAR(st.sharing_optimal, trie_sharing(requests), 1e-12);
       EXPECT_GT(st.sharing_ratio, 0.5 * st.sharing_optimal) << plan::policy_name(policy);
       EXPECT_LE(st.sharing_ratio, st.sharing_optimal + 1e-9);
       engine.check_invariants();
@@ -116,7 +136,7 @@ TEST(PlannedRun, SamplingPassRunsAFractionFirstAndEveryRequestOnce) {
     if (fraction > 0) {
       EXPECT_GT(st.sampling_seconds, 0);
     }
-    EXPECT_NEAR(st.sharing_optimal, 0.2, 0.2);
+    EXPECT_NEAR(st.sharing_optimal, trie_sharing(requests), 1e-12);
   }
 }
 
