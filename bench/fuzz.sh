@@ -76,7 +76,7 @@ failed=0
 for h in "${harnesses[@]}"; do
   log="$scratch/$h/log"
   stat() { sed -n "s/^stat::$1: *//p" "$log" | tail -1; }
-  cov=$(grep -oE 'cov: [0-9]+' "$log" | tail -1 | cut -d' ' -f2)
+  cov=$(grep -oE 'cov: [0-9]+' "$log" | tail -1 | cut -d' ' -f2 || true)  # none: it died early
   corpus=$(find "$scratch/$h/corpus" -type f | wc -l)
   result=ok
   if [ "$(cat "$scratch/$h/rc")" != 0 ]; then

@@ -25,6 +25,13 @@ void require(bool ok, const char* what) {
 
 }  // namespace
 
+// Before libFuzzer's clock starts (see fuzz_tokenizer.h).
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  (void)blend::fuzz::llama3_tokenizer();
+  (void)blend::fuzz::llama3_chat_template();
+  return 0;
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const blend::Tokenizer& tokenizer = blend::fuzz::llama3_tokenizer();
   const std::string_view text(reinterpret_cast<const char*>(data), size);

@@ -1,7 +1,9 @@
 // libFuzzer harness helper: the real Llama-3 tokenizer and chat template that the harnesses of
 // client input (prompts, requests, batch lines) run against, loaded once per process. The
 // folder is $BLEND_TOKENIZER_DIR, else the one scripts/setup.sh fetched (BLEND_TOKENIZER_DIR at
-// configure time), as for the tests.
+// configure time), as for the tests. Harnesses load them in LLVMFuzzerInitialize: loading the
+// 128K-token vocabulary takes seconds in an instrumented build, and inside the first input it
+// counted against libFuzzer's per-input -timeout (a false "timeout" finding on a busy machine).
 #pragma once
 
 #include <cstdlib>
