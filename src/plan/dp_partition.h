@@ -1,0 +1,50 @@
+// Data-parallel partition of an offline batch (BlendServe §5.5): the batch's global
+// resource-aware prefix tree is planned once (plan/planner.h: density annotation, layer sort,
+// node splitting), and its order is cut into `parts` request partitions, one per data-parallel
+// replica, the way the dual scanner walks it (§5.3): a left cursor eats the compute-intensive
+// end of the order, a right cursor the memory-intensive end, and each partition takes from
+// whichever side brings its compute density back to the root's. A partition is closed once it
+// holds its share of the predicted work ((1-s) T_comp + T_mem over the batch, divided equally)
+// and the next one starts where the cursors stopped. Every partition is therefore two
+// contiguous runs of the planned order, i.e. subtrees of the global tree, and only the paths
+// cut between two partitions are computed twice: the sharing loss is reported against s_o.
+//
+// What it promises: every request lands in exactly one partition; partitions keep the global
+// plan's order; with fewer requests than parts the surplus partitions are empty.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "cost/cost_model.h"
+#include "plan/planner.h"
+#include "plan/prefix_tree.h"
+
+namespace blend::plan {
+
+struct DpPartition {
+  std::vector<std::vector<int32_t>> parts;  // request indices per part, in the plan's order
+  std::vector<DemandStats> stats;           // per part, its sharing counted within the part
+  DemandStats root;                         // the whole batch (sharing: s_o)
+  double root_density = 0;                  // rho of the whole batch, which each part follows
+  double sharing_optimal = 0;               // s_o of the whole batch
+  // 1 - (sum of the parts' unique prompt tokens) / prompt tokens: the s_o the parts reach
+  // together when each runs on its own replica.
+  double sharing_partitioned = 0;
+  // Prompt tokens computed twice because a shared path was cut, as a fraction of all prompt
+  // tokens, and that loss as a fraction of s_o (§5.5: "marginal").
+  double sharing_loss() const { return sharing_optimal - sharing_partitioned; }
+  double sharing_loss_of_optimal() const {
+    return sharing_optimal > 0 ? sharing_loss() / sharing_optimal : 0;
+  }
+  // The predicted work of part k, (1-s_k) T_comp + T_mem seconds (what the cut balances).
+  double work(size_t part) const;
+  // Largest part's work over the mean part's (1 = perfectly balanced).
+  double imbalance() const;
+};
+
+// Cuts `requests` into `parts` partitions (parts >= 1; throws blend::Error otherwise).
+DpPartition partition_data_parallel(const std::vector<PlanRequest>& requests, const CostModel& cost,
+                                    int32_t parts);
+
+}  // namespace blend::plan
