@@ -217,7 +217,18 @@ void run_simulate(const SimulateArgs& args) {
       st.root_density = dp.root_density;
       st.compute_seconds = dp.root.compute_seconds;
       st.memory_seconds = dp.root.memory_seconds;
+      nlohmann::json parts = nlohmann::json::array();
+      for (size_t k = 0; k < dp.parts.size(); ++k)
+        parts.push_back({{"requests", dp.parts[k].size()},
+                         {"density", dp.stats[k].density()},
+                         {"sharing", dp.stats[k].sharing_ratio()},
+                         {"compute_seconds", dp.stats[k].compute_seconds},
+                         {"memory_seconds", dp.stats[k].memory_seconds},
+                         {"prompt_tokens", dp.stats[k].prompt_tokens},
+                         {"output_tokens", dp.stats[k].output_tokens},
+                         {"predicted_work_seconds", dp.work(k)}});
       dp_json = {{"rank_seconds", rank_seconds},
+                 {"parts", parts},
                  {"partition_sharing", dp.sharing_partitioned},
                  {"sharing_loss", dp.sharing_loss()},
                  {"sharing_loss_of_optimal", dp.sharing_loss_of_optimal()},

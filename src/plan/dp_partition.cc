@@ -7,17 +7,12 @@
 
 namespace blend::plan {
 
-double DpPartition::work(size_t part) const {
-  const DemandStats& s = stats[part];
-  return (1 - s.sharing_ratio()) * s.compute_seconds + s.memory_seconds;
-}
-
 double DpPartition::imbalance() const {
   if (parts.empty()) return 1;
   double total = 0, largest = 0;
   for (size_t k = 0; k < parts.size(); ++k) {
-    total += work(k);
-    largest = std::max(largest, work(k));
+    total += work_seconds[k];
+    largest = std::max(largest, work_seconds[k]);
   }
   return total > 0 ? largest / (total / static_cast<double>(parts.size())) : 1;
 }
@@ -31,25 +26,15 @@ size_t common_prefix(const std::vector<TokenId>& a, const std::vector<TokenId>& 
   return i;
 }
 
-// A partition being filled: two runs of the plan's order, one from each cursor. Its sharing is
-// tracked the cheap way, each request sharing its longest common prefix with the request before
-// it in the same run (exact for a depth-first run of the tree); the final stats are exact.
-struct Filling {
-  double compute = 0, memory = 0, prompt = 0, unique = 0;
-  const PlanRequest* last[2] = {nullptr, nullptr};  // the previous request of each run
-
-  void add(const PlanRequest& r, int side, const CostModel& cost) {
-    const double p = static_cast<double>(r.prompt.size());
-    compute += cost.request_compute_seconds(p, r.output_tokens);
-    memory += cost.request_memory_seconds(p, r.output_tokens);
-    prompt += p;
-    unique +=
-        p - (last[side] ? static_cast<double>(common_prefix(last[side]->prompt, r.prompt)) : 0.0);
-    last[side] = &r;
-  }
-  double shared_compute() const { return prompt > 0 ? compute * unique / prompt : compute; }
-  double work() const { return shared_compute() + memory; }
-};
+// Compute seconds of request `r` when its first `cached` prompt tokens are already in the
+// prefix cache: Comp(p, d) - Comp(l, 0) = (2 (p - l + d) P + 4 (p^2 - l^2) H L) / compute. Additive
+// over requests, unlike the node formula (1-s) T_comp, which also discounts decode compute and the
+// suffix's attention to the shared prefix: balanced by it, Trace#1's two halves took 1,132 s and
+// 928 s on the simulator.
+double shared_compute(const CostModel& cost, const PlanRequest& r, double cached) {
+  return cost.request_compute_seconds(static_cast<double>(r.prompt.size()), r.output_tokens) -
+         cost.request_compute_seconds(cached, 0);
+}
 
 }  // namespace
 
@@ -60,6 +45,9 @@ DpPartition partition_data_parallel(const std::vector<PlanRequest>& requests, co
   DpPartition out;
   out.parts.resize(static_cast<size_t>(parts));
   out.stats.resize(static_cast<size_t>(parts));
+  out.work_seconds.assign(static_cast<size_t>(parts), 0);
+  out.compute_seconds.assign(static_cast<size_t>(parts), 0);
+  out.memory_seconds.assign(static_cast<size_t>(parts), 0);
   if (requests.empty()) return out;
 
   PrefixTree tree(requests);
@@ -67,53 +55,134 @@ DpPartition partition_data_parallel(const std::vector<PlanRequest>& requests, co
   out.root = plan.root;
   out.root_density = plan.root_density;
   out.sharing_optimal = plan.optimal_sharing_ratio;
-  const std::vector<int32_t> order = plan.order();
-  // Prefix sums over the order, each request sharing its common prefix with the one before
-  // it: the unassigned middle [low, high) as one run costs run_work(low, high).
-  const size_t n = order.size();
-  std::vector<double> cum_compute(n + 1, 0), cum_memory(n + 1, 0), cum_prompt(n + 1, 0),
-      cum_unique(n + 1, 0), shared_with_previous(n, 0);
-  for (size_t i = 0; i < n; ++i) {
-    const PlanRequest& r = requests[static_cast<size_t>(order[i])];
-    const double p = static_cast<double>(r.prompt.size());
-    if (i > 0)
-      shared_with_previous[i] = static_cast<double>(
-          common_prefix(requests[static_cast<size_t>(order[i - 1])].prompt, r.prompt));
-    cum_compute[i + 1] = cum_compute[i] + cost.request_compute_seconds(p, r.output_tokens);
-    cum_memory[i + 1] = cum_memory[i] + cost.request_memory_seconds(p, r.output_tokens);
-    cum_prompt[i + 1] = cum_prompt[i] + p;
-    cum_unique[i + 1] = cum_unique[i] + p - shared_with_previous[i];
-  }
-  const auto run_work = [&](size_t a, size_t b) {
-    if (a >= b) return 0.0;
-    const double compute = cum_compute[b] - cum_compute[a];
-    const double prompt = cum_prompt[b] - cum_prompt[a];
-    const double unique = cum_unique[b] - cum_unique[a] + shared_with_previous[a];
-    return (prompt > 0 ? compute * unique / prompt : compute) + cum_memory[b] - cum_memory[a];
+  const std::vector<int32_t> full_order = plan.order();
+  const auto output_of = [&](int32_t r) { return requests[static_cast<size_t>(r)].output_tokens; };
+  const auto memory_of = [&](int32_t r) {
+    const PlanRequest& q = requests[static_cast<size_t>(r)];
+    return cost.request_memory_seconds(static_cast<double>(q.prompt.size()), q.output_tokens);
   };
 
-  // The dual scanner's two cursors over the order: [low, high) is still unassigned. Each part
-  // takes an equal share of what is left (so estimation error and the cut paths do not pile up
-  // on the last part).
-  size_t low = 0, high = n;
-  for (int32_t k = 0; k < parts && low < high; ++k) {
-    std::vector<int32_t>& part = out.parts[static_cast<size_t>(k)];
-    std::vector<int32_t> right_run;  // taken from the right end, in reverse order
-    Filling f;
-    const double target = run_work(low, high) / static_cast<double>(parts - k);
-    const bool last = k + 1 == parts;
-    while (low < high && (last || f.work() < target)) {
-      // Below the root's density the partition lacks compute: take from the left (compute-
-      // intensive) end; at or above it, from the right (memory-intensive) end. An empty
-      // partition starts on the left.
-      const bool left = f.memory <= 0 || f.shared_compute() < plan.root_density * f.memory;
-      const int32_t r = left ? order[low++] : order[--high];
-      f.add(requests[static_cast<size_t>(r)], left ? 0 : 1, cost);
-      (left ? part : right_run).push_back(r);
+  // Long decodes first (not in §5.5; the simulator showed it): a request of d output tokens
+  // takes d steps however little runs beside it, and no step takes less than reading the
+  // weights once, so a part's run lasts at least d x (weight bytes / bandwidth). Contiguous runs
+  // would hand every such request at the memory-intensive end to the first part (Trace#1's 69
+  // OpenVid requests of ~25K tokens: 1,135 s against 924 s for two halves of equal predicted
+  // work). The requests whose floor exceeds kLongDecodeShare of a part's predicted work are
+  // dealt out first, in equal shares of their decoding; the rest keep their subtrees.
+  std::vector<char> dealt(requests.size(), 0);
+  std::vector<double> dealt_output(static_cast<size_t>(parts), 0), dealt_work(out.work_seconds);
+  if (parts > 1) {
+    double total_work = 0;
+    for (size_t i = 0; i < full_order.size(); ++i) {
+      const PlanRequest& r = requests[static_cast<size_t>(full_order[i])];
+      const double shared =
+          i > 0 ? static_cast<double>(common_prefix(
+                      requests[static_cast<size_t>(full_order[i - 1])].prompt, r.prompt))
+                : 0.0;
+      total_work += shared_compute(cost, r, shared) + memory_of(full_order[i]);
     }
-    // The partition in the global plan's order: its left run, then its right run.
-    part.insert(part.end(), right_run.rbegin(), right_run.rend());
+    const Hardware& hw = cost.hardware();
+    const double step_floor = static_cast<double>(cost.shape().weight_bytes) /
+                              cost.shape().tensor_parallel /
+                              (hw.memory_bandwidth * hw.bandwidth_efficiency);
+    const double part_work = total_work / parts;
+    std::vector<int32_t> long_requests;
+    for (int32_t r : full_order)
+      if (output_of(r) * step_floor > kLongDecodeShare * part_work) long_requests.push_back(r);
+    // In the plan's order, cut into `parts` runs of equal decoding: requests of one subtree
+    // mostly stay together, and each part gets its share of the long decodes.
+    double long_output = 0;
+    for (int32_t r : long_requests) long_output += output_of(r);
+    double dealt_so_far = 0;
+    for (int32_t r : long_requests) {
+      // The part whose share holds the middle of this request's decoding.
+      const size_t k =
+          std::min(static_cast<size_t>(parts) - 1,
+                   static_cast<size_t>((dealt_so_far + output_of(r) / 2) / long_output * parts));
+      dealt_so_far += output_of(r);
+      out.parts[k].push_back(r);
+      dealt[static_cast<size_t>(r)] = 1;
+      dealt_output[k] += output_of(r);
+      dealt_work[k] += shared_compute(cost, requests[static_cast<size_t>(r)], 0) + memory_of(r);
+    }
   }
+  std::vector<int32_t> order;  // the rest, in the plan's order
+  for (int32_t r : full_order)
+    if (!dealt[static_cast<size_t>(r)]) order.push_back(r);
+
+  // Along the order, each request shares its common prefix with its neighbour (exact for a
+  // depth-first run of the tree). A run of the order [a, b) costs compute
+  // C(a, b) = own(a) + sum over (a, b) of after_previous(i), and memory M(a, b); prefix sums.
+  const size_t n = order.size();
+  const auto request_at = [&](size_t i) -> const PlanRequest& {
+    return requests[static_cast<size_t>(order[i])];
+  };
+  std::vector<double> shared_with_previous(n + 1, 0);  // [n] = 0: nothing after the end
+  std::vector<double> cum_compute(n + 1, 0), cum_memory(n + 1, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const PlanRequest& r = request_at(i);
+    if (i > 0)
+      shared_with_previous[i] =
+          static_cast<double>(common_prefix(request_at(i - 1).prompt, r.prompt));
+    cum_compute[i + 1] = cum_compute[i] + shared_compute(cost, r, shared_with_previous[i]);
+    cum_memory[i + 1] = cum_memory[i] + memory_of(order[i]);
+  }
+  const auto run_compute = [&](size_t a, size_t b) {
+    return a >= b ? 0.0
+                  : cum_compute[b] - cum_compute[a] +
+                        cost.request_compute_seconds(shared_with_previous[a], 0);
+  };
+  const auto run_memory = [&](size_t a, size_t b) {
+    return a >= b ? 0.0 : cum_memory[b] - cum_memory[a];
+  };
+  // The blend every part keeps: the root's compute per memory second, priced the same way.
+  const double root_ratio = run_memory(0, n) > 0 ? run_compute(0, n) / run_memory(0, n) : 0;
+
+  // The dual scanner's two cursors over the order: [low, high) is still unassigned. Each part
+  // takes an equal share of what is left, (compute + memory) seconds with what it was dealt, so
+  // the paths its cuts recompute do not pile up on the last part.
+  size_t low = 0, high = n;
+  for (int32_t k = 0; k < parts; ++k) {
+    std::vector<int32_t>& part = out.parts[static_cast<size_t>(k)];
+    double still_dealt = 0;
+    for (int32_t j = k; j < parts; ++j) still_dealt += dealt_work[static_cast<size_t>(j)];
+    const double target = (run_compute(low, high) + run_memory(low, high) + still_dealt) /
+                              static_cast<double>(parts - k) -
+                          dealt_work[static_cast<size_t>(k)];
+    const bool last = k + 1 == parts;
+    const size_t left_begin = low, right_end = high;
+    double compute = 0, memory = 0;
+    while (low < high && (last || compute + memory < target)) {
+      // Short of the root's blend in compute: take from the left (compute-intensive) end;
+      // otherwise from the right (memory-intensive) end. An empty part starts on the left.
+      const bool left = memory <= 0 || compute < root_ratio * memory;
+      if (left)
+        ++low;
+      else
+        --high;
+      compute = run_compute(left_begin, low) + run_compute(high, right_end);
+      memory = run_memory(left_begin, low) + run_memory(high, right_end);
+    }
+    out.work_seconds[static_cast<size_t>(k)] =
+        compute + memory + dealt_work[static_cast<size_t>(k)];
+    out.compute_seconds[static_cast<size_t>(k)] = compute;
+    out.memory_seconds[static_cast<size_t>(k)] = memory;
+    // The part in the global plan's order: its left run, then its right run.
+    part.insert(part.end(), order.begin() + static_cast<std::ptrdiff_t>(left_begin),
+                order.begin() + static_cast<std::ptrdiff_t>(low));
+    part.insert(part.end(), order.begin() + static_cast<std::ptrdiff_t>(high),
+                order.begin() + static_cast<std::ptrdiff_t>(right_end));
+    // Dealt requests in their places of the plan's order.
+    std::vector<size_t> position(requests.size());
+    if (dealt_output[static_cast<size_t>(k)] > 0) {
+      for (size_t i = 0; i < full_order.size(); ++i)
+        position[static_cast<size_t>(full_order[i])] = i;
+      std::sort(part.begin(), part.end(), [&](int32_t x, int32_t y) {
+        return position[static_cast<size_t>(x)] < position[static_cast<size_t>(y)];
+      });
+    }
+  }
+  out.root_compute_per_memory = root_ratio;
 
   double unique_total = 0;
   for (size_t k = 0; k < out.parts.size(); ++k) {

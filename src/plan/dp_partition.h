@@ -5,9 +5,15 @@
 // end of the order, a right cursor the memory-intensive end, and each partition takes from
 // whichever side brings its compute density back to the root's. A partition is closed once it
 // holds its share of the predicted work ((1-s) T_comp + T_mem over the batch, divided equally)
-// and the next one starts where the cursors stopped. Every partition is therefore two
-// contiguous runs of the planned order, i.e. subtrees of the global tree, and only the paths
-// cut between two partitions are computed twice: the sharing loss is reported against s_o.
+// and the next one starts where the cursors stopped. Compute is priced per request with its
+// cached prefix taken out (additive, unlike the node formula; see dp_partition.cc). Every partition
+// is therefore two contiguous runs of the planned order, i.e. subtrees of the global tree, and only
+// the paths cut between two partitions are computed twice: the sharing loss is reported against
+// s_o.
+//
+// Requests whose decode alone would outlast a part's share (kLongDecodeShare) are dealt out
+// first, in equal shares of their decoding, so no part inherits all of them (the critical path
+// of its run).
 //
 // What it promises: every request lands in exactly one partition; partitions keep the global
 // plan's order; with fewer requests than parts the surplus partitions are empty.
@@ -37,11 +43,23 @@ struct DpPartition {
   double sharing_loss_of_optimal() const {
     return sharing_optimal > 0 ? sharing_loss() / sharing_optimal : 0;
   }
-  // The predicted work of part k, (1-s_k) T_comp + T_mem seconds (what the cut balances).
-  double work(size_t part) const;
+  // The predicted work of each part, compute + memory seconds, a request's compute counting
+  // only the prompt tokens it does not share with its neighbour in the part (what the cut
+  // balances).
+  std::vector<double> work_seconds;
+  double work(size_t part) const { return work_seconds[part]; }
+  // The two halves of that work in each part's two runs (its dealt long decodes left out), and
+  // the root's compute per memory second priced the same way: what each part keeps.
+  std::vector<double> compute_seconds, memory_seconds;
+  double root_compute_per_memory = 0;
   // Largest part's work over the mean part's (1 = perfectly balanced).
   double imbalance() const;
 };
+
+// A request whose decode alone, at the weights' read time a step, would take more than this
+// share of a part's predicted work is dealt out on its own (dp_partition.cc: long decodes are
+// each part's critical path).
+inline constexpr double kLongDecodeShare = 0.25;
 
 // Cuts `requests` into `parts` partitions (parts >= 1; throws blend::Error otherwise).
 DpPartition partition_data_parallel(const std::vector<PlanRequest>& requests, const CostModel& cost,

@@ -19,9 +19,10 @@ CostModel llama8b_a100() {
 }
 
 // `families` prompt families of `per_family` requests each: a shared prefix of 200-1000 tokens
-// and a 20-100-token own suffix; half the families decode long (memory-intensive), half short
-// (compute-intensive), so the root density sits between them.
-std::vector<PlanRequest> workload(int families, int per_family, uint64_t seed) {
+// and a 20-100-token own suffix; half the families decode 100-250 tokens (memory-intensive),
+// half 10-50 (compute-intensive), so the root density sits between them.
+std::vector<PlanRequest> workload(int families, int per_family, uint64_t seed,
+                                  double memory_output = 100) {
   std::mt19937_64 rng(seed);
   std::vector<PlanRequest> out;
   TokenId next = 1;
@@ -33,8 +34,8 @@ std::vector<PlanRequest> workload(int families, int per_family, uint64_t seed) {
       r.id = std::to_string(f) + "-" + std::to_string(i);
       r.prompt = prefix;
       for (int k = 0, n = 20 + static_cast<int>(rng() % 80); k < n; ++k) r.prompt.push_back(next++);
-      r.output_tokens =
-          f % 2 ? 400 + static_cast<double>(rng() % 400) : 10 + static_cast<double>(rng() % 40);
+      r.output_tokens = f % 2 ? memory_output + static_cast<double>(rng() % 150)
+                              : 10 + static_cast<double>(rng() % 40);
       r.output_known = true;
       out.push_back(std::move(r));
     }
@@ -58,19 +59,47 @@ TEST(DpPartition, EveryRequestOnceEqualWorkRootDensityLittleSharingLost) {
     }
     EXPECT_EQ(seen.size(), rs.size());
     EXPECT_LT(p.imbalance(), 1.02);  // equal predicted work
-    // Each part blends like the root. The last takes what the cursors left between them:
-    // rho = (1-s) T_comp / T_mem is not additive over parts (s scales decode compute too), so
-    // its density drifts by a few tens of percent at 8 parts (it holds its share of the work).
-    for (size_t k = 0; k + 1 < p.parts.size(); ++k)
-      EXPECT_NEAR(p.stats[k].density() / p.root_density, 1.0, 0.05) << k;
-    EXPECT_NEAR(p.stats.back().density() / p.root_density, 1.0, 0.35);
+    // Each part blends like the root (compute per memory second, priced the partition's way).
+    // The last takes what the cursors left between them, which drifts (by up to 22% at 8 parts,
+    // where it also holds its share of the long decodes dealt apart).
+    for (size_t k = 0; k < p.parts.size(); ++k)
+      EXPECT_NEAR(p.compute_seconds[k] / p.memory_seconds[k] / p.root_compute_per_memory, 1.0,
+                  k + 1 < p.parts.size() ? 0.02 : 0.3)
+          << k;
     EXPECT_GT(p.sharing_optimal, 0.8);
     EXPECT_GE(p.sharing_loss(), 0);
-    // §5.5: marginal loss; a part is two runs, so n parts cut at most 2(n-1) paths.
-    EXPECT_LE(p.sharing_loss_of_optimal(), 0.01);
+    // §5.5: marginal loss; a part is two runs, so n parts cut at most 2(n-1) paths (and the
+    // long decodes dealt apart a few more: at 8 parts some of this workload's 250-token
+    // decodes count as long).
+    EXPECT_LE(p.sharing_loss_of_optimal(), n <= 4 ? 0.01 : 0.02);
     if (n == 1) {
       EXPECT_EQ(p.sharing_loss(), 0);
     }
+  }
+}
+
+// A handful of requests decoding far longer than the rest (BlendServe Trace#1's OpenVid
+// requests): each is a part's critical path, so they are spread over the parts, not left at the
+// memory-intensive end for one part to inherit.
+TEST(DpPartition, LongDecodesAreSpreadOverTheParts) {
+  const CostModel cost = llama8b_a100();
+  std::vector<PlanRequest> rs = workload(20, 100, 3, /*memory_output=*/10);
+  for (int i = 0; i < 8; ++i) {
+    PlanRequest r;
+    r.id = "long-" + std::to_string(i);
+    for (int k = 0; k < 300; ++k) r.prompt.push_back(1000000 + i * 1000 + k);
+    r.output_tokens = 20000 + 100 * i;
+    r.output_known = true;
+    rs.push_back(std::move(r));
+  }
+  for (int32_t n : {2, 4}) {
+    const DpPartition p = partition_data_parallel(rs, cost, n);
+    for (const auto& part : p.parts) {
+      int longs = 0;
+      for (int32_t r : part) longs += rs[static_cast<size_t>(r)].output_tokens >= 20000;
+      EXPECT_EQ(longs, 8 / n) << n;
+    }
+    EXPECT_LT(p.imbalance(), 1.02);
   }
 }
 
