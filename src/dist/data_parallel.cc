@@ -350,7 +350,8 @@ void run_rank0(const BatchRun& run, MpiSession& mpi, LivenessServer& live) {
     std::vector<plan::PlanRequest> requests;
     requests.reserve(prepared.size());
     for (const PreparedBatchLine& p : prepared) requests.push_back(job->plan_request(p));
-    partition = plan::partition_data_parallel(requests, job->planner_cost(), size);
+    partition = plan::partition_data_parallel(requests, job->planner_cost(), size,
+                                              engine->max_batch_tokens());
     std::unordered_map<std::string, const BatchInputLine*> line_of;
     for (const BatchInputLine& line : todo) line_of.emplace(line.custom_id, &line);
     for (int k = 1; k < size; ++k) {

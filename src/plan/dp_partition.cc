@@ -39,7 +39,7 @@ double shared_compute(const CostModel& cost, const PlanRequest& r, double cached
 }  // namespace
 
 DpPartition partition_data_parallel(const std::vector<PlanRequest>& requests, const CostModel& cost,
-                                    int32_t parts) {
+                                    int32_t parts, int32_t step_tokens) {
   if (parts < 1)
     throw Error("data-parallel partition needs at least one part, not " + std::to_string(parts));
   DpPartition out;
@@ -63,43 +63,55 @@ DpPartition partition_data_parallel(const std::vector<PlanRequest>& requests, co
   };
 
   // Long decodes first (not in §5.5; the simulator showed it): a request of d output tokens
-  // takes d steps however little runs beside it, and no step takes less than reading the
-  // weights once, so a part's run lasts at least d x (weight bytes / bandwidth). Contiguous runs
+  // takes d steps however little runs beside it, and a part needs about (its dense tokens) /
+  // step_tokens steps, so a decode near that count is the part's critical path. Contiguous runs
   // would hand every such request at the memory-intensive end to the first part (Trace#1's 69
   // OpenVid requests of ~25K tokens: 1,135 s against 924 s for two halves of equal predicted
-  // work). The requests whose floor exceeds kLongDecodeShare of a part's predicted work are
-  // dealt out first, in equal shares of their decoding; the rest keep their subtrees.
+  // work). The requests decoding more than kLongDecodeShare of a part's steps and
+  // kLongDecodeOutlier times the mean (the longest kMaxDealtPerPart per part at most) are dealt out
+  // first, longest first, to the part with the least long decoding so far; the rest keep their
+  // subtrees.
   std::vector<char> dealt(requests.size(), 0);
   std::vector<double> dealt_output(static_cast<size_t>(parts), 0), dealt_work(out.work_seconds);
   if (parts > 1) {
-    double total_work = 0;
+    double dense = 0;  // prompt tokens computed (with sharing) + output tokens
     for (size_t i = 0; i < full_order.size(); ++i) {
       const PlanRequest& r = requests[static_cast<size_t>(full_order[i])];
       const double shared =
           i > 0 ? static_cast<double>(common_prefix(
                       requests[static_cast<size_t>(full_order[i - 1])].prompt, r.prompt))
                 : 0.0;
-      total_work += shared_compute(cost, r, shared) + memory_of(full_order[i]);
+      dense += static_cast<double>(r.prompt.size()) - shared + r.output_tokens;
     }
-    const Hardware& hw = cost.hardware();
-    const double step_floor = static_cast<double>(cost.shape().weight_bytes) /
-                              cost.shape().tensor_parallel /
-                              (hw.memory_bandwidth * hw.bandwidth_efficiency);
-    const double part_work = total_work / parts;
+    const double part_steps = dense / parts / std::max<int32_t>(step_tokens, 1);
     std::vector<int32_t> long_requests;
+    double mean_output = 0;
+    for (int32_t r : full_order) mean_output += output_of(r);
+    mean_output /= static_cast<double>(full_order.size());
     for (int32_t r : full_order)
-      if (output_of(r) * step_floor > kLongDecodeShare * part_work) long_requests.push_back(r);
-    // In the plan's order, cut into `parts` runs of equal decoding: requests of one subtree
-    // mostly stay together, and each part gets its share of the long decodes.
-    double long_output = 0;
-    for (int32_t r : long_requests) long_output += output_of(r);
-    double dealt_so_far = 0;
+      if (output_of(r) > kLongDecodeShare * part_steps &&
+          output_of(r) > kLongDecodeOutlier * mean_output)
+        long_requests.push_back(r);
+    // Only the longest few per part: when long decodes are common every part's runs hold
+    // some, and dealing them all would tear their subtrees apart.
+    const size_t most = static_cast<size_t>(parts) * kMaxDealtPerPart;
+    if (long_requests.size() > most) {
+      std::vector<int32_t> longest = long_requests;
+      std::nth_element(longest.begin(), longest.begin() + static_cast<std::ptrdiff_t>(most - 1),
+                       longest.end(),
+                       [&](int32_t x, int32_t y) { return output_of(x) > output_of(y); });
+      const double cut = output_of(longest[most - 1]);
+      size_t kept = 0;
+      std::erase_if(long_requests, [&](int32_t r) {
+        return output_of(r) < cut || (output_of(r) == cut && ++kept > most);
+      });
+    }
+    // Longest first, each to the part with the least long decoding so far.
+    std::stable_sort(long_requests.begin(), long_requests.end(),
+                     [&](int32_t x, int32_t y) { return output_of(x) > output_of(y); });
     for (int32_t r : long_requests) {
-      // The part whose share holds the middle of this request's decoding.
-      const size_t k =
-          std::min(static_cast<size_t>(parts) - 1,
-                   static_cast<size_t>((dealt_so_far + output_of(r) / 2) / long_output * parts));
-      dealt_so_far += output_of(r);
+      const size_t k = static_cast<size_t>(
+          std::min_element(dealt_output.begin(), dealt_output.end()) - dealt_output.begin());
       out.parts[k].push_back(r);
       dealt[static_cast<size_t>(r)] = 1;
       dealt_output[k] += output_of(r);

@@ -12,8 +12,8 @@
 // s_o.
 //
 // Requests whose decode alone would outlast a part's share (kLongDecodeShare) are dealt out
-// first, in equal shares of their decoding, so no part inherits all of them (the critical path
-// of its run).
+// first, longest first to the part with the least of them, so no part inherits all of them (the
+// critical path of its run).
 //
 // What it promises: every request lands in exactly one partition; partitions keep the global
 // plan's order; with fewer requests than parts the surplus partitions are empty.
@@ -56,13 +56,19 @@ struct DpPartition {
   double imbalance() const;
 };
 
-// A request whose decode alone, at the weights' read time a step, would take more than this
-// share of a part's predicted work is dealt out on its own (dp_partition.cc: long decodes are
+// A request decoding for more than this share of the steps a part needs (its dense tokens at
+// `step_tokens` a step) is dealt out apart from its subtree (dp_partition.cc: long decodes are
 // each part's critical path).
 inline constexpr double kLongDecodeShare = 0.25;
+// ... and more than this many times the batch's mean output: an outlier, whose subtree can
+// spare it (in a small batch every decode is long against the steps, and none should move).
+inline constexpr double kLongDecodeOutlier = 8;
+// At most this many per part (the longest): common long decodes stay in their subtrees.
+inline constexpr size_t kMaxDealtPerPart = 32;
 
 // Cuts `requests` into `parts` partitions (parts >= 1; throws blend::Error otherwise).
+// `step_tokens`: the engine's token budget of one step.
 DpPartition partition_data_parallel(const std::vector<PlanRequest>& requests, const CostModel& cost,
-                                    int32_t parts);
+                                    int32_t parts, int32_t step_tokens = 2048);
 
 }  // namespace blend::plan
