@@ -189,8 +189,8 @@ void run_simulate(const SimulateArgs& args) {
     } else {
       // §5.5: rank 0's partition of the global plan; each replica plans and runs its part, and
       // the job takes as long as the slowest replica (makespan).
-      const plan::DpPartition dp =
-          plan::partition_data_parallel(plan_requests, planner_cost, args.data_parallel);
+      const plan::DpPartition dp = plan::partition_data_parallel(
+          plan_requests, planner_cost, args.data_parallel, args.max_batch_tokens);
       st.policy = plan::policy_name(policy);
       double cached = 0;
       std::vector<double> rank_seconds;
