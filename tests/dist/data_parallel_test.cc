@@ -88,6 +88,8 @@ class DataParallel : public ::testing::Test {
     if (recovery) cmd += "--enable-recovery ";
     if (loopback)
       cmd += "--mca btl self,tcp --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo ";
+    else  // shared memory without CMA, which containers often forbid (ptrace)
+      cmd += "--mca btl_vader_single_copy_mechanism none ";
     return cmd + extra;
   }
 
