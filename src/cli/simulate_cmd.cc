@@ -20,6 +20,7 @@
 #include "cost/cost_model.h"
 #include "model/config.h"
 #include "offline/planned_run.h"
+#include "plan/dp_partition.h"
 #include "plan/planner.h"
 #include "plan/prefix_tree.h"
 
@@ -48,6 +49,7 @@ struct SimulateArgs {
   int32_t step_trace_every = 1;
   bool json = false;  // one JSON object per run instead of a readable line
   bool capacity_pacing = true;
+  int32_t data_parallel = 1;  // replicas (BlendServe §5.5): the batch partitioned across them
 };
 
 // The trace path for one policy entry: "{policy}" replaced by the entry ('@' becomes '-').
@@ -136,17 +138,20 @@ void run_simulate(const SimulateArgs& args) {
   // The run's T_comp and T_mem (for T_o) come from the plan, priced by the planner; with a
   // planner of its own they are priced again by the clock's hardware, over the requests' own
   // output estimates (the same as the plan's unless lengths are sampled).
+  std::vector<plan::PlanRequest> plan_requests;
+  for (const OfflineRequest& q : requests)
+    plan_requests.push_back({q.id, q.prompt, q.output_estimate, q.output_known});
   std::optional<plan::DemandStats> clock_root;
   if (!args.planner_hardware.empty()) {
-    std::vector<plan::PlanRequest> plan_requests;
-    for (const OfflineRequest& q : requests)
-      plan_requests.push_back({q.id, q.prompt, q.output_estimate, q.output_known});
     const plan::PrefixTree tree(plan_requests);
     clock_root = plan::annotate_tree(tree, cost)[plan::PrefixTree::kRoot];
   }
   if (!args.step_trace.empty() && args.policies.find(',') != std::string::npos &&
       args.step_trace.find("{policy}") == std::string::npos)
     throw Error("--step-trace with several policies needs {policy} in the path");
+  if (args.data_parallel < 1) throw Error("--dp must be at least 1");
+  if (args.data_parallel > 1 && !args.step_trace.empty())
+    throw Error("--step-trace traces one replica: it needs --dp 1");
   for (const std::string& entry : split_list(args.policies)) {
     const size_t at = entry.find('@');
     const std::string policy_name = entry.substr(0, at);
@@ -157,37 +162,96 @@ void run_simulate(const SimulateArgs& args) {
         overlap_name == "sequential" ? Overlap::kSequential : Overlap::kOverlapped;
     const plan::Policy policy = plan::parse_policy(policy_name);
 
-    SimBackendOptions so;
-    so.num_pages = static_cast<int64_t>(kv_memory) / page_bytes;
-    so.kv_bytes_per_page = page_bytes;
-    so.record_steps = !args.step_trace.empty();
-    EngineOptions eo;
-    eo.page_size = args.page_size;
-    eo.scheduler.max_batch_tokens = args.max_batch_tokens;
-    eo.scheduler.max_running = args.max_running;
-    auto backend = std::make_unique<SimBackend>(config, so, simulate_step_cost(cost, overlap));
-    SimBackend& sim = *backend;
-    Engine engine(std::move(backend), eo);
-    PlannedRunStats st = run_planned(engine, requests, policy, planner_cost, kv_memory, {},
-                                     args.sampling, args.capacity_pacing, &sim.tokens());
+    // One replica's run on its own simulated device.
+    auto run_replica = [&](const std::vector<OfflineRequest>& part) {
+      SimBackendOptions so;
+      so.num_pages = static_cast<int64_t>(kv_memory) / page_bytes;
+      so.kv_bytes_per_page = page_bytes;
+      so.record_steps = !args.step_trace.empty();
+      EngineOptions eo;
+      eo.page_size = args.page_size;
+      eo.scheduler.max_batch_tokens = args.max_batch_tokens;
+      eo.scheduler.max_running = args.max_running;
+      auto backend = std::make_unique<SimBackend>(config, so, simulate_step_cost(cost, overlap));
+      SimBackend& sim = *backend;
+      Engine engine(std::move(backend), eo);
+      PlannedRunStats st = run_planned(engine, part, policy, planner_cost, kv_memory, {},
+                                       args.sampling, args.capacity_pacing, &sim.tokens());
+      if (!args.step_trace.empty())
+        write_step_trace(step_trace_path(args.step_trace, entry), sim.steps(),
+                         args.step_trace_every);
+      return st;
+    };
+    PlannedRunStats st;
+    nlohmann::json dp_json;
+    if (args.data_parallel == 1) {
+      st = run_replica(requests);
+    } else {
+      // §5.5: rank 0's partition of the global plan; each replica plans and runs its part, and
+      // the job takes as long as the slowest replica (makespan).
+      const plan::DpPartition dp = plan::partition_data_parallel(
+          plan_requests, planner_cost, args.data_parallel, args.max_batch_tokens);
+      st.policy = plan::policy_name(policy);
+      double cached = 0;
+      std::vector<double> rank_seconds;
+      for (const std::vector<int32_t>& part : dp.parts) {
+        std::vector<OfflineRequest> sub;
+        sub.reserve(part.size());
+        for (int32_t r : part) sub.push_back(requests[static_cast<size_t>(r)]);
+        if (sub.empty()) {
+          rank_seconds.push_back(0);
+          continue;
+        }
+        const PlannedRunStats r = run_replica(sub);
+        rank_seconds.push_back(r.seconds);
+        st.sampled_requests += r.sampled_requests;
+        st.requests += r.requests;
+        st.prompt_tokens += r.prompt_tokens;
+        st.output_tokens += r.output_tokens;
+        st.steps += r.steps;
+        st.seconds = std::max(st.seconds, r.seconds);
+        cached += r.sharing_ratio * static_cast<double>(r.prompt_tokens);
+      }
+      st.sharing_ratio = st.prompt_tokens > 0 ? cached / static_cast<double>(st.prompt_tokens) : 0;
+      st.sharing_optimal = dp.sharing_optimal;
+      st.root_density = dp.root_density;
+      st.compute_seconds = dp.root.compute_seconds;
+      st.memory_seconds = dp.root.memory_seconds;
+      nlohmann::json parts = nlohmann::json::array();
+      for (size_t k = 0; k < dp.parts.size(); ++k)
+        parts.push_back({{"requests", dp.parts[k].size()},
+                         {"density", dp.stats[k].density()},
+                         {"sharing", dp.stats[k].sharing_ratio()},
+                         {"compute_seconds", dp.stats[k].compute_seconds},
+                         {"memory_seconds", dp.stats[k].memory_seconds},
+                         {"prompt_tokens", dp.stats[k].prompt_tokens},
+                         {"output_tokens", dp.stats[k].output_tokens},
+                         {"predicted_work_seconds", dp.work(k)}});
+      dp_json = {{"rank_seconds", rank_seconds},
+                 {"parts", parts},
+                 {"partition_sharing", dp.sharing_partitioned},
+                 {"sharing_loss", dp.sharing_loss()},
+                 {"sharing_loss_of_optimal", dp.sharing_loss_of_optimal()},
+                 {"partition_imbalance", dp.imbalance()}};
+    }
     if (clock_root) {  // T_comp and T_mem as the clock's hardware prices them
       st.compute_seconds = clock_root->compute_seconds;
       st.memory_seconds = clock_root->memory_seconds;
     }
-    if (!args.step_trace.empty())
-      write_step_trace(step_trace_path(args.step_trace, entry), sim.steps(), args.step_trace_every);
     // BlendServe §3.3 / §6.2, at optimal sharing s_o: the ideal T_o overlaps compute and memory
     // perfectly; the practical T_o ("optimal") pays the same interference the overlapped
     // simulation pays, so an overlapped run can reach 1.0 of it and no more.
     const double shared_compute = (1 - st.sharing_optimal) * st.compute_seconds;
-    const double ideal = std::max(shared_compute, st.memory_seconds);
+    // N replicas share the work: each bound is 1/N of one device's (§5.5, Table 3).
+    const double replicas = args.data_parallel;
+    const double ideal = std::max(shared_compute, st.memory_seconds) / replicas;
     auto practical = [&](double memory_seconds) {  // a whole run priced as one overlapped step
       return StepCost{.compute_seconds = shared_compute,
                       .memory_seconds = memory_seconds,
                       .interference = hw.overlap_interference}
           .overlapped();
     };
-    const double optimal = practical(st.memory_seconds);
+    const double optimal = practical(st.memory_seconds) / replicas;
     // T_o leaves out that every step also reads the weights. No step reads more KV than the
     // KV memory holds, so the run needs at least T_mem BW / M steps and reads the weights that
     // often: memory time of at least T_mem (1 + W / (tp M)). With that memory time the same
@@ -195,8 +259,9 @@ void run_simulate(const SimulateArgs& args) {
     // bound: a run pays the interference step by step, which can add up to less).
     const double capacity_optimal =
         practical(st.memory_seconds * (1 + static_cast<double>(shape->weight_bytes) /
-                                               args.tensor_parallel / kv_memory));
-    const nlohmann::json j = {
+                                               args.tensor_parallel / kv_memory)) /
+        replicas;
+    nlohmann::json j = {
         {"policy", entry},
         {"overlap", overlap_name},
         {"hardware", hw.name},
@@ -215,7 +280,9 @@ void run_simulate(const SimulateArgs& args) {
         {"sharing_ratio", st.sharing_ratio},
         {"sharing_optimal", st.sharing_optimal},
         {"root_density", st.root_density},
-        {"sampled_requests", st.sampled_requests}};
+        {"sampled_requests", st.sampled_requests},
+        {"data_parallel", args.data_parallel}};
+    if (!dp_json.is_null()) j.update(dp_json);
     if (args.json) {
       std::printf("%s\n", j.dump().c_str());
     } else {
@@ -225,6 +292,13 @@ void run_simulate(const SimulateArgs& args) {
           entry.c_str(), st.throughput(), j["fraction_of_optimal"].get<double>(),
           j["fraction_of_ideal"].get<double>(), j["fraction_of_capacity_optimal"].get<double>(),
           st.sharing_ratio, st.sharing_optimal, st.seconds);
+      if (args.data_parallel > 1)
+        std::printf(
+            "%-18s dp %d: slowest replica %.1f s, partition keeps %.4f of %.4f sharing "
+            "(loss %.2f%% of s_o), work imbalance %.3f\n",
+            "", args.data_parallel, st.seconds, dp_json["partition_sharing"].get<double>(),
+            st.sharing_optimal, 100 * dp_json["sharing_loss_of_optimal"].get<double>(),
+            dp_json["partition_imbalance"].get<double>());
     }
     std::fflush(stdout);
   }
@@ -257,6 +331,11 @@ void register_simulate_command(CLI::App& app) {
                   "without ignore_eos runs first; their lengths estimate the others' (0.01)")
       ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--sample-seed", args->sampling.seed, "Which requests are sampled");
+  cmd->add_option("--dp", args->data_parallel,
+                  "Data-parallel replicas (BlendServe §5.5): the batch is partitioned as "
+                  "`mpirun -np N blend batch` partitions it and each part runs on its own "
+                  "simulated device; seconds and throughput are the slowest replica's (default 1)")
+      ->check(CLI::PositiveNumber);
   cmd->add_flag("--json", args->json, "One JSON object per run (the keys experiments read)");
   cmd->add_flag("!--no-capacity-pacing", args->capacity_pacing,
                 "blend: the dual scanner as BlendServe Alg. 3 publishes it (memory split by "

@@ -2,6 +2,8 @@
 // experiments read; bad input is a clear error.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -38,6 +40,45 @@ std::vector<json> json_lines(const std::string& text) {
   for (std::string line; std::getline(lines, line);)
     if (!line.empty()) out.push_back(json::parse(line));
   return out;
+}
+
+// --dp N (BlendServe §5.5): the batch partitioned as `mpirun -np N blend batch` partitions it,
+// each part on its own simulated device; the run takes as long as the slowest replica.
+TEST(SimulateCli, DataParallelReplicasShareTheWork) {
+  testing::TempDir work;
+  testing::write_file(work / "w.jsonl", mixed_workload());
+  std::map<int, json> by_dp;
+  for (int dp : {1, 2}) {
+    const auto r =
+        testing::run_command(simulate("--hardware h100 --workload " + (work / "w.jsonl").string() +
+                                      " --policy blend --dp " + std::to_string(dp)));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::vector<json> runs = json_lines(r.output);
+    ASSERT_EQ(runs.size(), 1u);
+    by_dp[dp] = runs[0];
+  }
+  const json& one = by_dp[1];
+  const json& two = by_dp[2];
+  EXPECT_EQ(two["data_parallel"], 2);
+  EXPECT_EQ(two["requests"], 30);
+  EXPECT_EQ(two["prompt_tokens"], one["prompt_tokens"]);
+  EXPECT_EQ(two["output_tokens"], one["output_tokens"]);
+  ASSERT_EQ(two["rank_seconds"].size(), 2u);
+  double slowest = 0;
+  for (const json& s : two["rank_seconds"]) slowest = std::max(slowest, s.get<double>());
+  EXPECT_DOUBLE_EQ(two["seconds"].get<double>(), slowest);
+  // Two replicas finish sooner than one, but no more than twice as fast.
+  EXPECT_LT(two["seconds"].get<double>(), one["seconds"].get<double>());
+  EXPECT_GT(two["seconds"].get<double>(), 0.5 * one["seconds"].get<double>() * 0.999);
+  EXPECT_DOUBLE_EQ(two["sharing_optimal"].get<double>(), one["sharing_optimal"].get<double>());
+  EXPECT_GE(two["sharing_loss"].get<double>(), 0);
+  EXPECT_LE(two["partition_sharing"].get<double>(), two["sharing_optimal"].get<double>());
+  for (const char* bad : {"--dp 0", "--dp 2 --step-trace x.csv"})
+    EXPECT_NE(
+        testing::run_command(simulate("--workload " + (work / "w.jsonl").string() + " " + bad))
+            .exit_code,
+        0)
+        << bad;
 }
 
 TEST(SimulateCli, OneJsonLinePerPolicyEntry) {

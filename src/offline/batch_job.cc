@@ -1,0 +1,183 @@
+#include "offline/batch_job.h"
+
+#include <algorithm>
+#include <chrono>
+#include <span>
+#include <unordered_map>
+#include <utility>
+
+#include "api/api_error.h"
+#include "api/openai.h"
+#include "core/error.h"
+#include "kv/radix_cache.h"
+
+namespace blend {
+namespace {
+
+std::optional<ChatTemplate> load_chat_template(const std::filesystem::path& dir) {
+  try {
+    return ChatTemplate::from_dir(dir);
+  } catch (const Error&) {
+    return std::nullopt;  // chat requests then fail one by one with a clear message
+  }
+}
+
+}  // namespace
+
+BatchJob::BatchJob(Engine& engine, BatchJobOptions options)
+    : engine_(engine), options_(std::move(options)) {
+  plan::parse_policy(options_.policy);  // an unknown name fails before any line runs
+  chat_template_ = load_chat_template(options_.model_dir);
+  context_.tokenizer = &engine_.tokenizer();
+  context_.chat_template = chat_template_ ? &*chat_template_ : nullptr;
+  context_.max_sequence_tokens = engine_.max_sequence_tokens();
+  context_.max_prompt_bytes = max_prompt_bytes(engine_.tokenizer(), context_.max_sequence_tokens);
+  if (!options_.endpoint.empty()) {
+    try {
+      context_.endpoint = parse_endpoint(options_.endpoint);
+    } catch (const ApiError& e) {
+      throw Error(std::string("--endpoint: ") + e.what());
+    }
+  }
+  context_.sampling_defaults = &engine_.config().sampling_defaults;
+  if (!options_.served_model_name.empty()) context_.model = options_.served_model_name;
+  model_name_ = options_.model_dir.filename().string();
+  if (model_name_.empty()) model_name_ = options_.model_dir.parent_path().filename().string();
+}
+
+std::vector<PreparedBatchLine> BatchJob::prepare(const std::vector<BatchInputLine>& lines,
+                                                 const BatchResultSink& sink) {
+  std::vector<PreparedBatchLine> out;
+  for (const BatchInputLine& line : lines) {
+    ++stats_.requests;
+    try {
+      PreparedBatchLine prepared = prepare_batch_line(line, context_);
+      if (prepared.error) throw *prepared.error;
+      engine_.check_request(prepared.generation);
+      out.push_back(std::move(prepared));
+    } catch (const ApiError& e) {
+      sink.error(line.custom_id, e.status(), e.body());
+      ++stats_.failed;
+    } catch (const Error& e) {
+      sink.error(line.custom_id, 400, ApiError(400, e.what()).body());
+      ++stats_.failed;
+    }
+  }
+  return out;
+}
+
+OfflineRequest BatchJob::offline_request(const GenerationRequest& gen) const {
+  OfflineRequest q{gen.id, gen.prompt, gen.params, 0, gen.params.ignore_eos};
+  q.output_estimate = q.output_known
+                          ? q.params.max_tokens
+                          : std::min<double>(options_.assumed_output, q.params.max_tokens);
+  return q;
+}
+
+plan::PlanRequest BatchJob::plan_request(const PreparedBatchLine& line) const {
+  const OfflineRequest q = offline_request(line.generation);
+  return {q.id, q.prompt, q.output_estimate, q.output_known};
+}
+
+CostModel BatchJob::planner_cost() const {
+  const Hardware hw =
+      options_.hardware == "cpu" ? default_cpu_hardware() : resolve_hardware(options_.hardware);
+  return CostModel(ModelShape::from_config(engine_.config(), model_name_), hw);
+}
+
+void BatchJob::run(std::vector<PreparedBatchLine> lines, const BatchResultSink& sink,
+                   const std::function<void(int64_t answered, int64_t token_bound)>& progress) {
+  const int64_t created = std::chrono::duration_cast<std::chrono::seconds>(
+                              std::chrono::system_clock::now().time_since_epoch())
+                              .count();
+  std::vector<std::vector<TokenId>> prompts;           // for the optimal sharing ratio
+  std::unordered_map<std::string, ApiRequest> api_of;  // request settings for the response
+  std::vector<OfflineRequest> planned;                 // --policy other than fcfs
+  const bool use_plan = options_.policy != "fcfs";
+  int64_t token_bound = 0;
+  auto on_result = [&](GenerationResult&& r) {
+    const ApiRequest& request = api_of.at(r.id);
+    token_bound -= std::max<int64_t>(
+        0, static_cast<int64_t>(request.params.max_tokens) - static_cast<int64_t>(r.tokens.size()));
+    const char* prefix = request.endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-";
+    sink.success(r.id, make_response(request, r, make_id(prefix), model_name_, created,
+                                     engine_.tokenizer()));
+    api_of.erase(r.id);
+    ++stats_.completed;
+  };
+  for (PreparedBatchLine& line : lines) {
+    GenerationRequest& gen = line.generation;
+    prompts.push_back(gen.prompt);
+    // An unset max_tokens runs to the context's end at most.
+    const auto prompt = static_cast<int64_t>(gen.prompt.size());
+    token_bound +=
+        prompt + std::min<int64_t>(gen.params.max_tokens, context_.max_sequence_tokens - prompt);
+    api_of.emplace(line.custom_id, std::move(line.api));
+    if (use_plan)
+      planned.push_back(offline_request(gen));
+    else
+      engine_.submit(std::move(gen), on_result);
+  }
+  const auto report = [&] {
+    if (progress) progress(stats_.completed + stats_.failed, token_bound);
+  };
+  if (use_plan && !planned.empty()) {
+    const CostModel cost = planner_cost();
+    stats_.plan = run_planned(
+        engine_, planned, plan::parse_policy(options_.policy), cost,
+        static_cast<double>(engine_.stats().kv_capacity_bytes),
+        [&](GenerationResult&& r) {
+          on_result(std::move(r));
+          report();
+        },
+        options_.sampling);
+  }
+  while (engine_.has_work()) {
+    engine_.step();
+    report();
+  }
+  std::vector<std::span<const TokenId>> spans(prompts.begin(), prompts.end());
+  stats_.optimal_shared_tokens += optimal_shared_tokens(std::move(spans));
+}
+
+nlohmann::json batch_run_stats(const Engine& engine, const BatchJobStats& job,
+                               double wall_seconds) {
+  const EngineStats s = engine.stats();
+  const int64_t tokens = s.prompt_tokens + s.output_tokens;
+  const auto ratio = [&](int64_t shared) {
+    return s.prompt_tokens > 0 ? static_cast<double>(shared) / static_cast<double>(s.prompt_tokens)
+                               : 0.0;
+  };
+  const double wall = wall_seconds;
+  nlohmann::json stats = {
+      {"requests", job.requests},
+      {"completed", job.completed},
+      {"failed", job.failed},
+      {"input_tokens", s.prompt_tokens},
+      {"output_tokens", s.output_tokens},
+      {"wall_seconds", wall},
+      {"throughput_tokens_per_s", wall > 0 ? static_cast<double>(tokens) / wall : 0.0},
+      {"output_tokens_per_s", wall > 0 ? static_cast<double>(s.output_tokens) / wall : 0.0},
+      {"steps", s.steps},
+      {"mean_batch_tokens",
+       s.steps ? static_cast<double>(s.batch_tokens) / static_cast<double>(s.steps) : 0.0},
+      {"preemptions", s.preemptions},
+      {"schedule_seconds", s.schedule_seconds},
+      {"step_seconds", s.step_seconds},
+      {"backend_seconds", s.backend_seconds},
+      {"cached_prompt_tokens", s.cached_prompt_tokens},
+      {"sharing_ratio", ratio(s.cached_prompt_tokens)},
+      {"sharing_optimal", ratio(job.optimal_shared_tokens)},
+      {"cache_evicted_pages", s.cache_evicted_pages},
+      {"kv_offloaded_pages", s.kv_offloaded_pages},
+      {"kv_loaded_pages", s.kv_loaded_pages},
+      {"kv_peak_bytes", s.kv_peak_bytes},
+      {"kv_capacity_bytes", s.kv_capacity_bytes}};
+  if (job.plan) {
+    stats["sampled_requests"] = job.plan->sampled_requests;
+    stats["sampling_seconds"] = job.plan->sampling_seconds;
+  }
+  return stats;
+}
+
+}  // namespace blend
