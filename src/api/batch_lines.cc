@@ -29,6 +29,7 @@ void check_line(const BatchInputLine& line, const BatchLineContext& context,
   RequestLimits limits;
   limits.max_prompt_bytes = context.max_prompt_bytes;
   limits.sampling_defaults = context.sampling_defaults;
+  limits.grammars = context.grammars;
   out.api = parse_api_request(endpoint, body, *context.tokenizer, context.chat_template, limits);
   check_context(out.api, body, context.max_sequence_tokens);
   out.generation.id = line.custom_id;

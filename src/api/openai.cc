@@ -7,6 +7,8 @@
 #include "api/logprobs.h"
 #include "api/request_fields.h"
 #include "api/utf8.h"
+#include "core/error.h"
+#include "grammar/json_schema.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 
@@ -153,6 +155,50 @@ SamplingParams parse_sampling(Endpoint endpoint, const json& body, int32_t vocab
   return p;
 }
 
+// OpenAI's response_format: {"type": "text"}, {"type": "json_object"}, or {"type":
+// "json_schema", "json_schema": {"name", "description", "schema", "strict"}}. Null for text.
+std::shared_ptr<const TokenConstraint> parse_response_format(const json& body,
+                                                             GrammarCompiler* grammars) {
+  constexpr const char* kParam = "response_format";
+  auto it = body.find(kParam);
+  if (it == body.end() || it->is_null()) return nullptr;
+  if (!it->is_object() || !it->contains("type") || !(*it)["type"].is_string())
+    throw ApiError(400, "'response_format' must be an object with a string 'type'", kParam);
+  const std::string type = (*it)["type"].get<std::string>();
+  for (const auto& [key, value] : it->items())
+    if (key != "type" && !(key == "json_schema" && type == "json_schema"))
+      throw ApiError(400, "'response_format." + key + "' is not supported", kParam);
+  if (type == "text") return nullptr;
+  if (type != "json_object" && type != "json_schema")
+    throw ApiError(
+        400, "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"", kParam);
+  if (!grammars) throw ApiError(400, "structured output is not available on this endpoint", kParam);
+  try {
+    if (type == "json_object") return grammars->json_object();
+    auto js = it->find("json_schema");
+    if (js == it->end() || !js->is_object())
+      throw ApiError(400, "'response_format.json_schema' must be an object", kParam);
+    json schema = json::object();  // OpenAI: an absent schema allows any JSON value
+    for (const auto& [key, value] : js->items()) {
+      if (key == "name" || key == "description") {
+        if (!value.is_string())
+          throw ApiError(400, "'response_format.json_schema." + key + "' must be a string", kParam);
+      } else if (key == "strict") {
+        // Honoured: the output always matches the schema, strict or not (grammar/json_schema.h).
+        if (!value.is_boolean() && !value.is_null())
+          throw ApiError(400, "'response_format.json_schema.strict' must be a boolean", kParam);
+      } else if (key == "schema") {
+        schema = value;
+      } else {
+        throw ApiError(400, "'response_format.json_schema." + key + "' is not supported", kParam);
+      }
+    }
+    return grammars->json_schema(schema);
+  } catch (const Error& e) {
+    throw ApiError(400, std::string("response_format: ") + e.what(), kParam);
+  }
+}
+
 }  // namespace
 
 Endpoint parse_endpoint(const std::string& url) {
@@ -215,6 +261,7 @@ ApiRequest parse_api_request(Endpoint endpoint, const json& body, const Tokenize
   r.params =
       parse_sampling(endpoint, body, tokenizer.vocab_size(),
                      limits.sampling_defaults ? *limits.sampling_defaults : SamplingDefaults{});
+  r.params.constraint = parse_response_format(body, limits.grammars);
   // Checked on the text, before tokenizing: a tokenizer pass over a 60 MB prompt takes 24 s
   // and 2.4 GB only to find it cannot fit (issue 26).
   const auto check_size = [&](const std::string& text, const char* param) {

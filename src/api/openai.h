@@ -18,6 +18,7 @@
 namespace blend {
 
 class ChatTemplate;
+class GrammarCompiler;
 class Tokenizer;
 
 enum class Endpoint { kCompletions, kChatCompletions };
@@ -45,6 +46,9 @@ struct RequestLimits {
   // The model's sampling defaults (generation_config.json) for the fields a request leaves
   // unset; null = OpenAI's defaults (vLLM's --generation-config vllm).
   const SamplingDefaults* sampling_defaults = nullptr;
+  // Compiles response_format schemas for this model's vocabulary; null = response_format other
+  // than text is refused.
+  GrammarCompiler* grammars = nullptr;
 };
 
 // The longest prompt text, in bytes, that could still tokenize to fewer than

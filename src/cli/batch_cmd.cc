@@ -21,6 +21,7 @@
 #include "cli/progress.h"
 #include "core/error.h"
 #include "engine/engine.h"
+#include "grammar/json_schema.h"
 #include "harness/profile.h"
 #include "kv/radix_cache.h"
 #include "offline/planned_run.h"
@@ -102,6 +103,9 @@ void run_batch(const BatchArgs& args) {
   context.max_prompt_bytes = max_prompt_bytes(engine.tokenizer(), context.max_sequence_tokens);
   context.endpoint = batch_endpoint;
   context.sampling_defaults = &engine.config().sampling_defaults;
+  GrammarCompiler grammars(engine.tokenizer(), engine.config().vocab_size,
+                           engine.config().eos_token_ids);
+  context.grammars = &grammars;
   if (!args.served_model_name.empty()) context.model = args.served_model_name;
   for (const BatchInputLine& line : lines) {
     if (writer.done_ids().count(line.custom_id)) {

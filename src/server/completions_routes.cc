@@ -123,6 +123,7 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
     RequestLimits limits;
     limits.max_prompt_bytes = max_prompt_bytes_;
     limits.sampling_defaults = &loop->engine().config().sampling_defaults;
+    limits.grammars = grammars.get();
     request = parse_api_request(endpoint, body, loop->engine().tokenizer(),
                                 chat_template ? &*chat_template : nullptr, limits);
     // Limits the engine would quietly apply become errors, as in vLLM: a client asking for

@@ -29,6 +29,7 @@
 #include "api/batch_lines.h"
 #include "api/openai.h"
 #include "cost/cost_model.h"
+#include "grammar/json_schema.h"
 #include "plan/admission_source.h"
 #include "server/batch_store.h"
 #include "server/connection.h"
@@ -113,7 +114,8 @@ struct Server::Impl {
   std::string model_name;
   std::optional<ChatTemplate> chat_template;
   int64_t max_sequence_tokens = 0;
-  int64_t max_prompt_bytes_ = 0;  // longer prompt texts are refused before tokenizing
+  int64_t max_prompt_bytes_ = 0;              // longer prompt texts are refused before tokenizing
+  std::unique_ptr<GrammarCompiler> grammars;  // response_format schemas, for this model
   Metrics metrics;
   std::unique_ptr<BatchStore> store;
   std::unique_ptr<EngineLoop> loop;

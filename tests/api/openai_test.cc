@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "api/batch_file.h"
+#include "grammar/json_schema.h"
 #include "llama3_text_fixture.h"
 #include "test_util.h"
 
@@ -194,6 +195,49 @@ TEST_F(OpenAiTest, ContentPartsAreFlattenedAsVllmDoes) {
        {{{"role", "user"}, {"content", {{{"type", "text"}, {"text", std::string("\xff", 1)}}}}}}}};
   EXPECT_THROW(parse_api_request(Endpoint::kChatCompletions, bad, *tokenizer_, template_),
                ApiError);
+}
+
+// response_format: json_object and json_schema become a constraint; what cannot be honoured is
+// a 400 naming response_format and the keyword.
+TEST_F(OpenAiTest, ResponseFormatCompilesSchemasAndRefusesWhatItCannotHonour) {
+  GrammarCompiler grammars(*tokenizer_, tokenizer_->vocab_size(),
+                           {*tokenizer_->token_id("<|eot_id|>")});
+  RequestLimits limits;
+  limits.grammars = &grammars;
+  const std::string chat = R"({"messages":[{"role":"user","content":"Hi"}],"response_format":)";
+  auto constraint = [&](Endpoint e, const std::string& body) {
+    return parse_api_request(e, json::parse(body), *tokenizer_, template_, limits)
+        .params.constraint;
+  };
+  EXPECT_EQ(constraint(Endpoint::kChatCompletions, chat + R"({"type":"text"}})"), nullptr);
+  EXPECT_NE(constraint(Endpoint::kChatCompletions, chat + R"({"type":"json_object"}})"), nullptr);
+  const std::string schema =
+      R"({"type":"json_schema","json_schema":{"name":"p","strict":true,"schema":)"
+      R"({"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]}}})";
+  const auto c1 = constraint(Endpoint::kChatCompletions, chat + schema + "}");
+  EXPECT_NE(c1, nullptr);
+  // The same schema again shares the compiled grammar (its caches).
+  EXPECT_EQ(constraint(Endpoint::kChatCompletions, chat + schema + "}"), c1);
+  EXPECT_NE(
+      constraint(Endpoint::kCompletions, R"({"prompt":"x","response_format":)" + schema + "}"),
+      nullptr);
+  for (const std::string bad :
+       {R"({"type":"xml"})", R"({"type":"json_object","schema":{}})",
+        R"({"type":"json_schema","json_schema":{"schema":{"type":"string","pattern":"a"}}})",
+        R"({"type":"json_schema","json_schema":{"schema":{},"extra":1}})",
+        R"({"type":"json_schema","json_schema":{"schema":{"type":"object","required":["z"]}}})",
+        R"({"type":"json_schema"})", R"("json")"}) {
+    try {
+      constraint(Endpoint::kChatCompletions, chat + bad + "}");
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status(), 400);
+      EXPECT_EQ(e.param(), "response_format") << bad;
+      if (bad.find("pattern") != std::string::npos) {
+        EXPECT_NE(std::string(e.what()).find("'pattern'"), std::string::npos) << e.what();
+      }
+    }
+  }
 }
 
 // Fields that would change the result and are not implemented are a 400 naming them; those
