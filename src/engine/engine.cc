@@ -54,6 +54,7 @@ struct Engine::Active {
   bool constraint_broken = false;  // a token the matcher refused (only from an invalid row)
   int32_t accepted = 0;            // output tokens whose stop conditions were checked
   SampledToken last;               // the latest of them (the final streamed token)
+  int32_t index = 0;               // GenerationRequest::index
 };
 
 Engine::Engine(const std::filesystem::path& model_dir, const EngineOptions& options)
@@ -190,7 +191,9 @@ SeqId Engine::submit(GenerationRequest request, Callback on_done, TokenCallback 
   a->seq.prompt_len = static_cast<int32_t>(prompt_len);
   a->seq.tokens = std::move(request.prompt);
   a->seq.params = p;
-  a->seq.rng_seed = p.seed ? *p.seed : hash_string(request.id, options_.seed);
+  a->seq.rng_seed = (p.seed ? *p.seed : hash_string(request.id, options_.seed)) +
+                    static_cast<uint64_t>(request.index);
+  a->index = request.index;
   a->seq.request_class = request.request_class;
   a->seq.ttft_slo = request.ttft_slo.value_or(options_.ttft_slo);
   a->seq.tpot_slo = request.tpot_slo.value_or(options_.tpot_slo);
@@ -303,6 +306,7 @@ void Engine::finish(Active& a) {
   r.logprobs = std::move(a.logprobs);
   r.num_preemptions = a.seq.num_preemptions;
   r.cached_tokens = a.seq.num_cached_prompt;
+  r.index = a.index;
   stats_.output_tokens += static_cast<int64_t>(r.tokens.size());
   ++stats_.finished;
   Callback cb = std::move(a.on_done);

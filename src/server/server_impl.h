@@ -160,7 +160,8 @@ struct Server::Impl {
 
   // --- completions (completions_routes.cc) ---
   void completion(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
-  std::shared_ptr<Pending> submit(const ApiRequest& request, RequestClass cls);
+  // One of the request's n samples (GenerationRequest::index).
+  std::shared_ptr<Pending> submit(const ApiRequest& request, RequestClass cls, int32_t index = 0);
   void cancel(const std::shared_ptr<Pending>& p);
   // Waits for the end: false when the server is stopping or the client on `socket` (when not
   // -1) hung up.

@@ -118,7 +118,7 @@ TEST_F(OpenAiTest, BadFieldsNameTheParameter) {
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","max_tokens":-1})"), "max_tokens");
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","max_tokens":1.5})"),
             "max_tokens");
-  EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","n":2})"), "n");
+  EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","n":0})"), "n");
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","ttft_slo":0})"), "ttft_slo");
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","tpot_slo":"fast"})"), "tpot_slo");
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","stop":5})"), "stop");
@@ -254,8 +254,12 @@ TEST_F(OpenAiTest, EveryFieldIsImplementedHarmlessOrRefused) {
             "tool_choice");
   EXPECT_EQ(error_param(Endpoint::kChatCompletions, chat + R"("functions":[{"name":"f"}]})"),
             "functions");
-  EXPECT_EQ(error_param(Endpoint::kChatCompletions, chat + R"("n":2})"), "n");
+  EXPECT_EQ(error_param(Endpoint::kChatCompletions, chat + R"("n":200})"), "n");
+  EXPECT_EQ(parse(Endpoint::kChatCompletions, chat + R"("n":3})").n, 3);
+  // best_of = n is plain n; picking the best of more samples is not implemented.
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","best_of":3})"), "best_of");
+  EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","n":3,"best_of":2})"), "best_of");
+  EXPECT_EQ(parse(Endpoint::kCompletions, R"({"prompt":"x","n":2,"best_of":2})").n, 2);
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","echo":true})"), "echo");
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","suffix":"end"})"), "suffix");
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","min_tokens":4})"), "min_tokens");

@@ -1,7 +1,9 @@
 // Structured output through the engine on the tiny random-weight model: every constrained
 // output is a complete JSON value of the schema's grammar, masking keeps batch invariance, and
 // max_tokens still cuts with finish "length".
+#include <algorithm>
 #include <map>
+#include <set>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -85,12 +87,15 @@ TEST_P(StructuredTest, EveryOutputIsAValueOfTheSchema) {
   auto schema = grammars.json_schema(kSchema);
   auto object = grammars.json_object();
   std::vector<GenerationRequest> requests;
-  // Random weights rarely pick a closing quote among 128K tokens, so the json_object requests
-  // (strings of unbounded length) favour it: their values end within max_tokens.
+  // Random weights rarely pick a closing quote or bracket among 128K tokens, so the json_object
+  // requests (strings of any length, any nesting) favour them: their values end in max_tokens.
   const TokenId quote = *engine.tokenizer().token_id("\"");
+  const TokenId bracket = *engine.tokenizer().token_id("]");
+  const TokenId brace = *engine.tokenizer().token_id("}");
   for (int i = 0; i < 12; ++i) {
     requests.push_back(request("r" + std::to_string(i), 100 + i, i % 3 == 2 ? object : schema));
-    if (i % 3 == 2) requests.back().params.logit_bias = {{quote, 8.0f}};
+    if (i % 3 == 2)
+      requests.back().params.logit_bias = {{quote, 8.0f}, {bracket, 8.0f}, {brace, 8.0f}};
   }
   const auto out = run(engine, requests);
   const auto g_schema = json_schema_grammar(kSchema);
@@ -137,6 +142,44 @@ TEST_P(StructuredTest, MaxTokensCutsWithLengthAndAValidPrefix) {
   EXPECT_EQ(out.at("cut").tokens.size(), 5u);
   EXPECT_TRUE(json_schema_grammar(kSchema)->matches_prefix(out.at("cut").text))
       << out.at("cut").text;
+}
+
+// OpenAI's n: samples of one request (same id and seed, index 0..n-1) each draw from their own
+// seed stream, and only the first computes the prompt: the others find it in the prefix cache.
+TEST_P(StructuredTest, SamplesOfOnePromptShareOnePrefill) {
+  Engine engine(dir_->path(), options());
+  std::vector<GenerationRequest> requests;
+  GenerationRequest base = request("n", 42, nullptr);
+  base.prompt.clear();
+  for (int i = 0; i < 40; ++i) base.prompt.push_back(static_cast<TokenId>(1000 + 7 * i));
+  base.params.max_tokens = 8;
+  std::vector<GenerationResult> results;
+  for (int32_t i = 0; i < 4; ++i) {
+    GenerationRequest r = base;
+    r.index = i;
+    engine.submit(std::move(r), [&](GenerationResult&& g) { results.push_back(std::move(g)); });
+  }
+  engine.run_until_done();
+  ASSERT_EQ(results.size(), 4u);
+  std::set<std::vector<TokenId>> distinct;
+  std::set<int32_t> indices;
+  for (const GenerationResult& r : results) {
+    distinct.insert(r.tokens);
+    indices.insert(r.index);
+  }
+  EXPECT_EQ(indices, (std::set<int32_t>{0, 1, 2, 3}));
+  EXPECT_GT(distinct.size(), 1u);
+  const EngineStats st = engine.stats();
+  // The prompt's 40 tokens are computed once; each other sample computes only its last token
+  // (whose logits it needs) and takes the other 39 from the cache.
+  EXPECT_EQ(st.cached_prompt_tokens, 3 * 39);
+  // A sample is reproducible alone: same seed + index, same tokens.
+  GenerationRequest again = base;
+  again.index = 2;
+  const auto alone = run(engine, {again});
+  const auto same = std::find_if(results.begin(), results.end(),
+                                 [](const GenerationResult& g) { return g.index == 2; });
+  EXPECT_EQ(alone.at("n").tokens, same->tokens);
 }
 
 INSTANTIATE_TEST_SUITE_P(Steps, StructuredTest, ::testing::Values(false, true),
