@@ -100,12 +100,16 @@ out, reps, batches, schemas_path = sys.argv[1], int(sys.argv[2]), sys.argv[3].sp
 for b in batches:
     med = {}
     for kind in ("plain", "schema"):
-        tps = [json.load(open(f"{out}/stats-{kind}-{b}-{i}.json"))["output_tokens_per_s"]
-               for i in range(reps)]
-        toks = json.load(open(f"{out}/stats-{kind}-{b}-0.json"))["output_tokens"]
+        stats = [json.load(open(f"{out}/stats-{kind}-{b}-{i}.json")) for i in range(reps)]
+        tps = [st["output_tokens_per_s"] for st in stats]
+        # The engine thread's own seconds (planning, masks, matching, detokenizing) beside the
+        # backend's (forward pass and sampling).
+        host = statistics.median(st["step_seconds"] - st["backend_seconds"] for st in stats)
+        backend = statistics.median(st["backend_seconds"] for st in stats)
         med[kind] = statistics.median(tps)
         print(f"batch {b:>4} {kind:>6}: output tok/s " + " ".join(f"{x:8.1f}" for x in tps) +
-              f"  median {med[kind]:8.1f}  ({toks} output tokens)")
+              f"  median {med[kind]:8.1f}  ({stats[0]['output_tokens']} output tokens;"
+              f" engine thread {host:.2f} s, backend {backend:.2f} s)")
     print(f"batch {b:>4} schema / plain: {med['schema'] / med['plain']:.3f}")
 schemas = json.load(open(schemas_path))
 cases, stops = [], 0

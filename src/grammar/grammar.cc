@@ -221,20 +221,23 @@ void Grammar::compile(int32_t root) {
   }
 }
 
-void Grammar::step_rec(GrammarStack& s, uint8_t b, std::vector<GrammarStack>& out, bool* outside,
-                       int budget) const {
+void Grammar::step_rec(GrammarStack& s, uint8_t b, std::vector<GrammarStack>& out, size_t& count,
+                       bool* outside, int budget) const {
   const int32_t top = s.back();
   const Node& n = nodes_[static_cast<size_t>(top)];
   for (const ByteEdge& e : n.bytes)
     if (e.set.has(b)) {
-      out.push_back(s);
-      out.back().back() = e.target;
+      if (count < out.size())
+        out[count].assign(s.begin(), s.end());
+      else
+        out.push_back(s);
+      out[count++].back() = e.target;
     }
   if (budget == 0) return;
   for (const CallEdge& c : n.calls) {
     s.back() = c.target;
     s.push_back(rules_[static_cast<size_t>(c.rule)].start);
-    step_rec(s, b, out, outside, budget - 1);
+    step_rec(s, b, out, count, outside, budget - 1);
     s.pop_back();
     s.back() = top;
   }
@@ -243,7 +246,7 @@ void Grammar::step_rec(GrammarStack& s, uint8_t b, std::vector<GrammarStack>& ou
     if (s.back() == kOutside) {
       if (outside) *outside = true;
     } else {
-      step_rec(s, b, out, outside, budget - 1);
+      step_rec(s, b, out, count, outside, budget - 1);
     }
     s.push_back(top);
   }
@@ -252,7 +255,23 @@ void Grammar::step_rec(GrammarStack& s, uint8_t b, std::vector<GrammarStack>& ou
 void Grammar::step(const GrammarStack& stack, uint8_t b, std::vector<GrammarStack>& out,
                    bool* outside) const {
   GrammarStack s = stack;
-  step_rec(s, b, out, outside, kCallBudget);
+  size_t count = out.size();
+  step_rec(s, b, out, count, outside, kCallBudget);
+}
+
+void Grammar::advance_into(const std::vector<GrammarStack>& state, size_t state_size, uint8_t b,
+                           std::vector<GrammarStack>& out, size_t& out_size, bool* outside) const {
+  thread_local GrammarStack scratch;
+  out_size = 0;
+  for (size_t i = 0; i < state_size; ++i) {
+    scratch.assign(state[i].begin(), state[i].end());
+    step_rec(scratch, b, out, out_size, outside, kCallBudget);
+  }
+  if (out_size > 1) {
+    const auto end = out.begin() + static_cast<ptrdiff_t>(out_size);
+    std::sort(out.begin(), end);
+    out_size = static_cast<size_t>(std::unique(out.begin(), end) - out.begin());
+  }
 }
 
 std::vector<GrammarStack> Grammar::advance(const std::vector<GrammarStack>& state, uint8_t b,

@@ -83,8 +83,15 @@ class Grammar {
   // All stacks after one byte, sorted and deduplicated (empty: the byte is not allowed).
   std::vector<GrammarStack> advance(const std::vector<GrammarStack>& state, uint8_t b,
                                     bool* outside = nullptr) const;
+  // advance() for hot loops: the result is out[0, out_size), and the stacks already in `out`
+  // are reused (their capacity), so a warm call allocates nothing.
+  void advance_into(const std::vector<GrammarStack>& state, size_t state_size, uint8_t b,
+                    std::vector<GrammarStack>& out, size_t& out_size,
+                    bool* outside = nullptr) const;
   // The stack's input so far is a complete match of the root.
   bool can_finish(const GrammarStack& stack) const;
+  // The rule of `node` may end there (possibly after calls to rules that match nothing).
+  bool node_completes(int32_t node) const { return nodes_[static_cast<size_t>(node)].completes; }
   // Some byte can follow.
   bool can_continue(const GrammarStack& stack) const;
   // Whether the whole text matches (tests).
@@ -112,8 +119,8 @@ class Grammar {
     GExpr body;
     int32_t start = -1;
   };
-  void step_rec(GrammarStack& stack, uint8_t b, std::vector<GrammarStack>& out, bool* outside,
-                int budget) const;
+  void step_rec(GrammarStack& stack, uint8_t b, std::vector<GrammarStack>& out, size_t& count,
+                bool* outside, int budget) const;
   void compile_rule(int32_t rule);
 
   std::vector<Rule> rules_;

@@ -40,9 +40,13 @@ ByteSet bytes_of(std::string_view chars) {
 class JsonRules {
  public:
   explicit JsonRules(Grammar& g) : g_(g) {
-    ws = g.add_rule("ws");
-    g.define(ws, g_opt(g_alt({g_lit(" "),
-                              g_seq({g_lit("\n"), g_repeat(g_bytes(bytes_of(" \t")), 0, 20)})})));
+    // Whitespace is a rule of its own: written into every rule that allows it, its bounded
+    // repeat would give each of them 21 more nodes whose token tables must be built.
+    const int32_t ws_rule = g.add_rule("ws");
+    g.define(ws_rule,
+             g_opt(g_alt(
+                 {g_lit(" "), g_seq({g_lit("\n"), g_repeat(g_bytes(bytes_of(" \t")), 0, 20)})})));
+    ws = g_rule(ws_rule);
     string = g.add_rule("string");
     g.define(string, g_seq({g_lit("\""), g_star(string_char()), g_lit("\"")}));
     const GExpr digit = g_range('0', '9');
@@ -79,32 +83,39 @@ class JsonRules {
 
   // "{" ws (key ws ":" ws value ws ("," ws key ws ":" ws value ws)*)? "}"
   GExpr object_of(const GExpr& key, const GExpr& val) const {
-    const GExpr member = g_seq({key, g_rule(ws), g_lit(":"), g_rule(ws), val, g_rule(ws)});
-    return g_seq({g_lit("{"), g_rule(ws),
-                  g_opt(g_seq({member, g_star(g_seq({g_lit(","), g_rule(ws), member}))})),
+    const GExpr member = g_seq({key, ws, g_lit(":"), ws, val, ws});
+    return g_seq({g_lit("{"), ws, g_opt(g_seq({member, g_star(g_seq({g_lit(","), ws, member}))})),
                   g_lit("}")});
   }
   // "[" ws (item ws ("," ws item ws){min-1, max-1})? "]"
   GExpr array_of(const GExpr& item, int64_t min, int64_t max) const {
-    const GExpr first = g_seq({item, g_rule(ws)});
-    const GExpr more = g_seq({g_lit(","), g_rule(ws), item, g_rule(ws)});
+    const GExpr first = g_seq({item, ws});
+    const GExpr more = g_seq({g_lit(","), ws, item, ws});
     GExpr body;
     if (max == 0) {
-      return g_seq({g_lit("["), g_rule(ws), g_lit("]")});
+      return g_seq({g_lit("["), ws, g_lit("]")});
     }
     const int32_t rest_min = static_cast<int32_t>(std::max<int64_t>(0, min - 1));
     const int32_t rest_max = max < 0 ? -1 : static_cast<int32_t>(max - 1);
     body = g_seq({first, g_repeat(more, rest_min, rest_max)});
     if (min == 0) body = g_opt(body);
-    return g_seq({g_lit("["), g_rule(ws), body, g_lit("]")});
+    return g_seq({g_lit("["), ws, body, g_lit("]")});
   }
 
   // A string of min to max characters (code points: an escape or a UTF-8 sequence is one).
-  GExpr bounded_string(int32_t min, int32_t max) const {
-    return g_seq({g_lit("\""), g_repeat(string_char(), min, max), g_lit("\"")});
+  // One rule per bound, shared by every property that uses it: each character position is a
+  // node whose token table is built once.
+  GExpr bounded_string(int32_t min, int32_t max) {
+    auto [it, added] = bounded_.emplace(std::pair{min, max}, -1);
+    if (added) {
+      it->second = g_.add_rule("bounded_string");
+      g_.define(it->second, g_seq({g_lit("\""), g_repeat(string_char(), min, max), g_lit("\"")}));
+    }
+    return g_rule(it->second);
   }
 
-  int32_t ws = -1, string = -1, integer = -1, number = -1, boolean = -1, null = -1;
+  GExpr ws;
+  int32_t string = -1, integer = -1, number = -1, boolean = -1, null = -1;
 
  private:
   // One JSON string character: printable ASCII but '"' and '\\', an escape (no lone
@@ -139,6 +150,7 @@ class JsonRules {
 
   Grammar& g_;
   int32_t value_ = -1;
+  std::map<std::pair<int32_t, int32_t>, int32_t> bounded_;
 };
 
 bool has_type(const json& v, const std::string& type) {
@@ -346,8 +358,8 @@ class SchemaCompiler {
     for (const auto& [name, sub] : props.items()) {
       const int32_t r = g_.add_rule("property");
       g_.define(r, compile(sub, path + ".properties." + name, depth + 1));
-      members.push_back({name, g_seq({g_lit(json(name).dump()), g_rule(rules_.ws), g_lit(":"),
-                                      g_rule(rules_.ws), g_rule(r), g_rule(rules_.ws)})});
+      members.push_back({name, g_seq({g_lit(json(name).dump()), rules_.ws, g_lit(":"), rules_.ws,
+                                      g_rule(r), rules_.ws})});
     }
     const size_t k = members.size();
     std::vector<std::array<int32_t, 2>> rest(k + 1);
@@ -359,7 +371,7 @@ class SchemaCompiler {
           g_.define(rest[i][first], g_seq({}));
           continue;
         }
-        const GExpr sep = first ? g_seq({}) : g_seq({g_lit(","), g_rule(rules_.ws)});
+        const GExpr sep = first ? g_seq({}) : g_seq({g_lit(","), rules_.ws});
         const GExpr with = g_seq({sep, members[i].second, g_rule(rest[i + 1][0])});
         if (required.count(members[i].first))
           g_.define(rest[i][first], with);
@@ -367,7 +379,7 @@ class SchemaCompiler {
           g_.define(rest[i][first], g_alt({with, g_rule(rest[i + 1][first])}));
       }
     }
-    return g_seq({g_lit("{"), g_rule(rules_.ws), g_rule(rest[0][1]), g_lit("}")});
+    return g_seq({g_lit("{"), rules_.ws, g_rule(rest[0][1]), g_lit("}")});
   }
 
   int32_t ref(const json& r, const std::string& path) {

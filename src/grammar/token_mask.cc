@@ -137,6 +137,7 @@ void CompiledGrammar::classify(const GrammarStack& start, const std::vector<Toke
   // levels[k]: the stacks after the first k bytes of the current token; outside[k]: some way
   // popped onto kOutside on the way (the rest of the token is for callers not known here).
   std::vector<std::vector<GrammarStack>> levels{{start}};
+  std::vector<size_t> sizes{1};  // levels[k]'s stacks are levels[k][0, sizes[k])
   std::vector<char> outside{0};
   int32_t valid = 0;         // levels[0..valid] belong to the previous token's bytes
   int32_t dead = INT32_MAX;  // the previous token's prefix of this length matches nothing
@@ -159,21 +160,25 @@ void CompiledGrammar::classify(const GrammarStack& start, const std::vector<Toke
     const int32_t len = static_cast<int32_t>(bytes.size());
     if (static_cast<int32_t>(levels.size()) < len + 1) {
       levels.resize(static_cast<size_t>(len) + 1);
+      sizes.resize(static_cast<size_t>(len) + 1);
       outside.resize(static_cast<size_t>(len) + 1);
     }
     int32_t k = std::min(common, valid);
     for (; k < len; ++k) {
-      const auto& cur = levels[static_cast<size_t>(k)];
-      if (cur.empty() && !outside[static_cast<size_t>(k)]) break;
+      const size_t at = static_cast<size_t>(k);
+      if (sizes[at] == 0 && !outside[at]) break;
       bool out = false;
-      levels[static_cast<size_t>(k) + 1] =
-          cur.empty()
-              ? std::vector<GrammarStack>{}
-              : grammar_->advance(cur, static_cast<uint8_t>(bytes[static_cast<size_t>(k)]), &out);
-      outside[static_cast<size_t>(k) + 1] = outside[static_cast<size_t>(k)] || out;
+      if (sizes[at] == 0)
+        sizes[at + 1] = 0;
+      else
+        grammar_->advance_into(levels[at], sizes[at], static_cast<uint8_t>(bytes[at]),
+                               levels[at + 1], sizes[at + 1], &out);
+      // A pop before the token's first byte is not context: mask_for() adds the popped stack
+      // to the state it masks, and that stack's own tables decide such tokens.
+      outside[at + 1] = outside[at] || (out && at > 0);
     }
     valid = k;
-    if (k == len && !levels[static_cast<size_t>(k)].empty())
+    if (k == len && sizes[static_cast<size_t>(k)] > 0)
       on_accept(t);
     else if (outside[static_cast<size_t>(k)])
       context_dependent.push_back(t);
@@ -229,15 +234,28 @@ std::shared_ptr<const TokenMask> CompiledGrammar::mask_for(
   auto mask = std::make_shared<TokenMask>();
   std::vector<uint64_t>& w = mask->words;
   w.assign((static_cast<size_t>(vocab_->vocab_size()) + 63) / 64, 0);
-  bool finish = false;
+  // The state with every pop that needs no input made: a token may start in any of these
+  // stacks (the tables do not follow pops before a token's first byte; see classify).
+  std::vector<GrammarStack> expanded;
   for (const GrammarStack& s : state) {
+    GrammarStack t = s;
+    expanded.push_back(t);
+    while (t.size() > 1 && grammar_->node_completes(t.back())) {
+      t.pop_back();
+      expanded.push_back(t);
+    }
+  }
+  std::sort(expanded.begin(), expanded.end());
+  expanded.erase(std::unique(expanded.begin(), expanded.end()), expanded.end());
+  bool finish = false;
+  for (const GrammarStack& s : expanded) {
     const NodeTable& table = node_table(s.back());
     for (size_t i = 0; i < w.size(); ++i) w[i] |= table.accepted[i];
     finish = finish || grammar_->can_finish(s);
   }
   // Context-dependent tokens are decided with one more caller known at a time (tables cached
   // by the stack's top nodes); what still pops past the root is not allowed.
-  for (const GrammarStack& s : state) {
+  for (const GrammarStack& s : expanded) {
     const std::vector<TokenId>* candidates = &node_table(s.back()).context_dependent;
     std::shared_ptr<const SuffixTable> t;  // holds *candidates from k = 3 on
     for (size_t k = 2; k <= s.size() && !candidates->empty(); ++k) {
