@@ -12,7 +12,7 @@ packages=(
   build-essential cmake ninja-build pkg-config clang-format git nodejs npm
   libpcre2-dev nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libspdlog-dev libfmt-dev
   libxxhash-dev libdnnl-dev ocl-icd-opencl-dev libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev
-  python3 python3-jinja2 python3-numpy gnuplot-nox openmpi-bin libopenmpi-dev
+  python3 python3-jinja2 python3-numpy python3-jsonschema gnuplot-nox openmpi-bin libopenmpi-dev
   clang libclang-rt-14-dev
 )
 missing=()

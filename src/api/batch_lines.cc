@@ -29,8 +29,14 @@ void check_line(const BatchInputLine& line, const BatchLineContext& context,
   RequestLimits limits;
   limits.max_prompt_bytes = context.max_prompt_bytes;
   limits.sampling_defaults = context.sampling_defaults;
+  limits.grammars = context.grammars;
   out.api = parse_api_request(endpoint, body, *context.tokenizer, context.chat_template, limits);
   check_context(out.api, body, context.max_sequence_tokens);
+  if (out.api.n > 1)
+    throw ApiError(400,
+                   "'n' above 1 is not supported in batch lines yet (the server's "
+                   "/v1/chat/completions and /v1/completions take it)",
+                   "n");
   out.generation.id = line.custom_id;
   out.generation.prompt = std::move(out.api.prompt);
   out.api.prompt.clear();

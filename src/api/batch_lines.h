@@ -25,6 +25,7 @@
 namespace blend {
 
 class ChatTemplate;
+class GrammarCompiler;
 class Tokenizer;
 
 // What every line of one batch is checked against.
@@ -38,6 +39,7 @@ struct BatchLineContext {
   std::optional<std::string> model;  // the served model name; unset = any name is accepted
   RequestClass request_class = RequestClass::kBestEffort;
   const SamplingDefaults* sampling_defaults = nullptr;  // the model's (generation_config.json)
+  GrammarCompiler* grammars = nullptr;  // response_format schemas (RequestLimits::grammars)
 };
 
 struct PreparedBatchLine {

@@ -7,6 +7,8 @@
 #include "api/logprobs.h"
 #include "api/request_fields.h"
 #include "api/utf8.h"
+#include "core/error.h"
+#include "grammar/json_schema.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 
@@ -145,12 +147,52 @@ SamplingParams parse_sampling(Endpoint endpoint, const json& body, int32_t vocab
   } else if (bool_field(body, "logprobs", false)) {
     p.logprobs = number_field<int32_t>(body, "top_logprobs", 0, 0, 20);
   }
-  const int32_t n = number_field<int32_t>(body, "n", 1, 1, 128);
-  if (n != 1) throw ApiError(400, "only n=1 is supported", "n");
-  if (number_field<int32_t>(body, "best_of", 1, 1, 128) != 1)
-    throw ApiError(400, "only best_of=1 is supported", "best_of");
   if (bool_field(body, "echo", false)) throw ApiError(400, "'echo' is not supported", "echo");
   return p;
+}
+
+// OpenAI's response_format: {"type": "text"}, {"type": "json_object"}, or {"type":
+// "json_schema", "json_schema": {"name", "description", "schema", "strict"}}. Null for text.
+std::shared_ptr<const TokenConstraint> parse_response_format(const json& body,
+                                                             GrammarCompiler* grammars) {
+  constexpr const char* kParam = "response_format";
+  auto it = body.find(kParam);
+  if (it == body.end() || it->is_null()) return nullptr;
+  if (!it->is_object() || !it->contains("type") || !(*it)["type"].is_string())
+    throw ApiError(400, "'response_format' must be an object with a string 'type'", kParam);
+  const std::string type = (*it)["type"].get<std::string>();
+  for (const auto& [key, value] : it->items())
+    if (key != "type" && !(key == "json_schema" && type == "json_schema"))
+      throw ApiError(400, "'response_format." + key + "' is not supported", kParam);
+  if (type == "text") return nullptr;
+  if (type != "json_object" && type != "json_schema")
+    throw ApiError(
+        400, "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"", kParam);
+  if (!grammars) throw ApiError(400, "structured output is not available on this endpoint", kParam);
+  try {
+    if (type == "json_object") return grammars->json_object();
+    auto js = it->find("json_schema");
+    if (js == it->end() || !js->is_object())
+      throw ApiError(400, "'response_format.json_schema' must be an object", kParam);
+    json schema = json::object();  // OpenAI: an absent schema allows any JSON value
+    for (const auto& [key, value] : js->items()) {
+      if (key == "name" || key == "description") {
+        if (!value.is_string())
+          throw ApiError(400, "'response_format.json_schema." + key + "' must be a string", kParam);
+      } else if (key == "strict") {
+        // Honoured: the output always matches the schema, strict or not (grammar/json_schema.h).
+        if (!value.is_boolean() && !value.is_null())
+          throw ApiError(400, "'response_format.json_schema.strict' must be a boolean", kParam);
+      } else if (key == "schema") {
+        schema = value;
+      } else {
+        throw ApiError(400, "'response_format.json_schema." + key + "' is not supported", kParam);
+      }
+    }
+    return grammars->json_schema(schema);
+  } catch (const Error& e) {
+    throw ApiError(400, std::string("response_format: ") + e.what(), kParam);
+  }
 }
 
 }  // namespace
@@ -215,6 +257,16 @@ ApiRequest parse_api_request(Endpoint endpoint, const json& body, const Tokenize
   r.params =
       parse_sampling(endpoint, body, tokenizer.vocab_size(),
                      limits.sampling_defaults ? *limits.sampling_defaults : SamplingDefaults{});
+  r.params.constraint = parse_response_format(body, limits.grammars);
+  r.n = number_field<int32_t>(body, "n", 1, 1, 128);
+  // best_of picks the n most likely of best_of samples; equal to n it is plain n.
+  if (endpoint == Endpoint::kCompletions) {
+    const int32_t best_of = number_field<int32_t>(body, "best_of", r.n, 1, 128);
+    if (best_of < r.n) throw ApiError(400, "'best_of' must be at least 'n'", "best_of");
+    if (best_of > r.n)
+      throw ApiError(400, "'best_of' greater than 'n' is not supported (best_of = n is)",
+                     "best_of");
+  }
   // Checked on the text, before tokenizing: a tokenizer pass over a 60 MB prompt takes 24 s
   // and 2.4 GB only to find it cannot fit (issue 26).
   const auto check_size = [&](const std::string& text, const char* param) {
@@ -277,32 +329,45 @@ ApiRequest parse_api_request(Endpoint endpoint, const json& body, const Tokenize
   return r;
 }
 
-json make_response(const ApiRequest& request, const GenerationResult& result,
+json make_usage(std::span<const GenerationResult> results) {
+  // The prompt is one (the n samples share it, and its prefill), counted once; the cached
+  // part is what the first sample found in the prefix cache.
+  const int64_t prompt = results.empty() ? 0 : results[0].prompt_tokens;
+  int64_t completion = 0;
+  for (const GenerationResult& r : results) completion += static_cast<int64_t>(r.tokens.size());
+  return {{"prompt_tokens", prompt},
+          {"completion_tokens", completion},
+          {"total_tokens", prompt + completion},
+          {"prompt_tokens_details",
+           {{"cached_tokens", results.empty() ? 0 : results[0].cached_tokens}}}};
+}
+
+json make_response(const ApiRequest& request, std::span<const GenerationResult> results,
                    const std::string& response_id, const std::string& model, int64_t created,
                    const Tokenizer& tokenizer) {
-  const int32_t completion_tokens = static_cast<int32_t>(result.tokens.size());
-  json usage = {{"prompt_tokens", result.prompt_tokens},
-                {"completion_tokens", completion_tokens},
-                {"total_tokens", result.prompt_tokens + completion_tokens},
-                {"prompt_tokens_details", {{"cached_tokens", result.cached_tokens}}}};
-  json logprobs = nullptr;
   const bool chat = request.endpoint == Endpoint::kChatCompletions;
-  if (request.params.logprobs)
-    logprobs = chat ? chat_logprobs(result.logprobs, tokenizer)
-                    : completion_logprobs(result.logprobs, tokenizer);
-  json choice = {
-      {"index", 0}, {"logprobs", logprobs}, {"finish_reason", finish_reason_name(result.finish)}};
-  if (chat) {
-    choice["message"] = {{"role", "assistant"}, {"content", result.text}};
-  } else {
-    choice["text"] = result.text;
+  json choices = json::array();
+  for (const GenerationResult& result : results) {
+    json logprobs = nullptr;
+    if (request.params.logprobs)
+      logprobs = chat ? chat_logprobs(result.logprobs, tokenizer)
+                      : completion_logprobs(result.logprobs, tokenizer);
+    json choice = {{"index", result.index},
+                   {"logprobs", logprobs},
+                   {"finish_reason", finish_reason_name(result.finish)}};
+    if (chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", result.text}};
+    } else {
+      choice["text"] = result.text;
+    }
+    choices.push_back(std::move(choice));
   }
   return {{"id", response_id},
           {"object", chat ? "chat.completion" : "text_completion"},
           {"created", created},
           {"model", model},
-          {"choices", json::array({choice})},
-          {"usage", usage}};
+          {"choices", std::move(choices)},
+          {"usage", make_usage(results)}};
 }
 
 }  // namespace blend

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -18,6 +19,7 @@
 namespace blend {
 
 class ChatTemplate;
+class GrammarCompiler;
 class Tokenizer;
 
 enum class Endpoint { kCompletions, kChatCompletions };
@@ -32,6 +34,9 @@ struct ApiRequest {
   SamplingParams params;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  // Samples of the prompt (OpenAI's n; best_of equal to it): submitted as n GenerationRequests
+  // with index 0..n-1, which share the prompt's KV through the prefix cache.
+  int32_t n = 1;
   // Extension fields (seconds): latency targets of a real-time request (BROS §4.1); unset =
   // the server's defaults.
   std::optional<double> ttft_slo, tpot_slo;
@@ -45,6 +50,9 @@ struct RequestLimits {
   // The model's sampling defaults (generation_config.json) for the fields a request leaves
   // unset; null = OpenAI's defaults (vLLM's --generation-config vllm).
   const SamplingDefaults* sampling_defaults = nullptr;
+  // Compiles response_format schemas for this model's vocabulary; null = response_format other
+  // than text is refused.
+  GrammarCompiler* grammars = nullptr;
 };
 
 // The longest prompt text, in bytes, that could still tokenize to fewer than
@@ -68,10 +76,19 @@ ApiRequest parse_api_request(Endpoint endpoint, const nlohmann::json& body,
 void check_context(const ApiRequest& request, const nlohmann::json& body,
                    int64_t max_sequence_tokens);
 
-// The response body for a finished request.
-nlohmann::json make_response(const ApiRequest& request, const GenerationResult& result,
+// The response body for a finished request: one choice per result (in index order). Usage
+// counts as OpenAI does: the prompt once, the completion tokens of every choice.
+nlohmann::json make_response(const ApiRequest& request, std::span<const GenerationResult> results,
                              const std::string& response_id, const std::string& model,
                              int64_t created, const Tokenizer& tokenizer);
+inline nlohmann::json make_response(const ApiRequest& request, const GenerationResult& result,
+                                    const std::string& response_id, const std::string& model,
+                                    int64_t created, const Tokenizer& tokenizer) {
+  return make_response(request, std::span<const GenerationResult>(&result, 1), response_id, model,
+                       created, tokenizer);
+}
+// OpenAI's usage object over a request's results.
+nlohmann::json make_usage(std::span<const GenerationResult> results);
 
 const char* finish_reason_name(FinishReason reason);
 

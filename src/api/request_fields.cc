@@ -37,9 +37,6 @@ bool null_or_one(const json& v) {
 bool null_or_true(const json& v) {
   return v.is_null() || v == true;
 }
-bool text_format(const json& v) {
-  return v.is_null() || (v.is_object() && v.value("type", json()) == "text");
-}
 bool no_tool_choice(const json& v) {
   return v.is_null() || v == "none";
 }
@@ -103,6 +100,8 @@ constexpr Field kFields[] = {
     {"tpot_slo", kBoth, Kind::kImplemented, any_value, nullptr},
     // The server runs "flex" as best-effort (BROS §4) and the others as real-time.
     {"service_tier", kBoth, Kind::kImplemented, service_tier, nullptr},
+    // text, json_object, json_schema (grammar/json_schema.h); on completions too, as vLLM.
+    {"response_format", kBoth, Kind::kImplemented, any_value, nullptr},
 
     // --- harmless: bookkeeping, caching hints and latency-only features ---
     {"user", kBoth, Kind::kHarmless, null_or_string, nullptr},
@@ -125,8 +124,6 @@ constexpr Field kFields[] = {
 
     // --- refused: would change the result and is not implemented ---
     {"suffix", kCompletions, Kind::kRefused, null_or_empty, "'suffix' (insertion) is not supported"},
-    {"response_format", kChat, Kind::kRefused, text_format,
-     "structured output (response_format other than {\"type\": \"text\"}) is not supported yet"},
     {"tools", kChat, Kind::kRefused, null_or_empty, "tool calling ('tools') is not supported yet"},
     {"tool_choice", kChat, Kind::kRefused, no_tool_choice,
      "tool calling ('tool_choice' other than \"none\") is not supported yet"},

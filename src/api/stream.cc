@@ -9,13 +9,14 @@ namespace blend {
 using nlohmann::json;
 
 StreamChunks::StreamChunks(const ApiRequest& request, std::string id, std::string model,
-                           int64_t created, const Tokenizer& tokenizer)
+                           int64_t created, const Tokenizer& tokenizer, int32_t index)
     : chat_(request.endpoint == Endpoint::kChatCompletions),
       logprobs_(request.params.logprobs.has_value()),
       include_usage_(request.include_usage),
       id_(std::move(id)),
       model_(std::move(model)),
       created_(created),
+      index_(index),
       tokenizer_(tokenizer) {}
 
 json StreamChunks::chunk(json choices) const {
@@ -31,7 +32,7 @@ json StreamChunks::chunk(json choices) const {
 
 json StreamChunks::role() const {
   if (!chat_) return nullptr;
-  return chunk(json::array({{{"index", 0},
+  return chunk(json::array({{{"index", index_},
                              {"delta", {{"role", "assistant"}, {"content", ""}}},
                              {"logprobs", nullptr},
                              {"finish_reason", nullptr}}}));
@@ -43,7 +44,7 @@ json StreamChunks::delta(std::string_view text, std::span<const SampledToken> to
     logprobs = chat_ ? chat_logprobs(tokens, tokenizer_)
                      : completion_logprobs(tokens, tokenizer_, text_offset_, &text_offset_);
   }
-  json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", nullptr}};
+  json choice = {{"index", index_}, {"logprobs", logprobs}, {"finish_reason", nullptr}};
   if (chat_)
     choice["delta"] = {{"content", text}};
   else
@@ -53,7 +54,7 @@ json StreamChunks::delta(std::string_view text, std::span<const SampledToken> to
 
 json StreamChunks::finish(FinishReason reason) const {
   json choice = {
-      {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason_name(reason)}};
+      {"index", index_}, {"logprobs", nullptr}, {"finish_reason", finish_reason_name(reason)}};
   if (chat_)
     choice["delta"] = json::object();
   else
@@ -62,12 +63,12 @@ json StreamChunks::finish(FinishReason reason) const {
 }
 
 json StreamChunks::usage(const GenerationResult& result) const {
+  return usage(std::span<const GenerationResult>(&result, 1));
+}
+
+json StreamChunks::usage(std::span<const GenerationResult> results) const {
   json c = chunk(json::array());
-  const int64_t n = static_cast<int64_t>(result.tokens.size());
-  c["usage"] = {{"prompt_tokens", result.prompt_tokens},
-                {"completion_tokens", n},
-                {"total_tokens", result.prompt_tokens + n},
-                {"prompt_tokens_details", {{"cached_tokens", result.cached_tokens}}}};
+  c["usage"] = make_usage(results);
   return c;
 }
 

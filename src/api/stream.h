@@ -20,8 +20,9 @@ class StreamChunks {
  public:
   // Keeps what the chunks need from `request` (its endpoint, logprobs and include_usage) and a
   // reference to `tokenizer`, which must outlive this object.
+  // `index`: the choice these chunks carry (one StreamChunks per choice when n > 1).
   StreamChunks(const ApiRequest& request, std::string id, std::string model, int64_t created,
-               const Tokenizer& tokenizer);
+               const Tokenizer& tokenizer, int32_t index = 0);
 
   // Chat: the first chunk, {"delta": {"role": "assistant", "content": ""}}. Completions have
   // no such chunk: returns null.
@@ -34,6 +35,7 @@ class StreamChunks {
   nlohmann::json finish(FinishReason reason) const;
   // With stream_options.include_usage: the final chunk, "choices": [] and the usage.
   nlohmann::json usage(const GenerationResult& result) const;
+  nlohmann::json usage(std::span<const GenerationResult> results) const;  // n > 1
 
  private:
   nlohmann::json chunk(nlohmann::json choices) const;
@@ -43,6 +45,7 @@ class StreamChunks {
   bool include_usage_;
   std::string id_, model_;
   int64_t created_;
+  int32_t index_ = 0;
   const Tokenizer& tokenizer_;
   size_t text_offset_ = 0;  // completion bytes the earlier chunks' logprobs covered
 };

@@ -105,8 +105,9 @@ void Backend::compute_step() {
   for (size_t r = 0; r < rows.size(); ++r) {
     const SampleRow& row = rows[r];
     const std::span<const float> logits(logits_.data() + r * vocab, vocab);
-    sampled_[r] = sample_token(logits, *row.params, row.rng_seed,
-                               static_cast<int64_t>(row.history.output.size()), row.history);
+    sampled_[r] =
+        sample_token(logits, *row.params, row.rng_seed,
+                     static_cast<int64_t>(row.history.output.size()), row.history, row.allowed);
   }
 }
 

@@ -43,6 +43,9 @@ struct SampleRow {
   const SamplingParams* params = nullptr;
   uint64_t rng_seed = 0;  // the draw is a function of (rng_seed, history.output.size())
   TokenHistory history;
+  // Structured output: the tokens this row may take (a TokenMask's words, vocab bits), kept
+  // alive by the caller until wait() returns; null = all. Applied wherever the row is sampled.
+  const uint64_t* allowed = nullptr;
 };
 
 // What one engine step hands a backend: the batch to compute and the rows to sample. The

@@ -22,6 +22,10 @@ struct GenerationRequest {
   // When the request arrived, on the engine's clock (a load generator replaying arrivals on a
   // simulated clock); unset = at submit. TTFT deadlines count from it.
   std::optional<double> arrival_time;
+  // Which of a request's n samples (OpenAI's `n`) this is: its randomness is seeded with
+  // seed + index (or the id's hash + index), so each sample has its own stream and the same
+  // request gives the same n samples again.
+  int32_t index = 0;
 };
 
 struct GenerationResult {
@@ -33,6 +37,7 @@ struct GenerationResult {
   std::vector<SampledToken> logprobs;  // one per generated token, when asked
   int32_t num_preemptions = 0;
   int32_t cached_tokens = 0;  // prompt tokens served from the prefix cache
+  int32_t index = 0;          // GenerationRequest::index
 };
 
 }  // namespace blend

@@ -2,12 +2,15 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace blend {
+
+class TokenConstraint;  // core/constraint.h
 
 using TokenId = int32_t;
 using SeqId = int64_t;
@@ -34,6 +37,9 @@ struct SamplingParams {
   // OpenAI logit_bias: added to the raw logits of these tokens before sampling (and before
   // logprobs are taken, as OpenAI documents it), sorted by token id.
   std::vector<std::pair<TokenId, float>> logit_bias;
+  // Structured output (response_format): only tokens that keep the output a prefix of a valid
+  // value may be sampled, EOS only once it is complete; null = unconstrained.
+  std::shared_ptr<const TokenConstraint> constraint;
 };
 
 // A model's own sampling defaults (generation_config.json), used where a request sets no value

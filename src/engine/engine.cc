@@ -49,8 +49,12 @@ struct Engine::Active {
   size_t max_stop_len = 0;
   std::vector<SampledToken> logprobs;
   bool stopped_by_string = false;
-  int32_t accepted = 0;  // output tokens whose stop conditions were checked
-  SampledToken last;     // the latest of them (the final streamed token)
+  // Structured output (response_format): follows the sampled tokens, masks the next ones.
+  std::unique_ptr<TokenMatcher> matcher;
+  bool constraint_broken = false;  // a token the matcher refused (only from an invalid row)
+  int32_t accepted = 0;            // output tokens whose stop conditions were checked
+  SampledToken last;               // the latest of them (the final streamed token)
+  int32_t index = 0;               // GenerationRequest::index
 };
 
 Engine::Engine(const std::filesystem::path& model_dir, const EngineOptions& options)
@@ -187,7 +191,9 @@ SeqId Engine::submit(GenerationRequest request, Callback on_done, TokenCallback 
   a->seq.prompt_len = static_cast<int32_t>(prompt_len);
   a->seq.tokens = std::move(request.prompt);
   a->seq.params = p;
-  a->seq.rng_seed = p.seed ? *p.seed : hash_string(request.id, options_.seed);
+  a->seq.rng_seed = (p.seed ? *p.seed : hash_string(request.id, options_.seed)) +
+                    static_cast<uint64_t>(request.index);
+  a->index = request.index;
   a->seq.request_class = request.request_class;
   a->seq.ttft_slo = request.ttft_slo.value_or(options_.ttft_slo);
   a->seq.tpot_slo = request.tpot_slo.value_or(options_.tpot_slo);
@@ -198,6 +204,7 @@ SeqId Engine::submit(GenerationRequest request, Callback on_done, TokenCallback 
   if (tokenizer_)
     a->detok = std::make_unique<IncrementalDetokenizer>(*tokenizer_, /*skip_special=*/true);
   for (const auto& s : p.stop) a->max_stop_len = std::max(a->max_stop_len, s.size());
+  if (p.constraint) a->matcher = p.constraint->start();
   stats_.prompt_tokens += prompt_len;
 
   Active& ref = *a;
@@ -245,9 +252,11 @@ bool Engine::accept_token(Active& a, const SampledToken& sampled) {
   a.last = sampled;
   seq.last_token_time = now();
   if (p.logprobs) a.logprobs.push_back(sampled);
-  const bool is_eos =
-      !p.ignore_eos && std::find(config_.eos_token_ids.begin(), config_.eos_token_ids.end(),
-                                 sampled.token) != config_.eos_token_ids.end();
+  // Under a constraint EOS is only allowed once the value is complete, and it ends the
+  // sequence even with ignore_eos (nothing else could follow).
+  const bool is_eos = (!p.ignore_eos || a.matcher) &&
+                      std::find(config_.eos_token_ids.begin(), config_.eos_token_ids.end(),
+                                sampled.token) != config_.eos_token_ids.end();
   const bool is_stop_id = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(),
                                     sampled.token) != p.stop_token_ids.end();
   if (is_eos || is_stop_id) {
@@ -272,6 +281,12 @@ bool Engine::accept_token(Active& a, const SampledToken& sampled) {
       return true;
     }
   }
+  // The constrained value is complete and nothing may follow it but EOS: stop here rather
+  // than spend a step sampling that EOS. A refused token (an invalid logits row) stops too.
+  if (a.matcher && (a.matcher->finished() || a.constraint_broken)) {
+    seq.finish = FinishReason::kStop;
+    return true;
+  }
   if (a.accepted >= p.max_tokens) {
     seq.finish = FinishReason::kLength;
     return true;
@@ -291,6 +306,7 @@ void Engine::finish(Active& a) {
   r.logprobs = std::move(a.logprobs);
   r.num_preemptions = a.seq.num_preemptions;
   r.cached_tokens = a.seq.num_cached_prompt;
+  r.index = a.index;
   stats_.output_tokens += static_cast<int64_t>(r.tokens.size());
   ++stats_.finished;
   Callback cb = std::move(a.on_done);
@@ -382,6 +398,13 @@ void Engine::launch_step(const StepPlan& plan) {
   for (const ScheduledChunk& c : plan.chunks)
     if (c.samples) c.seq->tokens.push_back(kPendingToken);
   StepInput in = build_step(plan);
+  // Constrained rows get their sequence's token mask (a function of its own tokens only).
+  for (SampleRow& row : in.rows) {
+    auto it = active_.find(row.seq);
+    if (it == active_.end() || !it->second->matcher) continue;
+    f.masks.push_back(it->second->matcher->mask());
+    row.allowed = f.masks.back()->words.data();
+  }
   const WallClock::time_point swap0 = WallClock::now();
   move_kv(plan);
   if (f.measure_cost)
@@ -415,6 +438,10 @@ std::vector<SampledToken> Engine::collect_step() {
     std::vector<TokenId>& tokens = it->second->seq.tokens;
     // The newest placeholder is this step's: the next step is launched after this call.
     tokens.back() = sampled[r].token;
+    // The matcher advances before the next step is launched: that step's mask depends on it.
+    Active& a = *it->second;
+    if (a.matcher && !a.constraint_broken && !a.matcher->accept(sampled[r].token))
+      a.constraint_broken = true;
   }
   return sampled;
 }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "core/constraint.h"
 #include "core/request.h"
 #include "core/sequence.h"
 #include "kv/page_pool.h"
@@ -165,6 +166,8 @@ class Engine {
     bool measure_cost = false;
     IterationSample cost;
     ForwardBatch observed;  // for the step observer
+    // Token masks of the constrained rows: the backend reads them until the step is collected.
+    std::vector<std::shared_ptr<const TokenMask>> masks;
   };
   bool accept_token(Active& a, const SampledToken& sampled);  // true when finished
   void finish(Active& a);

@@ -25,7 +25,9 @@ std::optional<ChatTemplate> load_chat_template(const std::filesystem::path& dir)
 }  // namespace
 
 BatchJob::BatchJob(Engine& engine, BatchJobOptions options)
-    : engine_(engine), options_(std::move(options)) {
+    : engine_(engine),
+      options_(std::move(options)),
+      grammars_(engine.tokenizer(), engine.config().vocab_size, engine.config().eos_token_ids) {
   plan::parse_policy(options_.policy);  // an unknown name fails before any line runs
   chat_template_ = load_chat_template(options_.model_dir);
   context_.tokenizer = &engine_.tokenizer();
@@ -40,6 +42,7 @@ BatchJob::BatchJob(Engine& engine, BatchJobOptions options)
     }
   }
   context_.sampling_defaults = &engine_.config().sampling_defaults;
+  context_.grammars = &grammars_;
   if (!options_.served_model_name.empty()) context_.model = options_.served_model_name;
   model_name_ = options_.model_dir.filename().string();
   if (model_name_.empty()) model_name_ = options_.model_dir.parent_path().filename().string();

@@ -18,6 +18,7 @@
 #include "api/batch_file.h"
 #include "api/batch_lines.h"
 #include "engine/engine.h"
+#include "grammar/json_schema.h"
 #include "offline/planned_run.h"
 #include "plan/prefix_tree.h"
 #include "text/chat_template.h"
@@ -82,6 +83,7 @@ class BatchJob {
   Engine& engine_;
   BatchJobOptions options_;
   std::optional<ChatTemplate> chat_template_;
+  GrammarCompiler grammars_;  // response_format schemas of the job's lines, compiled once each
   BatchLineContext context_;
   std::string model_name_;
   BatchJobStats stats_;

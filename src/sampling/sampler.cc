@@ -78,9 +78,9 @@ bool more_likely(std::span<const float> logits, TokenId a, TokenId b) {
   return la > lb || (la == lb && a < b);
 }
 
-bool has_processing(const SamplingParams& p) {
-  return !p.logit_bias.empty() || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f ||
-         p.repetition_penalty != 1.0f;
+bool has_processing(const SamplingParams& p, const uint64_t* allowed) {
+  return allowed || !p.logit_bias.empty() || p.presence_penalty != 0.0f ||
+         p.frequency_penalty != 0.0f || p.repetition_penalty != 1.0f;
 }
 
 // The logits the draw reads: logit_bias added, then the repetition penalty over prompt and
@@ -89,9 +89,21 @@ bool has_processing(const SamplingParams& p) {
 // largest float. Returns `logits` itself when none of that applies.
 std::span<const float> processed_logits(std::span<const float> logits, const SamplingParams& p,
                                         const TokenHistory& history, bool sanitize,
-                                        std::vector<float>& buf) {
-  if (!sanitize && !has_processing(p)) return logits;
+                                        const uint64_t* allowed, std::vector<float>& buf) {
+  if (!sanitize && !has_processing(p, allowed)) return logits;
   buf.assign(logits.begin(), logits.end());
+  if (allowed) {
+    // Structured output: tokens the grammar does not allow are impossible, before anything
+    // else looks at the row (their logprobs are those of the masked distribution).
+    constexpr float kNever = -std::numeric_limits<float>::infinity();
+    for (size_t w = 0; w * 64 < buf.size(); ++w) {
+      const uint64_t bits = allowed[w];
+      const size_t end = std::min(buf.size(), w * 64 + 64);
+      if (bits == ~uint64_t{0}) continue;
+      for (size_t i = w * 64; i < end; ++i)
+        if (!((bits >> (i - w * 64)) & 1)) buf[i] = kNever;
+    }
+  }
   if (sanitize) {
     for (float& x : buf) {
       if (std::isnan(x))
@@ -134,12 +146,13 @@ double sampling_uniform(uint64_t seed, int64_t step) {
 }
 
 SampledToken sample_token(std::span<const float> raw_logits, const SamplingParams& params,
-                          uint64_t seed, int64_t step, const TokenHistory& history) {
+                          uint64_t seed, int64_t step, const TokenHistory& history,
+                          const uint64_t* allowed) {
   SampledToken out;
   thread_local std::vector<float> processed;
   RowScan scan = scan_row(raw_logits);
   const std::span<const float> logits =
-      processed_logits(raw_logits, params, history, scan.nan_or_inf, processed);
+      processed_logits(raw_logits, params, history, scan.nan_or_inf, allowed, processed);
   if (logits.data() != raw_logits.data()) scan = scan_row(logits);
   const size_t vocab = logits.size();
   if (vocab == 0 || !(scan.max > -std::numeric_limits<float>::infinity())) {

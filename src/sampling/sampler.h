@@ -31,7 +31,10 @@ struct TokenHistory {
 // counts as -inf, and a row with no finite logit gives token 0 (`SampledToken::invalid` says
 // so, for the caller to report). Token ids in `history` and params.logit_bias must be inside
 // the row.
+// `allowed` (structured output): a bitset over the row, bit t of word t / 64 set = token t may
+// be sampled; null = every token may.
 SampledToken sample_token(std::span<const float> logits, const SamplingParams& params,
-                          uint64_t seed, int64_t step, const TokenHistory& history = {});
+                          uint64_t seed, int64_t step, const TokenHistory& history = {},
+                          const uint64_t* allowed = nullptr);
 
 }  // namespace blend

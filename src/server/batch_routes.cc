@@ -332,6 +332,7 @@ BatchLineContext Server::Impl::line_context(const BatchJob& job, const Engine& e
   context.model = model_name;
   context.request_class = RequestClass::kBestEffort;
   context.sampling_defaults = &engine.config().sampling_defaults;
+  context.grammars = grammars.get();
   if (job.batch.contains("endpoint") && job.batch["endpoint"].is_string())
     context.endpoint = parse_endpoint(job.batch["endpoint"].get<std::string>());
   return context;

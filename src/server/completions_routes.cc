@@ -1,7 +1,9 @@
 // /v1/completions and /v1/chat/completions: parse and check the body, hand the request to the
 // engine thread, answer with one JSON object or a Server-Sent Events stream (OpenAI's chunks).
+#include <algorithm>
 #include <chrono>
 #include <memory>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -35,11 +37,13 @@ void Server::Impl::completions_routes() {
         });
 }
 
-std::shared_ptr<Pending> Server::Impl::submit(const ApiRequest& request, RequestClass cls) {
+std::shared_ptr<Pending> Server::Impl::submit(const ApiRequest& request, RequestClass cls,
+                                              int32_t index) {
   auto p = std::make_shared<Pending>();
   p->cls = cls;
   GenerationRequest gen{make_id("req-"),  request.prompt,  request.params, cls,
                         request.ttft_slo, request.tpot_slo};
+  gen.index = index;
   loop->post([this, p, gen = std::move(gen)](Engine& engine) mutable {
     metrics.on_queued(p->cls);
     auto on_token = [this, p](const SampledToken& token, std::string_view delta) {
@@ -123,6 +127,7 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
     RequestLimits limits;
     limits.max_prompt_bytes = max_prompt_bytes_;
     limits.sampling_defaults = &loop->engine().config().sampling_defaults;
+    limits.grammars = grammars.get();
     request = parse_api_request(endpoint, body, loop->engine().tokenizer(),
                                 chat_template ? &*chat_template : nullptr, limits);
     // Limits the engine would quietly apply become errors, as in vLLM: a client asking for
@@ -138,85 +143,128 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
   const bool chat = endpoint == Endpoint::kChatCompletions;
   const std::string id = make_id(chat ? "chatcmpl-" : "cmpl-");
   const int64_t created = unix_seconds();
-  auto p = submit(request, cls);
+  // n samples: n sequences of one prompt; the first to be admitted computes the prompt and
+  // the others take its KV from the prefix cache (one prefill).
+  std::vector<std::shared_ptr<Pending>> ps;
+  for (int32_t i = 0; i < request.n; ++i) ps.push_back(submit(request, cls, i));
+  auto cancel_all = [this, ps] {
+    for (const auto& p : ps) cancel(p);
+  };
 
   if (!request.stream) {
-    if (!wait_done(*p, request_socket(req))) {
-      cancel(p);
+    for (const auto& p : ps) {
+      if (wait_done(*p, request_socket(req))) continue;
+      cancel_all();
       if (stopping) return send_error(res, 503, "the server is shutting down");
       // Nobody reads this answer; 499 (nginx's "client closed request") keeps the access log
       // honest. The body is set so that the error handler leaves it alone.
       res.status = 499;
       return res.set_content("{}", "application/json");
     }
-    std::lock_guard lock(p->mu);
-    if (p->error) {
-      metrics.on_error(p->error_status);
-      res.status = p->error_status;
-      return res.set_content(dump(*p->error), "application/json");
+    std::vector<GenerationResult> results;
+    for (const auto& p : ps) {
+      std::lock_guard lock(p->mu);
+      if (p->error) {
+        cancel_all();
+        metrics.on_error(p->error_status);
+        res.status = p->error_status;
+        return res.set_content(dump(*p->error), "application/json");
+      }
+      results.push_back(*p->result);
     }
-    server_internal::request_log().prompt_tokens = p->result->prompt_tokens;
-    server_internal::request_log().completion_tokens =
-        static_cast<int64_t>(p->result->tokens.size());
-    res.set_content(
-        make_response(request, *p->result, id, model_name, created, loop->engine().tokenizer())
-            .dump(-1, ' ', false, json::error_handler_t::replace),
-        "application/json");
+    const json body_out =
+        make_response(request, results, id, model_name, created, loop->engine().tokenizer());
+    server_internal::request_log().prompt_tokens = body_out["usage"]["prompt_tokens"];
+    server_internal::request_log().completion_tokens = body_out["usage"]["completion_tokens"];
+    res.set_content(body_out.dump(-1, ' ', false, json::error_handler_t::replace),
+                    "application/json");
     return;
   }
 
-  // Server-Sent Events in OpenAI's chunk format (api/stream), logprobs included when asked.
+  // Server-Sent Events in OpenAI's chunk format (api/stream), logprobs included when asked;
+  // with n > 1 the choices' chunks interleave, each with its index.
   request.prompt.clear();
-  auto chunks =
-      std::make_shared<StreamChunks>(request, id, model_name, created, loop->engine().tokenizer());
-  auto sent_role = std::make_shared<bool>(false);
+  struct Choice {
+    std::shared_ptr<Pending> p;
+    std::unique_ptr<StreamChunks> chunks;
+    bool sent_role = false, finished = false;
+  };
+  auto choices = std::make_shared<std::vector<Choice>>();
+  for (int32_t i = 0; i < request.n; ++i)
+    choices->push_back({ps[static_cast<size_t>(i)],
+                        std::make_unique<StreamChunks>(request, id, model_name, created,
+                                                       loop->engine().tokenizer(), i)});
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [this, p, chunks, sent_role, include_usage = request.include_usage,
+      [this, choices, cancel_all, include_usage = request.include_usage,
        logprobs = request.params.logprobs.has_value()](size_t, httplib::DataSink& sink) {
-        std::string delta;
-        std::vector<SampledToken> tokens;
-        bool done;
-        {
-          std::unique_lock lock(p->mu);
-          p->cv.wait_for(lock, std::chrono::milliseconds(100),
-                         [&] { return p->done || !p->text.empty() || stopping; });
-          if (stopping) return false;
-          delta.swap(p->text);
-          // Without text, the tokens wait for the chunk that brings it (or the last one).
-          if (!delta.empty() || p->done) tokens.swap(p->tokens);
-          done = p->done;
+        // Wait a little for news from the first unfinished choice (any choice's news is
+        // taken below).
+        for (Choice& c : *choices) {
+          if (c.finished) continue;
+          std::unique_lock lock(c.p->mu);
+          c.p->cv.wait_for(lock, std::chrono::milliseconds(choices->size() > 1 ? 20 : 100),
+                           [&] { return c.p->done || !c.p->text.empty() || stopping; });
+          break;
         }
+        if (stopping) return false;
         std::string out;
-        if (!*sent_role && !(done && p->error)) {
-          if (const json role = chunks->role(); !role.is_null()) out += sse(role);
-          *sent_role = true;
+        bool failed = false;
+        for (Choice& c : *choices) {
+          if (c.finished) continue;
+          Pending& p = *c.p;
+          std::string delta;
+          std::vector<SampledToken> tokens;
+          bool done;
+          {
+            std::lock_guard lock(p.mu);
+            delta.swap(p.text);
+            // Without text, the tokens wait for the chunk that brings it (or the last one).
+            if (!delta.empty() || p.done) tokens.swap(p.tokens);
+            done = p.done;
+          }
+          if (!c.sent_role && !(done && p.error)) {
+            if (const json role = c.chunks->role(); !role.is_null()) out += sse(role);
+            c.sent_role = true;
+          }
+          if (!delta.empty() || (logprobs && !tokens.empty() && !p.error))
+            out += sse(c.chunks->delta(delta, tokens));
+          if (!done) continue;
+          c.finished = true;
+          std::lock_guard lock(p.mu);
+          if (p.error) {
+            metrics.on_error(p.error_status);
+            out += sse(*p.error);
+            failed = true;
+            cancel_all();  // the answer has failed: the other choices are not wanted
+            break;
+          }
+          out += sse(c.chunks->finish(p.result->finish));
         }
-        if (!delta.empty() || (logprobs && !tokens.empty() && !p->error))
-          out += sse(chunks->delta(delta, tokens));
-        if (done) {
-          std::lock_guard lock(p->mu);
-          if (p->error) {
-            metrics.on_error(p->error_status);
-            out += sse(*p->error);
-          } else {
-            const GenerationResult& r = *p->result;
-            server_internal::request_log().prompt_tokens = r.prompt_tokens;
-            server_internal::request_log().completion_tokens =
-                static_cast<int64_t>(r.tokens.size());
-            out += sse(chunks->finish(r.finish));
-            if (include_usage) out += sse(chunks->usage(r));
+        const bool all_done = failed || std::all_of(choices->begin(), choices->end(),
+                                                    [](const Choice& c) { return c.finished; });
+        if (all_done) {
+          if (!failed) {
+            std::vector<GenerationResult> results;
+            for (const Choice& c : *choices) {
+              std::lock_guard lock(c.p->mu);
+              results.push_back(*c.p->result);
+            }
+            const json usage = make_usage(results);
+            server_internal::request_log().prompt_tokens = usage["prompt_tokens"];
+            server_internal::request_log().completion_tokens = usage["completion_tokens"];
+            if (include_usage) out += sse((*choices)[0].chunks->usage(results));
           }
           out += "data: [DONE]\n\n";
         }
         if (!out.empty() && !sink.write(out.data(), out.size())) return false;
-        if (done) sink.done();
+        if (all_done) sink.done();
         return true;
       },
-      // Not a success: the client went away (or we are stopping). Free the sequence now.
-      [this, p](bool success) {
-        if (!success) cancel(p);
+      // Not a success: the client went away (or we are stopping). Free the sequences now.
+      [cancel_all](bool success) {
+        if (!success) cancel_all();
       });
 }
 

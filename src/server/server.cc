@@ -147,6 +147,8 @@ Server::Impl::Impl(const ServerOptions& o) : options(o) {
   check_compute_dtype(options.dtype, *engine, options.engine.backend, options.model);
   max_sequence_tokens = engine->max_sequence_tokens();
   max_prompt_bytes_ = max_prompt_bytes(engine->tokenizer(), max_sequence_tokens);
+  grammars = std::make_unique<GrammarCompiler>(engine->tokenizer(), engine->config().vocab_size,
+                                               engine->config().eos_token_ids);
   if (options.batch_policy != "fcfs") {
     batch_cost.emplace(ModelShape::from_config(engine->config(), model_name),
                        options.batch_hardware.empty() ? default_cpu_hardware()

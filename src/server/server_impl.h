@@ -30,6 +30,7 @@
 #include "api/batch_lines.h"
 #include "api/openai.h"
 #include "cost/cost_model.h"
+#include "grammar/json_schema.h"
 #include "plan/admission_source.h"
 #include "server/batch_store.h"
 #include "server/connection.h"
@@ -117,7 +118,8 @@ struct Server::Impl {
   std::string model_name;
   std::optional<ChatTemplate> chat_template;
   int64_t max_sequence_tokens = 0;
-  int64_t max_prompt_bytes_ = 0;  // longer prompt texts are refused before tokenizing
+  int64_t max_prompt_bytes_ = 0;              // longer prompt texts are refused before tokenizing
+  std::unique_ptr<GrammarCompiler> grammars;  // response_format schemas, for this model
   Metrics metrics;
   std::unique_ptr<BatchStore> store;
   std::unique_ptr<EngineLoop> loop;
@@ -162,7 +164,8 @@ struct Server::Impl {
 
   // --- completions (completions_routes.cc) ---
   void completion(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
-  std::shared_ptr<Pending> submit(const ApiRequest& request, RequestClass cls);
+  // One of the request's n samples (GenerationRequest::index).
+  std::shared_ptr<Pending> submit(const ApiRequest& request, RequestClass cls, int32_t index = 0);
   void cancel(const std::shared_ptr<Pending>& p);
   // Waits for the end: false when the server is stopping or the client on `socket` (when not
   // -1) hung up.

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "api/batch_file.h"
+#include "grammar/json_schema.h"
 #include "llama3_text_fixture.h"
 #include "test_util.h"
 
@@ -117,7 +118,7 @@ TEST_F(OpenAiTest, BadFieldsNameTheParameter) {
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","max_tokens":-1})"), "max_tokens");
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","max_tokens":1.5})"),
             "max_tokens");
-  EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","n":2})"), "n");
+  EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","n":0})"), "n");
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","ttft_slo":0})"), "ttft_slo");
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","tpot_slo":"fast"})"), "tpot_slo");
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","stop":5})"), "stop");
@@ -196,6 +197,49 @@ TEST_F(OpenAiTest, ContentPartsAreFlattenedAsVllmDoes) {
                ApiError);
 }
 
+// response_format: json_object and json_schema become a constraint; what cannot be honoured is
+// a 400 naming response_format and the keyword.
+TEST_F(OpenAiTest, ResponseFormatCompilesSchemasAndRefusesWhatItCannotHonour) {
+  GrammarCompiler grammars(*tokenizer_, tokenizer_->vocab_size(),
+                           {*tokenizer_->token_id("<|eot_id|>")});
+  RequestLimits limits;
+  limits.grammars = &grammars;
+  const std::string chat = R"({"messages":[{"role":"user","content":"Hi"}],"response_format":)";
+  auto constraint = [&](Endpoint e, const std::string& body) {
+    return parse_api_request(e, json::parse(body), *tokenizer_, template_, limits)
+        .params.constraint;
+  };
+  EXPECT_EQ(constraint(Endpoint::kChatCompletions, chat + R"({"type":"text"}})"), nullptr);
+  EXPECT_NE(constraint(Endpoint::kChatCompletions, chat + R"({"type":"json_object"}})"), nullptr);
+  const std::string schema =
+      R"({"type":"json_schema","json_schema":{"name":"p","strict":true,"schema":)"
+      R"({"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]}}})";
+  const auto c1 = constraint(Endpoint::kChatCompletions, chat + schema + "}");
+  EXPECT_NE(c1, nullptr);
+  // The same schema again shares the compiled grammar (its caches).
+  EXPECT_EQ(constraint(Endpoint::kChatCompletions, chat + schema + "}"), c1);
+  EXPECT_NE(
+      constraint(Endpoint::kCompletions, R"({"prompt":"x","response_format":)" + schema + "}"),
+      nullptr);
+  for (const std::string bad :
+       {R"({"type":"xml"})", R"({"type":"json_object","schema":{}})",
+        R"({"type":"json_schema","json_schema":{"schema":{"type":"string","pattern":"a"}}})",
+        R"({"type":"json_schema","json_schema":{"schema":{},"extra":1}})",
+        R"({"type":"json_schema","json_schema":{"schema":{"type":"object","required":["z"]}}})",
+        R"({"type":"json_schema"})", R"("json")"}) {
+    try {
+      constraint(Endpoint::kChatCompletions, chat + bad + "}");
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status(), 400);
+      EXPECT_EQ(e.param(), "response_format") << bad;
+      if (bad.find("pattern") != std::string::npos) {
+        EXPECT_NE(std::string(e.what()).find("'pattern'"), std::string::npos) << e.what();
+      }
+    }
+  }
+}
+
 // Fields that would change the result and are not implemented are a 400 naming them; those
 // that cannot are accepted; penalties and logit_bias reach SamplingParams.
 TEST_F(OpenAiTest, EveryFieldIsImplementedHarmlessOrRefused) {
@@ -210,8 +254,12 @@ TEST_F(OpenAiTest, EveryFieldIsImplementedHarmlessOrRefused) {
             "tool_choice");
   EXPECT_EQ(error_param(Endpoint::kChatCompletions, chat + R"("functions":[{"name":"f"}]})"),
             "functions");
-  EXPECT_EQ(error_param(Endpoint::kChatCompletions, chat + R"("n":2})"), "n");
+  EXPECT_EQ(error_param(Endpoint::kChatCompletions, chat + R"("n":200})"), "n");
+  EXPECT_EQ(parse(Endpoint::kChatCompletions, chat + R"("n":3})").n, 3);
+  // best_of = n is plain n; picking the best of more samples is not implemented.
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","best_of":3})"), "best_of");
+  EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","n":3,"best_of":2})"), "best_of");
+  EXPECT_EQ(parse(Endpoint::kCompletions, R"({"prompt":"x","n":2,"best_of":2})").n, 2);
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","echo":true})"), "echo");
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","suffix":"end"})"), "suffix");
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","min_tokens":4})"), "min_tokens");

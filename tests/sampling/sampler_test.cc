@@ -187,3 +187,29 @@ TEST(Sampler, PenaltiesFollowOpenAiAndVllm) {
 }
 }  // namespace
 }  // namespace blend
+
+namespace blend {
+namespace {
+
+// Structured output's mask: only allowed tokens are ever drawn, greedy takes the best allowed
+// one, and an all-refusing mask is reported as an invalid row.
+TEST(SamplerMaskTest, OnlyAllowedTokensAreSampled) {
+  std::vector<float> logits(200);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = static_cast<float>(i % 17) * 0.3f;
+  std::vector<uint64_t> mask(4, 0);
+  for (TokenId t : {3, 70, 130}) mask[static_cast<size_t>(t) / 64] |= uint64_t{1} << (t % 64);
+  SamplingParams p;
+  p.temperature = 1.0f;
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    const TokenId t = sample_token(logits, p, seed, 0, {}, mask.data()).token;
+    EXPECT_TRUE(t == 3 || t == 70 || t == 130) << t;
+  }
+  p.temperature = 0.0f;
+  // Logits: 3 -> 0.9, 70 -> 0.6 (70 % 17 = 2), 130 -> 3.6 (130 % 17 = 11).
+  EXPECT_EQ(sample_token(logits, p, 1, 0, {}, mask.data()).token, 130);
+  std::vector<uint64_t> none(4, 0);
+  EXPECT_TRUE(sample_token(logits, p, 1, 0, {}, none.data()).invalid);
+}
+
+}  // namespace
+}  // namespace blend

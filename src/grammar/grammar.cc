@@ -1,0 +1,322 @@
+#include "grammar/grammar.h"
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <utility>
+
+#include "core/error.h"
+
+namespace blend {
+namespace {
+
+// Calls and returns followed for one byte before giving up: bounds the work of rules that
+// match nothing inside loops (none of ours loop that way; this is the guard if one did).
+constexpr int kCallBudget = 64;
+
+GExpr make(GrammarExpr e) {
+  return std::make_shared<const GrammarExpr>(std::move(e));
+}
+
+}  // namespace
+
+GExpr g_bytes(const ByteSet& set) {
+  GrammarExpr e;
+  e.kind = GrammarExpr::Kind::kBytes;
+  e.bytes = set;
+  return make(std::move(e));
+}
+
+GExpr g_range(uint8_t lo, uint8_t hi) {
+  ByteSet s;
+  s.add_range(lo, hi);
+  return g_bytes(s);
+}
+
+GExpr g_lit(std::string_view text) {
+  std::vector<GExpr> items;
+  for (char c : text) {
+    ByteSet s;
+    s.add(static_cast<uint8_t>(c));
+    items.push_back(g_bytes(s));
+  }
+  return g_seq(std::move(items));
+}
+
+GExpr g_seq(std::vector<GExpr> items) {
+  if (items.size() == 1) return items[0];
+  GrammarExpr e;
+  e.kind = GrammarExpr::Kind::kSeq;
+  e.items = std::move(items);
+  return make(std::move(e));
+}
+
+GExpr g_alt(std::vector<GExpr> items) {
+  if (items.size() == 1) return items[0];
+  GrammarExpr e;
+  e.kind = GrammarExpr::Kind::kAlt;
+  e.items = std::move(items);
+  return make(std::move(e));
+}
+
+GExpr g_repeat(GExpr item, int32_t min, int32_t max) {
+  GrammarExpr e;
+  e.kind = GrammarExpr::Kind::kRepeat;
+  e.items = {std::move(item)};
+  e.min = min;
+  e.max = max;
+  return make(std::move(e));
+}
+
+GExpr g_rule(int32_t rule) {
+  GrammarExpr e;
+  e.kind = GrammarExpr::Kind::kRule;
+  e.rule = rule;
+  return make(std::move(e));
+}
+
+int32_t Grammar::add_rule(std::string name) {
+  rules_.push_back({std::move(name), nullptr, -1});
+  return static_cast<int32_t>(rules_.size()) - 1;
+}
+
+void Grammar::define(int32_t rule, GExpr body) {
+  rules_.at(static_cast<size_t>(rule)).body = std::move(body);
+}
+
+void Grammar::compile_rule(int32_t rule) {
+  // Thompson construction with epsilon moves, then each state's epsilon closure folded into it.
+  struct NState {
+    std::vector<int> eps;
+    std::vector<std::pair<ByteSet, int>> bytes;
+    std::vector<std::pair<int32_t, int>> calls;
+  };
+  std::vector<NState> ns(1);
+  auto fresh = [&] {
+    ns.emplace_back();
+    return static_cast<int>(ns.size()) - 1;
+  };
+  // Builds `e` from state `from`; returns the state where it ends.
+  std::function<int(const GExpr&, int)> build = [&](const GExpr& e, int from) -> int {
+    switch (e->kind) {
+      case GrammarExpr::Kind::kBytes: {
+        const int t = fresh();
+        ns[from].bytes.push_back({e->bytes, t});
+        return t;
+      }
+      case GrammarExpr::Kind::kRule: {
+        if (e->rule < 0 || e->rule >= num_rules()) throw Error("internal: grammar rule id");
+        const int t = fresh();
+        ns[from].calls.push_back({e->rule, t});
+        return t;
+      }
+      case GrammarExpr::Kind::kSeq: {
+        int cur = from;
+        for (const GExpr& item : e->items) cur = build(item, cur);
+        return cur;
+      }
+      case GrammarExpr::Kind::kAlt: {
+        const int end = fresh();
+        for (const GExpr& item : e->items) {
+          const int s = fresh();
+          ns[from].eps.push_back(s);
+          ns[build(item, s)].eps.push_back(end);
+        }
+        return end;
+      }
+      case GrammarExpr::Kind::kRepeat: {
+        int cur = from;
+        for (int32_t i = 0; i < e->min; ++i) cur = build(e->items[0], cur);
+        if (e->max < 0) {
+          const int loop = fresh();
+          ns[cur].eps.push_back(loop);
+          ns[build(e->items[0], loop)].eps.push_back(loop);
+          return loop;
+        }
+        const int end = fresh();
+        for (int32_t i = e->min; i < e->max; ++i) {
+          ns[cur].eps.push_back(end);
+          cur = build(e->items[0], cur);
+        }
+        ns[cur].eps.push_back(end);
+        return end;
+      }
+    }
+    return from;
+  };
+  if (!rules_[rule].body)
+    throw Error("internal: grammar rule '" + rules_[rule].name + "' undefined");
+  const int accept = build(rules_[rule].body, 0);
+
+  // Nodes for the start state and every target of a byte or call edge.
+  std::map<int, int32_t> node_of;
+  std::vector<int> order{0};
+  node_of[0] = static_cast<int32_t>(nodes_.size());
+  nodes_.emplace_back();
+  std::vector<char> seen(ns.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    const int s = order[i];
+    // Epsilon closure of s.
+    std::fill(seen.begin(), seen.end(), 0);
+    std::vector<int> closure{s}, todo{s};
+    seen[static_cast<size_t>(s)] = 1;
+    while (!todo.empty()) {
+      const int x = todo.back();
+      todo.pop_back();
+      for (int y : ns[static_cast<size_t>(x)].eps)
+        if (!seen[static_cast<size_t>(y)]) {
+          seen[static_cast<size_t>(y)] = 1;
+          closure.push_back(y);
+          todo.push_back(y);
+        }
+    }
+    auto node_for = [&](int t) {
+      auto [it, added] = node_of.emplace(t, static_cast<int32_t>(nodes_.size()));
+      if (added) {
+        nodes_.emplace_back();
+        order.push_back(t);
+      }
+      return it->second;
+    };
+    Node n;
+    n.rule = rule;
+    std::map<int32_t, ByteSet> by_target;  // one edge per target: the union of its byte sets
+    for (int x : closure) {
+      if (x == accept) n.final = true;
+      for (const auto& [set, t] : ns[static_cast<size_t>(x)].bytes) {
+        ByteSet& u = by_target[node_for(t)];
+        for (size_t w = 0; w < 4; ++w) u.bits[w] |= set.bits[w];
+      }
+      for (const auto& [r, t] : ns[static_cast<size_t>(x)].calls) {
+        const CallEdge c{r, node_for(t)};
+        if (std::find_if(n.calls.begin(), n.calls.end(), [&](const CallEdge& o) {
+              return o.rule == c.rule && o.target == c.target;
+            }) == n.calls.end())
+          n.calls.push_back(c);
+      }
+    }
+    for (const auto& [t, set] : by_target) n.bytes.push_back({set, t});
+    nodes_[static_cast<size_t>(node_of[s])] = std::move(n);
+  }
+  rules_[rule].start = node_of[0];
+}
+
+void Grammar::compile(int32_t root) {
+  nodes_.clear();
+  for (int32_t r = 0; r < num_rules(); ++r) compile_rule(r);
+  root_ = root;
+  // completes(n): the rule may end at n, possibly after calls to rules that match nothing.
+  for (Node& n : nodes_) n.completes = n.final;
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (Node& n : nodes_) {
+      if (n.completes) continue;
+      for (const CallEdge& c : n.calls)
+        if (nodes_[static_cast<size_t>(rules_[c.rule].start)].completes &&
+            nodes_[static_cast<size_t>(c.target)].completes) {
+          n.completes = changed = true;
+          break;
+        }
+    }
+  }
+}
+
+void Grammar::step_rec(GrammarStack& s, uint8_t b, std::vector<GrammarStack>& out, size_t& count,
+                       bool* outside, int budget) const {
+  const int32_t top = s.back();
+  const Node& n = nodes_[static_cast<size_t>(top)];
+  for (const ByteEdge& e : n.bytes)
+    if (e.set.has(b)) {
+      if (count < out.size())
+        out[count].assign(s.begin(), s.end());
+      else
+        out.push_back(s);
+      out[count++].back() = e.target;
+    }
+  if (budget == 0) return;
+  for (const CallEdge& c : n.calls) {
+    s.back() = c.target;
+    s.push_back(rules_[static_cast<size_t>(c.rule)].start);
+    step_rec(s, b, out, count, outside, budget - 1);
+    s.pop_back();
+    s.back() = top;
+  }
+  if (n.final && s.size() > 1) {
+    s.pop_back();
+    if (s.back() == kOutside) {
+      if (outside) *outside = true;
+    } else {
+      step_rec(s, b, out, count, outside, budget - 1);
+    }
+    s.push_back(top);
+  }
+}
+
+void Grammar::step(const GrammarStack& stack, uint8_t b, std::vector<GrammarStack>& out,
+                   bool* outside) const {
+  GrammarStack s = stack;
+  size_t count = out.size();
+  step_rec(s, b, out, count, outside, kCallBudget);
+}
+
+void Grammar::advance_into(const std::vector<GrammarStack>& state, size_t state_size, uint8_t b,
+                           std::vector<GrammarStack>& out, size_t& out_size, bool* outside) const {
+  thread_local GrammarStack scratch;
+  out_size = 0;
+  for (size_t i = 0; i < state_size; ++i) {
+    scratch.assign(state[i].begin(), state[i].end());
+    step_rec(scratch, b, out, out_size, outside, kCallBudget);
+  }
+  if (out_size > 1) {
+    const auto end = out.begin() + static_cast<ptrdiff_t>(out_size);
+    std::sort(out.begin(), end);
+    out_size = static_cast<size_t>(std::unique(out.begin(), end) - out.begin());
+  }
+}
+
+std::vector<GrammarStack> Grammar::advance(const std::vector<GrammarStack>& state, uint8_t b,
+                                           bool* outside) const {
+  std::vector<GrammarStack> out;
+  for (const GrammarStack& s : state) step(s, b, out, outside);
+  if (out.size() > 1) {
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+  }
+  return out;
+}
+
+bool Grammar::can_finish(const GrammarStack& stack) const {
+  for (int32_t n : stack)
+    if (n == kOutside || !nodes_[static_cast<size_t>(n)].completes) return false;
+  return true;
+}
+
+bool Grammar::can_continue(const GrammarStack& stack) const {
+  std::vector<GrammarStack> out;
+  for (int b = 0; b < 256; ++b) {
+    step(stack, static_cast<uint8_t>(b), out);
+    if (!out.empty()) return true;
+  }
+  return false;
+}
+
+bool Grammar::matches_prefix(std::string_view text) const {
+  std::vector<GrammarStack> state = initial();
+  for (char c : text) {
+    state = advance(state, static_cast<uint8_t>(c));
+    if (state.empty()) return false;
+  }
+  return true;
+}
+
+bool Grammar::matches(std::string_view text) const {
+  std::vector<GrammarStack> state = initial();
+  for (char c : text) {
+    state = advance(state, static_cast<uint8_t>(c));
+    if (state.empty()) return false;
+  }
+  return std::any_of(state.begin(), state.end(),
+                     [&](const GrammarStack& s) { return can_finish(s); });
+}
+
+}  // namespace blend

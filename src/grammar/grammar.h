@@ -1,0 +1,131 @@
+// Grammar — a context-free grammar over bytes and the incremental matcher that follows it.
+//
+// Rules are regular expressions over byte sets that may call rules (recursion allowed, left
+// recursion not: nothing we generate has it). compile() turns each rule into a small automaton
+// whose edges consume one byte or call a rule, with the epsilon moves removed, so the matcher
+// is a pushdown automaton: a state is a set of stacks of automaton nodes (callers' return nodes
+// below, the node being matched on top), advanced one byte at a time. This is the shape of
+// llama.cpp's GBNF matcher (stacks of grammar positions) and of XGrammar's pushdown automaton,
+// written for bytes rather than code points so that tokens that split a UTF-8 character are
+// matched exactly.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace blend {
+
+struct ByteSet {
+  std::array<uint64_t, 4> bits{};
+  bool has(uint8_t b) const { return (bits[b >> 6] >> (b & 63)) & 1; }
+  void add(uint8_t b) { bits[b >> 6] |= uint64_t{1} << (b & 63); }
+  void add_range(uint8_t lo, uint8_t hi) {
+    for (int b = lo; b <= hi; ++b) add(static_cast<uint8_t>(b));
+  }
+  bool operator==(const ByteSet&) const = default;
+};
+
+struct GrammarExpr;
+using GExpr = std::shared_ptr<const GrammarExpr>;
+
+struct GrammarExpr {
+  enum class Kind { kBytes, kSeq, kAlt, kRepeat, kRule };
+  Kind kind = Kind::kSeq;
+  ByteSet bytes;              // kBytes: one byte of this set
+  std::vector<GExpr> items;   // kSeq, kAlt; kRepeat: items[0]
+  int32_t min = 0, max = -1;  // kRepeat: max -1 = unbounded
+  int32_t rule = -1;          // kRule
+};
+
+// Expression builders.
+GExpr g_bytes(const ByteSet& set);
+GExpr g_range(uint8_t lo, uint8_t hi);
+GExpr g_lit(std::string_view text);  // these bytes in order
+GExpr g_seq(std::vector<GExpr> items);
+GExpr g_alt(std::vector<GExpr> items);
+GExpr g_repeat(GExpr item, int32_t min, int32_t max);
+inline GExpr g_opt(GExpr item) {
+  return g_repeat(std::move(item), 0, 1);
+}
+inline GExpr g_star(GExpr item) {
+  return g_repeat(std::move(item), 0, -1);
+}
+GExpr g_rule(int32_t rule);
+
+// A stack of automaton nodes, callers' return nodes first, the current node last.
+using GrammarStack = std::vector<int32_t>;
+
+class Grammar {
+ public:
+  // Stacks whose bottom is kOutside came from matching a node "out of context" (grammar/
+  // token_mask precomputes what a token does from one node alone): popping onto it means the
+  // rest of the token is for the callers, who are not known there.
+  static constexpr int32_t kOutside = -1;
+
+  int32_t add_rule(std::string name);
+  void define(int32_t rule, GExpr body);
+  int32_t num_rules() const { return static_cast<int32_t>(rules_.size()); }
+  const std::string& rule_name(int32_t rule) const { return rules_[rule].name; }
+  // Builds every rule's automaton; `root` is what the whole output must match. Every rule
+  // must be defined. Throws blend::Error for an undefined rule.
+  void compile(int32_t root);
+
+  // The matcher's primitives. The initial state is one stack holding the root's start node.
+  std::vector<GrammarStack> initial() const { return {{rules_[root_].start}}; }
+  // Every way `stack` can consume byte `b`, appended to `out` (not deduplicated). Sets
+  // *outside when a way pops onto kOutside before consuming the byte.
+  void step(const GrammarStack& stack, uint8_t b, std::vector<GrammarStack>& out,
+            bool* outside = nullptr) const;
+  // All stacks after one byte, sorted and deduplicated (empty: the byte is not allowed).
+  std::vector<GrammarStack> advance(const std::vector<GrammarStack>& state, uint8_t b,
+                                    bool* outside = nullptr) const;
+  // advance() for hot loops: the result is out[0, out_size), and the stacks already in `out`
+  // are reused (their capacity), so a warm call allocates nothing.
+  void advance_into(const std::vector<GrammarStack>& state, size_t state_size, uint8_t b,
+                    std::vector<GrammarStack>& out, size_t& out_size,
+                    bool* outside = nullptr) const;
+  // The stack's input so far is a complete match of the root.
+  bool can_finish(const GrammarStack& stack) const;
+  // The rule of `node` may end there (possibly after calls to rules that match nothing).
+  bool node_completes(int32_t node) const { return nodes_[static_cast<size_t>(node)].completes; }
+  // Some byte can follow.
+  bool can_continue(const GrammarStack& stack) const;
+  // Whether the whole text matches (tests).
+  bool matches(std::string_view text) const;
+  bool matches_prefix(std::string_view text) const;  // some continuation would match
+  int32_t num_nodes() const { return static_cast<int32_t>(nodes_.size()); }
+
+ private:
+  struct ByteEdge {
+    ByteSet set;
+    int32_t target;
+  };
+  struct CallEdge {
+    int32_t rule, target;
+  };
+  struct Node {
+    int32_t rule = 0;
+    bool final = false;      // the rule may end here
+    bool completes = false;  // ... possibly after calls to rules that match nothing
+    std::vector<ByteEdge> bytes;
+    std::vector<CallEdge> calls;
+  };
+  struct Rule {
+    std::string name;
+    GExpr body;
+    int32_t start = -1;
+  };
+  void step_rec(GrammarStack& stack, uint8_t b, std::vector<GrammarStack>& out, size_t& count,
+                bool* outside, int budget) const;
+  void compile_rule(int32_t rule);
+
+  std::vector<Rule> rules_;
+  std::vector<Node> nodes_;
+  int32_t root_ = 0;
+};
+
+}  // namespace blend

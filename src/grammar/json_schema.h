@@ -1,0 +1,76 @@
+// JSON schema -> grammar: what OpenAI's response_format asks for ({"type": "json_object"} and
+// {"type": "json_schema", "json_schema": {"schema": ..., "strict": ...}}), compiled to a
+// Grammar whose every complete match is a JSON text valid against the schema.
+//
+// Supported (the output always satisfies them): type (one or a list), properties, required,
+// additionalProperties (false, true, or a schema when there are no properties), items,
+// minItems, maxItems, minLength, maxLength (up to 64), enum, const, anyOf, $ref to "#/$defs/..." /
+// "#/definitions/..." (recursion allowed), nested schemas, boolean schema true; annotations (title,
+// description, examples, default, $schema, $id, $comment) are ignored, as they change nothing. Any
+// other keyword (pattern, format, minimum, oneOf, allOf, uniqueItems, ...) is refused with an error
+// naming it, whatever `strict` says: ignoring it could produce output the schema rejects. With
+// strict false the output is constrained all the same (as vLLM does); `strict` changes nothing
+// else, since unlisted properties are never generated either way.
+//
+// What the output looks like (each a subset of what the schema allows, so always valid):
+//  * properties come in the schema's key order (sorted: JSON objects are unordered) and
+//    optional ones may be left out; properties not listed are never generated, unless the
+//    object lists none and allows others (then keys are any strings);
+//  * whitespace between tokens is at most one space, or a newline and up to 20 spaces/tabs
+//    (llama.cpp's bound), so a model cannot pad forever; none before or after the value;
+//  * integers have at most 16 digits, fractions at most 16 and exponents at most 3 (llama.cpp
+//    bounds the integral part the same way);
+//  * strings are valid UTF-8 (no lone surrogate escapes, no control characters).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/constraint.h"
+#include "grammar/grammar.h"
+#include "grammar/token_mask.h"
+
+namespace blend {
+
+// The grammar of any JSON object (response_format json_object).
+std::shared_ptr<Grammar> json_object_grammar();
+// The grammar of the JSON texts valid against `schema`. Throws blend::Error naming the
+// unsupported keyword or the malformed part.
+std::shared_ptr<Grammar> json_schema_grammar(const nlohmann::json& schema);
+
+// Compiles response formats for one model's vocabulary, and keeps the recent ones: requests
+// that bring the same schema share one CompiledGrammar (its node tables and cached masks).
+// Thread-safe.
+class GrammarCompiler {
+ public:
+  explicit GrammarCompiler(std::shared_ptr<const TokenVocab> vocab) : vocab_(std::move(vocab)) {}
+  // The vocabulary is indexed on the first request that needs it (a server that never sees a
+  // response_format does not pay for it). The tokenizer must outlive the compiler.
+  GrammarCompiler(const Tokenizer& tokenizer, int32_t model_vocab_size,
+                  std::vector<TokenId> eos_ids)
+      : tokenizer_(&tokenizer), model_vocab_size_(model_vocab_size), eos_ids_(std::move(eos_ids)) {}
+  std::shared_ptr<const TokenConstraint> json_object();
+  std::shared_ptr<const TokenConstraint> json_schema(const nlohmann::json& schema);
+
+ private:
+  std::shared_ptr<const TokenConstraint> cached(
+      const std::string& key, const std::function<std::shared_ptr<Grammar>()>& make);
+  std::shared_ptr<const TokenVocab> vocab();
+  std::shared_ptr<const TokenVocab> vocab_;
+  const Tokenizer* tokenizer_ = nullptr;
+  int32_t model_vocab_size_ = 0;
+  std::vector<TokenId> eos_ids_;
+  std::mutex mu_;
+  std::list<std::string> lru_;  // most recent first
+  std::unordered_map<std::string, std::shared_ptr<const CompiledGrammar>> grammars_;
+};
+
+}  // namespace blend

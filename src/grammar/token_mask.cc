@@ -1,0 +1,301 @@
+#include "grammar/token_mask.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <numeric>
+
+#include "core/error.h"
+#include "text/tokenizer.h"
+
+namespace blend {
+namespace {
+
+// Cached masks per grammar before the cache starts over (each is vocab/8 bytes: 16 KB for
+// Llama-3, so at most 64 MB).
+constexpr size_t kMaxCachedMasks = 4096;
+
+void set_bit(std::vector<uint64_t>& w, TokenId t) {
+  w[static_cast<size_t>(t) / 64] |= uint64_t{1} << (static_cast<size_t>(t) % 64);
+}
+
+std::string state_key(const std::vector<GrammarStack>& state) {
+  std::string key;
+  for (const GrammarStack& s : state) {
+    const int32_t n = static_cast<int32_t>(s.size());
+    key.append(reinterpret_cast<const char*>(&n), sizeof n);
+    key.append(reinterpret_cast<const char*>(s.data()), s.size() * sizeof(int32_t));
+  }
+  return key;
+}
+
+class GrammarMatcher : public TokenMatcher {
+ public:
+  explicit GrammarMatcher(std::shared_ptr<const CompiledGrammar> g)
+      : g_(std::move(g)), state_(g_->grammar().initial()) {
+    update_finished();
+  }
+
+  std::shared_ptr<const TokenMask> mask() override { return g_->mask_for(state_); }
+
+  bool accept(TokenId token) override {
+    const Grammar& gr = g_->grammar();
+    if (ended_) return false;
+    if (g_->vocab().is_eos(token)) {
+      if (!can_finish()) return false;
+      ended_ = finished_ = true;
+      return true;
+    }
+    if (token < 0 || token >= g_->vocab().vocab_size()) return false;
+    const std::string& bytes = g_->vocab().bytes(token);
+    if (bytes.empty()) return false;
+    std::vector<GrammarStack> next = state_;
+    for (char c : bytes) {
+      next = gr.advance(next, static_cast<uint8_t>(c));
+      if (next.empty()) return false;
+    }
+    state_ = std::move(next);
+    update_finished();
+    return true;
+  }
+
+  bool finished() const override { return finished_; }
+
+ private:
+  bool can_finish() const {
+    return std::any_of(state_.begin(), state_.end(),
+                       [&](const GrammarStack& s) { return g_->grammar().can_finish(s); });
+  }
+  void update_finished() {
+    finished_ = can_finish() &&
+                std::none_of(state_.begin(), state_.end(),
+                             [&](const GrammarStack& s) { return g_->grammar().can_continue(s); });
+  }
+
+  std::shared_ptr<const CompiledGrammar> g_;
+  std::vector<GrammarStack> state_;
+  bool ended_ = false, finished_ = false;
+};
+
+}  // namespace
+
+TokenVocab::TokenVocab(const Tokenizer& tokenizer, int32_t model_vocab_size,
+                       std::vector<TokenId> eos_ids)
+    : vocab_size_(model_vocab_size), eos_(std::move(eos_ids)) {
+  bytes_.resize(static_cast<size_t>(vocab_size_));
+  const int32_t n = std::min(vocab_size_, tokenizer.vocab_size());
+  for (int32_t t = 0; t < n; ++t)
+    if (!tokenizer.is_special(t)) bytes_[static_cast<size_t>(t)] = tokenizer.token_bytes(t);
+  index();
+}
+
+TokenVocab::TokenVocab(std::vector<std::string> bytes, std::vector<TokenId> eos_ids)
+    : vocab_size_(static_cast<int32_t>(bytes.size())),
+      bytes_(std::move(bytes)),
+      eos_(std::move(eos_ids)) {
+  index();
+}
+
+void TokenVocab::index() {
+  for (TokenId e : eos_) {
+    if (e < 0 || e >= vocab_size_) throw Error("end-of-sequence id outside the vocabulary");
+    bytes_[static_cast<size_t>(e)].clear();  // an EOS token's text is never part of the output
+  }
+  for (TokenId t = 0; t < vocab_size_; ++t)
+    if (!bytes_[static_cast<size_t>(t)].empty()) sorted_.push_back(t);
+  std::sort(sorted_.begin(), sorted_.end(),
+            [&](TokenId a, TokenId b) { return bytes(a) < bytes(b); });
+  lcp_.assign(sorted_.size(), 0);
+  for (size_t i = 1; i < sorted_.size(); ++i) {
+    const std::string& a = bytes(sorted_[i - 1]);
+    const std::string& b = bytes(sorted_[i]);
+    size_t k = 0;
+    while (k < a.size() && k < b.size() && a[k] == b[k]) ++k;
+    lcp_[i] = static_cast<int32_t>(k);
+  }
+}
+
+bool TokenVocab::is_eos(TokenId t) const {
+  return std::find(eos_.begin(), eos_.end(), t) != eos_.end();
+}
+
+CompiledGrammar::CompiledGrammar(std::shared_ptr<const Grammar> grammar,
+                                 std::shared_ptr<const TokenVocab> vocab)
+    : grammar_(std::move(grammar)), vocab_(std::move(vocab)) {
+  tables_.resize(static_cast<size_t>(grammar_->num_nodes()));
+}
+
+std::unique_ptr<TokenMatcher> CompiledGrammar::start() const {
+  return std::make_unique<GrammarMatcher>(shared_from_this());
+}
+
+template <typename OnAccept>
+void CompiledGrammar::classify(const GrammarStack& start, const std::vector<TokenId>& tokens,
+                               const std::vector<int32_t>* common_prefix, OnAccept on_accept,
+                               std::vector<TokenId>& context_dependent) const {
+  const TokenVocab& v = *vocab_;
+  // levels[k]: the stacks after the first k bytes of the current token; outside[k]: some way
+  // popped onto kOutside on the way (the rest of the token is for callers not known here).
+  std::vector<std::vector<GrammarStack>> levels{{start}};
+  std::vector<size_t> sizes{1};  // levels[k]'s stacks are levels[k][0, sizes[k])
+  std::vector<char> outside{0};
+  int32_t valid = 0;         // levels[0..valid] belong to the previous token's bytes
+  int32_t dead = INT32_MAX;  // the previous token's prefix of this length matches nothing
+  const std::string* prev = nullptr;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const TokenId t = tokens[i];
+    const std::string& bytes = v.bytes(t);
+    int32_t common = 0;
+    if (common_prefix) {
+      common = (*common_prefix)[i];
+    } else if (prev) {
+      while (static_cast<size_t>(common) < prev->size() &&
+             static_cast<size_t>(common) < bytes.size() &&
+             (*prev)[static_cast<size_t>(common)] == bytes[static_cast<size_t>(common)])
+        ++common;
+    }
+    prev = &bytes;
+    if (dead <= common) continue;  // shares a rejected prefix
+    dead = INT32_MAX;
+    const int32_t len = static_cast<int32_t>(bytes.size());
+    if (static_cast<int32_t>(levels.size()) < len + 1) {
+      levels.resize(static_cast<size_t>(len) + 1);
+      sizes.resize(static_cast<size_t>(len) + 1);
+      outside.resize(static_cast<size_t>(len) + 1);
+    }
+    int32_t k = std::min(common, valid);
+    for (; k < len; ++k) {
+      const size_t at = static_cast<size_t>(k);
+      if (sizes[at] == 0 && !outside[at]) break;
+      bool out = false;
+      if (sizes[at] == 0)
+        sizes[at + 1] = 0;
+      else
+        grammar_->advance_into(levels[at], sizes[at], static_cast<uint8_t>(bytes[at]),
+                               levels[at + 1], sizes[at + 1], &out);
+      // A pop before the token's first byte is not context: mask_for() adds the popped stack
+      // to the state it masks, and that stack's own tables decide such tokens.
+      outside[at + 1] = outside[at] || (out && at > 0);
+    }
+    valid = k;
+    if (k == len && sizes[static_cast<size_t>(k)] > 0)
+      on_accept(t);
+    else if (outside[static_cast<size_t>(k)])
+      context_dependent.push_back(t);
+    else
+      dead = k;
+  }
+}
+
+const CompiledGrammar::NodeTable& CompiledGrammar::node_table(int32_t node) const {
+  {
+    std::lock_guard lock(mu_);
+    if (tables_[static_cast<size_t>(node)]) return *tables_[static_cast<size_t>(node)];
+  }
+  auto table = std::make_unique<NodeTable>();
+  table->accepted.assign((static_cast<size_t>(vocab_->vocab_size()) + 63) / 64, 0);
+  classify(
+      {Grammar::kOutside, node}, vocab_->sorted(), &vocab_->common_prefix(),
+      [&](TokenId t) { set_bit(table->accepted, t); }, table->context_dependent);
+  std::lock_guard lock(mu_);
+  auto& slot = tables_[static_cast<size_t>(node)];
+  if (!slot) slot = std::move(table);  // another thread may have built it meanwhile
+  return *slot;
+}
+
+std::shared_ptr<const CompiledGrammar::SuffixTable> CompiledGrammar::suffix_table(
+    const GrammarStack& stack, size_t k, const std::vector<TokenId>& candidates) const {
+  GrammarStack start{Grammar::kOutside};
+  start.insert(start.end(), stack.end() - static_cast<ptrdiff_t>(k), stack.end());
+  const std::string key(reinterpret_cast<const char*>(start.data() + 1), k * sizeof(int32_t));
+  {
+    std::lock_guard lock(mu_);
+    auto it = suffixes_.find(key);
+    if (it != suffixes_.end()) return it->second;
+  }
+  auto table = std::make_shared<SuffixTable>();
+  classify(
+      start, candidates, nullptr, [&](TokenId t) { table->accepted.push_back(t); },
+      table->context_dependent);
+  std::lock_guard lock(mu_);
+  if (suffixes_.size() >= kMaxCachedMasks * 4) suffixes_.clear();
+  auto [it, added] = suffixes_.emplace(key, std::move(table));
+  return it->second;
+}
+
+std::shared_ptr<const TokenMask> CompiledGrammar::mask_for(
+    const std::vector<GrammarStack>& state) const {
+  std::string key = state_key(state);
+  {
+    std::lock_guard lock(mu_);
+    auto it = masks_.find(key);
+    if (it != masks_.end()) return it->second;
+  }
+  auto mask = std::make_shared<TokenMask>();
+  std::vector<uint64_t>& w = mask->words;
+  w.assign((static_cast<size_t>(vocab_->vocab_size()) + 63) / 64, 0);
+  // The state with every pop that needs no input made: a token may start in any of these
+  // stacks (the tables do not follow pops before a token's first byte; see classify).
+  std::vector<GrammarStack> expanded;
+  for (const GrammarStack& s : state) {
+    GrammarStack t = s;
+    expanded.push_back(t);
+    while (t.size() > 1 && grammar_->node_completes(t.back())) {
+      t.pop_back();
+      expanded.push_back(t);
+    }
+  }
+  std::sort(expanded.begin(), expanded.end());
+  expanded.erase(std::unique(expanded.begin(), expanded.end()), expanded.end());
+  bool finish = false;
+  for (const GrammarStack& s : expanded) {
+    const NodeTable& table = node_table(s.back());
+    for (size_t i = 0; i < w.size(); ++i) w[i] |= table.accepted[i];
+    finish = finish || grammar_->can_finish(s);
+  }
+  // Context-dependent tokens are decided with one more caller known at a time (tables cached
+  // by the stack's top nodes); what still pops past the root is not allowed.
+  for (const GrammarStack& s : expanded) {
+    const std::vector<TokenId>* candidates = &node_table(s.back()).context_dependent;
+    std::shared_ptr<const SuffixTable> t;  // holds *candidates from k = 3 on
+    for (size_t k = 2; k <= s.size() && !candidates->empty(); ++k) {
+      t = suffix_table(s, k, *candidates);
+      for (TokenId a : t->accepted) set_bit(w, a);
+      candidates = &t->context_dependent;
+    }
+  }
+  if (finish)
+    for (TokenId e : vocab_->eos_ids()) set_bit(w, e);
+  std::lock_guard lock(mu_);
+  if (masks_.size() >= kMaxCachedMasks) masks_.clear();
+  auto [it, added] = masks_.emplace(std::move(key), std::move(mask));
+  return it->second;
+}
+
+TokenMask CompiledGrammar::brute_force_mask(const std::vector<GrammarStack>& state) const {
+  TokenMask mask;
+  mask.words.assign((static_cast<size_t>(vocab_->vocab_size()) + 63) / 64, 0);
+  bool finish = false;
+  for (const GrammarStack& s : state) finish = finish || grammar_->can_finish(s);
+  for (TokenId t = 0; t < vocab_->vocab_size(); ++t) {
+    if (vocab_->is_eos(t)) {
+      if (finish) set_bit(mask.words, t);
+      continue;
+    }
+    if (vocab_->bytes(t).empty()) continue;
+    std::vector<GrammarStack> cur = state;
+    for (char c : vocab_->bytes(t)) {
+      cur = grammar_->advance(cur, static_cast<uint8_t>(c));
+      if (cur.empty()) break;
+    }
+    if (!cur.empty()) set_bit(mask.words, t);
+  }
+  return mask;
+}
+
+size_t CompiledGrammar::cached_masks() const {
+  std::lock_guard lock(mu_);
+  return masks_.size();
+}
+
+}  // namespace blend

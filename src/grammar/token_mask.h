@@ -1,0 +1,103 @@
+// Token masks — which tokens keep a grammar's output valid, computed cheaply enough to run
+// every decoding step next to the forward pass.
+//
+// The idea is XGrammar's (adaptive token mask cache), in our own form:
+//  * The vocabulary's byte strings are sorted, so tokens sharing a prefix are neighbours and a
+//    walk over them advances the matcher only over the bytes after the common prefix (a trie
+//    walk without a trie), and skips every token under a prefix the grammar rejects.
+//  * Per automaton node, once: which tokens are accepted from that node whatever its callers
+//    are (the token's bytes stay inside the node's rule and the rules it calls), which are
+//    rejected whatever they are, and the few "context-dependent" ones that run past the end of
+//    the rule (a string's closing quote and what follows it, say). Most of a JSON vocabulary is
+//    decided there.
+//  * Per matcher state (its set of stacks), the mask is that node's accepted set plus the
+//    context-dependent tokens checked against the real stack, and is itself cached: the states
+//    of a schema's output repeat from one request, step and row to the next.
+// A mask depends on nothing but the sequence's own state, so masking keeps batch invariance.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/constraint.h"
+#include "core/types.h"
+#include "grammar/grammar.h"
+
+namespace blend {
+
+class Tokenizer;
+
+// The tokens a grammar may choose from: every id below the model's vocabulary size with a
+// non-empty byte string that is not a special token, sorted by bytes; and the end-of-sequence
+// ids, allowed only when the output is complete.
+class TokenVocab {
+ public:
+  TokenVocab(const Tokenizer& tokenizer, int32_t model_vocab_size, std::vector<TokenId> eos_ids);
+  // For tests: token i has bytes[i] (empty = never allowed).
+  TokenVocab(std::vector<std::string> bytes, std::vector<TokenId> eos_ids);
+
+  int32_t vocab_size() const { return vocab_size_; }
+  const std::vector<TokenId>& eos_ids() const { return eos_; }
+  const std::string& bytes(TokenId t) const { return bytes_[static_cast<size_t>(t)]; }
+  bool is_eos(TokenId t) const;
+  // Usable tokens in byte order, and each one's common prefix length with the one before.
+  const std::vector<TokenId>& sorted() const { return sorted_; }
+  const std::vector<int32_t>& common_prefix() const { return lcp_; }
+
+ private:
+  void index();
+  int32_t vocab_size_ = 0;
+  std::vector<std::string> bytes_;
+  std::vector<TokenId> eos_, sorted_;
+  std::vector<int32_t> lcp_;
+};
+
+// A grammar bound to a vocabulary: the TokenConstraint a request carries.
+class CompiledGrammar : public TokenConstraint,
+                        public std::enable_shared_from_this<CompiledGrammar> {
+ public:
+  CompiledGrammar(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const TokenVocab> vocab);
+  std::unique_ptr<TokenMatcher> start() const override;
+
+  const Grammar& grammar() const { return *grammar_; }
+  const TokenVocab& vocab() const { return *vocab_; }
+  // The mask of a matcher state (cached).
+  std::shared_ptr<const TokenMask> mask_for(const std::vector<GrammarStack>& state) const;
+  // The same mask without any cache: every token's bytes run through the matcher (tests).
+  TokenMask brute_force_mask(const std::vector<GrammarStack>& state) const;
+  // States whose masks are cached, and node tables built (statistics, tests).
+  size_t cached_masks() const;
+
+ private:
+  struct NodeTable {
+    std::vector<uint64_t> accepted;          // bits: valid from this node in any context
+    std::vector<TokenId> context_dependent;  // must be checked against the callers' stack
+  };
+  // The context-dependent tokens of a stack's top k nodes, decided with those k nodes known:
+  // accepted, or still dependent on the nodes below (checked with k + 1).
+  struct SuffixTable {
+    std::vector<TokenId> accepted, context_dependent;
+  };
+  const NodeTable& node_table(int32_t node) const;
+  std::shared_ptr<const SuffixTable> suffix_table(const GrammarStack& stack, size_t k,
+                                                  const std::vector<TokenId>& candidates) const;
+  // Runs `tokens` (in byte order) from `start` (kOutside at its bottom): accepted ones to
+  // on_accept, those that pop onto kOutside to context_dependent, the rest are rejected.
+  template <typename OnAccept>
+  void classify(const GrammarStack& start, const std::vector<TokenId>& tokens,
+                const std::vector<int32_t>* common_prefix, OnAccept on_accept,
+                std::vector<TokenId>& context_dependent) const;
+
+  std::shared_ptr<const Grammar> grammar_;
+  std::shared_ptr<const TokenVocab> vocab_;
+  mutable std::mutex mu_;
+  mutable std::vector<std::unique_ptr<NodeTable>> tables_;
+  mutable std::unordered_map<std::string, std::shared_ptr<const TokenMask>> masks_;
+  mutable std::unordered_map<std::string, std::shared_ptr<const SuffixTable>> suffixes_;
+};
+
+}  // namespace blend

@@ -1,0 +1,191 @@
+// Structured output through the engine on the tiny random-weight model: every constrained
+// output is a complete JSON value of the schema's grammar, masking keeps batch invariance, and
+// max_tokens still cuts with finish "length".
+#include <algorithm>
+#include <map>
+#include <set>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "core/constraint.h"
+#include "engine/engine.h"
+#include "grammar/json_schema.h"
+#include "model/presets.h"
+#include "model/random_init.h"
+#include "test_util.h"
+
+namespace blend {
+namespace {
+
+using nlohmann::json;
+
+const json kSchema = json::parse(R"({
+  "type": "object",
+  "properties": {
+    "id": {"type": "integer"},
+    "name": {"type": "string", "maxLength": 12},
+    "kind": {"enum": ["a", "b", "c"]},
+    "ok": {"type": "boolean"},
+    "vals": {"type": "array", "items": {"type": "number"}, "maxItems": 4}
+  },
+  "required": ["id", "kind", "name"],
+  "additionalProperties": false
+})");
+
+class StructuredTest : public ::testing::TestWithParam<bool> {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new testing::TempDir();
+    RandomInitOptions o;
+    o.seed = 5;
+    o.tokenizer_dir = BLEND_TEST_TOKENIZER_DIR;
+    write_random_model(*find_model_preset("tiny"), dir_->path(), o);
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  static EngineOptions options() {
+    EngineOptions o;
+    o.threads = 2;
+    o.deterministic = true;
+    o.kv_memory_gb = 0.05;
+    o.overlap = GetParam();
+    return o;
+  }
+
+  static GenerationRequest request(const std::string& id, uint64_t seed,
+                                   std::shared_ptr<const TokenConstraint> constraint) {
+    GenerationRequest r;
+    r.id = id;
+    r.prompt = {128000, 791, 1121, 374};
+    r.params.max_tokens = 600;
+    r.params.temperature = 1.0f;
+    r.params.seed = seed;
+    r.params.constraint = std::move(constraint);
+    return r;
+  }
+
+  static std::map<std::string, GenerationResult> run(Engine& engine,
+                                                     std::vector<GenerationRequest> requests) {
+    std::map<std::string, GenerationResult> out;
+    for (auto& r : requests)
+      engine.submit(std::move(r), [&out](GenerationResult&& g) { out[g.id] = std::move(g); });
+    engine.run_until_done();
+    engine.check_invariants();
+    return out;
+  }
+
+  static testing::TempDir* dir_;
+};
+testing::TempDir* StructuredTest::dir_ = nullptr;
+
+TEST_P(StructuredTest, EveryOutputIsAValueOfTheSchema) {
+  Engine engine(dir_->path(), options());
+  GrammarCompiler grammars(engine.tokenizer(), engine.config().vocab_size,
+                           engine.config().eos_token_ids);
+  auto schema = grammars.json_schema(kSchema);
+  auto object = grammars.json_object();
+  std::vector<GenerationRequest> requests;
+  // Random weights rarely pick a closing quote or bracket among 128K tokens, so the json_object
+  // requests (strings of any length, any nesting) favour them: their values end in max_tokens.
+  const TokenId quote = *engine.tokenizer().token_id("\"");
+  const TokenId bracket = *engine.tokenizer().token_id("]");
+  const TokenId brace = *engine.tokenizer().token_id("}");
+  for (int i = 0; i < 12; ++i) {
+    requests.push_back(request("r" + std::to_string(i), 100 + i, i % 3 == 2 ? object : schema));
+    if (i % 3 == 2)
+      requests.back().params.logit_bias = {{quote, 8.0f}, {bracket, 8.0f}, {brace, 8.0f}};
+  }
+  const auto out = run(engine, requests);
+  const auto g_schema = json_schema_grammar(kSchema);
+  const auto g_object = json_object_grammar();
+  for (int i = 0; i < 12; ++i) {
+    const GenerationResult& r = out.at("r" + std::to_string(i));
+    ASSERT_EQ(r.finish, FinishReason::kStop) << r.text;
+    const json v = json::parse(r.text);  // a complete JSON text
+    ASSERT_TRUE(v.is_object()) << r.text;
+    EXPECT_TRUE((i % 3 == 2 ? g_object : g_schema)->matches(r.text)) << r.text;
+    if (i % 3 != 2) {
+      EXPECT_TRUE(v["id"].is_number_integer()) << r.text;
+      EXPECT_TRUE(v["name"].is_string()) << r.text;
+      EXPECT_TRUE(v["kind"] == "a" || v["kind"] == "b" || v["kind"] == "c") << r.text;
+    }
+  }
+}
+
+TEST_P(StructuredTest, MaskingKeepsBatchInvariance) {
+  Engine engine(dir_->path(), options());
+  GrammarCompiler grammars(engine.tokenizer(), engine.config().vocab_size,
+                           engine.config().eos_token_ids);
+  auto schema = grammars.json_schema(kSchema);
+  const auto alone = run(engine, {request("x", 7, schema)});
+  std::vector<GenerationRequest> crowd;
+  for (int i = 0; i < 6; ++i) {
+    crowd.push_back(request("o" + std::to_string(i), 50 + i, i % 2 ? schema : nullptr));
+    crowd.back().params.max_tokens = 40;
+  }
+  crowd.insert(crowd.begin() + 3, request("x", 7, schema));
+  const auto together = run(engine, crowd);
+  EXPECT_EQ(alone.at("x").tokens, together.at("x").tokens);
+  EXPECT_EQ(alone.at("x").text, together.at("x").text);
+}
+
+TEST_P(StructuredTest, MaxTokensCutsWithLengthAndAValidPrefix) {
+  Engine engine(dir_->path(), options());
+  GrammarCompiler grammars(engine.tokenizer(), engine.config().vocab_size,
+                           engine.config().eos_token_ids);
+  auto r = request("cut", 3, grammars.json_schema(kSchema));
+  r.params.max_tokens = 5;
+  const auto out = run(engine, {r});
+  EXPECT_EQ(out.at("cut").finish, FinishReason::kLength);
+  EXPECT_EQ(out.at("cut").tokens.size(), 5u);
+  EXPECT_TRUE(json_schema_grammar(kSchema)->matches_prefix(out.at("cut").text))
+      << out.at("cut").text;
+}
+
+// OpenAI's n: samples of one request (same id and seed, index 0..n-1) each draw from their own
+// seed stream, and only the first computes the prompt: the others find it in the prefix cache.
+TEST_P(StructuredTest, SamplesOfOnePromptShareOnePrefill) {
+  Engine engine(dir_->path(), options());
+  std::vector<GenerationRequest> requests;
+  GenerationRequest base = request("n", 42, nullptr);
+  base.prompt.clear();
+  for (int i = 0; i < 40; ++i) base.prompt.push_back(static_cast<TokenId>(1000 + 7 * i));
+  base.params.max_tokens = 8;
+  std::vector<GenerationResult> results;
+  for (int32_t i = 0; i < 4; ++i) {
+    GenerationRequest r = base;
+    r.index = i;
+    engine.submit(std::move(r), [&](GenerationResult&& g) { results.push_back(std::move(g)); });
+  }
+  engine.run_until_done();
+  ASSERT_EQ(results.size(), 4u);
+  std::set<std::vector<TokenId>> distinct;
+  std::set<int32_t> indices;
+  for (const GenerationResult& r : results) {
+    distinct.insert(r.tokens);
+    indices.insert(r.index);
+  }
+  EXPECT_EQ(indices, (std::set<int32_t>{0, 1, 2, 3}));
+  EXPECT_GT(distinct.size(), 1u);
+  const EngineStats st = engine.stats();
+  // The prompt's 40 tokens are computed once; each other sample computes only its last token
+  // (whose logits it needs) and takes the other 39 from the cache.
+  EXPECT_EQ(st.cached_prompt_tokens, 3 * 39);
+  // A sample is reproducible alone: same seed + index, same tokens.
+  GenerationRequest again = base;
+  again.index = 2;
+  const auto alone = run(engine, {again});
+  const auto same = std::find_if(results.begin(), results.end(),
+                                 [](const GenerationResult& g) { return g.index == 2; });
+  EXPECT_EQ(alone.at("n").tokens, same->tokens);
+}
+
+INSTANTIATE_TEST_SUITE_P(Steps, StructuredTest, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& param) {
+                           return param.param ? "Overlapped" : "Plain";
+                         });
+
+}  // namespace
+}  // namespace blend

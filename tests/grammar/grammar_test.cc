@@ -1,0 +1,226 @@
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "grammar/grammar.h"
+#include "grammar/json_schema.h"
+#include "grammar/token_mask.h"
+#include "text/tokenizer.h"
+
+namespace blend {
+namespace {
+
+using nlohmann::json;
+
+const json kPerson = json::parse(R"({
+  "type": "object",
+  "properties": {
+    "name": {"type": "string"},
+    "age": {"type": "integer"},
+    "score": {"type": "number"},
+    "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
+    "role": {"enum": ["admin", "user", null]},
+    "active": {"type": "boolean"},
+    "address": {"type": "object", "properties": {"city": {"type": "string"}},
+                "required": ["city"], "additionalProperties": false}
+  },
+  "required": ["name", "age"],
+  "additionalProperties": false
+})");
+
+TEST(GrammarTest, JsonObjectAcceptsObjectsOnly) {
+  auto g = json_object_grammar();
+  EXPECT_TRUE(g->matches("{}"));
+  EXPECT_TRUE(g->matches(R"({"a": [1, 2.5e3, -0, true, null, {"b": "x\n\u00e9\"y"}]})"));
+  EXPECT_TRUE(g->matches("{\n  \"a\": 1\n}"));
+  EXPECT_TRUE(g->matches("{\"k\": \"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\"}"));  // UTF-8
+  EXPECT_FALSE(g->matches("[]"));
+  EXPECT_FALSE(g->matches("{"));
+  EXPECT_FALSE(g->matches(" {}"));                        // nothing before the value
+  EXPECT_FALSE(g->matches("{}\n"));                       // nor after it
+  EXPECT_FALSE(g->matches("{\"a\": 01}"));                // no leading zeros
+  EXPECT_FALSE(g->matches("{\"a\": \"\x01\"}"));          // control character in a string
+  EXPECT_FALSE(g->matches("{\"a\": \"\\ud800\"}"));       // lone surrogate escape
+  EXPECT_FALSE(g->matches("{\"a\": \"\xc3\"}"));          // truncated UTF-8
+  EXPECT_FALSE(g->matches("{\"a\": \"\xed\xa0\x80\"}"));  // encoded surrogate
+  EXPECT_FALSE(g->matches("{\"a\" : 1,}"));
+  EXPECT_TRUE(g->matches_prefix("{\"a\": [1, {\"b"));
+}
+
+TEST(GrammarTest, SchemaObjectsRequiredOptionalAndEnums) {
+  auto g = json_schema_grammar(kPerson);
+  EXPECT_TRUE(g->matches(R"({"age": 3, "name": "x"})"));
+  EXPECT_TRUE(g->matches(
+      R"({"active": true, "address": {"city": "Oslo"}, "age": -4, "name": "n", "role": null, "score": 1.5, "tags": ["a", "b"]})"));
+  EXPECT_FALSE(g->matches(R"({"name": "x"})"));                            // age is required
+  EXPECT_FALSE(g->matches(R"({"age": 3, "name": "x", "z": 1})"));          // no other keys
+  EXPECT_FALSE(g->matches(R"({"age": 3.5, "name": "x"})"));                // integer
+  EXPECT_FALSE(g->matches(R"({"age": 3, "name": "x", "role": "root"})"));  // enum
+  EXPECT_FALSE(g->matches(R"({"age": 3, "name": "x", "tags": ["a", "b", "c", "d"]})"));
+  EXPECT_FALSE(g->matches(R"({"address": {}, "age": 3, "name": "x"})"));  // city required
+}
+
+TEST(GrammarTest, SchemaArraysAnyOfRefsAndConst) {
+  auto g = json_schema_grammar(json::parse(R"({
+    "$defs": {"node": {"type": "object",
+                       "properties": {"v": {"type": "integer"},
+                                      "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+                       "required": ["v"]}},
+    "type": "array", "minItems": 2, "maxItems": 3,
+    "items": {"anyOf": [{"$ref": "#/$defs/node"}, {"const": "leaf"}, {"type": ["null", "boolean"]}]}
+  })"));
+  EXPECT_TRUE(g->matches(R"([{"v": 1}, "leaf"])"));
+  EXPECT_TRUE(g->matches(R"([{"kids": [{"kids": [], "v": 2}], "v": 1}, null, true])"));
+  EXPECT_FALSE(g->matches(R"([{"v": 1}])"));  // minItems
+  EXPECT_FALSE(g->matches(R"([1, 2, 3, 4])"));
+  EXPECT_FALSE(g->matches(R"(["leaf", "tree"])"));  // const
+}
+
+TEST(GrammarTest, StringLengthsCountCharacters) {
+  auto g =
+      json_schema_grammar(json::parse(R"({"type": "string", "minLength": 2, "maxLength": 3})"));
+  EXPECT_TRUE(g->matches(R"("ab")"));
+  EXPECT_TRUE(g->matches("\"\\n\xc3\xa9\u00e9\""));  // an escape and UTF-8: one character each
+  EXPECT_FALSE(g->matches(R"("a")"));
+  EXPECT_FALSE(g->matches(R"("abcd")"));
+}
+
+TEST(GrammarTest, UnsupportedKeywordsAreRefusedByName) {
+  for (const char* kw :
+       {R"({"type": "string", "pattern": "a+"})", R"({"type": "string", "maxLength": 65})",
+        R"({"type": "integer", "minimum": 0})", R"({"oneOf": [{"type": "string"}]})",
+        R"({"type": "array", "uniqueItems": true})", R"({"type": "string", "format": "date"})"}) {
+    const json s = json::parse(kw);
+    std::string name;
+    for (const auto& [k, v] : s.items())
+      if (k != "type") name = k;
+    try {
+      json_schema_grammar(s);
+      ADD_FAILURE() << kw << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("'" + name + "'"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(json_schema_grammar(json::parse(R"({"$ref": "#/$defs/missing"})")), Error);
+  EXPECT_THROW(json_schema_grammar(json(false)), Error);
+  EXPECT_NO_THROW(json_schema_grammar(json::parse(R"({"type": "string", "title": "t"})")));
+}
+
+// A small vocabulary whose tokens straddle every kind of boundary: structure and content in one
+// token, escapes and UTF-8 characters split across tokens.
+std::vector<std::string> small_vocab() {
+  std::vector<std::string> v = {"<eos>"};
+  for (int c = 0x20; c < 0x7f; ++c) v.push_back(std::string(1, static_cast<char>(c)));
+  for (const char* t :
+       {"\",",      "\":",    "{\"",      "\"}",      "\"]",         "[\"",
+        "\": \"",   "\", \"", "}}",       "]}",       "},",          "],",
+        "true",     "false",  "null",     "12",       "0.",          "e+",
+        "-1",       "\\u",    "\\n",      "\\\"",     "d8",          "00e9",
+        "\xc3",     "\xa9",   "\xc3\xa9", "\xe2\x82", "\xac",        "\xf0\x9f\x98\x80",
+        "\n",       "\n  ",   " {",       "name",     "age",         "\"name",
+        "\"age\":", "admin",  "\"user\"", "city",     "\"tags\": [", "\t"})
+    v.push_back(t);
+  return v;
+}
+
+void expect_masks_match_brute_force(const std::shared_ptr<Grammar>& g, uint64_t seed) {
+  auto vocab = std::make_shared<TokenVocab>(small_vocab(), std::vector<TokenId>{0});
+  auto cg = std::make_shared<CompiledGrammar>(g, vocab);
+  std::mt19937_64 rng(seed);
+  for (int walk = 0; walk < 20; ++walk) {
+    std::vector<GrammarStack> state = g->initial();
+    for (int step = 0; step < 60; ++step) {
+      const TokenMask& fast = *cg->mask_for(state);
+      const TokenMask slow = cg->brute_force_mask(state);
+      ASSERT_EQ(fast.words, slow.words) << "walk " << walk << " step " << step;
+      std::vector<TokenId> allowed;
+      for (TokenId t = 0; t < vocab->vocab_size(); ++t)
+        if (slow.allows(t)) allowed.push_back(t);
+      ASSERT_FALSE(allowed.empty());
+      const TokenId t = allowed[rng() % allowed.size()];
+      if (t == 0) break;  // EOS: the value is complete
+      for (char c : vocab->bytes(t)) state = g->advance(state, static_cast<uint8_t>(c));
+      ASSERT_FALSE(state.empty());
+    }
+  }
+}
+
+TEST(TokenMaskTest, MasksEqualBruteForceOnASmallVocabulary) {
+  expect_masks_match_brute_force(json_object_grammar(), 1);
+  expect_masks_match_brute_force(json_schema_grammar(kPerson), 2);
+}
+
+// Generates with random allowed tokens until the matcher says the value is complete; every
+// output must be a valid JSON text (the schema check proper runs in the engine and server tests
+// with python3-jsonschema).
+TEST(TokenMaskTest, MatcherRandomOutputsAreCompleteJson) {
+  auto vocab = std::make_shared<TokenVocab>(small_vocab(), std::vector<TokenId>{0});
+  auto cg = std::make_shared<CompiledGrammar>(json_schema_grammar(kPerson), vocab);
+  std::mt19937_64 rng(7);
+  int complete = 0;
+  for (int i = 0; i < 50; ++i) {
+    auto m = cg->start();
+    std::string out;
+    for (int step = 0; step < 400 && !m->finished(); ++step) {
+      auto mask = m->mask();
+      std::vector<TokenId> allowed;
+      for (TokenId t = 0; t < vocab->vocab_size(); ++t)
+        if (mask->allows(t)) allowed.push_back(t);
+      // Prefer closing tokens sometimes so that walks end.
+      const TokenId t = allowed[rng() % allowed.size()];
+      ASSERT_TRUE(m->accept(t));
+      if (t == 0) break;
+      out += vocab->bytes(t);
+    }
+    if (!m->finished()) continue;
+    ++complete;
+    const json v = json::parse(out);  // throws if not JSON
+    EXPECT_TRUE(v.contains("name") && v["name"].is_string()) << out;
+    EXPECT_TRUE(v.contains("age") && v["age"].is_number_integer()) << out;
+  }
+  EXPECT_GT(complete, 10);
+  // A token the mask refuses is refused by accept() too, and changes nothing.
+  auto m = cg->start();
+  EXPECT_FALSE(m->accept(static_cast<TokenId>(1 + ('a' - 0x20))));
+  EXPECT_TRUE(m->accept(static_cast<TokenId>(1 + ('{' - 0x20))));
+  EXPECT_FALSE(m->accept(0));  // EOS before the value is complete
+}
+
+TEST(TokenMaskTest, Llama3VocabularyMasksEqualBruteForce) {
+  const Tokenizer tok = Tokenizer::from_dir(BLEND_TEST_TOKENIZER_DIR);
+  const TokenId eos = *tok.token_id("<|eot_id|>");
+  auto vocab = std::make_shared<TokenVocab>(tok, tok.vocab_size(), std::vector<TokenId>{eos});
+  auto g = json_schema_grammar(kPerson);
+  auto cg = std::make_shared<CompiledGrammar>(g, vocab);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<GrammarStack> state = g->initial();
+  for (const char* piece : {"{", "\"", "ag", "e\": ", "1", "2", ", \"name\": \"", "ab\\", "u00",
+                            "e9 x\xc3", "\xa9", "\""}) {
+    const TokenMask& fast = *cg->mask_for(state);
+    const TokenMask slow = cg->brute_force_mask(state);
+    ASSERT_EQ(fast.words, slow.words) << "before " << piece;
+    for (const char* c = piece; *c; ++c) state = g->advance(state, static_cast<uint8_t>(*c));
+    ASSERT_FALSE(state.empty()) << piece;
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("12 Llama-3 masks with brute-force checks: %.2f s\n", seconds);
+  // The finished value allows nothing but EOS.
+  auto m = cg->start();
+  for (TokenId t : tok.encode("{\"age\": 1, \"name\": \"a\"}", false)) ASSERT_TRUE(m->accept(t));
+  EXPECT_TRUE(m->finished());
+  auto mask = m->mask();
+  int allowed = 0;
+  for (TokenId t = 0; t < vocab->vocab_size(); ++t) allowed += mask->allows(t);
+  EXPECT_EQ(allowed, 1);
+  EXPECT_TRUE(mask->allows(eos));
+}
+
+}  // namespace
+}  // namespace blend
