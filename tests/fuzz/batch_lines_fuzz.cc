@@ -26,6 +26,7 @@ const blend::BatchLineContext& line_context() {
     c.max_sequence_tokens = 4096;
     c.max_prompt_bytes = blend::max_prompt_bytes(*c.tokenizer, c.max_sequence_tokens);
     c.model = "tiny";
+    c.grammars = &blend::fuzz::llama3_grammars();
     return c;
   }();
   return context;

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "grammar/json_schema.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 
@@ -22,6 +23,14 @@ inline std::filesystem::path tokenizer_dir() {
 inline const Tokenizer& llama3_tokenizer() {
   static const Tokenizer tokenizer = Tokenizer::from_dir(tokenizer_dir());
   return tokenizer;
+}
+
+// response_format schemas in requests are client input too: compiled (and their masks built)
+// by the real grammar compiler. The model's EOS ids are the Llama-3 instruct ones.
+inline GrammarCompiler& llama3_grammars() {
+  static GrammarCompiler grammars(llama3_tokenizer(), llama3_tokenizer().vocab_size(),
+                                  {128001, 128008, 128009});
+  return grammars;
 }
 
 inline const ChatTemplate& llama3_chat_template() {

@@ -25,6 +25,7 @@ constexpr int64_t kMaxSequenceTokens = 4096;
 const blend::RequestLimits& request_limits() {
   static const blend::RequestLimits limits = [] {
     blend::RequestLimits l;
+    l.grammars = &blend::fuzz::llama3_grammars();
     l.max_prompt_bytes =
         blend::max_prompt_bytes(blend::fuzz::llama3_tokenizer(), kMaxSequenceTokens);
     return l;
