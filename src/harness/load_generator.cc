@@ -114,6 +114,25 @@ double metric_sum(const std::vector<MetricSample>& samples, const std::string& n
   return sum;
 }
 
+std::string served_model(const std::string& host, int port, const std::string& model) {
+  httplib::Client c(host, port);
+  c.set_connection_timeout(5, 0);
+  c.set_read_timeout(30, 0);
+  auto r = c.Get("/v1/models");
+  if (!r)
+    throw Error("no server answers at " + host + ":" + std::to_string(port) + " (" +
+                httplib::to_string(r.error()) + ")");
+  if (r->status != 200)
+    throw Error("GET /v1/models: HTTP " + std::to_string(r->status) + " " + r->body);
+  if (!model.empty()) return model;
+  const json j = json::parse(r->body, nullptr, false);
+  if (!j.is_object() || !j.contains("data") || !j["data"].is_array() || j["data"].empty())
+    throw Error("GET /v1/models lists no model");
+  if (j["data"][0].is_object() && j["data"][0].contains("id") && j["data"][0]["id"].is_string())
+    return j["data"][0]["id"].get<std::string>();
+  throw Error("GET /v1/models lists no model id");
+}
+
 StreamOutcome stream_completion(const std::string& host, int port, const std::string& body,
                                 Clock::time_point deadline, int32_t hang_up_after_events) {
   StreamOutcome out;
@@ -314,23 +333,7 @@ LoadReport run_load(const LoadOptions& o) {
   httplib::Client control(o.host, o.port);
   control.set_connection_timeout(5, 0);
   control.set_read_timeout(30, 0);
-  std::string model = o.model;
-  {
-    auto r = control.Get("/v1/models");
-    if (!r)
-      throw Error("no server answers at " + o.host + ":" + std::to_string(o.port) + " (" +
-                  httplib::to_string(r.error()) + ")");
-    if (r->status != 200)
-      throw Error("GET /v1/models: HTTP " + std::to_string(r->status) + " " + r->body);
-    if (model.empty()) {
-      const json j = json::parse(r->body, nullptr, false);
-      if (!j.is_object() || !j.contains("data") || !j["data"].is_array() || j["data"].empty())
-        throw Error("GET /v1/models lists no model");
-      if (j["data"][0].is_object() && j["data"][0].contains("id") && j["data"][0]["id"].is_string())
-        model = j["data"][0]["id"].get<std::string>();
-      if (model.empty()) throw Error("GET /v1/models lists no model id");
-    }
-  }
+  const std::string model = served_model(o.host, o.port, o.model);
   const MetricSnapshot before = read_metrics(control);
 
   // The RT workload, fixed by the seed before the clock starts.

@@ -122,6 +122,10 @@ StreamOutcome stream_completion(const std::string& host, int port, const std::st
                                 std::chrono::steady_clock::time_point deadline,
                                 int32_t hang_up_after_events = 0);
 
+// `model` when given, else the first model id GET /v1/models lists. Throws blend::Error when no
+// server answers at host:port or it lists none: a load run then fails before it starts.
+std::string served_model(const std::string& host, int port, const std::string& model);
+
 // One sample line of a Prometheus text exposition (GET /metrics): `name{labels} value`.
 struct MetricSample {
   std::string name;

@@ -99,19 +99,7 @@ SoakReport run_soak(const SoakOptions& o) {
   httplib::Client control(o.host, o.port);
   control.set_connection_timeout(5, 0);
   control.set_read_timeout(30, 0);
-  std::string model = o.model;
-  {
-    auto r = control.Get("/v1/models");
-    if (!r)
-      throw Error("no server answers at " + o.host + ":" + std::to_string(o.port) + " (" +
-                  httplib::to_string(r.error()) + ")");
-    const json j = json::parse(r->status == 200 ? r->body : "", nullptr, false);
-    if (model.empty() && j.is_object() && j.contains("data") && j["data"].is_array() &&
-        !j["data"].empty() && j["data"][0].is_object() && j["data"][0].contains("id") &&
-        j["data"][0]["id"].is_string())
-      model = j["data"][0]["id"].get<std::string>();
-    if (model.empty()) throw Error("GET /v1/models: HTTP " + std::to_string(r->status));
-  }
+  const std::string model = served_model(o.host, o.port, o.model);
   const std::vector<MetricSample> before = scrape(control);
   const std::string rt = "class=\"rt\"";
 
