@@ -127,4 +127,44 @@ double Backend::clock_seconds() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
 }
 
+void check_forward_batch(const ForwardBatch& batch, const ModelConfig& config, int64_t page_size,
+                         int64_t num_pages, size_t logits_size, const std::string& backend) {
+  auto fail = [&](const std::string& what) {
+    throw Error(backend + " backend: bad batch: " + what);
+  };
+  if (batch.positions.size() != batch.tokens.size()) fail("positions and tokens differ in length");
+  const int64_t ps = page_size;
+  int64_t offset = 0;
+  for (size_t ci = 0; ci < batch.chunks.size(); ++ci) {
+    const SeqChunk& c = batch.chunks[ci];
+    const std::string which = "chunk " + std::to_string(ci);
+    if (c.num_tokens < 1) fail(which + " has no tokens");
+    if (c.num_cached < 0) fail(which + " has negative num_cached");
+    if (c.token_offset != offset) fail(which + " does not start where the previous chunk ended");
+    if (offset + c.num_tokens > batch.num_tokens()) fail(which + " runs past the tokens");
+    for (int32_t i = 0; i < c.num_tokens; ++i)
+      if (batch.positions[offset + i] != c.num_cached + i)
+        fail(which + ": token " + std::to_string(i) + " is at position " +
+             std::to_string(batch.positions[offset + i]) +
+             ", expected num_cached + i = " + std::to_string(c.num_cached + i));
+    const int64_t pages = (int64_t{c.num_cached} + c.num_tokens + ps - 1) / ps;
+    if (static_cast<int64_t>(c.block_table.size()) < pages)
+      fail(which + " needs " + std::to_string(pages) + " pages, its block table has " +
+           std::to_string(c.block_table.size()));
+    for (int64_t p = 0; p < pages; ++p)
+      if (c.block_table[p] < 0 || c.block_table[p] >= num_pages)
+        fail(which + ": page id " + std::to_string(c.block_table[p]) + " outside the " +
+             std::to_string(num_pages) + " KV pages");
+    offset += c.num_tokens;
+  }
+  if (offset != batch.num_tokens()) fail("tokens not covered by any chunk");
+  for (TokenId t : batch.tokens)
+    if (t < 0 || t >= config.vocab_size)
+      fail("token id " + std::to_string(t) + " outside the vocabulary");
+  if (logits_size < static_cast<size_t>(batch.num_logit_rows()) * config.vocab_size)
+    fail("logits span holds " + std::to_string(logits_size) + " floats, " +
+         std::to_string(batch.num_logit_rows()) + " rows of " + std::to_string(config.vocab_size) +
+         " needed");
+}
+
 }  // namespace blend

@@ -134,6 +134,13 @@ class Backend {
   std::unique_ptr<StepWorker> worker_;  // null: launch() computes on the caller's thread
 };
 
+// Throws blend::Error naming `backend` and what is wrong when `batch` is not one a backend can
+// compute: positions that are not num_cached + i, chunks that do not tile the tokens, block
+// tables too short or naming pages outside [0, num_pages), token ids outside the vocabulary, or
+// a logits span shorter than num_logit_rows() * vocab_size floats.
+void check_forward_batch(const ForwardBatch& batch, const ModelConfig& config, int64_t page_size,
+                         int64_t num_pages, size_t logits_size, const std::string& backend);
+
 // KV bytes per token for a model whose cache holds elements of `kv_elem_bytes` bytes.
 inline int64_t kv_bytes_per_token(const ModelConfig& c, int64_t kv_elem_bytes) {
   return 2 * c.num_layers * c.kv_dim() * kv_elem_bytes;

@@ -1,12 +1,19 @@
 #include "backend/registry.h"
 
 #include "backend/cpu/cpu_backend.h"
+#ifdef BLEND_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 #include "core/error.h"
 
 namespace blend {
 
 std::vector<std::string> backend_kinds() {
+#ifdef BLEND_HAVE_CUDA
+  return {"cpu", "cuda", "sim"};
+#else
   return {"cpu", "sim"};
+#endif
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& kind, const BackendInputs& in) {
@@ -15,6 +22,12 @@ std::unique_ptr<Backend> make_backend(const std::string& kind, const BackendInpu
     if (!in.weights) throw Error("the cpu backend needs a model's weights");
     return make_cpu_backend(*in.config, *in.weights, in.options);
   }
+#ifdef BLEND_HAVE_CUDA
+  if (kind == "cuda") {
+    if (!in.weights) throw Error("the cuda backend needs a model's weights");
+    return make_cuda_backend(*in.config, *in.weights, in.options);
+  }
+#endif
   if (kind == "sim") return std::make_unique<SimBackend>(*in.config, in.sim, in.step_cost);
   std::string kinds;
   for (const std::string& k : backend_kinds()) kinds += (kinds.empty() ? "" : ", ") + k;

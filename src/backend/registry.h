@@ -1,6 +1,7 @@
 // Backend registry — makes a backend by name, so that the engine and the commands include no
-// concrete backend (DESIGN.md §2: cpu and sim now, cuda next). Each kind takes what it needs
-// from BackendInputs: the real backends a model's weights, the simulator a step-cost function.
+// concrete backend (DESIGN.md §2: cpu, sim, and cuda where the build found the CUDA toolkit). Each
+// kind takes what it needs from BackendInputs: the real backends a model's weights, the simulator a
+// step-cost function.
 #pragma once
 
 #include <memory>
@@ -23,7 +24,7 @@ struct BackendInputs {
   SimBackendOptions sim;
 };
 
-// The kinds this build can make, e.g. {"cpu", "sim"}.
+// The kinds this build can make, e.g. {"cpu", "cuda", "sim"}.
 std::vector<std::string> backend_kinds();
 
 // Makes a backend of `kind`; throws blend::Error naming the kinds there are for an unknown one,

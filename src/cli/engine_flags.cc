@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/registry.h"
 #include "core/error.h"
 
 namespace blend::cli {
@@ -44,8 +45,14 @@ void add_engine_flags(CLI::App* cmd, EngineOptions& o) {
   // Nonsense values are refused here, naming the flag: `--max-batch-tokens 0` used to end in
   // "internal: the scheduler ... scheduled nothing" (issue 26).
   const double int_max = std::numeric_limits<int32_t>::max();
-  cmd->add_option("--backend", o.backend, "Backend that computes the model (this build: cpu)")
-      ->check(CLI::IsMember(std::vector<std::string>{"cpu"}))
+  std::vector<std::string> kinds;  // the real backends of this build (sim is simulate's)
+  for (const std::string& k : backend_kinds())
+    if (k != "sim") kinds.push_back(k);
+  std::string list;
+  for (const std::string& k : kinds) list += (list.empty() ? "" : ", ") + k;
+  cmd->add_option("--backend", o.backend,
+                  "Backend that computes the model (this build: " + list + ")")
+      ->check(CLI::IsMember(kinds))
       ->capture_default_str();
   cmd->add_option("--max-batch-tokens", o.scheduler.max_batch_tokens,
                   "Token budget of one step (prefill chunks + decodes)")

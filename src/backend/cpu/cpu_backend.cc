@@ -14,6 +14,7 @@
 #include "backend/cpu/ops.h"
 #include "backend/cpu/threads.h"
 #include "core/error.h"
+#include "model/rope.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
 
@@ -96,7 +97,6 @@ class CpuBackendImpl final : public CpuBackend {
     std::unique_ptr<Linear> qkv, o, gate_up, down;
   };
 
-  void check_batch(const ForwardBatch& batch, size_t logits_size) const;
   void embed(const ForwardBatch& batch, float* x) const;
   // Zeroes rows [from, to) of a GEMM input so padding rows hold finite values.
   void zero_rows(void* buf, int64_t from, int64_t to, int64_t cols) const {
@@ -208,7 +208,7 @@ CpuBackendImpl::CpuBackendImpl(const ModelConfig& config, const TensorStore& sto
     for (int64_t i = 0; i < embed.numel(); ++i) out[i] = embed.at(i);
   }
 
-  inv_freq_ = cpu::rope_inv_freq(config_);
+  inv_freq_ = rope_inv_freq(config_);
   shape_ = {.num_heads = config_.num_heads,
             .num_kv_heads = config_.num_kv_heads,
             .head_dim = config_.head_dim,
@@ -227,43 +227,6 @@ std::string CpuBackendImpl::gemm_info() const {
   s += layers_.empty() ? lm_head_->impl() : layers_[0].gate_up->impl();
   if (gemm_.options().row_tile > 0) s += ", row tile " + std::to_string(gemm_.options().row_tile);
   return s;
-}
-
-void CpuBackendImpl::check_batch(const ForwardBatch& batch, size_t logits_size) const {
-  auto fail = [](const std::string& what) { throw Error("cpu backend: bad batch: " + what); };
-  if (batch.positions.size() != batch.tokens.size()) fail("positions and tokens differ in length");
-  const int64_t ps = kv_.page_size();
-  int64_t offset = 0;
-  for (size_t ci = 0; ci < batch.chunks.size(); ++ci) {
-    const SeqChunk& c = batch.chunks[ci];
-    const std::string which = "chunk " + std::to_string(ci);
-    if (c.num_tokens < 1) fail(which + " has no tokens");
-    if (c.num_cached < 0) fail(which + " has negative num_cached");
-    if (c.token_offset != offset) fail(which + " does not start where the previous chunk ended");
-    if (offset + c.num_tokens > batch.num_tokens()) fail(which + " runs past the tokens");
-    for (int32_t i = 0; i < c.num_tokens; ++i)
-      if (batch.positions[offset + i] != c.num_cached + i)
-        fail(which + ": token " + std::to_string(i) + " is at position " +
-             std::to_string(batch.positions[offset + i]) +
-             ", expected num_cached + i = " + std::to_string(c.num_cached + i));
-    const int64_t pages = (int64_t{c.num_cached} + c.num_tokens + ps - 1) / ps;
-    if (static_cast<int64_t>(c.block_table.size()) < pages)
-      fail(which + " needs " + std::to_string(pages) + " pages, its block table has " +
-           std::to_string(c.block_table.size()));
-    for (int64_t p = 0; p < pages; ++p)
-      if (c.block_table[p] < 0 || c.block_table[p] >= kv_.num_pages())
-        fail(which + ": page id " + std::to_string(c.block_table[p]) + " outside the " +
-             std::to_string(kv_.num_pages()) + " KV pages");
-    offset += c.num_tokens;
-  }
-  if (offset != batch.num_tokens()) fail("tokens not covered by any chunk");
-  for (TokenId t : batch.tokens)
-    if (t < 0 || t >= config_.vocab_size)
-      fail("token id " + std::to_string(t) + " outside the vocabulary");
-  if (logits_size < static_cast<size_t>(batch.num_logit_rows()) * config_.vocab_size)
-    fail("logits span holds " + std::to_string(logits_size) + " floats, " +
-         std::to_string(batch.num_logit_rows()) + " rows of " + std::to_string(config_.vocab_size) +
-         " needed");
 }
 
 void CpuBackendImpl::embed(const ForwardBatch& batch, float* x) const {
@@ -287,7 +250,7 @@ void CpuBackendImpl::forward(const ForwardBatch& batch, std::span<float> logits)
     slot += t1 - t;
     t = t1;
   };
-  check_batch(batch, logits.size());
+  check_forward_batch(batch, config_, kv_.page_size(), kv_.num_pages(), logits.size(), "cpu");
   const int64_t m = batch.num_tokens();
   if (m == 0) return;
   omp_set_num_threads(threads_);  // oneDNN and OpenBLAS follow the calling thread's setting

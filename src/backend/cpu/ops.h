@@ -46,10 +46,6 @@ void rmsnorm(const float* x, int64_t x_stride, int64_t rows, int64_t dim, const 
 // out[r][i] = silu(gate_up[r][i]) * gate_up[r][f + i] for i < f (gate and up halves of one row).
 void swiglu(const float* gate_up, int64_t rows, int64_t f, DType out_dtype, void* out, int threads);
 
-// RoPE inverse frequencies inv_freq[i] = theta^(-2i/head_dim), i < head_dim / 2, with the
-// config's scaling applied (Hugging Face _compute_llama3_parameters / linear), in double.
-std::vector<double> rope_inv_freq(const ModelConfig& config);
-
 // cos and sin of position * inv_freq[i], [n][half] each, computed in double then rounded.
 void rope_tables(const int32_t* positions, int64_t n, const std::vector<double>& inv_freq,
                  float* cos, float* sin, int threads);

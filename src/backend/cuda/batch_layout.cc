@@ -1,0 +1,38 @@
+#include "backend/cuda/batch_layout.h"
+
+namespace blend::cuda {
+
+BatchLayout layout_batch(const ForwardBatch& batch, int64_t page_size) {
+  BatchLayout l;
+  l.num_tokens = batch.num_tokens();
+  l.num_chunks = static_cast<int32_t>(batch.chunks.size());
+  std::vector<int32_t> table_start, tables, reversed, logit_rows, token_chunk(batch.tokens.size());
+  for (size_t ci = 0; ci < batch.chunks.size(); ++ci) {
+    const SeqChunk& c = batch.chunks[ci];
+    table_start.push_back(static_cast<int32_t>(tables.size()));
+    const int64_t pages = (int64_t{c.num_cached} + c.num_tokens + page_size - 1) / page_size;
+    for (int64_t p = 0; p < pages; ++p) {
+      tables.push_back(c.block_table[p]);
+      const auto j = static_cast<size_t>(p);
+      reversed.push_back(j < c.reversed_pages.size() && c.reversed_pages[j] ? 1 : 0);
+    }
+    for (int32_t i = 0; i < c.num_tokens; ++i)
+      token_chunk[c.token_offset + i] = static_cast<int32_t>(ci);
+    if (c.wants_logits) logit_rows.push_back(c.token_offset + c.num_tokens - 1);
+  }
+  l.num_logit_rows = static_cast<int32_t>(logit_rows.size());
+  auto append = [&](int64_t& offset, const std::vector<int32_t>& v) {
+    offset = static_cast<int64_t>(l.data.size());
+    l.data.insert(l.data.end(), v.begin(), v.end());
+  };
+  append(l.tokens, batch.tokens);
+  append(l.positions, batch.positions);
+  append(l.token_chunk, token_chunk);
+  append(l.chunk_table, table_start);
+  append(l.tables, tables);
+  append(l.reversed, reversed);
+  append(l.logit_rows, logit_rows);
+  return l;
+}
+
+}  // namespace blend::cuda

@@ -1,0 +1,425 @@
+#include "backend/cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "backend/cuda/batch_layout.h"
+#include "backend/cuda/kernels.h"
+#include "core/error.h"
+#include "model/rope.h"
+#include "model/safetensors.h"
+#include "model/weights.h"
+
+namespace blend {
+namespace {
+
+using cuda::Elem;
+
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    throw Error(std::string("cuda backend: ") + what + ": " + cudaGetErrorString(e));
+}
+
+void check_cublas(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw Error(std::string("cuda backend: ") + what + ": " + cublasGetStatusString(s));
+}
+
+// GPU memory that grows on demand and is freed with its owner.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes) { reserve(bytes); }
+  ~DeviceBuffer() { cudaFree(ptr_); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), size_(o.size_) {
+    o.ptr_ = nullptr;
+    o.size_ = 0;
+  }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(size_, o.size_);
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  // At least `bytes` bytes; the contents are lost when it grows.
+  void* reserve(size_t bytes) {
+    if (bytes > size_) {
+      cudaFree(ptr_);
+      ptr_ = nullptr;
+      size_ = 0;
+      check_cuda(cudaMalloc(&ptr_, std::max<size_t>(bytes, 256)), "cudaMalloc");
+      size_ = bytes;
+    }
+    return ptr_;
+  }
+  template <typename T = void>
+  T* get() const {
+    return static_cast<T*>(ptr_);
+  }
+  size_t size() const { return size_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Copies `parts` (tensors of one row length) one after another into one device matrix of
+// `elem` elements, converting on the host where the checkpoint's dtype differs.
+DeviceBuffer upload_rows(const std::vector<const TensorView*>& parts, Elem elem) {
+  size_t total = 0;
+  for (const TensorView* p : parts) total += static_cast<size_t>(p->numel()) * elem_size(elem);
+  DeviceBuffer buf(total);
+  auto* dst = buf.get<std::byte>();
+  const DType want = elem == Elem::kBF16 ? DType::kBF16 : DType::kF32;
+  std::vector<std::byte> staging;
+  for (const TensorView* p : parts) {
+    const size_t bytes = static_cast<size_t>(p->numel()) * elem_size(elem);
+    if (p->dtype == want) {
+      check_cuda(cudaMemcpy(dst, p->data, bytes, cudaMemcpyHostToDevice), "weight upload");
+    } else {
+      staging.resize(bytes);
+      const int64_t n = p->numel();
+      if (elem == Elem::kBF16) {
+        auto* out = reinterpret_cast<uint16_t*>(staging.data());
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16(p->at(i));
+      } else {
+        auto* out = reinterpret_cast<float*>(staging.data());
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; ++i) out[i] = p->at(i);
+      }
+      check_cuda(cudaMemcpy(dst, staging.data(), bytes, cudaMemcpyHostToDevice), "weight upload");
+    }
+    dst += bytes;
+  }
+  return buf;
+}
+
+DeviceBuffer upload_f32(const TensorView& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) v[i] = t.at(i);
+  DeviceBuffer buf(v.size() * 4);
+  check_cuda(cudaMemcpy(buf.get(), v.data(), v.size() * 4, cudaMemcpyHostToDevice),
+             "weight upload");
+  return buf;
+}
+
+const ModelConfig& validated(const ModelConfig& config) {
+  config.validate();
+  return config;
+}
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(const ModelConfig& config, const TensorStore& store, const BackendOptions& options);
+  ~CudaBackend() override;
+
+  const ModelConfig& config() const override { return config_; }
+  std::string name() const override { return "cuda"; }
+  DType compute_dtype() const override { return elem_ == Elem::kBF16 ? DType::kBF16 : DType::kF32; }
+  int64_t kv_bytes_per_page() const override {
+    return kv_.page_elems() * static_cast<int64_t>(elem_size(elem_));
+  }
+  int64_t num_pages() const override { return num_pages_; }
+  int64_t kv_bytes_per_token() const override { return kv_bytes_per_page() / kv_.page_size; }
+  int64_t kv_memory_budget() const override { return kv_budget_; }
+  void allocate_kv(int64_t num_pages) override;
+  void forward(const ForwardBatch& batch, std::span<float> logits) override;
+  void copy_page(PageId src, PageId dst) override;
+  void read_pages(std::span<const PageId> pages, std::byte* out) const override;
+  void write_pages(std::span<const PageId> pages, const std::byte* in) override;
+  void read_slots(PageId page, int32_t first, int32_t count, std::byte* image) const override;
+  void write_slots(PageId page, int32_t first, int32_t count, const std::byte* image) override;
+
+ private:
+  struct Layer {
+    DeviceBuffer attn_norm, mlp_norm, qkv_bias;  // f32
+    DeviceBuffer qkv, o, gate_up, down;          // elem_, rows of the fused outputs
+  };
+
+  // y[m][n] (f32) = x[m][k] (elem_) * w[n][k]^T, added to y when `accumulate`.
+  void gemm(const void* x, int64_t m, const DeviceBuffer& w, int64_t n, int64_t k, float* y,
+            bool accumulate);
+  std::byte* page_ptr(PageId p) const {
+    return kv_cache_.get<std::byte>() + static_cast<size_t>(p) * kv_bytes_per_page();
+  }
+  void check_page(PageId p, const char* what) const {
+    if (p < 0 || p >= num_pages_)
+      throw Error(std::string("cuda backend: ") + what + ": page " + std::to_string(p) +
+                  " outside the " + std::to_string(num_pages_) + " KV pages");
+  }
+
+  ModelConfig config_;
+  Elem elem_ = Elem::kBF16;
+  Elem embed_elem_ = Elem::kBF16;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  std::vector<Layer> layers_;
+  DeviceBuffer embed_, final_norm_, lm_head_, inv_freq_;
+  cuda::KvView kv_;
+  DeviceBuffer kv_cache_;
+  int64_t num_pages_ = 0;
+  int64_t kv_budget_ = 0;
+  // Per-step buffers, grown to the largest batch seen.
+  DeviceBuffer meta_, x_, xn_, qkv_, attn_, gu_, act_, logits_;
+};
+
+CudaBackend::CudaBackend(const ModelConfig& config, const TensorStore& store,
+                         const BackendOptions& options)
+    : config_(validated(config)) {
+  std::string why;
+  if (!cuda_device_available(&why)) throw Error("the cuda backend found no usable GPU: " + why);
+  if (options.deterministic)
+    throw Error(
+        "the cuda backend has no --deterministic mode yet (cuBLAS chooses its GEMM algorithm by "
+        "batch shape, so a row's result may depend on the batch); use --backend cpu for it");
+  if (options.page_size < 1) throw Error("cuda backend: page size must be at least 1");
+  const char* unsupported = nullptr;
+  if (!cuda::attention_supports(static_cast<int32_t>(config_.num_heads),
+                                static_cast<int32_t>(config_.num_kv_heads),
+                                static_cast<int32_t>(config_.head_dim), &unsupported))
+    throw Error(std::string("cuda backend: unsupported attention shape: ") + unsupported);
+  const DType file = check_tensors(config_, store);
+  elem_ = file == DType::kF32 ? Elem::kF32 : Elem::kBF16;
+  embed_elem_ = file == DType::kBF16 ? Elem::kBF16 : Elem::kF32;  // the cpu backend's rule
+
+  check_cuda(cudaSetDevice(0), "cudaSetDevice");
+  check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  check_cublas(cublasCreate(&blas_), "cublasCreate");
+  check_cublas(cublasSetStream(blas_, stream_), "cublasSetStream");
+
+  auto get = [&](const std::string& name) { return &store.get(name); };
+  for (int64_t i = 0; i < config_.num_layers; ++i) {
+    auto name = [&](const char* s) { return layer_tensor_name(i, s); };
+    Layer l;
+    l.attn_norm = upload_f32(*get(name("input_layernorm.weight")));
+    l.mlp_norm = upload_f32(*get(name("post_attention_layernorm.weight")));
+    l.qkv = upload_rows({get(name("self_attn.q_proj.weight")), get(name("self_attn.k_proj.weight")),
+                         get(name("self_attn.v_proj.weight"))},
+                        elem_);
+    if (config_.attention_bias)
+      l.qkv_bias =
+          upload_rows({get(name("self_attn.q_proj.bias")), get(name("self_attn.k_proj.bias")),
+                       get(name("self_attn.v_proj.bias"))},
+                      Elem::kF32);
+    l.o = upload_rows({get(name("self_attn.o_proj.weight"))}, elem_);
+    l.gate_up =
+        upload_rows({get(name("mlp.gate_proj.weight")), get(name("mlp.up_proj.weight"))}, elem_);
+    l.down = upload_rows({get(name("mlp.down_proj.weight"))}, elem_);
+    layers_.push_back(std::move(l));
+  }
+  final_norm_ = upload_f32(*get("model.norm.weight"));
+  const TensorView& embed = *get("model.embed_tokens.weight");
+  embed_ = upload_rows({&embed}, embed_elem_);
+  lm_head_ = upload_rows({config_.tie_word_embeddings ? &embed : get("lm_head.weight")}, elem_);
+  const std::vector<double> inv = rope_inv_freq(config_);
+  inv_freq_.reserve(inv.size() * sizeof(double));
+  check_cuda(
+      cudaMemcpy(inv_freq_.get(), inv.data(), inv.size() * sizeof(double), cudaMemcpyHostToDevice),
+      "upload");
+
+  kv_ = {.base = nullptr,
+         .elem = elem_,
+         .num_layers = static_cast<int32_t>(config_.num_layers),
+         .num_kv_heads = static_cast<int32_t>(config_.num_kv_heads),
+         .head_dim = static_cast<int32_t>(config_.head_dim),
+         .page_size = options.page_size};
+  // What the KV cache may take by default: the free memory less room for activations, logits
+  // and cuBLAS's workspace (4 GiB or a tenth of the card, whichever is more).
+  size_t free_bytes = 0, total_bytes = 0;
+  check_cuda(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+  const int64_t reserve =
+      std::max<int64_t>(int64_t{4} << 30, static_cast<int64_t>(total_bytes / 10));
+  kv_budget_ = std::max<int64_t>(static_cast<int64_t>(free_bytes) - reserve, int64_t{64} << 20);
+  if (options.num_pages > 0) allocate_kv(options.num_pages);
+  if (options.overlap) compute_steps_on_worker();
+}
+
+CudaBackend::~CudaBackend() {
+  if (stream_) cudaStreamSynchronize(stream_);
+  if (blas_) cublasDestroy(blas_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+void CudaBackend::allocate_kv(int64_t num_pages) {
+  if (num_pages_ > 0) throw Error("cuda backend: the KV cache is allocated already");
+  if (num_pages < 1) throw Error("cuda backend: the KV cache needs at least one page");
+  const size_t bytes = static_cast<size_t>(num_pages) * static_cast<size_t>(kv_bytes_per_page());
+  kv_cache_.reserve(bytes);
+  check_cuda(cudaMemset(kv_cache_.get(), 0, bytes), "cudaMemset");
+  kv_.base = kv_cache_.get();
+  num_pages_ = num_pages;
+}
+
+void CudaBackend::gemm(const void* x, int64_t m, const DeviceBuffer& w, int64_t n, int64_t k,
+                       float* y, bool accumulate) {
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  const cudaDataType_t t = elem_ == Elem::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
+  // Row-major y = x w^T is column-major y^T = w x^T: w is column-major k x n, used transposed.
+  check_cublas(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n),
+                            static_cast<int>(m), static_cast<int>(k), &alpha, w.get(), t,
+                            static_cast<int>(k), x, t, static_cast<int>(k), &beta, y, CUDA_R_32F,
+                            static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "cublasGemmEx");
+}
+
+void CudaBackend::forward(const ForwardBatch& batch, std::span<float> logits) {
+  check_forward_batch(batch, config_, kv_.page_size, num_pages_, logits.size(), "cuda");
+  const int64_t m = batch.num_tokens();
+  if (m == 0) return;
+  const cuda::BatchLayout layout = cuda::layout_batch(batch, kv_.page_size);
+  auto* meta = static_cast<int32_t*>(meta_.reserve(layout.data.size() * sizeof(int32_t)));
+  check_cuda(cudaMemcpyAsync(meta, layout.data.data(), layout.data.size() * sizeof(int32_t),
+                             cudaMemcpyHostToDevice, stream_),
+             "batch upload");
+  const cuda::BatchView view = {.tokens = meta + layout.tokens,
+                                .positions = meta + layout.positions,
+                                .token_chunk = meta + layout.token_chunk,
+                                .chunk_table = meta + layout.chunk_table,
+                                .tables = meta + layout.tables,
+                                .reversed = meta + layout.reversed,
+                                .logit_rows = meta + layout.logit_rows,
+                                .num_tokens = layout.num_tokens,
+                                .num_logit_rows = layout.num_logit_rows};
+
+  const int64_t h = config_.hidden_size, qd = config_.q_dim(), kvd = config_.kv_dim();
+  const int64_t f = config_.intermediate_size, nqkv = qd + 2 * kvd, vocab = config_.vocab_size;
+  const size_t es = elem_size(elem_);
+  const auto eps = static_cast<float>(config_.rms_norm_eps);
+  auto* x = static_cast<float*>(x_.reserve(m * h * 4));
+  void* xn = xn_.reserve(m * h * es);
+  auto* qkv = static_cast<float*>(qkv_.reserve(m * nqkv * 4));
+  void* attn = attn_.reserve(m * qd * es);
+  auto* gu = static_cast<float*>(gu_.reserve(m * 2 * f * 4));
+  void* act = act_.reserve(m * f * es);
+  const auto heads = static_cast<int32_t>(config_.num_heads);
+  const auto window = static_cast<int32_t>(config_.sliding_window.value_or(0));
+
+  cuda::embed(view, embed_.get(), embed_elem_, h, x, stream_);
+  for (size_t li = 0; li < layers_.size(); ++li) {
+    const Layer& l = layers_[li];
+    const auto layer = static_cast<int32_t>(li);
+    cuda::rmsnorm(x, nullptr, m, h, l.attn_norm.get<float>(), eps, xn, elem_, stream_);
+    gemm(xn, m, l.qkv, nqkv, h, qkv, false);
+    if (config_.attention_bias) cuda::add_bias(qkv, m, nqkv, l.qkv_bias.get<float>(), stream_);
+    cuda::rope_write_kv(view, qkv, nqkv, heads, inv_freq_.get<double>(), kv_, layer, stream_);
+    cuda::attention(view, qkv, nqkv, kv_, layer, heads, window, attn, elem_, stream_);
+    gemm(attn, m, l.o, h, qd, x, true);
+    cuda::rmsnorm(x, nullptr, m, h, l.mlp_norm.get<float>(), eps, xn, elem_, stream_);
+    gemm(xn, m, l.gate_up, 2 * f, h, gu, false);
+    cuda::swiglu(gu, m, f, act, elem_, stream_);
+    gemm(act, m, l.down, h, f, x, true);
+  }
+  // Final norm and lm_head only for the rows that sample.
+  const int64_t r = layout.num_logit_rows;
+  if (r > 0) {
+    cuda::rmsnorm(x, view.logit_rows, r, h, final_norm_.get<float>(), eps, xn, elem_, stream_);
+    auto* out = static_cast<float*>(logits_.reserve(r * vocab * 4));
+    gemm(xn, r, lm_head_, vocab, h, out, false);
+    check_cuda(cudaMemcpyAsync(logits.data(), out, r * vocab * 4, cudaMemcpyDeviceToHost, stream_),
+               "logits download");
+  }
+  check_cuda(cudaStreamSynchronize(stream_), "forward");
+}
+
+void CudaBackend::copy_page(PageId src, PageId dst) {
+  check_page(src, "copy_page");
+  check_page(dst, "copy_page");
+  check_cuda(cudaMemcpyAsync(page_ptr(dst), page_ptr(src), kv_bytes_per_page(),
+                             cudaMemcpyDeviceToDevice, stream_),
+             "copy_page");
+  check_cuda(cudaStreamSynchronize(stream_), "copy_page");
+}
+
+void CudaBackend::read_pages(std::span<const PageId> pages, std::byte* out) const {
+  const auto bytes = static_cast<size_t>(kv_bytes_per_page());
+  for (PageId p : pages) {
+    check_page(p, "read_pages");
+    check_cuda(cudaMemcpyAsync(out, page_ptr(p), bytes, cudaMemcpyDeviceToHost, stream_),
+               "read_pages");
+    out += bytes;
+  }
+  check_cuda(cudaStreamSynchronize(stream_), "read_pages");
+}
+
+void CudaBackend::write_pages(std::span<const PageId> pages, const std::byte* in) {
+  const auto bytes = static_cast<size_t>(kv_bytes_per_page());
+  for (PageId p : pages) {
+    check_page(p, "write_pages");
+    check_cuda(cudaMemcpyAsync(page_ptr(p), in, bytes, cudaMemcpyHostToDevice, stream_),
+               "write_pages");
+    in += bytes;
+  }
+  check_cuda(cudaStreamSynchronize(stream_), "write_pages");
+}
+
+// A page is num_layers * 2 * num_kv_heads runs of page_size slots, each slot head_dim elements:
+// the slots [first, first + count) of every run are one strided 2-D copy.
+void CudaBackend::read_slots(PageId page, int32_t first, int32_t count, std::byte* image) const {
+  check_page(page, "read_slots");
+  if (first < 0 || count < 0 || first + count > kv_.page_size)
+    throw Error("cuda backend: read_slots: slots outside the page");
+  if (count == 0) return;
+  const size_t slot = static_cast<size_t>(kv_.head_dim) * elem_size(elem_);
+  const size_t pitch = slot * kv_.page_size;
+  const size_t runs = static_cast<size_t>(kv_.num_layers) * 2 * kv_.num_kv_heads;
+  check_cuda(cudaMemcpy2DAsync(image + first * slot, pitch, page_ptr(page) + first * slot, pitch,
+                               count * slot, runs, cudaMemcpyDeviceToHost, stream_),
+             "read_slots");
+  check_cuda(cudaStreamSynchronize(stream_), "read_slots");
+}
+
+void CudaBackend::write_slots(PageId page, int32_t first, int32_t count, const std::byte* image) {
+  check_page(page, "write_slots");
+  if (first < 0 || count < 0 || first + count > kv_.page_size)
+    throw Error("cuda backend: write_slots: slots outside the page");
+  if (count == 0) return;
+  const size_t slot = static_cast<size_t>(kv_.head_dim) * elem_size(elem_);
+  const size_t pitch = slot * kv_.page_size;
+  const size_t runs = static_cast<size_t>(kv_.num_layers) * 2 * kv_.num_kv_heads;
+  check_cuda(cudaMemcpy2DAsync(page_ptr(page) + first * slot, pitch, image + first * slot, pitch,
+                               count * slot, runs, cudaMemcpyHostToDevice, stream_),
+             "write_slots");
+  check_cuda(cudaStreamSynchronize(stream_), "write_slots");
+}
+
+}  // namespace
+
+bool cuda_device_available(std::string* why) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky error for later calls
+    if (why) *why = cudaGetErrorString(e);
+    return false;
+  }
+  if (n == 0) {
+    if (why) *why = "no CUDA device";
+    return false;
+  }
+  return true;
+}
+
+std::string cuda_device_description() {
+  std::string why;
+  if (!cuda_device_available(&why)) return "no GPU (" + why + ")";
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, 0) != cudaSuccess) return "GPU 0 (properties unreadable)";
+  char gib[32];
+  std::snprintf(gib, sizeof gib, "%.1f", static_cast<double>(p.totalGlobalMem) / (1 << 30));
+  return std::string(p.name) + ", " + gib + " GiB, sm_" + std::to_string(p.major) +
+         std::to_string(p.minor) + ", " + std::to_string(p.multiProcessorCount) + " SMs";
+}
+
+std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& config, const TensorStore& weights,
+                                           const BackendOptions& options) {
+  return std::make_unique<CudaBackend>(config, weights, options);
+}
+
+}  // namespace blend

@@ -1,0 +1,349 @@
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <string>
+
+#include "backend/cuda/kernels.h"
+#include "core/error.h"
+
+namespace blend::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+__device__ __forceinline__ float load_f(const float* p, int64_t i) {
+  return p[i];
+}
+__device__ __forceinline__ float load_f(const bf16* p, int64_t i) {
+  return __bfloat162float(p[i]);
+}
+__device__ __forceinline__ void store_f(float* p, int64_t i, float v) {
+  p[i] = v;
+}
+// Round to nearest even, as the cpu backend's f32_to_bf16.
+__device__ __forceinline__ void store_f(bf16* p, int64_t i, float v) {
+  p[i] = __float2bfloat16_rn(v);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32); every thread gets the total.
+__device__ float block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_sum(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < warps ? scratch[lane] : 0.0f;
+    v = warp_sum(v);
+    if (lane == 0) scratch[0] = v;
+  }
+  __syncthreads();
+  const float total = scratch[0];
+  __syncthreads();
+  return total;
+}
+
+// A grid that covers n elements with `threads` per block, one element per thread.
+unsigned blocks_for(int64_t n, int threads) {
+  return static_cast<unsigned>((n + threads - 1) / threads);
+}
+
+template <typename E>
+__global__ void embed_kernel(const int32_t* tokens, const E* table, int64_t hidden, float* x) {
+  const int64_t t = blockIdx.x;
+  const int64_t row = tokens[t];
+  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x)
+    x[t * hidden + i] = load_f(table, row * hidden + i);
+}
+
+template <typename T>
+__global__ void rmsnorm_kernel(const float* x, const int32_t* rows_index, int64_t dim,
+                               const float* weight, float eps, T* out) {
+  __shared__ float scratch[32];
+  const int64_t r = blockIdx.x;
+  const int64_t row = rows_index ? rows_index[r] : r;
+  const float* xr = x + row * dim;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
+  ss = block_sum(ss, scratch);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(dim) + eps);
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
+    store_f(out, r * dim + i, weight[i] * (xr[i] * inv));
+}
+
+__global__ void add_bias_kernel(float* y, int64_t rows, int64_t cols, const float* bias) {
+  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (i < rows * cols) y[i] += bias[i % cols];
+}
+
+// The element offset of K (v = 0) or V (v = 1) of `kv_head` at position `pos` of `layer`, for a
+// sequence whose pages start at tables[table_base] (KvView's page-major layout).
+__device__ __forceinline__ int64_t kv_offset(const BatchView& b, const KvView& kv,
+                                             int32_t table_base, int32_t pos, int32_t layer,
+                                             int32_t v, int32_t kv_head) {
+  const int32_t ps = kv.page_size;
+  const int32_t j = pos / ps;
+  int32_t slot = pos - j * ps;
+  if (b.reversed[table_base + j]) slot = ps - 1 - slot;
+  const int64_t page = b.tables[table_base + j];
+  return page * kv.page_elems() +
+         ((((int64_t{layer} * 2 + v) * kv.num_kv_heads + kv_head) * ps + slot) * kv.head_dim);
+}
+
+template <typename T>
+__global__ void rope_kv_kernel(BatchView b, float* qkv, int64_t nqkv, int32_t num_heads,
+                               const double* inv_freq, KvView kv, int32_t layer) {
+  extern __shared__ float cos_sin[];  // [half] cos, then [half] sin
+  const int32_t t = blockIdx.x;
+  const int32_t d = kv.head_dim, half = d / 2, hkv = kv.num_kv_heads;
+  const int32_t pos = b.positions[t];
+  for (int32_t i = threadIdx.x; i < half; i += blockDim.x) {
+    const double angle = static_cast<double>(pos) * inv_freq[i];
+    cos_sin[i] = static_cast<float>(cos(angle));
+    cos_sin[half + i] = static_cast<float>(sin(angle));
+  }
+  __syncthreads();
+  float* row = qkv + t * nqkv;
+  // q heads, then k heads: consecutive in the row.
+  for (int32_t idx = threadIdx.x; idx < (num_heads + hkv) * half; idx += blockDim.x) {
+    const int32_t h = idx / half, i = idx - h * half;
+    float* v = row + int64_t{h} * d;
+    const float x1 = v[i], x2 = v[i + half], c = cos_sin[i], s = cos_sin[half + i];
+    v[i] = x1 * c - x2 * s;
+    v[i + half] = x2 * c + x1 * s;
+  }
+  __syncthreads();
+  const int32_t base = b.chunk_table[b.token_chunk[t]];
+  const float* k = row + int64_t{num_heads} * d;
+  const float* v = k + int64_t{hkv} * d;
+  T* cache = static_cast<T*>(kv.base);
+  for (int32_t idx = threadIdx.x; idx < hkv * d; idx += blockDim.x) {
+    const int32_t h = idx / d, i = idx - h * d;
+    store_f(cache, kv_offset(b, kv, base, pos, layer, 0, h) + i, k[idx]);
+    store_f(cache, kv_offset(b, kv, base, pos, layer, 1, h) + i, v[idx]);
+  }
+}
+
+__global__ void swiglu_kernel(const float* gate_up, int64_t rows, int64_t f, void* out,
+                              bool bf16_out) {
+  const int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (idx >= rows * f) return;
+  const int64_t r = idx / f, i = idx - r * f;
+  const float g = gate_up[r * 2 * f + i], u = gate_up[r * 2 * f + f + i];
+  const float y = g / (1.0f + expf(-g)) * u;
+  if (bf16_out)
+    store_f(static_cast<bf16*>(out), idx, y);
+  else
+    store_f(static_cast<float*>(out), idx, y);
+}
+
+// Attention: one block per (token, KV head) computes the token's query heads of that KV head
+// together (GQA: the keys are read once for the group). Keys and values come in tiles of kTile
+// positions through shared memory; the softmax is the online one (running max m and sum l per
+// head, the accumulator rescaled by exp(m_old - m) per tile), as the cpu backend's.
+constexpr int kAttnThreads = 256;
+constexpr int kTile = 32;  // = warp size: the softmax step gives each lane one key of the tile
+constexpr int kMaxOutPerThread = 16;
+constexpr int kMaxGroupDim = kAttnThreads * kMaxOutPerThread;  // query heads per KV head * D
+
+size_t attention_smem(int32_t group, int32_t d) {
+  return sizeof(float) * (size_t{1} * group * d + size_t{1} * kTile * (d + 1) +
+                          size_t{1} * group * kTile + 3 * group);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kAttnThreads)
+    attention_kernel(BatchView b, const float* qkv, int64_t nqkv, KvView kv, int32_t layer,
+                     int32_t num_heads, int32_t window, T* out) {
+  extern __shared__ float sm[];
+  const int32_t d = kv.head_dim, group = num_heads / kv.num_kv_heads, ld = d + 1;
+  const int32_t t = blockIdx.x, kv_head = blockIdx.y, tid = threadIdx.x;
+  float* q_s = sm;                   // [group][d], pre-scaled
+  float* kv_s = q_s + group * d;     // [kTile][d + 1]: a tile of keys, then of values
+  float* p_s = kv_s + kTile * ld;    // [group][kTile]: scores, then probabilities
+  float* m_s = p_s + group * kTile;  // [group] running max
+  float* l_s = m_s + group;          // [group] running sum
+  float* alpha_s = l_s + group;      // [group] this tile's rescale of the accumulator
+  const int32_t pos = b.positions[t];
+  const int32_t base = b.chunk_table[b.token_chunk[t]];
+  const int32_t lo = window > 0 ? max(0, pos - window + 1) : 0, hi = pos + 1;
+  const float scale = 1.0f / sqrtf(static_cast<float>(d));
+  const float* q = qkv + t * nqkv + int64_t{kv_head} * group * d;
+  for (int32_t i = tid; i < group * d; i += kAttnThreads) q_s[i] = q[i] * scale;
+  if (tid < group) {
+    m_s[tid] = -INFINITY;
+    l_s[tid] = 0.0f;
+  }
+  float acc[kMaxOutPerThread];
+#pragma unroll
+  for (int j = 0; j < kMaxOutPerThread; ++j) acc[j] = 0.0f;
+  const T* cache = static_cast<const T*>(kv.base);
+  const int32_t warp = tid >> 5, lane = tid & 31;
+  __syncthreads();
+
+  for (int32_t k0 = lo; k0 < hi; k0 += kTile) {
+    const int32_t n = min(kTile, hi - k0);
+    for (int32_t i = tid; i < n * d; i += kAttnThreads) {
+      const int32_t kk = i / d, e = i - kk * d;
+      kv_s[kk * ld + e] = load_f(cache, kv_offset(b, kv, base, k0 + kk, layer, 0, kv_head) + e);
+    }
+    __syncthreads();
+    for (int32_t i = tid; i < n * group; i += kAttnThreads) {
+      const int32_t g = i / n, kk = i - g * n;
+      const float* qg = q_s + g * d;
+      const float* kr = kv_s + kk * ld;
+      float s = 0.0f;
+      for (int32_t e = 0; e < d; ++e) s += qg[e] * kr[e];
+      p_s[g * kTile + kk] = s;
+    }
+    __syncthreads();
+    for (int32_t g = warp; g < group; g += kAttnThreads / 32) {
+      const float s = lane < n ? p_s[g * kTile + lane] : -INFINITY;
+      const float m_old = m_s[g];
+      const float m_new = fmaxf(m_old, warp_max(s));
+      const float p = lane < n ? expf(s - m_new) : 0.0f;
+      const float sum = warp_sum(p);
+      p_s[g * kTile + lane] = p;
+      if (lane == 0) {
+        const float alpha = expf(m_old - m_new);
+        alpha_s[g] = alpha;
+        l_s[g] = l_s[g] * alpha + sum;
+        m_s[g] = m_new;
+      }
+    }
+    for (int32_t i = tid; i < n * d; i += kAttnThreads) {
+      const int32_t kk = i / d, e = i - kk * d;
+      kv_s[kk * ld + e] = load_f(cache, kv_offset(b, kv, base, k0 + kk, layer, 1, kv_head) + e);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kMaxOutPerThread; ++j) {
+      const int32_t i = tid + j * kAttnThreads;
+      if (i < group * d) {
+        const int32_t g = i / d, e = i - g * d;
+        const float* pg = p_s + g * kTile;
+        float a = acc[j] * alpha_s[g];
+        for (int32_t kk = 0; kk < n; ++kk) a += pg[kk] * kv_s[kk * ld + e];
+        acc[j] = a;
+      }
+    }
+    __syncthreads();
+  }
+  T* o = out + int64_t{t} * num_heads * d + int64_t{kv_head} * group * d;
+#pragma unroll
+  for (int j = 0; j < kMaxOutPerThread; ++j) {
+    const int32_t i = tid + j * kAttnThreads;
+    if (i < group * d) store_f(o, i, acc[j] / l_s[i / d]);
+  }
+}
+
+}  // namespace
+
+void check_launch(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    throw Error(std::string("cuda backend: ") + what + ": " + cudaGetErrorString(e));
+}
+
+void embed(const BatchView& batch, const void* table, Elem table_elem, int64_t hidden, float* x,
+           cudaStream_t stream) {
+  if (batch.num_tokens == 0) return;
+  if (table_elem == Elem::kBF16)
+    embed_kernel<<<batch.num_tokens, 256, 0, stream>>>(batch.tokens,
+                                                       static_cast<const bf16*>(table), hidden, x);
+  else
+    embed_kernel<<<batch.num_tokens, 256, 0, stream>>>(batch.tokens,
+                                                       static_cast<const float*>(table), hidden, x);
+  check_launch("embed");
+}
+
+void rmsnorm(const float* x, const int32_t* rows_index, int64_t rows, int64_t dim,
+             const float* weight, float eps, void* out, Elem out_elem, cudaStream_t stream) {
+  if (rows == 0) return;
+  const auto grid = static_cast<unsigned>(rows);
+  if (out_elem == Elem::kBF16)
+    rmsnorm_kernel<<<grid, 512, 0, stream>>>(x, rows_index, dim, weight, eps,
+                                             static_cast<bf16*>(out));
+  else
+    rmsnorm_kernel<<<grid, 512, 0, stream>>>(x, rows_index, dim, weight, eps,
+                                             static_cast<float*>(out));
+  check_launch("rmsnorm");
+}
+
+void add_bias(float* y, int64_t rows, int64_t cols, const float* bias, cudaStream_t stream) {
+  if (rows * cols == 0) return;
+  add_bias_kernel<<<blocks_for(rows * cols, 256), 256, 0, stream>>>(y, rows, cols, bias);
+  check_launch("add_bias");
+}
+
+void rope_write_kv(const BatchView& batch, float* qkv, int64_t nqkv, int32_t num_heads,
+                   const double* inv_freq, const KvView& kv, int32_t layer, cudaStream_t stream) {
+  if (batch.num_tokens == 0) return;
+  const size_t smem = sizeof(float) * kv.head_dim;
+  if (kv.elem == Elem::kBF16)
+    rope_kv_kernel<bf16>
+        <<<batch.num_tokens, 128, smem, stream>>>(batch, qkv, nqkv, num_heads, inv_freq, kv, layer);
+  else
+    rope_kv_kernel<float>
+        <<<batch.num_tokens, 128, smem, stream>>>(batch, qkv, nqkv, num_heads, inv_freq, kv, layer);
+  check_launch("rope_write_kv");
+}
+
+bool attention_supports(int32_t num_heads, int32_t num_kv_heads, int32_t head_dim,
+                        const char** why) {
+  if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0) {
+    *why = "query heads must be a multiple of KV heads";
+    return false;
+  }
+  if (int64_t{num_heads / num_kv_heads} * head_dim > kMaxGroupDim) {
+    *why = "query heads per KV head times head_dim is over 4096";
+    return false;
+  }
+  if (head_dim % 2 != 0) {
+    *why = "head_dim must be even (RoPE)";
+    return false;
+  }
+  return true;
+}
+
+void attention(const BatchView& batch, const float* qkv, int64_t nqkv, const KvView& kv,
+               int32_t layer, int32_t num_heads, int32_t sliding_window, void* out, Elem out_elem,
+               cudaStream_t stream) {
+  if (batch.num_tokens == 0) return;
+  const int32_t group = num_heads / kv.num_kv_heads;
+  const size_t smem = attention_smem(group, kv.head_dim);
+  const dim3 grid(static_cast<unsigned>(batch.num_tokens), static_cast<unsigned>(kv.num_kv_heads));
+  if (kv.elem != out_elem) throw Error("internal: cuda attention: KV and output types differ");
+  if (out_elem == Elem::kBF16) {
+    if (smem > 48 * 1024)
+      cudaFuncSetAttribute(attention_kernel<bf16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem));
+    attention_kernel<bf16><<<grid, kAttnThreads, smem, stream>>>(
+        batch, qkv, nqkv, kv, layer, num_heads, sliding_window, static_cast<bf16*>(out));
+  } else {
+    if (smem > 48 * 1024)
+      cudaFuncSetAttribute(attention_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem));
+    attention_kernel<float><<<grid, kAttnThreads, smem, stream>>>(
+        batch, qkv, nqkv, kv, layer, num_heads, sliding_window, static_cast<float*>(out));
+  }
+  check_launch("attention");
+}
+
+void swiglu(const float* gate_up, int64_t rows, int64_t f, void* out, Elem out_elem,
+            cudaStream_t stream) {
+  if (rows * f == 0) return;
+  swiglu_kernel<<<blocks_for(rows * f, 256), 256, 0, stream>>>(gate_up, rows, f, out,
+                                                               out_elem == Elem::kBF16);
+  check_launch("swiglu");
+}
+
+}  // namespace blend::cuda

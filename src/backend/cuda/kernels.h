@@ -1,0 +1,95 @@
+// The cuda backend's kernels: every step of the Llama forward pass except the GEMMs (cuBLAS,
+// cuda_backend.cc). The math is the cpu backend's (backend/cpu/ops.h, attention.h): f32
+// residual stream, norms, RoPE, softmax and activations; GEMM inputs and the KV cache in the
+// compute element type (f32 for f32 checkpoints, bf16 otherwise). All launches go on `stream`
+// and return at once; errors surface at the next synchronisation (check_launch catches bad
+// launch shapes at once).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+// Functions both the host and the kernels call.
+#ifdef __CUDACC__
+#define BLEND_HOST_DEVICE __host__ __device__
+#else
+#define BLEND_HOST_DEVICE
+#endif
+
+namespace blend::cuda {
+
+enum class Elem { kF32, kBF16 };
+
+inline size_t elem_size(Elem e) {
+  return e == Elem::kF32 ? 4 : 2;
+}
+
+// Device pointers into a BatchLayout's data (batch_layout.h), copied to the GPU.
+struct BatchView {
+  const int32_t* tokens = nullptr;
+  const int32_t* positions = nullptr;
+  const int32_t* token_chunk = nullptr;
+  const int32_t* chunk_table = nullptr;
+  const int32_t* tables = nullptr;
+  const int32_t* reversed = nullptr;
+  const int32_t* logit_rows = nullptr;
+  int32_t num_tokens = 0;
+  int32_t num_logit_rows = 0;
+};
+
+// The paged KV cache, page-major so that one page (all layers, K and V) is one contiguous run
+// of bytes: element [page][layer][k=0 / v=1][kv_head][slot][d].
+struct KvView {
+  void* base = nullptr;
+  Elem elem = Elem::kBF16;
+  int32_t num_layers = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  int32_t page_size = 0;
+
+  BLEND_HOST_DEVICE int64_t page_elems() const {
+    return int64_t{num_layers} * 2 * num_kv_heads * page_size * head_dim;
+  }
+};
+
+// x[t] = embedding row of token t, widened to f32. `table` holds vocab rows of `hidden`
+// elements of `table_elem`.
+void embed(const BatchView& batch, const void* table, Elem table_elem, int64_t hidden, float* x,
+           cudaStream_t stream);
+
+// out[r] = weight * x[row] / sqrt(mean(x[row]^2) + eps) for r < rows, row = rows_index[r] (or r
+// when rows_index is null); x rows are `dim` floats, out rows `dim` elements of `out_elem`.
+void rmsnorm(const float* x, const int32_t* rows_index, int64_t rows, int64_t dim,
+             const float* weight, float eps, void* out, Elem out_elem, cudaStream_t stream);
+
+// y[r][c] += bias[c].
+void add_bias(float* y, int64_t rows, int64_t cols, const float* bias, cudaStream_t stream);
+
+// Rotates each token's q heads in place and its k heads (Hugging Face rotate_half, angles
+// position * inv_freq[i] in double), and writes k and v into the token's KV slot of `layer`.
+// qkv rows are [q (num_heads * head_dim) | k | v], `nqkv` floats.
+void rope_write_kv(const BatchView& batch, float* qkv, int64_t nqkv, int32_t num_heads,
+                   const double* inv_freq, const KvView& kv, int32_t layer, cudaStream_t stream);
+
+// Causal paged attention of every batch token over its sequence's cached keys (positions
+// [max(0, pos - window + 1), pos], window 0 = all), GQA: query head h reads KV head
+// h / (num_heads / num_kv_heads). out rows are num_heads * head_dim elements of `out_elem`.
+void attention(const BatchView& batch, const float* qkv, int64_t nqkv, const KvView& kv,
+               int32_t layer, int32_t num_heads, int32_t sliding_window, void* out, Elem out_elem,
+               cudaStream_t stream);
+
+// Whether attention() can run this shape (head_dim and the query heads per KV head), and why
+// not when it cannot; the backend checks it at construction.
+bool attention_supports(int32_t num_heads, int32_t num_kv_heads, int32_t head_dim,
+                        const char** why);
+
+// out[r][i] = silu(gate_up[r][i]) * gate_up[r][f + i].
+void swiglu(const float* gate_up, int64_t rows, int64_t f, void* out, Elem out_elem,
+            cudaStream_t stream);
+
+// Throws blend::Error naming `what` when the last launch failed.
+void check_launch(const char* what);
+
+}  // namespace blend::cuda
