@@ -1,5 +1,6 @@
 #include "backend/backend.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <exception>
 #include <functional>
@@ -93,11 +94,35 @@ void Backend::launch(StepInput step) {
     compute_step();
 }
 
+bool Backend::forward_argmax(const ForwardBatch&, std::span<TokenId>) {
+  return false;
+}
+
+namespace {
+
+// Whether the host sampler would take the plain argmax of this row's raw logits.
+bool plain_greedy(const SampleRow& row) {
+  const SamplingParams& p = *row.params;
+  return (p.temperature < kGreedyTemperature || p.top_k == 1) && !p.logprobs &&
+         p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
+         p.repetition_penalty == 1.0f && p.logit_bias.empty() && row.allowed == nullptr;
+}
+
+}  // namespace
+
 void Backend::compute_step() {
+  const std::vector<SampleRow>& rows = pending_.rows;
+  if (!rows.empty() && std::all_of(rows.begin(), rows.end(), plain_greedy)) {
+    std::vector<TokenId> tokens(rows.size());
+    if (forward_argmax(pending_.batch, tokens)) {
+      sampled_.assign(rows.size(), SampledToken{});
+      for (size_t r = 0; r < rows.size(); ++r) sampled_[r].token = tokens[r];
+      return;
+    }
+  }
   const size_t vocab = static_cast<size_t>(config().vocab_size);
   logits_.resize(static_cast<size_t>(pending_.batch.num_logit_rows()) * vocab);
   forward(pending_.batch, logits_);
-  const std::vector<SampleRow>& rows = pending_.rows;
   sampled_.assign(rows.size(), SampledToken{});
   // Each draw depends only on its own row, seed, output index and history, so the rows can be
   // sampled in any order, in parallel.

@@ -99,6 +99,13 @@ class Backend {
   // with one row of vocab_size floats per chunk that wants logits (in chunk order). Profiling,
   // reference checks and the default launch() use it; the engine steps through launch/wait.
   virtual void forward(const ForwardBatch& batch, std::span<float> logits) = 0;
+  // forward() for a step whose rows all sample greedily with nothing that reads the rest of the
+  // row (no logprobs, penalties, logit_bias or mask): writes each logits row's argmax (lowest id
+  // on ties) to `tokens` instead. A backend whose logits live elsewhere (a GPU) overrides it to
+  // skip moving whole vocabulary rows to the host; it returns false, having computed nothing
+  // the caller can use, where the host sampler must decide (a NaN or +inf in a row). The
+  // default computes nothing and returns false.
+  virtual bool forward_argmax(const ForwardBatch& batch, std::span<TokenId> tokens);
 
   // Copies one page's K/V (all layers) to another page (copy-on-write of a shared last page).
   virtual void copy_page(PageId src, PageId dst) = 0;

@@ -315,6 +315,27 @@ TEST(CudaBackend, PageImagesRoundTrip) {
   EXPECT_THROW(gpu->copy_page(0, kPages), Error);
 }
 
+// forward_argmax: the argmax of forward()'s logits, found on the GPU.
+TEST(CudaBackend, ArgmaxOnTheGpuEqualsTheArgmaxOfTheLogits) {
+  SKIP_WITHOUT_GPU();
+  const TestModel& m = model("hd128", DType::kBF16);
+  auto gpu = make_cuda_backend(m.config, m.store, options());
+  Seq a{.id = 1, .tokens = prompt(9, 7)}, b{.id = 2, .tokens = prompt(5, 8)};
+  PageId next = 0;
+  ForwardBatch batch;
+  add_chunk(batch, a, 9, next);
+  add_chunk(batch, b, 5, next);
+  const int64_t vocab = m.config.vocab_size;
+  std::vector<float> logits(2 * vocab);
+  gpu->forward(batch, logits);
+  std::vector<TokenId> tokens(2);
+  ASSERT_TRUE(gpu->forward_argmax(batch, tokens));
+  for (int r = 0; r < 2; ++r)
+    EXPECT_EQ(tokens[r],
+              std::max_element(logits.begin() + r * vocab, logits.begin() + (r + 1) * vocab) -
+                  (logits.begin() + r * vocab));
+}
+
 TEST(CudaBackend, RefusesDeterministicMode) {
   SKIP_WITHOUT_GPU();
   const TestModel& m = model("base", DType::kBF16);

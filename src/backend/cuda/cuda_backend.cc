@@ -131,6 +131,7 @@ class CudaBackend final : public Backend {
   int64_t kv_memory_budget() const override { return kv_budget_; }
   void allocate_kv(int64_t num_pages) override;
   void forward(const ForwardBatch& batch, std::span<float> logits) override;
+  bool forward_argmax(const ForwardBatch& batch, std::span<TokenId> tokens) override;
   void copy_page(PageId src, PageId dst) override;
   void read_pages(std::span<const PageId> pages, std::byte* out) const override;
   void write_pages(std::span<const PageId> pages, const std::byte* in) override;
@@ -143,6 +144,9 @@ class CudaBackend final : public Backend {
     DeviceBuffer qkv, o, gate_up, down;          // elem_, rows of the fused outputs
   };
 
+  // Runs the layers and the lm_head of the sampling rows on the stream, leaving their logits in
+  // logits_ (rows in chunk order); returns the row count. Does not wait for the GPU.
+  int64_t compute_logits(const ForwardBatch& batch, size_t host_logits_size);
   // y[m][n] (f32) = x[m][k] (elem_) * w[n][k]^T, added to y when `accumulate`.
   void gemm(const void* x, int64_t m, const DeviceBuffer& w, int64_t n, int64_t k, float* y,
             bool accumulate);
@@ -167,7 +171,7 @@ class CudaBackend final : public Backend {
   int64_t num_pages_ = 0;
   int64_t kv_budget_ = 0;
   // Per-step buffers, grown to the largest batch seen.
-  DeviceBuffer meta_, x_, xn_, qkv_, attn_, gu_, act_, logits_;
+  DeviceBuffer meta_, x_, xn_, qkv_, attn_, gu_, act_, logits_, argmax_;
 };
 
 CudaBackend::CudaBackend(const ModelConfig& config, const TensorStore& store,
@@ -270,9 +274,37 @@ void CudaBackend::gemm(const void* x, int64_t m, const DeviceBuffer& w, int64_t 
 }
 
 void CudaBackend::forward(const ForwardBatch& batch, std::span<float> logits) {
-  check_forward_batch(batch, config_, kv_.page_size, num_pages_, logits.size(), "cuda");
+  const int64_t r = compute_logits(batch, logits.size());
+  if (r > 0)
+    check_cuda(cudaMemcpyAsync(logits.data(), logits_.get(), r * config_.vocab_size * 4,
+                               cudaMemcpyDeviceToHost, stream_),
+               "logits download");
+  check_cuda(cudaStreamSynchronize(stream_), "forward");
+}
+
+bool CudaBackend::forward_argmax(const ForwardBatch& batch, std::span<TokenId> tokens) {
+  const size_t vocab = static_cast<size_t>(config_.vocab_size);
+  const int64_t r = compute_logits(batch, tokens.size() * vocab);
+  if (r != static_cast<int64_t>(tokens.size()))
+    throw Error("internal: cuda backend: forward_argmax with " + std::to_string(tokens.size()) +
+                " token slots for " + std::to_string(r) + " logit rows");
+  auto* out = static_cast<int32_t*>(argmax_.reserve(2 * r * sizeof(int32_t)));
+  cuda::argmax_rows(logits_.get<float>(), r, config_.vocab_size, out, out + r, stream_);
+  std::vector<int32_t> host(2 * r);
+  check_cuda(cudaMemcpyAsync(host.data(), out, host.size() * sizeof(int32_t),
+                             cudaMemcpyDeviceToHost, stream_),
+             "argmax download");
+  check_cuda(cudaStreamSynchronize(stream_), "forward");
+  for (int64_t i = 0; i < r; ++i)
+    if (host[r + i]) return false;  // a NaN or +inf: the host sampler decides
+  std::copy(host.begin(), host.begin() + r, tokens.begin());
+  return true;
+}
+
+int64_t CudaBackend::compute_logits(const ForwardBatch& batch, size_t host_logits_size) {
+  check_forward_batch(batch, config_, kv_.page_size, num_pages_, host_logits_size, "cuda");
   const int64_t m = batch.num_tokens();
-  if (m == 0) return;
+  if (m == 0) return 0;
   const cuda::BatchLayout layout = cuda::layout_batch(batch, kv_.page_size);
   auto* meta = static_cast<int32_t*>(meta_.reserve(layout.data.size() * sizeof(int32_t)));
   check_cuda(cudaMemcpyAsync(meta, layout.data.data(), layout.data.size() * sizeof(int32_t),
@@ -322,10 +354,8 @@ void CudaBackend::forward(const ForwardBatch& batch, std::span<float> logits) {
     cuda::rmsnorm(x, view.logit_rows, r, h, final_norm_.get<float>(), eps, xn, elem_, stream_);
     auto* out = static_cast<float*>(logits_.reserve(r * vocab * 4));
     gemm(xn, r, lm_head_, vocab, h, out, false);
-    check_cuda(cudaMemcpyAsync(logits.data(), out, r * vocab * 4, cudaMemcpyDeviceToHost, stream_),
-               "logits download");
   }
-  check_cuda(cudaStreamSynchronize(stream_), "forward");
+  return r;
 }
 
 void CudaBackend::copy_page(PageId src, PageId dst) {

@@ -89,6 +89,12 @@ bool attention_supports(int32_t num_heads, int32_t num_kv_heads, int32_t head_di
 void swiglu(const float* gate_up, int64_t rows, int64_t f, void* out, Elem out_elem,
             cudaStream_t stream);
 
+// Greedy sampling where the logits are: tokens[r] = the lowest id holding row r's maximum (the
+// host sampler's tie rule); flags[r] = 1 when the row holds a NaN or +inf, which the host
+// sampler treats specially (the caller then samples that step on the host).
+void argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens, int32_t* flags,
+                 cudaStream_t stream);
+
 // Throws blend::Error naming `what` when the last launch failed.
 void check_launch(const char* what);
 
