@@ -115,10 +115,11 @@ const ModelConfig& validated(const ModelConfig& config) {
   return config;
 }
 
-class CudaBackend final : public Backend {
+class CudaBackendImpl final : public CudaBackend {
  public:
-  CudaBackend(const ModelConfig& config, const TensorStore& store, const BackendOptions& options);
-  ~CudaBackend() override;
+  CudaBackendImpl(const ModelConfig& config, const TensorStore& store,
+                  const BackendOptions& options);
+  ~CudaBackendImpl() override;
 
   const ModelConfig& config() const override { return config_; }
   std::string name() const override { return "cuda"; }
@@ -132,6 +133,9 @@ class CudaBackend final : public Backend {
   void allocate_kv(int64_t num_pages) override;
   void forward(const ForwardBatch& batch, std::span<float> logits) override;
   bool forward_argmax(const ForwardBatch& batch, std::span<TokenId> tokens) override;
+  void set_op_timing(bool on) override { timing_ = on; }
+  const CudaOpTimes& op_times() const override { return times_; }
+  void reset_op_times() override { times_ = {}; }
   void copy_page(PageId src, PageId dst) override;
   void read_pages(std::span<const PageId> pages, std::byte* out) const override;
   void write_pages(std::span<const PageId> pages, const std::byte* in) override;
@@ -170,12 +174,20 @@ class CudaBackend final : public Backend {
   DeviceBuffer kv_cache_;
   int64_t num_pages_ = 0;
   int64_t kv_budget_ = 0;
+  // Op timing: events recorded after each operation of a step, read once the step is done.
+  void mark(double CudaOpTimes::*slot);
+  void collect_op_times();
+  bool timing_ = false;
+  CudaOpTimes times_;
+  std::vector<cudaEvent_t> events_;
+  std::vector<double CudaOpTimes::*> event_slots_;
+  size_t events_used_ = 0;
   // Per-step buffers, grown to the largest batch seen.
   DeviceBuffer meta_, x_, xn_, qkv_, attn_, gu_, act_, logits_, argmax_;
 };
 
-CudaBackend::CudaBackend(const ModelConfig& config, const TensorStore& store,
-                         const BackendOptions& options)
+CudaBackendImpl::CudaBackendImpl(const ModelConfig& config, const TensorStore& store,
+                                 const BackendOptions& options)
     : config_(validated(config)) {
   std::string why;
   if (!cuda_device_available(&why)) throw Error("the cuda backend found no usable GPU: " + why);
@@ -245,13 +257,14 @@ CudaBackend::CudaBackend(const ModelConfig& config, const TensorStore& store,
   if (options.overlap) compute_steps_on_worker();
 }
 
-CudaBackend::~CudaBackend() {
+CudaBackendImpl::~CudaBackendImpl() {
   if (stream_) cudaStreamSynchronize(stream_);
+  for (cudaEvent_t e : events_) cudaEventDestroy(e);
   if (blas_) cublasDestroy(blas_);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
-void CudaBackend::allocate_kv(int64_t num_pages) {
+void CudaBackendImpl::allocate_kv(int64_t num_pages) {
   if (num_pages_ > 0) throw Error("cuda backend: the KV cache is allocated already");
   if (num_pages < 1) throw Error("cuda backend: the KV cache needs at least one page");
   const size_t bytes = static_cast<size_t>(num_pages) * static_cast<size_t>(kv_bytes_per_page());
@@ -261,8 +274,31 @@ void CudaBackend::allocate_kv(int64_t num_pages) {
   num_pages_ = num_pages;
 }
 
-void CudaBackend::gemm(const void* x, int64_t m, const DeviceBuffer& w, int64_t n, int64_t k,
-                       float* y, bool accumulate) {
+void CudaBackendImpl::mark(double CudaOpTimes::*slot) {
+  if (!timing_) return;
+  if (events_used_ == events_.size()) {
+    cudaEvent_t e = nullptr;
+    check_cuda(cudaEventCreate(&e), "cudaEventCreate");
+    events_.push_back(e);
+    event_slots_.push_back(nullptr);
+  }
+  check_cuda(cudaEventRecord(events_[events_used_], stream_), "cudaEventRecord");
+  event_slots_[events_used_++] = slot;
+}
+
+void CudaBackendImpl::collect_op_times() {
+  if (!timing_ || events_used_ == 0) return;
+  for (size_t i = 1; i < events_used_; ++i) {
+    float ms = 0;
+    check_cuda(cudaEventElapsedTime(&ms, events_[i - 1], events_[i]), "cudaEventElapsedTime");
+    times_.*event_slots_[i] += ms;
+  }
+  times_.steps += 1;
+  events_used_ = 0;
+}
+
+void CudaBackendImpl::gemm(const void* x, int64_t m, const DeviceBuffer& w, int64_t n, int64_t k,
+                           float* y, bool accumulate) {
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   const cudaDataType_t t = elem_ == Elem::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
   // Row-major y = x w^T is column-major y^T = w x^T: w is column-major k x n, used transposed.
@@ -273,16 +309,17 @@ void CudaBackend::gemm(const void* x, int64_t m, const DeviceBuffer& w, int64_t 
                "cublasGemmEx");
 }
 
-void CudaBackend::forward(const ForwardBatch& batch, std::span<float> logits) {
+void CudaBackendImpl::forward(const ForwardBatch& batch, std::span<float> logits) {
   const int64_t r = compute_logits(batch, logits.size());
   if (r > 0)
     check_cuda(cudaMemcpyAsync(logits.data(), logits_.get(), r * config_.vocab_size * 4,
                                cudaMemcpyDeviceToHost, stream_),
                "logits download");
   check_cuda(cudaStreamSynchronize(stream_), "forward");
+  collect_op_times();
 }
 
-bool CudaBackend::forward_argmax(const ForwardBatch& batch, std::span<TokenId> tokens) {
+bool CudaBackendImpl::forward_argmax(const ForwardBatch& batch, std::span<TokenId> tokens) {
   const size_t vocab = static_cast<size_t>(config_.vocab_size);
   const int64_t r = compute_logits(batch, tokens.size() * vocab);
   if (r != static_cast<int64_t>(tokens.size()))
@@ -295,13 +332,14 @@ bool CudaBackend::forward_argmax(const ForwardBatch& batch, std::span<TokenId> t
                              cudaMemcpyDeviceToHost, stream_),
              "argmax download");
   check_cuda(cudaStreamSynchronize(stream_), "forward");
+  collect_op_times();
   for (int64_t i = 0; i < r; ++i)
     if (host[r + i]) return false;  // a NaN or +inf: the host sampler decides
   std::copy(host.begin(), host.begin() + r, tokens.begin());
   return true;
 }
 
-int64_t CudaBackend::compute_logits(const ForwardBatch& batch, size_t host_logits_size) {
+int64_t CudaBackendImpl::compute_logits(const ForwardBatch& batch, size_t host_logits_size) {
   check_forward_batch(batch, config_, kv_.page_size, num_pages_, host_logits_size, "cuda");
   const int64_t m = batch.num_tokens();
   if (m == 0) return 0;
@@ -333,20 +371,32 @@ int64_t CudaBackend::compute_logits(const ForwardBatch& batch, size_t host_logit
   const auto heads = static_cast<int32_t>(config_.num_heads);
   const auto window = static_cast<int32_t>(config_.sliding_window.value_or(0));
 
+  events_used_ = 0;  // a step that threw left its events unread
+  mark(nullptr);
   cuda::embed(view, embed_.get(), embed_elem_, h, x, stream_);
+  mark(&CudaOpTimes::embed);
   for (size_t li = 0; li < layers_.size(); ++li) {
     const Layer& l = layers_[li];
     const auto layer = static_cast<int32_t>(li);
     cuda::rmsnorm(x, nullptr, m, h, l.attn_norm.get<float>(), eps, xn, elem_, stream_);
+    mark(&CudaOpTimes::norm);
     gemm(xn, m, l.qkv, nqkv, h, qkv, false);
     if (config_.attention_bias) cuda::add_bias(qkv, m, nqkv, l.qkv_bias.get<float>(), stream_);
+    mark(&CudaOpTimes::qkv);
     cuda::rope_write_kv(view, qkv, nqkv, heads, inv_freq_.get<double>(), kv_, layer, stream_);
+    mark(&CudaOpTimes::rope_kv);
     cuda::attention(view, qkv, nqkv, kv_, layer, heads, window, attn, elem_, stream_);
+    mark(&CudaOpTimes::attention);
     gemm(attn, m, l.o, h, qd, x, true);
+    mark(&CudaOpTimes::o_proj);
     cuda::rmsnorm(x, nullptr, m, h, l.mlp_norm.get<float>(), eps, xn, elem_, stream_);
+    mark(&CudaOpTimes::norm);
     gemm(xn, m, l.gate_up, 2 * f, h, gu, false);
+    mark(&CudaOpTimes::gate_up);
     cuda::swiglu(gu, m, f, act, elem_, stream_);
+    mark(&CudaOpTimes::act);
     gemm(act, m, l.down, h, f, x, true);
+    mark(&CudaOpTimes::down);
   }
   // Final norm and lm_head only for the rows that sample.
   const int64_t r = layout.num_logit_rows;
@@ -355,10 +405,11 @@ int64_t CudaBackend::compute_logits(const ForwardBatch& batch, size_t host_logit
     auto* out = static_cast<float*>(logits_.reserve(r * vocab * 4));
     gemm(xn, r, lm_head_, vocab, h, out, false);
   }
+  mark(&CudaOpTimes::lm_head);
   return r;
 }
 
-void CudaBackend::copy_page(PageId src, PageId dst) {
+void CudaBackendImpl::copy_page(PageId src, PageId dst) {
   check_page(src, "copy_page");
   check_page(dst, "copy_page");
   check_cuda(cudaMemcpyAsync(page_ptr(dst), page_ptr(src), kv_bytes_per_page(),
@@ -367,7 +418,7 @@ void CudaBackend::copy_page(PageId src, PageId dst) {
   check_cuda(cudaStreamSynchronize(stream_), "copy_page");
 }
 
-void CudaBackend::read_pages(std::span<const PageId> pages, std::byte* out) const {
+void CudaBackendImpl::read_pages(std::span<const PageId> pages, std::byte* out) const {
   const auto bytes = static_cast<size_t>(kv_bytes_per_page());
   for (PageId p : pages) {
     check_page(p, "read_pages");
@@ -378,7 +429,7 @@ void CudaBackend::read_pages(std::span<const PageId> pages, std::byte* out) cons
   check_cuda(cudaStreamSynchronize(stream_), "read_pages");
 }
 
-void CudaBackend::write_pages(std::span<const PageId> pages, const std::byte* in) {
+void CudaBackendImpl::write_pages(std::span<const PageId> pages, const std::byte* in) {
   const auto bytes = static_cast<size_t>(kv_bytes_per_page());
   for (PageId p : pages) {
     check_page(p, "write_pages");
@@ -391,7 +442,8 @@ void CudaBackend::write_pages(std::span<const PageId> pages, const std::byte* in
 
 // A page is num_layers * 2 * num_kv_heads runs of page_size slots, each slot head_dim elements:
 // the slots [first, first + count) of every run are one strided 2-D copy.
-void CudaBackend::read_slots(PageId page, int32_t first, int32_t count, std::byte* image) const {
+void CudaBackendImpl::read_slots(PageId page, int32_t first, int32_t count,
+                                 std::byte* image) const {
   check_page(page, "read_slots");
   if (first < 0 || count < 0 || first + count > kv_.page_size)
     throw Error("cuda backend: read_slots: slots outside the page");
@@ -405,7 +457,8 @@ void CudaBackend::read_slots(PageId page, int32_t first, int32_t count, std::byt
   check_cuda(cudaStreamSynchronize(stream_), "read_slots");
 }
 
-void CudaBackend::write_slots(PageId page, int32_t first, int32_t count, const std::byte* image) {
+void CudaBackendImpl::write_slots(PageId page, int32_t first, int32_t count,
+                                  const std::byte* image) {
   check_page(page, "write_slots");
   if (first < 0 || count < 0 || first + count > kv_.page_size)
     throw Error("cuda backend: write_slots: slots outside the page");
@@ -447,9 +500,10 @@ std::string cuda_device_description() {
          std::to_string(p.minor) + ", " + std::to_string(p.multiProcessorCount) + " SMs";
 }
 
-std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& config, const TensorStore& weights,
-                                           const BackendOptions& options) {
-  return std::make_unique<CudaBackend>(config, weights, options);
+std::unique_ptr<CudaBackend> make_cuda_backend(const ModelConfig& config,
+                                               const TensorStore& weights,
+                                               const BackendOptions& options) {
+  return std::make_unique<CudaBackendImpl>(config, weights, options);
 }
 
 }  // namespace blend

@@ -19,6 +19,24 @@ namespace blend {
 
 class TensorStore;
 
+// GPU time per operation (milliseconds, CUDA events around each launch), summed over layers and
+// steps since the last reset, when op timing is on (it adds one event per operation).
+struct CudaOpTimes {
+  double embed = 0, norm = 0, qkv = 0, rope_kv = 0, attention = 0, o_proj = 0, gate_up = 0, act = 0,
+         down = 0, lm_head = 0;
+  int64_t steps = 0;
+  double total() const {
+    return embed + norm + qkv + rope_kv + attention + o_proj + gate_up + act + down + lm_head;
+  }
+};
+
+class CudaBackend : public Backend {
+ public:
+  virtual void set_op_timing(bool on) = 0;
+  virtual const CudaOpTimes& op_times() const = 0;
+  virtual void reset_op_times() = 0;
+};
+
 // Whether a CUDA device can be used; when not, `why` says what the runtime answered (no
 // driver, no device).
 bool cuda_device_available(std::string* why = nullptr);
@@ -29,7 +47,8 @@ std::string cuda_device_description();
 // Loads the weights of `config` from `weights` onto GPU 0 and allocates options.num_pages KV
 // pages. Throws blend::Error when no GPU is usable, for shapes the kernels do not support, for
 // --deterministic, and for missing or mis-shaped tensors.
-std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& config, const TensorStore& weights,
-                                           const BackendOptions& options);
+std::unique_ptr<CudaBackend> make_cuda_backend(const ModelConfig& config,
+                                               const TensorStore& weights,
+                                               const BackendOptions& options);
 
 }  // namespace blend

@@ -1,0 +1,252 @@
+// cuda backend step times against the GPU's own bounds, measured in the same run (DESIGN.md §6:
+// median of several runs, ratio to the bound). Prints JSON lines:
+//   {"kind":"bounds", ...}   peak dense bf16 GEMM FLOP/s (cuBLAS, 8192^3) and device-to-device
+//                            copy bandwidth (bytes read + written per second)
+//   {"kind":"decode", ...}   a decode step of B sequences at C cached tokens each: tokens/s, the
+//                            per-op GPU times, attention's bytes moved / time against the copy
+//                            bandwidth, the step against its weight-read + GEMM bound
+//   {"kind":"prefill", ...}  a prefill step of N prompts of P tokens each
+//
+//   cuda_forward_bench --model DIR [--decode 1,64,256] [--context 1024] [--prefill 4x512]
+//                      [--reps 5]
+// The KV pages a decode step reads are zeros (the step's time does not depend on their values);
+// each sequence owns its own pages, so reads are not shared through the L2.
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/cuda/cuda_backend.h"
+#include "core/error.h"
+#include "model/safetensors.h"
+
+namespace blend {
+namespace {
+
+using nlohmann::json;
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+std::vector<int64_t> parse_list(const std::string& s) {
+  std::vector<int64_t> v;
+  size_t pos = 0;
+  while (pos < s.size()) {
+    const size_t comma = s.find(',', pos);
+    v.push_back(std::stoll(s.substr(pos, comma - pos)));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return v;
+}
+
+void emit(const json& j) {
+  std::printf("%s\n", j.dump().c_str());
+  std::fflush(stdout);
+}
+
+// Median seconds of `reps` timed runs of `f` after one warm-up.
+template <typename F>
+double median_seconds(int reps, F&& f) {
+  f();
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const double t0 = now();
+    f();
+    t.push_back(now() - t0);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// Peak dense bf16 GEMM FLOP/s (cuBLAS, f32 accumulation, n^3) and copy bandwidth.
+json measure_bounds() {
+  const int n = 8192;
+  void *a = nullptr, *b = nullptr, *c = nullptr;
+  check(cudaMalloc(&a, size_t{2} * n * n), "cudaMalloc");
+  check(cudaMalloc(&b, size_t{2} * n * n), "cudaMalloc");
+  check(cudaMalloc(&c, size_t{4} * n * n), "cudaMalloc");
+  check(cudaMemset(a, 0x3c, size_t{2} * n * n), "cudaMemset");  // bf16 ~0.0115: not zeros
+  check(cudaMemset(b, 0x3c, size_t{2} * n * n), "cudaMemset");
+  cublasHandle_t h = nullptr;
+  cublasCreate(&h);
+  const float alpha = 1, beta = 0;
+  auto gemm = [&] {
+    cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &alpha, a, CUDA_R_16BF, n, b, CUDA_R_16BF, n,
+                 &beta, c, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  };
+  const double gemm_s = median_seconds(7,
+                                       [&] {
+                                         for (int i = 0; i < 5; ++i) gemm();
+                                         check(cudaDeviceSynchronize(), "gemm");
+                                       }) /
+                        5;
+  cublasDestroy(h);
+  const size_t bytes = size_t{1} << 31;
+  void *src = nullptr, *dst = nullptr;
+  check(cudaMalloc(&src, bytes), "cudaMalloc");
+  check(cudaMalloc(&dst, bytes), "cudaMalloc");
+  const double copy_s = median_seconds(7, [&] {
+    check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice), "copy");
+    check(cudaDeviceSynchronize(), "copy");
+  });
+  for (void* p : {a, b, c, src, dst}) cudaFree(p);
+  return {{"kind", "bounds"},
+          {"device", cuda_device_description()},
+          {"gemm_bf16_flops", 2.0 * n * n * n / gemm_s},
+          {"copy_bytes_per_s", 2.0 * static_cast<double>(bytes) / copy_s}};
+}
+
+json op_json(const CudaOpTimes& t, int64_t steps) {
+  const double k = 1.0 / static_cast<double>(std::max<int64_t>(1, steps));
+  return {{"embed_ms", t.embed * k},
+          {"norm_ms", t.norm * k},
+          {"qkv_ms", t.qkv * k},
+          {"rope_kv_ms", t.rope_kv * k},
+          {"attention_ms", t.attention * k},
+          {"o_proj_ms", t.o_proj * k},
+          {"gate_up_ms", t.gate_up * k},
+          {"act_ms", t.act * k},
+          {"down_ms", t.down * k},
+          {"lm_head_ms", t.lm_head * k},
+          {"total_ms", t.total() * k}};
+}
+
+int run(int argc, char** argv) {
+  std::string model_dir, prefill_arg = "4x512";
+  std::vector<int64_t> decode = {1, 64, 256};
+  int64_t context = 1024;
+  int reps = 5;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw Error(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--model")
+      model_dir = next();
+    else if (a == "--decode")
+      decode = parse_list(next());
+    else if (a == "--context")
+      context = std::stoll(next());
+    else if (a == "--prefill")
+      prefill_arg = next();
+    else if (a == "--reps")
+      reps = std::stoi(next());
+    else
+      throw Error("unknown option " + a);
+  }
+  if (model_dir.empty()) throw Error("--model DIR is required");
+  const json bounds = measure_bounds();
+  emit(bounds);
+  const double peak = bounds["gemm_bf16_flops"], copy_bw = bounds["copy_bytes_per_s"];
+
+  const ModelConfig config = ModelConfig::from_dir(model_dir);
+  const TensorStore store = TensorStore::open_dir(model_dir);
+  const int64_t x = prefill_arg.find('x');
+  const int64_t prompts = std::stoll(prefill_arg.substr(0, x)),
+                prompt_len = std::stoll(prefill_arg.substr(x + 1));
+  const int64_t max_decode = *std::max_element(decode.begin(), decode.end());
+  BackendOptions o;
+  o.page_size = 16;
+  const int64_t pages_per_seq = (std::max(context + 1, prompt_len) + 15) / 16;
+  o.num_pages = std::max(max_decode, prompts) * pages_per_seq + 1;
+  const double t0 = now();
+  auto backend = make_cuda_backend(config, store, o);
+  std::fprintf(stderr, "loaded %s in %.1f s; %lld KV pages\n", model_dir.c_str(), now() - t0,
+               static_cast<long long>(o.num_pages));
+  const double params = static_cast<double>(config.num_matmul_parameters());
+  const double weight_bytes = params * (backend->compute_dtype() == DType::kF32 ? 4 : 2);
+
+  // One sequence per chunk, each with its own pages.
+  auto batch_of = [&](int64_t seqs, int64_t cached, int64_t tokens) {
+    ForwardBatch b;
+    for (int64_t s = 0; s < seqs; ++s) {
+      SeqChunk c;
+      c.seq = s;
+      c.num_cached = static_cast<int32_t>(cached);
+      c.num_tokens = static_cast<int32_t>(tokens);
+      c.token_offset = b.num_tokens();
+      c.wants_logits = true;
+      for (int64_t p = 0; p < pages_per_seq; ++p)
+        c.block_table.push_back(static_cast<PageId>(s * pages_per_seq + p));
+      for (int64_t t = 0; t < tokens; ++t) {
+        b.tokens.push_back(static_cast<TokenId>((s * 7919 + t * 104729) % config.vocab_size));
+        b.positions.push_back(static_cast<int32_t>(cached + t));
+      }
+      b.chunks.push_back(std::move(c));
+    }
+    return b;
+  };
+  auto time_step = [&](const ForwardBatch& b, CudaOpTimes& ops) {
+    std::vector<TokenId> tokens(b.num_logit_rows());
+    backend->set_op_timing(false);
+    const double s = median_seconds(reps, [&] {
+      if (!backend->forward_argmax(b, tokens)) throw Error("argmax declined");
+    });
+    backend->set_op_timing(true);
+    backend->reset_op_times();
+    if (!backend->forward_argmax(b, tokens)) throw Error("argmax declined");
+    ops = backend->op_times();
+    backend->set_op_timing(false);
+    return s;
+  };
+
+  for (int64_t bsz : decode) {
+    const ForwardBatch b = batch_of(bsz, context, 1);
+    CudaOpTimes ops;
+    const double s = time_step(b, ops);
+    const double kv_bytes = static_cast<double>(bsz) * static_cast<double>(context + 1) *
+                            static_cast<double>(backend->kv_bytes_per_token());
+    // The step's bound: the weights and the KV read once at copy bandwidth, or the GEMMs at
+    // peak, whichever is longer.
+    const double bound = std::max((weight_bytes + kv_bytes) / (copy_bw / 2),
+                                  2.0 * params * static_cast<double>(bsz) / peak);
+    emit({{"kind", "decode"},
+          {"batch", bsz},
+          {"context", context},
+          {"step_ms", s * 1e3},
+          {"tokens_per_s", static_cast<double>(bsz) / s},
+          {"fraction_of_step_bound", bound / s},
+          {"attention_bytes_per_s", kv_bytes / (ops.attention * 1e-3)},
+          {"attention_fraction_of_copy", kv_bytes / (ops.attention * 1e-3) / (copy_bw / 2)},
+          {"ops", op_json(ops, 1)}});
+  }
+  {
+    const ForwardBatch b = batch_of(prompts, 0, prompt_len);
+    CudaOpTimes ops;
+    const double s = time_step(b, ops);
+    const double tokens = static_cast<double>(prompts * prompt_len);
+    emit({{"kind", "prefill"},
+          {"prompts", prompts},
+          {"prompt_len", prompt_len},
+          {"step_ms", s * 1e3},
+          {"tokens_per_s", tokens / s},
+          {"fraction_of_gemm_bound", 2.0 * params * tokens / peak / s},
+          {"ops", op_json(ops, 1)}});
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace blend
+
+int main(int argc, char** argv) {
+  try {
+    return blend::run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cuda_forward_bench: %s\n", e.what());
+    return 1;
+  }
+}
