@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -116,7 +117,7 @@ const TestModel& model(const std::string& variant, DType dtype) {
 }
 
 constexpr int kPageSize = 4;
-constexpr int64_t kPages = 128;
+constexpr int64_t kPages = 256;
 
 BackendOptions options() {
   BackendOptions o;
@@ -193,7 +194,8 @@ double relative_error(const std::vector<float>& a, const std::vector<float>& b) 
 struct Case {
   std::string variant;
   DType dtype;
-  double tolerance;  // relative error of the logits against the cpu backend's
+  double tolerance;                   // relative error of the logits against the cpu backend's
+  std::string attention = "tiled64";  // BLEND_CUDA_ATTENTION: which attention kernel runs
 };
 
 class CudaMatchesCpu : public ::testing::TestWithParam<Case> {};
@@ -205,11 +207,14 @@ TEST_P(CudaMatchesCpu, LogitsOfMixedSteps) {
   const Case& p = GetParam();
   const TestModel& m = model(p.variant, p.dtype);
   auto cpu = make_cpu_backend(m.config, m.store, options());
+  setenv("BLEND_CUDA_ATTENTION", p.attention.c_str(), 1);
   auto gpu = make_cuda_backend(m.config, m.store, options());
+  unsetenv("BLEND_CUDA_ATTENTION");
   EXPECT_EQ(gpu->compute_dtype(), cpu->compute_dtype());
   EXPECT_EQ(gpu->kv_bytes_per_token(), cpu->kv_bytes_per_token());
+  // d is long enough that attention crosses several key tiles (of 32 and of 64).
   Seq a{.id = 1, .tokens = prompt(11, 1)}, b{.id = 2, .tokens = prompt(17, 2)},
-      c{.id = 4, .tokens = prompt(3, 3)};
+      c{.id = 4, .tokens = prompt(3, 3)}, d{.id = 6, .tokens = prompt(150, 4)};
   PageId next = 0;
   const int64_t vocab = m.config.vocab_size;
   auto run = [&](const ForwardBatch& batch, int step) {
@@ -222,15 +227,17 @@ TEST_P(CudaMatchesCpu, LogitsOfMixedSteps) {
   ForwardBatch s1;
   add_chunk(s1, a, 11, next);
   add_chunk(s1, b, 9, next);
+  add_chunk(s1, d, 100, next);
   run(s1, 1);
   ForwardBatch s2;
   a.tokens.push_back(77);
   add_chunk(s2, a, 1, next);
   add_chunk(s2, b, 8, next);
   add_chunk(s2, c, 3, next);
+  add_chunk(s2, d, 50, next);
   run(s2, 2);
   ForwardBatch s3;
-  for (Seq* s : {&a, &b, &c}) {
+  for (Seq* s : {&a, &b, &c, &d}) {
     s->tokens.push_back(123);
     add_chunk(s3, *s, 1, next);
   }
@@ -242,9 +249,12 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"base", DType::kF32, 1e-4}, Case{"base", DType::kBF16, 2e-2},
                       Case{"qwen2", DType::kF32, 1e-4}, Case{"llama3", DType::kF32, 1e-4},
                       Case{"mistral", DType::kF32, 1e-4}, Case{"hd128", DType::kF32, 1e-4},
-                      Case{"hd128", DType::kBF16, 2e-2}),
+                      Case{"hd128", DType::kBF16, 2e-2}, Case{"base", DType::kF32, 1e-4, "tiled32"},
+                      Case{"mistral", DType::kF32, 1e-4, "tiled32"},
+                      Case{"hd128", DType::kBF16, 2e-2, "tiled32"}),
     [](const ::testing::TestParamInfo<Case>& i) {
-      return i.param.variant + (i.param.dtype == DType::kF32 ? "_f32" : "_bf16");
+      return i.param.variant + (i.param.dtype == DType::kF32 ? "_f32_" : "_bf16_") +
+             i.param.attention;
     });
 
 // Greedy decoding for 128 steps on an f32 checkpoint: the same tokens as the cpu backend.

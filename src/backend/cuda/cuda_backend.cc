@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -171,6 +172,7 @@ class CudaBackendImpl final : public CudaBackend {
   std::vector<Layer> layers_;
   DeviceBuffer embed_, final_norm_, lm_head_, inv_freq_;
   cuda::KvView kv_;
+  cuda::AttentionKernel attention_kernel_ = cuda::AttentionKernel::kTiled64;
   DeviceBuffer kv_cache_;
   int64_t num_pages_ = 0;
   int64_t kv_budget_ = 0;
@@ -205,6 +207,9 @@ CudaBackendImpl::CudaBackendImpl(const ModelConfig& config, const TensorStore& s
   elem_ = file == DType::kF32 ? Elem::kF32 : Elem::kBF16;
   embed_elem_ = file == DType::kBF16 ? Elem::kBF16 : Elem::kF32;  // the cpu backend's rule
 
+  // BLEND_CUDA_ATTENTION=tiled32 runs the simpler attention kernel (benchmarks compare them).
+  if (const char* k = std::getenv("BLEND_CUDA_ATTENTION"); k && std::string(k) == "tiled32")
+    attention_kernel_ = cuda::AttentionKernel::kTiled32;
   check_cuda(cudaSetDevice(0), "cudaSetDevice");
   check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   check_cublas(cublasCreate(&blas_), "cublasCreate");
@@ -385,7 +390,8 @@ int64_t CudaBackendImpl::compute_logits(const ForwardBatch& batch, size_t host_l
     mark(&CudaOpTimes::qkv);
     cuda::rope_write_kv(view, qkv, nqkv, heads, inv_freq_.get<double>(), kv_, layer, stream_);
     mark(&CudaOpTimes::rope_kv);
-    cuda::attention(view, qkv, nqkv, kv_, layer, heads, window, attn, elem_, stream_);
+    cuda::attention(view, qkv, nqkv, kv_, layer, heads, window, attn, elem_, attention_kernel_,
+                    stream_);
     mark(&CudaOpTimes::attention);
     gemm(attn, m, l.o, h, qd, x, true);
     mark(&CudaOpTimes::o_proj);

@@ -148,21 +148,50 @@ __global__ void swiglu_kernel(const float* gate_up, int64_t rows, int64_t f, voi
 // Attention: one block per (token, KV head) computes the token's query heads of that KV head
 // together (GQA: the keys are read once for the group). Keys and values come in tiles of kTile
 // positions through shared memory; the softmax is the online one (running max m and sum l per
-// head, the accumulator rescaled by exp(m_old - m) per tile), as the cpu backend's.
+// head, the accumulator rescaled by exp(m_old - m) per tile), as the cpu backend's. Two
+// instances: kTile 64 with 16-byte loads (head_dim a multiple of 16 bytes), and kTile 32 with
+// element loads for any head_dim.
 constexpr int kAttnThreads = 256;
-constexpr int kTile = 32;  // = warp size: the softmax step gives each lane one key of the tile
 constexpr int kMaxOutPerThread = 16;
 constexpr int kMaxGroupDim = kAttnThreads * kMaxOutPerThread;  // query heads per KV head * D
 
-size_t attention_smem(int32_t group, int32_t d) {
-  return sizeof(float) * (size_t{1} * group * d + size_t{1} * kTile * (d + 1) +
-                          size_t{1} * group * kTile + 3 * group);
+size_t attention_smem(int32_t group, int32_t d, int32_t tile) {
+  return sizeof(float) * (size_t{1} * group * d + size_t{1} * tile * (d + 1) +
+                          size_t{1} * group * tile + 3 * group);
 }
 
-template <typename T>
+// tile[kk][e] (rows `ld` floats apart) = K (v = 0) or V (v = 1) of positions k0 + kk, kk < n.
+template <typename T, bool kVector>
+__device__ __forceinline__ void load_tile(float* tile, int32_t ld, const T* cache,
+                                          const BatchView& b, const KvView& kv, int32_t base,
+                                          int32_t k0, int32_t n, int32_t layer, int32_t v,
+                                          int32_t kv_head) {
+  const int32_t d = kv.head_dim;
+  if constexpr (kVector) {
+    constexpr int32_t kWidth = 16 / sizeof(T);
+    const int32_t per_row = d / kWidth;
+    for (int32_t i = threadIdx.x; i < n * per_row; i += blockDim.x) {
+      const int32_t kk = i / per_row, e = (i - kk * per_row) * kWidth;
+      const uint4 raw = *reinterpret_cast<const uint4*>(
+          cache + kv_offset(b, kv, base, k0 + kk, layer, v, kv_head) + e);
+      const T* vals = reinterpret_cast<const T*>(&raw);
+      float* dst = tile + kk * ld + e;
+#pragma unroll
+      for (int32_t j = 0; j < kWidth; ++j) dst[j] = load_f(vals, j);
+    }
+  } else {
+    for (int32_t i = threadIdx.x; i < n * d; i += blockDim.x) {
+      const int32_t kk = i / d, e = i - kk * d;
+      tile[kk * ld + e] = load_f(cache, kv_offset(b, kv, base, k0 + kk, layer, v, kv_head) + e);
+    }
+  }
+}
+
+template <typename T, int kTile, bool kVector>
 __global__ void __launch_bounds__(kAttnThreads)
     attention_kernel(BatchView b, const float* qkv, int64_t nqkv, KvView kv, int32_t layer,
                      int32_t num_heads, int32_t window, T* out) {
+  static_assert(kTile % 32 == 0, "the softmax step gives each lane kTile / 32 keys");
   extern __shared__ float sm[];
   const int32_t d = kv.head_dim, group = num_heads / kv.num_kv_heads, ld = d + 1;
   const int32_t t = blockIdx.x, kv_head = blockIdx.y, tid = threadIdx.x;
@@ -191,10 +220,7 @@ __global__ void __launch_bounds__(kAttnThreads)
 
   for (int32_t k0 = lo; k0 < hi; k0 += kTile) {
     const int32_t n = min(kTile, hi - k0);
-    for (int32_t i = tid; i < n * d; i += kAttnThreads) {
-      const int32_t kk = i / d, e = i - kk * d;
-      kv_s[kk * ld + e] = load_f(cache, kv_offset(b, kv, base, k0 + kk, layer, 0, kv_head) + e);
-    }
+    load_tile<T, kVector>(kv_s, ld, cache, b, kv, base, k0, n, layer, 0, kv_head);
     __syncthreads();
     for (int32_t i = tid; i < n * group; i += kAttnThreads) {
       const int32_t g = i / n, kk = i - g * n;
@@ -206,12 +232,25 @@ __global__ void __launch_bounds__(kAttnThreads)
     }
     __syncthreads();
     for (int32_t g = warp; g < group; g += kAttnThreads / 32) {
-      const float s = lane < n ? p_s[g * kTile + lane] : -INFINITY;
+      float s[kTile / 32];
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kTile / 32; ++j) {
+        const int32_t kk = lane + 32 * j;
+        s[j] = kk < n ? p_s[g * kTile + kk] : -INFINITY;
+        tile_max = fmaxf(tile_max, s[j]);
+      }
       const float m_old = m_s[g];
-      const float m_new = fmaxf(m_old, warp_max(s));
-      const float p = lane < n ? expf(s - m_new) : 0.0f;
-      const float sum = warp_sum(p);
-      p_s[g * kTile + lane] = p;
+      const float m_new = fmaxf(m_old, warp_max(tile_max));
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kTile / 32; ++j) {
+        const int32_t kk = lane + 32 * j;
+        const float p = kk < n ? expf(s[j] - m_new) : 0.0f;
+        p_s[g * kTile + kk] = p;
+        sum += p;
+      }
+      sum = warp_sum(sum);
       if (lane == 0) {
         const float alpha = expf(m_old - m_new);
         alpha_s[g] = alpha;
@@ -219,10 +258,7 @@ __global__ void __launch_bounds__(kAttnThreads)
         m_s[g] = m_new;
       }
     }
-    for (int32_t i = tid; i < n * d; i += kAttnThreads) {
-      const int32_t kk = i / d, e = i - kk * d;
-      kv_s[kk * ld + e] = load_f(cache, kv_offset(b, kv, base, k0 + kk, layer, 1, kv_head) + e);
-    }
+    load_tile<T, kVector>(kv_s, ld, cache, b, kv, base, k0, n, layer, 1, kv_head);
     __syncthreads();
 #pragma unroll
     for (int j = 0; j < kMaxOutPerThread; ++j) {
@@ -243,6 +279,30 @@ __global__ void __launch_bounds__(kAttnThreads)
     const int32_t i = tid + j * kAttnThreads;
     if (i < group * d) store_f(o, i, acc[j] / l_s[i / d]);
   }
+}
+
+template <typename T, int kTile, bool kVector>
+void launch_attention(const BatchView& batch, const float* qkv, int64_t nqkv, const KvView& kv,
+                      int32_t layer, int32_t num_heads, int32_t window, T* out,
+                      cudaStream_t stream) {
+  const size_t smem = attention_smem(num_heads / kv.num_kv_heads, kv.head_dim, kTile);
+  if (smem > 48 * 1024)
+    cudaFuncSetAttribute(attention_kernel<T, kTile, kVector>,
+                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  const dim3 grid(static_cast<unsigned>(batch.num_tokens), static_cast<unsigned>(kv.num_kv_heads));
+  attention_kernel<T, kTile, kVector>
+      <<<grid, kAttnThreads, smem, stream>>>(batch, qkv, nqkv, kv, layer, num_heads, window, out);
+}
+
+template <typename T>
+void attention_of(AttentionKernel kernel, const BatchView& batch, const float* qkv, int64_t nqkv,
+                  const KvView& kv, int32_t layer, int32_t num_heads, int32_t window, T* out,
+                  cudaStream_t stream) {
+  const bool vector = kernel == AttentionKernel::kTiled64 && kv.head_dim * sizeof(T) % 16 == 0;
+  if (vector)
+    launch_attention<T, 64, true>(batch, qkv, nqkv, kv, layer, num_heads, window, out, stream);
+  else
+    launch_attention<T, 32, false>(batch, qkv, nqkv, kv, layer, num_heads, window, out, stream);
 }
 
 __global__ void argmax_kernel(const float* logits, int64_t vocab, int32_t* tokens, int32_t* flags) {
@@ -368,25 +428,15 @@ bool attention_supports(int32_t num_heads, int32_t num_kv_heads, int32_t head_di
 
 void attention(const BatchView& batch, const float* qkv, int64_t nqkv, const KvView& kv,
                int32_t layer, int32_t num_heads, int32_t sliding_window, void* out, Elem out_elem,
-               cudaStream_t stream) {
+               AttentionKernel kernel, cudaStream_t stream) {
   if (batch.num_tokens == 0) return;
-  const int32_t group = num_heads / kv.num_kv_heads;
-  const size_t smem = attention_smem(group, kv.head_dim);
-  const dim3 grid(static_cast<unsigned>(batch.num_tokens), static_cast<unsigned>(kv.num_kv_heads));
   if (kv.elem != out_elem) throw Error("internal: cuda attention: KV and output types differ");
-  if (out_elem == Elem::kBF16) {
-    if (smem > 48 * 1024)
-      cudaFuncSetAttribute(attention_kernel<bf16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(smem));
-    attention_kernel<bf16><<<grid, kAttnThreads, smem, stream>>>(
-        batch, qkv, nqkv, kv, layer, num_heads, sliding_window, static_cast<bf16*>(out));
-  } else {
-    if (smem > 48 * 1024)
-      cudaFuncSetAttribute(attention_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(smem));
-    attention_kernel<float><<<grid, kAttnThreads, smem, stream>>>(
-        batch, qkv, nqkv, kv, layer, num_heads, sliding_window, static_cast<float*>(out));
-  }
+  if (out_elem == Elem::kBF16)
+    attention_of(kernel, batch, qkv, nqkv, kv, layer, num_heads, sliding_window,
+                 static_cast<bf16*>(out), stream);
+  else
+    attention_of(kernel, batch, qkv, nqkv, kv, layer, num_heads, sliding_window,
+                 static_cast<float*>(out), stream);
   check_launch("attention");
 }
 

@@ -73,12 +73,16 @@ void add_bias(float* y, int64_t rows, int64_t cols, const float* bias, cudaStrea
 void rope_write_kv(const BatchView& batch, float* qkv, int64_t nqkv, int32_t num_heads,
                    const double* inv_freq, const KvView& kv, int32_t layer, cudaStream_t stream);
 
+// Which attention kernel runs: kTiled64 (64-key tiles, 16-byte loads; falls back to kTiled32
+// where head_dim is not a multiple of 16 bytes) or kTiled32 (32-key tiles, element loads).
+enum class AttentionKernel { kTiled64, kTiled32 };
+
 // Causal paged attention of every batch token over its sequence's cached keys (positions
 // [max(0, pos - window + 1), pos], window 0 = all), GQA: query head h reads KV head
 // h / (num_heads / num_kv_heads). out rows are num_heads * head_dim elements of `out_elem`.
 void attention(const BatchView& batch, const float* qkv, int64_t nqkv, const KvView& kv,
                int32_t layer, int32_t num_heads, int32_t sliding_window, void* out, Elem out_elem,
-               cudaStream_t stream);
+               AttentionKernel kernel, cudaStream_t stream);
 
 // Whether attention() can run this shape (head_dim and the query heads per KV head), and why
 // not when it cannot; the backend checks it at construction.
