@@ -60,7 +60,38 @@ TEST(BatchLayout, PacksTokensTablesDirectionsAndLogitRows) {
   EXPECT_EQ(at(l.reversed, 4), (std::vector<int32_t>{0, 1, 0, 0}));
   ASSERT_EQ(l.num_logit_rows, 1);
   EXPECT_EQ(at(l.logit_rows, 1), (std::vector<int32_t>{2}));
-  EXPECT_EQ(static_cast<int64_t>(l.data.size()), l.logit_rows + 1);
+  // No prefill tiles asked for: every token goes to the single-token kernel.
+  EXPECT_EQ(l.num_prefill_tiles, 0);
+  EXPECT_EQ(at(l.single_tokens, 5), (std::vector<int32_t>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(static_cast<int64_t>(l.data.size()), l.single_tokens + 5);
+}
+
+TEST(BatchLayout, CutsLongChunksIntoPrefillTilesAndLeavesTheRestSingle) {
+  ForwardBatch b;
+  auto add = [&](SeqId seq, int32_t cached, int32_t n) {
+    SeqChunk c{.seq = seq,
+               .num_cached = cached,
+               .num_tokens = n,
+               .token_offset = b.num_tokens(),
+               .block_table = std::vector<PageId>(64, 0)};
+    for (int32_t i = 0; i < n; ++i) {
+      b.tokens.push_back(1);
+      b.positions.push_back(cached + i);
+    }
+    b.chunks.push_back(c);
+  };
+  add(1, 40, 1);   // a decode: single
+  add(2, 0, 37);   // a prompt: tiles of 16, 16, 5
+  add(3, 10, 3);   // a short chunk: single
+  add(4, 20, 16);  // exactly one tile
+  const cuda::BatchLayout l = cuda::layout_batch(b, 16, /*tile_tokens=*/16, /*min_tile_chunk=*/8);
+  auto at = [&](int64_t offset, int64_t n) {
+    return std::vector<int32_t>(l.data.begin() + offset, l.data.begin() + offset + n);
+  };
+  ASSERT_EQ(l.num_prefill_tiles, 4);
+  EXPECT_EQ(at(l.prefill_tiles, 8), (std::vector<int32_t>{1, 16, 17, 16, 33, 5, 41, 16}));
+  ASSERT_EQ(l.num_single_tokens, 4);
+  EXPECT_EQ(at(l.single_tokens, 4), (std::vector<int32_t>{0, 38, 39, 40}));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -195,7 +226,7 @@ struct Case {
   std::string variant;
   DType dtype;
   double tolerance;                   // relative error of the logits against the cpu backend's
-  std::string attention = "tiled64";  // BLEND_CUDA_ATTENTION: which attention kernel runs
+  std::string attention = "default";  // BLEND_CUDA_ATTENTION: which attention kernels run
 };
 
 class CudaMatchesCpu : public ::testing::TestWithParam<Case> {};
@@ -249,7 +280,10 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"base", DType::kF32, 1e-4}, Case{"base", DType::kBF16, 2e-2},
                       Case{"qwen2", DType::kF32, 1e-4}, Case{"llama3", DType::kF32, 1e-4},
                       Case{"mistral", DType::kF32, 1e-4}, Case{"hd128", DType::kF32, 1e-4},
-                      Case{"hd128", DType::kBF16, 2e-2}, Case{"base", DType::kF32, 1e-4, "tiled32"},
+                      Case{"hd128", DType::kBF16, 2e-2}, Case{"mistral", DType::kBF16, 2e-2},
+                      Case{"qwen2", DType::kBF16, 2e-2},
+                      Case{"hd128", DType::kBF16, 2e-2, "tiled64"},
+                      Case{"base", DType::kF32, 1e-4, "tiled32"},
                       Case{"mistral", DType::kF32, 1e-4, "tiled32"},
                       Case{"hd128", DType::kBF16, 2e-2, "tiled32"}),
     [](const ::testing::TestParamInfo<Case>& i) {

@@ -1,12 +1,16 @@
 #include "backend/cuda/batch_layout.h"
 
+#include <algorithm>
+
 namespace blend::cuda {
 
-BatchLayout layout_batch(const ForwardBatch& batch, int64_t page_size) {
+BatchLayout layout_batch(const ForwardBatch& batch, int64_t page_size, int32_t tile_tokens,
+                         int32_t min_tile_chunk) {
   BatchLayout l;
   l.num_tokens = batch.num_tokens();
   l.num_chunks = static_cast<int32_t>(batch.chunks.size());
   std::vector<int32_t> table_start, tables, reversed, logit_rows, token_chunk(batch.tokens.size());
+  std::vector<int32_t> tiles, singles;
   for (size_t ci = 0; ci < batch.chunks.size(); ++ci) {
     const SeqChunk& c = batch.chunks[ci];
     table_start.push_back(static_cast<int32_t>(tables.size()));
@@ -19,7 +23,17 @@ BatchLayout layout_batch(const ForwardBatch& batch, int64_t page_size) {
     for (int32_t i = 0; i < c.num_tokens; ++i)
       token_chunk[c.token_offset + i] = static_cast<int32_t>(ci);
     if (c.wants_logits) logit_rows.push_back(c.token_offset + c.num_tokens - 1);
+    if (tile_tokens > 0 && c.num_tokens >= min_tile_chunk) {
+      for (int32_t i = 0; i < c.num_tokens; i += tile_tokens) {
+        tiles.push_back(c.token_offset + i);
+        tiles.push_back(std::min(tile_tokens, c.num_tokens - i));
+      }
+    } else {
+      for (int32_t i = 0; i < c.num_tokens; ++i) singles.push_back(c.token_offset + i);
+    }
   }
+  l.num_prefill_tiles = static_cast<int32_t>(tiles.size() / 2);
+  l.num_single_tokens = static_cast<int32_t>(singles.size());
   l.num_logit_rows = static_cast<int32_t>(logit_rows.size());
   auto append = [&](int64_t& offset, const std::vector<int32_t>& v) {
     offset = static_cast<int64_t>(l.data.size());
@@ -32,6 +46,8 @@ BatchLayout layout_batch(const ForwardBatch& batch, int64_t page_size) {
   append(l.tables, tables);
   append(l.reversed, reversed);
   append(l.logit_rows, logit_rows);
+  append(l.prefill_tiles, tiles);
+  append(l.single_tokens, singles);
   return l;
 }
 

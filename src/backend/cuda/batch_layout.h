@@ -23,10 +23,19 @@ struct BatchLayout {
   int64_t tables = 0;       // the chunks' block tables, the pages their tokens reach only
   int64_t reversed = 0;     // parallel to `tables`: 1 where the page fills from its last slot
   int64_t logit_rows = 0;   // [num_logit_rows] the token rows whose logits are wanted
+  // Attention's two kernels split the tokens: prefill tiles (up to tile_tokens consecutive
+  // tokens of one chunk, [first token, count] pairs) and single tokens (decodes, short chunks).
+  int32_t num_prefill_tiles = 0;
+  int32_t num_single_tokens = 0;
+  int64_t prefill_tiles = 0;  // [num_prefill_tiles][2]
+  int64_t single_tokens = 0;  // [num_single_tokens] token indices
   std::vector<int32_t> data;
 };
 
 // Packs `batch` (checked beforehand with check_forward_batch) for pages of `page_size` tokens.
-BatchLayout layout_batch(const ForwardBatch& batch, int64_t page_size);
+// Chunks of at least `min_tile_chunk` tokens are cut into prefill tiles of `tile_tokens`
+// tokens; tile_tokens 0 makes every token a single token.
+BatchLayout layout_batch(const ForwardBatch& batch, int64_t page_size, int32_t tile_tokens = 0,
+                         int32_t min_tile_chunk = 8);
 
 }  // namespace blend::cuda

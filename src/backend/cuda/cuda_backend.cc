@@ -173,6 +173,7 @@ class CudaBackendImpl final : public CudaBackend {
   DeviceBuffer embed_, final_norm_, lm_head_, inv_freq_;
   cuda::KvView kv_;
   cuda::AttentionKernel attention_kernel_ = cuda::AttentionKernel::kTiled64;
+  int32_t prefill_tile_tokens_ = 0;  // 0: no tensor-core prefill tiles
   DeviceBuffer kv_cache_;
   int64_t num_pages_ = 0;
   int64_t kv_budget_ = 0;
@@ -207,9 +208,16 @@ CudaBackendImpl::CudaBackendImpl(const ModelConfig& config, const TensorStore& s
   elem_ = file == DType::kF32 ? Elem::kF32 : Elem::kBF16;
   embed_elem_ = file == DType::kBF16 ? Elem::kBF16 : Elem::kF32;  // the cpu backend's rule
 
-  // BLEND_CUDA_ATTENTION=tiled32 runs the simpler attention kernel (benchmarks compare them).
-  if (const char* k = std::getenv("BLEND_CUDA_ATTENTION"); k && std::string(k) == "tiled32")
-    attention_kernel_ = cuda::AttentionKernel::kTiled32;
+  // BLEND_CUDA_ATTENTION picks the attention kernels, for benchmarks and tests to compare them:
+  // tiled32 (element loads, 32-key tiles) or tiled64 for every token, or the default: prefill
+  // chunks on tensor cores where the shape allows, the other tokens tiled64.
+  const char* kernel = std::getenv("BLEND_CUDA_ATTENTION");
+  const std::string kernel_name = kernel ? kernel : "";
+  if (kernel_name == "tiled32") attention_kernel_ = cuda::AttentionKernel::kTiled32;
+  if (kernel_name.empty() || kernel_name == "default")
+    prefill_tile_tokens_ = cuda::prefill_tile_tokens(static_cast<int32_t>(config_.num_heads),
+                                                     static_cast<int32_t>(config_.num_kv_heads),
+                                                     static_cast<int32_t>(config_.head_dim), elem_);
   check_cuda(cudaSetDevice(0), "cudaSetDevice");
   check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   check_cublas(cublasCreate(&blas_), "cublasCreate");
@@ -348,7 +356,7 @@ int64_t CudaBackendImpl::compute_logits(const ForwardBatch& batch, size_t host_l
   check_forward_batch(batch, config_, kv_.page_size, num_pages_, host_logits_size, "cuda");
   const int64_t m = batch.num_tokens();
   if (m == 0) return 0;
-  const cuda::BatchLayout layout = cuda::layout_batch(batch, kv_.page_size);
+  const cuda::BatchLayout layout = cuda::layout_batch(batch, kv_.page_size, prefill_tile_tokens_);
   auto* meta = static_cast<int32_t*>(meta_.reserve(layout.data.size() * sizeof(int32_t)));
   check_cuda(cudaMemcpyAsync(meta, layout.data.data(), layout.data.size() * sizeof(int32_t),
                              cudaMemcpyHostToDevice, stream_),
@@ -360,8 +368,12 @@ int64_t CudaBackendImpl::compute_logits(const ForwardBatch& batch, size_t host_l
                                 .tables = meta + layout.tables,
                                 .reversed = meta + layout.reversed,
                                 .logit_rows = meta + layout.logit_rows,
+                                .prefill_tiles = meta + layout.prefill_tiles,
+                                .single_tokens = meta + layout.single_tokens,
                                 .num_tokens = layout.num_tokens,
-                                .num_logit_rows = layout.num_logit_rows};
+                                .num_logit_rows = layout.num_logit_rows,
+                                .num_prefill_tiles = layout.num_prefill_tiles,
+                                .num_single_tokens = layout.num_single_tokens};
 
   const int64_t h = config_.hidden_size, qd = config_.q_dim(), kvd = config_.kv_dim();
   const int64_t f = config_.intermediate_size, nqkv = qd + 2 * kvd, vocab = config_.vocab_size;

@@ -1,4 +1,5 @@
 #include <cuda_bf16.h>
+#include <mma.h>
 
 #include <cmath>
 #include <string>
@@ -194,7 +195,9 @@ __global__ void __launch_bounds__(kAttnThreads)
   static_assert(kTile % 32 == 0, "the softmax step gives each lane kTile / 32 keys");
   extern __shared__ float sm[];
   const int32_t d = kv.head_dim, group = num_heads / kv.num_kv_heads, ld = d + 1;
-  const int32_t t = blockIdx.x, kv_head = blockIdx.y, tid = threadIdx.x;
+  const int32_t t =
+      b.single_tokens ? b.single_tokens[blockIdx.x] : static_cast<int32_t>(blockIdx.x);
+  const int32_t kv_head = blockIdx.y, tid = threadIdx.x;
   float* q_s = sm;                   // [group][d], pre-scaled
   float* kv_s = q_s + group * d;     // [kTile][d + 1]: a tile of keys, then of values
   float* p_s = kv_s + kTile * ld;    // [group][kTile]: scores, then probabilities
@@ -289,7 +292,9 @@ void launch_attention(const BatchView& batch, const float* qkv, int64_t nqkv, co
   if (smem > 48 * 1024)
     cudaFuncSetAttribute(attention_kernel<T, kTile, kVector>,
                          cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-  const dim3 grid(static_cast<unsigned>(batch.num_tokens), static_cast<unsigned>(kv.num_kv_heads));
+  const int32_t tokens = batch.single_tokens ? batch.num_single_tokens : batch.num_tokens;
+  if (tokens == 0) return;
+  const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(kv.num_kv_heads));
   attention_kernel<T, kTile, kVector>
       <<<grid, kAttnThreads, smem, stream>>>(batch, qkv, nqkv, kv, layer, num_heads, window, out);
 }
@@ -303,6 +308,169 @@ void attention_of(AttentionKernel kernel, const BatchView& batch, const float* q
     launch_attention<T, 64, true>(batch, qkv, nqkv, kv, layer, num_heads, window, out, stream);
   else
     launch_attention<T, 32, false>(batch, qkv, nqkv, kv, layer, num_heads, window, out, stream);
+}
+
+// Prefill attention on tensor cores (wmma, bf16 in, f32 accumulate): one block per (tile of
+// consecutive query tokens of one chunk, KV head). Its 64 query rows are (token, query head of
+// the group) pairs; keys come in tiles of 64. Per key tile: S = Q K^T (bf16 Q pre-scaled),
+// the causal / window mask and the online softmax in f32 (4 threads per row), P rounded to
+// bf16, O = O * alpha + P V with O kept in shared memory in f32 (flash attention's loop).
+namespace pf {
+constexpr int kRows = 64, kKeys = 64, kThreads = 256, kWarps = kThreads / 32;
+// Shared memory layout for head_dim d, in bytes from the start.
+struct Layout {
+  int ldq, ldk, lds, ldp, ldo;
+  size_t q, kv, s, p, o, m, l, alpha, total;
+  __host__ __device__ explicit Layout(int d)
+      : ldq(d + 8), ldk(d + 8), lds(kKeys + 4), ldp(kKeys + 8), ldo(d + 4) {
+    q = 0;
+    kv = q + size_t{2} * kRows * ldq;
+    s = kv + size_t{2} * kKeys * ldk;
+    p = s + size_t{4} * kRows * lds;
+    o = p + size_t{2} * kRows * ldp;
+    m = o + size_t{4} * kRows * ldo;
+    l = m + 4 * kRows;
+    alpha = l + 4 * kRows;
+    total = alpha + 4 * kRows;
+  }
+};
+}  // namespace pf
+
+__global__ void __launch_bounds__(pf::kThreads)
+    prefill_attention_kernel(BatchView b, const float* qkv, int64_t nqkv, KvView kv, int32_t layer,
+                             int32_t num_heads, int32_t window, bf16* out) {
+  using namespace nvcuda;
+  using pf::kKeys;
+  using pf::kRows;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int32_t d = kv.head_dim, group = num_heads / kv.num_kv_heads;
+  const pf::Layout L(d);
+  bf16* q_s = reinterpret_cast<bf16*>(smem + L.q);
+  bf16* kv_s = reinterpret_cast<bf16*>(smem + L.kv);
+  float* s_s = reinterpret_cast<float*>(smem + L.s);
+  bf16* p_s = reinterpret_cast<bf16*>(smem + L.p);
+  float* o_s = reinterpret_cast<float*>(smem + L.o);
+  float* m_s = reinterpret_cast<float*>(smem + L.m);
+  float* l_s = reinterpret_cast<float*>(smem + L.l);
+  float* alpha_s = reinterpret_cast<float*>(smem + L.alpha);
+  const int32_t tid = threadIdx.x, warp = tid >> 5, kv_head = blockIdx.y;
+  const int32_t t0 = b.prefill_tiles[2 * blockIdx.x], nq = b.prefill_tiles[2 * blockIdx.x + 1];
+  const int32_t rows = nq * group;  // valid query rows
+  const int32_t pos0 = b.positions[t0];
+  const int32_t base = b.chunk_table[b.token_chunk[t0]];
+  const float scale = 1.0f / sqrtf(static_cast<float>(d));
+  // Query rows (token t0 + r / group, head kv_head * group + r % group); rows past nq are 0.
+  for (int32_t i = tid; i < kRows * d; i += pf::kThreads) {
+    const int32_t r = i / d, e = i - r * d;
+    float v = 0.0f;
+    if (r < rows)
+      v = qkv[int64_t{t0 + r / group} * nqkv + int64_t{kv_head * group + r % group} * d + e] *
+          scale;
+    q_s[r * L.ldq + e] = __float2bfloat16_rn(v);
+  }
+  for (int32_t i = tid; i < kRows * d; i += pf::kThreads) o_s[(i / d) * L.ldo + i % d] = 0.0f;
+  if (tid < kRows) {
+    m_s[tid] = -INFINITY;
+    l_s[tid] = 0.0f;
+  }
+  const bf16* cache = static_cast<const bf16*>(kv.base);
+  const int32_t lo = window > 0 ? max(0, pos0 - window + 1) : 0, hi = pos0 + nq;
+  const int32_t vec_per_row = d / 8;  // 16-byte vectors of 8 bf16
+  // Loads keys (v = 0) or values (v = 1) of positions [k0, k0 + n) into kv_s; rows past n are 0.
+  auto load = [&](int32_t k0, int32_t n, int32_t v) {
+    for (int32_t i = tid; i < kKeys * vec_per_row; i += pf::kThreads) {
+      const int32_t kk = i / vec_per_row, e = (i - kk * vec_per_row) * 8;
+      uint4 raw = make_uint4(0, 0, 0, 0);
+      if (kk < n)
+        raw = *reinterpret_cast<const uint4*>(
+            cache + kv_offset(b, kv, base, k0 + kk, layer, v, kv_head) + e);
+      *reinterpret_cast<uint4*>(kv_s + kk * L.ldk + e) = raw;
+    }
+  };
+  __syncthreads();
+
+  for (int32_t k0 = lo; k0 < hi; k0 += kKeys) {
+    const int32_t n = min(kKeys, hi - k0);
+    load(k0, n, 0);
+    __syncthreads();
+    // S = Q K^T: 4 x 4 fragments of 16 x 16, two per warp.
+    for (int32_t f = warp; f < 16; f += pf::kWarps) {
+      const int32_t rb = f / 4, kb = f % 4;
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
+      wmma::fill_fragment(c, 0.0f);
+      for (int32_t e = 0; e < d; e += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> bk;
+        wmma::load_matrix_sync(a, q_s + rb * 16 * L.ldq + e, L.ldq);
+        wmma::load_matrix_sync(bk, kv_s + kb * 16 * L.ldk + e, L.ldk);
+        wmma::mma_sync(c, a, bk, c);
+      }
+      wmma::store_matrix_sync(s_s + rb * 16 * L.lds + kb * 16, c, L.lds, wmma::mem_row_major);
+    }
+    __syncthreads();
+    load(k0, n, 1);  // kv_s is free: S is in s_s
+    // Softmax: 4 threads per row (consecutive lanes), 16 keys each.
+    {
+      const int32_t r = tid / 4, part = tid % 4;
+      const int32_t qpos = pos0 + r / group;
+      const int32_t row_lo = window > 0 ? max(0, qpos - window + 1) : 0;
+      float sv[16];
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const int32_t kk = part * 16 + j, kpos = k0 + kk;
+        const bool ok = r < rows && kk < n && kpos <= qpos && kpos >= row_lo;
+        sv[j] = ok ? s_s[r * L.lds + kk] : -INFINITY;
+        tile_max = fmaxf(tile_max, sv[j]);
+      }
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      const float m_old = m_s[r];
+      const float m_new = fmaxf(m_old, tile_max);
+      // A row with no valid key yet (all -inf) keeps p = 0 and alpha = 1.
+      const bool none = m_new == -INFINITY;
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const float pv = none ? 0.0f : expf(sv[j] - m_new);
+        p_s[r * L.ldp + part * 16 + j] = __float2bfloat16_rn(pv);
+        sum += pv;
+      }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float alpha = none ? 1.0f : expf(m_old - m_new);
+      for (int32_t e = part; e < d; e += 4) o_s[r * L.ldo + e] *= alpha;
+      __syncwarp();
+      if (part == 0) {
+        alpha_s[r] = alpha;
+        l_s[r] = l_s[r] * alpha + sum;
+        m_s[r] = m_new;
+      }
+    }
+    __syncthreads();
+    // O += P V: 4 x (d / 16) fragments.
+    for (int32_t f = warp; f < 4 * (d / 16); f += pf::kWarps) {
+      const int32_t rb = f % 4, cb = f / 4;
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
+      float* o_tile = o_s + rb * 16 * L.ldo + cb * 16;
+      wmma::load_matrix_sync(c, o_tile, L.ldo, wmma::mem_row_major);
+#pragma unroll
+      for (int32_t kb = 0; kb < kKeys / 16; ++kb) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> bv;
+        wmma::load_matrix_sync(a, p_s + rb * 16 * L.ldp + kb * 16, L.ldp);
+        wmma::load_matrix_sync(bv, kv_s + kb * 16 * L.ldk + cb * 16, L.ldk);
+        wmma::mma_sync(c, a, bv, c);
+      }
+      wmma::store_matrix_sync(o_tile, c, L.ldo, wmma::mem_row_major);
+    }
+    __syncthreads();
+  }
+  for (int32_t i = tid; i < rows * d; i += pf::kThreads) {
+    const int32_t r = i / d, e = i - r * d;
+    out[int64_t{t0 + r / group} * num_heads * d + int64_t{kv_head * group + r % group} * d + e] =
+        __float2bfloat16_rn(o_s[r * L.ldo + e] / l_s[r]);
+  }
 }
 
 __global__ void argmax_kernel(const float* logits, int64_t vocab, int32_t* tokens, int32_t* flags) {
@@ -426,11 +594,30 @@ bool attention_supports(int32_t num_heads, int32_t num_kv_heads, int32_t head_di
   return true;
 }
 
+int32_t prefill_tile_tokens(int32_t num_heads, int32_t num_kv_heads, int32_t head_dim, Elem elem) {
+  if (elem != Elem::kBF16 || head_dim % 16 != 0 || head_dim > 128 || num_kv_heads <= 0 ||
+      num_heads % num_kv_heads != 0)
+    return 0;
+  const int32_t group = num_heads / num_kv_heads;
+  return pf::kRows % group == 0 ? pf::kRows / group : 0;
+}
+
 void attention(const BatchView& batch, const float* qkv, int64_t nqkv, const KvView& kv,
                int32_t layer, int32_t num_heads, int32_t sliding_window, void* out, Elem out_elem,
                AttentionKernel kernel, cudaStream_t stream) {
   if (batch.num_tokens == 0) return;
   if (kv.elem != out_elem) throw Error("internal: cuda attention: KV and output types differ");
+  if (batch.num_prefill_tiles > 0) {
+    if (out_elem != Elem::kBF16) throw Error("internal: cuda prefill attention needs bf16");
+    const size_t smem = pf::Layout(kv.head_dim).total;
+    cudaFuncSetAttribute(prefill_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(smem));
+    const dim3 grid(static_cast<unsigned>(batch.num_prefill_tiles),
+                    static_cast<unsigned>(kv.num_kv_heads));
+    prefill_attention_kernel<<<grid, pf::kThreads, smem, stream>>>(
+        batch, qkv, nqkv, kv, layer, num_heads, sliding_window, static_cast<bf16*>(out));
+    check_launch("prefill attention");
+  }
   if (out_elem == Elem::kBF16)
     attention_of(kernel, batch, qkv, nqkv, kv, layer, num_heads, sliding_window,
                  static_cast<bf16*>(out), stream);

@@ -35,8 +35,13 @@ struct BatchView {
   const int32_t* tables = nullptr;
   const int32_t* reversed = nullptr;
   const int32_t* logit_rows = nullptr;
+  // How attention splits the tokens (batch_layout.h): null single_tokens = every token single.
+  const int32_t* prefill_tiles = nullptr;
+  const int32_t* single_tokens = nullptr;
   int32_t num_tokens = 0;
   int32_t num_logit_rows = 0;
+  int32_t num_prefill_tiles = 0;
+  int32_t num_single_tokens = 0;
 };
 
 // The paged KV cache, page-major so that one page (all layers, K and V) is one contiguous run
@@ -77,12 +82,20 @@ void rope_write_kv(const BatchView& batch, float* qkv, int64_t nqkv, int32_t num
 // where head_dim is not a multiple of 16 bytes) or kTiled32 (32-key tiles, element loads).
 enum class AttentionKernel { kTiled64, kTiled32 };
 
-// Causal paged attention of every batch token over its sequence's cached keys (positions
+// Causal paged attention of every batch token over its sequence's cached keys (the single
+// tokens one block per (token, KV head); the prefill tiles one block per (tile, KV head) on
+// tensor cores: bf16 Q K^T and P V with f32 accumulation, the online softmax in f32) (positions
 // [max(0, pos - window + 1), pos], window 0 = all), GQA: query head h reads KV head
 // h / (num_heads / num_kv_heads). out rows are num_heads * head_dim elements of `out_elem`.
 void attention(const BatchView& batch, const float* qkv, int64_t nqkv, const KvView& kv,
                int32_t layer, int32_t num_heads, int32_t sliding_window, void* out, Elem out_elem,
                AttentionKernel kernel, cudaStream_t stream);
+
+// Query tokens per prefill tile for this shape (the tensor-core prefill kernel's 64 query rows
+// are tokens x query heads per KV head), or 0 where that kernel does not apply (f32 caches,
+// head_dim not a multiple of 16 or over 128, query heads per KV head not dividing 64): then
+// every token runs in the per-token kernel.
+int32_t prefill_tile_tokens(int32_t num_heads, int32_t num_kv_heads, int32_t head_dim, Elem elem);
 
 // Whether attention() can run this shape (head_dim and the query heads per KV head), and why
 // not when it cannot; the backend checks it at construction.
