@@ -613,6 +613,19 @@ def self_test():
     print("hf_parity self-test: 10 checks pass")
 
 
+def write_outputs(out, rows, prompts, a):
+    """The table and the numbers so far (rewritten after every folder: a run stopped from
+    outside still leaves what it compared)."""
+    md = (f"# blend vs transformers ({time.strftime('%Y-%m-%d %H:%M')}, "
+          f"{len(prompts or [])} prompts x {a.new_tokens} greedy tokens)\n\n" + table(rows, a.dry_run))
+    with open(os.path.join(out, "hf_parity.md"), "w") as f:
+        f.write(md)
+    with open(os.path.join(out, "hf_parity.json"), "w") as f:
+        json.dump({"rows": rows, "prompts": prompts, "dry_run": a.dry_run,
+                   "tolerance": TOLERANCE, "near_tie": NEAR_TIE}, f, indent=1)
+    return md
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("blend", nargs="?", help="the blend executable (the unpacked wrapper)")
@@ -740,13 +753,10 @@ def main():
                     f"{row['argmax_agree']}/{row['argmax_considered']}, mean max-prob "
                     f"{fmt(row['mean_maxprob'], 3)}, {'PASS' if row['pass'] else 'FAIL'}")
 
-    md = (f"# blend vs transformers ({time.strftime('%Y-%m-%d %H:%M')}, "
-          f"{len(prompts or [])} prompts x {a.new_tokens} greedy tokens)\n\n" + table(rows, a.dry_run))
-    with open(os.path.join(out, "hf_parity.md"), "w") as f:
-        f.write(md)
-    with open(os.path.join(out, "hf_parity.json"), "w") as f:
-        json.dump({"rows": rows, "prompts": prompts, "dry_run": a.dry_run,
-                   "tolerance": TOLERANCE, "near_tie": NEAR_TIE}, f, indent=1)
+        order = list(made)
+        rows.sort(key=lambda r: (order.index(r["folder"]), backends.index(r["backend"])))
+        write_outputs(out, rows, prompts, a)
+    md = write_outputs(out, rows, prompts, a)
     print(md, flush=True)
     log(f"wrote {os.path.join(out, 'hf_parity.md')} and hf_parity.json in "
         f"{time.time() - t_start:.0f} s")
