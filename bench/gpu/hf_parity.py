@@ -67,6 +67,9 @@ PROMPT_TEXTS = [
 ]
 
 LOG_FILE = None
+# Where transformers runs: the GPU. bench/gpu/check_hf_parity.py sets cpu to run the script
+# here against a stand-in transformers.
+DEVICE = os.environ.get("HF_PARITY_DEVICE", "cuda")
 
 
 def log(msg):
@@ -348,6 +351,9 @@ def torch_setup():
     log(f"torch {torch.__version__}, transformers {transformers.__version__}, cuda "
         f"{torch.version.cuda}, device "
         f"{torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'NONE'}")
+    if DEVICE != "cuda":
+        log(f"transformers runs on {DEVICE} (HF_PARITY_DEVICE)")
+        return True
     if not torch.cuda.is_available():
         raise RuntimeError("torch sees no GPU")
     # The f32 reference must be true f32, not TF32: the newer setting where torch has it (it
@@ -368,6 +374,7 @@ def torch_setup():
     err = float(((a @ b).double().cpu() - exact).abs().max() / exact.abs().max())
     log(f"f32 GEMM relative error {err:.1e}"
         + ("  <-- WARNING: looks like TF32, the f32 reference is not f32" if err > 1e-4 else ""))
+    return True  # attempt() reads None as a failure
 
 
 # The transformers-written folders: (architecture, config fields, rope scaling or None).
@@ -466,10 +473,16 @@ def hf_make_folder(name, out_dir, tokenizer_dir, seed=0):
     cls = getattr(transformers, arch.replace("ForCausalLM", "Config"))
     v5 = ("rope_parameters" in inspect.signature(cls.__init__).parameters
           or int(transformers.__version__.split(".")[0]) >= 5)
+    model = None
     for style in ([True, False] if v5 else [False, True]):
-        config = hf_config(arch, fields, theta, scaling, style)
-        torch.manual_seed(seed)
-        model = getattr(transformers, arch)(config)
+        try:
+            config = hf_config(arch, fields, theta, scaling, style)
+            torch.manual_seed(seed)
+            model = getattr(transformers, arch)(config)
+        except Exception as e:  # noqa: BLE001 - the other style may work
+            log(f"  {name}: config with {'rope_parameters' if style else 'rope_theta/rope_scaling'}"
+                f" failed: {type(e).__name__}: {e}")
+            continue
         err = rope_error(model, fields["head_dim"], theta, scaling)
         kind = scaling["rope_type"] if scaling else "default"
         log(f"  {name}: config with {'rope_parameters' if style else 'rope_theta/rope_scaling'}: "
@@ -478,6 +491,8 @@ def hf_make_folder(name, out_dir, tokenizer_dir, seed=0):
         if err is None or err < 1e-3:  # a wrong theta or a missing scaling errs by far more
             break
         log(f"  {name}: WARNING: RoPE not as intended with this style")
+    if model is None:
+        raise RuntimeError("no config style could be built")
     hidden = fields["hidden_size"]
     # Weights set here, whatever transformers' own init does: linear and embedding N(0, 0.02),
     # norms near 1 but not 1 (an ignored norm weight shows), q/k/v biases large enough to
@@ -505,6 +520,7 @@ def hf_make_folder(name, out_dir, tokenizer_dir, seed=0):
             "sliding_window", "use_sliding_window", "tie_word_embeddings", "attention_bias")
     log(f"  {name}: config.json " + json.dumps({k: cfg[k] for k in keys if k in cfg}))
     log(f"  {name}: files {sorted(os.listdir(out_dir))}")
+    return True  # attempt() reads None as a failure
 
 
 def hf_load(model_dir, dtype):
@@ -521,7 +537,7 @@ def hf_load(model_dir, dtype):
             break
     if model is None or next(model.parameters()).dtype != dtype:
         raise RuntimeError(f"could not load {model_dir} as {dtype}")
-    model = model.to("cuda").eval()
+    model = model.to(DEVICE).eval()
     with open(os.path.join(model_dir, "config.json")) as f:
         cfg = json.load(f)
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
@@ -543,11 +559,11 @@ def hf_teacher_forced(model, prompts, gens):
     out = []
     with torch.no_grad():
         for p, g in zip(prompts, gens):
-            ids = torch.tensor([p + g[:-1]], device="cuda")
+            ids = torch.tensor([p + g[:-1]], device=DEVICE)
             logits = model(input_ids=ids).logits[0, len(p) - 1:].float()
             lp = torch.log_softmax(logits, dim=-1)
             top2 = torch.topk(lp, 2, dim=-1)
-            tok = torch.tensor(g, device="cuda")
+            tok = torch.tensor(g, device=DEVICE)
             rows = lp.gather(1, tok[:, None])[:, 0]
             out.append([{"lp": float(rows[j]), "argmax": int(top2.indices[j, 0]),
                          "gap": float(top2.values[j, 0] - top2.values[j, 1]),
@@ -563,7 +579,7 @@ def hf_greedy(model, prompts, n):
         for p in prompts:
             ids = list(p)
             for _ in range(n):
-                logits = model(input_ids=torch.tensor([ids], device="cuda")).logits[0, -1]
+                logits = model(input_ids=torch.tensor([ids], device=DEVICE)).logits[0, -1]
                 ids.append(int(logits.float().argmax()))
             out.append(ids[len(p):])
     return out
@@ -721,7 +737,7 @@ def main():
         else:
             import torch
             for dtype_name, dtype in (("f32", torch.float32), ("bf16", torch.bfloat16)):
-                model = attempt(f"{name}: transformers load ({dtype_name}, cuda, eager)", hf_load,
+                model = attempt(f"{name}: transformers load ({dtype_name}, {DEVICE}, eager)", hf_load,
                                 d, dtype)
                 if model is None:
                     continue
@@ -737,7 +753,8 @@ def main():
                     for backend in gens:
                         refs.setdefault(backend, {})["greedy_" + dtype_name] = greedy
                 del model
-                torch.cuda.empty_cache()
+                if DEVICE == "cuda":
+                    torch.cuda.empty_cache()
         for backend, res in gens.items():
             ref = refs.get(backend, {})
             if "f32" not in ref:

@@ -122,18 +122,27 @@ def child_hf(model_dir, batches, prompt, new, seed):
     import torch
     import transformers
     t0 = time.time()
-    model = None
-    # transformers 5 names the argument dtype; 4 torch_dtype (and keeps an unknown one quietly).
+    model, last = None, None
+    # transformers 5 names the argument dtype; 4 torch_dtype (and keeps an unknown one quietly);
+    # device_map="cuda" loads straight to the GPU where it works (4 needs accelerate for it).
     for key in ("dtype", "torch_dtype"):
-        try:
-            model = transformers.AutoModelForCausalLM.from_pretrained(
-                model_dir, attn_implementation="sdpa", **{key: torch.bfloat16})
-        except TypeError:
-            continue
-        if next(model.parameters()).dtype == torch.bfloat16:
+        for extra in ({"device_map": "cuda"}, {}):
+            try:
+                m = transformers.AutoModelForCausalLM.from_pretrained(
+                    model_dir, attn_implementation="sdpa", **{key: torch.bfloat16}, **extra)
+            except Exception as e:  # noqa: BLE001 - the next way may work
+                last = e
+                print(f"load with {key}, {extra or 'no device_map'}: {type(e).__name__}: {e}",
+                      flush=True)
+                continue
+            if next(m.parameters()).dtype == torch.bfloat16:
+                model = m
+                break
+            del m
+        if model is not None:
             break
-    if model is None or next(model.parameters()).dtype != torch.bfloat16:
-        raise RuntimeError(f"could not load {model_dir} in bf16")
+    if model is None:
+        raise RuntimeError(f"could not load {model_dir} in bf16: {last}")
     model = model.to("cuda").eval()
     print(f"transformers {transformers.__version__}: loaded {model_dir} "
           f"({next(model.parameters()).dtype}, attention "
@@ -153,7 +162,10 @@ def child_hf(model_dir, batches, prompt, new, seed):
         torch.cuda.synchronize()
         return time.time() - t, out.shape[1] - p
 
-    generate(2, 16, 8)  # warm-up: kernels, allocator
+    try:
+        generate(2, 16, 8)  # warm-up: kernels, allocator
+    except Exception as e:  # noqa: BLE001
+        print(f"warm-up failed: {type(e).__name__}: {e}", flush=True)
     results = []
     for batch in batches:
         try:
