@@ -618,6 +618,8 @@ def self_test():
     t = table([dict(r, folder="f", backend="cpu"), {"folder": "g", "backend": "cuda",
                                                        "error": "no | cuda"}], False)
     assert t.count("\n|") == 3 and "FAIL" in t and "no / cuda" in t, t
+    rows = [line for line in t.splitlines() if line.startswith("|")]
+    assert all(line.count(" | ") == rows[0].count(" | ") for line in rows), rows
     inv = expected_inv_freq(128, 500000.0, HF_FOLDERS["hf-llama32-rope"][3])
     assert abs(inv[0] - 1.0) < 1e-12 and inv[-1] < 1.0 / 500000.0 ** (126 / 128) / 31, inv[-1]
     v4 = {"rope_theta": 500000.0, "rope_scaling": HF_FOLDERS["hf-llama32-rope"][3]}
@@ -626,7 +628,7 @@ def self_test():
     assert rope_of_config(v4)[1]["factor"] == rope_of_config(v5)[1]["factor"] == 32.0
     assert rope_of_config({"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}) == (1e6, None)
     assert rope_of_config({"rope_theta": 1e4, "rope_scaling": None}) == (1e4, None)
-    print("hf_parity self-test: 10 checks pass")
+    print("hf_parity self-test: 11 checks pass")
 
 
 def write_outputs(out, rows, prompts, a):

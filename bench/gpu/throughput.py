@@ -89,7 +89,19 @@ def child(mode, args, log_path, timeout):
         log(f"  {mode}: {line}")
     if p.returncode != 0:
         raise RuntimeError(f"exit {p.returncode}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return last_json(p.stdout)
+
+
+def last_json(text):
+    """The last line of `text` that is a JSON object (warnings may follow it)."""
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                continue
+    raise RuntimeError("no JSON result line")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -327,6 +339,45 @@ def report(res, a):
     return "\n".join(lines) + "\n"
 
 
+def self_test(a):
+    assert last_json('x\n{"a": 1}\nWarning: at exit\n') == {"a": 1}
+    assert last_json('{"a": 1}\n{"b": 2}') == {"b": 2}
+    a.run_cap, a.min_requests, a.prompt, a.output = 60.0, 64, 1024, 512
+    assert size_next(a, 512, None) == 512
+    assert size_next(a, 512, 1e6) == 512
+    assert size_next(a, 512, 4096) == 160  # 60 s x 4096 / 1536 = 160
+    assert size_next(a, 512, 100) == 64  # never under --min-requests
+    assert size_next(a, 32, 100) == 32  # nor over what was asked
+    res = {"model_dir": "/tmp/m", "parameters": 8030261248, "init_seconds": 12.3,
+           "gemm": {"device": "NVIDIA H200", "peak_flops": 8.0e14},
+           "blend": [{"budget": 512, "requests": 128, "partial": False, "completed": 128,
+                      "throughput_tokens_per_s": 20000.0, "output_tokens_per_s": 6666.0,
+                      "wall_seconds": 9.8, "load_seconds": 5.0, "steps": 700,
+                      "mean_batch_tokens": 280.0, "preemptions": 0, "kv_capacity_bytes": 9e10},
+                     {"budget": 1024, "requests": 256, "partial": True, "completed": 100,
+                      "wall_seconds": 130.0, "throughput_tokens_per_s": 1181.5},
+                     {"budget": 2048, "requests": 512, "error": "skipped: no time left"}],
+           "hf": {"transformers": "5.0", "torch": "2.11", "prompt": 512, "new": 128,
+                  "runs": [{"batch": 64, "wall_seconds": 5.0, "new_tokens": 128,
+                            "tokens_per_s": 8192.0, "output_tokens_per_s": 1638.4,
+                            "peak_memory_gb": 30.0},
+                           {"batch": 256, "error": "OOM: CUDA out of memory"}]}}
+    a.backend, a.max_running, a.blend_args, a.no_torch = "cuda", 512, "", False
+    md = report(res, a)
+    opt = 8.0e14 / (2 * 8030261248)  # 49812 tokens/s
+    assert f"{opt:.0f} tokens/s" in md, md
+    assert f"| 512 | 128 | 20000 | 6666 | {20000 / opt:.3f} |" in md, md
+    assert "(partial: 100/256 done)" in md and "skipped: no time left" in md, md
+    assert f"| 64 | 8192 | 1638 | {8192 / opt:.3f} | 5.0 | 30.0 |" in md, md
+    assert "| 256 | OOM: CUDA out of memory |" in md, md
+    for line in md.splitlines():  # every table row has its header's column count
+        if line.startswith("| max-batch") or line.startswith("| batch"):
+            cols = line.count("|")
+        elif line.startswith("|"):
+            assert line.count("|") == cols, line
+    print("throughput self-test: 12 checks pass")
+
+
 def write_outputs(res, a, out):
     """The table and the numbers so far (rewritten after every step: a run stopped from outside
     still leaves what it measured)."""
@@ -343,6 +394,8 @@ def main():
     ap.add_argument("blend", nargs="?")
     ap.add_argument("out", nargs="?")
     ap.add_argument("--child", choices=["gemm", "hf"], help=argparse.SUPPRESS)
+    ap.add_argument("--self-test", action="store_true",
+                    help="check the sizing, result parsing and tables on made-up numbers")
     ap.add_argument("--quick", action="store_true",
                     help="one budget (2048) of 128 requests, transformers at batch 64 only")
     ap.add_argument("--work", default="/tmp/blend-throughput", help="model folder and workloads")
@@ -375,6 +428,9 @@ def main():
     ap.add_argument("--child-model", help=argparse.SUPPRESS)
     a = ap.parse_args()
 
+    if a.self_test:
+        self_test(a)
+        return 0
     if a.child == "gemm":
         child_gemm()
         return 0
