@@ -47,4 +47,8 @@ JSONL
   [ "$n" = 2 ] || { echo "check: mode $mode: $n of 2 results"; cat "$work/$mode/out.jsonl"; fail=1; }
   echo "check: mode $mode: init + batch ran, $n results; first: $(head -c 300 "$work/$mode/out.jsonl")"
 done
-[ "$fail" = 0 ] && echo "check: all modes pass" || { echo "check: FAILED"; exit 1; }
+if [ "$fail" != 0 ]; then
+  echo "check: FAILED"
+  exit 1
+fi
+echo "check: all modes pass"

@@ -54,6 +54,7 @@ cap=$(((left - 150) / 4))
 [ "$cap" -gt 60 ] && cap=60
 [ "$cap" -lt 20 ] && cap=20
 step "throughput ($left s left: --run-cap $cap, --deadline $((left - 15)))"
+# shellcheck disable=SC2086  # THROUGHPUT_ARGS is a list of flags
 timeout -k 5 "$((left > 120 ? left : 120))" bash "$here/throughput.sh" "$BLEND" "$OUT" \
   --run-cap "$cap" --deadline "$((left > 135 ? left - 15 : 120))" ${QUICK:+--quick} \
   ${THROUGHPUT_ARGS:-}

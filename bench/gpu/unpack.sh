@@ -38,6 +38,7 @@ mv "$tmp/blend" "$dest" && rmdir "$tmp"
 dest="$(cd "$dest" && pwd)"
 sed -n '1,9p' "$dest/BUILD_INFO" | sed 's/^/unpack: build: /'
 
+# shellcheck disable=SC1091
 say "machine: $(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME"), $(ldd --version 2>/dev/null | head -1)"
 if command -v nvidia-smi >/dev/null 2>&1; then
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 |
