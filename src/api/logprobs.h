@@ -2,6 +2,9 @@
 // {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]} and the
 // completions API's {tokens, token_logprobs, top_logprobs: [{text: logprob}], text_offset}.
 // Used by whole responses and by stream chunks alike, so both carry the same numbers.
+// `tokens_as_ids` (vLLM's return_tokens_as_token_ids): every token, chosen or top, is written
+// "token_id:<id>" instead of its text, so that tokens whose bytes are not valid UTF-8 on their
+// own (and decode to U+FFFD) stay distinguishable; text_offset still counts the text's bytes.
 #pragma once
 
 #include <cstddef>
@@ -15,11 +18,13 @@ namespace blend {
 
 class Tokenizer;
 
-nlohmann::json chat_logprobs(std::span<const SampledToken> tokens, const Tokenizer& tokenizer);
+nlohmann::json chat_logprobs(std::span<const SampledToken> tokens, const Tokenizer& tokenizer,
+                             bool tokens_as_ids = false);
 
 // `text_offset` counts from `first_offset`: the bytes of completion text before these tokens
 // (0 for a whole response; the text already streamed for a chunk). Returns the offset after.
 nlohmann::json completion_logprobs(std::span<const SampledToken> tokens, const Tokenizer& tokenizer,
-                                   size_t first_offset = 0, size_t* end_offset = nullptr);
+                                   size_t first_offset = 0, size_t* end_offset = nullptr,
+                                   bool tokens_as_ids = false);
 
 }  // namespace blend

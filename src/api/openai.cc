@@ -278,6 +278,7 @@ ApiRequest parse_api_request(Endpoint endpoint, const json& body, const Tokenize
                      param);
   };
   r.stream = bool_field(body, "stream", false);
+  r.tokens_as_ids = bool_field(body, "return_tokens_as_token_ids", false);
   for (auto [key, slot] : {std::pair{"ttft_slo", &r.ttft_slo}, std::pair{"tpot_slo", &r.tpot_slo}})
     if (body.contains(key) && !body[key].is_null())
       *slot = number_field<double>(body, key, 0.0, 1e-6, 3600.0);
@@ -350,8 +351,9 @@ json make_response(const ApiRequest& request, std::span<const GenerationResult> 
   for (const GenerationResult& result : results) {
     json logprobs = nullptr;
     if (request.params.logprobs)
-      logprobs = chat ? chat_logprobs(result.logprobs, tokenizer)
-                      : completion_logprobs(result.logprobs, tokenizer);
+      logprobs =
+          chat ? chat_logprobs(result.logprobs, tokenizer, request.tokens_as_ids)
+               : completion_logprobs(result.logprobs, tokenizer, 0, nullptr, request.tokens_as_ids);
     json choice = {{"index", result.index},
                    {"logprobs", logprobs},
                    {"finish_reason", finish_reason_name(result.finish)}};

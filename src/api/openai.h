@@ -34,6 +34,8 @@ struct ApiRequest {
   SamplingParams params;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  // vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:<id>" (api/logprobs.h).
+  bool tokens_as_ids = false;
   // Samples of the prompt (OpenAI's n; best_of equal to it): submitted as n GenerationRequests
   // with index 0..n-1, which share the prompt's KV through the prefix cache.
   int32_t n = 1;

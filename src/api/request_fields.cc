@@ -98,6 +98,7 @@ constexpr Field kFields[] = {
     {"add_generation_prompt", kChat, Kind::kImplemented, any_value, nullptr},  // vLLM
     {"ttft_slo", kBoth, Kind::kImplemented, any_value, nullptr},       // blend: BROS targets
     {"tpot_slo", kBoth, Kind::kImplemented, any_value, nullptr},
+    {"return_tokens_as_token_ids", kBoth, Kind::kImplemented, any_value, nullptr},  // vLLM
     // The server runs "flex" as best-effort (BROS §4) and the others as real-time.
     {"service_tier", kBoth, Kind::kImplemented, service_tier, nullptr},
     // text, json_object, json_schema (grammar/json_schema.h); on completions too, as vLLM.
@@ -152,8 +153,6 @@ constexpr Field kFields[] = {
     {"bad_words", kBoth, Kind::kRefused, null_or_empty, "'bad_words' is not supported"},
     {"truncate_prompt_tokens", kBoth, Kind::kRefused, null_only,
      "'truncate_prompt_tokens' is not supported"},
-    {"return_tokens_as_token_ids", kBoth, Kind::kRefused, null_or_false,
-     "'return_tokens_as_token_ids' is not supported"},
     {"return_token_ids", kBoth, Kind::kRefused, null_or_false,
      "'return_token_ids' is not supported"},
     // A cache salt isolates tenants' cached prefixes: accepting it silently would promise an

@@ -12,6 +12,7 @@ StreamChunks::StreamChunks(const ApiRequest& request, std::string id, std::strin
                            int64_t created, const Tokenizer& tokenizer, int32_t index)
     : chat_(request.endpoint == Endpoint::kChatCompletions),
       logprobs_(request.params.logprobs.has_value()),
+      tokens_as_ids_(request.tokens_as_ids),
       include_usage_(request.include_usage),
       id_(std::move(id)),
       model_(std::move(model)),
@@ -41,8 +42,9 @@ json StreamChunks::role() const {
 json StreamChunks::delta(std::string_view text, std::span<const SampledToken> tokens) {
   json logprobs = nullptr;
   if (logprobs_) {
-    logprobs = chat_ ? chat_logprobs(tokens, tokenizer_)
-                     : completion_logprobs(tokens, tokenizer_, text_offset_, &text_offset_);
+    logprobs = chat_ ? chat_logprobs(tokens, tokenizer_, tokens_as_ids_)
+                     : completion_logprobs(tokens, tokenizer_, text_offset_, &text_offset_,
+                                           tokens_as_ids_);
   }
   json choice = {{"index", index_}, {"logprobs", logprobs}, {"finish_reason", nullptr}};
   if (chat_)

@@ -42,6 +42,7 @@ class StreamChunks {
 
   bool chat_;
   bool logprobs_;
+  bool tokens_as_ids_;
   bool include_usage_;
   std::string id_, model_;
   int64_t created_;

@@ -1,4 +1,6 @@
 // blend model init | info | export-gguf
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
 
 #include <CLI/CLI.hpp>
@@ -23,6 +25,9 @@ struct InitArgs {
   std::string dtype = "bf16";
   std::string tokenizer;
   double shard_mib = 0;
+  bool allow_large = false;  // past the 6 GiB limit; the Llama-3-vocabulary shape-only presets
+  int64_t layers = 0;        // 0: the preset's
+  int threads = 0;           // 0: all
 };
 
 DType parse_dtype_flag(const std::string& s) {
@@ -38,32 +43,48 @@ int64_t embedding_parameters(const ModelConfig& config) {
 }
 
 void run_init(const InitArgs& a) {
-  auto config = find_model_preset(a.preset);
+  auto config = a.allow_large ? find_large_model_preset(a.preset) : find_model_preset(a.preset);
   if (!config) {
-    std::string names;
+    std::string names, large;
     for (const auto& n : model_preset_names()) names += " " + n;
+    for (const auto& n : large_model_preset_names()) large += " " + n;
+    if (find_large_model_preset(a.preset))
+      throw Error("preset '" + a.preset + "' is large (" +
+                  std::to_string(find_large_model_preset(a.preset)->num_parameters() / 1000000) +
+                  "M parameters): pass --allow-large to write it (check the disk first)");
     if (find_model_shape(a.preset))
       throw Error("preset '" + a.preset +
-                  "' is shape-only (too large to generate here); generated presets:" + names);
-    throw Error("unknown preset '" + a.preset + "'; generated presets:" + names);
+                  "' is shape-only (its vocabulary is not the Llama-3 tokenizer's); generated "
+                  "presets:" +
+                  names + "; with --allow-large also:" + large);
+    throw Error("unknown preset '" + a.preset + "'; generated presets:" + names +
+                "; with --allow-large also:" + large);
   }
+  if (a.layers > 0) config->num_layers = a.layers;
   RandomInitOptions options;
   options.seed = a.seed;
   options.dtype = parse_dtype_flag(a.dtype);
   options.tokenizer_dir =
       a.tokenizer.empty() ? default_tokenizer_dir() : std::filesystem::path(a.tokenizer);
   options.max_shard_bytes = static_cast<uint64_t>(a.shard_mib * 1024 * 1024);
+  if (a.allow_large) options.max_total_bytes = UINT64_MAX;  // the free disk space still bounds it
+  options.threads = a.threads;
+  const auto t0 = std::chrono::steady_clock::now();
   write_random_model(*config, a.out, options);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // The presets keep their namesake's layer shapes but carry the Llama-3 vocabulary: say where
   // the parameters are, so "smollm-135m: 180.1M" does not read as a miscount.
   std::printf(
-      "wrote %s: %s, %.1fM parameters (%.1fM in the layers, %.1fM in the %s embedding "
-      "of a %lld-token vocabulary), %s\n",
-      a.out.c_str(), a.preset.c_str(), static_cast<double>(config->num_parameters()) / 1e6,
+      "wrote %s: %s%s, %.1fM parameters (%.1fM in the layers, %.1fM in the %s embedding "
+      "of a %lld-token vocabulary), %s, in %.1f s\n",
+      a.out.c_str(), a.preset.c_str(),
+      a.layers > 0 ? (" (layers: " + std::to_string(a.layers) + ")").c_str() : "",
+      static_cast<double>(config->num_parameters()) / 1e6,
       static_cast<double>(config->num_parameters() - embedding_parameters(*config)) / 1e6,
       static_cast<double>(embedding_parameters(*config)) / 1e6,
       config->tie_word_embeddings ? "tied" : "untied (input + lm_head)",
-      static_cast<long long>(config->vocab_size), a.dtype.c_str());
+      static_cast<long long>(config->vocab_size), a.dtype.c_str(), seconds);
 }
 
 void run_info(const std::string& dir) {
@@ -121,7 +142,10 @@ void register_model_commands(CLI::App& app) {
   auto init_args = std::make_shared<InitArgs>();
   CLI::App* init = model->add_subcommand(
       "init", "Write a model folder with deterministic random weights and the Llama-3 tokenizer");
-  init->add_option("--preset", init_args->preset, "tiny | smollm-135m | llama-3.2-1b")->required();
+  init->add_option("--preset", init_args->preset,
+                   "tiny | smollm-135m | llama-3.2-1b; with --allow-large also llama-3-8b | "
+                   "llama-3-70b")
+      ->required();
   init->add_option("--out", init_args->out, "Output folder")->required();
   init->add_option("--seed", init_args->seed, "Weight seed");
   init->add_option("--dtype", init_args->dtype, "bf16 | f16 | f32");
@@ -129,6 +153,14 @@ void register_model_commands(CLI::App& app) {
                    "Folder with tokenizer.json and tokenizer_config.json");
   init->add_option("--shard-size", init_args->shard_mib,
                    "Split weights into shards of at most this many MiB (with an index)");
+  init->add_flag("--allow-large", init_args->allow_large,
+                 "Write models over 6 GiB (bounded by the free disk space) and the large presets "
+                 "(llama-3-8b: 16 GB in bf16)");
+  init->add_option("--layers", init_args->layers,
+                   "Layers instead of the preset's (a 70B shape in less memory)")
+      ->check(CLI::Range(int64_t{1}, ModelConfig::kMaxLayers));
+  init->add_option("--threads", init_args->threads, "Threads computing the weights (default: all)")
+      ->check(CLI::Range(0, 65536));
   init->callback([init_args] { run_init(*init_args); });
 
   auto info_dir = std::make_shared<std::string>();

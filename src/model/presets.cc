@@ -23,17 +23,29 @@ ModelConfig shape(std::string arch, int64_t hidden, int64_t layers, int64_t head
   return c;
 }
 
+// The Llama-3 tokenizer's norm epsilon and token ids on a config.
+ModelConfig with_llama3_tokens(ModelConfig c) {
+  c.rms_norm_eps = 1e-5;
+  c.bos_token_id = 128000;
+  c.eos_token_ids = {128001, 128008, 128009};  // end_of_text, eom, eot (Llama-3 instruct)
+  return c;
+}
+
 // The materialisable presets: Llama-3 architecture and tokenizer (its vocabulary, RoPE base,
 // context, norm epsilon and token ids) on a shape.
 ModelConfig llama_like(int64_t hidden, int64_t layers, int64_t heads, int64_t kv_heads, int64_t ffn,
                        bool tied) {
   ModelConfig c = shape("LlamaForCausalLM", hidden, layers, heads, kv_heads, ffn, kLlama3VocabSize,
                         500000.0, 8192);
-  c.rms_norm_eps = 1e-5;
   c.tie_word_embeddings = tied;
-  c.bos_token_id = 128000;
-  c.eos_token_ids = {128001, 128008, 128009};  // end_of_text, eom, eot (Llama-3 instruct)
-  return c;
+  return with_llama3_tokens(c);
+}
+
+// A shape-only preset `model init --allow-large` can write: the Llama architecture with the
+// Llama-3 vocabulary, so the Llama-3 tokenizer fits it.
+bool large_materialisable(const ModelPreset& p) {
+  return !p.materialisable && p.config.architecture == "LlamaForCausalLM" &&
+         p.config.vocab_size == kLlama3VocabSize;
 }
 
 ModelConfig llama_3_2_1b() {
@@ -85,6 +97,14 @@ std::optional<ModelConfig> find_model_preset(std::string_view name) {
   return p->config;
 }
 
+std::optional<ModelConfig> find_large_model_preset(std::string_view name) {
+  const ModelPreset* p = find(name);
+  if (!p) return std::nullopt;
+  if (p->materialisable) return p->config;
+  if (!large_materialisable(*p)) return std::nullopt;
+  return with_llama3_tokens(p->config);
+}
+
 std::optional<ModelConfig> find_model_shape(std::string_view name) {
   const ModelPreset* p = find(name);
   if (!p) return std::nullopt;
@@ -102,6 +122,13 @@ std::vector<std::string> shape_only_preset_names() {
   std::vector<std::string> names;
   for (const ModelPreset& p : model_presets())
     if (!p.materialisable) names.push_back(p.name);
+  return names;
+}
+
+std::vector<std::string> large_model_preset_names() {
+  std::vector<std::string> names;
+  for (const ModelPreset& p : model_presets())
+    if (large_materialisable(p)) names.push_back(p.name);
   return names;
 }
 

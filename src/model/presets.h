@@ -28,10 +28,16 @@ const std::vector<ModelPreset>& model_presets();
 
 // A materialisable preset by name (nullopt for unknown and shape-only names).
 std::optional<ModelConfig> find_model_preset(std::string_view name);
+// What `blend model init --allow-large` writes: a materialisable preset, or a shape-only one of
+// the Llama-3 architecture and vocabulary (llama-3-8b, llama-3-70b) with the Llama-3 tokenizer's
+// token ids added (the shape table itself stays as the cost model reads it). nullopt for the
+// rest: their vocabulary is not the tokenizer's.
+std::optional<ModelConfig> find_large_model_preset(std::string_view name);
 // Any preset by name, materialisable or shape-only.
 std::optional<ModelConfig> find_model_shape(std::string_view name);
 
-std::vector<std::string> model_preset_names();       // materialisable
-std::vector<std::string> shape_only_preset_names();  // the rest
+std::vector<std::string> model_preset_names();        // materialisable
+std::vector<std::string> shape_only_preset_names();   // the rest
+std::vector<std::string> large_model_preset_names();  // shape-only, `init --allow-large` writes
 
 }  // namespace blend

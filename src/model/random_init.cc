@@ -1,9 +1,11 @@
 #include "model/random_init.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -111,6 +113,21 @@ void write_random_model(const ModelConfig& config, const std::filesystem::path& 
     throw Error("model would take " + std::to_string(total >> 20) + " MiB, over the " +
                 std::to_string(options.max_total_bytes >> 20) +
                 " MiB limit for generated models (use it as a shape in the simulator instead)");
+  // The nearest existing folder at or above out_dir holds the file system it will be written to.
+  std::filesystem::path existing = std::filesystem::absolute(out_dir);
+  while (!std::filesystem::exists(existing) && existing.has_parent_path() &&
+         existing.parent_path() != existing)
+    existing = existing.parent_path();
+  std::error_code space_error;
+  const std::filesystem::space_info space = std::filesystem::space(existing, space_error);
+  uint64_t replaced = 0;  // the weights of an earlier init into the same folder
+  if (std::filesystem::is_directory(out_dir))
+    for (const auto& entry : std::filesystem::directory_iterator(out_dir))
+      if (entry.is_regular_file() && entry.path().extension() == ".safetensors")
+        replaced += entry.file_size();
+  if (!space_error && total > space.available + replaced)
+    throw Error("model would take " + std::to_string(total >> 20) + " MiB, and " +
+                existing.string() + " has " + std::to_string(space.available >> 20) + " MiB free");
   const auto tok_json = options.tokenizer_dir / "tokenizer.json";
   const auto tok_config = options.tokenizer_dir / "tokenizer_config.json";
   if (!std::filesystem::exists(tok_json) || !std::filesystem::exists(tok_config))
@@ -145,6 +162,9 @@ void write_random_model(const ModelConfig& config, const std::filesystem::path& 
 
   const DType dtype = options.dtype;
   const size_t esize = dtype_size(dtype);
+  const int threads = options.threads > 0
+                          ? options.threads
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   nlohmann::json weight_map = nlohmann::json::object();
   for (size_t si = 0; si < shards.size(); ++si) {
     std::vector<TensorToWrite> tensors;
@@ -153,17 +173,24 @@ void write_random_model(const ModelConfig& config, const std::filesystem::path& 
       t.name = spec->name;
       t.dtype = dtype;
       t.shape = spec->shape;
+      // Each element is a pure function of its index: the chunks may be filled in any order,
+      // on any thread, without changing a byte.
       t.fill = [gen = TensorGenerator(*spec, config, options.seed), dtype, esize](
                    size_t offset, std::span<std::byte> out) {
         const int64_t first = static_cast<int64_t>(offset / esize);
         const int64_t count = static_cast<int64_t>(out.size() / esize);
-        for (int64_t i = 0; i < count; ++i) {
-          const float v = gen(first + i);
-          if (dtype == DType::kF32) {
-            std::memcpy(out.data() + i * 4, &v, 4);
-          } else {
-            const uint16_t h = dtype == DType::kBF16 ? f32_to_bf16(v) : f32_to_f16(v);
-            std::memcpy(out.data() + i * 2, &h, 2);
+        std::byte* data = out.data();
+        if (dtype == DType::kF32) {
+          for (int64_t i = 0; i < count; ++i) {
+            const float v = gen(first + i);
+            std::memcpy(data + i * 4, &v, 4);
+          }
+        } else {
+          const bool bf16 = dtype == DType::kBF16;
+          for (int64_t i = 0; i < count; ++i) {
+            const float v = gen(first + i);
+            const uint16_t h = bf16 ? f32_to_bf16(v) : f32_to_f16(v);
+            std::memcpy(data + i * 2, &h, 2);
           }
         }
       };
@@ -173,7 +200,7 @@ void write_random_model(const ModelConfig& config, const std::filesystem::path& 
         shards.size() == 1 ? "model.safetensors"
                            : "model-" + std::to_string(100001 + si).substr(1) + "-of-" +
                                  std::to_string(100000 + shards.size()).substr(1) + ".safetensors";
-    write_safetensors(out_dir / file_name, tensors, {{"format", "pt"}});
+    write_safetensors(out_dir / file_name, tensors, {{"format", "pt"}}, threads);
     for (const TensorSpec* spec : shards[si]) weight_map[spec->name] = file_name;
   }
   const auto index_path = out_dir / "model.safetensors.index.json";

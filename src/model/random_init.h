@@ -1,7 +1,8 @@
 // `blend model init`: writes a complete Hugging Face model folder (config.json,
 // generation_config.json, safetensors weights, tokenizer.json, tokenizer_config.json) with
 // deterministic random weights. Every element is a pure function of (seed, tensor name, index),
-// so the same seed gives the same bytes whatever the dtype rounding, sharding or write order.
+// so the same seed gives the same bytes whatever the dtype rounding, sharding, write order or
+// number of threads filling it.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +19,7 @@ struct RandomInitOptions {
   std::filesystem::path tokenizer_dir;    // holds tokenizer.json and tokenizer_config.json
   uint64_t max_shard_bytes = 0;           // 0: one model.safetensors; else shards + index.json
   uint64_t max_total_bytes = 6ull << 30;  // refuse to materialise anything larger
+  int threads = 0;                        // threads computing and writing; 0: one per core
 };
 
 // The value init writes for element `index` of `spec` (before dtype rounding). Exposed so
@@ -25,6 +27,8 @@ struct RandomInitOptions {
 float random_init_value(const TensorSpec& spec, const ModelConfig& config, uint64_t seed,
                         int64_t index);
 
+// Throws blend::Error, before writing anything, when the weights would pass
+// options.max_total_bytes or the free space of the output's file system.
 void write_random_model(const ModelConfig& config, const std::filesystem::path& out_dir,
                         const RandomInitOptions& options);
 

@@ -1,14 +1,19 @@
 #include "model/safetensors.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <limits>
+#include <mutex>
+#include <thread>
 #include <tuple>
 
 #include <nlohmann/json.hpp>
@@ -247,8 +252,94 @@ const TensorView& TensorStore::get(const std::string& name,
   return t;
 }
 
+namespace {
+
+constexpr size_t kWriteChunkBytes = 16u << 20;
+
+void pwrite_all(int fd, const std::byte* data, size_t n, uint64_t offset,
+                const std::filesystem::path& path) {
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd, data, n, static_cast<off_t>(offset));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) fail(path, std::string("write failed: ") + std::strerror(errno));
+    data += w;
+    n -= static_cast<size_t>(w);
+    offset += static_cast<uint64_t>(w);
+  }
+}
+
+// The data part of write_safetensors on `threads` threads: every chunk of every tensor filled
+// into a buffer of its thread's own and written at its offset in the file.
+void write_chunks_in_parallel(const std::filesystem::path& tmp, const std::string& head,
+                              const std::vector<TensorToWrite>& tensors,
+                              const std::vector<uint64_t>& sizes, int threads) {
+  struct Chunk {
+    size_t tensor;
+    uint64_t offset;  // in the tensor
+    size_t bytes;
+    uint64_t file_offset;
+  };
+  std::vector<Chunk> chunks;
+  uint64_t pos = head.size();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    for (uint64_t done = 0; done < sizes[i]; done += kWriteChunkBytes)
+      chunks.push_back({i, done,
+                        static_cast<size_t>(std::min<uint64_t>(kWriteChunkBytes, sizes[i] - done)),
+                        pos + done});
+    pos += sizes[i];
+  }
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error("cannot write " + tmp.string() + ": " + std::strerror(errno));
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::mutex error_mutex;
+  std::exception_ptr error;
+  const auto worker = [&] {
+    try {
+      std::vector<std::byte> buffer(kWriteChunkBytes);
+      for (size_t c; !failed && (c = next++) < chunks.size();) {
+        const Chunk& k = chunks[c];
+        tensors[k.tensor].fill(static_cast<size_t>(k.offset),
+                               std::span<std::byte>(buffer.data(), k.bytes));
+        pwrite_all(fd, buffer.data(), k.bytes, k.file_offset, tmp);
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mutex);
+      if (!error) error = std::current_exception();
+      failed = true;
+    }
+  };
+  try {
+    pwrite_all(fd, reinterpret_cast<const std::byte*>(head.data()), head.size(), 0, tmp);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  if (!error) {
+    std::vector<std::thread> pool;
+    const size_t n_threads =
+        std::min<size_t>(static_cast<size_t>(threads), std::max<size_t>(chunks.size(), 1));
+    for (size_t t = 1; t < n_threads; ++t) pool.emplace_back(worker);
+    worker();
+    for (std::thread& t : pool) t.join();
+  }
+  if (::close(fd) != 0 && !error) {
+    try {
+      fail(tmp, std::string("write failed: ") + std::strerror(errno));
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  if (error) {
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);
+    std::rethrow_exception(error);
+  }
+}
+
+}  // namespace
+
 void write_safetensors(const std::filesystem::path& path, const std::vector<TensorToWrite>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+                       const std::map<std::string, std::string>& metadata, int threads) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
@@ -265,12 +356,20 @@ void write_safetensors(const std::filesystem::path& path, const std::vector<Tens
   header_text.append((8 - header_text.size() % 8) % 8, ' ');
 
   const auto tmp = std::filesystem::path(path.string() + ".tmp");
+  if (threads > 1) {
+    const uint64_t header_len = header_text.size();
+    std::string head(reinterpret_cast<const char*>(&header_len), 8);
+    head += header_text;
+    write_chunks_in_parallel(tmp, head, tensors, sizes, threads);
+    std::filesystem::rename(tmp, path);
+    return;
+  }
   std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
   if (!out) throw Error("cannot write " + tmp.string());
   const uint64_t header_len = header_text.size();
   out.write(reinterpret_cast<const char*>(&header_len), 8);
   out.write(header_text.data(), static_cast<std::streamsize>(header_text.size()));
-  std::vector<std::byte> chunk(16u << 20);
+  std::vector<std::byte> chunk(kWriteChunkBytes);
   for (size_t i = 0; i < tensors.size(); ++i) {
     for (uint64_t done = 0; done < sizes[i];) {
       const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk.size(), sizes[i] - done));

@@ -85,9 +85,12 @@ struct TensorToWrite {
 
 // Writes a safetensors file atomically (temporary file + rename). Tensors are laid out in the
 // order given, back to back (the format allows no holes); the header is space-padded to a
-// multiple of 8 bytes as the reference writer does.
+// multiple of 8 bytes as the reference writer does. With threads > 1 the data is filled and
+// written in 16 MiB chunks by that many threads at once (pwrite at each chunk's offset), so
+// the fill callbacks must be safe to call concurrently on different ranges; the bytes are the
+// same as with one thread. A fill that throws stops the write and leaves no file.
 void write_safetensors(const std::filesystem::path& path, const std::vector<TensorToWrite>& tensors,
-                       const std::map<std::string, std::string>& metadata = {});
+                       const std::map<std::string, std::string>& metadata = {}, int threads = 1);
 
 std::string shape_string(const std::vector<int64_t>& shape);
 

@@ -156,6 +156,25 @@ TEST_F(OpenAiTest, ResponseShapes) {
   EXPECT_EQ(body["choices"][0]["logprobs"]["tokens"], (json{"Hello", ","}));
   EXPECT_EQ(body["choices"][0]["logprobs"]["text_offset"], (json{0, 5}));
 
+  // vLLM's return_tokens_as_token_ids names the tokens by id (the offsets still count text).
+  req = parse(Endpoint::kCompletions,
+              R"({"prompt":"Hi","logprobs":1,"return_tokens_as_token_ids":true})");
+  body = make_response(req, res, "cmpl-1", "m", 123, *tokenizer_);
+  EXPECT_EQ(body["choices"][0]["logprobs"]["tokens"], (json{"token_id:9906", "token_id:11"}));
+  EXPECT_EQ(body["choices"][0]["logprobs"]["top_logprobs"][1], (json{{"token_id:11", -1.0f}}));
+  EXPECT_EQ(body["choices"][0]["logprobs"]["text_offset"], (json{0, 5}));
+  EXPECT_EQ(body["choices"][0]["text"], "Hello,");
+  req = parse(Endpoint::kChatCompletions,
+              R"({"messages":[{"role":"user","content":"Hi"}],"logprobs":true,"top_logprobs":1,)"
+              R"("return_tokens_as_token_ids":true})");
+  body = make_response(req, res, "chatcmpl-1", "m", 123, *tokenizer_);
+  const json& content = body["choices"][0]["logprobs"]["content"];
+  EXPECT_EQ(content[0]["token"], "token_id:9906");
+  EXPECT_EQ(content[1]["top_logprobs"][0]["token"], "token_id:11");
+  EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","return_tokens_as_token_ids":1})"),
+            "return_tokens_as_token_ids");
+  EXPECT_FALSE(parse(Endpoint::kCompletions, R"({"prompt":"x"})").tokens_as_ids);
+
   req = parse(Endpoint::kChatCompletions, R"({"messages":[{"role":"user","content":"Hi"}]})");
   res.finish = FinishReason::kStop;
   body = make_response(req, res, "chatcmpl-1", "m", 123, *tokenizer_);

@@ -73,6 +73,17 @@ TEST_F(StreamTest, CompletionChunksContinueTheTextOffsets) {
   EXPECT_FLOAT_EQ(b["choices"][0]["logprobs"]["token_logprobs"][0].get<float>(), -0.25f);
   EXPECT_FLOAT_EQ(b["choices"][0]["logprobs"]["top_logprobs"][0][","].get<float>(), -4.0f);
 
+  // Named by id (return_tokens_as_token_ids), the offsets still count the text's bytes.
+  ApiRequest ids = request(Endpoint::kCompletions, 1, false);
+  ids.tokens_as_ids = true;
+  StreamChunks t(ids, "cmpl-2", "m", 7, *tokenizer_);
+  EXPECT_EQ(t.delta("Hello,", std::span(kTokens).first(2))["choices"][0]["logprobs"]["tokens"],
+            (json{"token_id:9906", "token_id:11"}));
+  const json c = t.delta(" my", std::span(kTokens).subspan(2));
+  EXPECT_EQ(c["choices"][0]["logprobs"]["text_offset"], (json{6}));
+  EXPECT_FLOAT_EQ(c["choices"][0]["logprobs"]["top_logprobs"][0]["token_id:11"].get<float>(),
+                  -4.0f);
+
   GenerationResult r;
   r.prompt_tokens = 4;
   r.tokens = {9906, 11, 856};

@@ -51,6 +51,21 @@ TEST(ModelCli, InfoRefusesATokenizerItCannotRun) {
   EXPECT_NE(r.output.find("tokenizer.json"), std::string::npos) << r.output;
 }
 
+// --layers writes a reduced-depth model of a preset's shape (issue 28: 70B-shaped, fewer layers).
+TEST(ModelCli, InitWithFewerLayers) {
+  testing::TempDir dir;
+  const auto model = (dir / "m").string();
+  auto r = testing::run_command(
+      blend_cmd("model init --preset llama-3.2-1b --layers 1 --threads 2 --out " + model));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("(layers: 1)"), std::string::npos) << r.output;
+  r = testing::run_command(blend_cmd("model info --model " + model));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto info = nlohmann::json::parse(r.output);
+  EXPECT_EQ(info["num_layers"], 1);
+  EXPECT_EQ(info["hidden_size"], 2048);
+}
+
 TEST(ModelCli, BadInputGivesMessageAndNonZeroExit) {
   testing::TempDir dir;
   auto r = testing::run_command(
@@ -59,9 +74,33 @@ TEST(ModelCli, BadInputGivesMessageAndNonZeroExit) {
   EXPECT_NE(r.output.find("unknown preset 'nope'"), std::string::npos) << r.output;
 
   r = testing::run_command(
-      blend_cmd("model init --preset llama-3-70b --out " + (dir / "x").string() + " 2>&1"));
+      blend_cmd("model init --preset qwen2.5-7b --out " + (dir / "x").string() + " 2>&1"));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("shape-only"), std::string::npos) << r.output;
+  r = testing::run_command(blend_cmd("model init --preset qwen2.5-7b --allow-large --out " +
+                                     (dir / "x").string() + " 2>&1"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("shape-only"), std::string::npos) << r.output;
+
+  // The large presets and anything over 6 GiB need --allow-large; nothing is written without it.
+  r = testing::run_command(
+      blend_cmd("model init --preset llama-3-70b --out " + (dir / "x").string() + " 2>&1"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("--allow-large"), std::string::npos) << r.output;
+  r =
+      testing::run_command(blend_cmd("model init --preset llama-3.2-1b --layers 40 --dtype f32 "
+                                     "--out " +
+                                     (dir / "x").string() + " 2>&1"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("MiB limit"), std::string::npos) << r.output;
+  // With it, the free disk space still bounds the size (a 70B shape of 4096 layers: 14 TB).
+  r =
+      testing::run_command(blend_cmd("model init --preset llama-3-70b --allow-large --layers 4096 "
+                                     "--out " +
+                                     (dir / "x").string() + " 2>&1"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("MiB free"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir / "x" / "model.safetensors"));
 
   r = testing::run_command(
       blend_cmd("model init --preset tiny --dtype int4 --out " + (dir / "x").string() + " 2>&1"));

@@ -23,11 +23,29 @@ TEST(ModelPresets, OneTableForInitAndTheCostModel) {
   EXPECT_EQ(shape_only_preset_names(),
             (std::vector<std::string>{"llama-3-8b", "llama-3-70b", "llama-2-7b", "qwen2.5-7b",
                                       "qwen2.5-72b", "deepseek-67b"}));
+  EXPECT_EQ(large_model_preset_names(), (std::vector<std::string>{"llama-3-8b", "llama-3-70b"}));
   EXPECT_FALSE(find_model_shape("opt-13b").has_value());  // the cost model's own OPT formula
   // Figures the cost model reads, pinned: Llama-3-8B's 8.03B parameters, Qwen2.5-7B's bias.
   EXPECT_EQ(find_model_shape("llama-3-8b")->num_parameters(), 8030261248);
   EXPECT_TRUE(find_model_shape("qwen2.5-7b")->attention_bias);
   EXPECT_EQ(find_model_preset("smollm-135m")->num_parameters(), 180078912);
+}
+
+// `model init --allow-large` writes the shapes with the Llama-3 vocabulary, with the Llama-3
+// tokenizer's token ids added; the shape table the cost model reads keeps none.
+TEST(ModelPresets, LargePresetsAreTheShapesWithLlama3Tokens) {
+  const ModelConfig shape = *find_model_shape("llama-3-8b");
+  const ModelConfig large = *find_large_model_preset("llama-3-8b");
+  EXPECT_FALSE(shape.bos_token_id.has_value());
+  EXPECT_EQ(large.bos_token_id, 128000);
+  EXPECT_EQ(large.eos_token_ids, (std::vector<int32_t>{128001, 128008, 128009}));
+  EXPECT_EQ(large.num_parameters(), shape.num_parameters());
+  EXPECT_EQ(large.hidden_size, 4096);
+  EXPECT_NO_THROW(large.validate());
+  EXPECT_EQ(find_large_model_preset("tiny")->to_json(), find_model_preset("tiny")->to_json());
+  EXPECT_FALSE(find_large_model_preset("qwen2.5-7b").has_value());  // another vocabulary
+  EXPECT_FALSE(find_large_model_preset("llama-2-7b").has_value());
+  EXPECT_FALSE(find_large_model_preset("nope").has_value());
 }
 
 }  // namespace

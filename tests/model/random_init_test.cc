@@ -1,6 +1,8 @@
 #include "model/random_init.h"
 
 #include <cmath>
+#include <cstdint>
+#include <filesystem>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -72,6 +74,30 @@ TEST(RandomInit, ShardedF32TinyLoadsBack) {
   expect_loads_back(dir.path(), config, 3, DType::kF32);
 }
 
+// Threads fill each chunk of a tensor in parallel: the bytes are those of one thread, and every
+// element is the generator's value (the scalar reference). The embedding and lm_head of this
+// shape (128256 x 128 bf16, 32 MiB) span two of the writer's 16 MiB chunks each.
+TEST(RandomInit, ThreadsDoNotChangeABit) {
+  testing::TempDir one, four;
+  ModelConfig config = *find_model_preset("tiny");
+  config.hidden_size = 128;
+  config.head_dim = 32;
+  RandomInitOptions o = options(11, DType::kBF16);
+  o.threads = 1;
+  write_random_model(config, one.path(), o);
+  o.threads = 4;
+  write_random_model(config, four.path(), o);
+  EXPECT_TRUE(testing::read_file(one / "model.safetensors") ==
+              testing::read_file(four / "model.safetensors"));
+  const TensorStore store = TensorStore::open_dir(four.path());
+  for (const auto& spec : llama_tensor_specs(config)) {
+    const TensorView& t = store.get(spec.name, spec.shape);
+    for (int64_t i = 0, n = t.numel(); i < n; ++i)
+      ASSERT_EQ(t.at(i), rounded(random_init_value(spec, config, 11, i), DType::kBF16))
+          << spec.name << "[" << i << "]";
+  }
+}
+
 TEST(RandomInit, DeterministicPerSeed) {
   testing::TempDir a, b, c;
   const ModelConfig config = *find_model_preset("tiny");
@@ -108,6 +134,18 @@ TEST(RandomInit, RefusesHugeModelsAndMissingTokenizer) {
   RandomInitOptions o = options(0, DType::kF32);
   o.max_total_bytes = 1u << 30;
   EXPECT_THROW(write_random_model(config, dir.path(), o), Error);
+  // Past the limit (as `--allow-large` sets it), the free disk space still refuses, before
+  // anything is written: a 70B shape of 4096 layers is 14 TB.
+  config = *find_large_model_preset("llama-3-70b");
+  config.num_layers = ModelConfig::kMaxLayers;
+  o.max_total_bytes = UINT64_MAX;
+  try {
+    write_random_model(config, dir / "big", o);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("MiB free"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir / "big"));
   o = options(0, DType::kBF16);
   o.tokenizer_dir = dir / "no-such-dir";
   EXPECT_THROW(write_random_model(*find_model_preset("tiny"), dir.path(), o), Error);

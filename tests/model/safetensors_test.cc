@@ -59,6 +59,38 @@ std::string error_of(const std::function<void()>& f) {
   return "";
 }
 
+// Several threads write chunks at their offsets: the same bytes as one thread's stream, here
+// with tensors of several 16 MiB chunks, empty and tiny ones between them.
+TEST(Safetensors, ParallelWriteGivesTheSameBytes) {
+  testing::TempDir dir;
+  const std::vector<TensorToWrite> tensors = {
+      iota_tensor("a", DType::kF32, {3}), iota_tensor("big", DType::kF32, {5, 1 << 21}),
+      iota_tensor("empty", DType::kBF16, {0, 4}), iota_tensor("b", DType::kBF16, {1 << 23, 3}),
+      iota_tensor("c", DType::kF16, {7})};
+  write_safetensors(dir / "one.safetensors", tensors, {{"format", "pt"}});
+  write_safetensors(dir / "three.safetensors", tensors, {{"format", "pt"}}, 3);
+  EXPECT_TRUE(testing::read_file(dir / "one.safetensors") ==
+              testing::read_file(dir / "three.safetensors"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "three.safetensors.tmp"));
+  const auto file = SafetensorsFile::open(dir / "three.safetensors");
+  EXPECT_EQ(file->tensors().at("big").at((5 << 21) - 1), static_cast<float>((5 << 21) - 1) * 0.5f);
+}
+
+// A fill that throws on one thread stops the others, and no file (nor its temporary) is left.
+TEST(Safetensors, ParallelWriteFailureLeavesNoFile) {
+  testing::TempDir dir;
+  TensorToWrite bad = iota_tensor("bad", DType::kF32, {1 << 24});
+  bad.fill = [](size_t offset, std::span<std::byte> out) {
+    if (offset >= (32u << 20)) throw Error("fill failed at " + std::to_string(offset));
+    std::memset(out.data(), 0, out.size());
+  };
+  const auto path = dir / "model.safetensors";
+  EXPECT_NE(error_of([&] { write_safetensors(path, {bad}, {}, 4); }).find("fill failed"),
+            std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(path));
+  EXPECT_FALSE(std::filesystem::exists(dir / "model.safetensors.tmp"));
+}
+
 TEST(Safetensors, WriteThenReadEveryDtype) {
   testing::TempDir dir;
   const auto path = dir / "model.safetensors";
