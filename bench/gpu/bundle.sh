@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Packs what the lent GPU machine needs to run blend into OUT_DIR (the repository's git-ignored
 # .gpu/, which a device run carries): one xz archive, blend-bundle.tar.xz, holding
-#   libexec/      blend and, when built, blend_cuda_tests (from BUILD_DIR/tests)
+#   libexec/      blend and, when built, blend_cuda_tests (BUILD_DIR/tests) and
+#                 cuda_forward_bench (BUILD_DIR/bench)
 #   lib/          every shared library ldd names for them, except those below
 #   lib-gcc/      libstdc++ and libgcc_s (used there only when the machine's own are too old)
 #   glibc/        glibc and its loader (used there only when the machine's glibc is too old to
@@ -30,6 +31,7 @@ mkdir -p "$b/libexec" "$b/lib" "$b/lib-gcc" "$b/glibc" "$b/tokenizer"
 
 exes=("$build/blend")
 [ -x "$build/tests/blend_cuda_tests" ] && exes+=("$build/tests/blend_cuda_tests")
+[ -x "$build/bench/cuda_forward_bench" ] && exes+=("$build/bench/cuda_forward_bench")
 for exe in "${exes[@]}"; do
   cp "$exe" "$b/libexec/"
   echo "bundle: $(basename "$exe") ($(du -h "$exe" | cut -f1))"

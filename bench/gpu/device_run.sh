@@ -6,7 +6,11 @@
 #   3. bench/gpu/hf_parity.py: blend cpu + cuda against transformers f32/bf16 (PARITY_TIMEOUT,
 #      default 210 s) -> $OUT/hf_parity.md
 #   4. bench/gpu/throughput.sh: llama-3-8b offline throughput at three step budgets, GEMM peak,
-#      transformers peer, sized to the time left -> $OUT/throughput.md
+#      transformers peer, sized to the time left less FORWARD_RESERVE (default 100 s) ->
+#      $OUT/throughput.md
+#   5. cuda_forward_bench on that llama-3-8b folder, when bundled: decode and prefill steps against
+#      the GPU's bounds, with the default attention kernels and with BLEND_CUDA_ATTENTION=tiled64
+#      -> $OUT/forward_bench.jsonl
 # A failing step is reported and the next one runs; the log is $OUT/device_run.log. Usage:
 #   OUT=/some/dir bash bench/gpu/device_run.sh
 # QUICK=1: throughput --quick; BACKENDS=cpu: parity on the cpu backend only; THROUGHPUT_ARGS:
@@ -47,7 +51,7 @@ timeout -k 5 "${PARITY_TIMEOUT:-210}" python3 "$here/hf_parity.py" "$BLEND" /tmp
   --out "$OUT" --backends "${BACKENDS:-cpu,cuda}"
 echo "hf_parity: exit $?"
 
-left=$((TOTAL - $(elapsed)))
+left=$((TOTAL - $(elapsed) - ${FORWARD_RESERVE:-100}))
 # Fixed costs of the throughput step (model init, GEMM, transformers peer, three loads) are
 # about 150 s; the three blend runs share the rest, each sized to run_cap, at most 60 s.
 cap=$(((left - 150) / 4))
@@ -59,6 +63,17 @@ timeout -k 5 "$((left > 120 ? left : 120))" bash "$here/throughput.sh" "$BLEND" 
   --run-cap "$cap" --deadline "$((left > 135 ? left - 15 : 120))" ${QUICK:+--quick} \
   ${THROUGHPUT_ARGS:-}
 echo "throughput: exit $?"
+
+bench_model=/tmp/blend-throughput/model
+if [ -x /tmp/blend/bin/cuda_forward_bench ] && [ -f "$bench_model/config.json" ]; then
+  for kernels in default tiled64; do
+    step "cuda_forward_bench, attention kernels: $kernels (timeout 60 s)"
+    BLEND_CUDA_ATTENTION=$kernels timeout -k 5 60 /tmp/blend/bin/cuda_forward_bench \
+      --model "$bench_model" --decode 1,64,256 --context 1024 --prefill 4x512 --reps 5 \
+      | sed "s/^{/{\"attention_kernels\":\"$kernels\",/" | tee -a "$OUT/forward_bench.jsonl"
+    echo "cuda_forward_bench: exit ${PIPESTATUS[0]}"
+  done
+fi
 
 step "done"
 cat "$OUT/hf_parity.md" "$OUT/throughput.md" 2>/dev/null
