@@ -4,7 +4,8 @@
 //                            copy bandwidth (bytes read + written per second)
 //   {"kind":"decode", ...}   a decode step of B sequences at C cached tokens each: tokens/s, the
 //                            per-op GPU times, attention's bytes moved / time against the copy
-//                            bandwidth, the step against its weight-read + GEMM bound
+//                            bandwidth (issue 28's roofline), the step against its bound (weights
+//                            + KV read at the copy bandwidth, or the GEMMs at peak)
 //   {"kind":"prefill", ...}  a prefill step of N prompts of P tokens each
 //
 //   cuda_forward_bench --model DIR [--decode 1,64,256] [--context 1024] [--prefill 4x512]
@@ -209,9 +210,10 @@ int run(int argc, char** argv) {
     const double s = time_step(b, ops);
     const double kv_bytes = static_cast<double>(bsz) * static_cast<double>(context + 1) *
                             static_cast<double>(backend->kv_bytes_per_token());
-    // The step's bound: the weights and the KV read once at copy bandwidth, or the GEMMs at
-    // peak, whichever is longer.
-    const double bound = std::max((weight_bytes + kv_bytes) / (copy_bw / 2),
+    // The step's bound: the weights and the KV read once at the copy bandwidth (bytes read +
+    // written per second: a read-only stream is at least as fast), or the GEMMs at peak,
+    // whichever is longer.
+    const double bound = std::max((weight_bytes + kv_bytes) / copy_bw,
                                   2.0 * params * static_cast<double>(bsz) / peak);
     emit({{"kind", "decode"},
           {"batch", bsz},
@@ -220,7 +222,7 @@ int run(int argc, char** argv) {
           {"tokens_per_s", static_cast<double>(bsz) / s},
           {"fraction_of_step_bound", bound / s},
           {"attention_bytes_per_s", kv_bytes / (ops.attention * 1e-3)},
-          {"attention_fraction_of_copy", kv_bytes / (ops.attention * 1e-3) / (copy_bw / 2)},
+          {"attention_fraction_of_copy", kv_bytes / (ops.attention * 1e-3) / copy_bw},
           {"ops", op_json(ops, 1)}});
   }
   {

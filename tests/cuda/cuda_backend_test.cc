@@ -14,6 +14,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/batch_layout.h"
+#include "backend/cuda/kernels.h"
 #include "core/error.h"
 #include "model/presets.h"
 #include "model/random_init.h"
@@ -63,6 +64,7 @@ TEST(BatchLayout, PacksTokensTablesDirectionsAndLogitRows) {
   // No prefill tiles asked for: every token goes to the single-token kernel.
   EXPECT_EQ(l.num_prefill_tiles, 0);
   EXPECT_EQ(at(l.single_tokens, 5), (std::vector<int32_t>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(l.max_single_context, 6);  // chunk a's last token is at position 5
   EXPECT_EQ(static_cast<int64_t>(l.data.size()), l.single_tokens + 5);
 }
 
@@ -92,6 +94,19 @@ TEST(BatchLayout, CutsLongChunksIntoPrefillTilesAndLeavesTheRestSingle) {
   EXPECT_EQ(at(l.prefill_tiles, 8), (std::vector<int32_t>{1, 16, 17, 16, 33, 5, 41, 16}));
   ASSERT_EQ(l.num_single_tokens, 4);
   EXPECT_EQ(at(l.single_tokens, 4), (std::vector<int32_t>{0, 38, 39, 40}));
+}
+
+// Flash-decoding splits: none when the (token, KV head) blocks fill the GPU or the contexts
+// are short, else enough for two blocks per multiprocessor, at most 32, two tiles each.
+TEST(DecodeSplits, FillTheGpuOnlyWhereTheBatchCannot) {
+  EXPECT_EQ(cuda::decode_splits(256, 8, 1024, 132), 1);
+  EXPECT_EQ(cuda::decode_splits(17, 8, 4096, 132), 1);
+  EXPECT_EQ(cuda::decode_splits(1, 8, 1024, 132), 16);  // 33 wanted, 1024 keys = 16 x 64
+  EXPECT_EQ(cuda::decode_splits(2, 8, 100000, 132), 17);
+  EXPECT_EQ(cuda::decode_splits(1, 1, 1 << 20, 132), 32);
+  EXPECT_EQ(cuda::decode_splits(1, 8, 64, 132), 1);
+  EXPECT_EQ(cuda::decode_scratch_floats(1, 32, 128, 16), size_t{32} * 16 * 130);
+  EXPECT_EQ(cuda::decode_scratch_floats(4, 32, 128, 1), 0u);
 }
 
 // ---------------------------------------------------------------------------------------------

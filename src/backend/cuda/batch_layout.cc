@@ -30,6 +30,7 @@ BatchLayout layout_batch(const ForwardBatch& batch, int64_t page_size, int32_t t
       }
     } else {
       for (int32_t i = 0; i < c.num_tokens; ++i) singles.push_back(c.token_offset + i);
+      l.max_single_context = std::max(l.max_single_context, c.num_cached + c.num_tokens);
     }
   }
   l.num_prefill_tiles = static_cast<int32_t>(tiles.size() / 2);

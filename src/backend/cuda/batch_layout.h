@@ -27,8 +27,9 @@ struct BatchLayout {
   // tokens of one chunk, [first token, count] pairs) and single tokens (decodes, short chunks).
   int32_t num_prefill_tiles = 0;
   int32_t num_single_tokens = 0;
-  int64_t prefill_tiles = 0;  // [num_prefill_tiles][2]
-  int64_t single_tokens = 0;  // [num_single_tokens] token indices
+  int32_t max_single_context = 0;  // the most keys a single token attends to (its position + 1)
+  int64_t prefill_tiles = 0;       // [num_prefill_tiles][2]
+  int64_t single_tokens = 0;       // [num_single_tokens] token indices
   std::vector<int32_t> data;
 };
 

@@ -172,7 +172,7 @@ class CudaBackendImpl final : public CudaBackend {
   std::vector<Layer> layers_;
   DeviceBuffer embed_, final_norm_, lm_head_, inv_freq_;
   cuda::KvView kv_;
-  cuda::AttentionKernel attention_kernel_ = cuda::AttentionKernel::kTiled64;
+  cuda::AttentionKernel attention_kernel_ = cuda::AttentionKernel::kDefault;
   int32_t prefill_tile_tokens_ = 0;  // 0: no tensor-core prefill tiles
   DeviceBuffer kv_cache_;
   int64_t num_pages_ = 0;
@@ -186,7 +186,8 @@ class CudaBackendImpl final : public CudaBackend {
   std::vector<double CudaOpTimes::*> event_slots_;
   size_t events_used_ = 0;
   // Per-step buffers, grown to the largest batch seen.
-  DeviceBuffer meta_, x_, xn_, qkv_, attn_, gu_, act_, logits_, argmax_;
+  DeviceBuffer meta_, x_, xn_, qkv_, attn_, gu_, act_, logits_, argmax_, decode_scratch_;
+  int32_t multiprocessors_ = 1;
 };
 
 CudaBackendImpl::CudaBackendImpl(const ModelConfig& config, const TensorStore& store,
@@ -210,15 +211,19 @@ CudaBackendImpl::CudaBackendImpl(const ModelConfig& config, const TensorStore& s
 
   // BLEND_CUDA_ATTENTION picks the attention kernels, for benchmarks and tests to compare them:
   // tiled32 (element loads, 32-key tiles) or tiled64 for every token, or the default: prefill
-  // chunks on tensor cores where the shape allows, the other tokens tiled64.
+  // chunks on tensor cores and the other tokens in the pipelined decode kernel where the shape
+  // allows, else tiled64.
   const char* kernel = std::getenv("BLEND_CUDA_ATTENTION");
   const std::string kernel_name = kernel ? kernel : "";
   if (kernel_name == "tiled32") attention_kernel_ = cuda::AttentionKernel::kTiled32;
+  if (kernel_name == "tiled64") attention_kernel_ = cuda::AttentionKernel::kTiled64;
   if (kernel_name.empty() || kernel_name == "default")
     prefill_tile_tokens_ = cuda::prefill_tile_tokens(static_cast<int32_t>(config_.num_heads),
                                                      static_cast<int32_t>(config_.num_kv_heads),
                                                      static_cast<int32_t>(config_.head_dim), elem_);
   check_cuda(cudaSetDevice(0), "cudaSetDevice");
+  check_cuda(cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, 0),
+             "cudaDeviceGetAttribute");
   check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   check_cublas(cublasCreate(&blas_), "cublasCreate");
   check_cublas(cublasSetStream(blas_, stream_), "cublasSetStream");
@@ -373,7 +378,16 @@ int64_t CudaBackendImpl::compute_logits(const ForwardBatch& batch, size_t host_l
                                 .num_tokens = layout.num_tokens,
                                 .num_logit_rows = layout.num_logit_rows,
                                 .num_prefill_tiles = layout.num_prefill_tiles,
-                                .num_single_tokens = layout.num_single_tokens};
+                                .num_single_tokens = layout.num_single_tokens,
+                                .max_single_context = layout.max_single_context};
+  const int32_t splits = cuda::decode_splits(layout.num_single_tokens, kv_.num_kv_heads,
+                                             layout.max_single_context, multiprocessors_);
+  const size_t scratch_floats = cuda::decode_scratch_floats(
+      layout.num_single_tokens, static_cast<int32_t>(config_.num_heads), kv_.head_dim, splits);
+  const cuda::DecodeScratch scratch = {
+      .data = static_cast<float*>(decode_scratch_.reserve(scratch_floats * sizeof(float))),
+      .floats = scratch_floats,
+      .multiprocessors = multiprocessors_};
 
   const int64_t h = config_.hidden_size, qd = config_.q_dim(), kvd = config_.kv_dim();
   const int64_t f = config_.intermediate_size, nqkv = qd + 2 * kvd, vocab = config_.vocab_size;
@@ -403,7 +417,7 @@ int64_t CudaBackendImpl::compute_logits(const ForwardBatch& batch, size_t host_l
     cuda::rope_write_kv(view, qkv, nqkv, heads, inv_freq_.get<double>(), kv_, layer, stream_);
     mark(&CudaOpTimes::rope_kv);
     cuda::attention(view, qkv, nqkv, kv_, layer, heads, window, attn, elem_, attention_kernel_,
-                    stream_);
+                    scratch, stream_);
     mark(&CudaOpTimes::attention);
     gemm(attn, m, l.o, h, qd, x, true);
     mark(&CudaOpTimes::o_proj);

@@ -1,8 +1,11 @@
 #include <cuda_bf16.h>
+#include <cuda_pipeline.h>
 #include <mma.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "backend/cuda/kernels.h"
 #include "core/error.h"
@@ -299,11 +302,252 @@ void launch_attention(const BatchView& batch, const float* qkv, int64_t nqkv, co
       <<<grid, kAttnThreads, smem, stream>>>(batch, qkv, nqkv, kv, layer, num_heads, window, out);
 }
 
+// Decode attention, pipelined: one block of 128 threads per (token, KV head), like
+// attention_kernel, but the bf16 K and V tiles of 32 keys stream into shared memory with
+// asynchronous copies (cp.async), double-buffered, so the next tile's reads are in flight while
+// this one is computed; keys and values stay bf16 in shared memory (16-byte reads). For bf16
+// caches with head_dim a multiple of 8 and query heads per KV head x head_dim <= 2048.
+namespace dec {
+constexpr int kThreads = 128, kKeys = 32, kMaxChunks = 4;  // chunks: 4 outputs of one head each
+struct Layout {
+  int ld;  // bf16 elements per K / V row in shared memory (16-byte multiple, not a bank stride)
+  size_t q, k, v, p, m, l, alpha, total;
+  __host__ __device__ Layout(int d, int group) : ld(d + 8) {
+    q = 0;
+    k = q + size_t{4} * group * d;
+    v = k + size_t{2} * 2 * kKeys * ld;
+    p = v + size_t{2} * 2 * kKeys * ld;
+    m = p + size_t{4} * group * kKeys;
+    l = m + size_t{4} * group;
+    alpha = l + size_t{4} * group;
+    total = alpha + size_t{4} * group;
+  }
+};
+bool supports(int32_t group, int32_t d) {
+  return d % 8 == 0 && group * d <= kThreads * kMaxChunks * 4;
+}
+}  // namespace dec
+
+// With splits > 1 (flash-decoding, for batches too small to fill the GPU) block z of a token
+// takes the z-th share of its key tiles and writes unnormalised partials (acc[d], m, l per query
+// head) to `partial`, [single token][query head][split][d + 2]; combine_kernel merges them.
+__global__ void __launch_bounds__(dec::kThreads)
+    decode_attention_kernel(BatchView b, const float* qkv, int64_t nqkv, KvView kv, int32_t layer,
+                            int32_t num_heads, int32_t window, bf16* out, int32_t splits,
+                            float* partial) {
+  using dec::kKeys;
+  using dec::kMaxChunks;
+  using dec::kThreads;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int32_t d = kv.head_dim, group = num_heads / kv.num_kv_heads;
+  const dec::Layout L(d, group);
+  float* q_s = reinterpret_cast<float*>(smem + L.q);  // [group][d], pre-scaled
+  bf16* k_s = reinterpret_cast<bf16*>(smem + L.k);    // [2][kKeys][ld]
+  bf16* v_s = reinterpret_cast<bf16*>(smem + L.v);    // [2][kKeys][ld]
+  float* p_s = reinterpret_cast<float*>(smem + L.p);  // [group][kKeys]
+  float* m_s = reinterpret_cast<float*>(smem + L.m);
+  float* l_s = reinterpret_cast<float*>(smem + L.l);
+  float* alpha_s = reinterpret_cast<float*>(smem + L.alpha);
+  const int32_t t =
+      b.single_tokens ? b.single_tokens[blockIdx.x] : static_cast<int32_t>(blockIdx.x);
+  const int32_t kv_head = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int32_t pos = b.positions[t];
+  const int32_t base = b.chunk_table[b.token_chunk[t]];
+  const int32_t lo = window > 0 ? max(0, pos - window + 1) : 0, hi = pos + 1;
+  const float scale = 1.0f / sqrtf(static_cast<float>(d));
+  const float* q = qkv + t * nqkv + int64_t{kv_head} * group * d;
+  for (int32_t i = tid; i < group * d; i += kThreads) q_s[i] = q[i] * scale;
+  if (tid < group) {
+    m_s[tid] = -INFINITY;
+    l_s[tid] = 0.0f;
+  }
+  const bf16* cache = static_cast<const bf16*>(kv.base);
+  const int32_t vecs = d / 8;
+  const int64_t v_delta = int64_t{kv.num_kv_heads} * kv.page_size * d;  // V's offset from K's
+  // Starts the copies of tile [k0, k0 + kKeys) into buffer `buf` (one pipeline group).
+  auto issue = [&](int32_t k0, int32_t buf) {
+    const int32_t n = min(kKeys, hi - k0);
+    bf16* kd = k_s + buf * kKeys * L.ld;
+    bf16* vd = v_s + buf * kKeys * L.ld;
+    for (int32_t i = tid; i < n * vecs; i += kThreads) {
+      const int32_t kk = i / vecs, e = (i - kk * vecs) * 8;
+      const int64_t off = kv_offset(b, kv, base, k0 + kk, layer, 0, kv_head) + e;
+      __pipeline_memcpy_async(kd + kk * L.ld + e, cache + off, 16);
+      __pipeline_memcpy_async(vd + kk * L.ld + e, cache + off + v_delta, 16);
+    }
+    __pipeline_commit();
+  };
+  float acc[kMaxChunks][4];
+#pragma unroll
+  for (int j = 0; j < kMaxChunks; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+  const int32_t chunks = group * d / 4, quarter = d / 4;
+  // This block's share of the key tiles.
+  const int32_t tiles = (hi - lo + kKeys - 1) / kKeys, per = (tiles + splits - 1) / splits;
+  const int32_t s_lo = lo + static_cast<int32_t>(blockIdx.z) * per * kKeys;
+  const int32_t s_hi = min(hi, s_lo + per * kKeys);
+  __syncthreads();  // q_s, m_s, l_s written
+  if (s_lo < s_hi) issue(s_lo, 0);
+  int32_t buf = 0;
+  for (int32_t k0 = s_lo; k0 < s_hi; k0 += kKeys, buf ^= 1) {
+    const int32_t n = min(kKeys, s_hi - k0);
+    if (k0 + kKeys < s_hi)
+      issue(k0 + kKeys, buf ^ 1);
+    else
+      __pipeline_commit();  // an empty group: "all but the newest" below stays this tile's
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    const bf16* kt = k_s + buf * kKeys * L.ld;
+    const bf16* vt = v_s + buf * kKeys * L.ld;
+    for (int32_t i = tid; i < kKeys * group; i += kThreads) {
+      const int32_t g = i / kKeys, kk = i - g * kKeys;
+      if (kk < n) {
+        const float* qg = q_s + g * d;
+        const bf16* kr = kt + kk * L.ld;
+        float s = 0.0f;
+        for (int32_t e = 0; e < d; e += 8) {
+          const uint4 raw = *reinterpret_cast<const uint4*>(kr + e);
+          const bf16* k8 = reinterpret_cast<const bf16*>(&raw);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) s += qg[e + j] * __bfloat162float(k8[j]);
+        }
+        p_s[g * kKeys + kk] = s;
+      }
+    }
+    __syncthreads();
+    for (int32_t g = warp; g < group; g += kThreads / 32) {
+      const float s = lane < n ? p_s[g * kKeys + lane] : -INFINITY;
+      const float m_old = m_s[g];
+      const float m_new = fmaxf(m_old, warp_max(s));
+      const float p = lane < n ? expf(s - m_new) : 0.0f;
+      const float sum = warp_sum(p);
+      p_s[g * kKeys + lane] = p;
+      if (lane == 0) {
+        const float alpha = expf(m_old - m_new);
+        alpha_s[g] = alpha;
+        l_s[g] = l_s[g] * alpha + sum;
+        m_s[g] = m_new;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kMaxChunks; ++j) {
+      const int32_t c = tid + j * kThreads;
+      if (c < chunks) {
+        const int32_t g = c / quarter, d0 = (c - g * quarter) * 4;
+        const float alpha = alpha_s[g];
+        float a0 = acc[j][0] * alpha, a1 = acc[j][1] * alpha, a2 = acc[j][2] * alpha,
+              a3 = acc[j][3] * alpha;
+        const float* pg = p_s + g * kKeys;
+        for (int32_t kk = 0; kk < n; ++kk) {
+          const uint2 raw = *reinterpret_cast<const uint2*>(vt + kk * L.ld + d0);
+          const bf16* v4 = reinterpret_cast<const bf16*>(&raw);
+          const float p = pg[kk];
+          a0 += p * __bfloat162float(v4[0]);
+          a1 += p * __bfloat162float(v4[1]);
+          a2 += p * __bfloat162float(v4[2]);
+          a3 += p * __bfloat162float(v4[3]);
+        }
+        acc[j][0] = a0;
+        acc[j][1] = a1;
+        acc[j][2] = a2;
+        acc[j][3] = a3;
+      }
+    }
+    __syncthreads();  // the buffer and p_s are rewritten next
+  }
+  __pipeline_wait_prior(0);
+  if (splits > 1) {
+    // [single token][query head][split][d + 2]: acc, then m and l.
+    auto at = [&](int32_t g) {
+      return partial +
+             ((int64_t{blockIdx.x} * num_heads + kv_head * group + g) * splits + blockIdx.z) *
+                 (d + 2);
+    };
+#pragma unroll
+    for (int j = 0; j < kMaxChunks; ++j) {
+      const int32_t c = tid + j * kThreads;
+      if (c < chunks) {
+        const int32_t g = c / quarter, d0 = (c - g * quarter) * 4;
+        for (int i = 0; i < 4; ++i) at(g)[d0 + i] = acc[j][i];
+      }
+    }
+    if (tid < group) {
+      at(tid)[d] = m_s[tid];
+      at(tid)[d + 1] = l_s[tid];
+    }
+    return;
+  }
+  bf16* o = out + int64_t{t} * num_heads * d + int64_t{kv_head} * group * d;
+#pragma unroll
+  for (int j = 0; j < kMaxChunks; ++j) {
+    const int32_t c = tid + j * kThreads;
+    if (c < chunks) {
+      const int32_t g = c / quarter, d0 = (c - g * quarter) * 4;
+      const float inv = 1.0f / l_s[g];
+      for (int i = 0; i < 4; ++i) o[g * d + d0 + i] = __float2bfloat16_rn(acc[j][i] * inv);
+    }
+  }
+}
+
+// Merges the splits' partials of one (single token, query head): out = sum_z w_z acc_z /
+// sum_z w_z l_z with w_z = exp(m_z - max m). A split with no keys has l = 0 and weighs nothing.
+__global__ void combine_kernel(BatchView b, const float* partial, int32_t num_heads, int32_t d,
+                               int32_t splits, bf16* out) {
+  const int32_t t =
+      b.single_tokens ? b.single_tokens[blockIdx.x] : static_cast<int32_t>(blockIdx.x);
+  const int32_t h = blockIdx.y;
+  const float* p = partial + (int64_t{blockIdx.x} * num_heads + h) * splits * (d + 2);
+  float m = -INFINITY;
+  for (int32_t z = 0; z < splits; ++z)
+    if (p[z * (d + 2) + d + 1] > 0.0f) m = fmaxf(m, p[z * (d + 2) + d]);
+  float total = 0.0f;
+  for (int32_t z = 0; z < splits; ++z) {
+    const float l = p[z * (d + 2) + d + 1];
+    if (l > 0.0f) total += l * expf(p[z * (d + 2) + d] - m);
+  }
+  for (int32_t e = threadIdx.x; e < d; e += blockDim.x) {
+    float v = 0.0f;
+    for (int32_t z = 0; z < splits; ++z) {
+      const float l = p[z * (d + 2) + d + 1];
+      if (l > 0.0f) v += p[z * (d + 2) + e] * expf(p[z * (d + 2) + d] - m);
+    }
+    out[int64_t{t} * num_heads * d + int64_t{h} * d + e] = __float2bfloat16_rn(v / total);
+  }
+}
+
+void launch_decode_attention(const BatchView& batch, const float* qkv, int64_t nqkv,
+                             const KvView& kv, int32_t layer, int32_t num_heads, int32_t window,
+                             bf16* out, const DecodeScratch& scratch, cudaStream_t stream) {
+  const int32_t tokens = batch.single_tokens ? batch.num_single_tokens : batch.num_tokens;
+  if (tokens == 0) return;
+  const size_t smem = dec::Layout(kv.head_dim, num_heads / kv.num_kv_heads).total;
+  if (smem > 48 * 1024)
+    cudaFuncSetAttribute(decode_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(smem));
+  int32_t splits =
+      decode_splits(tokens, kv.num_kv_heads, batch.max_single_context, scratch.multiprocessors);
+  if (scratch.floats < decode_scratch_floats(tokens, num_heads, kv.head_dim, splits)) splits = 1;
+  const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(kv.num_kv_heads),
+                  static_cast<unsigned>(splits));
+  decode_attention_kernel<<<grid, dec::kThreads, smem, stream>>>(
+      batch, qkv, nqkv, kv, layer, num_heads, window, out, splits, scratch.data);
+  if (splits > 1)
+    combine_kernel<<<dim3(static_cast<unsigned>(tokens), static_cast<unsigned>(num_heads)), 128, 0,
+                     stream>>>(batch, scratch.data, num_heads, kv.head_dim, splits, out);
+}
+
 template <typename T>
 void attention_of(AttentionKernel kernel, const BatchView& batch, const float* qkv, int64_t nqkv,
                   const KvView& kv, int32_t layer, int32_t num_heads, int32_t window, T* out,
-                  cudaStream_t stream) {
-  const bool vector = kernel == AttentionKernel::kTiled64 && kv.head_dim * sizeof(T) % 16 == 0;
+                  const DecodeScratch& scratch, cudaStream_t stream) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (kernel == AttentionKernel::kDefault &&
+        dec::supports(num_heads / kv.num_kv_heads, kv.head_dim)) {
+      launch_decode_attention(batch, qkv, nqkv, kv, layer, num_heads, window, out, scratch, stream);
+      return;
+    }
+  }
+  const bool vector = kernel != AttentionKernel::kTiled32 && kv.head_dim * sizeof(T) % 16 == 0;
   if (vector)
     launch_attention<T, 64, true>(batch, qkv, nqkv, kv, layer, num_heads, window, out, stream);
   else
@@ -594,6 +838,22 @@ bool attention_supports(int32_t num_heads, int32_t num_kv_heads, int32_t head_di
   return true;
 }
 
+int32_t decode_splits(int32_t tokens, int32_t num_kv_heads, int32_t max_context,
+                      int32_t multiprocessors) {
+  const int64_t blocks = int64_t{tokens} * num_kv_heads;
+  if (blocks >= multiprocessors || max_context <= 2 * dec::kKeys) return 1;
+  // Enough blocks for two per multiprocessor, each split at least two key tiles, at most 32.
+  const int64_t want = (2 * int64_t{multiprocessors} + blocks - 1) / blocks;
+  const int64_t most = (max_context + 2 * dec::kKeys - 1) / (2 * dec::kKeys);
+  return static_cast<int32_t>(std::max<int64_t>(1, std::min<int64_t>({want, most, 32})));
+}
+
+size_t decode_scratch_floats(int32_t tokens, int32_t num_heads, int32_t head_dim, int32_t splits) {
+  return splits <= 1
+             ? 0
+             : size_t{1} * tokens * num_heads * splits * (static_cast<size_t>(head_dim) + 2);
+}
+
 int32_t prefill_tile_tokens(int32_t num_heads, int32_t num_kv_heads, int32_t head_dim, Elem elem) {
   if (elem != Elem::kBF16 || head_dim % 16 != 0 || head_dim > 128 || num_kv_heads <= 0 ||
       num_heads % num_kv_heads != 0)
@@ -604,7 +864,7 @@ int32_t prefill_tile_tokens(int32_t num_heads, int32_t num_kv_heads, int32_t hea
 
 void attention(const BatchView& batch, const float* qkv, int64_t nqkv, const KvView& kv,
                int32_t layer, int32_t num_heads, int32_t sliding_window, void* out, Elem out_elem,
-               AttentionKernel kernel, cudaStream_t stream) {
+               AttentionKernel kernel, const DecodeScratch& scratch, cudaStream_t stream) {
   if (batch.num_tokens == 0) return;
   if (kv.elem != out_elem) throw Error("internal: cuda attention: KV and output types differ");
   if (batch.num_prefill_tiles > 0) {
@@ -620,10 +880,10 @@ void attention(const BatchView& batch, const float* qkv, int64_t nqkv, const KvV
   }
   if (out_elem == Elem::kBF16)
     attention_of(kernel, batch, qkv, nqkv, kv, layer, num_heads, sliding_window,
-                 static_cast<bf16*>(out), stream);
+                 static_cast<bf16*>(out), scratch, stream);
   else
     attention_of(kernel, batch, qkv, nqkv, kv, layer, num_heads, sliding_window,
-                 static_cast<float*>(out), stream);
+                 static_cast<float*>(out), scratch, stream);
   check_launch("attention");
 }
 

@@ -42,7 +42,24 @@ struct BatchView {
   int32_t num_logit_rows = 0;
   int32_t num_prefill_tiles = 0;
   int32_t num_single_tokens = 0;
+  int32_t max_single_context = 0;  // the most keys a single token attends to (position + 1)
 };
+
+// Device memory the decode kernel may use for split partials (flash-decoding), and the GPU's
+// multiprocessor count it sizes the splits by.
+struct DecodeScratch {
+  float* data = nullptr;
+  size_t floats = 0;
+  int32_t multiprocessors = 132;
+};
+
+// How many ways the pipelined decode kernel splits each token's keys: 1 when the batch's
+// (token, KV head) blocks already fill the GPU, else enough for two blocks per multiprocessor
+// (at most 32, each split two or more 32-key tiles).
+int32_t decode_splits(int32_t tokens, int32_t num_kv_heads, int32_t max_context,
+                      int32_t multiprocessors);
+// Floats of DecodeScratch that many splits need (0 for one).
+size_t decode_scratch_floats(int32_t tokens, int32_t num_heads, int32_t head_dim, int32_t splits);
 
 // The paged KV cache, page-major so that one page (all layers, K and V) is one contiguous run
 // of bytes: element [page][layer][k=0 / v=1][kv_head][slot][d].
@@ -78,9 +95,11 @@ void add_bias(float* y, int64_t rows, int64_t cols, const float* bias, cudaStrea
 void rope_write_kv(const BatchView& batch, float* qkv, int64_t nqkv, int32_t num_heads,
                    const double* inv_freq, const KvView& kv, int32_t layer, cudaStream_t stream);
 
-// Which attention kernel runs: kTiled64 (64-key tiles, 16-byte loads; falls back to kTiled32
-// where head_dim is not a multiple of 16 bytes) or kTiled32 (32-key tiles, element loads).
-enum class AttentionKernel { kTiled64, kTiled32 };
+// Which kernel runs the single tokens: kDefault (bf16 caches: the pipelined decode kernel,
+// asynchronous double-buffered tile copies; else as kTiled64), kTiled64 (64-key tiles, 16-byte
+// loads; falls back to kTiled32 where head_dim is not a multiple of 16 bytes) or kTiled32
+// (32-key tiles, element loads).
+enum class AttentionKernel { kDefault, kTiled64, kTiled32 };
 
 // Causal paged attention of every batch token over its sequence's cached keys (the single
 // tokens one block per (token, KV head); the prefill tiles one block per (tile, KV head) on
@@ -89,7 +108,7 @@ enum class AttentionKernel { kTiled64, kTiled32 };
 // h / (num_heads / num_kv_heads). out rows are num_heads * head_dim elements of `out_elem`.
 void attention(const BatchView& batch, const float* qkv, int64_t nqkv, const KvView& kv,
                int32_t layer, int32_t num_heads, int32_t sliding_window, void* out, Elem out_elem,
-               AttentionKernel kernel, cudaStream_t stream);
+               AttentionKernel kernel, const DecodeScratch& scratch, cudaStream_t stream);
 
 // Query tokens per prefill tile for this shape (the tensor-core prefill kernel's 64 query rows
 // are tokens x query heads per KV head), or 0 where that kernel does not apply (f32 caches,
