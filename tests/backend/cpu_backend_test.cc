@@ -18,6 +18,7 @@
 #include "model/presets.h"
 #include "model/random_init.h"
 #include "model/safetensors.h"
+#include "test_models.h"
 #include "test_util.h"
 
 namespace blend {
@@ -27,61 +28,10 @@ namespace {
 // Test models: the "tiny" preset (hidden 64, 2 layers, 4 heads, 2 KV heads, head_dim 16,
 // untied lm_head) and variants of it, generated once per test program.
 
-struct TestModel {
-  testing::TempDir dir;
-  ModelConfig config;
-  TensorStore store;
-};
-
-ModelConfig variant_config(const std::string& variant) {
-  ModelConfig c = *find_model_preset("tiny");
-  // A small vocabulary keeps generation, loading and the reference's lm_head cheap (the tests
-  // also run under sanitizers); the lm_head code path does not depend on the vocabulary size,
-  // and the benchmark runs the real one.
-  c.vocab_size = 4096;
-  if (variant == "qwen2") {
-    c.architecture = "Qwen2ForCausalLM";
-    c.model_type = "qwen2";
-    c.attention_bias = true;
-  } else if (variant == "llama3") {
-    // Small original context so that head_dim 16's frequencies fall in all three bands
-    // (kept, interpolated, divided by factor); tied embeddings on this one.
-    c.rope_scaling = {.type = "llama3",
-                      .factor = 8.0,
-                      .low_freq_factor = 1.0,
-                      .high_freq_factor = 4.0,
-                      .original_max_position_embeddings = 64};
-    c.tie_word_embeddings = true;
-  } else if (variant == "linear") {
-    c.rope_scaling = {.type = "linear", .factor = 4.0};
-  } else if (variant == "hd64") {
-    // head_dim 64 (the common size) with q_dim != hidden and 2 query heads per KV head.
-    c.num_heads = 2;
-    c.num_kv_heads = 1;
-    c.head_dim = 64;
-  } else if (variant == "mistral") {
-    c.architecture = "MistralForCausalLM";
-    c.model_type = "mistral";
-    c.sliding_window = 6;
-  }
-  return c;
-}
+using testing::TestModel;
 
 const TestModel& model(const std::string& variant, DType dtype = DType::kF32) {
-  static std::map<std::pair<std::string, DType>, std::unique_ptr<TestModel>> cache;
-  auto& slot = cache[{variant, dtype}];
-  if (!slot) {
-    auto m = std::make_unique<TestModel>();
-    RandomInitOptions o;
-    o.seed = 11;
-    o.dtype = dtype;
-    o.tokenizer_dir = BLEND_TEST_TOKENIZER_DIR;
-    write_random_model(variant_config(variant), m->dir.path(), o);
-    m->config = ModelConfig::from_dir(m->dir.path());
-    m->store = TensorStore::open_dir(m->dir.path());
-    slot = std::move(m);
-  }
-  return *slot;
+  return testing::test_model(variant, dtype);
 }
 
 std::unique_ptr<CpuBackend> make_backend(const TestModel& m, bool deterministic, int page_size = 16,

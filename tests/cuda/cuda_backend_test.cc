@@ -19,6 +19,7 @@
 #include "model/presets.h"
 #include "model/random_init.h"
 #include "model/safetensors.h"
+#include "test_models.h"
 #include "test_util.h"
 
 namespace blend {
@@ -112,54 +113,10 @@ TEST(DecodeSplits, FillTheGpuOnlyWhereTheBatchCannot) {
 // ---------------------------------------------------------------------------------------------
 // Test models: the tiny preset and its variants (as in tests/backend/cpu_backend_test.cc).
 
-struct TestModel {
-  testing::TempDir dir;
-  ModelConfig config;
-  TensorStore store;
-};
-
-ModelConfig variant_config(const std::string& variant) {
-  ModelConfig c = *find_model_preset("tiny");
-  c.vocab_size = 4096;
-  if (variant == "qwen2") {
-    c.architecture = "Qwen2ForCausalLM";
-    c.model_type = "qwen2";
-    c.attention_bias = true;
-  } else if (variant == "llama3") {
-    c.rope_scaling = {.type = "llama3",
-                      .factor = 8.0,
-                      .low_freq_factor = 1.0,
-                      .high_freq_factor = 4.0,
-                      .original_max_position_embeddings = 64};
-    c.tie_word_embeddings = true;
-  } else if (variant == "hd128") {
-    // Llama-3-8B's head geometry: head_dim 128, 4 query heads per KV head.
-    c.num_heads = 8;
-    c.num_kv_heads = 2;
-    c.head_dim = 128;
-  } else if (variant == "mistral") {
-    c.architecture = "MistralForCausalLM";
-    c.model_type = "mistral";
-    c.sliding_window = 6;
-  }
-  return c;
-}
+using testing::TestModel;
 
 const TestModel& model(const std::string& variant, DType dtype) {
-  static std::map<std::pair<std::string, DType>, std::unique_ptr<TestModel>> cache;
-  auto& slot = cache[{variant, dtype}];
-  if (!slot) {
-    auto m = std::make_unique<TestModel>();
-    RandomInitOptions o;
-    o.seed = 11;
-    o.dtype = dtype;
-    o.tokenizer_dir = BLEND_TEST_TOKENIZER_DIR;
-    write_random_model(variant_config(variant), m->dir.path(), o);
-    m->config = ModelConfig::from_dir(m->dir.path());
-    m->store = TensorStore::open_dir(m->dir.path());
-    slot = std::move(m);
-  }
-  return *slot;
+  return testing::test_model(variant, dtype);
 }
 
 constexpr int kPageSize = 4;

@@ -1,0 +1,83 @@
+// Small random models for backend tests, generated once per test program: the "tiny" preset
+// (hidden 64, 2 layers, 4 heads, 2 KV heads, head_dim 16, untied lm_head) with a 4,096-token
+// vocabulary, and variants of it for each feature the backends must get right.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "model/config.h"
+#include "model/presets.h"
+#include "model/random_init.h"
+#include "model/safetensors.h"
+#include "test_util.h"
+
+namespace blend::testing {
+
+struct TestModel {
+  TempDir dir;
+  ModelConfig config;
+  TensorStore store;
+};
+
+// "base", or: "qwen2" (QKV bias), "llama3" (llama3 RoPE scaling in all three bands, tied
+// embeddings), "linear" (linear RoPE scaling), "hd64" (head_dim 64, 2 query heads per KV head),
+// "hd128" (Llama-3-8B's head geometry: head_dim 128, 4 query heads per KV head), "mistral"
+// (sliding window 6).
+inline ModelConfig test_model_config(const std::string& variant) {
+  ModelConfig c = *find_model_preset("tiny");
+  // A small vocabulary keeps generation, loading and the references' lm_heads cheap (the tests
+  // also run under sanitizers); the lm_head code path does not depend on the vocabulary size.
+  c.vocab_size = 4096;
+  if (variant == "qwen2") {
+    c.architecture = "Qwen2ForCausalLM";
+    c.model_type = "qwen2";
+    c.attention_bias = true;
+  } else if (variant == "llama3") {
+    // Small original context so that head_dim 16's frequencies fall in all three bands
+    // (kept, interpolated, divided by factor).
+    c.rope_scaling = {.type = "llama3",
+                      .factor = 8.0,
+                      .low_freq_factor = 1.0,
+                      .high_freq_factor = 4.0,
+                      .original_max_position_embeddings = 64};
+    c.tie_word_embeddings = true;
+  } else if (variant == "linear") {
+    c.rope_scaling = {.type = "linear", .factor = 4.0};
+  } else if (variant == "hd64") {
+    c.num_heads = 2;
+    c.num_kv_heads = 1;
+    c.head_dim = 64;
+  } else if (variant == "hd128") {
+    c.num_heads = 8;
+    c.num_kv_heads = 2;
+    c.head_dim = 128;
+  } else if (variant == "mistral") {
+    c.architecture = "MistralForCausalLM";
+    c.model_type = "mistral";
+    c.sliding_window = 6;
+  }
+  return c;
+}
+
+// The variant written once (seed 11) in `dtype` and loaded; kept for the whole program.
+inline const TestModel& test_model(const std::string& variant, DType dtype) {
+  static std::map<std::pair<std::string, DType>, std::unique_ptr<TestModel>> cache;
+  auto& slot = cache[{variant, dtype}];
+  if (!slot) {
+    auto m = std::make_unique<TestModel>();
+    RandomInitOptions o;
+    o.seed = 11;
+    o.dtype = dtype;
+    o.tokenizer_dir = BLEND_TEST_TOKENIZER_DIR;
+    write_random_model(test_model_config(variant), m->dir.path(), o);
+    m->config = ModelConfig::from_dir(m->dir.path());
+    m->store = TensorStore::open_dir(m->dir.path());
+    slot = std::move(m);
+  }
+  return *slot;
+}
+
+}  // namespace blend::testing
