@@ -1,8 +1,9 @@
-// `blend profile --model DIR --out FILE`: times this machine's forward passes through the cpu
-// backend and writes a hardware profile (the cost model's fit, DESIGN.md §3) that `--hardware
-// FILE` accepts wherever a preset name is, with BROS's iteration model and the validation table
-// (estimated vs measured step time) beside it. With `--steps FILE...` (step timings of real
-// `blend batch` runs) the hardware it writes is fitted on the engine's own steps instead.
+// `blend profile --model DIR --out FILE [--backend cpu|cuda]`: times this machine's forward
+// passes through a backend and writes a hardware profile (the cost model's fit, DESIGN.md §3) that
+// `--hardware FILE` accepts wherever a preset name is, with BROS's iteration model and the
+// validation table (estimated vs measured step time) beside it. With `--steps FILE...` (step
+// timings of real `blend batch` runs) the hardware it writes is fitted on the engine's own steps
+// instead.
 #include <unistd.h>
 
 #include <cstdio>
@@ -15,6 +16,9 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/registry.h"
+#ifdef BLEND_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 #include "cli/commands.h"
 #include "core/error.h"
 #include "harness/profile.h"
@@ -27,6 +31,7 @@ namespace {
 
 struct ProfileArgs {
   std::string model;
+  std::string backend = "cpu";
   std::string out;
   int threads = 0;
   int reps = 3;
@@ -50,7 +55,8 @@ void run_profile(const ProfileArgs& args) {
   bo.deterministic = args.deterministic;
   bo.page_size = static_cast<int>(po.page_size);
   bo.num_pages = po.max_kv_tokens / po.page_size + 256;
-  auto backend = make_backend("cpu", {.config = &config, .weights = &weights, .options = bo});
+  auto backend =
+      make_backend(args.backend, {.config = &config, .weights = &weights, .options = bo});
   const ModelShape shape =
       ModelShape::from_config(config, std::filesystem::path(args.model).filename().string());
   const BackendProfile p = profile_backend(*backend, shape, po);
@@ -65,8 +71,13 @@ void run_profile(const ProfileArgs& args) {
   }
   const Hardware& written = steps_fit ? steps_fit->hardware : p.hardware;
   nlohmann::json j = written.to_json();
+  // The memory the model and its KV cache live in: the host's, or the GPU's.
   j["memory_gb"] = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) *
                    static_cast<double>(::sysconf(_SC_PAGESIZE)) / 1e9;
+#ifdef BLEND_HAVE_CUDA
+  if (args.backend == "cuda")
+    j["memory_gb"] = static_cast<double>(cuda_device_memory_bytes()) / 1e9;
+#endif
   j["model"] = shape.name;
   j["threads"] = args.threads;
   j["iteration"] = {{"prefill_base", p.iteration.prefill_base},
@@ -129,6 +140,12 @@ void register_profile_command(CLI::App& app) {
       "profile", "Time this machine's forward passes and write a cost-model hardware profile");
   cmd->add_option("--model", args->model, "Model folder")->required();
   cmd->add_option("--out", args->out, "Profile JSON to write")->required();
+  std::vector<std::string> kinds;  // the real backends of this build
+  for (const std::string& k : backend_kinds())
+    if (k != "sim") kinds.push_back(k);
+  cmd->add_option("--backend", args->backend, "Backend to time (cpu, or cuda where built)")
+      ->check(CLI::IsMember(kinds))
+      ->capture_default_str();
   cmd->add_option("--threads", args->threads, "Compute threads (default: all)");
   cmd->add_option("--reps", args->reps, "Timed repetitions per step (median)");
   cmd->add_flag("--deterministic", args->deterministic, "Profile the deterministic kernels");

@@ -521,6 +521,13 @@ bool cuda_device_available(std::string* why) {
   return true;
 }
 
+int64_t cuda_device_memory_bytes() {
+  if (!cuda_device_available()) return 0;
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, 0) != cudaSuccess) return 0;
+  return static_cast<int64_t>(p.totalGlobalMem);
+}
+
 std::string cuda_device_description() {
   std::string why;
   if (!cuda_device_available(&why)) return "no GPU (" + why + ")";

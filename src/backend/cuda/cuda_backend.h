@@ -41,6 +41,10 @@ class CudaBackend : public Backend {
 // driver, no device).
 bool cuda_device_available(std::string* why = nullptr);
 
+// GPU 0's memory in bytes (0 without a usable GPU): what `blend profile --backend cuda` writes
+// as the hardware's memory.
+int64_t cuda_device_memory_bytes();
+
 // The device's name and memory, e.g. "NVIDIA H200, 139.8 GiB, sm_90".
 std::string cuda_device_description();
 
