@@ -210,14 +210,15 @@ CudaBackendImpl::CudaBackendImpl(const ModelConfig& config, const TensorStore& s
   embed_elem_ = file == DType::kBF16 ? Elem::kBF16 : Elem::kF32;  // the cpu backend's rule
 
   // BLEND_CUDA_ATTENTION picks the attention kernels, for benchmarks and tests to compare them:
-  // tiled32 (element loads, 32-key tiles) or tiled64 for every token, or the default: prefill
-  // chunks on tensor cores and the other tokens in the pipelined decode kernel where the shape
-  // allows, else tiled64.
+  // tiled32 (element loads, 32-key tiles) or tiled64 for every token; pipelined (prefill chunks
+  // on tensor cores, the other tokens in the FMA decode kernel); or the default: prefill chunks
+  // and the other tokens on tensor cores where the shape allows, else as pipelined.
   const char* kernel = std::getenv("BLEND_CUDA_ATTENTION");
   const std::string kernel_name = kernel ? kernel : "";
   if (kernel_name == "tiled32") attention_kernel_ = cuda::AttentionKernel::kTiled32;
   if (kernel_name == "tiled64") attention_kernel_ = cuda::AttentionKernel::kTiled64;
-  if (kernel_name.empty() || kernel_name == "default")
+  if (kernel_name == "pipelined") attention_kernel_ = cuda::AttentionKernel::kPipelined;
+  if (kernel_name.empty() || kernel_name == "default" || kernel_name == "pipelined")
     prefill_tile_tokens_ = cuda::prefill_tile_tokens(static_cast<int32_t>(config_.num_heads),
                                                      static_cast<int32_t>(config_.num_kv_heads),
                                                      static_cast<int32_t>(config_.head_dim), elem_);
