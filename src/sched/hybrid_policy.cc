@@ -101,16 +101,25 @@ HybridSelection HybridPolicy::select(std::span<const HybridCandidate> rt,
   constexpr double kNever = std::numeric_limits<double>::infinity();
 
   // RT requests, most urgent first (Alg. 1 lines 3-15). The iteration must end before the
-  // earliest deadline it can still meet; a request already past its deadline runs first but
-  // sets no limit (no batch makes it on time, and shrinking the batch for it would make the
-  // requests behind it late too: measured on the simulator, that spiral cost more than half
-  // of the RT and BE throughput).
+  // earliest deadline it can still meet; a request already past its deadline sets no limit (no
+  // batch makes it on time, and shrinking the batch for it would make the requests behind it
+  // late too: measured on the simulator, that spiral cost more than half of the RT and BE
+  // throughput). A late decode keeps its place in front. A prompt that missed its TTFT
+  // deadline yields to those that can still meet theirs (EDF's domino effect under overload)
+  // but only for one more TTFT target: from then on it is overdue and runs first, by deadline.
+  // Without that bound, sustained overload starved late prompts for as long as fresh ones kept
+  // coming (TTFT p99 194 s in a 10-minute soak, docs/BENCHMARKS.md); with it a prompt waits at
+  // most about twice its target plus the queue of overdue prompts before it. The bound is a
+  // choice (tail latency against attainment), not fitted to any figure.
   std::vector<size_t> order(rt.size());
   std::iota(order.begin(), order.end(), size_t{0});
-  auto missed_first_token = [&](size_t i) { return rt[i].first_token && rt[i].deadline < now; };
+  auto yields = [&](size_t i) {
+    const HybridCandidate& c = rt[i];
+    return c.first_token && c.deadline < now && !(c.ttft_slo > 0 && now - c.deadline >= c.ttft_slo);
+  };
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    const bool ma = missed_first_token(a), mb = missed_first_token(b);
-    if (ma != mb) return mb;
+    const bool ya = yields(a), yb = yields(b);
+    if (ya != yb) return yb;
     return rt[a].deadline < rt[b].deadline;
   });
   double slack = kNever;  // the earliest deadline among the selected ones still to be met

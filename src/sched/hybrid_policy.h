@@ -53,6 +53,7 @@ struct HybridCandidate {
   double deadline = 0;             // RT: when its next token is due (seconds, same clock as `now`)
   bool prefill = false;            // its next work is (a chunk of) its prompt
   bool first_token = false;        // RT: `deadline` is its TTFT deadline (nothing generated yet)
+  double ttft_slo = 0;             // RT first token: its TTFT target (0: unknown, never overdue)
   int32_t tokens = 1;              // tokens it would compute in this iteration
   int64_t context = 0;             // tokens already in its KV cache (decode cost)
   int64_t pages_needed = 0;        // new KV pages this iteration would take

@@ -413,6 +413,7 @@ void Scheduler::schedule_hybrid(StepPlan& plan, int32_t& budget, double now) {
     if (c.cls == RequestClass::kRealtime) {
       c.deadline = seq->num_generated() == 0 ? seq->arrival_time + seq->ttft_slo
                                              : seq->last_token_time + seq->tpot_slo;
+      if (c.first_token) c.ttft_slo = seq->ttft_slo;
       rt.push_back(c);
       rt_seqs.push_back(seq);
     } else {

@@ -133,12 +133,30 @@ TEST(HybridPolicy, AMissedFirstTokenYieldsToRequestsThatCanStillMeetTheirs) {
   HybridPolicy p({.initial_batch = 2, .batch_step = 4, .max_batch = 2}, per_token_cost());
   HybridCandidate missed = rt(-0.5), waiting = rt(0.3), decoding_late = rt(-0.2);
   missed.first_token = waiting.first_token = true;
+  missed.ttft_slo = waiting.ttft_slo = 1.0;  // 0.5 s late: less than one more target
   std::vector<HybridCandidate> rts = {missed, waiting};
   EXPECT_EQ(p.select(rts, {}, 0.0, 100).rt, (std::vector<size_t>{1, 0}));
   rts = {missed, waiting, decoding_late};
   EXPECT_EQ(p.select(rts, {}, 0.0, 100).rt, (std::vector<size_t>{2, 1}));
   rts = {missed, rt(0.4)};  // a decode with time left: the missed first token still runs
   EXPECT_EQ(p.select(rts, {}, 0.0, 100).rt, (std::vector<size_t>{1, 0}));
+}
+
+// ... but not for ever: once a prompt is a whole TTFT target past its deadline it is overdue
+// and runs first, so sustained overload cannot starve it (the soak's 194 s tail).
+TEST(HybridPolicy, AMissedFirstTokenIsOverdueOneTargetLaterAndRunsFirst) {
+  HybridPolicy p({.initial_batch = 2, .batch_step = 4, .max_batch = 2}, per_token_cost());
+  HybridCandidate overdue = rt(-0.5), fresh1 = rt(0.3), fresh2 = rt(0.35);
+  overdue.first_token = fresh1.first_token = fresh2.first_token = true;
+  overdue.ttft_slo = 0.4;  // late by 0.5 >= 0.4
+  fresh1.ttft_slo = fresh2.ttft_slo = 0.4;
+  const std::vector<HybridCandidate> rts = {fresh1, fresh2, overdue};
+  EXPECT_EQ(p.select(rts, {}, 0.0, 100).rt, (std::vector<size_t>{2, 0}));
+  // Without a known target the old rule holds: it yields.
+  HybridCandidate unknown = overdue;
+  unknown.ttft_slo = 0;
+  const std::vector<HybridCandidate> rts2 = {fresh1, fresh2, unknown};
+  EXPECT_EQ(p.select(rts2, {}, 0.0, 100).rt, (std::vector<size_t>{0, 1}));
 }
 
 }  // namespace
