@@ -147,6 +147,11 @@ void register_simulate_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--hybrid-batch-step", a->hybrid.batch_step, "... growth per calm iteration")
       ->capture_default_str();
+  cmd->add_option("--hybrid-overdue-after", a->hybrid.overdue_after_slos,
+                  "--policy hybrid: a prompt that missed its TTFT target runs first once it is "
+                  "this many targets late (0: it yields to on-time ones for ever)")
+      ->check(CLI::Range(0.0, 1e6))
+      ->capture_default_str();
   cmd->add_option("--max-batch-tokens", a->max_batch_tokens, "Token budget of one step")
       ->capture_default_str();
   cmd->add_option("--max-running", a->max_running, "Sequences running at once")

@@ -105,17 +105,16 @@ HybridSelection HybridPolicy::select(std::span<const HybridCandidate> rt,
   // batch makes it on time, and shrinking the batch for it would make the requests behind it
   // late too: measured on the simulator, that spiral cost more than half of the RT and BE
   // throughput). A late decode keeps its place in front. A prompt that missed its TTFT
-  // deadline yields to those that can still meet theirs (EDF's domino effect under overload)
-  // but only for one more TTFT target: from then on it is overdue and runs first, by deadline.
-  // Without that bound, sustained overload starved late prompts for as long as fresh ones kept
-  // coming (TTFT p99 194 s in a 10-minute soak, docs/BENCHMARKS.md); with it a prompt waits at
-  // most about twice its target plus the queue of overdue prompts before it. The bound is a
-  // choice (tail latency against attainment), not fitted to any figure.
+  // deadline yields to those that can still meet theirs (EDF's domino effect under overload),
+  // for ever by default, or until it is HybridOptions::overdue_after_slos targets late.
   std::vector<size_t> order(rt.size());
   std::iota(order.begin(), order.end(), size_t{0});
+  const double overdue_after = options_.overdue_after_slos;
   auto yields = [&](size_t i) {
     const HybridCandidate& c = rt[i];
-    return c.first_token && c.deadline < now && !(c.ttft_slo > 0 && now - c.deadline >= c.ttft_slo);
+    const bool overdue =
+        overdue_after > 0 && c.ttft_slo > 0 && now - c.deadline >= overdue_after * c.ttft_slo;
+    return c.first_token && c.deadline < now && !overdue;
   };
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     const bool ya = yields(a), yb = yields(b);

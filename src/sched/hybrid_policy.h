@@ -68,6 +68,13 @@ struct HybridOptions {
   int32_t initial_batch = 256;
   int32_t batch_step = 4;  // growth after an iteration with no RT request at risk
   int32_t max_batch = 256;
+  // A prompt that missed its TTFT deadline yields to those that can still meet theirs; with
+  // this > 0 it does so only until it is this many TTFT targets late, then runs first (bounds
+  // the wait under sustained overload; 0 = yields for ever, BROS's attainment-first order).
+  // Off by default: on the paper-scale simulator it cuts TTFT attainment near capacity (OPT-13B
+  // at 6 RT/s: 0.83 -> 0.18) while it bounds a closed-loop soak's tail (p99 62 s -> 3 s);
+  // docs/BENCHMARKS.md.
+  double overdue_after_slos = 0;
 };
 
 struct HybridSelection {

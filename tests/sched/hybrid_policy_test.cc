@@ -142,10 +142,11 @@ TEST(HybridPolicy, AMissedFirstTokenYieldsToRequestsThatCanStillMeetTheirs) {
   EXPECT_EQ(p.select(rts, {}, 0.0, 100).rt, (std::vector<size_t>{1, 0}));
 }
 
-// ... but not for ever: once a prompt is a whole TTFT target past its deadline it is overdue
-// and runs first, so sustained overload cannot starve it (the soak's 194 s tail).
+// ... for ever by default; with overdue_after_slos = 1, once a prompt is a whole TTFT target
+// past its deadline it is overdue and runs first, so sustained overload cannot starve it.
 TEST(HybridPolicy, AMissedFirstTokenIsOverdueOneTargetLaterAndRunsFirst) {
-  HybridPolicy p({.initial_batch = 2, .batch_step = 4, .max_batch = 2}, per_token_cost());
+  HybridPolicy p({.initial_batch = 2, .batch_step = 4, .max_batch = 2, .overdue_after_slos = 1},
+                 per_token_cost());
   HybridCandidate overdue = rt(-0.5), fresh1 = rt(0.3), fresh2 = rt(0.35);
   overdue.first_token = fresh1.first_token = fresh2.first_token = true;
   overdue.ttft_slo = 0.4;  // late by 0.5 >= 0.4
@@ -157,6 +158,9 @@ TEST(HybridPolicy, AMissedFirstTokenIsOverdueOneTargetLaterAndRunsFirst) {
   unknown.ttft_slo = 0;
   const std::vector<HybridCandidate> rts2 = {fresh1, fresh2, unknown};
   EXPECT_EQ(p.select(rts2, {}, 0.0, 100).rt, (std::vector<size_t>{0, 1}));
+  // Nor by default (overdue_after_slos = 0), however late.
+  HybridPolicy by_default({.initial_batch = 2, .batch_step = 4, .max_batch = 2}, per_token_cost());
+  EXPECT_EQ(by_default.select(rts, {}, 0.0, 100).rt, (std::vector<size_t>{0, 1}));
 }
 
 }  // namespace
