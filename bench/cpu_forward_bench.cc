@@ -36,6 +36,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/gemm.h"
+#include "bench_util.h"
 #include "core/error.h"
 #include "model/presets.h"
 #include "model/random_init.h"
@@ -46,29 +47,11 @@ namespace {
 
 using nlohmann::json;
 
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// Runs f once to warm up (kernel creation, first touch of buffers), then `reps` times; returns
-// the index of the median run and its seconds.
-template <typename F>
-std::pair<size_t, double> median_run(int reps, F&& f) {
-  f();
-  std::vector<std::pair<double, size_t>> t;
-  for (int i = 0; i < reps; ++i) {
-    const double t0 = now();
-    f();
-    t.emplace_back(now() - t0, static_cast<size_t>(i));
-  }
-  std::sort(t.begin(), t.end());
-  return {t[t.size() / 2].second, t[t.size() / 2].first};
-}
-
-template <typename F>
-double median_seconds(int reps, F&& f) {
-  return median_run(reps, f).second;
-}
+using bench::emit;
+using bench::median_run;
+using bench::median_seconds;
+using bench::now;
+using bench::parse_list;
 
 // A forward step's median time, with the per-op times of that same run.
 double median_forward(int reps, CpuBackend& backend, const ForwardBatch& batch,
@@ -83,29 +66,12 @@ double median_forward(int reps, CpuBackend& backend, const ForwardBatch& batch,
   return seconds;
 }
 
-std::vector<int64_t> parse_list(const std::string& s) {
-  std::vector<int64_t> v;
-  size_t pos = 0;
-  while (pos < s.size()) {
-    const size_t comma = s.find(',', pos);
-    v.push_back(std::stoll(s.substr(pos, comma - pos)));
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
-  return v;
-}
-
 std::string cpu_model_name() {
   std::ifstream in("/proc/cpuinfo");
   std::string line;
   while (std::getline(in, line))
     if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
   return "unknown";
-}
-
-void emit(const json& j) {
-  std::printf("%s\n", j.dump().c_str());
-  std::fflush(stdout);
 }
 
 struct Options {

@@ -23,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../bench_util.h"
 #include "backend/cuda/cuda_backend.h"
 #include "core/error.h"
 #include "model/safetensors.h"
@@ -32,43 +33,13 @@ namespace {
 
 using nlohmann::json;
 
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+using bench::emit;
+using bench::median_seconds;
+using bench::now;
+using bench::parse_list;
 
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw Error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-std::vector<int64_t> parse_list(const std::string& s) {
-  std::vector<int64_t> v;
-  size_t pos = 0;
-  while (pos < s.size()) {
-    const size_t comma = s.find(',', pos);
-    v.push_back(std::stoll(s.substr(pos, comma - pos)));
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
-  return v;
-}
-
-void emit(const json& j) {
-  std::printf("%s\n", j.dump().c_str());
-  std::fflush(stdout);
-}
-
-// Median seconds of `reps` timed runs of `f` after one warm-up.
-template <typename F>
-double median_seconds(int reps, F&& f) {
-  f();
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    const double t0 = now();
-    f();
-    t.push_back(now() - t0);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
 }
 
 // Peak dense bf16 GEMM FLOP/s (cuBLAS, f32 accumulation, n^3) and copy bandwidth.

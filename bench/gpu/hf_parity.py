@@ -44,7 +44,9 @@ import shutil
 import subprocess
 import sys
 import time
-import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from steplog import StepLog  # noqa: E402
 
 BOS = 128000
 EOS = [128001, 128008, 128009]
@@ -67,33 +69,13 @@ PROMPT_TEXTS = [
     "lacs attirent chaque année",
 ]
 
-LOG_FILE = None
 # Where transformers runs: the GPU. bench/gpu/check_hf_parity.py sets cpu to run the script
 # here against a stand-in transformers.
 DEVICE = os.environ.get("HF_PARITY_DEVICE", "cuda")
 
 
-def log(msg):
-    line = f"[hf_parity {time.strftime('%H:%M:%S')}] {msg}"
-    print(line, flush=True)
-    if LOG_FILE:
-        with open(LOG_FILE, "a") as f:
-            f.write(line + "\n")
-
-
-def attempt(what, fn, *args, **kwargs):
-    """Runs one step; a failure is logged with its traceback and returns None."""
-    log(f"{what} ...")
-    t0 = time.time()
-    try:
-        result = fn(*args, **kwargs)
-        log(f"{what}: done in {time.time() - t0:.1f} s")
-        return result
-    except Exception as e:  # noqa: BLE001 - every failure is reported, the run goes on
-        log(f"{what}: FAILED after {time.time() - t0:.1f} s: {type(e).__name__}: {e}")
-        for line in traceback.format_exc().rstrip().splitlines():
-            log("  " + line)
-        return None
+STEPS = StepLog("hf_parity")
+log, attempt = STEPS.log, STEPS.attempt
 
 
 def run(cmd, log_path, timeout, stdin=None):
@@ -674,14 +656,13 @@ def main():
     if not a.blend or not a.work:
         ap.error("BLEND and WORK_DIR are required")
 
-    global LOG_FILE
     blend = os.path.abspath(a.blend) if os.path.exists(a.blend) else a.blend
     work = os.path.abspath(a.work)
     out = os.path.abspath(a.out or os.environ.get("OUT") or work)
     runs = os.path.join(out, "hf_parity")
     os.makedirs(runs, exist_ok=True)
     os.makedirs(os.path.join(work, "models"), exist_ok=True)
-    LOG_FILE = os.path.join(out, "hf_parity.log")
+    STEPS.file = os.path.join(out, "hf_parity.log")
     backends = [b for b in a.backends.split(",") if b]
     t_start = time.time()
     log(f"blend {blend}, work {work}, out {out}, backends {backends}, dry run {a.dry_run}")

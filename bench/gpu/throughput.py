@@ -36,32 +36,15 @@ import shlex
 import subprocess
 import sys
 import time
-import traceback
 
-LOG_FILE = None
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from steplog import StepLog  # noqa: E402
+
 H100_H200_DENSE_BF16 = 989e12  # datasheet, SXM, dense
 
 
-def log(msg):
-    line = f"[throughput {time.strftime('%H:%M:%S')}] {msg}"
-    print(line, flush=True)
-    if LOG_FILE:
-        with open(LOG_FILE, "a") as f:
-            f.write(line + "\n")
-
-
-def attempt(what, fn, *args, **kwargs):
-    log(f"{what} ...")
-    t0 = time.time()
-    try:
-        result = fn(*args, **kwargs)
-        log(f"{what}: done in {time.time() - t0:.1f} s")
-        return result
-    except Exception as e:  # noqa: BLE001 - reported; the run goes on
-        log(f"{what}: FAILED after {time.time() - t0:.1f} s: {type(e).__name__}: {e}")
-        for line in traceback.format_exc().rstrip().splitlines():
-            log("  " + line)
-        return None
+STEPS = StepLog("throughput")
+log, attempt = STEPS.log, STEPS.attempt
 
 
 def run(cmd, log_path, timeout):
@@ -444,13 +427,12 @@ def main():
         a.budgets, a.requests, a.hf_batches = "2048", "128", "64"
         a.run_cap = min(a.run_cap, 45.0)
 
-    global LOG_FILE
     a.blend = os.path.abspath(a.blend) if os.path.exists(a.blend) else a.blend
     out = os.path.abspath(a.out)
     runs = os.path.join(out, "throughput")
     os.makedirs(runs, exist_ok=True)
     os.makedirs(a.work, exist_ok=True)
-    LOG_FILE = os.path.join(out, "throughput.log")
+    STEPS.file = os.path.join(out, "throughput.log")
     t_start = time.time()
     log(f"blend {a.blend}, out {out}, work {a.work}, backend {a.backend}, budgets {a.budgets}, "
         f"requests {a.requests}, {a.prompt} + {a.output} tokens, run cap {a.run_cap:g} s")

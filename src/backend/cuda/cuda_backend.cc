@@ -140,8 +140,13 @@ class CudaBackendImpl final : public CudaBackend {
   void copy_page(PageId src, PageId dst) override;
   void read_pages(std::span<const PageId> pages, std::byte* out) const override;
   void write_pages(std::span<const PageId> pages, const std::byte* in) override;
-  void read_slots(PageId page, int32_t first, int32_t count, std::byte* image) const override;
-  void write_slots(PageId page, int32_t first, int32_t count, const std::byte* image) override;
+  void read_slots(PageId page, int32_t first, int32_t count, std::byte* image) const override {
+    copy_slots(page, first, count, image, /*to_host=*/true);
+  }
+  void write_slots(PageId page, int32_t first, int32_t count, const std::byte* image) override {
+    // The host image is only read (cudaMemcpy2DAsync takes const sources).
+    copy_slots(page, first, count, const_cast<std::byte*>(image), /*to_host=*/false);
+  }
 
  private:
   struct Layer {
@@ -155,6 +160,8 @@ class CudaBackendImpl final : public CudaBackend {
   // y[m][n] (f32) = x[m][k] (elem_) * w[n][k]^T, added to y when `accumulate`.
   void gemm(const void* x, int64_t m, const DeviceBuffer& w, int64_t n, int64_t k, float* y,
             bool accumulate);
+  // Slots [first, first + count) of `page` between the GPU and a host page image.
+  void copy_slots(PageId page, int32_t first, int32_t count, std::byte* host, bool to_host) const;
   std::byte* page_ptr(PageId p) const {
     return kv_cache_.get<std::byte>() + static_cast<size_t>(p) * kv_bytes_per_page();
   }
@@ -210,15 +217,14 @@ CudaBackendImpl::CudaBackendImpl(const ModelConfig& config, const TensorStore& s
   embed_elem_ = file == DType::kBF16 ? Elem::kBF16 : Elem::kF32;  // the cpu backend's rule
 
   // BLEND_CUDA_ATTENTION picks the attention kernels, for benchmarks and tests to compare them:
-  // tiled32 (element loads, 32-key tiles) or tiled64 for every token; pipelined (prefill chunks
-  // on tensor cores, the other tokens in the FMA decode kernel); or the default: prefill chunks
-  // and the other tokens on tensor cores where the shape allows, else as pipelined.
+  // tiled32 (element loads, 32-key tiles) or tiled64 for every token, or the default: prefill
+  // chunks on tensor cores and the other tokens in the pipelined decode kernel where the shape
+  // allows, else tiled64.
   const char* kernel = std::getenv("BLEND_CUDA_ATTENTION");
   const std::string kernel_name = kernel ? kernel : "";
   if (kernel_name == "tiled32") attention_kernel_ = cuda::AttentionKernel::kTiled32;
   if (kernel_name == "tiled64") attention_kernel_ = cuda::AttentionKernel::kTiled64;
-  if (kernel_name == "pipelined") attention_kernel_ = cuda::AttentionKernel::kPipelined;
-  if (kernel_name.empty() || kernel_name == "default" || kernel_name == "pipelined")
+  if (kernel_name.empty() || kernel_name == "default")
     prefill_tile_tokens_ = cuda::prefill_tile_tokens(static_cast<int32_t>(config_.num_heads),
                                                      static_cast<int32_t>(config_.num_kv_heads),
                                                      static_cast<int32_t>(config_.head_dim), elem_);
@@ -475,34 +481,24 @@ void CudaBackendImpl::write_pages(std::span<const PageId> pages, const std::byte
 
 // A page is num_layers * 2 * num_kv_heads runs of page_size slots, each slot head_dim elements:
 // the slots [first, first + count) of every run are one strided 2-D copy.
-void CudaBackendImpl::read_slots(PageId page, int32_t first, int32_t count,
-                                 std::byte* image) const {
-  check_page(page, "read_slots");
+void CudaBackendImpl::copy_slots(PageId page, int32_t first, int32_t count, std::byte* host,
+                                 bool to_host) const {
+  const char* what = to_host ? "read_slots" : "write_slots";
+  check_page(page, what);
   if (first < 0 || count < 0 || first + count > kv_.page_size)
-    throw Error("cuda backend: read_slots: slots outside the page");
+    throw Error(std::string("cuda backend: ") + what + ": slots outside the page");
   if (count == 0) return;
   const size_t slot = static_cast<size_t>(kv_.head_dim) * elem_size(elem_);
   const size_t pitch = slot * kv_.page_size;
   const size_t runs = static_cast<size_t>(kv_.num_layers) * 2 * kv_.num_kv_heads;
-  check_cuda(cudaMemcpy2DAsync(image + first * slot, pitch, page_ptr(page) + first * slot, pitch,
-                               count * slot, runs, cudaMemcpyDeviceToHost, stream_),
-             "read_slots");
-  check_cuda(cudaStreamSynchronize(stream_), "read_slots");
-}
-
-void CudaBackendImpl::write_slots(PageId page, int32_t first, int32_t count,
-                                  const std::byte* image) {
-  check_page(page, "write_slots");
-  if (first < 0 || count < 0 || first + count > kv_.page_size)
-    throw Error("cuda backend: write_slots: slots outside the page");
-  if (count == 0) return;
-  const size_t slot = static_cast<size_t>(kv_.head_dim) * elem_size(elem_);
-  const size_t pitch = slot * kv_.page_size;
-  const size_t runs = static_cast<size_t>(kv_.num_layers) * 2 * kv_.num_kv_heads;
-  check_cuda(cudaMemcpy2DAsync(page_ptr(page) + first * slot, pitch, image + first * slot, pitch,
-                               count * slot, runs, cudaMemcpyHostToDevice, stream_),
-             "write_slots");
-  check_cuda(cudaStreamSynchronize(stream_), "write_slots");
+  std::byte* device = page_ptr(page) + first * slot;
+  host += first * slot;
+  check_cuda(to_host ? cudaMemcpy2DAsync(host, pitch, device, pitch, count * slot, runs,
+                                         cudaMemcpyDeviceToHost, stream_)
+                     : cudaMemcpy2DAsync(device, pitch, host, pitch, count * slot, runs,
+                                         cudaMemcpyHostToDevice, stream_),
+             what);
+  check_cuda(cudaStreamSynchronize(stream_), what);
 }
 
 }  // namespace

@@ -515,204 +515,9 @@ __global__ void combine_kernel(BatchView b, const float* partial, int32_t num_he
   }
 }
 
-// Decode attention on tensor cores: the pipelined kernel's cp.async double-buffered bf16 tiles,
-// with Q K^T and P V as wmma products. The query heads of one KV head are the rows of a 16-row
-// tile (4 of 16 used for Llama-3-8B's groups of 4: the tensor cores have cycles to spare in a
-// memory-bound kernel, the FMA pipes did not). The online softmax and the f32 accumulator in
-// shared memory are the prefill kernel's. Splits and partials as decode_attention_kernel's.
-namespace dmma {
-constexpr int kRows = 16, kKeys = 32, kThreads = 128, kWarps = kThreads / 32;
-struct Layout {
-  int ldq, ldk, lds, ldp, ldo;
-  size_t q, k, v, s, p, o, m, l, alpha, total;
-  __host__ __device__ explicit Layout(int d)
-      : ldq(d + 8), ldk(d + 8), lds(kKeys + 4), ldp(kKeys + 8), ldo(d + 4) {
-    q = 0;
-    k = q + size_t{2} * kRows * ldq;
-    v = k + size_t{2} * 2 * kKeys * ldk;
-    s = v + size_t{2} * 2 * kKeys * ldk;
-    p = s + size_t{4} * kRows * lds;
-    o = p + size_t{2} * kRows * ldp;
-    m = o + size_t{4} * kRows * ldo;
-    l = m + 4 * kRows;
-    alpha = l + 4 * kRows;
-    total = alpha + 4 * kRows;
-  }
-};
-bool supports(int32_t group, int32_t d) {
-  return group <= kRows && d % 16 == 0 && d <= 256;
-}
-}  // namespace dmma
-
-__global__ void __launch_bounds__(dmma::kThreads)
-    decode_mma_kernel(BatchView b, const float* qkv, int64_t nqkv, KvView kv, int32_t layer,
-                      int32_t num_heads, int32_t window, bf16* out, int32_t splits,
-                      float* partial) {
-  using namespace nvcuda;
-  using dmma::kKeys;
-  using dmma::kRows;
-  using dmma::kThreads;
-  extern __shared__ __align__(128) unsigned char smem[];
-  const int32_t d = kv.head_dim, group = num_heads / kv.num_kv_heads;
-  const dmma::Layout L(d);
-  bf16* q_s = reinterpret_cast<bf16*>(smem + L.q);
-  bf16* k_s = reinterpret_cast<bf16*>(smem + L.k);  // [2][kKeys][ldk]
-  bf16* v_s = reinterpret_cast<bf16*>(smem + L.v);  // [2][kKeys][ldk]
-  float* s_s = reinterpret_cast<float*>(smem + L.s);
-  bf16* p_s = reinterpret_cast<bf16*>(smem + L.p);
-  float* o_s = reinterpret_cast<float*>(smem + L.o);
-  float* m_s = reinterpret_cast<float*>(smem + L.m);
-  float* l_s = reinterpret_cast<float*>(smem + L.l);
-  float* alpha_s = reinterpret_cast<float*>(smem + L.alpha);
-  const int32_t t =
-      b.single_tokens ? b.single_tokens[blockIdx.x] : static_cast<int32_t>(blockIdx.x);
-  const int32_t kv_head = blockIdx.y, tid = threadIdx.x, warp = tid >> 5;
-  const int32_t pos = b.positions[t];
-  const int32_t base = b.chunk_table[b.token_chunk[t]];
-  const int32_t lo = window > 0 ? max(0, pos - window + 1) : 0, hi = pos + 1;
-  const float scale = 1.0f / sqrtf(static_cast<float>(d));
-  const float* q = qkv + t * nqkv + int64_t{kv_head} * group * d;
-  for (int32_t i = tid; i < kRows * d; i += kThreads) {
-    const int32_t r = i / d, e = i - r * d;
-    q_s[r * L.ldq + e] = __float2bfloat16_rn(r < group ? q[r * d + e] * scale : 0.0f);
-  }
-  for (int32_t i = tid; i < kRows * d; i += kThreads) o_s[(i / d) * L.ldo + i % d] = 0.0f;
-  if (tid < kRows) {
-    m_s[tid] = -INFINITY;
-    l_s[tid] = 0.0f;
-  }
-  const bf16* cache = static_cast<const bf16*>(kv.base);
-  const int32_t vecs = d / 8;
-  const int64_t v_delta = int64_t{kv.num_kv_heads} * kv.page_size * d;
-  // Tile [k0, k0 + kKeys) into buffer `buf`; rows past the range are zeroed (P V reads them).
-  auto issue = [&](int32_t k0, int32_t end, int32_t buf) {
-    const int32_t n = min(kKeys, end - k0);
-    bf16* kd = k_s + buf * kKeys * L.ldk;
-    bf16* vd = v_s + buf * kKeys * L.ldk;
-    for (int32_t i = tid; i < kKeys * vecs; i += kThreads) {
-      const int32_t kk = i / vecs, e = (i - kk * vecs) * 8;
-      if (kk < n) {
-        const int64_t off = kv_offset(b, kv, base, k0 + kk, layer, 0, kv_head) + e;
-        __pipeline_memcpy_async(kd + kk * L.ldk + e, cache + off, 16);
-        __pipeline_memcpy_async(vd + kk * L.ldk + e, cache + off + v_delta, 16);
-      } else {
-        *reinterpret_cast<uint4*>(kd + kk * L.ldk + e) = make_uint4(0, 0, 0, 0);
-        *reinterpret_cast<uint4*>(vd + kk * L.ldk + e) = make_uint4(0, 0, 0, 0);
-      }
-    }
-    __pipeline_commit();
-  };
-  const int32_t tiles = (hi - lo + kKeys - 1) / kKeys, per = (tiles + splits - 1) / splits;
-  const int32_t s_lo = lo + static_cast<int32_t>(blockIdx.z) * per * kKeys;
-  const int32_t s_hi = min(hi, s_lo + per * kKeys);
-  __syncthreads();
-  if (s_lo < s_hi) issue(s_lo, s_hi, 0);
-  int32_t buf = 0;
-  for (int32_t k0 = s_lo; k0 < s_hi; k0 += kKeys, buf ^= 1) {
-    const int32_t n = min(kKeys, s_hi - k0);
-    if (k0 + kKeys < s_hi)
-      issue(k0 + kKeys, s_hi, buf ^ 1);
-    else
-      __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    const bf16* kt = k_s + buf * kKeys * L.ldk;
-    const bf16* vt = v_s + buf * kKeys * L.ldk;
-    // S = Q K^T: kKeys / 16 fragments of 16 x 16.
-    if (warp < kKeys / 16) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
-      wmma::fill_fragment(c, 0.0f);
-      for (int32_t e = 0; e < d; e += 16) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> bk;
-        wmma::load_matrix_sync(a, q_s + e, L.ldq);
-        wmma::load_matrix_sync(bk, kt + warp * 16 * L.ldk + e, L.ldk);
-        wmma::mma_sync(c, a, bk, c);
-      }
-      wmma::store_matrix_sync(s_s + warp * 16, c, L.lds, wmma::mem_row_major);
-    }
-    __syncthreads();
-    // Softmax: 8 threads per row (consecutive lanes), 4 keys each; rows past the group stay 0.
-    {
-      const int32_t r = tid / 8, part = tid % 8;
-      float sv[4];
-      float tile_max = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int32_t kk = part * 4 + j;
-        sv[j] = r < group && kk < n ? s_s[r * L.lds + kk] : -INFINITY;
-        tile_max = fmaxf(tile_max, sv[j]);
-      }
-#pragma unroll
-      for (int o = 1; o < 8; o <<= 1)
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, o));
-      const float m_old = m_s[r];
-      const float m_new = fmaxf(m_old, tile_max);
-      const bool none = m_new == -INFINITY;
-      float sum = 0.0f;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float pv = none ? 0.0f : expf(sv[j] - m_new);
-        p_s[r * L.ldp + part * 4 + j] = __float2bfloat16_rn(pv);
-        sum += pv;
-      }
-#pragma unroll
-      for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-      const float alpha = none ? 1.0f : expf(m_old - m_new);
-      for (int32_t e = part; e < d; e += 8) o_s[r * L.ldo + e] *= alpha;
-      __syncwarp();
-      if (part == 0) {
-        alpha_s[r] = alpha;
-        l_s[r] = l_s[r] * alpha + sum;
-        m_s[r] = m_new;
-      }
-    }
-    __syncthreads();
-    // O += P V: d / 16 fragments.
-    for (int32_t cb = warp; cb < d / 16; cb += dmma::kWarps) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
-      float* o_tile = o_s + cb * 16;
-      wmma::load_matrix_sync(c, o_tile, L.ldo, wmma::mem_row_major);
-#pragma unroll
-      for (int32_t kb = 0; kb < kKeys / 16; ++kb) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> bv;
-        wmma::load_matrix_sync(a, p_s + kb * 16, L.ldp);
-        wmma::load_matrix_sync(bv, vt + kb * 16 * L.ldk + cb * 16, L.ldk);
-        wmma::mma_sync(c, a, bv, c);
-      }
-      wmma::store_matrix_sync(o_tile, c, L.ldo, wmma::mem_row_major);
-    }
-    __syncthreads();
-  }
-  __pipeline_wait_prior(0);
-  if (splits > 1) {
-    for (int32_t i = tid; i < group * d; i += kThreads) {
-      const int32_t r = i / d, e = i - r * d;
-      partial[((int64_t{blockIdx.x} * num_heads + kv_head * group + r) * splits + blockIdx.z) *
-                  (d + 2) +
-              e] = o_s[r * L.ldo + e];
-    }
-    if (tid < group) {
-      float* at = partial + ((int64_t{blockIdx.x} * num_heads + kv_head * group + tid) * splits +
-                             blockIdx.z) *
-                                (d + 2);
-      at[d] = m_s[tid];
-      at[d + 1] = l_s[tid];
-    }
-    return;
-  }
-  bf16* o = out + int64_t{t} * num_heads * d + int64_t{kv_head} * group * d;
-  for (int32_t i = tid; i < group * d; i += kThreads) {
-    const int32_t r = i / d, e = i - r * d;
-    o[i] = __float2bfloat16_rn(o_s[r * L.ldo + e] / l_s[r]);
-  }
-}
-
 void launch_decode_attention(const BatchView& batch, const float* qkv, int64_t nqkv,
                              const KvView& kv, int32_t layer, int32_t num_heads, int32_t window,
-                             bf16* out, const DecodeScratch& scratch, bool tensor_cores,
-                             cudaStream_t stream) {
+                             bf16* out, const DecodeScratch& scratch, cudaStream_t stream) {
   const int32_t tokens = batch.single_tokens ? batch.num_single_tokens : batch.num_tokens;
   if (tokens == 0) return;
   int32_t splits =
@@ -720,21 +525,12 @@ void launch_decode_attention(const BatchView& batch, const float* qkv, int64_t n
   if (scratch.floats < decode_scratch_floats(tokens, num_heads, kv.head_dim, splits)) splits = 1;
   const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(kv.num_kv_heads),
                   static_cast<unsigned>(splits));
-  if (tensor_cores) {
-    const size_t smem = dmma::Layout(kv.head_dim).total;
-    if (smem > 48 * 1024)
-      cudaFuncSetAttribute(decode_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(smem));
-    decode_mma_kernel<<<grid, dmma::kThreads, smem, stream>>>(
-        batch, qkv, nqkv, kv, layer, num_heads, window, out, splits, scratch.data);
-  } else {
-    const size_t smem = dec::Layout(kv.head_dim, num_heads / kv.num_kv_heads).total;
-    if (smem > 48 * 1024)
-      cudaFuncSetAttribute(decode_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(smem));
-    decode_attention_kernel<<<grid, dec::kThreads, smem, stream>>>(
-        batch, qkv, nqkv, kv, layer, num_heads, window, out, splits, scratch.data);
-  }
+  const size_t smem = dec::Layout(kv.head_dim, num_heads / kv.num_kv_heads).total;
+  if (smem > 48 * 1024)
+    cudaFuncSetAttribute(decode_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(smem));
+  decode_attention_kernel<<<grid, dec::kThreads, smem, stream>>>(
+      batch, qkv, nqkv, kv, layer, num_heads, window, out, splits, scratch.data);
   if (splits > 1)
     combine_kernel<<<dim3(static_cast<unsigned>(tokens), static_cast<unsigned>(num_heads)), 128, 0,
                      stream>>>(batch, scratch.data, num_heads, kv.head_dim, splits, out);
@@ -745,16 +541,9 @@ void attention_of(AttentionKernel kernel, const BatchView& batch, const float* q
                   const KvView& kv, int32_t layer, int32_t num_heads, int32_t window, T* out,
                   const DecodeScratch& scratch, cudaStream_t stream) {
   if constexpr (std::is_same_v<T, bf16>) {
-    const int32_t group = num_heads / kv.num_kv_heads;
-    if (kernel == AttentionKernel::kDefault && dmma::supports(group, kv.head_dim)) {
-      launch_decode_attention(batch, qkv, nqkv, kv, layer, num_heads, window, out, scratch,
-                              /*tensor_cores=*/true, stream);
-      return;
-    }
-    if ((kernel == AttentionKernel::kDefault || kernel == AttentionKernel::kPipelined) &&
-        dec::supports(group, kv.head_dim)) {
-      launch_decode_attention(batch, qkv, nqkv, kv, layer, num_heads, window, out, scratch,
-                              /*tensor_cores=*/false, stream);
+    if (kernel == AttentionKernel::kDefault &&
+        dec::supports(num_heads / kv.num_kv_heads, kv.head_dim)) {
+      launch_decode_attention(batch, qkv, nqkv, kv, layer, num_heads, window, out, scratch, stream);
       return;
     }
   }

@@ -95,12 +95,12 @@ void add_bias(float* y, int64_t rows, int64_t cols, const float* bias, cudaStrea
 void rope_write_kv(const BatchView& batch, float* qkv, int64_t nqkv, int32_t num_heads,
                    const double* inv_freq, const KvView& kv, int32_t layer, cudaStream_t stream);
 
-// Which kernel runs the single tokens: kDefault (bf16 caches: the tensor-core decode kernel,
-// asynchronous double-buffered tile copies with wmma products; where its shape does not fit,
-// kPipelined), kPipelined (the same copies, products on the FMA pipes; else kTiled64),
+// Which kernel runs the single tokens: kDefault (bf16 caches: the pipelined decode kernel,
+// asynchronous double-buffered tile copies, with flash-decoding splits; else as kTiled64),
 // kTiled64 (64-key tiles, 16-byte loads; falls back to kTiled32 where head_dim is not a
-// multiple of 16 bytes) or kTiled32 (32-key tiles, element loads).
-enum class AttentionKernel { kDefault, kPipelined, kTiled64, kTiled32 };
+// multiple of 16 bytes) or kTiled32 (32-key tiles, element loads). A tensor-core decode kernel
+// was measured no faster (docs/BENCHMARKS.md) and removed.
+enum class AttentionKernel { kDefault, kTiled64, kTiled32 };
 
 // Causal paged attention of every batch token over its sequence's cached keys (the single
 // tokens one block per (token, KV head); the prefill tiles one block per (tile, KV head) on
