@@ -33,7 +33,8 @@ TEST(JsonLimits, RefusesDeepInputBeforeBuildingIt) {
     EXPECT_EQ(e.status(), 400);
     EXPECT_NE(std::string(e.what()).find("the request body nests"), std::string::npos) << e.what();
   }
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
+  // A hang bound, not a speed goal: generous for a shared CI machine, far below a stack walk.
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
 }
 
 TEST(JsonLimits, NamesTheFieldOfAnOutOfRangeNumber) {

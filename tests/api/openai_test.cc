@@ -361,7 +361,8 @@ TEST_F(OpenAiTest, APromptTooLongInBytesIsRefusedBeforeTokenizing) {
   } catch (const ApiError& e) {
     EXPECT_EQ(e.param(), "prompt");
   }
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
+  // Generous for a shared CI machine; tokenizing first took 24 s.
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
   const json chat = {{"messages", {{{"role", "user"}, {"content", std::string(bound + 1, 'a')}}}}};
   try {
     parse_api_request(Endpoint::kChatCompletions, chat, *tokenizer_, template_, limits);

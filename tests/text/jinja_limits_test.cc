@@ -1,7 +1,8 @@
 // A chat template comes with a model folder a user downloaded: whatever it does, parsing and
 // rendering it must end quickly with a blend::Error naming the limit it reached, never a crash
 // (stack overflow), a hang or an unbounded allocation. Each template here did one of those before
-// the limits in text/jinja.h existed (issue 26); each must now fail well under a second.
+// the limits in text/jinja.h existed (issue 26); each must now fail with an error naming the limit,
+// in bounded time.
 #include <gtest/gtest.h>
 
 #include <ctime>
@@ -20,15 +21,11 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-// Optimised builds answer in well under a second of CPU (0.1-0.5 s with the machine to
-// themselves); 2 s leaves room for a machine shared with parallel builds, where the page faults
-// of a 64 MiB string cost several times more, and still tells a limit from a hang (minutes).
-// Sanitizer and unoptimised builds run several times slower.
-#if defined(__SANITIZE_ADDRESS__) || !defined(NDEBUG)
-constexpr double kSecondsAllowed = 20.0;
-#else
-constexpr double kSecondsAllowed = 2.0;
-#endif
+// Not a speed check (speed goals live in bench/): a generous bound that still tells a limit from
+// a hang or a runaway loop (minutes to hours). Optimised builds answer in 0.1-0.5 s with the
+// machine to themselves, but CI's shared 2-core machine once took 2.06 s for a 64 MiB string's
+// page faults, so a tight bound here failed for reasons that had nothing to do with the limits.
+constexpr double kSecondsAllowed = 60.0;
 
 std::string repeat(const std::string& s, int n) {
   std::string out;
@@ -37,8 +34,7 @@ std::string repeat(const std::string& s, int n) {
 }
 
 // Parses and renders `source`; returns the blend::Error's message ("" if it rendered) and checks
-// that the answer came in well under a second of CPU time (CPU, not wall time: the test machine
-// may be shared).
+// that the answer came before the hang bound (CPU, not wall time: the test machine may be shared).
 std::string error_of(const std::string& source, const ojson& context = ojson::object()) {
   const std::clock_t start = std::clock();
   std::string what;
