@@ -15,7 +15,7 @@
 //   - move a BE sequence off a shared page, by copying it, when the BE's next tokens would
 //     overwrite its RT peer's (an RT sequence is never disturbed by a BE one).
 // It records who shares which page and holds the checkpoint images; it never touches the page
-// pool or a backend. The scheduler turns its answers into StepPlan operations that the engine
+// pool or a backend. kv/kv_manager turns its answers into KvStepOps operations that the engine
 // carries out before the forward pass (synchronously on the cpu backend; a GPU backend would
 // overlap them with the step as §5.3 does).
 #pragma once
