@@ -12,8 +12,8 @@
 #     prefixes; with the default policy and with --policy blend, and once with a KV cache small
 #     enough to force preemption;
 #   - `blend simulate` on a 2,000-request synthesized workload, all five policies, --json;
-#   - `blend simulate` with 5% output-length sampling (hidden lengths);
-#   - `blend simulate-serve` (hybrid, fcfs, round-robin; 2 rates; 120 s), --json;
+#   - `blend simulate` with 5% output-length sampling (hidden lengths), and with --dp 3;
+#   - `blend simulate-serve` (hybrid, fcfs, round-robin, prefill-first; 2 rates; 120 s), --json;
 #   - `blend plan --explain`.
 # Fields that differ between any two runs by nature (response ids, creation times, wall-clock
 # seconds and rates) are dropped before comparing. Exit status 0 = identical.
@@ -89,7 +89,8 @@ run_both batch_blend '$BLEND batch --model model --input requests.jsonl --output
 run_both batch_preempt '$BLEND batch --model model --input requests.jsonl --output $OUTFILE --deterministic --threads 2 --kv-memory 0.0004 --max-batch-tokens 64 $EXTRA'
 run_both simulate '$BLEND simulate --workload workload.jsonl --policy blend,dfs,dfs@sequential,random,fcfs --json'
 run_both simulate_sampled '$BLEND simulate --workload workload.jsonl --policy blend,dfs --sample-fraction 0.05 --json'
-run_both simulate_serve '$BLEND simulate-serve --policy hybrid,fcfs,round-robin --rt-rate 1,3 --duration 120 --be-batch 256 --traces "$TRACES" --json'
+run_both simulate_dp '$BLEND simulate --workload workload.jsonl --policy blend,dfs --dp 3 --json'
+run_both simulate_serve '$BLEND simulate-serve --policy hybrid,fcfs,round-robin,prefill-first --rt-rate 1,3 --duration 120 --be-batch 256 --traces "$TRACES" --json'
 run_both plan '$BLEND plan --input workload.jsonl --model-shape llama-3-8b --hardware a100-80g --explain'
 
 python3 - "$WORK" <<'PY'
@@ -122,7 +123,8 @@ def load_jsonl(path, key=None):
 failed = 0
 checks = [("batch", "out", "custom_id"), ("batch_blend", "out", "custom_id"),
           ("batch_preempt", "out", "custom_id"), ("simulate", "stdout", None),
-          ("simulate_sampled", "stdout", None), ("simulate_serve", "stdout", None),
+          ("simulate_sampled", "stdout", None), ("simulate_dp", "stdout", None),
+          ("simulate_serve", "stdout", None),
           ("plan", "stdout", None)]
 for name, ext, key in checks:
     old = load_jsonl(os.path.join(work, f"{name}.old.{ext}"), key)

@@ -80,6 +80,117 @@ std::unordered_map<std::string, double> read_sampled_lengths(const std::string& 
   return out;
 }
 
+// The plannable lines of the input (a line that cannot be planned is reported and counted in
+// `skipped`): prompts tokenized with the model's tokenizer and template, or token ids as given.
+std::vector<plan::PlanRequest> read_plan_requests(const PlanArgs& args, const Tokenizer* tokenizer,
+                                                  const ChatTemplate* chat_template,
+                                                  int64_t& skipped) {
+  std::vector<plan::PlanRequest> requests;
+  for_each_batch_input(args.input, [&](BatchInputLine&& line) {
+    try {
+      if (line.error) throw Error(*line.error);
+      plan::PlanRequest r;
+      r.id = line.custom_id;
+      const Endpoint endpoint = parse_endpoint(line.url);
+      int64_t max_tokens = 16;
+      bool ignore_eos = false;
+      if (tokenizer) {
+        ApiRequest api = parse_api_request(endpoint, line.body, *tokenizer, chat_template);
+        r.prompt = std::move(api.prompt);
+        max_tokens = api.params.max_tokens;
+        ignore_eos = api.params.ignore_eos;
+      } else {
+        if (endpoint != Endpoint::kCompletions)
+          throw Error("chat requests need --model for the tokenizer and template");
+        r.prompt = token_id_prompt(line.body);
+        max_tokens = line.body.value("max_tokens", int64_t{16});
+        ignore_eos = line.body.value("ignore_eos", false);
+      }
+      r.output_known = ignore_eos;
+      r.output_tokens = ignore_eos ? static_cast<double>(max_tokens)
+                                   : std::min(args.assumed_output, static_cast<double>(max_tokens));
+      requests.push_back(std::move(r));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "blend plan: skipping %s: %s\n", line.custom_id.c_str(), e.what());
+      ++skipped;
+    }
+  });
+  return requests;
+}
+
+// The admission order, emulating an engine whose requests finish in the order they started;
+// also the dual scanner's first pacing (BlendServe A.2) when the policy has one.
+std::vector<int32_t> emulate_admission(plan::AdmissionStream& stream, plan::DualScanner* scanner,
+                                       std::optional<plan::Pacing>& first_pacing) {
+  std::vector<int32_t> order;
+  std::deque<int32_t> running;
+  for (int64_t step = 0; !stream.exhausted(); ++step) {
+    stream.on_step(step);
+    if (scanner && !first_pacing) first_pacing = scanner->pacing();
+    bool admitted = false;
+    while (auto r = stream.next()) {
+      order.push_back(*r);
+      running.push_back(*r);
+      admitted = true;
+    }
+    if (!admitted && !running.empty()) {
+      stream.on_finished(running.front());
+      running.pop_front();
+    }
+  }
+  return order;
+}
+
+// `--explain`: what the plan predicts, in words, before the order.
+void print_explanation(const PlanArgs& args, const plan::Plan& plan, const ModelShape& shape,
+                       const Hardware& hardware, size_t num_requests, int64_t skipped,
+                       int64_t sampled_count, double sharing, double cache_tokens, double t_comp,
+                       double t_mem, double kv_memory, const plan::DualScanner* scanner,
+                       const std::optional<plan::Pacing>& first_pacing) {
+  std::printf("policy            %s (%s on %s, tp %d)\n", plan::policy_name(plan.policy),
+              shape.name.c_str(), hardware.name.c_str(), args.tensor_parallel);
+  std::printf("requests          %zu (%lld skipped, %lld with sampled output lengths)\n",
+              num_requests, static_cast<long long>(skipped), static_cast<long long>(sampled_count));
+  std::printf("root density      %.4f  (BlendServe §5.1: (1-s) T_comp / T_mem)\n",
+              plan.root_density);
+  std::printf(
+      "sharing           s_o %.4f optimal, %.4f planned (groups), %.4f for this order "
+      "with a %.0f-token LRU cache\n",
+      plan.optimal_sharing_ratio, plan.planned_sharing_ratio, sharing, cache_tokens);
+  std::printf(
+      "predicted         T_comp %.3f s, T_mem %.3f s, T_o %.3f s overlapped / %.3f s "
+      "sequential\n",
+      t_comp, t_mem, std::max(t_comp, t_mem), t_comp + t_mem);
+  std::printf(
+      "groups            %zu (split threshold %.0f tokens, %lld nodes split, density "
+      "%s)\n",
+      plan.groups.size(), plan.split_threshold_tokens, static_cast<long long>(plan.split_nodes),
+      plan.density_monotone ? "non-increasing" : "not monotone");
+  if (scanner) {
+    const auto& history = scanner->partition_history();
+    const size_t shown = std::min<size_t>(history.size(), 8);
+    for (size_t i = 0; i < shown; ++i) {
+      const plan::MemoryPartition& m = history[i];
+      std::printf(
+          "partition %-7zu rho L %.3f R %.3f -> M_L %.2f GB, M_R %.2f GB, N %.1f/%.1f, "
+          "C %.0f/%.0f tokens%s%s\n",
+          i, m.rho_left, m.rho_right, m.memory_left / 1e9, m.memory_right / 1e9, m.requests_left,
+          m.requests_right, m.prefill_budget_left, m.prefill_budget_right,
+          m.note.empty() ? "" : "; ", m.note.c_str());
+    }
+    if (history.size() > shown) std::printf("partition ...     %zu more\n", history.size() - shown);
+    if (first_pacing)
+      std::printf(
+          "capacity pacing   step budget %d tokens, M_R %.2f GB for the memory-intensive "
+          "requests' average footprint (the longest ones' ends %.0f steps apart), %.2f GB kept "
+          "for the rest (KV token-steps / M: at least %.0f steps)\n",
+          first_pacing->step_tokens, first_pacing->memory_right / 1e9,
+          first_pacing->right_end_spacing, first_pacing->memory_left_floor / 1e9,
+          first_pacing->remaining_occupancy / kv_memory);
+  }
+  std::printf("order\n");
+}
+
 void run_plan(const PlanArgs& args) {
   if (args.model_dir.empty() == args.model_shape.empty())
     throw Error("give exactly one of --model DIR and --model-shape PRESET");
@@ -101,38 +212,9 @@ void run_plan(const PlanArgs& args) {
   }
   const CostModel cost(*shape, hardware);
 
-  std::vector<plan::PlanRequest> requests;
   int64_t skipped = 0;
-  for_each_batch_input(args.input, [&](BatchInputLine&& line) {
-    try {
-      if (line.error) throw Error(*line.error);
-      plan::PlanRequest r;
-      r.id = line.custom_id;
-      const Endpoint endpoint = parse_endpoint(line.url);
-      int64_t max_tokens = 16;
-      bool ignore_eos = false;
-      if (tokenizer) {
-        ApiRequest api = parse_api_request(endpoint, line.body, *tokenizer,
-                                           chat_template ? &*chat_template : nullptr);
-        r.prompt = std::move(api.prompt);
-        max_tokens = api.params.max_tokens;
-        ignore_eos = api.params.ignore_eos;
-      } else {
-        if (endpoint != Endpoint::kCompletions)
-          throw Error("chat requests need --model for the tokenizer and template");
-        r.prompt = token_id_prompt(line.body);
-        max_tokens = line.body.value("max_tokens", int64_t{16});
-        ignore_eos = line.body.value("ignore_eos", false);
-      }
-      r.output_known = ignore_eos;
-      r.output_tokens = ignore_eos ? static_cast<double>(max_tokens)
-                                   : std::min(args.assumed_output, static_cast<double>(max_tokens));
-      requests.push_back(std::move(r));
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "blend plan: skipping %s: %s\n", line.custom_id.c_str(), e.what());
-      ++skipped;
-    }
-  });
+  std::vector<plan::PlanRequest> requests = read_plan_requests(
+      args, tokenizer ? &*tokenizer : nullptr, chat_template ? &*chat_template : nullptr, skipped);
   if (requests.empty()) throw Error("no plannable requests in " + args.input);
 
   plan::PrefixTree tree(requests);
@@ -175,23 +257,8 @@ void run_plan(const PlanArgs& args) {
   } else {
     stream = std::make_unique<plan::OrderedStream>(plan, requests, cost, kv_memory);
   }
-  std::vector<int32_t> order;
-  std::deque<int32_t> running;
   std::optional<plan::Pacing> first_pacing;
-  for (int64_t step = 0; !stream->exhausted(); ++step) {
-    stream->on_step(step);
-    if (scanner && !first_pacing) first_pacing = scanner->pacing();
-    bool admitted = false;
-    while (auto r = stream->next()) {
-      order.push_back(*r);
-      running.push_back(*r);
-      admitted = true;
-    }
-    if (!admitted && !running.empty()) {
-      stream->on_finished(running.front());
-      running.pop_front();
-    }
-  }
+  const std::vector<int32_t> order = emulate_admission(*stream, scanner, first_pacing);
 
   const double cache_tokens = kv_memory / cost.kv_bytes_per_token_per_device();
   const double sharing = plan::sharing_ratio_of_order(tree, order, cache_tokens);
@@ -244,52 +311,9 @@ void run_plan(const PlanArgs& args) {
   nlohmann::json ids = nlohmann::json::array();
   for (int32_t r : order) ids.push_back(requests[static_cast<size_t>(r)].id);
 
-  if (args.explain) {
-    std::printf("policy            %s (%s on %s, tp %d)\n", plan::policy_name(plan.policy),
-                shape->name.c_str(), hardware.name.c_str(), args.tensor_parallel);
-    std::printf("requests          %zu (%lld skipped, %lld with sampled output lengths)\n",
-                requests.size(), static_cast<long long>(skipped),
-                static_cast<long long>(sampled_count));
-    std::printf("root density      %.4f  (BlendServe §5.1: (1-s) T_comp / T_mem)\n",
-                plan.root_density);
-    std::printf(
-        "sharing           s_o %.4f optimal, %.4f planned (groups), %.4f for this order "
-        "with a %.0f-token LRU cache\n",
-        plan.optimal_sharing_ratio, plan.planned_sharing_ratio, sharing, cache_tokens);
-    std::printf(
-        "predicted         T_comp %.3f s, T_mem %.3f s, T_o %.3f s overlapped / %.3f s "
-        "sequential\n",
-        t_comp, t_mem, std::max(t_comp, t_mem), t_comp + t_mem);
-    std::printf(
-        "groups            %zu (split threshold %.0f tokens, %lld nodes split, density "
-        "%s)\n",
-        plan.groups.size(), plan.split_threshold_tokens, static_cast<long long>(plan.split_nodes),
-        plan.density_monotone ? "non-increasing" : "not monotone");
-    if (scanner) {
-      const auto& history = scanner->partition_history();
-      const size_t shown = std::min<size_t>(history.size(), 8);
-      for (size_t i = 0; i < shown; ++i) {
-        const plan::MemoryPartition& m = history[i];
-        std::printf(
-            "partition %-7zu rho L %.3f R %.3f -> M_L %.2f GB, M_R %.2f GB, N %.1f/%.1f, "
-            "C %.0f/%.0f tokens%s%s\n",
-            i, m.rho_left, m.rho_right, m.memory_left / 1e9, m.memory_right / 1e9, m.requests_left,
-            m.requests_right, m.prefill_budget_left, m.prefill_budget_right,
-            m.note.empty() ? "" : "; ", m.note.c_str());
-      }
-      if (history.size() > shown)
-        std::printf("partition ...     %zu more\n", history.size() - shown);
-      if (first_pacing)
-        std::printf(
-            "capacity pacing   step budget %d tokens, M_R %.2f GB for the memory-intensive "
-            "requests' average footprint (the longest ones' ends %.0f steps apart), %.2f GB kept "
-            "for the rest (KV token-steps / M: at least %.0f steps)\n",
-            first_pacing->step_tokens, first_pacing->memory_right / 1e9,
-            first_pacing->right_end_spacing, first_pacing->memory_left_floor / 1e9,
-            first_pacing->remaining_occupancy / kv_memory);
-    }
-    std::printf("order\n");
-  }
+  if (args.explain)
+    print_explanation(args, plan, *shape, hardware, requests.size(), skipped, sampled_count,
+                      sharing, cache_tokens, t_comp, t_mem, kv_memory, scanner, first_pacing);
   if (args.explain || args.out.empty())
     for (const nlohmann::json& id : ids) std::printf("%s\n", id.get<std::string>().c_str());
   if (!args.out.empty()) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -114,6 +115,63 @@ std::vector<OfflineRequest> read_workload(const std::string& path) {
   return out;
 }
 
+// `--dp N` (BlendServe §5.5): rank 0's partition of the global plan; each replica plans and runs
+// its part, and the job takes as long as the slowest replica (makespan). Returns the job's
+// totals; `dp_json` gets the per-replica figures and the partition's sharing loss.
+PlannedRunStats run_data_parallel(
+    const SimulateArgs& args, const std::vector<OfflineRequest>& requests,
+    const std::vector<plan::PlanRequest>& plan_requests, const CostModel& planner_cost,
+    plan::Policy policy,
+    const std::function<PlannedRunStats(const std::vector<OfflineRequest>&)>& run_replica,
+    nlohmann::json& dp_json) {
+  PlannedRunStats st;
+  const plan::DpPartition dp = plan::partition_data_parallel(
+      plan_requests, planner_cost, args.data_parallel, args.max_batch_tokens);
+  st.policy = plan::policy_name(policy);
+  double cached = 0;
+  std::vector<double> rank_seconds;
+  for (const std::vector<int32_t>& part : dp.parts) {
+    std::vector<OfflineRequest> sub;
+    sub.reserve(part.size());
+    for (int32_t r : part) sub.push_back(requests[static_cast<size_t>(r)]);
+    if (sub.empty()) {
+      rank_seconds.push_back(0);
+      continue;
+    }
+    const PlannedRunStats r = run_replica(sub);
+    rank_seconds.push_back(r.seconds);
+    st.sampled_requests += r.sampled_requests;
+    st.requests += r.requests;
+    st.prompt_tokens += r.prompt_tokens;
+    st.output_tokens += r.output_tokens;
+    st.steps += r.steps;
+    st.seconds = std::max(st.seconds, r.seconds);
+    cached += r.sharing_ratio * static_cast<double>(r.prompt_tokens);
+  }
+  st.sharing_ratio = st.prompt_tokens > 0 ? cached / static_cast<double>(st.prompt_tokens) : 0;
+  st.sharing_optimal = dp.sharing_optimal;
+  st.root_density = dp.root_density;
+  st.compute_seconds = dp.root.compute_seconds;
+  st.memory_seconds = dp.root.memory_seconds;
+  nlohmann::json parts = nlohmann::json::array();
+  for (size_t k = 0; k < dp.parts.size(); ++k)
+    parts.push_back({{"requests", dp.parts[k].size()},
+                     {"density", dp.stats[k].density()},
+                     {"sharing", dp.stats[k].sharing_ratio()},
+                     {"compute_seconds", dp.stats[k].compute_seconds},
+                     {"memory_seconds", dp.stats[k].memory_seconds},
+                     {"prompt_tokens", dp.stats[k].prompt_tokens},
+                     {"output_tokens", dp.stats[k].output_tokens},
+                     {"predicted_work_seconds", dp.work(k)}});
+  dp_json = {{"rank_seconds", rank_seconds},
+             {"parts", parts},
+             {"partition_sharing", dp.sharing_partitioned},
+             {"sharing_loss", dp.sharing_loss()},
+             {"sharing_loss_of_optimal", dp.sharing_loss_of_optimal()},
+             {"partition_imbalance", dp.imbalance()}};
+  return st;
+}
+
 void run_simulate(const SimulateArgs& args) {
   Hardware hw = resolve_hardware(args.hardware);
   if (args.interference >= 0) hw.overlap_interference = args.interference;
@@ -187,52 +245,8 @@ void run_simulate(const SimulateArgs& args) {
     if (args.data_parallel == 1) {
       st = run_replica(requests);
     } else {
-      // §5.5: rank 0's partition of the global plan; each replica plans and runs its part, and
-      // the job takes as long as the slowest replica (makespan).
-      const plan::DpPartition dp = plan::partition_data_parallel(
-          plan_requests, planner_cost, args.data_parallel, args.max_batch_tokens);
-      st.policy = plan::policy_name(policy);
-      double cached = 0;
-      std::vector<double> rank_seconds;
-      for (const std::vector<int32_t>& part : dp.parts) {
-        std::vector<OfflineRequest> sub;
-        sub.reserve(part.size());
-        for (int32_t r : part) sub.push_back(requests[static_cast<size_t>(r)]);
-        if (sub.empty()) {
-          rank_seconds.push_back(0);
-          continue;
-        }
-        const PlannedRunStats r = run_replica(sub);
-        rank_seconds.push_back(r.seconds);
-        st.sampled_requests += r.sampled_requests;
-        st.requests += r.requests;
-        st.prompt_tokens += r.prompt_tokens;
-        st.output_tokens += r.output_tokens;
-        st.steps += r.steps;
-        st.seconds = std::max(st.seconds, r.seconds);
-        cached += r.sharing_ratio * static_cast<double>(r.prompt_tokens);
-      }
-      st.sharing_ratio = st.prompt_tokens > 0 ? cached / static_cast<double>(st.prompt_tokens) : 0;
-      st.sharing_optimal = dp.sharing_optimal;
-      st.root_density = dp.root_density;
-      st.compute_seconds = dp.root.compute_seconds;
-      st.memory_seconds = dp.root.memory_seconds;
-      nlohmann::json parts = nlohmann::json::array();
-      for (size_t k = 0; k < dp.parts.size(); ++k)
-        parts.push_back({{"requests", dp.parts[k].size()},
-                         {"density", dp.stats[k].density()},
-                         {"sharing", dp.stats[k].sharing_ratio()},
-                         {"compute_seconds", dp.stats[k].compute_seconds},
-                         {"memory_seconds", dp.stats[k].memory_seconds},
-                         {"prompt_tokens", dp.stats[k].prompt_tokens},
-                         {"output_tokens", dp.stats[k].output_tokens},
-                         {"predicted_work_seconds", dp.work(k)}});
-      dp_json = {{"rank_seconds", rank_seconds},
-                 {"parts", parts},
-                 {"partition_sharing", dp.sharing_partitioned},
-                 {"sharing_loss", dp.sharing_loss()},
-                 {"sharing_loss_of_optimal", dp.sharing_loss_of_optimal()},
-                 {"partition_imbalance", dp.imbalance()}};
+      st = run_data_parallel(args, requests, plan_requests, planner_cost, policy, run_replica,
+                             dp_json);
     }
     if (clock_root) {  // T_comp and T_mem as the clock's hardware prices them
       st.compute_seconds = clock_root->compute_seconds;

@@ -114,24 +114,14 @@ json read_json(const std::filesystem::path& path) {
   }
 }
 
-void add_tokenizer_metadata(KvBuffer& kv, const std::filesystem::path& dir,
-                            const ModelConfig& config, const json& raw_config) {
-  const auto tok_path = dir / "tokenizer.json";
-  if (!std::filesystem::exists(tok_path))
-    throw Error(dir.string() + ": no tokenizer.json (GGUF export needs the tokenizer)");
-  const json tok = read_json(tok_path);
-  if (!tok.is_object()) throw Error(tok_path.string() + ": expected a JSON object");
-  const std::string pre = pre_tokenizer_name(tok, tok_path);
+namespace {
 
-  json tcfg = json::object();
-  const auto tcfg_path = dir / "tokenizer_config.json";
-  if (std::filesystem::exists(tcfg_path)) {
-    tcfg = read_json(tcfg_path);
-    if (!tcfg.is_object()) throw Error(tcfg_path.string() + ": expected a JSON object");
-  }
-
+// tokenizer.ggml.{model,pre,tokens,token_type}: tokens in id order, added tokens typed as
+// control or user-defined. Returns the added tokens (content, id), first one first.
+std::vector<std::pair<std::string, int64_t>> add_vocabulary(KvBuffer& kv, const json& tok,
+                                                            const std::filesystem::path& tok_path,
+                                                            const std::string& pre, int64_t n) {
   // Tokens in id order.
-  const int64_t n = config.vocab_size;
   std::vector<std::string> tokens(static_cast<size_t>(n));
   std::vector<int32_t> types(static_cast<size_t>(n), static_cast<int32_t>(TokenType::kUnused));
   std::vector<bool> filled(static_cast<size_t>(n), false);
@@ -184,6 +174,10 @@ void add_tokenizer_metadata(KvBuffer& kv, const std::filesystem::path& dir,
   tokens.clear();
   tokens.shrink_to_fit();
 
+  return added;
+}
+
+void add_merges(KvBuffer& kv, const json& tok_model, const std::filesystem::path& tok_path) {
   // Merges: strings, or (transformers >= 4.45) pairs whose spaces become U+0120.
   std::vector<std::string> merges;
   if (auto it = tok_model.find("merges"); it != tok_model.end() && it->is_array()) {
@@ -203,7 +197,10 @@ void add_tokenizer_metadata(KvBuffer& kv, const std::filesystem::path& dir,
   kv.put_strings("tokenizer.ggml.merges", merges);
   merges.clear();
   merges.shrink_to_fit();
+}
 
+void add_special_tokens(KvBuffer& kv, const json& tok, const json& tcfg, const json& raw_config,
+                        const std::vector<std::pair<std::string, int64_t>>& added, int64_t n) {
   // Special token ids: tokenizer_config.json's token strings, then config.json's *_token_id
   // (gguf-py SpecialVocab order); add_*_token from the TemplateProcessing post-processor, then
   // tokenizer_config.json.
@@ -268,7 +265,9 @@ void add_tokenizer_metadata(KvBuffer& kv, const std::filesystem::path& dir,
   for (const char* typ : kTypes)
     if (auto it = add_flags.find(typ); it != add_flags.end())
       kv.put_bool(std::string("tokenizer.ggml.add_") + typ + "_token", it->second);
+}
 
+void add_chat_templates(KvBuffer& kv, const std::filesystem::path& dir, const json& tcfg) {
   // Chat template(s): tokenizer_config.json, else chat_template.jinja / chat_template.json.
   json tmpl;
   if (auto it = tcfg.find("chat_template"); it != tcfg.end()) {
@@ -302,6 +301,32 @@ void add_tokenizer_metadata(KvBuffer& kv, const std::filesystem::path& dir,
     if (!names.empty()) kv.put_strings("tokenizer.chat_templates", names);
     if (def) kv.put_string("tokenizer.chat_template", *def);
   }
+}
+
+}  // namespace
+
+void add_tokenizer_metadata(KvBuffer& kv, const std::filesystem::path& dir,
+                            const ModelConfig& config, const json& raw_config) {
+  const auto tok_path = dir / "tokenizer.json";
+  if (!std::filesystem::exists(tok_path))
+    throw Error(dir.string() + ": no tokenizer.json (GGUF export needs the tokenizer)");
+  const json tok = read_json(tok_path);
+  if (!tok.is_object()) throw Error(tok_path.string() + ": expected a JSON object");
+  const std::string pre = pre_tokenizer_name(tok, tok_path);
+
+  json tcfg = json::object();
+  const auto tcfg_path = dir / "tokenizer_config.json";
+  if (std::filesystem::exists(tcfg_path)) {
+    tcfg = read_json(tcfg_path);
+    if (!tcfg.is_object()) throw Error(tcfg_path.string() + ": expected a JSON object");
+  }
+
+  const int64_t n = config.vocab_size;
+  const std::vector<std::pair<std::string, int64_t>> added =
+      add_vocabulary(kv, tok, tok_path, pre, n);
+  add_merges(kv, tok.at("model"), tok_path);
+  add_special_tokens(kv, tok, tcfg, raw_config, added, n);
+  add_chat_templates(kv, dir, tcfg);
 }
 
 }  // namespace blend::gguf_internal
