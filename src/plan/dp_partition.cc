@@ -36,6 +36,72 @@ double shared_compute(const CostModel& cost, const PlanRequest& r, double cached
          cost.request_compute_seconds(cached, 0);
 }
 
+// Long decodes first (not in §5.5; the simulator showed it): a request of d output tokens
+// takes d steps however little runs beside it, and a part needs about (its dense tokens) /
+// step_tokens steps, so a decode near that count is the part's critical path. Contiguous runs
+// would hand every such request at the memory-intensive end to the first part (Trace#1's 69
+// OpenVid requests of ~25K tokens: 1,135 s against 924 s for two halves of equal predicted
+// work). The requests decoding more than kLongDecodeShare of a part's steps and
+// kLongDecodeOutlier times the mean (the longest kMaxDealtPerPart per part at most) are dealt out
+// first, longest first, to the part with the least long decoding so far; the rest keep their
+// subtrees.
+//
+// Marks each dealt request in `dealt` and adds it to its part in `out`; per part, the output
+// tokens dealt and their (compute + memory) seconds go to `dealt_output` and `dealt_work`.
+void deal_long_decodes(const std::vector<PlanRequest>& requests, const CostModel& cost,
+                       const std::vector<int32_t>& full_order, int32_t parts, int32_t step_tokens,
+                       DpPartition& out, std::vector<char>& dealt,
+                       std::vector<double>& dealt_output, std::vector<double>& dealt_work) {
+  const auto output_of = [&](int32_t r) { return requests[static_cast<size_t>(r)].output_tokens; };
+  const auto memory_of = [&](int32_t r) {
+    const PlanRequest& q = requests[static_cast<size_t>(r)];
+    return cost.request_memory_seconds(static_cast<double>(q.prompt.size()), q.output_tokens);
+  };
+  double dense = 0;  // prompt tokens computed (with sharing) + output tokens
+  for (size_t i = 0; i < full_order.size(); ++i) {
+    const PlanRequest& r = requests[static_cast<size_t>(full_order[i])];
+    const double shared =
+        i > 0 ? static_cast<double>(common_prefix(
+                    requests[static_cast<size_t>(full_order[i - 1])].prompt, r.prompt))
+              : 0.0;
+    dense += static_cast<double>(r.prompt.size()) - shared + r.output_tokens;
+  }
+  const double part_steps = dense / parts / std::max<int32_t>(step_tokens, 1);
+  std::vector<int32_t> long_requests;
+  double mean_output = 0;
+  for (int32_t r : full_order) mean_output += output_of(r);
+  mean_output /= static_cast<double>(full_order.size());
+  for (int32_t r : full_order)
+    if (output_of(r) > kLongDecodeShare * part_steps &&
+        output_of(r) > kLongDecodeOutlier * mean_output)
+      long_requests.push_back(r);
+  // Only the longest few per part: when long decodes are common every part's runs hold
+  // some, and dealing them all would tear their subtrees apart.
+  const size_t most = static_cast<size_t>(parts) * kMaxDealtPerPart;
+  if (long_requests.size() > most) {
+    std::vector<int32_t> longest = long_requests;
+    std::nth_element(longest.begin(), longest.begin() + static_cast<std::ptrdiff_t>(most - 1),
+                     longest.end(),
+                     [&](int32_t x, int32_t y) { return output_of(x) > output_of(y); });
+    const double cut = output_of(longest[most - 1]);
+    size_t kept = 0;
+    std::erase_if(long_requests, [&](int32_t r) {
+      return output_of(r) < cut || (output_of(r) == cut && ++kept > most);
+    });
+  }
+  // Longest first, each to the part with the least long decoding so far.
+  std::stable_sort(long_requests.begin(), long_requests.end(),
+                   [&](int32_t x, int32_t y) { return output_of(x) > output_of(y); });
+  for (int32_t r : long_requests) {
+    const size_t k = static_cast<size_t>(
+        std::min_element(dealt_output.begin(), dealt_output.end()) - dealt_output.begin());
+    out.parts[k].push_back(r);
+    dealt[static_cast<size_t>(r)] = 1;
+    dealt_output[k] += output_of(r);
+    dealt_work[k] += shared_compute(cost, requests[static_cast<size_t>(r)], 0) + memory_of(r);
+  }
+}
+
 }  // namespace
 
 DpPartition partition_data_parallel(const std::vector<PlanRequest>& requests, const CostModel& cost,
@@ -56,68 +122,16 @@ DpPartition partition_data_parallel(const std::vector<PlanRequest>& requests, co
   out.root_density = plan.root_density;
   out.sharing_optimal = plan.optimal_sharing_ratio;
   const std::vector<int32_t> full_order = plan.order();
-  const auto output_of = [&](int32_t r) { return requests[static_cast<size_t>(r)].output_tokens; };
   const auto memory_of = [&](int32_t r) {
     const PlanRequest& q = requests[static_cast<size_t>(r)];
     return cost.request_memory_seconds(static_cast<double>(q.prompt.size()), q.output_tokens);
   };
 
-  // Long decodes first (not in §5.5; the simulator showed it): a request of d output tokens
-  // takes d steps however little runs beside it, and a part needs about (its dense tokens) /
-  // step_tokens steps, so a decode near that count is the part's critical path. Contiguous runs
-  // would hand every such request at the memory-intensive end to the first part (Trace#1's 69
-  // OpenVid requests of ~25K tokens: 1,135 s against 924 s for two halves of equal predicted
-  // work). The requests decoding more than kLongDecodeShare of a part's steps and
-  // kLongDecodeOutlier times the mean (the longest kMaxDealtPerPart per part at most) are dealt out
-  // first, longest first, to the part with the least long decoding so far; the rest keep their
-  // subtrees.
   std::vector<char> dealt(requests.size(), 0);
   std::vector<double> dealt_output(static_cast<size_t>(parts), 0), dealt_work(out.work_seconds);
-  if (parts > 1) {
-    double dense = 0;  // prompt tokens computed (with sharing) + output tokens
-    for (size_t i = 0; i < full_order.size(); ++i) {
-      const PlanRequest& r = requests[static_cast<size_t>(full_order[i])];
-      const double shared =
-          i > 0 ? static_cast<double>(common_prefix(
-                      requests[static_cast<size_t>(full_order[i - 1])].prompt, r.prompt))
-                : 0.0;
-      dense += static_cast<double>(r.prompt.size()) - shared + r.output_tokens;
-    }
-    const double part_steps = dense / parts / std::max<int32_t>(step_tokens, 1);
-    std::vector<int32_t> long_requests;
-    double mean_output = 0;
-    for (int32_t r : full_order) mean_output += output_of(r);
-    mean_output /= static_cast<double>(full_order.size());
-    for (int32_t r : full_order)
-      if (output_of(r) > kLongDecodeShare * part_steps &&
-          output_of(r) > kLongDecodeOutlier * mean_output)
-        long_requests.push_back(r);
-    // Only the longest few per part: when long decodes are common every part's runs hold
-    // some, and dealing them all would tear their subtrees apart.
-    const size_t most = static_cast<size_t>(parts) * kMaxDealtPerPart;
-    if (long_requests.size() > most) {
-      std::vector<int32_t> longest = long_requests;
-      std::nth_element(longest.begin(), longest.begin() + static_cast<std::ptrdiff_t>(most - 1),
-                       longest.end(),
-                       [&](int32_t x, int32_t y) { return output_of(x) > output_of(y); });
-      const double cut = output_of(longest[most - 1]);
-      size_t kept = 0;
-      std::erase_if(long_requests, [&](int32_t r) {
-        return output_of(r) < cut || (output_of(r) == cut && ++kept > most);
-      });
-    }
-    // Longest first, each to the part with the least long decoding so far.
-    std::stable_sort(long_requests.begin(), long_requests.end(),
-                     [&](int32_t x, int32_t y) { return output_of(x) > output_of(y); });
-    for (int32_t r : long_requests) {
-      const size_t k = static_cast<size_t>(
-          std::min_element(dealt_output.begin(), dealt_output.end()) - dealt_output.begin());
-      out.parts[k].push_back(r);
-      dealt[static_cast<size_t>(r)] = 1;
-      dealt_output[k] += output_of(r);
-      dealt_work[k] += shared_compute(cost, requests[static_cast<size_t>(r)], 0) + memory_of(r);
-    }
-  }
+  if (parts > 1)
+    deal_long_decodes(requests, cost, full_order, parts, step_tokens, out, dealt, dealt_output,
+                      dealt_work);
   std::vector<int32_t> order;  // the rest, in the plan's order
   for (int32_t r : full_order)
     if (!dealt[static_cast<size_t>(r)]) order.push_back(r);
