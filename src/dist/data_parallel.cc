@@ -311,6 +311,90 @@ void receive_results(std::vector<Worker>& workers, LivenessServer& live, BatchRe
     if (workers[k].done) send_json({{"finalize", !crash}}, static_cast<int>(k), kRelease, nullptr);
 }
 
+// The job's statistics (each rank's and the totals) to --stats and stderr; returns the custom_ids
+// lost with a failed rank, each also listed on stderr.
+std::vector<std::string> report_job(const BatchRun& run, int size, const Engine& engine,
+                                    const BatchJob& job, const std::vector<Worker>& workers,
+                                    const BatchResultWriter& writer,
+                                    const plan::DpPartition& partition, size_t requests,
+                                    int64_t skipped, double wall, double load_seconds) {
+  json ranks = json::array();
+  ranks.push_back(batch_run_stats(engine, job.stats(), wall));
+  ranks[0]["requests"] = partition.parts[0].size();
+  int64_t completed = job.stats().completed, failed = job.stats().failed;
+  int64_t input_tokens = ranks[0]["input_tokens"], output_tokens = ranks[0]["output_tokens"];
+  double cached = ranks[0]["cached_prompt_tokens"];
+  std::vector<std::string> lost;
+  json failed_ranks = json::array();
+  for (int k = 1; k < size; ++k) {
+    const Worker& w = workers[static_cast<size_t>(k)];
+    ranks.push_back(w.stats.is_null() ? json(nullptr) : w.stats);
+    if (!w.stats.is_null()) {
+      completed += w.stats["completed"].get<int64_t>();
+      failed += w.stats["failed"].get<int64_t>();
+      input_tokens += w.stats["input_tokens"].get<int64_t>();
+      output_tokens += w.stats["output_tokens"].get<int64_t>();
+      cached += w.stats["cached_prompt_tokens"].get<double>();
+    }
+    if (!w.dead) continue;
+    std::vector<std::string> rank_lost;
+    for (const std::string& id : w.assigned)
+      if (!writer.done_ids().count(id)) rank_lost.push_back(id);
+    failed_ranks.push_back({{"rank", k}, {"error", w.error}, {"lost", rank_lost.size()}});
+    std::fprintf(stderr, "blend batch: rank %d stopped: %s; %zu of its %zu requests are lost:", k,
+                 w.error.c_str(), rank_lost.size(), w.assigned.size());
+    for (const std::string& id : rank_lost) std::fprintf(stderr, " %s", id.c_str());
+    std::fprintf(stderr, "\n");
+    lost.insert(lost.end(), rank_lost.begin(), rank_lost.end());
+  }
+  const double tokens = static_cast<double>(input_tokens + output_tokens);
+  json stats = {
+      {"data_parallel", size},
+      {"requests", static_cast<int64_t>(requests)},
+      {"completed", completed},
+      {"failed", failed},
+      {"skipped_already_done", skipped},
+      {"lost", lost.size()},
+      {"lost_custom_ids", lost},
+      {"failed_ranks", failed_ranks},
+      {"input_tokens", input_tokens},
+      {"output_tokens", output_tokens},
+      {"wall_seconds", wall},
+      {"load_seconds", load_seconds},
+      {"throughput_tokens_per_s", wall > 0 ? tokens / wall : 0.0},
+      {"sharing_ratio", input_tokens > 0 ? cached / static_cast<double>(input_tokens) : 0.0},
+      {"policy", run.job.policy},
+      {"deterministic", run.engine.deterministic},
+      {"threads", run.engine.threads},
+      {"partition",
+       {{"sharing_optimal", partition.sharing_optimal},
+        {"partition_sharing", partition.sharing_partitioned},
+        {"sharing_loss", partition.sharing_loss()},
+        {"sharing_loss_of_optimal", partition.sharing_loss_of_optimal()},
+        {"work_imbalance", partition.imbalance()},
+        {"root_density", partition.root_density}}},
+      {"ranks", ranks}};
+  json part_sizes = json::array();
+  for (const auto& p : partition.parts) part_sizes.push_back(p.size());
+  stats["partition"]["requests_per_rank"] = part_sizes;
+  if (!run.stats.empty()) {
+    std::ofstream out(run.stats);
+    out << stats.dump(2) << "\n";
+    if (!out) throw Error("cannot write " + run.stats.string());
+  }
+  if (!run.quiet)
+    std::fprintf(stderr,
+                 "blend batch: %d ranks, %lld requests (%lld failed, %lld lost, %lld already "
+                 "done), %lld in + %lld out tokens in %.2f s = %.1f tokens/s; the partition "
+                 "keeps %.4f of %.4f prompt sharing (loss %.2f%% of s_o)\n",
+                 size, static_cast<long long>(requests), static_cast<long long>(failed),
+                 static_cast<long long>(lost.size()), static_cast<long long>(skipped),
+                 static_cast<long long>(input_tokens), static_cast<long long>(output_tokens), wall,
+                 wall > 0 ? tokens / wall : 0.0, partition.sharing_partitioned,
+                 partition.sharing_optimal, 100 * partition.sharing_loss_of_optimal());
+  return lost;
+}
+
 void run_rank0(const BatchRun& run, MpiSession& mpi, LivenessServer& live) {
   const int size = mpi.size();
   std::vector<Worker> workers(static_cast<size_t>(size));
@@ -404,81 +488,9 @@ void run_rank0(const BatchRun& run, MpiSession& mpi, LivenessServer& live) {
   sigaction(SIGINT, &old_int, nullptr);
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
-  // Statistics: the ranks' own, and the job's totals.
-  json ranks = json::array();
-  ranks.push_back(batch_run_stats(*engine, job->stats(), wall));
-  ranks[0]["requests"] = partition.parts[0].size();
-  int64_t completed = job->stats().completed, failed = job->stats().failed;
-  int64_t input_tokens = ranks[0]["input_tokens"], output_tokens = ranks[0]["output_tokens"];
-  double cached = ranks[0]["cached_prompt_tokens"];
-  std::vector<std::string> lost;
-  json failed_ranks = json::array();
-  for (int k = 1; k < size; ++k) {
-    Worker& w = workers[static_cast<size_t>(k)];
-    ranks.push_back(w.stats.is_null() ? json(nullptr) : w.stats);
-    if (!w.stats.is_null()) {
-      completed += w.stats["completed"].get<int64_t>();
-      failed += w.stats["failed"].get<int64_t>();
-      input_tokens += w.stats["input_tokens"].get<int64_t>();
-      output_tokens += w.stats["output_tokens"].get<int64_t>();
-      cached += w.stats["cached_prompt_tokens"].get<double>();
-    }
-    if (!w.dead) continue;
-    std::vector<std::string> rank_lost;
-    for (const std::string& id : w.assigned)
-      if (!writer->done_ids().count(id)) rank_lost.push_back(id);
-    failed_ranks.push_back({{"rank", k}, {"error", w.error}, {"lost", rank_lost.size()}});
-    std::fprintf(stderr, "blend batch: rank %d stopped: %s; %zu of its %zu requests are lost:", k,
-                 w.error.c_str(), rank_lost.size(), w.assigned.size());
-    for (const std::string& id : rank_lost) std::fprintf(stderr, " %s", id.c_str());
-    std::fprintf(stderr, "\n");
-    lost.insert(lost.end(), rank_lost.begin(), rank_lost.end());
-  }
-  const double tokens = static_cast<double>(input_tokens + output_tokens);
-  json stats = {
-      {"data_parallel", size},
-      {"requests", static_cast<int64_t>(todo.size())},
-      {"completed", completed},
-      {"failed", failed},
-      {"skipped_already_done", skipped},
-      {"lost", lost.size()},
-      {"lost_custom_ids", lost},
-      {"failed_ranks", failed_ranks},
-      {"input_tokens", input_tokens},
-      {"output_tokens", output_tokens},
-      {"wall_seconds", wall},
-      {"load_seconds", load_seconds},
-      {"throughput_tokens_per_s", wall > 0 ? tokens / wall : 0.0},
-      {"sharing_ratio", input_tokens > 0 ? cached / static_cast<double>(input_tokens) : 0.0},
-      {"policy", run.job.policy},
-      {"deterministic", run.engine.deterministic},
-      {"threads", run.engine.threads},
-      {"partition",
-       {{"sharing_optimal", partition.sharing_optimal},
-        {"partition_sharing", partition.sharing_partitioned},
-        {"sharing_loss", partition.sharing_loss()},
-        {"sharing_loss_of_optimal", partition.sharing_loss_of_optimal()},
-        {"work_imbalance", partition.imbalance()},
-        {"root_density", partition.root_density}}},
-      {"ranks", ranks}};
-  json part_sizes = json::array();
-  for (const auto& p : partition.parts) part_sizes.push_back(p.size());
-  stats["partition"]["requests_per_rank"] = part_sizes;
-  if (!run.stats.empty()) {
-    std::ofstream out(run.stats);
-    out << stats.dump(2) << "\n";
-    if (!out) throw Error("cannot write " + run.stats.string());
-  }
-  if (!run.quiet)
-    std::fprintf(stderr,
-                 "blend batch: %d ranks, %lld requests (%lld failed, %lld lost, %lld already "
-                 "done), %lld in + %lld out tokens in %.2f s = %.1f tokens/s; the partition "
-                 "keeps %.4f of %.4f prompt sharing (loss %.2f%% of s_o)\n",
-                 size, static_cast<long long>(todo.size()), static_cast<long long>(failed),
-                 static_cast<long long>(lost.size()), static_cast<long long>(skipped),
-                 static_cast<long long>(input_tokens), static_cast<long long>(output_tokens), wall,
-                 wall > 0 ? tokens / wall : 0.0, partition.sharing_partitioned,
-                 partition.sharing_optimal, 100 * partition.sharing_loss_of_optimal());
+  const std::vector<std::string> lost =
+      report_job(run, size, *engine, *job, workers, *writer, partition, todo.size(), skipped, wall,
+                 load_seconds);
   for (const Worker& w : workers)
     if (w.crashed) mpi.skip_finalize();
   if (own_error) throw Error("rank 0: " + *own_error);
