@@ -316,6 +316,66 @@ std::pair<std::string, int> parse_url(const std::string& url) {
   return {host, port};
 }
 
+namespace {
+
+// The RT workload: arrival times of a Poisson process of o.rt_rate over the window (at most
+// o.max_rt_requests), and a streamed completion body for each with lengths drawn from
+// o.rt_lengths, all fixed by o.seed.
+void make_rt_workload(const LoadOptions& o, const std::string& model, std::vector<double>& arrivals,
+                      std::vector<std::string>& bodies) {
+  std::mt19937_64 rng(o.seed);
+  if (o.rt_rate > 0) {
+    std::exponential_distribution<double> gap(o.rt_rate);
+    for (double t = gap(rng);
+         t < o.duration_seconds && static_cast<int64_t>(arrivals.size()) < o.max_rt_requests;
+         t += gap(rng))
+      arrivals.push_back(t);
+  }
+  for (size_t i = 0; i < arrivals.size(); ++i) {
+    const auto& [prompt, output] = o.rt_lengths[static_cast<size_t>(rng() % o.rt_lengths.size())];
+    bodies.push_back(json{
+        {"model", model},
+        {"prompt", random_prompt(rng, scaled(prompt, o.length_scale), o.max_token_id)},
+        {"max_tokens", scaled(output, o.length_scale)},
+        {"temperature", 0},
+        {"ignore_eos", true},
+        {"stream", true},
+        {"stream_options", {{"include_usage", true}}},
+        {"ttft_slo", o.ttft_slo},
+        {"tpot_slo",
+         o.tpot_slo}}.dump());
+  }
+}
+
+// One BE batch job: o.be_batch_requests completion lines of the Batch API, lengths drawn
+// uniformly from the (scaled) BE ranges.
+std::string be_job_jsonl(const LoadOptions& o, const std::string& model, int64_t job,
+                         std::mt19937_64& be_rng) {
+  const int32_t pmin = scaled(o.be_prompt_min, o.length_scale);
+  const int32_t pmax = std::max(pmin, scaled(o.be_prompt_max, o.length_scale));
+  const int32_t omin = scaled(o.be_output_min, o.length_scale);
+  const int32_t omax = std::max(omin, scaled(o.be_output_max, o.length_scale));
+  std::string jsonl;
+  for (int32_t i = 0; i < o.be_batch_requests; ++i) {
+    const int32_t prompt = std::uniform_int_distribution<int32_t>(pmin, pmax)(be_rng);
+    const int32_t output = std::uniform_int_distribution<int32_t>(omin, omax)(be_rng);
+    jsonl += json{{"custom_id", "be-" + std::to_string(job) + "-" + std::to_string(i)},
+                  {"method", "POST"},
+                  {"url", "/v1/completions"},
+                  {"body",
+                   {{"model", model},
+                    {"prompt", random_prompt(be_rng, prompt, o.max_token_id)},
+                    {"max_tokens", output},
+                    {"temperature", 0},
+                    {"ignore_eos", true}}}}
+                 .dump() +
+             "\n";
+  }
+  return jsonl;
+}
+
+}  // namespace
+
 LoadReport run_load(const LoadOptions& o) {
   if (!(o.duration_seconds > 0)) throw Error("the duration must be > 0 seconds");
   if (!(o.rt_rate >= 0)) throw Error("the RT rate must be >= 0 requests/s");
@@ -337,30 +397,9 @@ LoadReport run_load(const LoadOptions& o) {
   const MetricSnapshot before = read_metrics(control);
 
   // The RT workload, fixed by the seed before the clock starts.
-  std::mt19937_64 rng(o.seed);
   std::vector<double> arrivals;
-  if (o.rt_rate > 0) {
-    std::exponential_distribution<double> gap(o.rt_rate);
-    for (double t = gap(rng);
-         t < o.duration_seconds && static_cast<int64_t>(arrivals.size()) < o.max_rt_requests;
-         t += gap(rng))
-      arrivals.push_back(t);
-  }
   std::vector<std::string> bodies;
-  for (size_t i = 0; i < arrivals.size(); ++i) {
-    const auto& [prompt, output] = o.rt_lengths[static_cast<size_t>(rng() % o.rt_lengths.size())];
-    bodies.push_back(json{
-        {"model", model},
-        {"prompt", random_prompt(rng, scaled(prompt, o.length_scale), o.max_token_id)},
-        {"max_tokens", scaled(output, o.length_scale)},
-        {"temperature", 0},
-        {"ignore_eos", true},
-        {"stream", true},
-        {"stream_options", {{"include_usage", true}}},
-        {"ttft_slo", o.ttft_slo},
-        {"tpot_slo",
-         o.tpot_slo}}.dump());
-  }
+  make_rt_workload(o, model, arrivals, bodies);
 
   LoadReport report;
   report.records.resize(arrivals.size());
@@ -381,31 +420,12 @@ LoadReport run_load(const LoadOptions& o) {
       c.set_connection_timeout(5, 0);
       c.set_read_timeout(30, 0);
       std::mt19937_64 be_rng(o.seed ^ 0x9e3779b97f4a7c15ULL);
-      const int32_t pmin = scaled(o.be_prompt_min, o.length_scale);
-      const int32_t pmax = std::max(pmin, scaled(o.be_prompt_max, o.length_scale));
-      const int32_t omin = scaled(o.be_output_min, o.length_scale);
-      const int32_t omax = std::max(omin, scaled(o.be_output_max, o.length_scale));
       auto fail = [&](const std::string& what) {
         std::lock_guard lock(be_mu);
         be_error = what;
       };
       for (int64_t job = 0; Clock::now() < window_end; ++job) {
-        std::string jsonl;
-        for (int32_t i = 0; i < o.be_batch_requests; ++i) {
-          const int32_t prompt = std::uniform_int_distribution<int32_t>(pmin, pmax)(be_rng);
-          const int32_t output = std::uniform_int_distribution<int32_t>(omin, omax)(be_rng);
-          jsonl += json{{"custom_id", "be-" + std::to_string(job) + "-" + std::to_string(i)},
-                        {"method", "POST"},
-                        {"url", "/v1/completions"},
-                        {"body",
-                         {{"model", model},
-                          {"prompt", random_prompt(be_rng, prompt, o.max_token_id)},
-                          {"max_tokens", output},
-                          {"temperature", 0},
-                          {"ignore_eos", true}}}}
-                       .dump() +
-                   "\n";
-        }
+        const std::string jsonl = be_job_jsonl(o, model, job, be_rng);
         httplib::MultipartFormDataItems items = {{"purpose", "batch", "", ""},
                                                  {"file", jsonl, "be.jsonl", "application/jsonl"}};
         auto up = c.Post("/v1/files", items);

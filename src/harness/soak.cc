@@ -84,6 +84,48 @@ json to_json(const SoakOptions& o, const SoakReport& r) {
           {"problems", r.problems}};
 }
 
+namespace {
+
+// The soak's verdict: RSS growth after warm-up, and every account the clients and the server
+// keep that must agree; each disagreement is a problem in the report.
+void judge(SoakReport& report, const SoakOptions& o, const std::string& be_error) {
+  // RSS: the median of the second tenth (after warm-up) against the median of the last tenth.
+  std::vector<double> warm, last;
+  for (const auto& [t, mib] : report.rss_mib) {
+    if (t >= 0.1 * o.duration_seconds && t < 0.2 * o.duration_seconds) warm.push_back(mib);
+    if (t >= 0.9 * o.duration_seconds && t <= o.duration_seconds) last.push_back(mib);
+    report.rss_max_mib = std::max(report.rss_max_mib, mib);
+  }
+  report.rss_warm_mib = median_of(warm);
+  report.rss_end_mib = median_of(last);
+
+  auto problem = [&](const std::string& what) { report.problems.push_back(what); };
+  if (report.failed > 0) problem(std::to_string(report.failed) + " requests failed");
+  if (!be_error.empty()) problem("BE load: " + be_error);
+  if (!report.healthy) problem("GET /health did not answer 200 at the end");
+  if (report.server_running != 0) problem("requests still running at the end");
+  if (report.server_kv_used_bytes != 0) problem("KV pages still held by requests at the end");
+  // Every stream the clients saw finish was counted finished by the server; every stream they
+  // hung up on was finished (it may have ended before the server noticed) or cancelled.
+  if (report.server_finished < static_cast<double>(report.completed) ||
+      report.server_finished + report.server_cancelled !=
+          static_cast<double>(report.completed + report.hung_up))
+    problem("the server's finished + cancelled RT requests (" +
+            std::to_string(static_cast<int64_t>(report.server_finished)) + " + " +
+            std::to_string(static_cast<int64_t>(report.server_cancelled)) +
+            ") do not account for the clients' completed + hung-up ones (" +
+            std::to_string(report.completed) + " + " + std::to_string(report.hung_up) + ")");
+  if (!warm.empty() && !last.empty() &&
+      report.rss_end_mib > report.rss_warm_mib * (1 + o.rss_growth_limit))
+    problem("RSS grew from " + std::to_string(std::lround(report.rss_warm_mib)) + " MiB after " +
+            "warm-up to " + std::to_string(std::lround(report.rss_end_mib)) +
+            " MiB at the end (more than the limit of " +
+            std::to_string(std::lround(100 * o.rss_growth_limit)) + "%)");
+  report.ok = report.problems.empty();
+}
+
+}  // namespace
+
 SoakReport run_soak(const SoakOptions& o) {
   if (o.clients < 1) throw Error("the soak needs at least 1 client");
   if (!(o.duration_seconds > 0)) throw Error("the duration must be > 0 seconds");
@@ -227,39 +269,7 @@ SoakReport run_soak(const SoakOptions& o) {
   report.ttft_p50 = percentile(ttfts, 0.5);
   report.ttft_p99 = percentile(ttfts, 0.99);
 
-  // RSS: the median of the second tenth (after warm-up) against the median of the last tenth.
-  std::vector<double> warm, last;
-  for (const auto& [t, mib] : report.rss_mib) {
-    if (t >= 0.1 * o.duration_seconds && t < 0.2 * o.duration_seconds) warm.push_back(mib);
-    if (t >= 0.9 * o.duration_seconds && t <= o.duration_seconds) last.push_back(mib);
-    report.rss_max_mib = std::max(report.rss_max_mib, mib);
-  }
-  report.rss_warm_mib = median_of(warm);
-  report.rss_end_mib = median_of(last);
-
-  auto problem = [&](const std::string& what) { report.problems.push_back(what); };
-  if (report.failed > 0) problem(std::to_string(report.failed) + " requests failed");
-  if (!be_error.empty()) problem("BE load: " + be_error);
-  if (!report.healthy) problem("GET /health did not answer 200 at the end");
-  if (report.server_running != 0) problem("requests still running at the end");
-  if (report.server_kv_used_bytes != 0) problem("KV pages still held by requests at the end");
-  // Every stream the clients saw finish was counted finished by the server; every stream they
-  // hung up on was finished (it may have ended before the server noticed) or cancelled.
-  if (report.server_finished < static_cast<double>(report.completed) ||
-      report.server_finished + report.server_cancelled !=
-          static_cast<double>(report.completed + report.hung_up))
-    problem("the server's finished + cancelled RT requests (" +
-            std::to_string(static_cast<int64_t>(report.server_finished)) + " + " +
-            std::to_string(static_cast<int64_t>(report.server_cancelled)) +
-            ") do not account for the clients' completed + hung-up ones (" +
-            std::to_string(report.completed) + " + " + std::to_string(report.hung_up) + ")");
-  if (!warm.empty() && !last.empty() &&
-      report.rss_end_mib > report.rss_warm_mib * (1 + o.rss_growth_limit))
-    problem("RSS grew from " + std::to_string(std::lround(report.rss_warm_mib)) + " MiB after " +
-            "warm-up to " + std::to_string(std::lround(report.rss_end_mib)) +
-            " MiB at the end (more than the limit of " +
-            std::to_string(std::lround(100 * o.rss_growth_limit)) + "%)");
-  report.ok = report.problems.empty();
+  judge(report, o, be_error);
   return report;
 }
 
