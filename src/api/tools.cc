@@ -240,10 +240,12 @@ std::shared_ptr<const TokenConstraint> tool_call_constraint(const ToolRequest& t
     }
     functions.push_back({name, schema, path});
   }
+  // A named function is called once (as vLLM's named tool_choice does); "required" may make
+  // several calls when parallel calls are allowed.
+  const bool parallel = tools.parallel && tools.choice == ToolChoice::kRequired;
   try {
-    return grammars->grammar(tool_call_grammar_key(*tools.format, functions, tools.parallel), [&] {
-      return tool_call_grammar(*tools.format, functions, tools.parallel);
-    });
+    return grammars->grammar(tool_call_grammar_key(*tools.format, functions, parallel),
+                             [&] { return tool_call_grammar(*tools.format, functions, parallel); });
   } catch (const Error& e) {
     throw ApiError(400, e.what(), "tools");
   }

@@ -9,11 +9,14 @@
 //    writes are parsed out of the text into message.tool_calls (finish_reason "tool_calls").
 //  * "none": tools are still rendered (as vLLM does by default: the conversation may refer to
 //    them), and the output is plain content, never parsed.
-//  * "required" / {"type": "function", "function": {"name": ...}}: the output is constrained
-//    to one or more calls (one of the named function) whose arguments match the schema.
+//  * "required": the output is constrained to one or more calls of the listed functions whose
+//    arguments match their schemas; {"type": "function", "function": {"name": ...}}: to exactly
+//    one call of that function (as vLLM's named tool_choice).
 // parallel_tool_calls false: at most one call (the grammar makes exactly one; with "auto" calls
 // after the first are dropped, as vLLM does). The Llama 3.x format is always one call when
 // constrained (its template renders one call per turn).
+// Tools render in the client's key order when the caller passes the body's text (the server's
+// chat route does); Batch API lines keep no text, so their tools render with sorted keys.
 // tools with response_format (other than text) is refused unless tool_choice is "none": the
 // output would have to be both a call and the schema's JSON, and picking one silently would be
 // a wrong answer.

@@ -229,10 +229,15 @@ TEST_F(ToolsTest, RequiredAndNamedAreConstrained) {
                         R"(, {"type": "function", "function": {"name": "noop"}}])";
   const ApiRequest required = parse(u + R"(, "tool_choice": "required"})");
   ASSERT_NE(required.params.constraint, nullptr);
-  const ApiRequest named = parse(u + R"(, "tool_choice": {"type": "function", "function":)"
-                                     R"( {"name": "noop"}}, "parallel_tool_calls": false})");
+  const ApiRequest one = parse(u + R"(, "tool_choice": "required", "parallel_tool_calls": false})");
+  EXPECT_EQ(one.max_tool_calls, 1u);
+  EXPECT_NE(one.params.constraint, required.params.constraint);
+  // A named function: one call, parallel or not (the same grammar either way).
+  const std::string named_choice =
+      R"(, "tool_choice": {"type": "function", "function": {"name": "noop"}})";
+  const ApiRequest named = parse(u + named_choice + R"(, "parallel_tool_calls": false})");
   ASSERT_NE(named.params.constraint, nullptr);
-  EXPECT_EQ(named.max_tool_calls, 1u);
+  EXPECT_EQ(parse(u + named_choice + "}").params.constraint, named.params.constraint);
   EXPECT_NE(named.params.constraint, required.params.constraint);
   // The same tools and choice share one compiled grammar (GrammarCompiler's cache).
   EXPECT_EQ(parse(u + R"(, "tool_choice": "required"})").params.constraint,

@@ -68,6 +68,7 @@ async function main() {
       ...base, seed, tool_choice: { type: 'function', function: { name: 'lookup' } },
     });
     check(r.choices[0].message, r.choices[0].finish_reason, ['lookup']);
+    assert.equal(r.choices[0].message.tool_calls.length, 1);  // a named function: one call
   }
   // required with parallel calls allowed (the default): one or more, all valid.
   const several = await client.chat.completions.create({ ...base, seed: 7, tool_choice: 'required' });
