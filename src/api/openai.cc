@@ -6,6 +6,7 @@
 #include "api/chat_messages.h"
 #include "api/logprobs.h"
 #include "api/request_fields.h"
+#include "api/tools.h"
 #include "api/utf8.h"
 #include "core/error.h"
 #include "grammar/json_schema.h"
@@ -247,7 +248,8 @@ void check_context(const ApiRequest& request, const json& body, int64_t max_sequ
 }
 
 ApiRequest parse_api_request(Endpoint endpoint, const json& body, const Tokenizer& tokenizer,
-                             const ChatTemplate* chat_template, const RequestLimits& limits) {
+                             const ChatTemplate* chat_template, const RequestLimits& limits,
+                             std::string_view raw_body) {
   if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object");
   check_request_fields(endpoint, body);
   ApiRequest r;
@@ -313,12 +315,27 @@ ApiRequest parse_api_request(Endpoint endpoint, const json& body, const Tokenize
     auto it = body.find("messages");
     if (it == body.end() || !it->is_array() || it->empty())
       throw ApiError(400, "'messages' must be a non-empty list", "messages");
-    const json messages = flatten_chat_messages(*it);
+    // Ordered, for the tool calls' arguments (prepare_tool_messages keeps the model's order).
+    nlohmann::ordered_json messages = flatten_chat_messages(*it);
+    const std::string* source = chat_template ? &chat_template->source() : nullptr;
+    const ToolRequest tools = parse_tool_request(body, source);
+    prepare_tool_messages(messages, source);
     if (!chat_template) throw ApiError(400, "this model has no chat template", "messages");
+    if (tools.parses_output() && r.params.constraint)
+      throw ApiError(400,
+                     "'response_format' cannot be combined with 'tools' unless 'tool_choice' is "
+                     "\"none\" (the output cannot be both a tool call and the format's JSON)",
+                     "response_format");
+    if (auto constraint = tool_call_constraint(tools, limits.grammars))
+      r.params.constraint = std::move(constraint);
+    r.tool_format = tools.format;
+    r.max_tool_calls = tools.max_calls();
+    nlohmann::ordered_json extra = nlohmann::ordered_json::object();
+    if (!tools.tools.is_null()) extra["tools"] = tools_in_client_order(tools, raw_body);
     const bool add_generation_prompt = bool_field(body, "add_generation_prompt", true);
     std::string text;
     try {
-      text = chat_template->render(messages, add_generation_prompt);
+      text = chat_template->render(messages, add_generation_prompt, extra);
     } catch (const Error& e) {
       throw ApiError(400, std::string("chat template: ") + e.what(), "messages");
     }
@@ -357,7 +374,19 @@ json make_response(const ApiRequest& request, std::span<const GenerationResult> 
     json choice = {{"index", result.index},
                    {"logprobs", logprobs},
                    {"finish_reason", finish_reason_name(result.finish)}};
-    if (chat) {
+    if (chat && request.tool_format) {
+      const ToolCallOutput out =
+          parse_tool_calls(*request.tool_format, result.text, request.max_tool_calls);
+      // OpenAI: content is null in a reply that is only calls.
+      json message = {{"role", "assistant"},
+                      {"content", out.calls.empty() || !out.content.empty() ? json(out.content)
+                                                                            : json(nullptr)}};
+      if (!out.calls.empty()) {
+        message["tool_calls"] = tool_calls_json(out.calls);
+        if (result.finish == FinishReason::kStop) choice["finish_reason"] = "tool_calls";
+      }
+      choice["message"] = std::move(message);
+    } else if (chat) {
       choice["message"] = {{"role", "assistant"}, {"content", result.text}};
     } else {
       choice["text"] = result.text;

@@ -9,12 +9,14 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
 #include "api/api_error.h"
 #include "core/request.h"
 #include "core/types.h"
+#include "text/tool_calls.h"
 
 namespace blend {
 
@@ -42,6 +44,10 @@ struct ApiRequest {
   // Extension fields (seconds): latency targets of a real-time request (BROS §4.1); unset =
   // the server's defaults.
   std::optional<double> ttft_slo, tpot_slo;
+  // Tool calling (api/tools.h): set when the output is to be read for calls in this format,
+  // keeping at most max_tool_calls of them (parallel_tool_calls false: 1).
+  std::optional<ToolCallFormat> tool_format;
+  size_t max_tool_calls = static_cast<size_t>(-1);
 };
 
 // What the caller knows about the engine that bounds a request before any costly work.
@@ -64,12 +70,15 @@ struct RequestLimits {
 // tokens. A 60 MB prompt is refused in microseconds instead of tokenized in 24 s (issue 26).
 int64_t max_prompt_bytes(const Tokenizer& tokenizer, int64_t max_sequence_tokens);
 
-// Parses a request body; tokenizes the prompt (rendering `messages` through the chat template).
+// Parses a request body; tokenizes the prompt (rendering `messages`, and `tools`, through the
+// chat template).
 // Throws ApiError (status 400) naming the parameter on bad input, on fields this engine does
 // not implement (api/request_fields.h) and on a prompt text over limits.max_prompt_bytes.
+// `raw_body`: the text `body` was parsed from, when the caller has it; tools are then rendered
+// in the client's key order (api/tools.h tools_in_client_order).
 ApiRequest parse_api_request(Endpoint endpoint, const nlohmann::json& body,
                              const Tokenizer& tokenizer, const ChatTemplate* chat_template,
-                             const RequestLimits& limits = {});
+                             const RequestLimits& limits = {}, std::string_view raw_body = {});
 
 // The context check OpenAI makes: a prompt of max_sequence_tokens or more tokens is refused
 // (param "prompt" or "messages"), and so is a max_tokens / max_completion_tokens the client set
@@ -79,7 +88,9 @@ void check_context(const ApiRequest& request, const nlohmann::json& body,
                    int64_t max_sequence_tokens);
 
 // The response body for a finished request: one choice per result (in index order). Usage
-// counts as OpenAI does: the prompt once, the completion tokens of every choice.
+// counts as OpenAI does: the prompt once, the completion tokens of every choice. With
+// request.tool_format, calls in the text become message.tool_calls (finish_reason "tool_calls"
+// when the model stopped by itself).
 nlohmann::json make_response(const ApiRequest& request, std::span<const GenerationResult> results,
                              const std::string& response_id, const std::string& model,
                              int64_t created, const Tokenizer& tokenizer);

@@ -103,6 +103,11 @@ constexpr Field kFields[] = {
     {"service_tier", kBoth, Kind::kImplemented, service_tier, nullptr},
     // text, json_object, json_schema (grammar/json_schema.h); on completions too, as vLLM.
     {"response_format", kBoth, Kind::kImplemented, any_value, nullptr},
+    // Tool calling (api/tools.h): tools rendered by the chat template, calls parsed from the
+    // output in the template's format; "required"/named enforced by a grammar.
+    {"tools", kChat, Kind::kImplemented, any_value, nullptr},
+    {"tool_choice", kChat, Kind::kImplemented, any_value, nullptr},
+    {"parallel_tool_calls", kChat, Kind::kImplemented, any_value, nullptr},
 
     // --- harmless: bookkeeping, caching hints and latency-only features ---
     {"user", kBoth, Kind::kHarmless, null_or_string, nullptr},
@@ -115,8 +120,6 @@ constexpr Field kFields[] = {
     {"estimated_output", kBoth, Kind::kHarmless, any_value, nullptr},
     // Predicted outputs only speed decoding up; the text is the model's either way.
     {"prediction", kChat, Kind::kHarmless, any_value, nullptr},
-    // Meaningful only with tools, which are refused below.
-    {"parallel_tool_calls", kChat, Kind::kHarmless, any_value, nullptr},
     // Default true: special tokens are already left out of the text.
     {"skip_special_tokens", kBoth, Kind::kRefused, null_or_true,
      "only skip_special_tokens=true is supported"},
@@ -125,13 +128,10 @@ constexpr Field kFields[] = {
 
     // --- refused: would change the result and is not implemented ---
     {"suffix", kCompletions, Kind::kRefused, null_or_empty, "'suffix' (insertion) is not supported"},
-    {"tools", kChat, Kind::kRefused, null_or_empty, "tool calling ('tools') is not supported yet"},
-    {"tool_choice", kChat, Kind::kRefused, no_tool_choice,
-     "tool calling ('tool_choice' other than \"none\") is not supported yet"},
     {"functions", kChat, Kind::kRefused, null_or_empty,
-     "function calling ('functions') is not supported yet"},
+     "the deprecated 'functions' is not supported; send 'tools'"},
     {"function_call", kChat, Kind::kRefused, no_tool_choice,
-     "function calling ('function_call' other than \"none\") is not supported yet"},
+     "the deprecated 'function_call' is not supported; send 'tool_choice'"},
     {"modalities", kChat, Kind::kRefused, text_modality, "only the text modality is supported"},
     {"audio", kChat, Kind::kRefused, null_or_empty, "audio output is not supported"},
     {"reasoning_effort", kChat, Kind::kRefused, null_only, "'reasoning_effort' is not supported"},

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "api/logprobs.h"
+#include "api/tools.h"
 
 namespace blend {
 
@@ -18,7 +19,9 @@ StreamChunks::StreamChunks(const ApiRequest& request, std::string id, std::strin
       model_(std::move(model)),
       created_(created),
       index_(index),
-      tokenizer_(tokenizer) {}
+      tokenizer_(tokenizer) {
+  if (chat_ && request.tool_format) tools_.emplace(*request.tool_format, request.max_tool_calls);
+}
 
 json StreamChunks::chunk(json choices) const {
   json c = {{"id", id_},
@@ -46,6 +49,7 @@ json StreamChunks::delta(std::string_view text, std::span<const SampledToken> to
                      : completion_logprobs(tokens, tokenizer_, text_offset_, &text_offset_,
                                            tokens_as_ids_);
   }
+  if (tools_) return tool_delta(tools_->feed(text), std::move(logprobs));
   json choice = {{"index", index_}, {"logprobs", logprobs}, {"finish_reason", nullptr}};
   if (chat_)
     choice["delta"] = {{"content", text}};
@@ -54,9 +58,27 @@ json StreamChunks::delta(std::string_view text, std::span<const SampledToken> to
   return chunk(json::array({choice}));
 }
 
+json StreamChunks::tool_delta(const ToolCallOutput& out, json logprobs) {
+  if (out.empty() && logprobs.is_null()) return nullptr;
+  json delta = json::object();
+  if (!out.content.empty()) delta["content"] = out.content;
+  if (!out.calls.empty()) {
+    delta["tool_calls"] = tool_calls_json(out.calls, /*with_index=*/true, calls_sent_);
+    calls_sent_ += out.calls.size();
+  }
+  return chunk(json::array(
+      {{{"index", index_}, {"delta", delta}, {"logprobs", logprobs}, {"finish_reason", nullptr}}}));
+}
+
+json StreamChunks::flush() {
+  if (!tools_) return nullptr;
+  return tool_delta(tools_->finish(), nullptr);
+}
+
 json StreamChunks::finish(FinishReason reason) const {
-  json choice = {
-      {"index", index_}, {"logprobs", nullptr}, {"finish_reason", finish_reason_name(reason)}};
+  const char* name = finish_reason_name(reason);
+  if (calls_sent_ > 0 && reason == FinishReason::kStop) name = "tool_calls";
+  json choice = {{"index", index_}, {"logprobs", nullptr}, {"finish_reason", name}};
   if (chat_)
     choice["delta"] = json::object();
   else

@@ -3,9 +3,16 @@
 // logprobs of the tokens it holds when the request asked for them (OpenAI sends them in
 // stream chunks too; issue 25). The server makes one of these per engine token (or per batch
 // of tokens) and frames it as "data: <json>\n\n".
+//
+// With tools (request.tool_format), the text goes through text/tool_calls.h's parser: content
+// streams as it is decided, and each call is sent as one delta.tool_calls entry (index, id,
+// type, function name and its whole arguments) as soon as its text is complete; text that may
+// still be part of a call is held back until it is decided. The OpenAI clients accumulate such
+// deltas the same way as argument fragments.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -30,8 +37,12 @@ class StreamChunks {
   // The chunk for `text` and the tokens that made it. With logprobs asked, `tokens` gives one
   // entry per token (text can lag its tokens: an incomplete UTF-8 character waits); the
   // completions API's text_offset continues across chunks.
+  // Null when there is nothing to send yet (tools: the text is held back, no logprobs asked).
   nlohmann::json delta(std::string_view text, std::span<const SampledToken> tokens);
-  // The last choice chunk: an empty delta (or text) and the finish reason.
+  // With tools, before finish(): what the parser held back, decided now (null when nothing).
+  nlohmann::json flush();
+  // The last choice chunk: an empty delta (or text) and the finish reason ("tool_calls" when
+  // calls were sent and the model stopped by itself).
   nlohmann::json finish(FinishReason reason) const;
   // With stream_options.include_usage: the final chunk, "choices": [] and the usage.
   nlohmann::json usage(const GenerationResult& result) const;
@@ -39,6 +50,7 @@ class StreamChunks {
 
  private:
   nlohmann::json chunk(nlohmann::json choices) const;
+  nlohmann::json tool_delta(const ToolCallOutput& out, nlohmann::json logprobs);
 
   bool chat_;
   bool logprobs_;
@@ -49,6 +61,8 @@ class StreamChunks {
   int32_t index_ = 0;
   const Tokenizer& tokenizer_;
   size_t text_offset_ = 0;  // completion bytes the earlier chunks' logprobs covered
+  std::optional<ToolCallParser> tools_;
+  size_t calls_sent_ = 0;
 };
 
 }  // namespace blend

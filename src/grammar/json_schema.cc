@@ -436,6 +436,12 @@ std::shared_ptr<Grammar> json_schema_grammar(const json& schema) {
   return g;
 }
 
+GExpr json_schema_expr(Grammar& g, const json& schema, const std::string& path) {
+  // The compiler only builds rules; once compile() returns, g holds all it made.
+  SchemaCompiler c(g, schema);
+  return c.compile(schema, path, 0);
+}
+
 std::shared_ptr<const TokenConstraint> GrammarCompiler::cached(
     const std::string& key, const std::function<std::shared_ptr<Grammar>()>& make) {
   {

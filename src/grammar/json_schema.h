@@ -45,6 +45,10 @@ std::shared_ptr<Grammar> json_object_grammar();
 // The grammar of the JSON texts valid against `schema`. Throws blend::Error naming the
 // unsupported keyword or the malformed part.
 std::shared_ptr<Grammar> json_schema_grammar(const nlohmann::json& schema);
+// For grammars that embed JSON in other text (grammar/tool_call_grammar.h): adds to `g` the
+// rules of the JSON texts valid against `schema` and returns the expression matching one. `$ref`
+// "#..." resolves within `schema`; `path` names it in errors. Throws as json_schema_grammar.
+GExpr json_schema_expr(Grammar& g, const nlohmann::json& schema, const std::string& path);
 
 // Compiles response formats for one model's vocabulary, and keeps the recent ones: requests
 // that bring the same schema share one CompiledGrammar (its node tables and cached masks).
@@ -59,6 +63,13 @@ class GrammarCompiler {
       : tokenizer_(&tokenizer), model_vocab_size_(model_vocab_size), eos_ids_(std::move(eos_ids)) {}
   std::shared_ptr<const TokenConstraint> json_object();
   std::shared_ptr<const TokenConstraint> json_schema(const nlohmann::json& schema);
+  // Any other grammar (tool calls: grammar/tool_call_grammar.h), compiled by `make` on a cache
+  // miss. `key` must identify everything make() depends on, and not start with "schema:" or
+  // "json_object" (the keys above).
+  std::shared_ptr<const TokenConstraint> grammar(
+      const std::string& key, const std::function<std::shared_ptr<Grammar>()>& make) {
+    return cached(key, make);
+  }
 
  private:
   std::shared_ptr<const TokenConstraint> cached(

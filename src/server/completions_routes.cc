@@ -129,7 +129,7 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
     limits.sampling_defaults = &loop->engine().config().sampling_defaults;
     limits.grammars = grammars.get();
     request = parse_api_request(endpoint, body, loop->engine().tokenizer(),
-                                chat_template ? &*chat_template : nullptr, limits);
+                                chat_template ? &*chat_template : nullptr, limits, req.body);
     // Limits the engine would quietly apply become errors, as in vLLM: a client asking for
     // more than fits should know.
     check_context(request, body, max_sequence_tokens);
@@ -229,7 +229,7 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
             c.sent_role = true;
           }
           if (!delta.empty() || (logprobs && !tokens.empty() && !p.error))
-            out += sse(c.chunks->delta(delta, tokens));
+            if (const json d = c.chunks->delta(delta, tokens); !d.is_null()) out += sse(d);
           if (!done) continue;
           c.finished = true;
           std::lock_guard lock(p.mu);
@@ -240,6 +240,7 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
             cancel_all();  // the answer has failed: the other choices are not wanted
             break;
           }
+          if (const json rest = c.chunks->flush(); !rest.is_null()) out += sse(rest);
           out += sse(c.chunks->finish(p.result->finish));
         }
         const bool all_done = failed || std::all_of(choices->begin(), choices->end(),

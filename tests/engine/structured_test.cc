@@ -12,6 +12,7 @@
 #include "core/constraint.h"
 #include "engine/engine.h"
 #include "grammar/json_schema.h"
+#include "grammar/tool_call_grammar.h"
 #include "model/presets.h"
 #include "model/random_init.h"
 #include "test_util.h"
@@ -180,6 +181,64 @@ TEST_P(StructuredTest, SamplesOfOnePromptShareOnePrefill) {
   const auto same = std::find_if(results.begin(), results.end(),
                                  [](const GenerationResult& g) { return g.index == 2; });
   EXPECT_EQ(alone.at("n").tokens, same->tokens);
+}
+
+// tool_choice "required": on random weights every output is calls in the model's format (read
+// back by the parser: nothing else, no malformed call), each naming a listed function with
+// arguments of its schema; one call unless parallel. Strings are bounded (maxLength): random
+// weights seldom close one.
+TEST_P(StructuredTest, EveryToolCallOutputIsACallOfTheSchema) {
+  Engine engine(dir_->path(), options());
+  GrammarCompiler grammars(engine.tokenizer(), engine.config().vocab_size,
+                           engine.config().eos_token_ids);
+  const std::vector<ToolGrammarFunction> functions = {
+      {"get_weather",
+       json::parse(R"({"type": "object", "properties": {"city": {"type": "string",)"
+                   R"( "maxLength": 8}, "unit": {"enum": ["c", "f"]}, "days":)"
+                   R"( {"type": "integer"}}, "required": ["city", "days"],)"
+                   R"( "additionalProperties": false})"),
+       "get_weather"},
+      {"lookup",
+       json::parse(R"({"type": "object", "properties": {"ok": {"type": "boolean"}},)"
+                   R"( "required": ["ok"], "additionalProperties": false})"),
+       "lookup"}};
+  for (const ToolCallFormat format : {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json}) {
+    std::vector<GenerationRequest> requests;
+    for (int i = 0; i < 8; ++i) {
+      const bool parallel = i % 2 == 1;
+      requests.push_back(request(
+          "t" + std::to_string(i), 300 + i,
+          grammars.grammar(tool_call_grammar_key(format, functions, parallel),
+                           [&] { return tool_call_grammar(format, functions, parallel); })));
+      requests.back().params.max_tokens = 1200;
+    }
+    const auto out = run(engine, requests);
+    for (int i = 0; i < 8; ++i) {
+      const GenerationResult& r = out.at("t" + std::to_string(i));
+      SCOPED_TRACE(r.text);
+      ASSERT_EQ(r.finish, FinishReason::kStop);
+      const ToolCallOutput calls = parse_tool_calls(format, r.text);
+      EXPECT_EQ(calls.content, "");
+      ASSERT_GE(calls.calls.size(), 1u);
+      if (i % 2 == 0 || format == ToolCallFormat::kLlama3Json) {
+        EXPECT_EQ(calls.calls.size(), 1u);
+      }
+      for (const ParsedToolCall& c : calls.calls) {
+        const auto f =
+            std::find_if(functions.begin(), functions.end(),
+                         [&](const ToolGrammarFunction& fn) { return fn.name == c.name; });
+        ASSERT_NE(f, functions.end()) << c.name;
+        // The arguments (re-written compactly by the parser) are a value of the schema.
+        EXPECT_TRUE(json_schema_grammar(f->schema)->matches(c.arguments)) << c.arguments;
+        const json args = json::parse(c.arguments);
+        if (c.name == "get_weather") {
+          EXPECT_TRUE(args["city"].is_string() && args["days"].is_number_integer());
+        } else {
+          EXPECT_TRUE(args["ok"].is_boolean());
+        }
+      }
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Steps, StructuredTest, ::testing::Values(false, true),

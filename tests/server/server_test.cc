@@ -1322,5 +1322,51 @@ TEST(ServerOpenAiClient, StructuredOutputAndSeveralSamples) {
   std::printf("%s", v.output.c_str());
 }
 
+// Tool calling with the official OpenAI Node client, through Qwen2.5's chat template: calls
+// forced by tool_choice, streamed calls, a round trip with the tool's result; every call's
+// arguments are then checked against the function's schema by python3-jsonschema.
+TEST(ServerOpenAiClient, ToolCallsRoundTrip) {
+  const std::string modules = BLEND_TEST_NODE_MODULES;
+  if (!std::filesystem::exists(std::filesystem::path(modules) / "openai" / "package.json"))
+    GTEST_SKIP() << "the openai npm package is not installed (run scripts/setup.sh)";
+  if (testing::run_command("node --version").exit_code != 0) GTEST_SKIP() << "node is missing";
+  if (testing::run_command("python3 -c 'import jsonschema' 2>&1").exit_code != 0)
+    GTEST_SKIP() << "python3-jsonschema is missing (run scripts/setup.sh)";
+  testing::TempDir dir;
+  RandomInitOptions o;
+  o.seed = 9;
+  o.tokenizer_dir = BLEND_TEST_TOKENIZER_DIR;
+  write_random_model(*find_model_preset("tiny"), dir / "tiny", o);
+  const std::string src = BLEND_SOURCE_DIR;
+  const std::string port_file = (dir / "port").string();
+  const std::string serve =
+      std::string("'") + BLEND_BINARY + "' serve --model " + (dir / "tiny").string() +
+      " --chat-template '" + src + "/tests/text/data/chat_templates/qwen2.5-instruct.jinja'" +
+      " --port 0 --api-key k --data-dir " + (dir / "data").string() +
+      " --threads 2 --kv-memory 0.05 --deterministic >/dev/null 2>" + port_file + " & echo $!";
+  const auto started = testing::run_command(serve);
+  const std::string pid = started.output.substr(0, started.output.find('\n'));
+  int port = 0;
+  for (int i = 0; i < 3000 && port == 0; ++i) {
+    const std::string log = testing::read_file(port_file);
+    if (auto at = log.find("127.0.0.1:"); at != std::string::npos)
+      port = std::stoi(log.substr(at + 10));
+    if (port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_GT(port, 0) << testing::read_file(port_file);
+  const std::string outputs = (dir / "calls.json").string();
+  const auto r = testing::run_command("NODE_PATH='" + modules + "' node '" + src +
+                                      "/tests/server/openai_tools.cjs' http://127.0.0.1:" +
+                                      std::to_string(port) + "/v1 k '" + outputs + "' 2>&1");
+  testing::run_command("kill " + pid);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("openai tools: ok"), std::string::npos) << r.output;
+  const auto v = testing::run_command("python3 '" + src + "/tests/grammar/validate_json.py' '" +
+                                      outputs + "' 2>&1");
+  EXPECT_EQ(v.exit_code, 0) << v.output;
+  EXPECT_NE(v.output.find("valid "), std::string::npos) << v.output;
+  std::printf("%s", v.output.c_str());
+}
+
 }  // namespace
 }  // namespace blend
