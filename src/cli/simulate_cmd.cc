@@ -334,7 +334,8 @@ void register_simulate_command(CLI::App& app) {
   cmd->add_option("--workload", args->workload, "Batch JSONL with token-id prompts")->required();
   cmd->add_option("--policy", args->policies,
                   "Comma-separated policies (blend, dfs, fcfs, random), each optionally "
-                  "@sequential or @overlapped (default overlapped)");
+                  "@sequential or @overlapped (default overlapped); fcfs is the input order "
+                  "admitted by the engine's scheduler alone, as `blend batch --policy fcfs`");
   cmd->add_option("--kv-memory", args->kv_memory_gb,
                   "KV memory per device in GB (default: 90% of device memory minus weights)");
   cmd->add_option("--page-size", args->page_size, "Tokens per KV page");

@@ -47,7 +47,8 @@ class AdmissionStream {
 // Reservation of one request in bytes on one device.
 double kv_reservation_bytes(const CostModel& cost, const PlanRequest& request);
 
-// fcfs / dfs / random: the plan's order, admitted while the reservations fit.
+// dfs / random: the plan's order, admitted while the reservations fit (fcfs: the input order
+// with no memory limit, so the engine's own scheduler admits, as in `blend batch --policy fcfs`).
 class OrderedStream : public AdmissionStream {
  public:
   OrderedStream(const Plan& plan, const std::vector<PlanRequest>& requests, const CostModel& cost,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 
 namespace blend::plan {
@@ -100,8 +101,12 @@ void AdmissionSource::make_plan() {
         std::make_unique<DualScanner>(*plan_, planned_, cost_, options_.kv_memory_bytes, 128,
                                       PacingOptions{.enabled = options_.capacity_pacing,
                                                     .max_step_tokens = options_.max_step_tokens});
-  else
-    stream_ = std::make_unique<OrderedStream>(*plan_, planned_, cost_, options_.kv_memory_bytes);
+  else  // fcfs: no reservations; the engine's scheduler admits, as `blend batch --policy fcfs`
+    // (and vLLM, SGLang) do. dfs and random: the plan's order within reservations.
+    stream_ = std::make_unique<OrderedStream>(*plan_, planned_, cost_,
+                                              options_.policy == Policy::kFcfs
+                                                  ? std::numeric_limits<double>::infinity()
+                                                  : options_.kv_memory_bytes);
   phase_ = Phase::kStreaming;
 }
 

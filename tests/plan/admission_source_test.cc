@@ -81,22 +81,34 @@ TEST(AdmissionSource, TheStreamAdmitsWithinItsMemoryAndMoreAsRequestsEnd) {
   // Room for the reservations of about three requests: (72 + 8) tokens each.
   const double one = (72 + 16 / 2.0) * cost.kv_bytes_per_token_per_device();
   AdmissionSource source(interleaved(2, 5, 16, true), cost,
-                         {.policy = Policy::kFcfs, .kv_memory_bytes = 3.5 * one});
+                         {.policy = Policy::kDfs, .kv_memory_bytes = 3.5 * one});
+  // DFS: group 0 (the even requests), then group 1.
   const std::vector<int32_t> first = source.admit();
   ASSERT_EQ(first.size(), 3u);
-  EXPECT_EQ(first, (std::vector<int32_t>{0, 1, 2})) << "fcfs: the given order";
+  EXPECT_EQ(first, (std::vector<int32_t>{0, 2, 4}));
   EXPECT_TRUE(source.admit().empty()) << "no room until one ends";
   source.on_finished(first[0], 16.0);
-  EXPECT_EQ(source.admit(), std::vector<int32_t>{3});
-  std::vector<int32_t> order = {0, 1, 2, 3};
-  source.on_finished(1, 16.0);
+  EXPECT_EQ(source.admit(), std::vector<int32_t>{6});
+  std::vector<int32_t> order = {0, 2, 4, 6};
   source.on_finished(2, 16.0);
-  source.on_finished(3, 16.0);
+  source.on_finished(4, 16.0);
+  source.on_finished(6, 16.0);
   const std::vector<int32_t> rest = drain(source);
   order.insert(order.end(), rest.begin(), rest.end());
+  EXPECT_EQ(order, (std::vector<int32_t>{0, 2, 4, 6, 8, 1, 3, 5, 7, 9}));
+}
+
+TEST(AdmissionSource, FcfsHandsEverythingToTheEngineInTheGivenOrder) {
+  // fcfs is the engine's own admission (its scheduler's FCFS with peak-memory estimates), as in
+  // `blend batch --policy fcfs`: no reservations, however little memory there is.
+  const CostModel cost = llama8b_a100();
+  const double one = (72 + 16 / 2.0) * cost.kv_bytes_per_token_per_device();
+  AdmissionSource source(interleaved(2, 5, 16, true), cost,
+                         {.policy = Policy::kFcfs, .kv_memory_bytes = 3.5 * one});
   std::vector<int32_t> expected(10);
   for (int32_t i = 0; i < 10; ++i) expected[static_cast<size_t>(i)] = i;
-  EXPECT_EQ(order, expected);
+  EXPECT_EQ(source.admit(), expected);
+  EXPECT_TRUE(source.exhausted());
 }
 
 TEST(AdmissionSource, TheDualScannerHandsOutEveryRequestExactlyOnce) {
@@ -156,11 +168,11 @@ TEST(AdmissionSource, AdmitRestHandsOutWhatIsLeftAndStops) {
   const CostModel cost = llama8b_a100();
   const double one = (72 + 16 / 2.0) * cost.kv_bytes_per_token_per_device();
   AdmissionSource source(interleaved(2, 3, 16, true), cost,
-                         {.policy = Policy::kFcfs, .kv_memory_bytes = 1.5 * one});
+                         {.policy = Policy::kDfs, .kv_memory_bytes = 1.5 * one});
   const std::vector<int32_t> first = source.admit();
-  ASSERT_EQ(first.size(), 1u);
+  ASSERT_EQ(first, std::vector<int32_t>{0});
   const std::vector<int32_t> rest = source.admit_rest();
-  EXPECT_EQ(rest, (std::vector<int32_t>{1, 2, 3, 4, 5}));
+  EXPECT_EQ(rest, (std::vector<int32_t>{1, 2, 3, 4, 5}));  // the rest in the given order
   EXPECT_TRUE(source.exhausted());
   EXPECT_EQ(source.in_flight(), 6);
   EXPECT_FALSE(source.step_token_budget().has_value());

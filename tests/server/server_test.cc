@@ -1242,37 +1242,68 @@ TEST(ServeCommand, VersionAccessLogAndThroughputLines) {
   EXPECT_NE(log.find("generated tokens/s"), std::string::npos) << log;
 }
 
+// A `blend serve` process on a random tiny model (seed 9), on a loopback port the kernel picks
+// (the server prints the one it got on stderr, kept in log()); killed when it goes out of scope.
+class ServeProcess {
+ public:
+  explicit ServeProcess(const std::string& extra_args) {
+    RandomInitOptions o;
+    o.seed = 9;
+    o.tokenizer_dir = BLEND_TEST_TOKENIZER_DIR;
+    write_random_model(*find_model_preset("tiny"), dir_ / "tiny", o);
+    log_file_ = (dir_ / "log").string();
+    const auto started = testing::run_command(
+        std::string("'") + BLEND_BINARY + "' serve --model " + (dir_ / "tiny").string() +
+        " --port 0 --data-dir " + (dir_ / "data").string() + " --threads 2 --kv-memory 0.05 " +
+        extra_args + " >/dev/null 2>" + log_file_ + " & echo $!");
+    pid_ = started.output.substr(0, started.output.find('\n'));
+    for (int i = 0; i < 3000 && port_ == 0; ++i) {
+      const std::string log = testing::read_file(log_file_);
+      if (auto at = log.find("127.0.0.1:"); at != std::string::npos)
+        port_ = std::stoi(log.substr(at + 10));
+      if (port_ == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  ~ServeProcess() { stop(); }
+  ServeProcess(const ServeProcess&) = delete;
+  ServeProcess& operator=(const ServeProcess&) = delete;
+
+  int port() const { return port_; }  // 0: the server did not start
+  std::string v1() const { return "http://127.0.0.1:" + std::to_string(port_) + "/v1"; }
+  std::string log() const { return testing::read_file(log_file_); }
+  const testing::TempDir& dir() const { return dir_; }
+  void stop() {
+    if (!pid_.empty()) testing::run_command("kill " + pid_);
+    pid_.clear();
+  }
+
+ private:
+  testing::TempDir dir_;
+  std::string log_file_, pid_;
+  int port_ = 0;
+};
+
+// Why a test of the official OpenAI Node client cannot run here ("" when it can).
+std::string missing_openai_client(bool needs_jsonschema) {
+  if (!std::filesystem::exists(std::filesystem::path(BLEND_TEST_NODE_MODULES) / "openai" /
+                               "package.json"))
+    return "the openai npm package is not installed (run scripts/setup.sh)";
+  if (testing::run_command("node --version").exit_code != 0) return "node is missing";
+  if (needs_jsonschema &&
+      testing::run_command("python3 -c 'import jsonschema' 2>&1").exit_code != 0)
+    return "python3-jsonschema is missing (run scripts/setup.sh)";
+  return "";
+}
+
 // The official OpenAI Node client (setup.sh installs it) against the `blend serve` binary.
 TEST(ServerOpenAiClient, TheOfficialNodeClientWorks) {
-  const std::string modules = BLEND_TEST_NODE_MODULES;
-  if (!std::filesystem::exists(std::filesystem::path(modules) / "openai" / "package.json"))
-    GTEST_SKIP() << "the openai npm package is not installed (run scripts/setup.sh)";
-  if (testing::run_command("node --version").exit_code != 0) GTEST_SKIP() << "node is missing";
-  testing::TempDir dir;
-  RandomInitOptions o;
-  o.seed = 9;
-  o.tokenizer_dir = BLEND_TEST_TOKENIZER_DIR;
-  write_random_model(*find_model_preset("tiny"), dir / "tiny", o);
-  const std::string port_file = (dir / "port").string();
-  // Port 0 lets the kernel pick; the server prints the port it got.
-  const std::string serve =
-      std::string("'") + BLEND_BINARY + "' serve --model " + (dir / "tiny").string() +
-      " --port 0 --api-key k --data-dir " + (dir / "data").string() +
-      " --threads 2 --kv-memory 0.05 --deterministic >/dev/null 2>" + port_file + " & echo $!";
-  const auto started = testing::run_command(serve);
-  const std::string pid = started.output.substr(0, started.output.find('\n'));
-  int port = 0;
-  for (int i = 0; i < 3000 && port == 0; ++i) {
-    const std::string log = testing::read_file(port_file);
-    if (auto at = log.find("127.0.0.1:"); at != std::string::npos)
-      port = std::stoi(log.substr(at + 10));
-    if (port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ASSERT_GT(port, 0) << testing::read_file(port_file);
+  if (const std::string why = missing_openai_client(false); !why.empty()) GTEST_SKIP() << why;
+  ServeProcess server("--api-key k --deterministic");
+  ASSERT_GT(server.port(), 0) << server.log();
   const auto r = testing::run_command(
-      "NODE_PATH='" + modules + "' node '" + BLEND_SOURCE_DIR +
-      "/tests/server/openai_client.cjs' http://127.0.0.1:" + std::to_string(port) + "/v1 k 2>&1");
-  testing::run_command("kill " + pid);
+      "NODE_PATH='" + std::string(BLEND_TEST_NODE_MODULES) + "' node '" + BLEND_SOURCE_DIR +
+      "/tests/server/openai_client.cjs' " + server.v1() + " k 2>&1");
+  server.stop();
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("openai client: ok"), std::string::npos) << r.output;
 }
@@ -1280,39 +1311,16 @@ TEST(ServerOpenAiClient, TheOfficialNodeClientWorks) {
 // Structured output and n > 1 with the official OpenAI Node client; every constrained output is
 // then checked against its schema by a real validator (python3-jsonschema).
 TEST(ServerOpenAiClient, StructuredOutputAndSeveralSamples) {
-  const std::string modules = BLEND_TEST_NODE_MODULES;
-  if (!std::filesystem::exists(std::filesystem::path(modules) / "openai" / "package.json"))
-    GTEST_SKIP() << "the openai npm package is not installed (run scripts/setup.sh)";
-  if (testing::run_command("node --version").exit_code != 0) GTEST_SKIP() << "node is missing";
-  if (testing::run_command("python3 -c 'import jsonschema' 2>&1").exit_code != 0)
-    GTEST_SKIP() << "python3-jsonschema is missing (run scripts/setup.sh)";
-  testing::TempDir dir;
-  RandomInitOptions o;
-  o.seed = 9;
-  o.tokenizer_dir = BLEND_TEST_TOKENIZER_DIR;
-  write_random_model(*find_model_preset("tiny"), dir / "tiny", o);
-  const std::string port_file = (dir / "port").string();
-  const std::string serve =
-      std::string("'") + BLEND_BINARY + "' serve --model " + (dir / "tiny").string() +
-      " --port 0 --api-key k --data-dir " + (dir / "data").string() +
-      " --threads 2 --kv-memory 0.05 --deterministic >/dev/null 2>" + port_file + " & echo $!";
-  const auto started = testing::run_command(serve);
-  const std::string pid = started.output.substr(0, started.output.find('\n'));
-  int port = 0;
-  for (int i = 0; i < 3000 && port == 0; ++i) {
-    const std::string log = testing::read_file(port_file);
-    if (auto at = log.find("127.0.0.1:"); at != std::string::npos)
-      port = std::stoi(log.substr(at + 10));
-    if (port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ASSERT_GT(port, 0) << testing::read_file(port_file);
+  if (const std::string why = missing_openai_client(true); !why.empty()) GTEST_SKIP() << why;
+  ServeProcess server("--api-key k --deterministic");
+  ASSERT_GT(server.port(), 0) << server.log();
   const std::string src = BLEND_SOURCE_DIR;
-  const std::string outputs = (dir / "outputs.json").string();
-  const auto r = testing::run_command(
-      "NODE_PATH='" + modules + "' node '" + src +
-      "/tests/server/openai_structured.cjs' http://127.0.0.1:" + std::to_string(port) + "/v1 k '" +
-      src + "/tests/grammar/data/schemas.json' '" + outputs + "' 2>&1");
-  testing::run_command("kill " + pid);
+  const std::string outputs = (server.dir() / "outputs.json").string();
+  const auto r =
+      testing::run_command("NODE_PATH='" + std::string(BLEND_TEST_NODE_MODULES) + "' node '" + src +
+                           "/tests/server/openai_structured.cjs' " + server.v1() + " k '" + src +
+                           "/tests/grammar/data/schemas.json' '" + outputs + "' 2>&1");
+  server.stop();
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("openai structured: ok"), std::string::npos) << r.output;
   const auto v = testing::run_command("python3 '" + src + "/tests/grammar/validate_json.py' '" +
@@ -1326,39 +1334,17 @@ TEST(ServerOpenAiClient, StructuredOutputAndSeveralSamples) {
 // forced by tool_choice, streamed calls, a round trip with the tool's result; every call's
 // arguments are then checked against the function's schema by python3-jsonschema.
 TEST(ServerOpenAiClient, ToolCallsRoundTrip) {
-  const std::string modules = BLEND_TEST_NODE_MODULES;
-  if (!std::filesystem::exists(std::filesystem::path(modules) / "openai" / "package.json"))
-    GTEST_SKIP() << "the openai npm package is not installed (run scripts/setup.sh)";
-  if (testing::run_command("node --version").exit_code != 0) GTEST_SKIP() << "node is missing";
-  if (testing::run_command("python3 -c 'import jsonschema' 2>&1").exit_code != 0)
-    GTEST_SKIP() << "python3-jsonschema is missing (run scripts/setup.sh)";
-  testing::TempDir dir;
-  RandomInitOptions o;
-  o.seed = 9;
-  o.tokenizer_dir = BLEND_TEST_TOKENIZER_DIR;
-  write_random_model(*find_model_preset("tiny"), dir / "tiny", o);
+  if (const std::string why = missing_openai_client(true); !why.empty()) GTEST_SKIP() << why;
   const std::string src = BLEND_SOURCE_DIR;
-  const std::string port_file = (dir / "port").string();
-  const std::string serve =
-      std::string("'") + BLEND_BINARY + "' serve --model " + (dir / "tiny").string() +
-      " --chat-template '" + src + "/tests/text/data/chat_templates/qwen2.5-instruct.jinja'" +
-      " --port 0 --api-key k --data-dir " + (dir / "data").string() +
-      " --threads 2 --kv-memory 0.05 --deterministic >/dev/null 2>" + port_file + " & echo $!";
-  const auto started = testing::run_command(serve);
-  const std::string pid = started.output.substr(0, started.output.find('\n'));
-  int port = 0;
-  for (int i = 0; i < 3000 && port == 0; ++i) {
-    const std::string log = testing::read_file(port_file);
-    if (auto at = log.find("127.0.0.1:"); at != std::string::npos)
-      port = std::stoi(log.substr(at + 10));
-    if (port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ASSERT_GT(port, 0) << testing::read_file(port_file);
-  const std::string outputs = (dir / "calls.json").string();
-  const auto r = testing::run_command("NODE_PATH='" + modules + "' node '" + src +
-                                      "/tests/server/openai_tools.cjs' http://127.0.0.1:" +
-                                      std::to_string(port) + "/v1 k '" + outputs + "' 2>&1");
-  testing::run_command("kill " + pid);
+  ServeProcess server("--chat-template '" + src +
+                      "/tests/text/data/chat_templates/qwen2.5-instruct.jinja' --api-key k "
+                      "--deterministic");
+  ASSERT_GT(server.port(), 0) << server.log();
+  const std::string outputs = (server.dir() / "calls.json").string();
+  const auto r = testing::run_command("NODE_PATH='" + std::string(BLEND_TEST_NODE_MODULES) +
+                                      "' node '" + src + "/tests/server/openai_tools.cjs' " +
+                                      server.v1() + " k '" + outputs + "' 2>&1");
+  server.stop();
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("openai tools: ok"), std::string::npos) << r.output;
   const auto v = testing::run_command("python3 '" + src + "/tests/grammar/validate_json.py' '" +
