@@ -129,6 +129,32 @@ std::unique_ptr<TokenMatcher> CompiledGrammar::start() const {
   return std::make_unique<GrammarMatcher>(shared_from_this());
 }
 
+namespace {
+
+// The end of the run of tokens after `from` that start with bytes[0, len): they are sorted, so
+// such tokens are neighbours. Galloping search, so a short run costs a few comparisons and a
+// long one (every " x..." token under a dead " x") a logarithm.
+size_t prefix_run_end(const TokenVocab& v, const std::vector<TokenId>& tokens, size_t from,
+                      const std::string& bytes, size_t len) {
+  auto shares = [&](size_t j) {
+    const std::string& b = v.bytes(tokens[j]);
+    return b.size() >= len && b.compare(0, len, bytes, 0, len) == 0;
+  };
+  size_t lo = from, step = 1;  // tokens (from, lo] share the prefix
+  while (lo + step < tokens.size() && shares(lo + step)) {
+    lo += step;
+    step *= 2;
+  }
+  size_t hi = std::min(tokens.size(), lo + step);  // tokens[hi] does not (or is past the end)
+  while (hi - lo > 1) {
+    const size_t mid = lo + (hi - lo) / 2;
+    (shares(mid) ? lo : hi) = mid;
+  }
+  return hi;
+}
+
+}  // namespace
+
 template <typename OnAccept>
 void CompiledGrammar::classify(const GrammarStack& start, const std::vector<TokenId>& tokens,
                                const std::vector<int32_t>* common_prefix, OnAccept on_accept,
@@ -164,26 +190,35 @@ void CompiledGrammar::classify(const GrammarStack& start, const std::vector<Toke
       outside.resize(static_cast<size_t>(len) + 1);
     }
     int32_t k = std::min(common, valid);
+    // Stops at a prefix no stack survives: dead, or (outside set) left for the callers.
     for (; k < len; ++k) {
       const size_t at = static_cast<size_t>(k);
-      if (sizes[at] == 0 && !outside[at]) break;
+      if (sizes[at] == 0) break;
       bool out = false;
-      if (sizes[at] == 0)
-        sizes[at + 1] = 0;
-      else
-        grammar_->advance_into(levels[at], sizes[at], static_cast<uint8_t>(bytes[at]),
-                               levels[at + 1], sizes[at + 1], &out);
+      grammar_->advance_into(levels[at], sizes[at], static_cast<uint8_t>(bytes[at]), levels[at + 1],
+                             sizes[at + 1], &out);
       // A pop before the token's first byte is not context: mask_for() adds the popped stack
       // to the state it masks, and that stack's own tables decide such tokens.
       outside[at + 1] = outside[at] || (out && at > 0);
     }
     valid = k;
-    if (k == len && sizes[static_cast<size_t>(k)] > 0)
+    const size_t at = static_cast<size_t>(k);
+    if (k == len && sizes[at] > 0) {
       on_accept(t);
-    else if (outside[static_cast<size_t>(k)])
-      context_dependent.push_back(t);
-    else
+      continue;
+    }
+    // Every token under this prefix ends the same way (no stack left to tell them apart):
+    // decided as a run, which is what makes whitespace-like nodes (tens of thousands of
+    // " word" tokens that leave the rule after one byte) and dead prefixes cheap.
+    const size_t end = prefix_run_end(v, tokens, i, bytes, at);
+    if (outside[at]) {
+      context_dependent.insert(context_dependent.end(), tokens.begin() + static_cast<ptrdiff_t>(i),
+                               tokens.begin() + static_cast<ptrdiff_t>(end));
+    } else {
       dead = k;
+    }
+    i = end - 1;
+    prev = &v.bytes(tokens[i]);
   }
 }
 
