@@ -94,6 +94,19 @@ class Grammar {
   bool node_completes(int32_t node) const { return nodes_[static_cast<size_t>(node)].completes; }
   // Some byte can follow.
   bool can_continue(const GrammarStack& stack) const;
+  // What a node's token table depends on, the same in every grammar: the shape of its rule
+  // (its automaton and, through their shapes, the rules it calls) and its place in that rule.
+  // Equal shapes mean equal automata from there on, so grammars compiled from different
+  // schemas share the tables of their common rules (whitespace, strings, numbers). Rules that
+  // can call themselves get a shape of their own, shared with nothing.
+  struct NodeShape {
+    uint64_t rule_shape;
+    int32_t index;
+  };
+  NodeShape node_shape(int32_t node) const {
+    const Node& n = nodes_[static_cast<size_t>(node)];
+    return {shapes_[static_cast<size_t>(n.rule)], node - rules_[static_cast<size_t>(n.rule)].start};
+  }
   // Whether the whole text matches (tests).
   bool matches(std::string_view text) const;
   bool matches_prefix(std::string_view text) const;  // some continuation would match
@@ -117,14 +130,16 @@ class Grammar {
   struct Rule {
     std::string name;
     GExpr body;
-    int32_t start = -1;
+    int32_t start = -1, end = -1;  // its nodes are [start, end)
   };
   void step_rec(GrammarStack& stack, uint8_t b, std::vector<GrammarStack>& out, size_t& count,
                 bool* outside, int budget) const;
   void compile_rule(int32_t rule);
+  void compute_shapes();
 
   std::vector<Rule> rules_;
   std::vector<Node> nodes_;
+  std::vector<uint64_t> shapes_;  // per rule
   int32_t root_ = 0;
 };
 

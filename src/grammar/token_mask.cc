@@ -19,6 +19,11 @@ void set_bit(std::vector<uint64_t>& w, TokenId t) {
   w[static_cast<size_t>(t) / 64] |= uint64_t{1} << (static_cast<size_t>(t) % 64);
 }
 
+void append_shape(std::string& key, const Grammar::NodeShape& shape) {
+  key.append(reinterpret_cast<const char*>(&shape.rule_shape), sizeof shape.rule_shape);
+  key.append(reinterpret_cast<const char*>(&shape.index), sizeof shape.index);
+}
+
 std::string state_key(const std::vector<GrammarStack>& state) {
   std::string key;
   for (const GrammarStack& s : state) {
@@ -222,40 +227,42 @@ void CompiledGrammar::classify(const GrammarStack& start, const std::vector<Toke
   }
 }
 
-const CompiledGrammar::NodeTable& CompiledGrammar::node_table(int32_t node) const {
+const NodeTokenTable& CompiledGrammar::node_table(int32_t node) const {
   {
     std::lock_guard lock(mu_);
     if (tables_[static_cast<size_t>(node)]) return *tables_[static_cast<size_t>(node)];
   }
-  auto table = std::make_unique<NodeTable>();
-  table->accepted.assign((static_cast<size_t>(vocab_->vocab_size()) + 63) / 64, 0);
-  classify(
-      {Grammar::kOutside, node}, vocab_->sorted(), &vocab_->common_prefix(),
-      [&](TokenId t) { set_bit(table->accepted, t); }, table->context_dependent);
+  std::string key;
+  append_shape(key, grammar_->node_shape(node));
+  std::shared_ptr<const NodeTokenTable> table = vocab_->node_tables.find(key);
+  if (!table) {
+    auto built = std::make_shared<NodeTokenTable>();
+    built->accepted.assign((static_cast<size_t>(vocab_->vocab_size()) + 63) / 64, 0);
+    classify(
+        {Grammar::kOutside, node}, vocab_->sorted(), &vocab_->common_prefix(),
+        [&](TokenId t) { set_bit(built->accepted, t); }, built->context_dependent);
+    table = vocab_->node_tables.keep(std::move(key), std::move(built));
+  }
   std::lock_guard lock(mu_);
   auto& slot = tables_[static_cast<size_t>(node)];
-  if (!slot) slot = std::move(table);  // another thread may have built it meanwhile
+  if (!slot) slot = std::move(table);  // another thread may have set it meanwhile
   return *slot;
 }
 
-std::shared_ptr<const CompiledGrammar::SuffixTable> CompiledGrammar::suffix_table(
+std::shared_ptr<const SuffixTokenTable> CompiledGrammar::suffix_table(
     const GrammarStack& stack, size_t k, const std::vector<TokenId>& candidates) const {
   GrammarStack start{Grammar::kOutside};
   start.insert(start.end(), stack.end() - static_cast<ptrdiff_t>(k), stack.end());
-  const std::string key(reinterpret_cast<const char*>(start.data() + 1), k * sizeof(int32_t));
-  {
-    std::lock_guard lock(mu_);
-    auto it = suffixes_.find(key);
-    if (it != suffixes_.end()) return it->second;
-  }
-  auto table = std::make_shared<SuffixTable>();
+  // The candidates are the k - 1 top nodes' context-dependent tokens, so the k shapes are key
+  // enough.
+  std::string key;
+  for (size_t i = 1; i < start.size(); ++i) append_shape(key, grammar_->node_shape(start[i]));
+  if (auto table = vocab_->suffix_tables.find(key)) return table;
+  auto table = std::make_shared<SuffixTokenTable>();
   classify(
       start, candidates, nullptr, [&](TokenId t) { table->accepted.push_back(t); },
       table->context_dependent);
-  std::lock_guard lock(mu_);
-  if (suffixes_.size() >= kMaxCachedMasks * 4) suffixes_.clear();
-  auto [it, added] = suffixes_.emplace(key, std::move(table));
-  return it->second;
+  return vocab_->suffix_tables.keep(std::move(key), std::move(table));
 }
 
 std::shared_ptr<const TokenMask> CompiledGrammar::mask_for(
@@ -284,7 +291,7 @@ std::shared_ptr<const TokenMask> CompiledGrammar::mask_for(
   expanded.erase(std::unique(expanded.begin(), expanded.end()), expanded.end());
   bool finish = false;
   for (const GrammarStack& s : expanded) {
-    const NodeTable& table = node_table(s.back());
+    const NodeTokenTable& table = node_table(s.back());
     for (size_t i = 0; i < w.size(); ++i) w[i] |= table.accepted[i];
     finish = finish || grammar_->can_finish(s);
   }
@@ -292,7 +299,7 @@ std::shared_ptr<const TokenMask> CompiledGrammar::mask_for(
   // by the stack's top nodes); what still pops past the root is not allowed.
   for (const GrammarStack& s : expanded) {
     const std::vector<TokenId>* candidates = &node_table(s.back()).context_dependent;
-    std::shared_ptr<const SuffixTable> t;  // holds *candidates from k = 3 on
+    std::shared_ptr<const SuffixTokenTable> t;  // holds *candidates from k = 3 on
     for (size_t k = 2; k <= s.size() && !candidates->empty(); ++k) {
       t = suffix_table(s, k, *candidates);
       for (TokenId a : t->accepted) set_bit(w, a);
