@@ -137,10 +137,17 @@ std::unique_ptr<TokenMatcher> CompiledGrammar::start() const {
 namespace {
 
 // The end of the run of tokens after `from` that start with bytes[0, len): they are sorted, so
-// such tokens are neighbours. Galloping search, so a short run costs a few comparisons and a
-// long one (every " x..." token under a dead " x") a logarithm.
-size_t prefix_run_end(const TokenVocab& v, const std::vector<TokenId>& tokens, size_t from,
+// such tokens are neighbours. With the common prefix lengths at hand that is a scan of
+// integers; without, a galloping search, so a short run costs a few comparisons and a long one
+// (every " x..." token under a dead " x") a logarithm.
+size_t prefix_run_end(const TokenVocab& v, const std::vector<TokenId>& tokens,
+                      const std::vector<int32_t>* common_prefix, size_t from,
                       const std::string& bytes, size_t len) {
+  if (common_prefix) {
+    size_t j = from + 1;
+    while (j < tokens.size() && static_cast<size_t>((*common_prefix)[j]) >= len) ++j;
+    return j;
+  }
   auto shares = [&](size_t j) {
     const std::string& b = v.bytes(tokens[j]);
     return b.size() >= len && b.compare(0, len, bytes, 0, len) == 0;
@@ -215,7 +222,7 @@ void CompiledGrammar::classify(const GrammarStack& start, const std::vector<Toke
     // Every token under this prefix ends the same way (no stack left to tell them apart):
     // decided as a run, which is what makes whitespace-like nodes (tens of thousands of
     // " word" tokens that leave the rule after one byte) and dead prefixes cheap.
-    const size_t end = prefix_run_end(v, tokens, i, bytes, at);
+    const size_t end = prefix_run_end(v, tokens, common_prefix, i, bytes, at);
     if (outside[at]) {
       context_dependent.insert(context_dependent.end(), tokens.begin() + static_cast<ptrdiff_t>(i),
                                tokens.begin() + static_cast<ptrdiff_t>(end));
