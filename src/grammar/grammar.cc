@@ -112,6 +112,56 @@ void Grammar::define(int32_t rule, GExpr body) {
   rules_.at(static_cast<size_t>(rule)).body = std::move(body);
 }
 
+void Grammar::set_counted_string(int32_t rule, CountedString c) {
+  rules_.at(static_cast<size_t>(rule)).counted = c;
+}
+
+const Grammar::CountedString* Grammar::counted_string(int32_t rule) const {
+  const Rule& r = rules_[static_cast<size_t>(rule)];
+  return r.counted.unbounded_rule >= 0 ? &r.counted : nullptr;
+}
+
+bool Grammar::witness(int32_t node, std::string& bytes) const {
+  const Rule& r = rules_[static_cast<size_t>(nodes_[static_cast<size_t>(node)].rule)];
+  const size_t count = static_cast<size_t>(r.end - r.start);
+  std::vector<int32_t> parent(count, -1);
+  std::vector<uint8_t> via(count, 0);
+  std::vector<int32_t> queue{r.start};
+  parent[0] = r.start;
+  for (size_t q = 0; q < queue.size() && parent[static_cast<size_t>(node - r.start)] < 0; ++q) {
+    for (const ByteEdge& e : nodes_[static_cast<size_t>(queue[q])].bytes) {
+      const size_t t = static_cast<size_t>(e.target - r.start);
+      if (t >= count || parent[t] >= 0) continue;
+      int b = 0;
+      while (b < 256 && !e.set.has(static_cast<uint8_t>(b))) ++b;
+      if (b == 256) continue;
+      parent[t] = queue[q];
+      via[t] = static_cast<uint8_t>(b);
+      queue.push_back(e.target);
+    }
+  }
+  if (parent[static_cast<size_t>(node - r.start)] < 0) return false;
+  bytes.clear();
+  for (int32_t x = node; x != r.start; x = parent[static_cast<size_t>(x - r.start)])
+    bytes.push_back(static_cast<char>(via[static_cast<size_t>(x - r.start)]));
+  std::reverse(bytes.begin(), bytes.end());
+  return true;
+}
+
+int32_t Grammar::walk_bytes(int32_t node, std::string_view bytes) const {
+  for (char c : bytes) {
+    int32_t next = -1;
+    for (const ByteEdge& e : nodes_[static_cast<size_t>(node)].bytes) {
+      if (!e.set.has(static_cast<uint8_t>(c))) continue;
+      if (next >= 0) return -1;
+      next = e.target;
+    }
+    if (next < 0) return -1;
+    node = next;
+  }
+  return node;
+}
+
 void Grammar::compile_rule(int32_t rule) {
   // Thompson construction with epsilon moves, then each state's epsilon closure folded into it.
   struct NState {

@@ -1,6 +1,7 @@
 #include "grammar/token_mask.h"
 
 #include <algorithm>
+#include <bit>
 #include <climits>
 #include <cstring>
 #include <numeric>
@@ -80,6 +81,34 @@ class GrammarMatcher : public TokenMatcher {
   std::shared_ptr<const CompiledGrammar> g_;
   std::vector<GrammarStack> state_;
   bool ended_ = false, finished_ = false;
+};
+
+// Counts the characters of a JSON string from some place inside it (json_schema's string
+// characters: one plain byte, a backslash escape, or a UTF-8 sequence). Only good for bytes the
+// grammar accepted: it tells characters apart, it does not validate them.
+struct StringLexer {
+  int pending = 0;      // bytes still to come of the current character
+  bool escape = false;  // the last byte was the backslash that starts an escape
+  int chars = 0;        // characters started
+  bool closed = false;  // met the closing quote (and stopped there)
+  void feed(std::string_view bytes) {
+    for (char ch : bytes) {
+      const auto b = static_cast<uint8_t>(ch);
+      if (escape) {
+        escape = false;
+        pending = b == 'u' ? 4 : 0;
+      } else if (pending > 0) {
+        --pending;
+      } else if (b == '"') {
+        closed = true;
+        return;
+      } else {
+        ++chars;
+        escape = b == '\\';
+        pending = b >= 0xf0 ? 3 : b >= 0xe0 ? 2 : b >= 0xc0 ? 1 : 0;
+      }
+    }
+  }
 };
 
 }  // namespace
@@ -245,15 +274,70 @@ const NodeTokenTable& CompiledGrammar::node_table(int32_t node) const {
   if (!table) {
     auto built = std::make_shared<NodeTokenTable>();
     built->accepted.assign((static_cast<size_t>(vocab_->vocab_size()) + 63) / 64, 0);
-    classify(
-        {Grammar::kOutside, node}, vocab_->sorted(), &vocab_->common_prefix(),
-        [&](TokenId t) { set_bit(built->accepted, t); }, built->context_dependent);
+    if (!counted_string_table(node, *built))
+      classify(
+          {Grammar::kOutside, node}, vocab_->sorted(), &vocab_->common_prefix(),
+          [&](TokenId t) { set_bit(built->accepted, t); }, built->context_dependent);
     table = vocab_->node_tables.keep(std::move(key), std::move(built));
   }
   std::lock_guard lock(mu_);
   auto& slot = tables_[static_cast<size_t>(node)];
   if (!slot) slot = std::move(table);  // another thread may have set it meanwhile
   return *slot;
+}
+
+bool CompiledGrammar::counted_string_table(int32_t node, NodeTokenTable& out) const {
+  // From position p of `"` char{min,max} `"`, a token is what it is from the same place in
+  // `"` char* `"`, as long as it starts at most max - p characters (a partial one counts) and,
+  // when it closes the string, at least min - p: one filter over the unbounded node's table,
+  // where a fresh table would walk the whole vocabulary for every position.
+  const Grammar& g = *grammar_;
+  const Grammar::CountedString* counted = g.counted_string(g.node_rule(node));
+  std::string path;
+  if (!counted || !g.witness(node, path) || path.empty() || path[0] != '"') return false;
+  StringLexer at;  // where `node` is: characters started, and inside which one
+  at.feed(std::string_view(path).substr(1));
+  if (at.closed) return false;
+  const int32_t same = g.walk_bytes(g.rule_start(counted->unbounded_rule), path);
+  if (same < 0) return false;
+  const NodeTokenTable& from = node_table(same);
+  // Each token's characters from that place, once per place.
+  at.chars = 0;
+  std::string lex_key(reinterpret_cast<const char*>(&same), sizeof same);
+  lex_key += static_cast<char>(at.pending);
+  lex_key += static_cast<char>(at.escape);
+  std::shared_ptr<const std::vector<int32_t>> lexed;
+  {
+    std::lock_guard lock(mu_);
+    if (auto it = lexed_.find(lex_key); it != lexed_.end()) lexed = it->second;
+  }
+  if (!lexed) {
+    auto fresh = std::make_shared<std::vector<int32_t>>(static_cast<size_t>(vocab_->vocab_size()));
+    for (TokenId t = 0; t < vocab_->vocab_size(); ++t) {
+      StringLexer lx = at;
+      lx.feed(vocab_->bytes(t));
+      (*fresh)[static_cast<size_t>(t)] = lx.chars * 2 + (lx.closed ? 1 : 0);
+    }
+    std::lock_guard lock(mu_);
+    lexed = lexed_.emplace(std::move(lex_key), std::move(fresh)).first->second;
+  }
+  StringLexer where;
+  where.feed(std::string_view(path).substr(1));
+  const int64_t room = counted->max < 0 ? INT64_MAX : int64_t{counted->max} - where.chars;
+  const int64_t need = int64_t{counted->min} - where.chars;
+  auto fits = [&](TokenId t) {
+    const int32_t v = (*lexed)[static_cast<size_t>(t)];
+    const int64_t chars = v / 2;
+    return chars <= room && (!(v & 1) || chars >= need);
+  };
+  for (size_t w = 0; w < from.accepted.size(); ++w)
+    for (uint64_t bits = from.accepted[w]; bits; bits &= bits - 1) {
+      const auto t = static_cast<TokenId>(w * 64 + static_cast<size_t>(std::countr_zero(bits)));
+      if (fits(t)) set_bit(out.accepted, t);
+    }
+  for (TokenId t : from.context_dependent)
+    if (fits(t)) out.context_dependent.push_back(t);
+  return true;
 }
 
 std::shared_ptr<const SuffixTokenTable> CompiledGrammar::suffix_table(

@@ -120,6 +120,9 @@ class CompiledGrammar : public TokenConstraint,
 
  private:
   const NodeTokenTable& node_table(int32_t node) const;
+  // The table of a counted string's node (Grammar::CountedString), derived from the unbounded
+  // string's node in the same place; false (nothing done) for any other node.
+  bool counted_string_table(int32_t node, NodeTokenTable& out) const;
   std::shared_ptr<const SuffixTokenTable> suffix_table(
       const GrammarStack& stack, size_t k, const std::vector<TokenId>& candidates) const;
   // Runs `tokens` (in byte order) from `start` (kOutside at its bottom): accepted ones to
@@ -134,6 +137,9 @@ class CompiledGrammar : public TokenConstraint,
   mutable std::mutex mu_;
   mutable std::vector<std::shared_ptr<const NodeTokenTable>> tables_;  // per node
   mutable std::unordered_map<std::string, std::shared_ptr<const TokenMask>> masks_;
+  // Per unbounded string node and place in a character: each token's characters (times two,
+  // plus one when it closes the string), for counted_string_table.
+  mutable std::unordered_map<std::string, std::shared_ptr<const std::vector<int32_t>>> lexed_;
 };
 
 }  // namespace blend
