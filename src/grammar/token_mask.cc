@@ -147,6 +147,22 @@ void TokenVocab::index() {
     while (k < a.size() && k < b.size() && a[k] == b[k]) ++k;
     lcp_[i] = static_cast<int32_t>(k);
   }
+  for (size_t d = 0; d < 2; ++d) {
+    std::vector<uint32_t>& end = run_end_[d];
+    end.assign(sorted_.size(), 0);
+    for (size_t i = sorted_.size(); i-- > 0;)
+      end[i] = i + 1 < sorted_.size() && static_cast<size_t>(lcp_[i + 1]) > d
+                   ? end[i + 1]
+                   : static_cast<uint32_t>(i + 1);
+  }
+}
+
+size_t TokenVocab::run_end(size_t i, size_t len) const {
+  if (len == 0) return sorted_.size();
+  if (len <= 2) return run_end_[len - 1][i];
+  size_t j = i + 1;
+  while (j < sorted_.size() && static_cast<size_t>(lcp_[j]) >= len) ++j;
+  return j;
 }
 
 bool TokenVocab::is_eos(TokenId t) const {
@@ -172,11 +188,7 @@ namespace {
 size_t prefix_run_end(const TokenVocab& v, const std::vector<TokenId>& tokens,
                       const std::vector<int32_t>* common_prefix, size_t from,
                       const std::string& bytes, size_t len) {
-  if (common_prefix) {
-    size_t j = from + 1;
-    while (j < tokens.size() && static_cast<size_t>((*common_prefix)[j]) >= len) ++j;
-    return j;
-  }
+  if (common_prefix) return v.run_end(from, len);  // `tokens` is the whole sorted vocabulary
   auto shares = [&](size_t j) {
     const std::string& b = v.bytes(tokens[j]);
     return b.size() >= len && b.compare(0, len, bytes, 0, len) == 0;

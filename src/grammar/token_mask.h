@@ -86,6 +86,10 @@ class TokenVocab {
   // Usable tokens in byte order, and each one's common prefix length with the one before.
   const std::vector<TokenId>& sorted() const { return sorted_; }
   const std::vector<int32_t>& common_prefix() const { return lcp_; }
+  // The end of the run of sorted tokens from position i on that share its first `len` bytes
+  // (i's bytes must be that long). Runs of one and two bytes are indexed (a rejected first
+  // byte skips its whole group at once), longer ones scanned.
+  size_t run_end(size_t i, size_t len) const;
 
   // Token tables shared by every grammar over this vocabulary, keyed by node shapes
   // (Grammar::node_shape): a rule that two schemas have in common (whitespace, strings,
@@ -100,6 +104,7 @@ class TokenVocab {
   std::vector<std::string> bytes_;
   std::vector<TokenId> eos_, sorted_;
   std::vector<int32_t> lcp_;
+  std::vector<uint32_t> run_end_[2];  // for lengths 1 and 2
 };
 
 // A grammar bound to a vocabulary: the TokenConstraint a request carries.
