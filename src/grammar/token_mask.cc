@@ -312,43 +312,49 @@ bool CompiledGrammar::counted_string_table(int32_t node, NodeTokenTable& out) co
   if (at.closed) return false;
   const int32_t same = g.walk_bytes(g.rule_start(counted->unbounded_rule), path);
   if (same < 0) return false;
-  const NodeTokenTable& from = node_table(same);
-  // Each token's characters from that place, once per place.
-  at.chars = 0;
-  std::string lex_key(reinterpret_cast<const char*>(&same), sizeof same);
-  lex_key += static_cast<char>(at.pending);
-  lex_key += static_cast<char>(at.escape);
-  std::shared_ptr<const std::vector<int32_t>> lexed;
-  {
-    std::lock_guard lock(mu_);
-    if (auto it = lexed_.find(lex_key); it != lexed_.end()) lexed = it->second;
-  }
-  if (!lexed) {
-    auto fresh = std::make_shared<std::vector<int32_t>>(static_cast<size_t>(vocab_->vocab_size()));
-    for (TokenId t = 0; t < vocab_->vocab_size(); ++t) {
+  // The unbounded table at that place, split by characters: once per place and process.
+  std::string key;
+  append_shape(key, g.node_shape(same));
+  key += static_cast<char>(at.pending);
+  key += static_cast<char>(at.escape);
+  std::shared_ptr<const CountedStringPlace> place = vocab_->counted_places.find(key);
+  if (!place) {
+    const NodeTokenTable& from = node_table(same);
+    auto fresh = std::make_shared<CountedStringPlace>();
+    auto lex = [&](TokenId t) {
       StringLexer lx = at;
+      lx.chars = 0;
       lx.feed(vocab_->bytes(t));
-      (*fresh)[static_cast<size_t>(t)] = lx.chars * 2 + (lx.closed ? 1 : 0);
-    }
-    std::lock_guard lock(mu_);
-    lexed = lexed_.emplace(std::move(lex_key), std::move(fresh)).first->second;
+      return std::pair{lx.chars, lx.closed};
+    };
+    constexpr int32_t kIndexed = CountedStringPlace::kIndexed;
+    fresh->open.assign(kIndexed + 1, std::vector<uint64_t>(from.accepted.size(), 0));
+    for (size_t w = 0; w < from.accepted.size(); ++w)
+      for (uint64_t bits = from.accepted[w]; bits; bits &= bits - 1) {
+        const auto t = static_cast<TokenId>(w * 64 + static_cast<size_t>(std::countr_zero(bits)));
+        const auto [chars, closed] = lex(t);
+        if (closed)
+          fresh->closing.push_back({chars, t});
+        else if (chars > kIndexed)
+          fresh->long_open.push_back({chars, t});
+        else
+          set_bit(fresh->open[static_cast<size_t>(chars)], t);
+      }
+    for (size_t c = 1; c < fresh->open.size(); ++c)  // at most c: a running union
+      for (size_t w = 0; w < from.accepted.size(); ++w) fresh->open[c][w] |= fresh->open[c - 1][w];
+    for (TokenId t : from.context_dependent) fresh->context_dependent.push_back({lex(t).first, t});
+    place = vocab_->counted_places.keep(std::move(key), std::move(fresh));
   }
-  StringLexer where;
-  where.feed(std::string_view(path).substr(1));
-  const int64_t room = counted->max < 0 ? INT64_MAX : int64_t{counted->max} - where.chars;
-  const int64_t need = int64_t{counted->min} - where.chars;
-  auto fits = [&](TokenId t) {
-    const int32_t v = (*lexed)[static_cast<size_t>(t)];
-    const int64_t chars = v / 2;
-    return chars <= room && (!(v & 1) || chars >= need);
-  };
-  for (size_t w = 0; w < from.accepted.size(); ++w)
-    for (uint64_t bits = from.accepted[w]; bits; bits &= bits - 1) {
-      const auto t = static_cast<TokenId>(w * 64 + static_cast<size_t>(std::countr_zero(bits)));
-      if (fits(t)) set_bit(out.accepted, t);
-    }
-  for (TokenId t : from.context_dependent)
-    if (fits(t)) out.context_dependent.push_back(t);
+  const int64_t room = counted->max < 0 ? INT64_MAX : int64_t{counted->max} - at.chars;
+  const int64_t need = int64_t{counted->min} - at.chars;
+  if (room < 0) return true;  // not a place the rule reaches; nothing fits
+  out.accepted = place->open[static_cast<size_t>(std::min<int64_t>(room, place->open.size() - 1))];
+  for (const auto& [chars, t] : place->long_open)
+    if (chars <= room) set_bit(out.accepted, t);
+  for (const auto& [chars, t] : place->closing)
+    if (chars >= need && chars <= room) set_bit(out.accepted, t);
+  for (const auto& [chars, t] : place->context_dependent)
+    if (chars >= need && chars <= room) out.context_dependent.push_back(t);
   return true;
 }
 

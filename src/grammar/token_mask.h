@@ -42,6 +42,18 @@ struct SuffixTokenTable {
   std::vector<TokenId> accepted, context_dependent;
 };
 
+// The unbounded string's table at one place inside a string, by the characters each token
+// starts from there (a partial one counts), for the tables of bounded strings
+// (Grammar::CountedString).
+struct CountedStringPlace {
+  static constexpr int32_t kIndexed = 64;  // open[c] for c up to this
+  // open[c]: the accepted tokens that start at most c characters and do not close the string.
+  std::vector<std::vector<uint64_t>> open;
+  // (characters, token): accepted tokens with more than kIndexed; those that end with the
+  // closing quote; and the context-dependent ones (characters before the quote), in order.
+  std::vector<std::pair<int32_t, TokenId>> long_open, closing, context_dependent;
+};
+
 // A bounded, thread-safe map from a key to an immutable value.
 template <typename T>
 class SharedCache {
@@ -97,6 +109,7 @@ class TokenVocab {
   // per schema. Each node table is vocab/8 bytes (16 KB for Llama-3): at most 64 MB.
   mutable SharedCache<NodeTokenTable> node_tables{4096};
   mutable SharedCache<SuffixTokenTable> suffix_tables{16384};
+  mutable SharedCache<CountedStringPlace> counted_places{256};
 
  private:
   void index();
@@ -142,9 +155,6 @@ class CompiledGrammar : public TokenConstraint,
   mutable std::mutex mu_;
   mutable std::vector<std::shared_ptr<const NodeTokenTable>> tables_;  // per node
   mutable std::unordered_map<std::string, std::shared_ptr<const TokenMask>> masks_;
-  // Per unbounded string node and place in a character: each token's characters (times two,
-  // plus one when it closes the string), for counted_string_table.
-  mutable std::unordered_map<std::string, std::shared_ptr<const std::vector<int32_t>>> lexed_;
 };
 
 }  // namespace blend
