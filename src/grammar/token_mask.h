@@ -13,6 +13,11 @@
 //  * Per matcher state (its set of stacks), the mask is that node's accepted set plus the
 //    context-dependent tokens checked against the real stack, and is itself cached: the states
 //    of a schema's output repeat from one request, step and row to the next.
+//  * Tables are keyed by node shape (Grammar::node_shape), not node id, and kept in the
+//    TokenVocab: whitespace, strings and numbers are tabled once per process for every schema.
+//  * A bounded string's positions differ only in how many characters remain, so their tables
+//    are the unbounded string's split by each token's character count (one bitset per count),
+//    not a walk of the vocabulary per position.
 // A mask depends on nothing but the sequence's own state, so masking keeps batch invariance.
 #pragma once
 
