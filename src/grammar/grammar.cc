@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <mutex>
+#include <unordered_map>
 #include <utility>
 
 #include "core/error.h"
@@ -13,6 +15,32 @@ namespace {
 // Calls and returns followed for one byte before giving up: bounds the work of rules that
 // match nothing inside loops (none of ours loop that way; this is the guard if one did).
 constexpr int kCallBudget = 64;
+
+// Rule shapes, process-wide: a canonical text of each rule's automaton (its callees written as
+// their shape ids) interned to an id. Ids are never reused, so forgetting the registry when it
+// grows large only costs tables rebuilt under new ids, never a wrong match.
+constexpr size_t kMaxShapes = size_t{1} << 16;
+std::mutex shapes_mu;
+std::unordered_map<std::string, uint64_t> shape_ids;
+uint64_t next_shape = 1;
+
+uint64_t intern_shape(std::string key) {
+  std::lock_guard lock(shapes_mu);
+  if (shape_ids.size() >= kMaxShapes) shape_ids.clear();
+  auto [it, added] = shape_ids.emplace(std::move(key), next_shape);
+  if (added) ++next_shape;
+  return it->second;
+}
+
+uint64_t unique_shape() {
+  std::lock_guard lock(shapes_mu);
+  return next_shape++;
+}
+
+template <typename T>
+void put(std::string& key, const T& v) {
+  key.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
 
 GExpr make(GrammarExpr e) {
   return std::make_shared<const GrammarExpr>(std::move(e));
@@ -82,6 +110,56 @@ int32_t Grammar::add_rule(std::string name) {
 
 void Grammar::define(int32_t rule, GExpr body) {
   rules_.at(static_cast<size_t>(rule)).body = std::move(body);
+}
+
+void Grammar::set_counted_string(int32_t rule, CountedString c) {
+  rules_.at(static_cast<size_t>(rule)).counted = c;
+}
+
+const Grammar::CountedString* Grammar::counted_string(int32_t rule) const {
+  const Rule& r = rules_[static_cast<size_t>(rule)];
+  return r.counted.unbounded_rule >= 0 ? &r.counted : nullptr;
+}
+
+bool Grammar::witness(int32_t node, std::string& bytes) const {
+  const Rule& r = rules_[static_cast<size_t>(nodes_[static_cast<size_t>(node)].rule)];
+  const size_t count = static_cast<size_t>(r.end - r.start);
+  std::vector<int32_t> parent(count, -1);
+  std::vector<uint8_t> via(count, 0);
+  std::vector<int32_t> queue{r.start};
+  parent[0] = r.start;
+  for (size_t q = 0; q < queue.size() && parent[static_cast<size_t>(node - r.start)] < 0; ++q) {
+    for (const ByteEdge& e : nodes_[static_cast<size_t>(queue[q])].bytes) {
+      const size_t t = static_cast<size_t>(e.target - r.start);
+      if (t >= count || parent[t] >= 0) continue;
+      int b = 0;
+      while (b < 256 && !e.set.has(static_cast<uint8_t>(b))) ++b;
+      if (b == 256) continue;
+      parent[t] = queue[q];
+      via[t] = static_cast<uint8_t>(b);
+      queue.push_back(e.target);
+    }
+  }
+  if (parent[static_cast<size_t>(node - r.start)] < 0) return false;
+  bytes.clear();
+  for (int32_t x = node; x != r.start; x = parent[static_cast<size_t>(x - r.start)])
+    bytes.push_back(static_cast<char>(via[static_cast<size_t>(x - r.start)]));
+  std::reverse(bytes.begin(), bytes.end());
+  return true;
+}
+
+int32_t Grammar::walk_bytes(int32_t node, std::string_view bytes) const {
+  for (char c : bytes) {
+    int32_t next = -1;
+    for (const ByteEdge& e : nodes_[static_cast<size_t>(node)].bytes) {
+      if (!e.set.has(static_cast<uint8_t>(c))) continue;
+      if (next >= 0) return -1;
+      next = e.target;
+    }
+    if (next < 0) return -1;
+    node = next;
+  }
+  return node;
 }
 
 void Grammar::compile_rule(int32_t rule) {
@@ -199,6 +277,60 @@ void Grammar::compile_rule(int32_t rule) {
     nodes_[static_cast<size_t>(node_of[s])] = std::move(n);
   }
   rules_[rule].start = node_of[0];
+  rules_[rule].end = static_cast<int32_t>(nodes_.size());
+}
+
+void Grammar::compute_shapes() {
+  const size_t num = rules_.size();
+  std::vector<std::vector<int32_t>> callees(num);
+  for (size_t r = 0; r < num; ++r) {
+    for (int32_t n = rules_[r].start; n < rules_[r].end; ++n)
+      for (const CallEdge& c : nodes_[static_cast<size_t>(n)].calls) callees[r].push_back(c.rule);
+    std::sort(callees[r].begin(), callees[r].end());
+    callees[r].erase(std::unique(callees[r].begin(), callees[r].end()), callees[r].end());
+  }
+  // A rule that reaches itself through calls has no finite canonical text (a cycle would have
+  // to be canonicalised as a whole); it gets a unique shape instead.
+  std::vector<char> cyclic(num, 0);
+  std::vector<uint32_t> seen(num, 0);
+  std::vector<int32_t> todo;
+  for (size_t r = 0; r < num; ++r) {
+    const uint32_t epoch = static_cast<uint32_t>(r) + 1;
+    todo.assign(callees[r].begin(), callees[r].end());
+    while (!todo.empty() && !cyclic[r]) {
+      const size_t x = static_cast<size_t>(todo.back());
+      todo.pop_back();
+      if (x == r) cyclic[r] = 1;
+      if (seen[x] == epoch) continue;
+      seen[x] = epoch;
+      todo.insert(todo.end(), callees[x].begin(), callees[x].end());
+    }
+  }
+  shapes_.assign(num, 0);
+  // Callees first; an acyclic rule only calls rules whose recursion ends, so this terminates.
+  std::function<uint64_t(size_t)> shape = [&](size_t r) -> uint64_t {
+    if (shapes_[r]) return shapes_[r];
+    if (cyclic[r]) return shapes_[r] = unique_shape();
+    std::string key;
+    const int32_t start = rules_[r].start;
+    put(key, rules_[r].end - start);
+    for (int32_t i = start; i < rules_[r].end; ++i) {
+      const Node& n = nodes_[static_cast<size_t>(i)];
+      put(key, static_cast<uint8_t>(n.final | (n.completes << 1)));
+      put(key, static_cast<uint32_t>(n.bytes.size()));
+      for (const ByteEdge& e : n.bytes) {
+        put(key, e.set.bits);
+        put(key, e.target - start);
+      }
+      put(key, static_cast<uint32_t>(n.calls.size()));
+      for (const CallEdge& c : n.calls) {
+        put(key, shape(static_cast<size_t>(c.rule)));
+        put(key, c.target - start);
+      }
+    }
+    return shapes_[r] = intern_shape(std::move(key));
+  };
+  for (size_t r = 0; r < num; ++r) shape(r);
 }
 
 void Grammar::compile(int32_t root) {
@@ -219,6 +351,7 @@ void Grammar::compile(int32_t root) {
         }
     }
   }
+  compute_shapes();
 }
 
 void Grammar::step_rec(GrammarStack& s, uint8_t b, std::vector<GrammarStack>& out, size_t& count,

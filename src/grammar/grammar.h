@@ -94,6 +94,38 @@ class Grammar {
   bool node_completes(int32_t node) const { return nodes_[static_cast<size_t>(node)].completes; }
   // Some byte can follow.
   bool can_continue(const GrammarStack& stack) const;
+  // What a node's token table depends on, the same in every grammar: the shape of its rule
+  // (its automaton and, through their shapes, the rules it calls) and its place in that rule.
+  // Equal shapes mean equal automata from there on, so grammars compiled from different
+  // schemas share the tables of their common rules (whitespace, strings, numbers). Rules that
+  // can call themselves get a shape of their own, shared with nothing.
+  struct NodeShape {
+    uint64_t rule_shape;
+    int32_t index;
+  };
+  NodeShape node_shape(int32_t node) const {
+    const Node& n = nodes_[static_cast<size_t>(node)];
+    return {shapes_[static_cast<size_t>(n.rule)], node - rules_[static_cast<size_t>(n.rule)].start};
+  }
+  // A string rule `"` char{min,max} `"` made like the unbounded `"` char* `"` rule
+  // `unbounded_rule`, char being one JSON string character (json_schema's minLength and
+  // maxLength). Its automaton has a node per character position, but from each of them a
+  // token does what it does from the unbounded rule's node in the same place within a
+  // character, unless it has too many characters (or closes too early): token_mask derives
+  // their tables from the unbounded rule's instead of walking the vocabulary again.
+  struct CountedString {
+    int32_t unbounded_rule = -1, min = 0, max = -1;  // max -1: unbounded
+  };
+  void set_counted_string(int32_t rule, CountedString c);
+  const CountedString* counted_string(int32_t rule) const;
+  int32_t node_rule(int32_t node) const { return nodes_[static_cast<size_t>(node)].rule; }
+  int32_t rule_start(int32_t rule) const { return rules_[static_cast<size_t>(rule)].start; }
+  // Bytes that lead from the start of `node`'s rule to `node` over byte edges (the lowest byte
+  // of each edge, breadth first); false when no such path exists.
+  bool witness(int32_t node, std::string& bytes) const;
+  // The node `bytes` lead to from `node` over byte edges, each byte on exactly one edge; -1
+  // when some byte has no edge or several.
+  int32_t walk_bytes(int32_t node, std::string_view bytes) const;
   // Whether the whole text matches (tests).
   bool matches(std::string_view text) const;
   bool matches_prefix(std::string_view text) const;  // some continuation would match
@@ -117,14 +149,17 @@ class Grammar {
   struct Rule {
     std::string name;
     GExpr body;
-    int32_t start = -1;
+    int32_t start = -1, end = -1;  // its nodes are [start, end)
+    CountedString counted;
   };
   void step_rec(GrammarStack& stack, uint8_t b, std::vector<GrammarStack>& out, size_t& count,
                 bool* outside, int budget) const;
   void compile_rule(int32_t rule);
+  void compute_shapes();
 
   std::vector<Rule> rules_;
   std::vector<Node> nodes_;
+  std::vector<uint64_t> shapes_;  // per rule
   int32_t root_ = 0;
 };
 

@@ -18,8 +18,8 @@ using nlohmann::json;
 constexpr int kMaxSchemaDepth = 64;
 constexpr int64_t kMaxItemsBound = 1024;
 constexpr size_t kMaxEnumValues = 4096;
-// Every character position of a bounded string is its own automaton node with its own token
-// table (about 10-50 ms each on a 128K vocabulary), so bounds stay small.
+// Every character position of a bounded string is its own automaton node; their token tables
+// are derived from the unbounded string's (cheap), but the automaton grows with the bound.
 constexpr int64_t kMaxStringLength = 64;
 
 const std::set<std::string, std::less<>> kAnnotations = {
@@ -110,6 +110,8 @@ class JsonRules {
     if (added) {
       it->second = g_.add_rule("bounded_string");
       g_.define(it->second, g_seq({g_lit("\""), g_repeat(string_char(), min, max), g_lit("\"")}));
+      // Same characters as `string`: its positions' tables come from string's (token_mask).
+      g_.set_counted_string(it->second, {string, min, max});
     }
     return g_rule(it->second);
   }

@@ -1,6 +1,7 @@
 #include "grammar/token_mask.h"
 
 #include <algorithm>
+#include <bit>
 #include <climits>
 #include <cstring>
 #include <numeric>
@@ -17,6 +18,11 @@ constexpr size_t kMaxCachedMasks = 4096;
 
 void set_bit(std::vector<uint64_t>& w, TokenId t) {
   w[static_cast<size_t>(t) / 64] |= uint64_t{1} << (static_cast<size_t>(t) % 64);
+}
+
+void append_shape(std::string& key, const Grammar::NodeShape& shape) {
+  key.append(reinterpret_cast<const char*>(&shape.rule_shape), sizeof shape.rule_shape);
+  key.append(reinterpret_cast<const char*>(&shape.index), sizeof shape.index);
 }
 
 std::string state_key(const std::vector<GrammarStack>& state) {
@@ -77,6 +83,34 @@ class GrammarMatcher : public TokenMatcher {
   bool ended_ = false, finished_ = false;
 };
 
+// Counts the characters of a JSON string from some place inside it (json_schema's string
+// characters: one plain byte, a backslash escape, or a UTF-8 sequence). Only good for bytes the
+// grammar accepted: it tells characters apart, it does not validate them.
+struct StringLexer {
+  int pending = 0;      // bytes still to come of the current character
+  bool escape = false;  // the last byte was the backslash that starts an escape
+  int chars = 0;        // characters started
+  bool closed = false;  // met the closing quote (and stopped there)
+  void feed(std::string_view bytes) {
+    for (char ch : bytes) {
+      const auto b = static_cast<uint8_t>(ch);
+      if (escape) {
+        escape = false;
+        pending = b == 'u' ? 4 : 0;
+      } else if (pending > 0) {
+        --pending;
+      } else if (b == '"') {
+        closed = true;
+        return;
+      } else {
+        ++chars;
+        escape = b == '\\';
+        pending = b >= 0xf0 ? 3 : b >= 0xe0 ? 2 : b >= 0xc0 ? 1 : 0;
+      }
+    }
+  }
+};
+
 }  // namespace
 
 TokenVocab::TokenVocab(const Tokenizer& tokenizer, int32_t model_vocab_size,
@@ -113,6 +147,22 @@ void TokenVocab::index() {
     while (k < a.size() && k < b.size() && a[k] == b[k]) ++k;
     lcp_[i] = static_cast<int32_t>(k);
   }
+  for (size_t d = 0; d < 2; ++d) {
+    std::vector<uint32_t>& end = run_end_[d];
+    end.assign(sorted_.size(), 0);
+    for (size_t i = sorted_.size(); i-- > 0;)
+      end[i] = i + 1 < sorted_.size() && static_cast<size_t>(lcp_[i + 1]) > d
+                   ? end[i + 1]
+                   : static_cast<uint32_t>(i + 1);
+  }
+}
+
+size_t TokenVocab::run_end(size_t i, size_t len) const {
+  if (len == 0) return sorted_.size();
+  if (len <= 2) return run_end_[len - 1][i];
+  size_t j = i + 1;
+  while (j < sorted_.size() && static_cast<size_t>(lcp_[j]) >= len) ++j;
+  return j;
 }
 
 bool TokenVocab::is_eos(TokenId t) const {
@@ -128,6 +178,35 @@ CompiledGrammar::CompiledGrammar(std::shared_ptr<const Grammar> grammar,
 std::unique_ptr<TokenMatcher> CompiledGrammar::start() const {
   return std::make_unique<GrammarMatcher>(shared_from_this());
 }
+
+namespace {
+
+// The end of the run of tokens after `from` that start with bytes[0, len): they are sorted, so
+// such tokens are neighbours. With the common prefix lengths at hand that is a scan of
+// integers; without, a galloping search, so a short run costs a few comparisons and a long one
+// (every " x..." token under a dead " x") a logarithm.
+size_t prefix_run_end(const TokenVocab& v, const std::vector<TokenId>& tokens,
+                      const std::vector<int32_t>* common_prefix, size_t from,
+                      const std::string& bytes, size_t len) {
+  if (common_prefix) return v.run_end(from, len);  // `tokens` is the whole sorted vocabulary
+  auto shares = [&](size_t j) {
+    const std::string& b = v.bytes(tokens[j]);
+    return b.size() >= len && b.compare(0, len, bytes, 0, len) == 0;
+  };
+  size_t lo = from, step = 1;  // tokens (from, lo] share the prefix
+  while (lo + step < tokens.size() && shares(lo + step)) {
+    lo += step;
+    step *= 2;
+  }
+  size_t hi = std::min(tokens.size(), lo + step);  // tokens[hi] does not (or is past the end)
+  while (hi - lo > 1) {
+    const size_t mid = lo + (hi - lo) / 2;
+    (shares(mid) ? lo : hi) = mid;
+  }
+  return hi;
+}
+
+}  // namespace
 
 template <typename OnAccept>
 void CompiledGrammar::classify(const GrammarStack& start, const std::vector<TokenId>& tokens,
@@ -164,63 +243,135 @@ void CompiledGrammar::classify(const GrammarStack& start, const std::vector<Toke
       outside.resize(static_cast<size_t>(len) + 1);
     }
     int32_t k = std::min(common, valid);
+    // Stops at a prefix no stack survives: dead, or (outside set) left for the callers.
     for (; k < len; ++k) {
       const size_t at = static_cast<size_t>(k);
-      if (sizes[at] == 0 && !outside[at]) break;
+      if (sizes[at] == 0) break;
       bool out = false;
-      if (sizes[at] == 0)
-        sizes[at + 1] = 0;
-      else
-        grammar_->advance_into(levels[at], sizes[at], static_cast<uint8_t>(bytes[at]),
-                               levels[at + 1], sizes[at + 1], &out);
+      grammar_->advance_into(levels[at], sizes[at], static_cast<uint8_t>(bytes[at]), levels[at + 1],
+                             sizes[at + 1], &out);
       // A pop before the token's first byte is not context: mask_for() adds the popped stack
       // to the state it masks, and that stack's own tables decide such tokens.
       outside[at + 1] = outside[at] || (out && at > 0);
     }
     valid = k;
-    if (k == len && sizes[static_cast<size_t>(k)] > 0)
+    const size_t at = static_cast<size_t>(k);
+    if (k == len && sizes[at] > 0) {
       on_accept(t);
-    else if (outside[static_cast<size_t>(k)])
-      context_dependent.push_back(t);
-    else
+      continue;
+    }
+    // Every token under this prefix ends the same way (no stack left to tell them apart):
+    // decided as a run, which is what makes whitespace-like nodes (tens of thousands of
+    // " word" tokens that leave the rule after one byte) and dead prefixes cheap.
+    const size_t end = prefix_run_end(v, tokens, common_prefix, i, bytes, at);
+    if (outside[at]) {
+      context_dependent.insert(context_dependent.end(), tokens.begin() + static_cast<ptrdiff_t>(i),
+                               tokens.begin() + static_cast<ptrdiff_t>(end));
+    } else {
       dead = k;
+    }
+    i = end - 1;
+    prev = &v.bytes(tokens[i]);
   }
 }
 
-const CompiledGrammar::NodeTable& CompiledGrammar::node_table(int32_t node) const {
+const NodeTokenTable& CompiledGrammar::node_table(int32_t node) const {
   {
     std::lock_guard lock(mu_);
     if (tables_[static_cast<size_t>(node)]) return *tables_[static_cast<size_t>(node)];
   }
-  auto table = std::make_unique<NodeTable>();
-  table->accepted.assign((static_cast<size_t>(vocab_->vocab_size()) + 63) / 64, 0);
-  classify(
-      {Grammar::kOutside, node}, vocab_->sorted(), &vocab_->common_prefix(),
-      [&](TokenId t) { set_bit(table->accepted, t); }, table->context_dependent);
+  std::string key;
+  append_shape(key, grammar_->node_shape(node));
+  std::shared_ptr<const NodeTokenTable> table = vocab_->node_tables.find(key);
+  if (!table) {
+    auto built = std::make_shared<NodeTokenTable>();
+    built->accepted.assign((static_cast<size_t>(vocab_->vocab_size()) + 63) / 64, 0);
+    if (!counted_string_table(node, *built))
+      classify(
+          {Grammar::kOutside, node}, vocab_->sorted(), &vocab_->common_prefix(),
+          [&](TokenId t) { set_bit(built->accepted, t); }, built->context_dependent);
+    table = vocab_->node_tables.keep(std::move(key), std::move(built));
+  }
   std::lock_guard lock(mu_);
   auto& slot = tables_[static_cast<size_t>(node)];
-  if (!slot) slot = std::move(table);  // another thread may have built it meanwhile
+  if (!slot) slot = std::move(table);  // another thread may have set it meanwhile
   return *slot;
 }
 
-std::shared_ptr<const CompiledGrammar::SuffixTable> CompiledGrammar::suffix_table(
+bool CompiledGrammar::counted_string_table(int32_t node, NodeTokenTable& out) const {
+  // From position p of `"` char{min,max} `"`, a token is what it is from the same place in
+  // `"` char* `"`, as long as it starts at most max - p characters (a partial one counts) and,
+  // when it closes the string, at least min - p: one filter over the unbounded node's table,
+  // where a fresh table would walk the whole vocabulary for every position.
+  const Grammar& g = *grammar_;
+  const Grammar::CountedString* counted = g.counted_string(g.node_rule(node));
+  std::string path;
+  if (!counted || !g.witness(node, path) || path.empty() || path[0] != '"') return false;
+  StringLexer at;  // where `node` is: characters started, and inside which one
+  at.feed(std::string_view(path).substr(1));
+  if (at.closed) return false;
+  const int32_t same = g.walk_bytes(g.rule_start(counted->unbounded_rule), path);
+  if (same < 0) return false;
+  // The unbounded table at that place, split by characters: once per place and process.
+  std::string key;
+  append_shape(key, g.node_shape(same));
+  key += static_cast<char>(at.pending);
+  key += static_cast<char>(at.escape);
+  std::shared_ptr<const CountedStringPlace> place = vocab_->counted_places.find(key);
+  if (!place) {
+    const NodeTokenTable& from = node_table(same);
+    auto fresh = std::make_shared<CountedStringPlace>();
+    auto lex = [&](TokenId t) {
+      StringLexer lx = at;
+      lx.chars = 0;
+      lx.feed(vocab_->bytes(t));
+      return std::pair{lx.chars, lx.closed};
+    };
+    constexpr int32_t kIndexed = CountedStringPlace::kIndexed;
+    fresh->open.assign(kIndexed + 1, std::vector<uint64_t>(from.accepted.size(), 0));
+    for (size_t w = 0; w < from.accepted.size(); ++w)
+      for (uint64_t bits = from.accepted[w]; bits; bits &= bits - 1) {
+        const auto t = static_cast<TokenId>(w * 64 + static_cast<size_t>(std::countr_zero(bits)));
+        const auto [chars, closed] = lex(t);
+        if (closed)
+          fresh->closing.push_back({chars, t});
+        else if (chars > kIndexed)
+          fresh->long_open.push_back({chars, t});
+        else
+          set_bit(fresh->open[static_cast<size_t>(chars)], t);
+      }
+    for (size_t c = 1; c < fresh->open.size(); ++c)  // at most c: a running union
+      for (size_t w = 0; w < from.accepted.size(); ++w) fresh->open[c][w] |= fresh->open[c - 1][w];
+    for (TokenId t : from.context_dependent) fresh->context_dependent.push_back({lex(t).first, t});
+    place = vocab_->counted_places.keep(std::move(key), std::move(fresh));
+  }
+  const int64_t room = counted->max < 0 ? INT64_MAX : int64_t{counted->max} - at.chars;
+  const int64_t need = int64_t{counted->min} - at.chars;
+  if (room < 0) return true;  // not a place the rule reaches; nothing fits
+  out.accepted = place->open[static_cast<size_t>(std::min<int64_t>(room, place->open.size() - 1))];
+  for (const auto& [chars, t] : place->long_open)
+    if (chars <= room) set_bit(out.accepted, t);
+  for (const auto& [chars, t] : place->closing)
+    if (chars >= need && chars <= room) set_bit(out.accepted, t);
+  for (const auto& [chars, t] : place->context_dependent)
+    if (chars >= need && chars <= room) out.context_dependent.push_back(t);
+  return true;
+}
+
+std::shared_ptr<const SuffixTokenTable> CompiledGrammar::suffix_table(
     const GrammarStack& stack, size_t k, const std::vector<TokenId>& candidates) const {
   GrammarStack start{Grammar::kOutside};
   start.insert(start.end(), stack.end() - static_cast<ptrdiff_t>(k), stack.end());
-  const std::string key(reinterpret_cast<const char*>(start.data() + 1), k * sizeof(int32_t));
-  {
-    std::lock_guard lock(mu_);
-    auto it = suffixes_.find(key);
-    if (it != suffixes_.end()) return it->second;
-  }
-  auto table = std::make_shared<SuffixTable>();
+  // The candidates are the k - 1 top nodes' context-dependent tokens, so the k shapes are key
+  // enough.
+  std::string key;
+  for (size_t i = 1; i < start.size(); ++i) append_shape(key, grammar_->node_shape(start[i]));
+  if (auto table = vocab_->suffix_tables.find(key)) return table;
+  auto table = std::make_shared<SuffixTokenTable>();
   classify(
       start, candidates, nullptr, [&](TokenId t) { table->accepted.push_back(t); },
       table->context_dependent);
-  std::lock_guard lock(mu_);
-  if (suffixes_.size() >= kMaxCachedMasks * 4) suffixes_.clear();
-  auto [it, added] = suffixes_.emplace(key, std::move(table));
-  return it->second;
+  return vocab_->suffix_tables.keep(std::move(key), std::move(table));
 }
 
 std::shared_ptr<const TokenMask> CompiledGrammar::mask_for(
@@ -249,7 +400,7 @@ std::shared_ptr<const TokenMask> CompiledGrammar::mask_for(
   expanded.erase(std::unique(expanded.begin(), expanded.end()), expanded.end());
   bool finish = false;
   for (const GrammarStack& s : expanded) {
-    const NodeTable& table = node_table(s.back());
+    const NodeTokenTable& table = node_table(s.back());
     for (size_t i = 0; i < w.size(); ++i) w[i] |= table.accepted[i];
     finish = finish || grammar_->can_finish(s);
   }
@@ -257,7 +408,7 @@ std::shared_ptr<const TokenMask> CompiledGrammar::mask_for(
   // by the stack's top nodes); what still pops past the root is not allowed.
   for (const GrammarStack& s : expanded) {
     const std::vector<TokenId>* candidates = &node_table(s.back()).context_dependent;
-    std::shared_ptr<const SuffixTable> t;  // holds *candidates from k = 3 on
+    std::shared_ptr<const SuffixTokenTable> t;  // holds *candidates from k = 3 on
     for (size_t k = 2; k <= s.size() && !candidates->empty(); ++k) {
       t = suffix_table(s, k, *candidates);
       for (TokenId a : t->accepted) set_bit(w, a);

@@ -13,6 +13,11 @@
 //  * Per matcher state (its set of stacks), the mask is that node's accepted set plus the
 //    context-dependent tokens checked against the real stack, and is itself cached: the states
 //    of a schema's output repeat from one request, step and row to the next.
+//  * Tables are keyed by node shape (Grammar::node_shape), not node id, and kept in the
+//    TokenVocab: whitespace, strings and numbers are tabled once per process for every schema.
+//  * A bounded string's positions differ only in how many characters remain, so their tables
+//    are the unbounded string's split by each token's character count (one bitset per count),
+//    not a walk of the vocabulary per position.
 // A mask depends on nothing but the sequence's own state, so masking keeps batch invariance.
 #pragma once
 
@@ -31,6 +36,57 @@ namespace blend {
 
 class Tokenizer;
 
+// What a token does from an automaton node whatever its callers (see CompiledGrammar).
+struct NodeTokenTable {
+  std::vector<uint64_t> accepted;          // bits: valid from this node in any context
+  std::vector<TokenId> context_dependent;  // must be checked against the callers' stack
+};
+// The context-dependent tokens of a stack's top k nodes, decided with those k nodes known:
+// accepted, or still dependent on the nodes below (checked with k + 1).
+struct SuffixTokenTable {
+  std::vector<TokenId> accepted, context_dependent;
+};
+
+// The unbounded string's table at one place inside a string, by the characters each token
+// starts from there (a partial one counts), for the tables of bounded strings
+// (Grammar::CountedString).
+struct CountedStringPlace {
+  static constexpr int32_t kIndexed = 64;  // open[c] for c up to this
+  // open[c]: the accepted tokens that start at most c characters and do not close the string.
+  std::vector<std::vector<uint64_t>> open;
+  // (characters, token): accepted tokens with more than kIndexed; those that end with the
+  // closing quote; and the context-dependent ones (characters before the quote), in order.
+  std::vector<std::pair<int32_t, TokenId>> long_open, closing, context_dependent;
+};
+
+// A bounded, thread-safe map from a key to an immutable value.
+template <typename T>
+class SharedCache {
+ public:
+  explicit SharedCache(size_t max_entries) : max_(max_entries) {}
+  std::shared_ptr<const T> find(const std::string& key) const {
+    std::lock_guard lock(mu_);
+    auto it = map_.find(key);
+    return it == map_.end() ? nullptr : it->second;
+  }
+  // Keeps `value` unless another thread kept one first; returns the one kept. Starts over when
+  // full (values stay alive in whoever holds them).
+  std::shared_ptr<const T> keep(std::string key, std::shared_ptr<const T> value) {
+    std::lock_guard lock(mu_);
+    if (map_.size() >= max_) map_.clear();
+    return map_.emplace(std::move(key), std::move(value)).first->second;
+  }
+  size_t size() const {
+    std::lock_guard lock(mu_);
+    return map_.size();
+  }
+
+ private:
+  mutable std::mutex mu_;
+  size_t max_;
+  std::unordered_map<std::string, std::shared_ptr<const T>> map_;
+};
+
 // The tokens a grammar may choose from: every id below the model's vocabulary size with a
 // non-empty byte string that is not a special token, sorted by bytes; and the end-of-sequence
 // ids, allowed only when the output is complete.
@@ -47,6 +103,18 @@ class TokenVocab {
   // Usable tokens in byte order, and each one's common prefix length with the one before.
   const std::vector<TokenId>& sorted() const { return sorted_; }
   const std::vector<int32_t>& common_prefix() const { return lcp_; }
+  // The end of the run of sorted tokens from position i on that share its first `len` bytes
+  // (i's bytes must be that long). Runs of one and two bytes are indexed (a rejected first
+  // byte skips its whole group at once), longer ones scanned.
+  size_t run_end(size_t i, size_t len) const;
+
+  // Token tables shared by every grammar over this vocabulary, keyed by node shapes
+  // (Grammar::node_shape): a rule that two schemas have in common (whitespace, strings,
+  // numbers, a bounded string's character positions) is tabled once per process, not once
+  // per schema. Each node table is vocab/8 bytes (16 KB for Llama-3): at most 64 MB.
+  mutable SharedCache<NodeTokenTable> node_tables{4096};
+  mutable SharedCache<SuffixTokenTable> suffix_tables{16384};
+  mutable SharedCache<CountedStringPlace> counted_places{256};
 
  private:
   void index();
@@ -54,6 +122,7 @@ class TokenVocab {
   std::vector<std::string> bytes_;
   std::vector<TokenId> eos_, sorted_;
   std::vector<int32_t> lcp_;
+  std::vector<uint32_t> run_end_[2];  // for lengths 1 and 2
 };
 
 // A grammar bound to a vocabulary: the TokenConstraint a request carries.
@@ -73,18 +142,12 @@ class CompiledGrammar : public TokenConstraint,
   size_t cached_masks() const;
 
  private:
-  struct NodeTable {
-    std::vector<uint64_t> accepted;          // bits: valid from this node in any context
-    std::vector<TokenId> context_dependent;  // must be checked against the callers' stack
-  };
-  // The context-dependent tokens of a stack's top k nodes, decided with those k nodes known:
-  // accepted, or still dependent on the nodes below (checked with k + 1).
-  struct SuffixTable {
-    std::vector<TokenId> accepted, context_dependent;
-  };
-  const NodeTable& node_table(int32_t node) const;
-  std::shared_ptr<const SuffixTable> suffix_table(const GrammarStack& stack, size_t k,
-                                                  const std::vector<TokenId>& candidates) const;
+  const NodeTokenTable& node_table(int32_t node) const;
+  // The table of a counted string's node (Grammar::CountedString), derived from the unbounded
+  // string's node in the same place; false (nothing done) for any other node.
+  bool counted_string_table(int32_t node, NodeTokenTable& out) const;
+  std::shared_ptr<const SuffixTokenTable> suffix_table(
+      const GrammarStack& stack, size_t k, const std::vector<TokenId>& candidates) const;
   // Runs `tokens` (in byte order) from `start` (kOutside at its bottom): accepted ones to
   // on_accept, those that pop onto kOutside to context_dependent, the rest are rejected.
   template <typename OnAccept>
@@ -95,9 +158,8 @@ class CompiledGrammar : public TokenConstraint,
   std::shared_ptr<const Grammar> grammar_;
   std::shared_ptr<const TokenVocab> vocab_;
   mutable std::mutex mu_;
-  mutable std::vector<std::unique_ptr<NodeTable>> tables_;
+  mutable std::vector<std::shared_ptr<const NodeTokenTable>> tables_;  // per node
   mutable std::unordered_map<std::string, std::shared_ptr<const TokenMask>> masks_;
-  mutable std::unordered_map<std::string, std::shared_ptr<const SuffixTable>> suffixes_;
 };
 
 }  // namespace blend

@@ -91,18 +91,31 @@ std::span<const float> processed_logits(std::span<const float> logits, const Sam
                                         const TokenHistory& history, bool sanitize,
                                         const uint64_t* allowed, std::vector<float>& buf) {
   if (!sanitize && !has_processing(p, allowed)) return logits;
-  buf.assign(logits.begin(), logits.end());
   if (allowed) {
     // Structured output: tokens the grammar does not allow are impossible, before anything
-    // else looks at the row (their logprobs are those of the masked distribution).
+    // else looks at the row (their logprobs are those of the masked distribution). Copy and
+    // mask are one pass, a 64-token word at a time: a grammar usually allows either almost
+    // nothing (structure) or almost everything (string content), so most words are all-zero
+    // (filled, the logits never read) or all-one (copied).
     constexpr float kNever = -std::numeric_limits<float>::infinity();
-    for (size_t w = 0; w * 64 < buf.size(); ++w) {
-      const uint64_t bits = allowed[w];
-      const size_t end = std::min(buf.size(), w * 64 + 64);
-      if (bits == ~uint64_t{0}) continue;
-      for (size_t i = w * 64; i < end; ++i)
-        if (!((bits >> (i - w * 64)) & 1)) buf[i] = kNever;
+    buf.resize(logits.size());
+    const float* src = logits.data();
+    float* dst = buf.data();
+    const size_t n = logits.size();
+    for (size_t base = 0; base < n; base += 64) {
+      const uint64_t bits = allowed[base / 64];
+      const size_t count = std::min<size_t>(64, n - base);
+      if (bits == 0) {
+        std::fill(dst + base, dst + base + count, kNever);
+      } else if (bits == ~uint64_t{0}) {
+        std::copy(src + base, src + base + count, dst + base);
+      } else {
+        for (size_t j = 0; j < count; ++j)
+          dst[base + j] = ((bits >> j) & 1) ? src[base + j] : kNever;
+      }
     }
+  } else {
+    buf.assign(logits.begin(), logits.end());
   }
   if (sanitize) {
     for (float& x : buf) {

@@ -156,6 +156,66 @@ TEST(TokenMaskTest, MasksEqualBruteForceOnASmallVocabulary) {
   expect_masks_match_brute_force(json_schema_grammar(kPerson), 2);
 }
 
+// Bounded strings: their positions' tables are derived from the unbounded string's by counting
+// characters (escapes and UTF-8 sequences are one each, a partial one counts), so walks go
+// through every length up to and at the bounds, minimum lengths, an empty-only string, strings
+// in arrays and behind a recursive $ref.
+const json kBounded = json::parse(R"({
+  "$defs": {"node": {"type": "object", "properties": {
+    "v": {"type": "string", "minLength": 1, "maxLength": 2},
+    "next": {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]}},
+    "required": ["v", "next"], "additionalProperties": false}},
+  "type": "object",
+  "properties": {
+    "a": {"type": "string", "maxLength": 3},
+    "b": {"type": "string", "minLength": 2, "maxLength": 5},
+    "c": {"type": "string", "minLength": 2},
+    "d": {"type": "string", "maxLength": 0},
+    "e": {"type": "array", "items": {"type": "string", "maxLength": 1}, "maxItems": 3},
+    "n": {"$ref": "#/$defs/node"}
+  },
+  "required": ["a", "b", "c", "n"],
+  "additionalProperties": false
+})");
+
+TEST(TokenMaskTest, BoundedStringMasksEqualBruteForce) {
+  for (uint64_t seed = 3; seed < 6; ++seed)
+    expect_masks_match_brute_force(json_schema_grammar(kBounded), seed);
+}
+
+// Tables are shared by rule shape: a second grammar compiled from the same (non-recursive:
+// rules that call themselves are not shared) schema builds no node table of its own, and one
+// from another schema reuses the common ones and still masks exactly.
+TEST(TokenMaskTest, GrammarsShareTablesByRuleShape) {
+  auto vocab = std::make_shared<TokenVocab>(small_vocab(), std::vector<TokenId>{0});
+  auto walk = [&](const std::shared_ptr<Grammar>& g, const std::string& text) {
+    auto cg = std::make_shared<CompiledGrammar>(g, vocab);
+    std::vector<GrammarStack> state = g->initial();
+    for (char c : text) {
+      ASSERT_EQ(cg->mask_for(state)->words, cg->brute_force_mask(state).words) << text;
+      state = g->advance(state, static_cast<uint8_t>(c));
+      ASSERT_FALSE(state.empty()) << text;
+    }
+  };
+  const std::string text =
+      "{\"a\": \"x\\u00e9\", \"b\": \"\xc3\xa9z\", \"c\": \"ab\", "
+      "\"n\": {\"next\": null, \"v\": \"q\"}}";
+  walk(json_schema_grammar(kBounded), text);
+  json flat = kBounded;
+  flat["properties"].erase("n");
+  flat["required"] = {"a", "b", "c"};
+  const std::string flat_text = "{\"a\": \"x\\u00e9\", \"b\": \"\xc3\xa9z\", \"c\": \"ab\"}";
+  walk(json_schema_grammar(flat), flat_text);
+  const size_t tables = vocab->node_tables.size();
+  EXPECT_GT(tables, 10u);
+  walk(json_schema_grammar(flat), flat_text);
+  EXPECT_EQ(vocab->node_tables.size(), tables);
+  walk(json_schema_grammar(json::parse(
+           R"({"type": "object", "properties": {"b": {"type": "string", "maxLength": 5},
+               "a": {"type": "string", "maxLength": 3}}})")),
+       "{\"a\": \"x\\u00e9\", \"b\": \"\xc3\xa9z\"}");
+}
+
 // Generates with random allowed tokens until the matcher says the value is complete; every
 // output must be a valid JSON text (the schema check proper runs in the engine and server tests
 // with python3-jsonschema).
@@ -211,6 +271,20 @@ TEST(TokenMaskTest, Llama3VocabularyMasksEqualBruteForce) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("12 Llama-3 masks with brute-force checks: %.2f s\n", seconds);
+  // A bounded string on the real vocabulary, at every kind of place: before its minimum,
+  // inside an escape and a UTF-8 sequence, one short of and at its maximum.
+  auto gb = json_schema_grammar(json::parse(
+      R"({"type": "object", "properties": {"s": {"type": "string", "minLength": 2,
+          "maxLength": 5}}, "required": ["s"], "additionalProperties": false})"));
+  auto cgb = std::make_shared<CompiledGrammar>(gb, vocab);
+  state = gb->initial();
+  for (const char* piece :
+       {"{\"s\": \"", "a", "\\", "u00", "e9", "\xc3", "\xa9", "x", "y", "\"", "}"}) {
+    ASSERT_EQ(cgb->mask_for(state)->words, cgb->brute_force_mask(state).words)
+        << "before " << piece;
+    for (const char* c = piece; *c; ++c) state = gb->advance(state, static_cast<uint8_t>(*c));
+    ASSERT_FALSE(state.empty()) << piece;
+  }
   // The finished value allows nothing but EOS.
   auto m = cg->start();
   for (TokenId t : tok.encode("{\"age\": 1, \"name\": \"a\"}", false)) ASSERT_TRUE(m->accept(t));

@@ -211,5 +211,30 @@ TEST(SamplerMaskTest, OnlyAllowedTokensAreSampled) {
   EXPECT_TRUE(sample_token(logits, p, 1, 0, {}, none.data()).invalid);
 }
 
+// The mask is applied a 64-token word at a time (all-allowed words copied, all-refused words
+// filled): every kind of word, and a partial last one, must give exactly the draw of the
+// logits with the refused tokens set to -inf by hand.
+TEST(SamplerMaskTest, MaskedDrawEqualsDrawOfMaskedLogits) {
+  std::vector<float> logits(300);  // 4 full words and a 44-token tail
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = static_cast<float>((i * 7) % 23) * 0.2f;
+  std::vector<uint64_t> mask = {~uint64_t{0}, 0, 0x00ff00f0f0f0f00fULL, ~uint64_t{0},
+                                0x00000f0f0f0f0f0fULL};
+  std::vector<float> by_hand = logits;
+  for (size_t i = 0; i < by_hand.size(); ++i)
+    if (!((mask[i / 64] >> (i % 64)) & 1)) by_hand[i] = -std::numeric_limits<float>::infinity();
+  SamplingParams p;
+  p.temperature = 0.8f;
+  p.logprobs = 3;
+  for (uint64_t seed = 0; seed < 100; ++seed) {
+    const SampledToken a = sample_token(logits, p, seed, 0, {}, mask.data());
+    const SampledToken b = sample_token(by_hand, p, seed, 0, {});
+    ASSERT_EQ(a.token, b.token) << seed;
+    EXPECT_TRUE((mask[static_cast<size_t>(a.token) / 64] >> (a.token % 64)) & 1);
+    EXPECT_EQ(a.logprob, b.logprob);
+    ASSERT_EQ(a.top.size(), b.top.size());
+    for (size_t i = 0; i < a.top.size(); ++i) EXPECT_EQ(a.top[i].token, b.top[i].token);
+  }
+}
+
 }  // namespace
 }  // namespace blend
