@@ -8,7 +8,7 @@
 #
 # Baselines exactly as §6.2 (the LIST entries of `blend simulate --policy`):
 #   vllm-dfs = dfs@sequential, nanoflow-dfs = dfs, nanoflow-balance = random, blendserve = blend,
-#   plus fcfs (input order, overlapped) as an extra row.
+#   plus fcfs (input order, admitted by the engine alone, overlapped) as an extra row.
 # Knobs: BLEND (build/blend), OUT_DIR (build/blendserve), REQUESTS per trace (40000; the paper
 # uses 400000: set it, it takes about 10x longer and ~5 GB of memory), GRID_REQUESTS per grid
 # point (4000; the paper 40000), GRID_SOURCES ("azure-conv sharegpt bwb arxiv"), TRACES
