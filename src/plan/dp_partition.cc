@@ -31,6 +31,11 @@ size_t common_prefix(const std::vector<TokenId>& a, const std::vector<TokenId>& 
 // over requests, unlike the node formula (1-s) T_comp, which also discounts decode compute and the
 // suffix's attention to the shared prefix: balanced by it, Trace#1's two halves took 1,132 s and
 // 928 s on the simulator.
+// Memory seconds of request `r` (its KV reads over its life, BlendServe §4.1).
+double memory_seconds(const CostModel& cost, const PlanRequest& r) {
+  return cost.request_memory_seconds(static_cast<double>(r.prompt.size()), r.output_tokens);
+}
+
 double shared_compute(const CostModel& cost, const PlanRequest& r, double cached) {
   return cost.request_compute_seconds(static_cast<double>(r.prompt.size()), r.output_tokens) -
          cost.request_compute_seconds(cached, 0);
@@ -53,10 +58,6 @@ void deal_long_decodes(const std::vector<PlanRequest>& requests, const CostModel
                        DpPartition& out, std::vector<char>& dealt,
                        std::vector<double>& dealt_output, std::vector<double>& dealt_work) {
   const auto output_of = [&](int32_t r) { return requests[static_cast<size_t>(r)].output_tokens; };
-  const auto memory_of = [&](int32_t r) {
-    const PlanRequest& q = requests[static_cast<size_t>(r)];
-    return cost.request_memory_seconds(static_cast<double>(q.prompt.size()), q.output_tokens);
-  };
   double dense = 0;  // prompt tokens computed (with sharing) + output tokens
   for (size_t i = 0; i < full_order.size(); ++i) {
     const PlanRequest& r = requests[static_cast<size_t>(full_order[i])];
@@ -98,7 +99,8 @@ void deal_long_decodes(const std::vector<PlanRequest>& requests, const CostModel
     out.parts[k].push_back(r);
     dealt[static_cast<size_t>(r)] = 1;
     dealt_output[k] += output_of(r);
-    dealt_work[k] += shared_compute(cost, requests[static_cast<size_t>(r)], 0) + memory_of(r);
+    const PlanRequest& q = requests[static_cast<size_t>(r)];
+    dealt_work[k] += shared_compute(cost, q, 0) + memory_seconds(cost, q);
   }
 }
 
@@ -123,8 +125,7 @@ DpPartition partition_data_parallel(const std::vector<PlanRequest>& requests, co
   out.sharing_optimal = plan.optimal_sharing_ratio;
   const std::vector<int32_t> full_order = plan.order();
   const auto memory_of = [&](int32_t r) {
-    const PlanRequest& q = requests[static_cast<size_t>(r)];
-    return cost.request_memory_seconds(static_cast<double>(q.prompt.size()), q.output_tokens);
+    return memory_seconds(cost, requests[static_cast<size_t>(r)]);
   };
 
   std::vector<char> dealt(requests.size(), 0);

@@ -17,13 +17,11 @@ std::unique_ptr<SchedulingPolicy> make_scheduling_policy(const SchedulerOptions&
 }
 
 Scheduler::Scheduler(PagePool& pool, SchedulerOptions options, RadixCache* cache)
-    : core_(pool, options, cache),
-      policy_(make_scheduling_policy(options)),
-      configured_cost_(options.iteration_cost) {}
+    : core_(pool, options, cache), policy_(make_scheduling_policy(options)) {}
 
 const IterationCostModel& Scheduler::iteration_cost() const {
   const IterationCostModel* cost = policy_->iteration_cost();
-  return cost ? *cost : configured_cost_;
+  return cost ? *cost : core_.options().iteration_cost;
 }
 
 StepPlan Scheduler::schedule(double now) {

@@ -89,7 +89,6 @@ class Scheduler {
  private:
   SchedulerCore core_;
   std::unique_ptr<SchedulingPolicy> policy_;
-  IterationCostModel configured_cost_;
 };
 
 }  // namespace blend
