@@ -32,7 +32,11 @@ command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 CC=clang CXX=clang++ cmake -S "$ROOT" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DBLEND_FUZZ=ON -DBLEND_WERROR=OFF -DBLEND_BUILD_TESTS=OFF -DBLEND_BUILD_BENCH=OFF \
   "${launcher[@]}" >/dev/null
-cmake --build "$build" --target fuzz -j "$(nproc)" >/dev/null
+# Quiet when the build succeeds; a failed build prints its errors (CI shows nothing else).
+if ! build_log=$(cmake --build "$build" --target fuzz -j "$(nproc)" 2>&1); then
+  printf '%s\n' "$build_log" | grep -E 'error|FAILED|undefined reference' | head -40 >&2
+  die "building the fuzz harnesses failed (full log: cmake --build $build --target fuzz)"
+fi
 
 dict_for() {
   case "$1" in
