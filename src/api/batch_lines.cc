@@ -19,18 +19,16 @@ void check_line(const BatchInputLine& line, const BatchLineContext& context,
                        endpoint_url(*context.endpoint) + "'",
                    "url");
   const nlohmann::json& body = line.body;
-  if (context.model) {
-    auto m = body.find("model");
-    if (m != body.end() && m->is_string() && *m != *context.model)
-      throw ApiError(404, "The model '" + m->get<std::string>() + "' does not exist.", "model");
-  }
+  const ModelId model = resolve_model(body, context.models, context.any_model_name);
+  const ServedModel& served = context.models.at(static_cast<size_t>(model));
   if (auto s = body.find("stream"); s != body.end() && *s == true)
     throw ApiError(400, "a batch request cannot be streamed ('stream' must be false)", "stream");
   RequestLimits limits;
   limits.max_prompt_bytes = context.max_prompt_bytes;
-  limits.sampling_defaults = context.sampling_defaults;
+  limits.sampling_defaults = served.sampling_defaults;
   limits.grammars = context.grammars;
-  out.api = parse_api_request(endpoint, body, *context.tokenizer, context.chat_template, limits);
+  out.api = parse_api_request(endpoint, body, *context.tokenizer, served.chat_template, limits);
+  out.api.model_id = model;
   check_context(out.api, body, context.max_sequence_tokens);
   if (out.api.n > 1)
     throw ApiError(400,
@@ -38,6 +36,7 @@ void check_line(const BatchInputLine& line, const BatchLineContext& context,
                    "/v1/chat/completions and /v1/completions take it)",
                    "n");
   out.generation.id = line.custom_id;
+  out.generation.model = model;
   out.generation.prompt = std::move(out.api.prompt);
   out.api.prompt.clear();
   out.generation.params = out.api.params;

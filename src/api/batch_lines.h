@@ -7,7 +7,7 @@
 //     for the whole file, before anything runs);
 //   the url names a supported endpoint, and the batch's endpoint when the batch has one
 //     (OpenAI refuses lines whose url differs from the batch's);
-//   the body's model is the served model (when the caller names one);
+//   the body's model is one of the served models (api/served_models.h);
 //   not a streaming request;
 //   the body parses as an OpenAI request (api/openai.h: every field audited, numbers in
 //     range, prompt text within what the context can hold before tokenizing);
@@ -17,9 +17,11 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "api/batch_file.h"
 #include "api/openai.h"
+#include "api/served_models.h"
 #include "core/request.h"
 
 namespace blend {
@@ -30,15 +32,15 @@ class Tokenizer;
 
 // What every line of one batch is checked against.
 struct BatchLineContext {
-  const Tokenizer* tokenizer = nullptr;
-  const ChatTemplate* chat_template = nullptr;  // null: chat lines fail with a clear message
-  int64_t max_sequence_tokens = 0;              // the engine's (context and KV memory)
+  const Tokenizer* tokenizer = nullptr;  // every served model's (they share one)
+  // The models lines may name, by ModelId: names, chat templates, sampling defaults.
+  std::vector<ServedModel> models;
+  bool any_model_name = false;      // one model, taken whatever name a line gives
+  int64_t max_sequence_tokens = 0;  // the engine's (context and KV memory)
   // max_prompt_bytes(tokenizer, max_sequence_tokens), computed once per engine.
   int64_t max_prompt_bytes = 0;
   std::optional<Endpoint> endpoint;  // the batch's; unset = each line's url decides
-  std::optional<std::string> model;  // the served model name; unset = any name is accepted
   RequestClass request_class = RequestClass::kBestEffort;
-  const SamplingDefaults* sampling_defaults = nullptr;  // the model's (generation_config.json)
   GrammarCompiler* grammars = nullptr;  // response_format schemas (RequestLimits::grammars)
 };
 

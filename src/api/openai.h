@@ -31,7 +31,8 @@ Endpoint parse_endpoint(const std::string& url);
 
 struct ApiRequest {
   Endpoint endpoint = Endpoint::kCompletions;
-  std::string model;
+  std::string model;     // as the body says
+  ModelId model_id = 0;  // the served model it picks (api/served_models.h), set by the caller
   std::vector<TokenId> prompt;
   SamplingParams params;
   bool stream = false;

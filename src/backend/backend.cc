@@ -153,7 +153,8 @@ double Backend::clock_seconds() const {
 }
 
 void check_forward_batch(const ForwardBatch& batch, const ModelConfig& config, int64_t page_size,
-                         int64_t num_pages, size_t logits_size, const std::string& backend) {
+                         int64_t num_pages, size_t logits_size, const std::string& backend,
+                         int32_t num_models) {
   auto fail = [&](const std::string& what) {
     throw Error(backend + " backend: bad batch: " + what);
   };
@@ -165,6 +166,9 @@ void check_forward_batch(const ForwardBatch& batch, const ModelConfig& config, i
     const std::string which = "chunk " + std::to_string(ci);
     if (c.num_tokens < 1) fail(which + " has no tokens");
     if (c.num_cached < 0) fail(which + " has negative num_cached");
+    if (c.model < 0 || c.model >= num_models)
+      fail(which + " runs on model " + std::to_string(c.model) + "; this backend holds " +
+           std::to_string(num_models));
     if (c.token_offset != offset) fail(which + " does not start where the previous chunk ended");
     if (offset + c.num_tokens > batch.num_tokens()) fail(which + " runs past the tokens");
     for (int32_t i = 0; i < c.num_tokens; ++i)

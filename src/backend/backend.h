@@ -55,6 +55,15 @@ struct StepInput {
   std::vector<SampleRow> rows;
 };
 
+// The weights a backend holds, and what they would take if no two models shared a block
+// (BlockLLM §4: identical blocks of related models are loaded once).
+struct WeightStats {
+  int64_t bytes = 0;           // packed weights in memory, shared blocks counted once
+  int64_t unshared_bytes = 0;  // the same with every model's blocks counted apart
+  int32_t blocks = 0;          // blocks over all models' chains
+  int32_t unique_blocks = 0;   // distinct blocks in memory
+};
+
 class Backend {
  public:
   Backend();
@@ -63,6 +72,10 @@ class Backend {
 
   virtual const ModelConfig& config() const = 0;
   virtual std::string name() const = 0;
+  // Models whose weights it holds (ModelId 0 .. num_models() - 1; SeqChunk::model picks one).
+  // All share config()'s architecture, so one KV cache serves them all.
+  virtual int32_t num_models() const { return 1; }
+  virtual WeightStats weight_stats() const { return {}; }
   // The dtype it computes in: GEMM inputs, packed weights and KV cache elements (the cpu backend:
   // cpu_compute_dtype of the checkpoint's; the simulator: the simulated model's dtype, which its
   // step costs assume). What `serve --dtype` is checked against.
@@ -143,10 +156,12 @@ class Backend {
 
 // Throws blend::Error naming `backend` and what is wrong when `batch` is not one a backend can
 // compute: positions that are not num_cached + i, chunks that do not tile the tokens, block
-// tables too short or naming pages outside [0, num_pages), token ids outside the vocabulary, or
-// a logits span shorter than num_logit_rows() * vocab_size floats.
+// tables too short or naming pages outside [0, num_pages), token ids outside the vocabulary, a
+// model outside [0, num_models), or a logits span shorter than num_logit_rows() * vocab_size
+// floats.
 void check_forward_batch(const ForwardBatch& batch, const ModelConfig& config, int64_t page_size,
-                         int64_t num_pages, size_t logits_size, const std::string& backend);
+                         int64_t num_pages, size_t logits_size, const std::string& backend,
+                         int32_t num_models = 1);
 
 // KV bytes per token for a model whose cache holds elements of `kv_elem_bytes` bytes.
 inline int64_t kv_bytes_per_token(const ModelConfig& c, int64_t kv_elem_bytes) {

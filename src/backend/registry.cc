@@ -20,8 +20,12 @@ std::unique_ptr<Backend> make_backend(const std::string& kind, const BackendInpu
   if (!in.config) throw Error("internal: make_backend(" + kind + ") without a model config");
   if (kind == "cpu") {
     if (!in.weights) throw Error("the cpu backend needs a model's weights");
-    return make_cpu_backend(*in.config, *in.weights, in.options);
+    std::vector<const TensorStore*> all{in.weights};
+    all.insert(all.end(), in.more_weights.begin(), in.more_weights.end());
+    return make_cpu_backend(*in.config, all, in.options, CpuGemmLib::kOneDnn);
   }
+  if (!in.more_weights.empty())
+    throw Error("the " + kind + " backend serves one model; several models need --backend cpu");
 #ifdef BLEND_HAVE_CUDA
   if (kind == "cuda") {
     if (!in.weights) throw Error("the cuda backend needs a model's weights");

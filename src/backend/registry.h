@@ -18,6 +18,10 @@ class TensorStore;
 struct BackendInputs {
   const ModelConfig* config = nullptr;
   const TensorStore* weights = nullptr;  // cpu (and cuda): the checkpoint's tensors
+  // cpu: the checkpoints of further models (ModelId 1, 2, ...) of the same architecture as
+  // `config` (fine-tunes of one base); blocks identical to an earlier model's are loaded once.
+  // The other kinds refuse them.
+  std::vector<const TensorStore*> more_weights;
   BackendOptions options;
   // sim: what a step costs and the simulated model's KV page size.
   SimStepCost step_cost;

@@ -27,6 +27,7 @@ namespace {
 
 struct BatchArgs {
   std::string model;
+  std::string zoo;  // several models in one engine (model/zoo.h)
   std::string input;
   std::string output;
   std::string stats;
@@ -40,6 +41,8 @@ struct BatchArgs {
 void run_batch(const BatchArgs& args) {
   // `mpirun -np N blend batch ...`: N data-parallel replicas (dist/data_parallel.h).
   if (dist::launched_by_mpirun()) {
+    if (!args.zoo.empty() || args.model.empty())
+      throw Error("--zoo runs on one machine for now: data-parallel ranks take one --model");
     if (!args.step_timings.empty() || !args.plot.empty())
       throw Error("--step-timings and --plot record one engine's steps: run them without mpirun");
     dist::run_batch({.model = args.model,
@@ -53,9 +56,8 @@ void run_batch(const BatchArgs& args) {
   }
   const auto t_load = std::chrono::steady_clock::now();
   const std::vector<BatchInputLine> lines = read_batch_input(args.input);
-  Engine engine(args.model, args.engine);
+  Engine engine(model_folders(args.model, "", args.zoo), args.engine);
   BatchJobOptions job_options = args.job;
-  job_options.model_dir = args.model;
   BatchJob job(engine, job_options);
   BatchResultWriter writer(args.output);
   const double load_seconds =
@@ -126,7 +128,10 @@ void run_batch(const BatchArgs& args) {
 void register_batch_command(CLI::App& app) {
   auto args = std::make_shared<BatchArgs>();
   CLI::App* cmd = app.add_subcommand("batch", "Run an OpenAI Batch API JSONL file offline");
-  cmd->add_option("--model", args->model, "Model folder")->required();
+  cmd->add_option("--model", args->model, "Model folder (the first model, with --zoo)");
+  cmd->add_option("--zoo", args->zoo,
+                  "Serve every model folder in this folder too, in one engine; a line's "
+                  "body.model picks one by folder name (fine-tunes of one architecture)");
   cmd->add_option("--input", args->input, "Batch input JSONL")->required();
   cmd->add_option("--output", args->output,
                   "Result JSONL (appended; custom_ids already there are skipped)")

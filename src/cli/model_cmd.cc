@@ -1,4 +1,4 @@
-// blend model init | info | export-gguf
+// blend model init | derive | info | export-gguf
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "gguf/export.h"
+#include "model/derive.h"
 #include "model/presets.h"
 #include "model/random_init.h"
 #include "model/safetensors.h"
@@ -133,6 +134,22 @@ void run_export_gguf(const ExportGgufArgs& a) {
               static_cast<double>(s.file_bytes) / (1024.0 * 1024.0));
 }
 
+struct DeriveArgs {
+  std::string base, out;
+  bool full = false, lora = false;
+  DeriveOptions options;
+};
+
+void run_derive(const DeriveArgs& a) {
+  if (a.lora)
+    throw Error("model derive --lora: LoRA adapters are not supported yet; use --full --layers");
+  if (!a.full) throw Error("model derive: say what to derive: --full --layers LIST");
+  derive_full_finetune(a.base, a.out, a.options);
+  std::printf("wrote %s: %s with layers", a.out.c_str(), a.base.c_str());
+  for (int64_t l : a.options.layers) std::printf(" %lld", static_cast<long long>(l));
+  std::printf(" changed (seed %llu)\n", static_cast<unsigned long long>(a.options.seed));
+}
+
 }  // namespace
 
 void register_model_commands(CLI::App& app) {
@@ -162,6 +179,19 @@ void register_model_commands(CLI::App& app) {
   init->add_option("--threads", init_args->threads, "Threads computing the weights (default: all)")
       ->check(CLI::Range(0, 65536));
   init->callback([init_args] { run_init(*init_args); });
+
+  auto derive_args = std::make_shared<DeriveArgs>();
+  CLI::App* derive = model->add_subcommand(
+      "derive", "Write a fine-tuned tenant of a base model folder (serving several models)");
+  derive->add_option("--base", derive_args->base, "Base model folder")->required();
+  derive->add_option("--out", derive_args->out, "Output folder")->required();
+  derive->add_option("--seed", derive_args->options.seed, "Seed of the perturbation");
+  derive->add_flag("--full", derive_args->full,
+                   "A full fine-tune: the listed layers change, all else stays bit-identical");
+  derive->add_flag("--lora", derive_args->lora, "A LoRA adapter (not built yet)");
+  derive->add_option("--layers", derive_args->options.layers,
+                     "Layers to change, e.g. --layers 0 3 (with --full)");
+  derive->callback([derive_args] { run_derive(*derive_args); });
 
   auto info_dir = std::make_shared<std::string>();
   CLI::App* info = model->add_subcommand("info", "Load a model folder, check it, print a summary");

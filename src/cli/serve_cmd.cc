@@ -39,7 +39,10 @@ void run_serve(const ServerOptions& options) {
 void register_serve_command(CLI::App& app) {
   auto o = std::make_shared<ServerOptions>();
   CLI::App* cmd = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API");
-  cmd->add_option("--model", o->model, "Model folder")->required();
+  cmd->add_option("--model", o->model, "Model folder (the first model, with --zoo)");
+  cmd->add_option("--zoo", o->zoo,
+                  "Serve every model folder in this folder too, in one engine: requests pick "
+                  "one by folder name (fine-tunes of one architecture and tokenizer)");
   cmd->add_option("--host", o->host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", o->port, "Port (0 = any free port)")->capture_default_str();
   cmd->add_option("--api-key", o->api_key,

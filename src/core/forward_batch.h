@@ -15,6 +15,7 @@ namespace blend {
 
 struct SeqChunk {
   SeqId seq = 0;
+  ModelId model = 0;         // whose weights compute it (Backend::num_models)
   int32_t num_cached = 0;    // tokens of this sequence already in the KV cache (context)
   int32_t num_tokens = 0;    // tokens of this sequence in this batch (1 for a decode step)
   int32_t token_offset = 0;  // index of this chunk's first token in ForwardBatch::tokens

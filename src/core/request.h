@@ -26,6 +26,7 @@ struct GenerationRequest {
   // seed + index (or the id's hash + index), so each sample has its own stream and the same
   // request gives the same n samples again.
   int32_t index = 0;
+  ModelId model = 0;  // which of the engine's models runs it (Engine::find_model)
 };
 
 struct GenerationResult {

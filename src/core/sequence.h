@@ -20,6 +20,7 @@ enum class RequestClass { kRealtime, kBestEffort };
 
 struct Sequence {
   SeqId id = 0;
+  ModelId model = 0;  // the engine's model it runs on; its KV is never shared with another's
   std::vector<TokenId> tokens;  // prompt followed by the generated tokens
   int32_t prompt_len = 0;
   SamplingParams params;

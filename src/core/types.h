@@ -15,6 +15,8 @@ class TokenConstraint;  // core/constraint.h
 using TokenId = int32_t;
 using SeqId = int64_t;
 using PageId = int32_t;
+// Which of an engine's models a request runs on (0 = the first, the default; see engine.h).
+using ModelId = int32_t;
 
 // What a request asks of the sampler (OpenAI fields; defaults are OpenAI's).
 struct SamplingParams {

@@ -167,7 +167,6 @@ void run_worker(const BatchRun& run, MpiSession& mpi, const std::string& address
   try {
     engine = std::make_unique<Engine>(run.model, run.engine);
     BatchJobOptions options = run.job;
-    options.model_dir = run.model;
     job = std::make_unique<BatchJob>(*engine, options);
   } catch (const std::exception& e) {
     load_error = e.what();
@@ -420,7 +419,6 @@ void run_rank0(const BatchRun& run, MpiSession& mpi, LivenessServer& live) {
     const std::vector<BatchInputLine> lines = read_batch_input(run.input);
     engine = std::make_unique<Engine>(run.model, run.engine);
     BatchJobOptions options = run.job;
-    options.model_dir = run.model;
     job = std::make_unique<BatchJob>(*engine, options);
     writer = std::make_unique<BatchResultWriter>(run.output);
     for (const BatchInputLine& line : lines) {

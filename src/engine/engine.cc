@@ -1,6 +1,8 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <fstream>
+#include <iterator>
 #include <string>
 
 #include "backend/registry.h"
@@ -11,6 +13,11 @@ namespace {
 
 // Holds the place of a token a launched step is still sampling (collect_step writes it).
 constexpr TokenId kPendingToken = -1;
+
+std::string read_file_bytes(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
 
 uint64_t hash_string(const std::string& s, uint64_t seed) {
   uint64_t h = 0xcbf29ce484222325ull ^ seed;
@@ -58,17 +65,45 @@ struct Engine::Active {
 };
 
 Engine::Engine(const std::filesystem::path& model_dir, const EngineOptions& options)
-    : options_(options),
-      config_(ModelConfig::from_dir(model_dir)),
-      weights_(std::make_unique<TensorStore>(TensorStore::open_dir(model_dir))),
-      tokenizer_(std::make_unique<Tokenizer>(Tokenizer::from_dir(model_dir))) {
+    : Engine(std::vector<ModelFolder>{{model_folder_name(model_dir), model_dir}}, options) {}
+
+Engine::Engine(const std::vector<ModelFolder>& models, const EngineOptions& options)
+    : options_(options) {
+  if (models.empty()) throw Error("internal: an engine without a model");
+  for (const ModelFolder& folder : models) {
+    for (const Model& other : models_)
+      if (other.name == folder.name)
+        throw Error("two models are named '" + folder.name + "'; model names must differ");
+    Model m;
+    m.name = folder.name;
+    m.dir = folder.dir;
+    m.config = ModelConfig::from_dir(folder.dir);
+    if (!models_.empty()) {
+      const std::string differs = architecture_difference(models_[0].config, m.config);
+      if (!differs.empty())
+        throw Error("model '" + folder.name + "' (" + folder.dir.string() + ") differs from '" +
+                    models_[0].name + "' in " + differs +
+                    "; models served together must share one architecture");
+    }
+    m.weights = std::make_unique<TensorStore>(TensorStore::open_dir(folder.dir));
+    m.tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_dir(folder.dir));
+    models_.push_back(std::move(m));
+  }
+  config_ = models_[0].config;
+  const std::string first_tokenizer = read_file_bytes(models[0].dir / "tokenizer.json");
+  for (size_t i = 1; i < models.size(); ++i)
+    models_share_tokenizer_ =
+        models_share_tokenizer_ &&
+        read_file_bytes(models[i].dir / "tokenizer.json") == first_tokenizer &&
+        models_[i].config.eos_token_ids == config_.eos_token_ids;
   if (options.max_model_len < 0 || options.max_model_len > config_.max_position_embeddings)
     throw Error("max_model_len " + std::to_string(options.max_model_len) + " is outside [1, " +
                 std::to_string(config_.max_position_embeddings) +
                 "], the model's context (max_position_embeddings)");
   BackendInputs in;
   in.config = &config_;
-  in.weights = weights_.get();
+  in.weights = models_[0].weights.get();
+  for (size_t i = 1; i < models_.size(); ++i) in.more_weights.push_back(models_[i].weights.get());
   in.options.threads = options.threads;
   in.options.deterministic = options.deterministic;
   in.options.page_size = options.page_size;
@@ -79,11 +114,18 @@ Engine::Engine(const std::filesystem::path& model_dir, const EngineOptions& opti
 
 Engine::Engine(std::unique_ptr<Backend> backend, const EngineOptions& options,
                std::unique_ptr<Tokenizer> tokenizer)
-    : options_(options),
-      config_(backend->config()),
-      backend_(std::move(backend)),
-      tokenizer_(std::move(tokenizer)) {
+    : options_(options), config_(backend->config()), backend_(std::move(backend)) {
+  Model m;
+  m.config = config_;
+  m.tokenizer = std::move(tokenizer);
+  models_.push_back(std::move(m));
   init_kv_and_scheduler();
+}
+
+std::optional<ModelId> Engine::find_model(std::string_view name) const {
+  for (size_t i = 0; i < models_.size(); ++i)
+    if (models_[i].name == name) return static_cast<ModelId>(i);
+  return std::nullopt;
 }
 
 void Engine::init_kv_and_scheduler() {
@@ -162,6 +204,9 @@ int64_t Engine::max_sequence_tokens() const {
 }
 
 void Engine::check_request(GenerationRequest& request) const {
+  if (request.model < 0 || request.model >= num_models())
+    throw Error("model id " + std::to_string(request.model) + " is out of range [0, " +
+                std::to_string(num_models()) + ")");
   if (request.prompt.empty()) throw Error("the prompt is empty");
   for (TokenId t : request.prompt)
     if (t < 0 || t >= config_.vocab_size)
@@ -188,6 +233,7 @@ SeqId Engine::submit(GenerationRequest request, Callback on_done, TokenCallback 
 
   auto a = std::make_unique<Active>();
   a->seq.id = next_id_++;
+  a->seq.model = request.model;
   a->seq.prompt_len = static_cast<int32_t>(prompt_len);
   a->seq.tokens = std::move(request.prompt);
   a->seq.params = p;
@@ -201,8 +247,8 @@ SeqId Engine::submit(GenerationRequest request, Callback on_done, TokenCallback 
   a->request_id = std::move(request.id);
   a->on_done = std::move(on_done);
   a->on_token = std::move(on_token);
-  if (tokenizer_)
-    a->detok = std::make_unique<IncrementalDetokenizer>(*tokenizer_, /*skip_special=*/true);
+  if (const Tokenizer* tokenizer = models_[request.model].tokenizer.get())
+    a->detok = std::make_unique<IncrementalDetokenizer>(*tokenizer, /*skip_special=*/true);
   for (const auto& s : p.stop) a->max_stop_len = std::max(a->max_stop_len, s.size());
   if (p.constraint) a->matcher = p.constraint->start();
   stats_.prompt_tokens += prompt_len;
@@ -254,9 +300,9 @@ bool Engine::accept_token(Active& a, const SampledToken& sampled) {
   if (p.logprobs) a.logprobs.push_back(sampled);
   // Under a constraint EOS is only allowed once the value is complete, and it ends the
   // sequence even with ignore_eos (nothing else could follow).
-  const bool is_eos = (!p.ignore_eos || a.matcher) &&
-                      std::find(config_.eos_token_ids.begin(), config_.eos_token_ids.end(),
-                                sampled.token) != config_.eos_token_ids.end();
+  const std::vector<int32_t>& eos = models_[seq.model].config.eos_token_ids;
+  const bool is_eos =
+      (!p.ignore_eos || a.matcher) && std::find(eos.begin(), eos.end(), sampled.token) != eos.end();
   const bool is_stop_id = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(),
                                     sampled.token) != p.stop_token_ids.end();
   if (is_eos || is_stop_id) {
@@ -319,11 +365,22 @@ StepInput Engine::build_step(const StepPlan& plan) const {
   ForwardBatch& batch = in.batch;
   batch.tokens.reserve(static_cast<size_t>(plan.num_tokens));
   batch.positions.reserve(static_cast<size_t>(plan.num_tokens));
+  // With several models, each model's chunks side by side: a block then runs once over a
+  // contiguous run of rows per model using it (the backend merges neighbours sharing it).
+  std::vector<const ScheduledChunk*> order;
+  for (const ScheduledChunk& c : plan.chunks) order.push_back(&c);
+  if (num_models() > 1)
+    std::stable_sort(order.begin(), order.end(),
+                     [](const ScheduledChunk* a, const ScheduledChunk* b) {
+                       return a->seq->model < b->seq->model;
+                     });
   int32_t offset = 0;
-  for (const ScheduledChunk& c : plan.chunks) {
+  for (const ScheduledChunk* scheduled : order) {
+    const ScheduledChunk& c = *scheduled;
     const Sequence& seq = *c.seq;
     SeqChunk chunk;
     chunk.seq = seq.id;
+    chunk.model = seq.model;
     chunk.num_cached = seq.num_computed;
     chunk.num_tokens = c.num_tokens;
     chunk.token_offset = offset;

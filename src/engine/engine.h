@@ -23,6 +23,7 @@
 #include "kv/radix_cache.h"
 #include "model/config.h"
 #include "model/safetensors.h"
+#include "model/zoo.h"
 #include "sampling/sampler.h"
 #include "sched/scheduler.h"
 #include "text/tokenizer.h"
@@ -102,8 +103,14 @@ class Engine {
   // request concatenate to GenerationResult::text.
   using TokenCallback = std::function<void(const SampledToken& token, std::string_view delta)>;
 
-  // Loads a Hugging Face model folder onto a backend of kind options.backend.
+  // Loads a Hugging Face model folder onto a backend of kind options.backend; the model is
+  // named by the folder's name (model_folder_name).
   Engine(const std::filesystem::path& model_dir, const EngineOptions& options);
+  // Several models in one engine (ModelId i = models[i]; 0 is the default): fine-tunes of one
+  // architecture, sharing the KV cache and the batch, never each other's cached KV. Blocks
+  // identical across models are loaded once where the backend can (cpu). Throws blend::Error
+  // when a model's architecture differs from the first's, or names repeat.
+  Engine(const std::vector<ModelFolder>& models, const EngineOptions& options);
   // An engine over a backend made by the caller (the simulator, a test's backend). Without a
   // tokenizer, requests come as token ids and results carry no text. A backend without KV pages
   // gets them sized as the model-folder constructor sizes them.
@@ -111,9 +118,24 @@ class Engine {
          std::unique_ptr<Tokenizer> tokenizer = nullptr);
   ~Engine();
 
+  // The first model's config; every model shares its architecture.
   const ModelConfig& config() const { return config_; }
-  const Tokenizer& tokenizer() const { return *tokenizer_; }  // only when it has one
-  bool has_tokenizer() const { return tokenizer_ != nullptr; }
+  const Tokenizer& tokenizer() const { return *models_[0].tokenizer; }  // only when it has one
+  bool has_tokenizer() const { return models_[0].tokenizer != nullptr; }
+  // The models, by ModelId: name ("" for an engine made from a backend), folder, config,
+  // tokenizer.
+  int32_t num_models() const { return static_cast<int32_t>(models_.size()); }
+  const std::string& model_name(ModelId model) const { return models_.at(model).name; }
+  const std::filesystem::path& model_dir(ModelId model) const { return models_.at(model).dir; }
+  const ModelConfig& config(ModelId model) const { return models_.at(model).config; }
+  const Tokenizer& tokenizer(ModelId model) const { return *models_.at(model).tokenizer; }
+  std::optional<ModelId> find_model(std::string_view name) const;
+  // Whether every model reads text with the first model's tokenizer (byte-identical
+  // tokenizer.json) and ends at its EOS ids: what an API layer tokenizing once, and compiling
+  // one grammar table, for all models needs.
+  bool models_share_tokenizer() const { return models_share_tokenizer_; }
+  // The backend's weights: bytes in memory, and what models sharing no block would take.
+  WeightStats weight_stats() const { return backend_->weight_stats(); }
   // The dtype the backend computes in (Backend::compute_dtype).
   DType compute_dtype() const { return backend_->compute_dtype(); }
   // Longest prompt + output one sequence may reach (context window and KV capacity).
@@ -182,11 +204,19 @@ class Engine {
   // Statistics, stop conditions, streaming and results of the step collected last.
   void apply_tokens(const InFlight& step, const std::vector<SampledToken>& sampled);
 
+  struct Model {
+    std::string name;
+    std::filesystem::path dir;  // empty for an engine made from a backend
+    ModelConfig config;
+    std::unique_ptr<TensorStore> weights;  // when loaded from a model folder
+    std::unique_ptr<Tokenizer> tokenizer;  // null: token ids in, token ids out
+  };
+
   EngineOptions options_;
-  ModelConfig config_;
-  std::unique_ptr<TensorStore> weights_;  // when loaded from a model folder
+  ModelConfig config_;  // models_[0]'s
+  std::vector<Model> models_;
   std::unique_ptr<Backend> backend_;
-  std::unique_ptr<Tokenizer> tokenizer_;  // null: token ids in, token ids out
+  bool models_share_tokenizer_ = true;
   std::unique_ptr<PagePool> pool_;
   std::unique_ptr<KvTiers> tiers_;  // null without --kv-host-memory / --kv-disk
   std::unique_ptr<KvPageIo> page_io_;

@@ -157,7 +157,7 @@ bool KvManager::reuse_cached_prefix(Sequence* seq, KvStepOps& ops) {
   // At least the last token is computed: its logits give the next token.
   PrefixMatch m = cache_->match(
       seq->tokens, seq->num_tokens() - 1, seq->id,
-      [this](int64_t count, std::vector<PageId>& out) { return allocate(count, out); });
+      [this](int64_t count, std::vector<PageId>& out) { return allocate(count, out); }, seq->model);
   if (m.claimed_by_other) return false;  // nothing was retained
   seq->block_table = std::move(m.pages);
   seq->num_computed = static_cast<int32_t>(seq->block_table.size()) * pool_.page_size();
@@ -173,7 +173,8 @@ bool KvManager::reuse_cached_prefix(Sequence* seq, KvStepOps& ops) {
 }
 
 void KvManager::claim(const Sequence& seq, int32_t cached_tokens) {
-  if (cache_) cache_->claim(seq.id, seq.tokens, cached_tokens / pool_.page_size(), seq.prompt_len);
+  if (cache_)
+    cache_->claim(seq.id, seq.tokens, cached_tokens / pool_.page_size(), seq.prompt_len, seq.model);
 }
 
 void KvManager::computed(Sequence& seq) {
@@ -183,13 +184,13 @@ void KvManager::computed(Sequence& seq) {
   // cache: a page only it holds is one an RT sequence may take (share_pages).
   if (bidir_ && seq.request_class == RequestClass::kBestEffort)
     tokens -= tokens % pool_.page_size();
-  cache_->insert(seq.id, seq.tokens, tokens, seq.block_table);
+  cache_->insert(seq.id, seq.tokens, tokens, seq.block_table, seq.model);
 }
 
 void KvManager::release_finished(Sequence* seq) {
   if (cache_)
     cache_->insert_finished(seq->id, seq->tokens, seq->cacheable_tokens(pool_.page_size()),
-                            seq->block_table);
+                            seq->block_table, seq->model);
   if (bidir_) bidir_->forget(seq);
   pool_.release_all(seq->block_table);
   seq->reversed_pages.clear();

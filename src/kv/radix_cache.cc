@@ -68,6 +68,11 @@ uint64_t hash_page(uint64_t h, std::span<const TokenId> tokens) {
   return h;
 }
 
+// Where a model's claim hash chain starts: model 0's is 0, so one model hashes as it always did.
+uint64_t claim_seed(ModelId model) {
+  return static_cast<uint64_t>(model) * 0x9e3779b97f4a7c15ull;
+}
+
 size_t common_prefix(std::span<const TokenId> a, std::span<const TokenId> b) {
   const size_t n = std::min(a.size(), b.size());
   size_t i = 0;
@@ -83,22 +88,29 @@ size_t common_prefix(std::span<const TokenId> a, std::span<const TokenId> b) {
 }  // namespace
 
 RadixCache::RadixCache(PagePool& pool, RadixCacheTiers tiers)
-    : pool_(pool), page_size_(pool.page_size()), root_(std::make_unique<Node>()), tiers_(tiers) {
+    : pool_(pool), page_size_(pool.page_size()), tiers_(tiers) {
   if (tiers_.tiers && (!tiers_.io || !tiers_.tiers->enabled())) tiers_.tiers = nullptr;
 }
 
 RadixCache::~RadixCache() {
   // Let go of every cached page so the pool balances (pages still held by sequences stay).
-  std::vector<Node*> stack{root_.get()};
+  std::vector<Node*> stack;
+  for (auto& r : roots_) stack.push_back(r.get());
   while (!stack.empty()) {
     Node* n = stack.back();
     stack.pop_back();
     for (auto& c : n->children) stack.push_back(c.get());
-    if (n != root_.get() && n->resident()) {
+    if (n->parent && n->resident()) {
       pool_.set_cached(n->page, false);
       pool_.release(n->page);
     }
   }
+}
+
+RadixCache::Node* RadixCache::root(ModelId model) {
+  if (model < 0) std::abort();
+  while (roots_.size() <= static_cast<size_t>(model)) roots_.push_back(std::make_unique<Node>());
+  return roots_[static_cast<size_t>(model)].get();
 }
 
 RadixCache::Node* RadixCache::find_child(Node* parent, std::span<const TokenId> page_tokens) const {
@@ -135,7 +147,7 @@ void RadixCache::set_tokens(Node* node, std::span<const TokenId> tokens) {
 }
 
 void RadixCache::set_leaf(Node* node, bool is_leaf) {
-  if (node == root_.get() || node->in_leaves == is_leaf) return;
+  if (!node->parent || node->in_leaves == is_leaf) return;  // a root is never a leaf
   if (is_leaf)
     leaves_.emplace(node->last_access, node);
   else
@@ -152,7 +164,7 @@ void RadixCache::set_last_access(Node* node, uint64_t when) {
 }
 
 void RadixCache::absorb(Node* parent, const Node* child) {
-  if (parent != root_.get() && child->last_access > parent->last_access)
+  if (parent->parent && child->last_access > parent->last_access)
     set_last_access(parent, child->last_access);
 }
 
@@ -164,9 +176,9 @@ void RadixCache::touch(Node* node) {
   const uint64_t now = ++clock_;
   Node* n = node;
   set_last_access(n, now);
-  while (n != root_.get() && !n->resident()) {
+  while (n->parent && !n->resident()) {
     n = n->parent;
-    if (n != root_.get()) set_last_access(n, now);
+    if (n->parent) set_last_access(n, now);
   }
 }
 
@@ -256,8 +268,8 @@ void RadixCache::make_resident(Node* node, PageId page) {
 void RadixCache::offload_chain(Node* leaf) {
   std::vector<Node*> chain{leaf};
   for (Node* p = leaf->parent;
-       p != root_.get() && p->resident() && p->device_children == 1 &&
-       pool_.refcount(p->page) == 1 && static_cast<int32_t>(chain.size()) < tiers_.max_run_pages;
+       p->parent && p->resident() && p->device_children == 1 && pool_.refcount(p->page) == 1 &&
+       static_cast<int32_t>(chain.size()) < tiers_.max_run_pages;
        p = p->parent)
     chain.push_back(p);
   std::reverse(chain.begin(), chain.end());  // root-ward first: the entry holds them in order
@@ -346,15 +358,16 @@ void RadixCache::load_path(std::vector<Node*>& offloaded, const Allocate& alloca
 }
 
 PrefixMatch RadixCache::match(std::span<const TokenId> tokens, int32_t max_tokens, SeqId self,
-                              const Allocate& allocate) {
+                              const Allocate& allocate, ModelId model) {
   PrefixMatch m;
   const size_t limit = std::min(tokens.size(), static_cast<size_t>(std::max(max_tokens, 0)));
   const size_t ps = static_cast<size_t>(page_size_);
   std::vector<Node*> path;       // matched full pages: resident ones, then offloaded ones
   std::vector<uint64_t> hashes;  // hash chain of the path up to each node
   std::vector<Node*> offloaded;
-  Node* node = root_.get();
-  uint64_t h = 0;
+  Node* const tree = root(model);
+  Node* node = tree;
+  uint64_t h = claim_seed(model);
   while ((path.size() + 1) * ps <= limit) {
     const auto page_tokens = tokens.subspan(path.size() * ps, ps);
     Node* child = find_child(node, page_tokens);
@@ -376,8 +389,8 @@ PrefixMatch RadixCache::match(std::span<const TokenId> tokens, int32_t max_token
   for (PageId p : m.pages) pool_.retain(p);
   load_path(offloaded, allocate, m);
   path.resize(m.pages.size());  // the path ends at its last page now on the device
-  node = path.empty() ? root_.get() : path.back();
-  h = path.empty() ? 0 : hashes[path.size() - 1];
+  node = path.empty() ? tree : path.back();
+  h = path.empty() ? claim_seed(model) : hashes[path.size() - 1];
   const size_t pos = path.size() * ps;
 
   // Copy-on-write tail: the resident child sharing the most leading tokens with the rest.
@@ -407,17 +420,17 @@ PrefixMatch RadixCache::match(std::span<const TokenId> tokens, int32_t max_token
     m.partial_tokens = static_cast<int32_t>(best);
     pool_.retain(partial->page);
     touch(partial);
-  } else if (node != root_.get()) {
+  } else if (node != tree) {
     touch(node);
   }
   return m;
 }
 
 void RadixCache::claim(SeqId seq, std::span<const TokenId> tokens, int32_t first_page,
-                       int32_t prompt_len) {
+                       int32_t prompt_len, ModelId model) {
   const size_t ps = static_cast<size_t>(page_size_);
   const size_t end = std::min(tokens.size(), static_cast<size_t>(std::max(prompt_len, 0)));
-  uint64_t h = 0;  // hash of the full pages before page i
+  uint64_t h = claim_seed(model);  // hash of the full pages before page i
   for (size_t i = 0; i * ps < end; ++i) {
     const auto page_tokens = tokens.subspan(i * ps, std::min(ps, end - i * ps));
     if (i >= static_cast<size_t>(first_page)) {
@@ -441,9 +454,9 @@ void RadixCache::drop_claims(SeqId seq) {
 }
 
 void RadixCache::insert(SeqId seq, std::span<const TokenId> tokens, int32_t num_computed,
-                        std::vector<PageId>& block_table) {
+                        std::vector<PageId>& block_table, ModelId model) {
   Cursor& c = cursors_[seq];
-  if (!c.node) c.node = root_.get();
+  if (!c.node) c.node = root(model);
   const size_t ps = static_cast<size_t>(page_size_);
   const int32_t full =
       std::min<int32_t>(num_computed / page_size_, static_cast<int32_t>(block_table.size()));
@@ -494,8 +507,8 @@ void RadixCache::insert(SeqId seq, std::span<const TokenId> tokens, int32_t num_
 }
 
 void RadixCache::insert_finished(SeqId seq, std::span<const TokenId> tokens, int32_t num_computed,
-                                 std::vector<PageId>& block_table) {
-  insert(seq, tokens, num_computed, block_table);
+                                 std::vector<PageId>& block_table, ModelId model) {
+  insert(seq, tokens, num_computed, block_table, model);
   forget(seq);
 }
 
@@ -537,15 +550,16 @@ int64_t RadixCache::evict(int64_t pages) {
 void RadixCache::check_invariants() const {
   int64_t nodes = 0;
   size_t leaves = 0;
-  std::vector<const Node*> stack{root_.get()};
+  std::vector<const Node*> stack;
+  for (const auto& r : roots_) stack.push_back(r.get());
   while (!stack.empty()) {
     const Node* n = stack.back();
     stack.pop_back();
-    if (n != root_.get()) {
+    if (n->parent) {
       ++nodes;
       if (n->resident()) {
         if (!pool_.is_cached(n->page) || pool_.refcount(n->page) < 1) fail("node page not cached");
-        if (!n->parent->resident() && n->parent != root_.get()) fail("resident below offloaded");
+        if (!n->parent->resident() && n->parent->parent) fail("resident below offloaded");
       } else if (n->entry != 0) {
         auto it = entry_nodes_.find(n->entry);
         if (it == entry_nodes_.end() ||

@@ -27,6 +27,8 @@
 //    resident nodes always form a subtree at the root. Since a preempted sequence's pages stay in
 //    the tree, this is also swap-out/swap-in preemption: the scheduler's choice between
 //    recomputing and swapping is this cost comparison.
+//  - Models (engine.h): each model has a tree of its own, so two models never share KV for the
+//    same tokens; every call names the model (0 when the engine has one).
 //  - Bookkeeping is per sequence id; forget(seq) drops a sequence's claims and cursor (call it
 //    when the sequence finishes, is preempted or cancelled).
 #pragma once
@@ -90,20 +92,21 @@ class RadixCache {
   // `allocate` gives device pages for offloaded pages worth loading back (may be empty: then
   // the match stops at the first offloaded page).
   PrefixMatch match(std::span<const TokenId> tokens, int32_t max_tokens, SeqId self,
-                    const Allocate& allocate = {});
+                    const Allocate& allocate = {}, ModelId model = 0);
 
   // Claims the pages of tokens[0, prompt_len) from page `first_page` on for `seq`.
-  void claim(SeqId seq, std::span<const TokenId> tokens, int32_t first_page, int32_t prompt_len);
+  void claim(SeqId seq, std::span<const TokenId> tokens, int32_t first_page, int32_t prompt_len,
+             ModelId model = 0);
 
   // Adds the sequence's computed pages (positions [0, num_computed)) to the tree, the partly
   // filled last one included. Where the tree already holds the same full page in another page,
   // the sequence switches to the tree's page and releases its own (`block_table` is updated),
   // so duplicates do not pile up.
   void insert(SeqId seq, std::span<const TokenId> tokens, int32_t num_computed,
-              std::vector<PageId>& block_table);
+              std::vector<PageId>& block_table, ModelId model = 0);
   // insert(), then forget(): call when the sequence finishes, before it releases its pages.
   void insert_finished(SeqId seq, std::span<const TokenId> tokens, int32_t num_computed,
-                       std::vector<PageId>& block_table);
+                       std::vector<PageId>& block_table, ModelId model = 0);
   void forget(SeqId seq);
 
   // Evicts idle pages, least recently used leaves first, until `pages` were freed or no idle
@@ -152,7 +155,9 @@ class RadixCache {
 
   PagePool& pool_;
   int32_t page_size_;
-  std::unique_ptr<Node> root_;
+  // One tree per model, made on first use; roots hold no page and have no parent.
+  std::vector<std::unique_ptr<Node>> roots_;
+  Node* root(ModelId model);
   int64_t num_nodes_ = 0;
   uint64_t serial_ = 0;
   int64_t num_evicted_ = 0;

@@ -1,6 +1,7 @@
 #include "model/config.h"
 
 #include <cmath>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -112,6 +113,34 @@ json ModelConfig::to_json() const {
                      : dtype == DType::kF16 ? "float16"
                                             : "bfloat16";
   return j;
+}
+
+std::string architecture_difference(const ModelConfig& a, const ModelConfig& b) {
+  const std::pair<const char*, bool> same[] = {
+      {"architectures", a.architecture == b.architecture},
+      {"hidden_size", a.hidden_size == b.hidden_size},
+      {"num_hidden_layers", a.num_layers == b.num_layers},
+      {"num_attention_heads", a.num_heads == b.num_heads},
+      {"num_key_value_heads", a.num_kv_heads == b.num_kv_heads},
+      {"head_dim", a.head_dim == b.head_dim},
+      {"intermediate_size", a.intermediate_size == b.intermediate_size},
+      {"vocab_size", a.vocab_size == b.vocab_size},
+      {"max_position_embeddings", a.max_position_embeddings == b.max_position_embeddings},
+      {"rope_theta", a.rope_theta == b.rope_theta},
+      {"rope_scaling", a.rope_scaling.type == b.rope_scaling.type &&
+                           a.rope_scaling.factor == b.rope_scaling.factor &&
+                           a.rope_scaling.low_freq_factor == b.rope_scaling.low_freq_factor &&
+                           a.rope_scaling.high_freq_factor == b.rope_scaling.high_freq_factor &&
+                           a.rope_scaling.original_max_position_embeddings ==
+                               b.rope_scaling.original_max_position_embeddings},
+      {"rms_norm_eps", a.rms_norm_eps == b.rms_norm_eps},
+      {"attention_bias", a.attention_bias == b.attention_bias},
+      {"sliding_window", a.sliding_window == b.sliding_window},
+      {"torch_dtype", a.dtype == b.dtype},
+  };
+  for (const auto& [field, equal] : same)
+    if (!equal) return field;
+  return "";
 }
 
 }  // namespace blend

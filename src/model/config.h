@@ -79,4 +79,10 @@ struct ModelConfig {
   nlohmann::json to_json() const;  // Hugging Face config.json layout (transformers 4)
 };
 
+// The first field (by name) in which two configs describe different networks, or "" when one set
+// of shapes, RoPE, norm and attention settings fits both (fine-tunes of one base): what models
+// sharing one engine's KV cache and batch must agree on. Special tokens, sampling defaults and
+// whether the embedding is tied may differ.
+std::string architecture_difference(const ModelConfig& a, const ModelConfig& b);
+
 }  // namespace blend

@@ -29,9 +29,24 @@ BatchJob::BatchJob(Engine& engine, BatchJobOptions options)
       options_(std::move(options)),
       grammars_(engine.tokenizer(), engine.config().vocab_size, engine.config().eos_token_ids) {
   plan::parse_policy(options_.policy);  // an unknown name fails before any line runs
-  chat_template_ = load_chat_template(options_.model_dir);
+  if (!engine_.models_share_tokenizer())
+    throw Error("the models of a run must share one tokenizer (tokenizer.json and EOS ids)");
+  if (engine_.num_models() > 1 && !options_.served_model_name.empty())
+    throw Error(
+        "--served-model-name names the one model of a run; with several models, lines "
+        "pick them by their folder names");
+  for (ModelId m = 0; m < engine_.num_models(); ++m)
+    chat_templates_.push_back(load_chat_template(engine_.model_dir(m)));
+  for (ModelId m = 0; m < engine_.num_models(); ++m) {
+    const auto& chat_template = chat_templates_[static_cast<size_t>(m)];
+    context_.models.push_back({.name = m == 0 && !options_.served_model_name.empty()
+                                           ? options_.served_model_name
+                                           : engine_.model_name(m),
+                               .chat_template = chat_template ? &*chat_template : nullptr,
+                               .sampling_defaults = &engine_.config(m).sampling_defaults});
+  }
+  context_.any_model_name = engine_.num_models() == 1 && options_.served_model_name.empty();
   context_.tokenizer = &engine_.tokenizer();
-  context_.chat_template = chat_template_ ? &*chat_template_ : nullptr;
   context_.max_sequence_tokens = engine_.max_sequence_tokens();
   context_.max_prompt_bytes = max_prompt_bytes(engine_.tokenizer(), context_.max_sequence_tokens);
   if (!options_.endpoint.empty()) {
@@ -41,11 +56,7 @@ BatchJob::BatchJob(Engine& engine, BatchJobOptions options)
       throw Error(std::string("--endpoint: ") + e.what());
     }
   }
-  context_.sampling_defaults = &engine_.config().sampling_defaults;
   context_.grammars = &grammars_;
-  if (!options_.served_model_name.empty()) context_.model = options_.served_model_name;
-  model_name_ = options_.model_dir.filename().string();
-  if (model_name_.empty()) model_name_ = options_.model_dir.parent_path().filename().string();
 }
 
 std::vector<PreparedBatchLine> BatchJob::prepare(const std::vector<BatchInputLine>& lines,
@@ -71,6 +82,7 @@ std::vector<PreparedBatchLine> BatchJob::prepare(const std::vector<BatchInputLin
 
 OfflineRequest BatchJob::offline_request(const GenerationRequest& gen) const {
   OfflineRequest q{gen.id, gen.prompt, gen.params, 0, gen.params.ignore_eos};
+  q.model = gen.model;
   q.output_estimate = q.output_known
                           ? q.params.max_tokens
                           : std::min<double>(options_.assumed_output, q.params.max_tokens);
@@ -85,7 +97,7 @@ plan::PlanRequest BatchJob::plan_request(const PreparedBatchLine& line) const {
 CostModel BatchJob::planner_cost() const {
   const Hardware hw =
       options_.hardware == "cpu" ? default_cpu_hardware() : resolve_hardware(options_.hardware);
-  return CostModel(ModelShape::from_config(engine_.config(), model_name_), hw);
+  return CostModel(ModelShape::from_config(engine_.config(), model_name()), hw);
 }
 
 void BatchJob::run(std::vector<PreparedBatchLine> lines, const BatchResultSink& sink,
@@ -103,8 +115,9 @@ void BatchJob::run(std::vector<PreparedBatchLine> lines, const BatchResultSink& 
     token_bound -= std::max<int64_t>(
         0, static_cast<int64_t>(request.params.max_tokens) - static_cast<int64_t>(r.tokens.size()));
     const char* prefix = request.endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-";
-    sink.success(r.id, make_response(request, r, make_id(prefix), model_name_, created,
-                                     engine_.tokenizer()));
+    sink.success(r.id,
+                 make_response(request, r, make_id(prefix), engine_.model_name(request.model_id),
+                               created, engine_.tokenizer()));
     api_of.erase(r.id);
     ++stats_.completed;
   };
@@ -176,6 +189,16 @@ nlohmann::json batch_run_stats(const Engine& engine, const BatchJobStats& job,
       {"kv_loaded_pages", s.kv_loaded_pages},
       {"kv_peak_bytes", s.kv_peak_bytes},
       {"kv_capacity_bytes", s.kv_capacity_bytes}};
+  if (engine.num_models() > 1) {
+    // Several models in one engine: weights in memory with shared blocks counted once, and
+    // what the same models would take loaded apart (BlockLLM §4).
+    const WeightStats w = engine.weight_stats();
+    stats["models"] = engine.num_models();
+    stats["weight_bytes"] = w.bytes;
+    stats["weight_bytes_unshared"] = w.unshared_bytes;
+    stats["blocks_unique"] = w.unique_blocks;
+    stats["blocks"] = w.blocks;
+  }
   if (job.plan) {
     stats["sampled_requests"] = job.plan->sampled_requests;
     stats["sampling_seconds"] = job.plan->sampling_seconds;

@@ -26,12 +26,13 @@
 namespace blend {
 
 struct BatchJobOptions {
-  std::filesystem::path model_dir;  // its chat template, and the model name of responses
-  std::string endpoint;             // the batch's endpoint; empty = each line's url
-  std::string served_model_name;    // lines naming another model fail; empty = any name
-  std::string policy = "fcfs";      // fcfs = input order, all queued at once; else a plan's
-  std::string hardware = "cpu";     // the planner's cost model (a `blend profile` file)
-  double assumed_output = 256;      // planner's guess when a request's length is not known
+  std::string endpoint;  // the batch's endpoint; empty = each line's url
+  // One model: lines naming another fail (empty = any name is taken). Several models: lines
+  // pick one by the engine's names, and this must be empty.
+  std::string served_model_name;
+  std::string policy = "fcfs";   // fcfs = input order, all queued at once; else a plan's
+  std::string hardware = "cpu";  // the planner's cost model (a `blend profile` file)
+  double assumed_output = 256;   // planner's guess when a request's length is not known
   SamplingOptions sampling{.fraction = 0.01, .seed = 1};
 };
 
@@ -50,8 +51,9 @@ struct BatchJobStats {
 
 class BatchJob {
  public:
-  // Reads the model's chat template (a model without one fails chat lines one by one). Throws
-  // blend::Error for a bad --endpoint or an unknown policy.
+  // Reads each model's chat template from its folder (a model without one fails chat lines one
+  // by one). Responses name the engine's model names. Throws blend::Error for a bad
+  // --endpoint, an unknown policy, or models whose tokenizers differ.
   BatchJob(Engine& engine, BatchJobOptions options);
   BatchJob(const BatchJob&) = delete;  // context_ points into the object
   BatchJob& operator=(const BatchJob&) = delete;
@@ -75,17 +77,17 @@ class BatchJob {
            const std::function<void(int64_t answered, int64_t token_bound)>& progress = {});
 
   const BatchJobStats& stats() const { return stats_; }
-  const std::string& model_name() const { return model_name_; }
+  // The first model's name (the only one's, usually).
+  const std::string& model_name() const { return engine_.model_name(0); }
 
  private:
   OfflineRequest offline_request(const GenerationRequest& gen) const;
 
   Engine& engine_;
   BatchJobOptions options_;
-  std::optional<ChatTemplate> chat_template_;
+  std::vector<std::optional<ChatTemplate>> chat_templates_;  // by ModelId
   GrammarCompiler grammars_;  // response_format schemas of the job's lines, compiled once each
   BatchLineContext context_;
-  std::string model_name_;
   BatchJobStats stats_;
 };
 

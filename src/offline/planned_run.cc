@@ -31,6 +31,7 @@ GenerationRequest generation_request(const OfflineRequest& q) {
   r.prompt = q.prompt;
   r.params = q.params;
   r.request_class = RequestClass::kBestEffort;
+  r.model = q.model;
   return r;
 }
 

@@ -326,12 +326,10 @@ BatchLineContext Server::Impl::line_context(const BatchJob& job, const Engine& e
   // The checks `blend batch` makes too (api/batch_lines.h), against this batch's endpoint.
   BatchLineContext context;
   context.tokenizer = &engine.tokenizer();
-  context.chat_template = chat_template ? &*chat_template : nullptr;
+  context.models = served;
   context.max_sequence_tokens = max_sequence_tokens;
   context.max_prompt_bytes = max_prompt_bytes_;
-  context.model = model_name;
   context.request_class = RequestClass::kBestEffort;
-  context.sampling_defaults = &engine.config().sampling_defaults;
   context.grammars = grammars.get();
   if (job.batch.contains("endpoint") && job.batch["endpoint"].is_string())
     context.endpoint = parse_endpoint(job.batch["endpoint"].get<std::string>());
@@ -464,8 +462,9 @@ void Server::Impl::submit_line(const std::shared_ptr<BatchJob>& job, Engine& eng
           n > 1 ? seconds_between(state->first_token, now) / static_cast<double>(n - 1) : 0.0);
       const char* prefix = request.endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-";
       const bool written = write_result(job, [&] {
-        job->writer->write_success(id, make_response(request, r, make_id(prefix), model_name,
-                                                     created, loop->engine().tokenizer()));
+        job->writer->write_success(
+            id, make_response(request, r, make_id(prefix), model_name(request.model_id), created,
+                              loop->engine().tokenizer()));
       });
       job->in_flight.erase(state->seq);
       state->done = true;

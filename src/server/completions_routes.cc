@@ -44,6 +44,7 @@ std::shared_ptr<Pending> Server::Impl::submit(const ApiRequest& request, Request
   GenerationRequest gen{make_id("req-"),  request.prompt,  request.params, cls,
                         request.ttft_slo, request.tpot_slo};
   gen.index = index;
+  gen.model = request.model_id;
   loop->post([this, p, gen = std::move(gen)](Engine& engine) mutable {
     metrics.on_queued(p->cls);
     auto on_token = [this, p](const SampledToken& token, std::string_view delta) {
@@ -119,17 +120,20 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
     return send_error(res, e.status(), e.what());
   }
   try {
-    if (body.is_object() && body.contains("model") && body["model"].is_string() &&
-        body["model"] != model_name)
-      return send_error(res, 404,
-                        "The model '" + body["model"].get<std::string>() + "' does not exist.",
-                        "model", "model_not_found");
+    ModelId model = 0;
+    try {
+      model = model_of(body);
+    } catch (const ApiError& e) {
+      return send_error(res, e.status(), e.what(), "model", "model_not_found");
+    }
+    const ServedModel& served_model = served[static_cast<size_t>(model)];
     RequestLimits limits;
     limits.max_prompt_bytes = max_prompt_bytes_;
-    limits.sampling_defaults = &loop->engine().config().sampling_defaults;
+    limits.sampling_defaults = served_model.sampling_defaults;
     limits.grammars = grammars.get();
     request = parse_api_request(endpoint, body, loop->engine().tokenizer(),
-                                chat_template ? &*chat_template : nullptr, limits, req.body);
+                                served_model.chat_template, limits, req.body);
+    request.model_id = model;
     // Limits the engine would quietly apply become errors, as in vLLM: a client asking for
     // more than fits should know.
     check_context(request, body, max_sequence_tokens);
@@ -172,8 +176,8 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
       }
       results.push_back(*p->result);
     }
-    const json body_out =
-        make_response(request, results, id, model_name, created, loop->engine().tokenizer());
+    const json body_out = make_response(request, results, id, model_name(request.model_id), created,
+                                        loop->engine().tokenizer());
     server_internal::request_log().prompt_tokens = body_out["usage"]["prompt_tokens"];
     server_internal::request_log().completion_tokens = body_out["usage"]["completion_tokens"];
     res.set_content(body_out.dump(-1, ' ', false, json::error_handler_t::replace),
@@ -192,8 +196,8 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
   auto choices = std::make_shared<std::vector<Choice>>();
   for (int32_t i = 0; i < request.n; ++i)
     choices->push_back({ps[static_cast<size_t>(i)],
-                        std::make_unique<StreamChunks>(request, id, model_name, created,
-                                                       loop->engine().tokenizer(), i)});
+                        std::make_unique<StreamChunks>(request, id, model_name(request.model_id),
+                                                       created, loop->engine().tokenizer(), i)});
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",

@@ -2,6 +2,7 @@
 // /v1/models/{id}, and vLLM's /tokenize and /detokenize.
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <span>
 #include <vector>
 
@@ -36,16 +37,19 @@ void Server::Impl::info_routes() {
     res.set_content(metrics.render(), "text/plain; version=0.0.4");
   });
   route("GET", "/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    json list = {{"object", "list"},
-                 {"data", json::array({model_object(model_name, max_sequence_tokens)})}};
+    json data = json::array();
+    for (const ServedModel& m : served) data.push_back(model_object(m.name, max_sequence_tokens));
+    json list = {{"object", "list"}, {"data", std::move(data)}};
     res.set_content(list.dump(), "application/json");
   });
   // Model ids may hold '/' ("org/name").
   route("GET", R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
-    if (req.matches[1] != model_name)
-      return send_error(res, 404, "The model '" + req.matches[1].str() + "' does not exist.",
-                        "model", "model_not_found");
-    res.set_content(model_object(model_name, max_sequence_tokens).dump(), "application/json");
+    const std::string name = req.matches[1].str();
+    if (std::none_of(served.begin(), served.end(),
+                     [&](const ServedModel& m) { return m.name == name; }))
+      return send_error(res, 404, "The model '" + name + "' does not exist.", "model",
+                        "model_not_found");
+    res.set_content(model_object(name, max_sequence_tokens).dump(), "application/json");
   });
   route("POST", "/tokenize",
         [this](const httplib::Request& req, httplib::Response& res) { tokenize(req, res); });
@@ -60,8 +64,7 @@ void Server::Impl::tokenize(const httplib::Request& req, httplib::Response& res)
   try {
     const json body = parse_client_json(req.body, "the request body");
     if (!body.is_object()) throw ApiError(400, "the body must be a JSON object");
-    if (auto m = body.find("model"); m != body.end() && m->is_string() && *m != model_name)
-      throw ApiError(404, "The model '" + m->get<std::string>() + "' does not exist.", "model");
+    const ModelId model = model_of(body);
     const bool chat = body.contains("messages");
     if (chat == body.contains("prompt"))
       throw ApiError(400, "give either 'prompt' or 'messages'", chat ? "messages" : "prompt");
@@ -81,7 +84,7 @@ void Server::Impl::tokenize(const httplib::Request& req, httplib::Response& res)
     const Tokenizer& tokenizer = loop->engine().tokenizer();
     const ApiRequest parsed =
         parse_api_request(chat ? Endpoint::kChatCompletions : Endpoint::kCompletions, request,
-                          tokenizer, chat_template ? &*chat_template : nullptr, limits);
+                          tokenizer, served[static_cast<size_t>(model)].chat_template, limits);
     json strs = nullptr;
     if (token_strs) {
       strs = json::array();
@@ -104,8 +107,7 @@ void Server::Impl::detokenize(const httplib::Request& req, httplib::Response& re
   try {
     const json body = parse_client_json(req.body, "the request body");
     if (!body.is_object()) throw ApiError(400, "the body must be a JSON object");
-    if (auto m = body.find("model"); m != body.end() && m->is_string() && *m != model_name)
-      throw ApiError(404, "The model '" + m->get<std::string>() + "' does not exist.", "model");
+    model_of(body);  // an unknown model is a 404 here too
     auto t = body.find("tokens");
     if (t == body.end() || !t->is_array())
       throw ApiError(400, "'tokens' must be an array of token ids", "tokens");

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "model/weights.h"
+#include "model/zoo.h"
 #include "server/server_impl.h"
 #include "text/chat_template.h"
 
@@ -125,32 +126,40 @@ RequestLog& request_log() {
 }  // namespace server_internal
 
 Server::Impl::Impl(const ServerOptions& o) : options(o) {
-  model_name = options.served_model_name;
-  if (model_name.empty()) {
-    model_name = options.model.filename().string();
-    if (model_name.empty()) model_name = options.model.parent_path().filename().string();
-  }
-  if (!options.chat_template.empty()) {
-    chat_template = template_from_file(options.chat_template, options.model);
-  } else {
-    try {
-      chat_template = ChatTemplate::from_dir(options.model);
-    } catch (const Error&) {
-      // chat requests then fail with a clear message
+  const std::vector<ModelFolder> folders =
+      model_folders(options.model, options.served_model_name, options.zoo);
+  for (const ModelFolder& folder : folders) {
+    std::optional<ChatTemplate>& chat_template = chat_templates.emplace_back();
+    if (!options.chat_template.empty()) {
+      chat_template = template_from_file(options.chat_template, folder.dir);
+    } else {
+      try {
+        chat_template = ChatTemplate::from_dir(folder.dir);
+      } catch (const Error&) {
+        // chat requests then fail with a clear message
+      }
     }
   }
   check_dtype_flag(options.dtype);
   plan::parse_policy(options.batch_policy);  // an unknown name fails here, not per job
   if (!(options.batch_sample_fraction >= 0 && options.batch_sample_fraction <= 1))
     throw Error("the batch sample fraction must be in [0, 1]");
-  auto engine = std::make_unique<Engine>(options.model, options.engine);
-  check_compute_dtype(options.dtype, *engine, options.engine.backend, options.model);
+  auto engine = std::make_unique<Engine>(folders, options.engine);
+  if (!engine->models_share_tokenizer())
+    throw Error("the served models must share one tokenizer (tokenizer.json and EOS ids)");
+  for (ModelId m = 0; m < engine->num_models(); ++m) {
+    const auto& chat_template = chat_templates[static_cast<size_t>(m)];
+    served.push_back({.name = engine->model_name(m),
+                      .chat_template = chat_template ? &*chat_template : nullptr,
+                      .sampling_defaults = &engine->config(m).sampling_defaults});
+  }
+  check_compute_dtype(options.dtype, *engine, options.engine.backend, folders[0].dir);
   max_sequence_tokens = engine->max_sequence_tokens();
   max_prompt_bytes_ = max_prompt_bytes(engine->tokenizer(), max_sequence_tokens);
   grammars = std::make_unique<GrammarCompiler>(engine->tokenizer(), engine->config().vocab_size,
                                                engine->config().eos_token_ids);
   if (options.batch_policy != "fcfs") {
-    batch_cost.emplace(ModelShape::from_config(engine->config(), model_name),
+    batch_cost.emplace(ModelShape::from_config(engine->config(), served[0].name),
                        options.batch_hardware.empty() ? default_cpu_hardware()
                                                       : resolve_hardware(options.batch_hardware));
     batch_kv_bytes = static_cast<double>(engine->stats().kv_capacity_bytes);

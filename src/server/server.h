@@ -22,13 +22,16 @@ namespace blend {
 
 struct ServerOptions {
   std::filesystem::path model;
+  // Every model folder in this folder is served too, by its folder name, in one engine
+  // (model/zoo.h); requests pick one with "model".
+  std::filesystem::path zoo;
   std::string host = "127.0.0.1";
   int port = 8000;              // 0 = any free port (see Server::port())
   std::string api_key;          // when set, /v1/* and /metrics need "Authorization: Bearer <key>"
   bool metrics_public = false;  // /metrics without the key even when api_key is set
   std::filesystem::path data_dir = "blend-data";
-  std::string served_model_name;  // default: the model folder's name
-  std::filesystem::path chat_template;
+  std::string served_model_name;        // of --model; default: the model folder's name
+  std::filesystem::path chat_template;  // a Jinja file for every model instead of its own
   // "auto", "bf16" or "f32": the compute dtype asked for. The cpu backend's is fixed by the
   // checkpoint (and CPU); another is refused at start-up rather than silently not used.
   std::string dtype = "auto";  // a Jinja file instead of the model folder's template

@@ -29,6 +29,7 @@
 #include "api/batch_file.h"
 #include "api/batch_lines.h"
 #include "api/openai.h"
+#include "api/served_models.h"
 #include "cost/cost_model.h"
 #include "grammar/json_schema.h"
 #include "plan/admission_source.h"
@@ -115,8 +116,13 @@ struct Server::Impl {
   using BatchJob = server_internal::BatchJob;
 
   ServerOptions options;
-  std::string model_name;
-  std::optional<ChatTemplate> chat_template;
+  // The engine's models by ModelId (names, chat templates, sampling defaults) and the chat
+  // templates they point to.
+  std::vector<ServedModel> served;
+  std::vector<std::optional<ChatTemplate>> chat_templates;
+  // The served model a body names (api/served_models.h): ApiError 404 for an unknown one.
+  ModelId model_of(const nlohmann::json& body) const { return resolve_model(body, served); }
+  const std::string& model_name(ModelId model) const { return served.at(model).name; }
   int64_t max_sequence_tokens = 0;
   int64_t max_prompt_bytes_ = 0;              // longer prompt texts are refused before tokenizing
   std::unique_ptr<GrammarCompiler> grammars;  // response_format schemas, for this model

@@ -15,7 +15,8 @@ class BatchLinesTest : public Llama3TextTest {
   static BatchLineContext context() {
     BatchLineContext c;
     c.tokenizer = tokenizer_;
-    c.chat_template = template_;
+    c.models = {{.name = "tiny", .chat_template = template_}};
+    c.any_model_name = true;
     c.max_sequence_tokens = 64;
     c.max_prompt_bytes = max_prompt_bytes(*tokenizer_, c.max_sequence_tokens);
     return c;
@@ -97,12 +98,32 @@ TEST_F(BatchLinesTest, EachCheckGivesAnErrorResultNamingTheField) {
   EXPECT_EQ(error_of(prepare_batch_line(line(completion(R"({"prompt":"x"})")), c)),
             (std::pair<int, std::string>{400, "url"}));
   c.endpoint.reset();
-  c.model = "tiny";
+  c.any_model_name = false;
   EXPECT_EQ(error_of(prepare_batch_line(line(completion(R"({"model":"big","prompt":"x"})")), c)),
             (std::pair<int, std::string>{404, "model"}));
   EXPECT_EQ(
       error_of(prepare_batch_line(line(completion(R"({"model":"tiny","prompt":"x"})")), c)).first,
       0);
+
+  // Several served models: a line runs on the one it names, or the first when it names none.
+  c.models.push_back({.name = "tuned", .chat_template = nullptr});
+  PreparedBatchLine on_tuned =
+      prepare_batch_line(line(completion(R"({"model":"tuned","prompt":"x"})")), c);
+  EXPECT_FALSE(on_tuned.error.has_value());
+  EXPECT_EQ(on_tuned.generation.model, 1);
+  EXPECT_EQ(on_tuned.api.model_id, 1);
+  EXPECT_EQ(prepare_batch_line(line(completion(R"({"prompt":"x"})")), c).generation.model, 0);
+  // Each model's own chat template: "tuned" has none, so its chat lines fail.
+  const std::string chat = R"({"model":"tuned","messages":[{"role":"user","content":"hi"}]})";
+  EXPECT_EQ(error_of(prepare_batch_line(line(completion(chat, "/v1/chat/completions")), c)).first,
+            400);
+  EXPECT_EQ(error_of(prepare_batch_line(
+                         line(completion(
+                             R"({"model":"tiny","messages":[{"role":"user","content":"hi"}]})",
+                             "/v1/chat/completions")),
+                         c))
+                .first,
+            0);
 }
 
 }  // namespace

@@ -133,6 +133,76 @@ TEST_F(BatchCli, CompletionsChatAndBadLines) {
 
 // Requests sharing a prompt prefix, with the cache on and off: same texts (deterministic
 // mode), the sharing ratio reported against the optimum, cached tokens in each usage.
+// --zoo: lines pick their model by folder name, in one engine, under fcfs and a planned order,
+// and get what a run of that model alone gives; LoRA adapters are refused for now.
+TEST_F(BatchCli, AZooRunsEachLineOnTheModelItNames) {
+  testing::TempDir work;
+  const auto zoo = work / "zoo";
+  std::filesystem::create_directories(zoo);
+  std::filesystem::copy(model(), zoo / "alpha");
+  ASSERT_EQ(testing::run_command(std::string("'") + BLEND_BINARY + "' model derive --base " +
+                                 (zoo / "alpha").string() + " --out " + (zoo / "beta").string() +
+                                 " --full --layers 1 --seed 4")
+                .exit_code,
+            0);
+  auto line = [](const std::string& id, const std::string& model, int seed) {
+    return R"({"custom_id":")" + id +
+           R"(","method":"POST","url":"/v1/completions","body":{"model":")" + model +
+           R"(","prompt":"Once upon a time )" + std::to_string(seed) +
+           R"(","max_tokens":6,"temperature":0.7,"seed":)" + std::to_string(seed) + "}}\n";
+  };
+  std::string both, alpha, beta;
+  for (int i = 0; i < 4; ++i) {
+    both += line("a" + std::to_string(i), "alpha", i) + line("b" + std::to_string(i), "beta", i);
+    alpha += line("a" + std::to_string(i), "alpha", i);
+    beta += line("b" + std::to_string(i), "beta", i);
+  }
+  both += line("x", "gamma", 1);
+  testing::write_file(work / "both.jsonl", both);
+  testing::write_file(work / "alpha.jsonl", alpha);
+  testing::write_file(work / "beta.jsonl", beta);
+  auto texts = [](const std::filesystem::path& out) {
+    std::map<std::string, std::string> t;
+    for (const json& r : read_jsonl(out))
+      t[r["custom_id"]] = r["response"]["status_code"] == 200
+                              ? r["response"]["body"]["model"].get<std::string>() + ":" +
+                                    r["response"]["body"]["choices"][0]["text"].get<std::string>()
+                              : "error " + r["response"]["status_code"].dump();
+    return t;
+  };
+  const std::string common = std::string("'") + BLEND_BINARY +
+                             "' batch --threads 2 --kv-memory 0.05 --deterministic --quiet ";
+  for (const std::string policy : {"fcfs", "blend"}) {
+    const auto out = work / ("zoo-" + policy + ".jsonl");
+    ASSERT_EQ(testing::run_command(common + "--zoo " + zoo.string() + " --input " +
+                                   (work / "both.jsonl").string() + " --output " + out.string() +
+                                   " --policy " + policy)
+                  .exit_code,
+              0);
+    auto together = texts(out);
+    EXPECT_EQ(together["x"], "error 404");
+    together.erase("x");
+    std::map<std::string, std::string> alone;
+    for (const std::string m : {"alpha", "beta"}) {
+      const auto single = work / (m + "-" + policy + ".jsonl");
+      ASSERT_EQ(
+          testing::run_command(common + "--model " + (zoo / m).string() + " --input " +
+                               (work / (m + ".jsonl")).string() + " --output " + single.string())
+              .exit_code,
+          0);
+      alone.merge(texts(single));
+    }
+    EXPECT_EQ(together, alone) << policy;
+  }
+  std::filesystem::create_directories(zoo / "lora");
+  testing::write_file(zoo / "lora" / "adapter_config.json", "{}");
+  const auto refused = testing::run_command(common + "--zoo " + zoo.string() + " --input " +
+                                            (work / "both.jsonl").string() + " --output " +
+                                            (work / "never.jsonl").string() + " 2>&1");
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.output.find("LoRA adapter"), std::string::npos) << refused.output;
+}
+
 TEST_F(BatchCli, PrefixCacheOnAndOffGiveTheSameResults) {
   testing::TempDir work;
   std::string input;

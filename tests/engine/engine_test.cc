@@ -13,6 +13,7 @@
 #include "model/config.h"
 #include "model/presets.h"
 #include "model/random_init.h"
+#include "run_requests.h"
 #include "test_util.h"
 
 namespace blend {
@@ -61,11 +62,7 @@ class EngineTest : public ::testing::TestWithParam<bool> {
   // Runs the requests and returns each one's result by id.
   static std::map<std::string, GenerationResult> run(Engine& engine,
                                                      std::vector<GenerationRequest> requests) {
-    std::map<std::string, GenerationResult> out;
-    for (auto& r : requests)
-      engine.submit(std::move(r), [&out](GenerationResult&& g) { out[g.id] = std::move(g); });
-    engine.run_until_done();
-    return out;
+    return testing::run_requests(engine, std::move(requests));
   }
 
   static GenerationRequest request(const std::string& id, uint32_t seed, int len, int max_tokens,

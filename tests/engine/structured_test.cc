@@ -15,6 +15,7 @@
 #include "grammar/tool_call_grammar.h"
 #include "model/presets.h"
 #include "model/random_init.h"
+#include "run_requests.h"
 #include "test_util.h"
 
 namespace blend {
@@ -69,12 +70,7 @@ class StructuredTest : public ::testing::TestWithParam<bool> {
 
   static std::map<std::string, GenerationResult> run(Engine& engine,
                                                      std::vector<GenerationRequest> requests) {
-    std::map<std::string, GenerationResult> out;
-    for (auto& r : requests)
-      engine.submit(std::move(r), [&out](GenerationResult&& g) { out[g.id] = std::move(g); });
-    engine.run_until_done();
-    engine.check_invariants();
-    return out;
+    return testing::run_requests(engine, std::move(requests));
   }
 
   static testing::TempDir* dir_;

@@ -22,10 +22,9 @@ const blend::BatchLineContext& line_context() {
   static const blend::BatchLineContext context = [] {
     blend::BatchLineContext c;
     c.tokenizer = &blend::fuzz::llama3_tokenizer();
-    c.chat_template = &blend::fuzz::llama3_chat_template();
+    c.models = {{.name = "tiny", .chat_template = &blend::fuzz::llama3_chat_template()}};
     c.max_sequence_tokens = 4096;
     c.max_prompt_bytes = blend::max_prompt_bytes(*c.tokenizer, c.max_sequence_tokens);
-    c.model = "tiny";
     c.grammars = &blend::fuzz::llama3_grammars();
     return c;
   }();

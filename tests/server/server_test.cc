@@ -30,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "model/derive.h"
 #include "model/presets.h"
 #include "model/random_init.h"
 #include "test_util.h"
@@ -292,6 +293,58 @@ TEST_F(ServerTest, StreamedLogprobsAreTheNonStreamedOnes) {
     EXPECT_EQ(got, want);
     const size_t n = (chat ? want["content"] : want["tokens"]).size();
     EXPECT_EQ(n, 12u);
+  }
+}
+
+// --zoo: several models in one engine, each request on the model it names, with the text that
+// model gives when it is served alone.
+TEST_F(ServerTest, AZooServesEachModelByItsName) {
+  const auto zoo = *dir_ / "zoo";
+  std::filesystem::create_directories(zoo);
+  std::filesystem::copy(*dir_ / "tiny", zoo / "alpha");
+  derive_full_finetune(zoo / "alpha", zoo / "beta", {.seed = 9, .layers = {0, 1}});
+  ServerOptions o = options("zoo-data");
+  o.model.clear();
+  o.zoo = zoo;
+  auto server = start(o);
+  auto c = client(*server);
+  const json models = get_json(c, "/v1/models");
+  ASSERT_EQ(models["data"].size(), 2u);
+  EXPECT_EQ(models["data"][0]["id"], "alpha");
+  EXPECT_EQ(models["data"][1]["id"], "beta");
+  EXPECT_EQ(get_json(c, "/v1/models/beta")["id"], "beta");
+
+  auto complete = [](httplib::Client& client, const std::string& model, int* status) {
+    return post(client, "/v1/completions",
+                {{"model", model},
+                 {"prompt", "The capital of France"},
+                 {"max_tokens", 12},
+                 {"temperature", 0},
+                 {"ignore_eos", true}},
+                status);
+  };
+  int status = 0;
+  std::map<std::string, std::string> text;
+  for (const std::string model : {"alpha", "beta"}) {
+    const json r = complete(c, model, &status);
+    ASSERT_EQ(status, 200) << r.dump();
+    EXPECT_EQ(r["model"], model);
+    text[model] = r["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_NE(text["alpha"], text["beta"]);  // so the comparison below can tell them apart
+  const json missing = complete(c, "gamma", &status);
+  EXPECT_EQ(status, 404);
+  EXPECT_EQ(missing["error"]["code"], "model_not_found");
+  server.reset();
+
+  for (const std::string model : {"alpha", "beta"}) {
+    ServerOptions alone = options("zoo-alone-" + model);
+    alone.model = zoo / model;
+    auto single = start(alone);
+    auto sc = client(*single);
+    const json r = complete(sc, model, &status);
+    ASSERT_EQ(status, 200) << r.dump();
+    EXPECT_EQ(r["choices"][0]["text"], text[model]) << model;
   }
 }
 

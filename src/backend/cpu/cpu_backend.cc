@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <span>
+#include <unordered_map>
 
 #include "backend/cpu/attention.h"
 #include "backend/cpu/gemm.h"
@@ -60,11 +62,13 @@ std::vector<float> load_vector(const TensorView& t) {
 
 class CpuBackendImpl final : public CpuBackend {
  public:
-  CpuBackendImpl(const ModelConfig& config, const TensorStore& store, const BackendOptions& options,
-                 CpuGemmLib f32_gemm);
+  CpuBackendImpl(const ModelConfig& config, std::span<const TensorStore* const> stores,
+                 const BackendOptions& options, CpuGemmLib f32_gemm);
 
   const ModelConfig& config() const override { return config_; }
   std::string name() const override { return "cpu"; }
+  int32_t num_models() const override { return static_cast<int32_t>(chains_.size()); }
+  WeightStats weight_stats() const override { return weight_stats_; }
   int64_t kv_bytes_per_page() const override { return kv_.bytes_per_page(); }
   int64_t num_pages() const override { return kv_.num_pages(); }
   int64_t kv_bytes_per_token() const override { return kv_.bytes_per_page() / kv_.page_size(); }
@@ -92,12 +96,49 @@ class CpuBackendImpl final : public CpuBackend {
   std::string gemm_info() const override;
 
  private:
-  struct Layer {
-    std::vector<float> attn_norm, mlp_norm;
-    std::unique_ptr<Linear> qkv, o, gate_up, down;
+  // A model is a chain of blocks cut at architectural boundaries (BlockLLM §4.3): the
+  // embedding, each layer's attention (its norm, Q/K/V and output projections) and FFN (its
+  // norm, gate/up and down projections), and the head (final norm and lm_head). Blocks whose
+  // tensors are byte-identical across models are loaded once and shared (BlockLLM §4.2).
+  struct Embedding {
+    DType dtype = DType::kF32;  // kBF16 for bf16 checkpoints, else exact f32
+    std::vector<std::byte> rows;
   };
+  struct Attention {
+    std::vector<float> norm;
+    std::unique_ptr<Linear> qkv, o;
+  };
+  struct Ffn {
+    std::vector<float> norm;
+    std::unique_ptr<Linear> gate_up, down;
+  };
+  struct Head {
+    std::vector<float> norm;
+    std::unique_ptr<Linear> lm_head;
+  };
+  struct Chain {
+    Embedding* embed = nullptr;
+    std::vector<Attention*> attention;
+    std::vector<Ffn*> ffn;
+    Head* head = nullptr;
+  };
+  // Rows [begin, end) of the batch that run through one block.
+  struct RowRun {
+    int64_t begin = 0, end = 0;
+    ModelId model = 0;
+  };
+  class BlockLoader;
 
-  void embed(const ForwardBatch& batch, float* x) const;
+  void embed(const ForwardBatch& batch, const std::vector<RowRun>& runs, float* x) const;
+  // Consecutive chunks of one model as row runs, and those runs merged where consecutive models
+  // share the block `pick` chooses: each block computes once over all its rows (BlockLLM §5.1).
+  static std::vector<RowRun> model_runs(const ForwardBatch& batch);
+  template <typename Pick>
+  std::vector<RowRun> block_runs(const std::vector<RowRun>& runs, Pick pick) const;
+  // y[run rows] (+)= x[run rows] W^T. A run that is the whole batch calls the kernel directly;
+  // others go through padded scratch, since a call writes padded_rows(m) rows (gemm.h).
+  void linear(Linear& w, const void* x, const RowRun& run, int64_t m, float* y,
+              bool accumulate = false);
   // Zeroes rows [from, to) of a GEMM input so padding rows hold finite values.
   void zero_rows(void* buf, int64_t from, int64_t to, int64_t cols) const {
     const size_t row = static_cast<size_t>(cols) * gemm_.elem_size();
@@ -109,15 +150,16 @@ class CpuBackendImpl final : public CpuBackend {
   DType file_dtype_ = DType::kBF16;  // of the checkpoint's tensors
   DType compute_ = DType::kBF16;     // GEMM inputs and packed weights: F32 or BF16
   GemmContext gemm_;
-  std::vector<Layer> layers_;
-  std::vector<float> final_norm_;
-  std::unique_ptr<Linear> lm_head_;
-  DType embed_dtype_ = DType::kF32;  // kBF16 for bf16 checkpoints, else exact f32
-  std::vector<std::byte> embed_;
+  std::vector<std::unique_ptr<Embedding>> embeddings_;
+  std::vector<std::unique_ptr<Attention>> attentions_;
+  std::vector<std::unique_ptr<Ffn>> ffns_;
+  std::vector<std::unique_ptr<Head>> heads_;
+  std::vector<Chain> chains_;  // one per model
+  WeightStats weight_stats_;
   std::vector<double> inv_freq_;
   cpu::AttentionShape shape_;
   cpu::KvCache kv_;
-  Scratch x_, xn_, qkv_, attn_, gu_, act_, cos_, sin_, logit_rows_, logit_tail_;
+  Scratch x_, xn_, qkv_, attn_, gu_, act_, cos_, sin_, logit_rows_, logit_tail_, run_in_, run_out_;
   CpuOpTimes times_;
   int64_t kv_budget_ = 0;
 };
@@ -138,11 +180,12 @@ int64_t available_memory_bytes() {
 }
 
 // The KV cache a cpu backend offers by default: a third of what is free besides the weights, at
-// most 8 GB (room for activations, the page cache of the weight file and other processes on a
+// most 8 GB (room for activations, the page cache of the weight files and other processes on a
 // shared machine), at least 64 MB. Read before the weights are packed.
-int64_t default_kv_budget(const TensorStore& store) {
+int64_t default_kv_budget(std::span<const TensorStore* const> stores) {
   int64_t weight_bytes = 0;
-  for (const auto& [name, view] : store.tensors()) weight_bytes += view->nbytes;
+  for (const TensorStore* store : stores)
+    for (const auto& [name, view] : store->tensors()) weight_bytes += view->nbytes;
   return std::clamp<int64_t>((available_memory_bytes() - weight_bytes) / 3, 64 << 20,
                              8'000'000'000);
 }
@@ -152,11 +195,161 @@ const ModelConfig& validated(const ModelConfig& config) {
   return config;
 }
 
-CpuBackendImpl::CpuBackendImpl(const ModelConfig& config, const TensorStore& store,
+// The checkpoints' dtype: every model's tensors checked against `config`, all in one dtype.
+DType checked_dtype(const ModelConfig& config, std::span<const TensorStore* const> stores) {
+  if (stores.empty()) throw Error("cpu backend: no model weights");
+  const DType dtype = check_tensors(config, *stores[0]);
+  for (size_t i = 1; i < stores.size(); ++i) {
+    const DType other = check_tensors(config, *stores[i]);
+    if (other != dtype)
+      throw Error("cpu backend: model " + std::to_string(i) + "'s checkpoint is " +
+                  std::string(dtype_name(other)) + ", model 0's " + std::string(dtype_name(dtype)) +
+                  "; models served together need one dtype");
+  }
+  return dtype;
+}
+
+// Hash of tensors' dtypes, shapes and bytes: the content address of a block.
+uint64_t content_hash(const std::vector<const TensorView*>& tensors) {
+  uint64_t h = 0x243f6a8885a308d3ull;
+  auto mix = [&h](uint64_t w) {
+    h = (h ^ w) * 0x9e3779b97f4a7c15ull;
+    h ^= h >> 29;
+  };
+  for (const TensorView* t : tensors) {
+    mix(static_cast<uint64_t>(t->dtype));
+    for (int64_t d : t->shape) mix(static_cast<uint64_t>(d));
+    size_t i = 0;
+    for (; i + 8 <= t->nbytes; i += 8) {
+      uint64_t w;
+      std::memcpy(&w, t->data + i, 8);
+      mix(w);
+    }
+    for (; i < t->nbytes; ++i) mix(static_cast<uint64_t>(t->data[i]));
+  }
+  return h;
+}
+
+bool same_bytes(const std::vector<const TensorView*>& a, const std::vector<const TensorView*>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i]->dtype != b[i]->dtype || a[i]->shape != b[i]->shape || a[i]->nbytes != b[i]->nbytes ||
+        std::memcmp(a[i]->data, b[i]->data, a[i]->nbytes) != 0)
+      return false;
+  return true;
+}
+
+// Builds each block once per content: a block whose tensors are byte-identical to one loaded for
+// an earlier model is that block (checked byte by byte, not trusted to the hash). With one model
+// nothing is hashed.
+class CpuBackendImpl::BlockLoader {
+ public:
+  BlockLoader(CpuBackendImpl& backend, bool share) : b_(backend), share_(share) {}
+
+  // The block made of `tensors`: the existing one with their bytes, or a new one from make().
+  template <typename Block, typename Make>
+  Block* shared(std::vector<std::unique_ptr<Block>>& owned,
+                const std::vector<const TensorView*>& tensors, Make make) {
+    int64_t bytes = 0;
+    for (const TensorView* t : tensors) bytes += t->nbytes;
+    b_.weight_stats_.unshared_bytes += bytes;
+    ++b_.weight_stats_.blocks;
+    uint64_t key = 0;
+    if (share_) {
+      key = content_hash(tensors);
+      auto [first, last] = seen_.equal_range(key);
+      for (auto it = first; it != last; ++it)
+        if (same_bytes(it->second.tensors, tensors)) return static_cast<Block*>(it->second.block);
+    }
+    owned.push_back(make());
+    Block* block = owned.back().get();
+    b_.weight_stats_.bytes += bytes;
+    ++b_.weight_stats_.unique_blocks;
+    if (share_) seen_.emplace(key, Seen{tensors, block});
+    return block;
+  }
+
+  Chain load(const TensorStore& store) {
+    const ModelConfig& config = b_.config_;
+    auto get = [&](const std::string& name) { return &store.get(name); };
+    Chain chain;
+    const TensorView* embed = get("model.embed_tokens.weight");
+    chain.embed = shared(b_.embeddings_, {embed}, [&] { return make_embedding(*embed); });
+    for (int64_t i = 0; i < config.num_layers; ++i) {
+      auto name = [&](const char* s) { return get(layer_tensor_name(i, s)); };
+      std::vector<const TensorView*> qkv{name("self_attn.q_proj.weight"),
+                                         name("self_attn.k_proj.weight"),
+                                         name("self_attn.v_proj.weight")};
+      std::vector<const TensorView*> bias;
+      if (config.attention_bias)
+        bias = {name("self_attn.q_proj.bias"), name("self_attn.k_proj.bias"),
+                name("self_attn.v_proj.bias")};
+      const TensorView* norm = name("input_layernorm.weight");
+      const TensorView* o = name("self_attn.o_proj.weight");
+      std::vector<const TensorView*> parts{norm, o};
+      parts.insert(parts.end(), qkv.begin(), qkv.end());
+      parts.insert(parts.end(), bias.begin(), bias.end());
+      chain.attention.push_back(shared(b_.attentions_, parts, [&] {
+        auto block = std::make_unique<Attention>();
+        block->norm = load_vector(*norm);
+        block->qkv = std::make_unique<Linear>(b_.gemm_, qkv, bias);
+        block->o = std::make_unique<Linear>(b_.gemm_, std::vector{o});
+        return block;
+      }));
+      const TensorView* mlp_norm = name("post_attention_layernorm.weight");
+      const TensorView* gate = name("mlp.gate_proj.weight");
+      const TensorView* up = name("mlp.up_proj.weight");
+      const TensorView* down = name("mlp.down_proj.weight");
+      chain.ffn.push_back(shared(b_.ffns_, {mlp_norm, gate, up, down}, [&] {
+        auto block = std::make_unique<Ffn>();
+        block->norm = load_vector(*mlp_norm);
+        block->gate_up = std::make_unique<Linear>(b_.gemm_, std::vector{gate, up});
+        block->down = std::make_unique<Linear>(b_.gemm_, std::vector{down});
+        return block;
+      }));
+    }
+    const TensorView* norm = get("model.norm.weight");
+    const TensorView* lm_head = config.tie_word_embeddings ? embed : get("lm_head.weight");
+    chain.head = shared(b_.heads_, {norm, lm_head}, [&] {
+      auto block = std::make_unique<Head>();
+      block->norm = load_vector(*norm);
+      block->lm_head = std::make_unique<Linear>(b_.gemm_, std::vector{lm_head});
+      return block;
+    });
+    return chain;
+  }
+
+ private:
+  // The embedding rows stay exact: bf16 as stored, f16 widened to f32.
+  std::unique_ptr<Embedding> make_embedding(const TensorView& embed) const {
+    auto e = std::make_unique<Embedding>();
+    e->dtype = b_.file_dtype_ == DType::kBF16 ? DType::kBF16 : DType::kF32;
+    e->rows.resize(embed.numel() * dtype_size(e->dtype));
+    if (b_.file_dtype_ == e->dtype) {
+      std::memcpy(e->rows.data(), embed.data, e->rows.size());
+    } else {
+      auto* out = reinterpret_cast<float*>(e->rows.data());
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < embed.numel(); ++i) out[i] = embed.at(i);
+    }
+    return e;
+  }
+
+  struct Seen {
+    std::vector<const TensorView*> tensors;
+    void* block;
+  };
+  CpuBackendImpl& b_;
+  bool share_;
+  std::unordered_multimap<uint64_t, Seen> seen_;
+};
+
+CpuBackendImpl::CpuBackendImpl(const ModelConfig& config,
+                               std::span<const TensorStore* const> stores,
                                const BackendOptions& options, CpuGemmLib f32_gemm)
     : config_(validated(config)),
       threads_(resolve_threads(options.threads)),
-      file_dtype_(check_tensors(config_, store)),
+      file_dtype_(checked_dtype(config_, stores)),
       compute_(cpu_compute_dtype(file_dtype_)),
       gemm_({.compute = compute_,
              .lib = compute_ == DType::kF32 && f32_gemm == CpuGemmLib::kOpenBlas
@@ -167,47 +360,11 @@ CpuBackendImpl::CpuBackendImpl(const ModelConfig& config, const TensorStore& sto
                              : 0}),
       kv_(config.num_layers, config.num_kv_heads, config.head_dim, options.page_size,
           options.num_pages, compute_),
-      kv_budget_(default_kv_budget(store)) {
+      kv_budget_(default_kv_budget(stores)) {
   cpu::use_threads(threads_);
   if (options.overlap) compute_steps_on_worker();
-
-  auto get = [&](const std::string& name) { return &store.get(name); };
-  for (int64_t i = 0; i < config_.num_layers; ++i) {
-    auto name = [&](const char* s) { return layer_tensor_name(i, s); };
-    Layer layer;
-    layer.attn_norm = load_vector(*get(name("input_layernorm.weight")));
-    layer.mlp_norm = load_vector(*get(name("post_attention_layernorm.weight")));
-    std::vector<const TensorView*> qkv_bias;
-    if (config_.attention_bias)
-      qkv_bias = {get(name("self_attn.q_proj.bias")), get(name("self_attn.k_proj.bias")),
-                  get(name("self_attn.v_proj.bias"))};
-    layer.qkv = std::make_unique<Linear>(
-        gemm_,
-        std::vector{get(name("self_attn.q_proj.weight")), get(name("self_attn.k_proj.weight")),
-                    get(name("self_attn.v_proj.weight"))},
-        qkv_bias);
-    layer.o = std::make_unique<Linear>(gemm_, std::vector{get(name("self_attn.o_proj.weight"))});
-    layer.gate_up = std::make_unique<Linear>(
-        gemm_, std::vector{get(name("mlp.gate_proj.weight")), get(name("mlp.up_proj.weight"))});
-    layer.down = std::make_unique<Linear>(gemm_, std::vector{get(name("mlp.down_proj.weight"))});
-    layers_.push_back(std::move(layer));
-  }
-  final_norm_ = load_vector(*get("model.norm.weight"));
-  const TensorView& embed = *get("model.embed_tokens.weight");
-  lm_head_ = std::make_unique<Linear>(
-      gemm_, std::vector{config_.tie_word_embeddings ? &embed : get("lm_head.weight")});
-
-  // The embedding rows stay exact: bf16 as stored, f16 widened to f32.
-  embed_dtype_ = file_dtype_ == DType::kBF16 ? DType::kBF16 : DType::kF32;
-  embed_.resize(embed.numel() * dtype_size(embed_dtype_));
-  if (file_dtype_ == embed_dtype_) {
-    std::memcpy(embed_.data(), embed.data, embed_.size());
-  } else {
-    auto* out = reinterpret_cast<float*>(embed_.data());
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < embed.numel(); ++i) out[i] = embed.at(i);
-  }
-
+  BlockLoader loader(*this, /*share=*/stores.size() > 1);
+  for (const TensorStore* store : stores) chains_.push_back(loader.load(*store));
   inv_freq_ = rope_inv_freq(config_);
   shape_ = {.num_heads = config_.num_heads,
             .num_kv_heads = config_.num_kv_heads,
@@ -224,21 +381,69 @@ void CpuBackendImpl::allocate_kv(int64_t num_pages) {
 std::string CpuBackendImpl::gemm_info() const {
   std::string s = gemm_.options().lib == cpu::GemmLib::kOpenBlas ? "openblas" : "onednn";
   s += compute_ == DType::kF32 ? " f32 " : " bf16 ";
-  s += layers_.empty() ? lm_head_->impl() : layers_[0].gate_up->impl();
+  s += ffns_.empty() ? heads_[0]->lm_head->impl() : ffns_[0]->gate_up->impl();
   if (gemm_.options().row_tile > 0) s += ", row tile " + std::to_string(gemm_.options().row_tile);
   return s;
 }
 
-void CpuBackendImpl::embed(const ForwardBatch& batch, float* x) const {
-  const int64_t h = config_.hidden_size, n = batch.num_tokens();
+std::vector<CpuBackendImpl::RowRun> CpuBackendImpl::model_runs(const ForwardBatch& batch) {
+  std::vector<RowRun> runs;
+  for (const SeqChunk& c : batch.chunks) {
+    if (!runs.empty() && runs.back().model == c.model)
+      runs.back().end += c.num_tokens;
+    else
+      runs.push_back({c.token_offset, c.token_offset + c.num_tokens, c.model});
+  }
+  return runs;
+}
+
+template <typename Pick>
+std::vector<CpuBackendImpl::RowRun> CpuBackendImpl::block_runs(const std::vector<RowRun>& runs,
+                                                               Pick pick) const {
+  std::vector<RowRun> merged;
+  for (const RowRun& run : runs) {
+    if (!merged.empty() && pick(chains_[merged.back().model]) == pick(chains_[run.model]))
+      merged.back().end = run.end;
+    else
+      merged.push_back(run);
+  }
+  return merged;
+}
+
+void CpuBackendImpl::linear(Linear& w, const void* x, const RowRun& run, int64_t m, float* y,
+                            bool accumulate) {
+  const int64_t rows = run.end - run.begin, k = w.k(), n = w.n();
+  const size_t es = gemm_.elem_size();
+  if (run.begin == 0 && rows == m) return w.forward(x, m, y, accumulate);
+  const int64_t padded = gemm_.padded_rows(rows);
+  auto* in = run_in_.get<std::byte>(padded * k * es);
+  std::memcpy(in, static_cast<const std::byte*>(x) + run.begin * k * es, rows * k * es);
+  zero_rows(in, rows, padded, k);
+  float* out = run_out_.get<float>(padded * n * 4);
+  w.forward(in, rows, out);
+  float* dst = y + run.begin * n;
+  if (!accumulate) {
+    std::memcpy(dst, out, rows * n * 4);
+    return;
+  }
 #pragma omp parallel for num_threads(threads_) schedule(static)
-  for (int64_t t = 0; t < n; ++t) {
-    const int64_t row = batch.tokens[t];
-    if (embed_dtype_ == DType::kF32) {
-      std::memcpy(x + t * h, embed_.data() + row * h * 4, h * 4);
-    } else {
-      const auto* e = reinterpret_cast<const uint16_t*>(embed_.data()) + row * h;
-      for (int64_t i = 0; i < h; ++i) x[t * h + i] = bf16_to_f32(e[i]);
+  for (int64_t i = 0; i < rows * n; ++i) dst[i] += out[i];
+}
+
+void CpuBackendImpl::embed(const ForwardBatch& batch, const std::vector<RowRun>& runs,
+                           float* x) const {
+  const int64_t h = config_.hidden_size;
+  for (const RowRun& run : runs) {
+    const Embedding& e = *chains_[run.model].embed;
+#pragma omp parallel for num_threads(threads_) schedule(static)
+    for (int64_t t = run.begin; t < run.end; ++t) {
+      const int64_t row = batch.tokens[t];
+      if (e.dtype == DType::kF32) {
+        std::memcpy(x + t * h, e.rows.data() + row * h * 4, h * 4);
+      } else {
+        const auto* in = reinterpret_cast<const uint16_t*>(e.rows.data()) + row * h;
+        for (int64_t i = 0; i < h; ++i) x[t * h + i] = bf16_to_f32(in[i]);
+      }
     }
   }
 }
@@ -250,7 +455,8 @@ void CpuBackendImpl::forward(const ForwardBatch& batch, std::span<float> logits)
     slot += t1 - t;
     t = t1;
   };
-  check_forward_batch(batch, config_, kv_.page_size(), kv_.num_pages(), logits.size(), "cpu");
+  check_forward_batch(batch, config_, kv_.page_size(), kv_.num_pages(), logits.size(), "cpu",
+                      num_models());
   const int64_t m = batch.num_tokens();
   if (m == 0) return;
   omp_set_num_threads(threads_);  // oneDNN and OpenBLAS follow the calling thread's setting
@@ -258,19 +464,25 @@ void CpuBackendImpl::forward(const ForwardBatch& batch, std::span<float> logits)
   const int64_t h = config_.hidden_size, qd = config_.q_dim(), kvd = config_.kv_dim();
   const int64_t f = config_.intermediate_size, nqkv = qd + 2 * kvd, half = config_.head_dim / 2;
   const int64_t mp = gemm_.padded_rows(m);
+  // The lm_head of a run of logit rows may read up to one row group past the last (below).
+  const int64_t group = gemm_.padded_rows(1);
   const size_t es = gemm_.elem_size();
   const auto eps = static_cast<float>(config_.rms_norm_eps);
 
   float* x = x_.get<float>(mp * h * 4);
-  void* xn = xn_.get(mp * h * es);
+  void* xn = xn_.get((mp + group) * h * es);
   float* qkv = qkv_.get<float>(mp * nqkv * 4);
   void* attn = attn_.get(mp * qd * es);
   float* gu = gu_.get<float>(mp * 2 * f * 4);
   void* act = act_.get(mp * f * es);
   float* cos = cos_.get<float>(m * half * 4);
   float* sin = sin_.get<float>(m * half * 4);
+  auto rows_of = [es](void* buf, int64_t row, int64_t cols) {
+    return static_cast<std::byte*>(buf) + row * cols * static_cast<int64_t>(es);
+  };
 
-  embed(batch, x);
+  const std::vector<RowRun> runs = model_runs(batch);
+  embed(batch, runs, x);
   std::memset(x + m * h, 0, (mp - m) * h * 4);
   zero_rows(xn, m, mp, h);
   zero_rows(attn, m, mp, qd);
@@ -279,11 +491,17 @@ void CpuBackendImpl::forward(const ForwardBatch& batch, std::span<float> logits)
   const auto items = cpu::plan_attention(batch, shape_);
   lap(times_.embed);
 
-  for (size_t li = 0; li < layers_.size(); ++li) {
-    Layer& layer = layers_[li];
-    cpu::rmsnorm(x, h, m, h, layer.attn_norm.data(), eps, compute_, xn, threads_);
+  for (int64_t li = 0; li < config_.num_layers; ++li) {
+    const auto size_li = static_cast<size_t>(li);
+    const auto attention_runs =
+        block_runs(runs, [&](const Chain& c) { return c.attention[size_li]; });
+    for (const RowRun& run : attention_runs)
+      cpu::rmsnorm(x + run.begin * h, h, run.end - run.begin, h,
+                   chains_[run.model].attention[size_li]->norm.data(), eps, compute_,
+                   rows_of(xn, run.begin, h), threads_);
     lap(times_.norm);
-    layer.qkv->forward(xn, m, qkv);
+    for (const RowRun& run : attention_runs)
+      linear(*chains_[run.model].attention[size_li]->qkv, xn, run, m, qkv);
     lap(times_.qkv);
 #pragma omp parallel for num_threads(threads_) schedule(static)
     for (int64_t i = 0; i < m; ++i) {
@@ -291,44 +509,68 @@ void CpuBackendImpl::forward(const ForwardBatch& batch, std::span<float> logits)
       cpu::rope_apply(row, config_.num_heads, half, cos + i * half, sin + i * half);
       cpu::rope_apply(row + qd, config_.num_kv_heads, half, cos + i * half, sin + i * half);
     }
-    cpu::write_kv(batch, qkv, nqkv, qd, qd + kvd, static_cast<int64_t>(li), kv_, threads_);
+    cpu::write_kv(batch, qkv, nqkv, qd, qd + kvd, li, kv_, threads_);
     lap(times_.rope_kv);
-    cpu::paged_attention(batch, items, qkv, nqkv, static_cast<int64_t>(li), kv_, shape_, compute_,
-                         attn, threads_);
+    cpu::paged_attention(batch, items, qkv, nqkv, li, kv_, shape_, compute_, attn, threads_);
     lap(times_.attention);
-    layer.o->forward(attn, m, x, /*accumulate=*/true);
+    for (const RowRun& run : attention_runs)
+      linear(*chains_[run.model].attention[size_li]->o, attn, run, m, x, /*accumulate=*/true);
     lap(times_.o_proj);
-    cpu::rmsnorm(x, h, m, h, layer.mlp_norm.data(), eps, compute_, xn, threads_);
+
+    const auto ffn_runs = block_runs(runs, [&](const Chain& c) { return c.ffn[size_li]; });
+    for (const RowRun& run : ffn_runs)
+      cpu::rmsnorm(x + run.begin * h, h, run.end - run.begin, h,
+                   chains_[run.model].ffn[size_li]->norm.data(), eps, compute_,
+                   rows_of(xn, run.begin, h), threads_);
     lap(times_.norm);
-    layer.gate_up->forward(xn, m, gu);
+    for (const RowRun& run : ffn_runs)
+      linear(*chains_[run.model].ffn[size_li]->gate_up, xn, run, m, gu);
     lap(times_.gate_up);
     cpu::swiglu(gu, m, f, compute_, act, threads_);
     lap(times_.act);
-    layer.down->forward(act, m, x, /*accumulate=*/true);
+    for (const RowRun& run : ffn_runs)
+      linear(*chains_[run.model].ffn[size_li]->down, act, run, m, x, /*accumulate=*/true);
     lap(times_.down);
   }
 
-  // Final norm and lm_head only for the last token of each chunk that wants logits.
+  // Final norm and lm_head only for the last token of each chunk that wants logits; logit row i
+  // is the i-th such chunk's, and runs of them share a head.
   std::vector<int64_t> rows;
-  for (const SeqChunk& c : batch.chunks)
-    if (c.wants_logits) rows.push_back(c.token_offset + c.num_tokens - 1);
+  std::vector<RowRun> logit_runs;
+  for (const SeqChunk& c : batch.chunks) {
+    if (!c.wants_logits) continue;
+    const auto i = static_cast<int64_t>(rows.size());
+    rows.push_back(c.token_offset + c.num_tokens - 1);
+    if (!logit_runs.empty() && chains_[logit_runs.back().model].head == chains_[c.model].head)
+      logit_runs.back().end = i + 1;
+    else
+      logit_runs.push_back({i, i + 1, c.model});
+  }
   const int64_t r = static_cast<int64_t>(rows.size());
   if (r > 0) {
-    const int64_t rp = gemm_.padded_rows(r);
     float* lx = logit_rows_.get<float>(r * h * 4);
     for (int64_t i = 0; i < r; ++i) std::memcpy(lx + i * h, x + rows[i] * h, h * 4);
-    void* ln = xn;  // r <= m rows, so the layers' norm buffer has room
-    cpu::rmsnorm(lx, h, r, h, final_norm_.data(), eps, compute_, ln, threads_);
-    zero_rows(ln, r, rp, h);
-    // Whole row groups straight into `logits`; the remainder through a small padded buffer.
+    void* ln = xn;  // r <= m rows (plus a group of padding), so the layers' norm buffer has room
+    zero_rows(ln, r, gemm_.padded_rows(r), h);
     const int64_t vocab = config_.vocab_size;
-    const int64_t group = gemm_.padded_rows(1);
-    const int64_t full = r / group * group;
-    if (full > 0) lm_head_->forward(ln, full, logits.data());
-    if (full < r) {
-      float* tail = logit_tail_.get<float>(group * vocab * 4);
-      lm_head_->forward(static_cast<std::byte*>(ln) + full * h * es, r - full, tail);
-      std::memcpy(logits.data() + full * vocab, tail, (r - full) * vocab * 4);
+    for (const RowRun& run : logit_runs) {
+      const Head& head = *chains_[run.model].head;
+      const int64_t n = run.end - run.begin;
+      cpu::rmsnorm(lx + run.begin * h, h, n, h, head.norm.data(), eps, compute_,
+                   rows_of(ln, run.begin, h), threads_);
+    }
+    for (const RowRun& run : logit_runs) {
+      // Whole row groups straight into `logits`; the remainder through a small padded buffer
+      // (a call writes whole groups, which must not run past `logits` or into the next run's).
+      Linear& lm_head = *chains_[run.model].head->lm_head;
+      const int64_t n = run.end - run.begin, full = n / group * group;
+      if (full > 0)
+        lm_head.forward(rows_of(ln, run.begin, h), full, logits.data() + run.begin * vocab);
+      if (full < n) {
+        float* tail = logit_tail_.get<float>(group * vocab * 4);
+        lm_head.forward(rows_of(ln, run.begin + full, h), n - full, tail);
+        std::memcpy(logits.data() + (run.begin + full) * vocab, tail, (n - full) * vocab * 4);
+      }
     }
   }
   lap(times_.lm_head);
@@ -344,9 +586,16 @@ DType cpu_compute_dtype(DType checkpoint) {
   return checkpoint == DType::kF32 || !cpu::onednn_has_bf16_matmul() ? DType::kF32 : DType::kBF16;
 }
 
-std::unique_ptr<CpuBackend> make_cpu_backend(const ModelConfig& config, const TensorStore& weights,
+std::unique_ptr<CpuBackend> make_cpu_backend(const ModelConfig& config,
+                                             std::span<const TensorStore* const> weights,
                                              const BackendOptions& options, CpuGemmLib f32_gemm) {
   return std::make_unique<CpuBackendImpl>(config, weights, options, f32_gemm);
+}
+
+std::unique_ptr<CpuBackend> make_cpu_backend(const ModelConfig& config, const TensorStore& weights,
+                                             const BackendOptions& options, CpuGemmLib f32_gemm) {
+  const TensorStore* one[] = {&weights};
+  return make_cpu_backend(config, one, options, f32_gemm);
 }
 
 std::unique_ptr<Backend> make_cpu_backend(const ModelConfig& config, const TensorStore& weights,

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <memory>
+#include <span>
 #include <string>
 
 #include "backend/backend.h"
@@ -72,6 +73,14 @@ DType cpu_compute_dtype(DType checkpoint);
 std::unique_ptr<Backend> make_cpu_backend(const ModelConfig& config, const TensorStore& weights,
                                           const BackendOptions& options);
 std::unique_ptr<CpuBackend> make_cpu_backend(const ModelConfig& config, const TensorStore& weights,
+                                             const BackendOptions& options, CpuGemmLib f32_gemm);
+// Several models of one architecture (`config`) in one backend, model i from weights[i]: each is a
+// chain of blocks (embedding, per layer attention and FFN, head), and a block whose tensors are
+// byte-identical to an earlier model's is loaded once and shared (BlockLLM §4). A batch's chunks
+// pick their model (SeqChunk::model); each block runs once over the rows of every model using
+// it. All checkpoints must be of one dtype.
+std::unique_ptr<CpuBackend> make_cpu_backend(const ModelConfig& config,
+                                             std::span<const TensorStore* const> weights,
                                              const BackendOptions& options, CpuGemmLib f32_gemm);
 
 }  // namespace blend

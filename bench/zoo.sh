@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Several models in one engine (`blend batch --zoo`, issue 24's seam for BlockLLM) against the
+# same work run per model, one engine after the other, on this machine.
+#
+#   bench/zoo.sh      # smollm-135m bf16 base + a fine-tune of layers 0-3, 256 x (128 + 128)
+#
+# Makes the base with `blend model init` and the tenant with `blend model derive --full` (its
+# listed layers perturbed, every other tensor the base's), then runs REPS times, alternating:
+#   zoo        one `blend batch --zoo` over N_REQ lines, half naming each model (interleaved):
+#              shared blocks run once over both models' rows, the rest per model;
+#   per-model  the base's half, then the tenant's half, each its own `blend batch --model` run
+#              (per-model provisioning, time-sliced: the figure is total tokens / summed wall);
+#   one-model  all N_REQ lines on the base alone: what the zoo would reach if nothing differed.
+# Prints per run tokens/s, then medians and the ratios zoo / per-model and zoo / one-model, and
+# the zoo's weight memory against loading both models apart.
+# Knobs (environment): BLEND (build/blend), MODELS_DIR (build/bench_models), OUT_DIR
+# (build/zoo), PRESET (smollm-135m), DTYPE (bf16), LAYERS ("0 1 2 3"), N_REQ (256), PP (128),
+# TG (128), REPS (3), THREADS (0: all cores).
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+BLEND=${BLEND:-$ROOT/build/blend}
+MODELS_DIR=${MODELS_DIR:-$ROOT/build/bench_models}
+OUT_DIR=${OUT_DIR:-$ROOT/build/zoo}
+PRESET=${PRESET:-smollm-135m}
+DTYPE=${DTYPE:-bf16}
+LAYERS=${LAYERS:-0 1 2 3}
+N_REQ=${N_REQ:-256}
+PP=${PP:-128}
+TG=${TG:-128}
+REPS=${REPS:-3}
+THREADS=${THREADS:-0}
+need_blend_and_python
+check_reps
+mkdir -p "$OUT_DIR" "$MODELS_DIR"
+zoo=$OUT_DIR/zoo
+mkdir -p "$zoo"
+if [[ ! -f "$zoo/base/config.json" ]]; then
+  "$BLEND" model init --preset "$PRESET" --dtype "$DTYPE" --out "$zoo/base" >/dev/null ||
+    die "blend model init --preset $PRESET --dtype $DTYPE failed"
+fi
+read -r -a layers <<<"$LAYERS"
+"$BLEND" model derive --base "$zoo/base" --out "$zoo/tuned" --full --layers "${layers[@]}" \
+  --seed 1 >/dev/null || die "blend model derive failed"
+
+echo "== machine: $(cpu_model), $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg);" \
+  "$PRESET $DTYPE, tenant layers $LAYERS, N_REQ=$N_REQ PP=$PP TG=$TG"
+write_requests "$OUT_DIR/all.jsonl" "$N_REQ" "$PP" "$TG"
+# The same lines: every other one names the tenant (zoo), and the two halves apart (per-model).
+python3 - "$OUT_DIR" <<'PY'
+import json, sys
+out = sys.argv[1]
+lines = [json.loads(l) for l in open(f"{out}/all.jsonl")]
+with open(f"{out}/mixed.jsonl", "w") as mixed, open(f"{out}/base.jsonl", "w") as base, \
+        open(f"{out}/tuned.jsonl", "w") as tuned:
+    for i, line in enumerate(lines):
+        line["body"]["model"] = "tuned" if i % 2 else "base"
+        text = json.dumps(line) + "\n"
+        mixed.write(text)
+        (tuned if i % 2 else base).write(text)
+PY
+
+run() {  # TAG INPUT FLAGS... -> "tokens wall"
+  local tag=$1 input=$2
+  shift 2
+  rm -f "$OUT_DIR/out-$tag.jsonl"
+  "$BLEND" batch --input "$input" --output "$OUT_DIR/out-$tag.jsonl" \
+    --stats "$OUT_DIR/stats-$tag.json" --threads "$THREADS" --quiet "$@" \
+    >"$OUT_DIR/log-$tag.txt" 2>&1 || die "blend batch failed; see $OUT_DIR/log-$tag.txt"
+  python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))
+print(s["input_tokens"] + s["output_tokens"], s["wall_seconds"])' "$OUT_DIR/stats-$tag.json"
+}
+
+printf '%-4s %12s %12s %12s\n' rep zoo per-model one-model
+results=()
+for ((i = 0; i < REPS; i++)); do
+  read -r zt zw < <(run "zoo-$i" "$OUT_DIR/mixed.jsonl" --zoo "$zoo")
+  read -r bt bw < <(run "base-$i" "$OUT_DIR/base.jsonl" --model "$zoo/base")
+  read -r tt tw < <(run "tuned-$i" "$OUT_DIR/tuned.jsonl" --model "$zoo/tuned")
+  read -r ot ow < <(run "one-$i" "$OUT_DIR/all.jsonl" --model "$zoo/base")
+  row=$(python3 -c "import sys; zt,zw,bt,bw,tt,tw,ot,ow=map(float,sys.argv[1:])
+print(f'{zt/zw:.1f} {(bt+tt)/(bw+tw):.1f} {ot/ow:.1f}')" "$zt" "$zw" "$bt" "$bw" "$tt" "$tw" "$ot" "$ow")
+  results+=("$row")
+  read -r a b c <<<"$row"
+  printf '%-4s %12s %12s %12s\n' "$i" "$a" "$b" "$c"
+done
+python3 - "$OUT_DIR/stats-zoo-0.json" "${results[@]}" <<'PY'
+import json, statistics, sys
+stats = json.load(open(sys.argv[1]))
+rows = [list(map(float, r.split())) for r in sys.argv[2:]]
+zoo, per_model, one = (statistics.median(col) for col in zip(*rows))
+print(f"median tokens/s: zoo {zoo:.1f}, per-model {per_model:.1f}, one-model {one:.1f}")
+print(f"zoo / per-model = {zoo / per_model:.2f}, zoo / one-model = {zoo / one:.2f}")
+mib = 1 << 20
+print(f"zoo weights: {stats['weight_bytes'] / mib:.0f} MiB in memory, "
+      f"{stats['weight_bytes_unshared'] / mib:.0f} MiB loaded apart "
+      f"({stats['blocks_unique']} of {stats['blocks']} blocks distinct)")
+PY

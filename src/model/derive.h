@@ -1,0 +1,27 @@
+// `blend model derive`: a fine-tuned tenant made from a base model folder, for tests and
+// benchmarks of serving many models at once (BlockLLM). A full fine-tune whose listed layers
+// are perturbed and every other tensor is bit-identical to the base, so the models share
+// exactly the blocks a real partial fine-tune would.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <vector>
+
+namespace blend {
+
+struct DeriveOptions {
+  uint64_t seed = 1;
+  // Layers whose tensors (attention, FFN and their norms) change; the embedding, final norm and
+  // lm_head stay the base's.
+  std::vector<int64_t> layers;
+};
+
+// Writes OUT as BASE with the listed layers perturbed: each element w becomes w + d, d drawn as
+// `blend model init` draws a fresh weight (a pure function of seed, tensor name and index), in
+// the base's dtype. The other files of BASE (config, tokenizer, chat template) are copied.
+// Throws blend::Error for a layer outside the model, no layer, or OUT equal to BASE.
+void derive_full_finetune(const std::filesystem::path& base, const std::filesystem::path& out,
+                          const DeriveOptions& options);
+
+}  // namespace blend

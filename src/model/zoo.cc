@@ -1,0 +1,45 @@
+#include "model/zoo.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace blend {
+
+std::string model_folder_name(const std::filesystem::path& dir) {
+  std::string name = dir.filename().string();
+  return name.empty() ? dir.parent_path().filename().string() : name;
+}
+
+std::vector<ModelFolder> model_folders(const std::filesystem::path& model,
+                                       const std::string& model_name,
+                                       const std::filesystem::path& zoo) {
+  namespace fs = std::filesystem;
+  if (model.empty() && zoo.empty()) throw Error("give a model: --model DIR or --zoo DIR");
+  std::vector<ModelFolder> out;
+  if (!model.empty())
+    out.push_back({model_name.empty() ? model_folder_name(model) : model_name, model});
+  if (!zoo.empty()) {
+    if (!fs::is_directory(zoo)) throw Error("--zoo " + zoo.string() + ": not a folder");
+    std::vector<fs::path> dirs;
+    for (const auto& entry : fs::directory_iterator(zoo))
+      if (entry.is_directory()) dirs.push_back(entry.path());
+    std::sort(dirs.begin(), dirs.end());
+    if (dirs.empty()) throw Error("--zoo " + zoo.string() + ": holds no model folder");
+    for (const fs::path& dir : dirs) {
+      if (fs::exists(dir / "adapter_config.json"))
+        throw Error("--zoo: " + dir.string() +
+                    " is a LoRA adapter; adapters are not supported yet (full model folders are)");
+      if (!fs::exists(dir / "config.json"))
+        throw Error("--zoo: " + dir.string() + " has no config.json: not a model folder");
+      out.push_back({model_folder_name(dir), dir});
+    }
+  }
+  for (size_t i = 0; i < out.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (out[i].name == out[j].name)
+        throw Error("two models are named '" + out[i].name + "'; model names must differ");
+  return out;
+}
+
+}  // namespace blend
