@@ -91,7 +91,7 @@ OfflineRequest BatchJob::offline_request(const GenerationRequest& gen) const {
 
 plan::PlanRequest BatchJob::plan_request(const PreparedBatchLine& line) const {
   const OfflineRequest q = offline_request(line.generation);
-  return {q.id, q.prompt, q.output_estimate, q.output_known};
+  return {q.id, q.prompt, q.output_estimate, q.output_known, 0, q.model};
 }
 
 CostModel BatchJob::planner_cost() const {
@@ -105,7 +105,8 @@ void BatchJob::run(std::vector<PreparedBatchLine> lines, const BatchResultSink& 
   const int64_t created = std::chrono::duration_cast<std::chrono::seconds>(
                               std::chrono::system_clock::now().time_since_epoch())
                               .count();
-  std::vector<std::vector<TokenId>> prompts;           // for the optimal sharing ratio
+  // By model, for the optimal sharing ratio (models share no KV).
+  std::vector<std::vector<std::vector<TokenId>>> prompts(static_cast<size_t>(engine_.num_models()));
   std::unordered_map<std::string, ApiRequest> api_of;  // request settings for the response
   std::vector<OfflineRequest> planned;                 // --policy other than fcfs
   const bool use_plan = options_.policy != "fcfs";
@@ -123,7 +124,7 @@ void BatchJob::run(std::vector<PreparedBatchLine> lines, const BatchResultSink& 
   };
   for (PreparedBatchLine& line : lines) {
     GenerationRequest& gen = line.generation;
-    prompts.push_back(gen.prompt);
+    prompts.at(static_cast<size_t>(gen.model)).push_back(gen.prompt);
     // An unset max_tokens runs to the context's end at most.
     const auto prompt = static_cast<int64_t>(gen.prompt.size());
     token_bound +=
@@ -152,8 +153,10 @@ void BatchJob::run(std::vector<PreparedBatchLine> lines, const BatchResultSink& 
     engine_.step();
     report();
   }
-  std::vector<std::span<const TokenId>> spans(prompts.begin(), prompts.end());
-  stats_.optimal_shared_tokens += optimal_shared_tokens(std::move(spans));
+  for (const auto& of_model : prompts) {
+    std::vector<std::span<const TokenId>> spans(of_model.begin(), of_model.end());
+    stats_.optimal_shared_tokens += optimal_shared_tokens(std::move(spans));
+  }
 }
 
 nlohmann::json batch_run_stats(const Engine& engine, const BatchJobStats& job,

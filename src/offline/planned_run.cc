@@ -60,7 +60,7 @@ PlannedRunStats run_planned(Engine& engine, const std::vector<OfflineRequest>& r
   source_requests.reserve(requests.size());
   std::unordered_set<std::string> ids;
   for (const OfflineRequest& q : requests) {
-    source_requests.push_back({{q.id, q.prompt, q.output_estimate, q.output_known},
+    source_requests.push_back({{q.id, q.prompt, q.output_estimate, q.output_known, 0, q.model},
                                static_cast<double>(q.params.max_tokens)});
     if (!ids.insert(q.id).second) throw Error("duplicate request id " + q.id);
   }

@@ -26,10 +26,7 @@ struct OfflineRequest {
   // The simulator's true output length when it is hidden from the planner and the scheduler:
   // backend/sim's token source samples EOS there (run_planned's `sim_tokens`).
   std::optional<int32_t> simulated_output_tokens;
-  // The engine's model it runs on. The planner's prefix tree does not tell models apart yet:
-  // equal prompts of two models are planned as if they shared a prefix (order only; the
-  // engine's cache never shares KV across models).
-  ModelId model = 0;
+  ModelId model = 0;  // the engine's model it runs on (the planner keeps models apart too)
 };
 
 // Output-length sampling (BlendServe §5.1): before planning, a fraction of the requests whose

@@ -12,6 +12,13 @@ uint64_t child_key(int32_t node, TokenId first_token) {
          static_cast<uint32_t>(first_token);
 }
 
+// The key of a child of `node` for a request of `model`: below the root the path already tells
+// models apart; at the root, model m > 0 keys its edges under a parent id no node has (negative),
+// so no two models share a root child. Model 0 keys as a one-model tree always did.
+uint64_t edge_key(int32_t node, ModelId model, TokenId first_token) {
+  return child_key(node == PrefixTree::kRoot && model > 0 ? -1 - model : node, first_token);
+}
+
 }  // namespace
 
 PrefixTree::PrefixTree(const std::vector<PlanRequest>& requests) : requests_(&requests) {
@@ -41,14 +48,15 @@ PrefixTree::PrefixTree(const std::vector<PlanRequest>& requests) : requests_(&re
     const std::vector<TokenId>& prompt = requests[r].prompt;
     const int32_t owner = static_cast<int32_t>(r);
     const int32_t length = static_cast<int32_t>(prompt.size());
+    const ModelId model = requests[r].model;
     total_prompt_tokens_ += length;
     int32_t at = kRoot;
     int32_t pos = 0;
     while (pos < length) {
-      auto it = edges.find(child_key(at, prompt[static_cast<size_t>(pos)]));
+      auto it = edges.find(edge_key(at, model, prompt[static_cast<size_t>(pos)]));
       if (it == edges.end()) {  // a new branch holds the rest of the prompt
         const int32_t child = add_node(at, owner, pos, length - pos);
-        edges.emplace(child_key(at, prompt[static_cast<size_t>(pos)]), child);
+        edges.emplace(edge_key(at, model, prompt[static_cast<size_t>(pos)]), child);
         unique_prompt_tokens_ += length - pos;
         at = child;
         pos = length;

@@ -16,6 +16,7 @@
 namespace blend::plan {
 
 using TokenId = int32_t;
+using ModelId = int32_t;  // as core/types.h
 
 // One request of the batch as the planner sees it.
 struct PlanRequest {
@@ -24,6 +25,9 @@ struct PlanRequest {
   double output_tokens = 0;     // estimated (or known) output length d
   bool output_known = false;    // ignore_eos + max_tokens: d is exact
   double output_spread = 0;     // standard deviation of the lengths d was estimated from
+  // The engine's model it runs on: requests of different models share no prefix (their KV is
+  // never shared), so the tree keeps each model's prompts in subtrees of their own.
+  ModelId model = 0;
 };
 
 struct PrefixNode {

@@ -362,7 +362,8 @@ void Server::Impl::plan_job(BatchJob& job, const std::vector<BatchInputLine>& to
     const double max_tokens = params.max_tokens;
     requests.push_back(
         {{prepared.custom_id, prepared.generation.prompt,
-          known ? max_tokens : std::min(options.batch_assumed_output, max_tokens), known},
+          known ? max_tokens : std::min(options.batch_assumed_output, max_tokens), known, 0,
+          prepared.generation.model},
          max_tokens});
     job.lines.push_back(std::move(prepared));
   }

@@ -87,6 +87,36 @@ TEST(PrefixTree, RandomPromptsMatchDistinctPrefixCount) {
   for (int32_t r = 0; r < 300; ++r) EXPECT_EQ(order[static_cast<size_t>(r)], r);
 }
 
+TEST(PrefixTree, ModelsShareNoPrefix) {
+  // The random-prompt check above, with each prompt on one of three models: the unique tokens
+  // are the distinct (model, prefix) pairs, and every path spells its own prompt.
+  std::mt19937 rng(11);
+  std::vector<PlanRequest> rs;
+  for (int i = 0; i < 300; ++i) {
+    std::vector<TokenId> p(1 + rng() % 10);
+    for (TokenId& t : p) t = static_cast<TokenId>(rng() % 3);
+    rs.push_back(req(std::to_string(i), p));
+    rs.back().model = static_cast<ModelId>(rng() % 3);
+  }
+  const PrefixTree tree(rs);
+  std::set<std::pair<ModelId, std::vector<TokenId>>> prefixes;
+  for (const PlanRequest& r : rs)
+    for (size_t k = 1; k <= r.prompt.size(); ++k)
+      prefixes.insert({r.model, std::vector<TokenId>(r.prompt.begin(),
+                                                     r.prompt.begin() + static_cast<long>(k))});
+  EXPECT_EQ(tree.unique_prompt_tokens(), static_cast<int64_t>(prefixes.size()));
+  for (int32_t r = 0; r < 300; ++r)
+    EXPECT_EQ(path_tokens(tree, r), rs[static_cast<size_t>(r)].prompt);
+  // Below each root child, one model only.
+  for (int32_t child : tree.node(PrefixTree::kRoot).children) {
+    std::set<ModelId> models;
+    for (int32_t n : tree.preorder(child))
+      if (tree.node(n).request >= 0)
+        models.insert(rs[static_cast<size_t>(tree.node(n).request)].model);
+    EXPECT_EQ(models.size(), 1u);
+  }
+}
+
 TEST(Planner, LayerSortPutsComputeIntensiveGroupFirst) {
   const CostModel cost = llama8b_a100();
   // Memory-intensive group (long outputs) arrives first; compute-intensive second.
