@@ -30,11 +30,6 @@ void check_line(const BatchInputLine& line, const BatchLineContext& context,
   out.api = parse_api_request(endpoint, body, *context.tokenizer, served.chat_template, limits);
   out.api.model_id = model;
   check_context(out.api, body, context.max_sequence_tokens);
-  if (out.api.n > 1)
-    throw ApiError(400,
-                   "'n' above 1 is not supported in batch lines yet (the server's "
-                   "/v1/chat/completions and /v1/completions take it)",
-                   "n");
   out.generation.id = line.custom_id;
   out.generation.model = model;
   out.generation.prompt = std::move(out.api.prompt);

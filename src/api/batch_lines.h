@@ -47,8 +47,10 @@ struct BatchLineContext {
 struct PreparedBatchLine {
   std::string custom_id;
   std::optional<ApiError> error;  // set: the line's result is this error, nothing runs
-  GenerationRequest generation;   // else: submit this (id = custom_id) ...
-  ApiRequest api;                 // ... and build the response with this (prompt moved out)
+  // Else: submit this (id = custom_id) api.n times, with index 0 .. n - 1 (OpenAI's n: one
+  // result line with n choices) ...
+  GenerationRequest generation;
+  ApiRequest api;  // ... and build the response with this (prompt moved out)
 };
 
 PreparedBatchLine prepare_batch_line(const BatchInputLine& line, const BatchLineContext& context);

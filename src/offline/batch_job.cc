@@ -107,33 +107,53 @@ void BatchJob::run(std::vector<PreparedBatchLine> lines, const BatchResultSink& 
                               .count();
   // By model, for the optimal sharing ratio (models share no KV).
   std::vector<std::vector<std::vector<TokenId>>> prompts(static_cast<size_t>(engine_.num_models()));
-  std::unordered_map<std::string, ApiRequest> api_of;  // request settings for the response
-  std::vector<OfflineRequest> planned;                 // --policy other than fcfs
+  // Each line's request settings for the response, and its samples finished so far (a line
+  // with n > 1 runs n requests and answers once, with n choices).
+  struct Line {
+    ApiRequest api;
+    std::vector<GenerationResult> samples;
+  };
+  std::unordered_map<std::string, Line> line_of;
+  std::vector<OfflineRequest> planned;  // --policy other than fcfs
   const bool use_plan = options_.policy != "fcfs";
   int64_t token_bound = 0;
   auto on_result = [&](GenerationResult&& r) {
-    const ApiRequest& request = api_of.at(r.id);
+    auto it = line_of.find(r.id);
+    Line& line = it->second;
+    const ApiRequest& request = line.api;
     token_bound -= std::max<int64_t>(
         0, static_cast<int64_t>(request.params.max_tokens) - static_cast<int64_t>(r.tokens.size()));
+    line.samples.push_back(std::move(r));
+    if (static_cast<int32_t>(line.samples.size()) < request.n) return;
+    std::sort(
+        line.samples.begin(), line.samples.end(),
+        [](const GenerationResult& a, const GenerationResult& b) { return a.index < b.index; });
     const char* prefix = request.endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-";
-    sink.success(r.id,
-                 make_response(request, r, make_id(prefix), engine_.model_name(request.model_id),
-                               created, engine_.tokenizer()));
-    api_of.erase(r.id);
+    sink.success(it->first,
+                 make_response(request, line.samples, make_id(prefix),
+                               engine_.model_name(request.model_id), created, engine_.tokenizer()));
+    line_of.erase(it);
     ++stats_.completed;
   };
   for (PreparedBatchLine& line : lines) {
     GenerationRequest& gen = line.generation;
+    const int32_t n = line.api.n;
     prompts.at(static_cast<size_t>(gen.model)).push_back(gen.prompt);
     // An unset max_tokens runs to the context's end at most.
     const auto prompt = static_cast<int64_t>(gen.prompt.size());
-    token_bound +=
-        prompt + std::min<int64_t>(gen.params.max_tokens, context_.max_sequence_tokens - prompt);
-    api_of.emplace(line.custom_id, std::move(line.api));
-    if (use_plan)
-      planned.push_back(offline_request(gen));
-    else
-      engine_.submit(std::move(gen), on_result);
+    token_bound += prompt + n * std::min<int64_t>(gen.params.max_tokens,
+                                                  context_.max_sequence_tokens - prompt);
+    line_of.emplace(line.custom_id, Line{std::move(line.api), {}});
+    for (int32_t i = 0; i < n; ++i) {
+      GenerationRequest sample = i + 1 < n ? gen : std::move(gen);
+      sample.index = i;
+      if (use_plan) {
+        planned.push_back(offline_request(sample));
+        planned.back().index = i;
+      } else {
+        engine_.submit(std::move(sample), on_result);
+      }
+    }
   }
   const auto report = [&] {
     if (progress) progress(stats_.completed + stats_.failed, token_bound);

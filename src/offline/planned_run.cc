@@ -32,6 +32,7 @@ GenerationRequest generation_request(const OfflineRequest& q) {
   r.params = q.params;
   r.request_class = RequestClass::kBestEffort;
   r.model = q.model;
+  r.index = q.index;
   return r;
 }
 
@@ -62,7 +63,9 @@ PlannedRunStats run_planned(Engine& engine, const std::vector<OfflineRequest>& r
   for (const OfflineRequest& q : requests) {
     source_requests.push_back({{q.id, q.prompt, q.output_estimate, q.output_known, 0, q.model},
                                static_cast<double>(q.params.max_tokens)});
-    if (!ids.insert(q.id).second) throw Error("duplicate request id " + q.id);
+    if (!ids.insert(q.id + "\n" + std::to_string(q.index)).second)
+      throw Error("duplicate request id " + q.id +
+                  (q.index ? " (sample " + std::to_string(q.index) + ")" : ""));
   }
   // The §5.1 sampling pass, the plan and its admission stream (plan/admission_source.h).
   plan::AdmissionSource source(std::move(source_requests), cost,

@@ -27,6 +27,8 @@ struct OfflineRequest {
   // backend/sim's token source samples EOS there (run_planned's `sim_tokens`).
   std::optional<int32_t> simulated_output_tokens;
   ModelId model = 0;  // the engine's model it runs on (the planner keeps models apart too)
+  int32_t index =
+      0;  // which of a line's n samples (GenerationRequest::index); (id, index) is unique
 };
 
 // Output-length sampling (BlendServe §5.1): before planning, a fraction of the requests whose

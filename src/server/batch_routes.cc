@@ -356,13 +356,15 @@ void Server::Impl::plan_job(BatchJob& job, const std::vector<BatchInputLine>& to
       continue;
     }
     // As `blend batch`: a line that ignores EOS runs to max_tokens; the others' lengths are
-    // assumed until the sampling pass estimates them.
+    // assumed until the sampling pass estimates them. A line of n samples is planned as one
+    // request generating n times the tokens (its prompt is computed once, then shared).
     const SamplingParams& params = prepared.generation.params;
     const bool known = params.ignore_eos;
-    const double max_tokens = params.max_tokens;
+    const double n = prepared.api.n;
+    const double max_tokens = n * params.max_tokens;
     requests.push_back(
         {{prepared.custom_id, prepared.generation.prompt,
-          known ? max_tokens : std::min(options.batch_assumed_output, max_tokens), known, 0,
+          known ? max_tokens : std::min(n * options.batch_assumed_output, max_tokens), known, 0,
           prepared.generation.model},
          max_tokens});
     job.lines.push_back(std::move(prepared));
@@ -439,49 +441,70 @@ void Server::Impl::submit_line(const std::shared_ptr<BatchJob>& job, Engine& eng
   };
   try {
     if (prepared.error) throw *prepared.error;
-    metrics.on_queued(RequestClass::kBestEffort);
-    auto state = std::make_shared<Pending>();
-    state->cls = RequestClass::kBestEffort;
+    // The line's n samples (OpenAI's n) run as n requests and answer once, with n choices.
+    struct Samples {
+      ApiRequest request;
+      std::vector<GenerationResult> results;
+      int64_t tokens = 0;
+    };
+    auto samples = std::make_shared<Samples>();
+    samples->request = std::move(prepared.api);
+    const int32_t n = samples->request.n;
     const int64_t created = unix_seconds();
-    auto on_token = [this, job, state, planned](const SampledToken&, std::string_view) {
-      if (planned >= 0 && job->source) {
-        double& generated = job->generated[static_cast<size_t>(planned)];
-        job->source->on_progress(planned, ++generated);
-      }
-      if (state->had_first_token) return;
-      state->had_first_token = true;
-      state->first_token = Clock::now();
-      metrics.on_first_token(state->cls, seconds_between(state->arrival, state->first_token));
-    };
-    auto on_done = [this, job, state, ended, request = std::move(prepared.api), created,
-                    id](GenerationResult&& r) {
-      const auto now = Clock::now();
-      const int64_t n = static_cast<int64_t>(r.tokens.size());
-      metrics.on_finished(
-          state->cls, state->had_first_token, finish_reason_name(r.finish), r.prompt_tokens, n,
-          seconds_between(state->arrival, now),
-          n > 1 ? seconds_between(state->first_token, now) / static_cast<double>(n - 1) : 0.0);
-      const char* prefix = request.endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-";
-      const bool written = write_result(job, [&] {
-        job->writer->write_success(
-            id, make_response(request, r, make_id(prefix), model_name(request.model_id), created,
-                              loop->engine().tokenizer()));
-      });
-      job->in_flight.erase(state->seq);
-      state->done = true;
-      ended(static_cast<double>(n));
-      if (!written) return;  // the job has failed; stop_job finishes it
-      {
-        std::lock_guard lock(batches_mu);
-        auto& counts = job->batch["request_counts"];
-        counts["completed"] = counts["completed"].get<int64_t>() + 1;
-      }
-      line_done(job);
-    };
-    state->seq = engine.submit(std::move(prepared.generation), on_done, on_token);
+    for (int32_t index = 0; index < n; ++index) {
+      metrics.on_queued(RequestClass::kBestEffort);
+      auto state = std::make_shared<Pending>();
+      state->cls = RequestClass::kBestEffort;
+      auto on_token = [this, job, state, planned](const SampledToken&, std::string_view) {
+        if (planned >= 0 && job->source) {
+          double& generated = job->generated[static_cast<size_t>(planned)];
+          job->source->on_progress(planned, ++generated);
+        }
+        if (state->had_first_token) return;
+        state->had_first_token = true;
+        state->first_token = Clock::now();
+        metrics.on_first_token(state->cls, seconds_between(state->arrival, state->first_token));
+      };
+      auto on_done = [this, job, state, ended, samples, created, id](GenerationResult&& r) {
+        const auto now = Clock::now();
+        const int64_t tokens = static_cast<int64_t>(r.tokens.size());
+        metrics.on_finished(
+            state->cls, state->had_first_token, finish_reason_name(r.finish), r.prompt_tokens,
+            tokens, seconds_between(state->arrival, now),
+            tokens > 1 ? seconds_between(state->first_token, now) / static_cast<double>(tokens - 1)
+                       : 0.0);
+        job->in_flight.erase(state->seq);
+        state->done = true;
+        samples->tokens += tokens;
+        samples->results.push_back(std::move(r));
+        const ApiRequest& request = samples->request;
+        if (static_cast<int32_t>(samples->results.size()) < request.n) return;
+        std::sort(
+            samples->results.begin(), samples->results.end(),
+            [](const GenerationResult& a, const GenerationResult& b) { return a.index < b.index; });
+        const char* prefix = request.endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-";
+        const bool written = write_result(job, [&] {
+          job->writer->write_success(
+              id, make_response(request, samples->results, make_id(prefix),
+                                model_name(request.model_id), created, loop->engine().tokenizer()));
+        });
+        ended(static_cast<double>(samples->tokens));
+        if (!written) return;  // the job has failed; stop_job finishes it
+        {
+          std::lock_guard lock(batches_mu);
+          auto& counts = job->batch["request_counts"];
+          counts["completed"] = counts["completed"].get<int64_t>() + 1;
+        }
+        line_done(job);
+      };
+      GenerationRequest sample =
+          index + 1 < n ? prepared.generation : std::move(prepared.generation);
+      sample.index = index;
+      state->seq = engine.submit(std::move(sample), on_done, on_token);
+      // A request with max_tokens 0 finished inside submit(); only the others are in flight.
+      if (!state->done) job->in_flight.emplace(state->seq, state);
+    }
     if (options.on_batch_line_submitted) options.on_batch_line_submitted(id);
-    // A request with max_tokens 0 finished inside submit(); only the others are in flight.
-    if (!state->done) job->in_flight.emplace(state->seq, state);
   } catch (const Error& e) {
     const ApiError* api = dynamic_cast<const ApiError*>(&e);
     const int status = api ? api->status() : 400;

@@ -85,10 +85,11 @@ TEST_F(BatchLinesTest, EachCheckGivesAnErrorResultNamingTheField) {
       (std::pair<int, std::string>{400, "prompt"}));
   // Without max_tokens the engine clamps it: fine.
   EXPECT_EQ(error_of(prepare_batch_line(line(completion(R"({"prompt":"x"})")), c)).first, 0);
-  // n > 1 is the server's (one result line per custom_id here); response_format needs the
-  // context's grammar compiler.
-  EXPECT_EQ(error_of(prepare_batch_line(line(completion(R"({"prompt":"x","n":2})")), c)),
-            (std::pair<int, std::string>{400, "n"}));
+  // n > 1: one line, n samples (the runner submits them); response_format needs the context's
+  // grammar compiler.
+  PreparedBatchLine two = prepare_batch_line(line(completion(R"({"prompt":"x","n":2})")), c);
+  EXPECT_FALSE(two.error.has_value());
+  EXPECT_EQ(two.api.n, 2);
   EXPECT_EQ(error_of(prepare_batch_line(
                 line(completion(R"({"prompt":"x","response_format":{"type":"json_object"}})")), c)),
             (std::pair<int, std::string>{400, "response_format"}));

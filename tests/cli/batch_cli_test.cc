@@ -203,6 +203,50 @@ TEST_F(BatchCli, AZooRunsEachLineOnTheModelItNames) {
   EXPECT_NE(refused.output.find("LoRA adapter"), std::string::npos) << refused.output;
 }
 
+// OpenAI's n in a batch line: one result line with n choices, choice i the sample a line with
+// seed + i and n = 1 gives (the server's n samples are seeded the same way), under fcfs and a
+// planned order.
+TEST_F(BatchCli, ALineWithNSamplesAnswersOnceWithNChoices) {
+  testing::TempDir work;
+  auto line = [](const std::string& id, int n, int seed) {
+    return R"({"custom_id":")" + id +
+           R"(","method":"POST","url":"/v1/completions","body":{"prompt":"Tell me a story","max_tokens":8,"temperature":1.0,"n":)" +
+           std::to_string(n) + R"(,"seed":)" + std::to_string(seed) + "}}\n";
+  };
+  testing::write_file(work / "n.jsonl", line("three", 3, 40) + line("one", 1, 50));
+  testing::write_file(work / "single.jsonl",
+                      line("s0", 1, 40) + line("s1", 1, 41) + line("s2", 1, 42));
+  const auto single = work / "single-out.jsonl";
+  ASSERT_EQ(
+      testing::run_command(batch_cmd((work / "single.jsonl").string(), single.string())).exit_code,
+      0);
+  std::map<std::string, std::string> alone;
+  for (const json& r : read_jsonl(single))
+    alone[r["custom_id"]] = r["response"]["body"]["choices"][0]["text"];
+  for (const std::string policy : {"fcfs", "blend"}) {
+    const auto out = work / ("n-" + policy + ".jsonl");
+    ASSERT_EQ(testing::run_command(
+                  batch_cmd((work / "n.jsonl").string(), out.string(), "--policy " + policy))
+                  .exit_code,
+              0);
+    const auto results = read_jsonl(out);
+    ASSERT_EQ(results.size(), 2u) << policy;
+    for (const json& r : results) {
+      const json& body = r["response"]["body"];
+      if (r["custom_id"] == "one") {
+        EXPECT_EQ(body["choices"].size(), 1u);
+        continue;
+      }
+      ASSERT_EQ(body["choices"].size(), 3u) << policy;
+      for (int i = 0; i < 3; ++i) {
+        EXPECT_EQ(body["choices"][i]["index"], i);
+        EXPECT_EQ(body["choices"][i]["text"], alone["s" + std::to_string(i)]) << policy << " " << i;
+      }
+      EXPECT_EQ(body["usage"]["completion_tokens"], 24);
+    }
+  }
+}
+
 TEST_F(BatchCli, PrefixCacheOnAndOffGiveTheSameResults) {
   testing::TempDir work;
   std::string input;

@@ -753,6 +753,41 @@ TEST_F(BatchApi, UploadRunPollAndDownload) {
   EXPECT_EQ(status, 404);
 }
 
+// OpenAI's n in a Batch API line: one result with n choices, the ones the same request with a
+// seed gets online, whether the planner orders the job or it runs in file order.
+TEST_F(BatchApi, ALineWithNSamplesAnswersOnceWithNChoices) {
+  const json request = {{"model", "tiny"},    {"prompt", "Once"}, {"max_tokens", 6},
+                        {"temperature", 1.0}, {"seed", 3},        {"n", 3}};
+  for (const std::string policy : {"blend", "fcfs"}) {
+    ServerOptions o = options("batch-n-" + policy);
+    o.batch_policy = policy;
+    auto server = start(o);
+    auto c = client(*server);
+    int status = 0;
+    const json online = post(c, "/v1/completions", request, &status);
+    ASSERT_EQ(status, 200) << online.dump();
+    const std::string jsonl =
+        json{{"custom_id", "n3"}, {"method", "POST"}, {"url", "/v1/completions"}, {"body", request}}
+            .dump() +
+        "\n" + line("plain", "Rivers run", 4);
+    const json created =
+        post(c, "/v1/batches",
+             {{"input_file_id", upload(c, jsonl)}, {"endpoint", "/v1/completions"}}, &status);
+    ASSERT_EQ(status, 200) << created.dump();
+    json batch;
+    ASSERT_TRUE(completed(c, created["id"], batch)) << batch.dump();
+    EXPECT_EQ(batch["request_counts"]["completed"], 2);
+    const auto out = results(c, batch);
+    const json& body = out.at("n3")["response"]["body"];
+    ASSERT_EQ(body["choices"].size(), 3u) << policy;
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(body["choices"][i]["index"], i);
+      EXPECT_EQ(body["choices"][i]["text"], online["choices"][i]["text"]) << policy << " " << i;
+    }
+    EXPECT_EQ(body["usage"]["completion_tokens"], online["usage"]["completion_tokens"]);
+  }
+}
+
 TEST_F(BatchApi, ARestartedServerResumesAnUnfinishedBatch) {
   const int n = 8;
   std::string jsonl;
