@@ -16,6 +16,9 @@ std::vector<ModelFolder> model_folders(const std::filesystem::path& model,
                                        const std::filesystem::path& zoo) {
   namespace fs = std::filesystem;
   if (model.empty() && zoo.empty()) throw Error("give a model: --model DIR or --zoo DIR");
+  if (model.empty() && !model_name.empty())
+    throw Error(
+        "--served-model-name names the --model folder; zoo models go by their folder names");
   std::vector<ModelFolder> out;
   if (!model.empty())
     out.push_back({model_name.empty() ? model_folder_name(model) : model_name, model});

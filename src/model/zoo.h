@@ -19,9 +19,9 @@ std::string model_folder_name(const std::filesystem::path& dir);
 
 // The models of `--model` (when not empty; named `model_name`, or by its folder when that is
 // empty) followed by the subfolders of `--zoo` (when not empty), in name order. Throws
-// blend::Error when neither is given, when the zoo is not a folder or holds no model, for a
-// subfolder that is a LoRA adapter (not supported yet) or no model folder at all, and for two
-// models of one name.
+// blend::Error when neither is given, for a name without --model, when the zoo is not a folder or
+// holds no model, for a subfolder that is a LoRA adapter (not supported yet) or no model folder at
+// all, and for two models of one name.
 std::vector<ModelFolder> model_folders(const std::filesystem::path& model,
                                        const std::string& model_name,
                                        const std::filesystem::path& zoo);
