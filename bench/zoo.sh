@@ -15,7 +15,8 @@
 # the zoo's weight memory against loading both models apart.
 # Knobs (environment): BLEND (build/blend), MODELS_DIR (build/bench_models), OUT_DIR
 # (build/zoo), PRESET (smollm-135m), DTYPE (bf16), LAYERS ("0 1 2 3"), N_REQ (256), PP (128),
-# TG (128), REPS (3), THREADS (0: all cores).
+# TG (128), REPS (3), THREADS (0: all cores), BLEND_BATCH_ARGS (extra flags for every run, e.g.
+# --deterministic).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -60,12 +61,13 @@ with open(f"{out}/mixed.jsonl", "w") as mixed, open(f"{out}/base.jsonl", "w") as
         (tuned if i % 2 else base).write(text)
 PY
 
+read -r -a extra <<<"${BLEND_BATCH_ARGS:-}"
 run() {  # TAG INPUT FLAGS... -> "tokens wall"
   local tag=$1 input=$2
   shift 2
   rm -f "$OUT_DIR/out-$tag.jsonl"
   "$BLEND" batch --input "$input" --output "$OUT_DIR/out-$tag.jsonl" \
-    --stats "$OUT_DIR/stats-$tag.json" --threads "$THREADS" --quiet "$@" \
+    --stats "$OUT_DIR/stats-$tag.json" --threads "$THREADS" --quiet ${extra[@]+"${extra[@]}"} "$@" \
     >"$OUT_DIR/log-$tag.txt" 2>&1 || die "blend batch failed; see $OUT_DIR/log-$tag.txt"
   python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))
 print(s["input_tokens"] + s["output_tokens"], s["wall_seconds"])' "$OUT_DIR/stats-$tag.json"
