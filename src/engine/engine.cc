@@ -90,7 +90,8 @@ Engine::Engine(const std::vector<ModelFolder>& models, const EngineOptions& opti
     models_.push_back(std::move(m));
   }
   config_ = models_[0].config;
-  const std::string first_tokenizer = read_file_bytes(models[0].dir / "tokenizer.json");
+  const std::string first_tokenizer =
+      models.size() > 1 ? read_file_bytes(models[0].dir / "tokenizer.json") : "";
   for (size_t i = 1; i < models.size(); ++i)
     models_share_tokenizer_ =
         models_share_tokenizer_ &&

@@ -2,6 +2,7 @@
 // names and gets that model's tokens whatever else shares the batch; blocks identical across
 // models are loaded once; cached KV is never shared across models; models of another
 // architecture are refused.
+#include <fstream>
 #include <map>
 #include <random>
 
@@ -146,6 +147,12 @@ TEST_F(MultiModel, BadModelsAndModelIdsAreRefused) {
   EXPECT_THROW(Engine({{"m", base()}, {"m", tuned()}}, options()), Error);
 
   Engine both({{"base", base()}, {"tuned", tuned()}}, options());
+  EXPECT_TRUE(both.models_share_tokenizer());
+  // Another tokenizer.json: the engine serves it, but an API layer tokenizing once must refuse.
+  std::filesystem::copy(tuned(), other / "retok");
+  { std::ofstream(other / "retok" / "tokenizer.json", std::ios::app) << "\n"; }
+  EXPECT_FALSE(
+      Engine({{"base", base()}, {"retok", other / "retok"}}, options()).models_share_tokenizer());
   GenerationRequest r = request("x", 1, 8, 2);
   EXPECT_THROW(both.check_request(r), Error);
   r.model = -1;

@@ -337,6 +337,17 @@ TEST_F(ServerTest, AZooServesEachModelByItsName) {
   EXPECT_EQ(missing["error"]["code"], "model_not_found");
   server.reset();
 
+  // Models whose tokenizers differ are refused at start-up (requests are tokenized once).
+  const auto mixed = *dir_ / "zoo-mixed";
+  std::filesystem::create_directories(mixed);
+  std::filesystem::copy(zoo / "alpha", mixed / "alpha");
+  std::filesystem::copy(zoo / "beta", mixed / "beta");
+  std::ofstream(mixed / "beta" / "tokenizer.json", std::ios::app) << "\n";
+  ServerOptions refused = options("zoo-mixed-data");
+  refused.model.clear();
+  refused.zoo = mixed;
+  EXPECT_THROW(Server{refused}, Error);
+
   for (const std::string model : {"alpha", "beta"}) {
     ServerOptions alone = options("zoo-alone-" + model);
     alone.model = zoo / model;
