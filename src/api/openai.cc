@@ -364,8 +364,15 @@ json make_response(const ApiRequest& request, std::span<const GenerationResult> 
                    const std::string& response_id, const std::string& model, int64_t created,
                    const Tokenizer& tokenizer) {
   const bool chat = request.endpoint == Endpoint::kChatCompletions;
+  // Choices in index order, however the samples finished.
+  std::vector<const GenerationResult*> ordered;
+  for (const GenerationResult& result : results) ordered.push_back(&result);
+  std::stable_sort(
+      ordered.begin(), ordered.end(),
+      [](const GenerationResult* a, const GenerationResult* b) { return a->index < b->index; });
   json choices = json::array();
-  for (const GenerationResult& result : results) {
+  for (const GenerationResult* sample : ordered) {
+    const GenerationResult& result = *sample;
     json logprobs = nullptr;
     if (request.params.logprobs)
       logprobs =

@@ -88,7 +88,7 @@ ApiRequest parse_api_request(Endpoint endpoint, const nlohmann::json& body,
 void check_context(const ApiRequest& request, const nlohmann::json& body,
                    int64_t max_sequence_tokens);
 
-// The response body for a finished request: one choice per result (in index order). Usage
+// The response body for a finished request: one choice per result, ordered by index. Usage
 // counts as OpenAI does: the prompt once, the completion tokens of every choice. With
 // request.tool_format, calls in the text become message.tool_calls (finish_reason "tool_calls"
 // when the model stopped by itself).

@@ -5,6 +5,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -19,6 +20,10 @@ struct ServedModel {
   const ChatTemplate* chat_template = nullptr;  // null: chat requests fail with a clear message
   const SamplingDefaults* sampling_defaults = nullptr;  // its generation_config.json
 };
+
+// The model called `name`, if one is.
+std::optional<ModelId> find_served_model(std::span<const ServedModel> models,
+                                         std::string_view name);
 
 // The model a request body names: the one called body["model"], or model 0 when the body names
 // none. An unknown name is ApiError 404 (param "model"), as OpenAI and vLLM answer; with `any_name`

@@ -58,7 +58,8 @@ struct StepInput {
 // The weights a backend holds, and what they would take if no two models shared a block
 // (BlockLLM §4: identical blocks of related models are loaded once).
 struct WeightStats {
-  int64_t bytes = 0;           // packed weights in memory, shared blocks counted once
+  int64_t bytes = 0;  // checkpoint bytes of the blocks held, shared blocks counted once (a tied
+                      // embedding twice: the embedding rows and the packed lm_head)
   int64_t unshared_bytes = 0;  // the same with every model's blocks counted apart
   int32_t blocks = 0;          // blocks over all models' chains
   int32_t unique_blocks = 0;   // distinct blocks in memory

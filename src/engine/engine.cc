@@ -70,10 +70,8 @@ Engine::Engine(const std::filesystem::path& model_dir, const EngineOptions& opti
 Engine::Engine(const std::vector<ModelFolder>& models, const EngineOptions& options)
     : options_(options) {
   if (models.empty()) throw Error("internal: an engine without a model");
+  check_model_names(models);
   for (const ModelFolder& folder : models) {
-    for (const Model& other : models_)
-      if (other.name == folder.name)
-        throw Error("two models are named '" + folder.name + "'; model names must differ");
     Model m;
     m.name = folder.name;
     m.dir = folder.dir;
@@ -89,20 +87,19 @@ Engine::Engine(const std::vector<ModelFolder>& models, const EngineOptions& opti
     m.tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_dir(folder.dir));
     models_.push_back(std::move(m));
   }
-  config_ = models_[0].config;
   const std::string first_tokenizer =
       models.size() > 1 ? read_file_bytes(models[0].dir / "tokenizer.json") : "";
   for (size_t i = 1; i < models.size(); ++i)
     models_share_tokenizer_ =
         models_share_tokenizer_ &&
         read_file_bytes(models[i].dir / "tokenizer.json") == first_tokenizer &&
-        models_[i].config.eos_token_ids == config_.eos_token_ids;
-  if (options.max_model_len < 0 || options.max_model_len > config_.max_position_embeddings)
+        models_[i].config.eos_token_ids == config().eos_token_ids;
+  if (options.max_model_len < 0 || options.max_model_len > config().max_position_embeddings)
     throw Error("max_model_len " + std::to_string(options.max_model_len) + " is outside [1, " +
-                std::to_string(config_.max_position_embeddings) +
+                std::to_string(config().max_position_embeddings) +
                 "], the model's context (max_position_embeddings)");
   BackendInputs in;
-  in.config = &config_;
+  in.config = &models_[0].config;
   in.weights = models_[0].weights.get();
   for (size_t i = 1; i < models_.size(); ++i) in.more_weights.push_back(models_[i].weights.get());
   in.options.threads = options.threads;
@@ -115,18 +112,12 @@ Engine::Engine(const std::vector<ModelFolder>& models, const EngineOptions& opti
 
 Engine::Engine(std::unique_ptr<Backend> backend, const EngineOptions& options,
                std::unique_ptr<Tokenizer> tokenizer)
-    : options_(options), config_(backend->config()), backend_(std::move(backend)) {
+    : options_(options), backend_(std::move(backend)) {
   Model m;
-  m.config = config_;
+  m.config = backend_->config();
   m.tokenizer = std::move(tokenizer);
   models_.push_back(std::move(m));
   init_kv_and_scheduler();
-}
-
-std::optional<ModelId> Engine::find_model(std::string_view name) const {
-  for (size_t i = 0; i < models_.size(); ++i)
-    if (models_[i].name == name) return static_cast<ModelId>(i);
-  return std::nullopt;
 }
 
 void Engine::init_kv_and_scheduler() {
@@ -142,7 +133,7 @@ void Engine::init_kv_and_scheduler() {
         throw Error("the " + backend_->name() + " backend needs --kv-memory: it has no default");
       const int64_t useful =
           page_bytes * options.scheduler.max_running *
-          ((config_.max_position_embeddings + options.page_size - 1) / options.page_size);
+          ((config().max_position_embeddings + options.page_size - 1) / options.page_size);
       kv_bytes = std::min(kv_bytes, useful);
     }
     const int64_t num_pages = kv_bytes / page_bytes;
@@ -170,7 +161,7 @@ void Engine::init_kv_and_scheduler() {
       // A miss costs a forward pass over the token: 2 FLOPs per matmul parameter at an assumed
       // 2e11 FLOP/s (below what the cpu backend measures: loading must clearly win to be chosen).
       t.recompute_seconds_per_token =
-          2.0 * static_cast<double>(config_.num_matmul_parameters()) / 2e11;
+          2.0 * static_cast<double>(config().num_matmul_parameters()) / 2e11;
     }
     cache_ = std::make_unique<RadixCache>(*pool_, t);
   }
@@ -200,7 +191,7 @@ void Engine::check_invariants() const {
 
 int64_t Engine::max_sequence_tokens() const {
   const int64_t context =
-      options_.max_model_len > 0 ? options_.max_model_len : config_.max_position_embeddings;
+      options_.max_model_len > 0 ? options_.max_model_len : config().max_position_embeddings;
   return std::min<int64_t>(context, pool_->num_pages() * pool_->page_size());
 }
 
@@ -210,9 +201,9 @@ void Engine::check_request(GenerationRequest& request) const {
                 std::to_string(num_models()) + ")");
   if (request.prompt.empty()) throw Error("the prompt is empty");
   for (TokenId t : request.prompt)
-    if (t < 0 || t >= config_.vocab_size)
+    if (t < 0 || t >= config().vocab_size)
       throw Error("prompt token id " + std::to_string(t) + " is out of range [0, " +
-                  std::to_string(config_.vocab_size) + ")");
+                  std::to_string(config().vocab_size) + ")");
   const int64_t limit = max_sequence_tokens();
   const int64_t prompt_len = static_cast<int64_t>(request.prompt.size());
   if (prompt_len >= limit)

@@ -119,17 +119,14 @@ class Engine {
   ~Engine();
 
   // The first model's config; every model shares its architecture.
-  const ModelConfig& config() const { return config_; }
+  const ModelConfig& config() const { return models_[0].config; }
   const Tokenizer& tokenizer() const { return *models_[0].tokenizer; }  // only when it has one
   bool has_tokenizer() const { return models_[0].tokenizer != nullptr; }
-  // The models, by ModelId: name ("" for an engine made from a backend), folder, config,
-  // tokenizer.
+  // The models, by ModelId: name ("" for an engine made from a backend), folder, config.
   int32_t num_models() const { return static_cast<int32_t>(models_.size()); }
   const std::string& model_name(ModelId model) const { return models_.at(model).name; }
   const std::filesystem::path& model_dir(ModelId model) const { return models_.at(model).dir; }
   const ModelConfig& config(ModelId model) const { return models_.at(model).config; }
-  const Tokenizer& tokenizer(ModelId model) const { return *models_.at(model).tokenizer; }
-  std::optional<ModelId> find_model(std::string_view name) const;
   // Whether every model reads text with the first model's tokenizer (byte-identical
   // tokenizer.json) and ends at its EOS ids: what an API layer tokenizing once, and compiling
   // one grammar table, for all models needs.
@@ -213,8 +210,7 @@ class Engine {
   };
 
   EngineOptions options_;
-  ModelConfig config_;  // models_[0]'s
-  std::vector<Model> models_;
+  std::vector<Model> models_;  // never empty; the backend holds &models_[0].config
   std::unique_ptr<Backend> backend_;
   bool models_share_tokenizer_ = true;
   std::unique_ptr<PagePool> pool_;

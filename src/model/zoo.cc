@@ -38,11 +38,15 @@ std::vector<ModelFolder> model_folders(const std::filesystem::path& model,
       out.push_back({model_folder_name(dir), dir});
     }
   }
-  for (size_t i = 0; i < out.size(); ++i)
-    for (size_t j = 0; j < i; ++j)
-      if (out[i].name == out[j].name)
-        throw Error("two models are named '" + out[i].name + "'; model names must differ");
+  check_model_names(out);
   return out;
+}
+
+void check_model_names(const std::vector<ModelFolder>& models) {
+  for (size_t i = 0; i < models.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (models[i].name == models[j].name)
+        throw Error("two models are named '" + models[i].name + "'; model names must differ");
 }
 
 }  // namespace blend

@@ -22,6 +22,9 @@ std::string model_folder_name(const std::filesystem::path& dir);
 // blend::Error when neither is given, for a name without --model, when the zoo is not a folder or
 // holds no model, for a subfolder that is a LoRA adapter (not supported yet) or no model folder at
 // all, and for two models of one name.
+// Throws blend::Error when two of `models` share a name (requests could not pick between them).
+void check_model_names(const std::vector<ModelFolder>& models);
+
 std::vector<ModelFolder> model_folders(const std::filesystem::path& model,
                                        const std::string& model_name,
                                        const std::filesystem::path& zoo);

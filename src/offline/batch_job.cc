@@ -83,6 +83,7 @@ std::vector<PreparedBatchLine> BatchJob::prepare(const std::vector<BatchInputLin
 OfflineRequest BatchJob::offline_request(const GenerationRequest& gen) const {
   OfflineRequest q{gen.id, gen.prompt, gen.params, 0, gen.params.ignore_eos};
   q.model = gen.model;
+  q.index = gen.index;
   q.output_estimate = q.output_known
                           ? q.params.max_tokens
                           : std::min<double>(options_.assumed_output, q.params.max_tokens);
@@ -125,9 +126,6 @@ void BatchJob::run(std::vector<PreparedBatchLine> lines, const BatchResultSink& 
         0, static_cast<int64_t>(request.params.max_tokens) - static_cast<int64_t>(r.tokens.size()));
     line.samples.push_back(std::move(r));
     if (static_cast<int32_t>(line.samples.size()) < request.n) return;
-    std::sort(
-        line.samples.begin(), line.samples.end(),
-        [](const GenerationResult& a, const GenerationResult& b) { return a.index < b.index; });
     const char* prefix = request.endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-";
     sink.success(it->first,
                  make_response(request, line.samples, make_id(prefix),
@@ -147,12 +145,10 @@ void BatchJob::run(std::vector<PreparedBatchLine> lines, const BatchResultSink& 
     for (int32_t i = 0; i < n; ++i) {
       GenerationRequest sample = i + 1 < n ? gen : std::move(gen);
       sample.index = i;
-      if (use_plan) {
+      if (use_plan)
         planned.push_back(offline_request(sample));
-        planned.back().index = i;
-      } else {
+      else
         engine_.submit(std::move(sample), on_result);
-      }
     }
   }
   const auto report = [&] {

@@ -445,7 +445,6 @@ void Server::Impl::submit_line(const std::shared_ptr<BatchJob>& job, Engine& eng
     struct Samples {
       ApiRequest request;
       std::vector<GenerationResult> results;
-      int64_t tokens = 0;
     };
     auto samples = std::make_shared<Samples>();
     samples->request = std::move(prepared.api);
@@ -475,20 +474,19 @@ void Server::Impl::submit_line(const std::shared_ptr<BatchJob>& job, Engine& eng
                        : 0.0);
         job->in_flight.erase(state->seq);
         state->done = true;
-        samples->tokens += tokens;
         samples->results.push_back(std::move(r));
         const ApiRequest& request = samples->request;
         if (static_cast<int32_t>(samples->results.size()) < request.n) return;
-        std::sort(
-            samples->results.begin(), samples->results.end(),
-            [](const GenerationResult& a, const GenerationResult& b) { return a.index < b.index; });
         const char* prefix = request.endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-";
         const bool written = write_result(job, [&] {
           job->writer->write_success(
               id, make_response(request, samples->results, make_id(prefix),
                                 model_name(request.model_id), created, loop->engine().tokenizer()));
         });
-        ended(static_cast<double>(samples->tokens));
+        double generated = 0;  // by all the line's samples, for the planner
+        for (const GenerationResult& sample : samples->results)
+          generated += static_cast<double>(sample.tokens.size());
+        ended(generated);
         if (!written) return;  // the job has failed; stop_job finishes it
         {
           std::lock_guard lock(batches_mu);

@@ -2,7 +2,6 @@
 // /v1/models/{id}, and vLLM's /tokenize and /detokenize.
 #include <nlohmann/json.hpp>
 
-#include <algorithm>
 #include <span>
 #include <vector>
 
@@ -45,8 +44,7 @@ void Server::Impl::info_routes() {
   // Model ids may hold '/' ("org/name").
   route("GET", R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
     const std::string name = req.matches[1].str();
-    if (std::none_of(served.begin(), served.end(),
-                     [&](const ServedModel& m) { return m.name == name; }))
+    if (!find_served_model(served, name))
       return send_error(res, 404, "The model '" + name + "' does not exist.", "model",
                         "model_not_found");
     res.set_content(model_object(name, max_sequence_tokens).dump(), "application/json");

@@ -182,6 +182,19 @@ TEST_F(OpenAiTest, ResponseShapes) {
   EXPECT_EQ(body["choices"][0]["message"]["content"], "Hello,");
   EXPECT_EQ(body["choices"][0]["finish_reason"], "stop");
   EXPECT_TRUE(body["choices"][0]["logprobs"].is_null());
+
+  // n samples finish in any order; the choices come in index order.
+  req = parse(Endpoint::kCompletions, R"({"prompt":"Hi","n":3})");
+  std::vector<GenerationResult> samples(3, res);
+  for (int32_t i = 0; i < 3; ++i) {
+    samples[static_cast<size_t>(i)].index = 2 - i;
+    samples[static_cast<size_t>(i)].text = "sample " + std::to_string(2 - i);
+  }
+  body = make_response(req, samples, "cmpl-1", "m", 123, *tokenizer_);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(body["choices"][i]["index"], i);
+    EXPECT_EQ(body["choices"][i]["text"], "sample " + std::to_string(i));
+  }
 }
 
 // Clients send content as a list of parts; the template used to print the list's repr.

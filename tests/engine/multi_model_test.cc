@@ -68,8 +68,7 @@ TEST_F(MultiModel, EachRequestGetsItsOwnModelsTokensInAMixedBatch) {
   Engine base_only({{"base", base()}}, options());
   Engine tuned_only({{"tuned", tuned()}}, options());
   ASSERT_EQ(both.num_models(), 2);
-  EXPECT_EQ(both.find_model("tuned"), ModelId{1});
-  EXPECT_FALSE(both.find_model("other").has_value());
+  EXPECT_EQ(both.model_name(1), "tuned");
 
   // The same prompts on both models, interleaved, with prompts of several lengths so prefill
   // chunks and decodes of the two models share steps.
