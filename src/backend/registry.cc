@@ -22,8 +22,10 @@ std::unique_ptr<Backend> make_backend(const std::string& kind, const BackendInpu
     if (!in.weights) throw Error("the cpu backend needs a model's weights");
     std::vector<const TensorStore*> all{in.weights};
     all.insert(all.end(), in.more_weights.begin(), in.more_weights.end());
-    return make_cpu_backend(*in.config, all, in.options, CpuGemmLib::kOneDnn);
+    return make_cpu_backend(*in.config, all, in.options, CpuGemmLib::kOneDnn, in.adapters);
   }
+  for (const LoraAdapter* adapter : in.adapters)
+    if (adapter) throw Error("the " + kind + " backend serves no LoRA adapter; use --backend cpu");
   if (!in.more_weights.empty())
     throw Error("the " + kind + " backend serves one model; several models need --backend cpu");
 #ifdef BLEND_HAVE_CUDA

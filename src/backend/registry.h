@@ -14,6 +14,7 @@
 namespace blend {
 
 class TensorStore;
+class LoraAdapter;
 
 struct BackendInputs {
   const ModelConfig* config = nullptr;
@@ -22,6 +23,9 @@ struct BackendInputs {
   // `config` (fine-tunes of one base); blocks identical to an earlier model's are loaded once.
   // The other kinds refuse them.
   std::vector<const TensorStore*> more_weights;
+  // cpu: empty, or one per model (weights, then more_weights): a LoRA adapter applied to that
+  // model's checkpoint, or null. The other kinds refuse adapters.
+  std::vector<const LoraAdapter*> adapters;
   BackendOptions options;
   // sim: what a step costs and the simulated model's KV page size.
   SimStepCost step_cost;

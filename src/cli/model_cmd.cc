@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "gguf/export.h"
 #include "model/derive.h"
+#include "model/lora.h"
 #include "model/presets.h"
 #include "model/random_init.h"
 #include "model/safetensors.h"
@@ -138,12 +139,27 @@ struct DeriveArgs {
   std::string base, out;
   bool full = false, lora = false;
   DeriveOptions options;
+  int64_t rank = 8;
+  double alpha = 16;
+  std::string targets = "q_proj,v_proj";
 };
 
 void run_derive(const DeriveArgs& a) {
-  if (a.lora)
-    throw Error("model derive --lora: LoRA adapters are not supported yet; use --full --layers");
-  if (!a.full) throw Error("model derive: say what to derive: --full --layers LIST");
+  if (a.full == a.lora)
+    throw Error("model derive: say what to derive: --full --layers LIST, or --lora [--rank R]");
+  if (a.lora) {
+    if (!a.options.layers.empty())
+      throw Error("model derive --lora: --layers is for --full (the adapter covers every layer)");
+    const LoraDeriveOptions o{.seed = a.options.seed,
+                              .rank = a.rank,
+                              .alpha = a.alpha,
+                              .targets = parse_lora_targets(a.targets)};
+    derive_lora(a.base, a.out, o);
+    std::printf("wrote %s: a LoRA adapter of %s (r %lld, alpha %g, %s, seed %llu)\n", a.out.c_str(),
+                a.base.c_str(), static_cast<long long>(a.rank), a.alpha, a.targets.c_str(),
+                static_cast<unsigned long long>(a.options.seed));
+    return;
+  }
   derive_full_finetune(a.base, a.out, a.options);
   std::printf("wrote %s: %s with layers", a.out.c_str(), a.base.c_str());
   for (int64_t l : a.options.layers) std::printf(" %lld", static_cast<long long>(l));
@@ -188,7 +204,14 @@ void register_model_commands(CLI::App& app) {
   derive->add_option("--seed", derive_args->options.seed, "Seed of the perturbation");
   derive->add_flag("--full", derive_args->full,
                    "A full fine-tune: the listed layers change, all else stays bit-identical");
-  derive->add_flag("--lora", derive_args->lora, "A LoRA adapter (not built yet)");
+  derive->add_flag(
+      "--lora", derive_args->lora,
+      "A LoRA adapter in PEFT layout (adapter_config.json, adapter_model.safetensors)");
+  derive->add_option("--rank", derive_args->rank, "LoRA rank r (with --lora; default 8)")
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  derive->add_option("--alpha", derive_args->alpha, "LoRA alpha (with --lora; default 16)");
+  derive->add_option("--targets", derive_args->targets,
+                     "Adapted modules, e.g. q_proj,v_proj (default) or all-linear (with --lora)");
   derive->add_option("--layers", derive_args->options.layers,
                      "Layers to change, e.g. --layers 0 3 (with --full)");
   derive->callback([derive_args] { run_derive(*derive_args); });

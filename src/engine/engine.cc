@@ -83,7 +83,22 @@ Engine::Engine(const std::vector<ModelFolder>& models, const EngineOptions& opti
                     models_[0].name + "' in " + differs +
                     "; models served together must share one architecture");
     }
-    m.weights = std::make_unique<TensorStore>(TensorStore::open_dir(folder.dir));
+    for (const Model& earlier : models_)
+      if (!m.weights && earlier.weights && std::filesystem::equivalent(earlier.dir, folder.dir))
+        m.weights = earlier.weights;
+    if (!m.weights)
+      m.weights = std::make_shared<const TensorStore>(TensorStore::open_dir(folder.dir));
+    if (!folder.adapter.empty()) {
+      m.adapter = LoraAdapter::open(folder.adapter, m.config);
+      // An adapter folder with its own tokenizer usually added tokens, and with them trained
+      // embedding rows (modules_to_save), which are refused; a copy of the base's is fine.
+      const auto own = folder.adapter / "tokenizer.json";
+      if (std::filesystem::exists(own) &&
+          read_file_bytes(own) != read_file_bytes(folder.dir / "tokenizer.json"))
+        throw Error("the adapter " + folder.adapter.string() +
+                    " brings a tokenizer.json that differs from its base model's; adapters with "
+                    "their own tokenizer are not supported");
+    }
     m.tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_dir(folder.dir));
     models_.push_back(std::move(m));
   }
@@ -102,6 +117,9 @@ Engine::Engine(const std::vector<ModelFolder>& models, const EngineOptions& opti
   in.config = &models_[0].config;
   in.weights = models_[0].weights.get();
   for (size_t i = 1; i < models_.size(); ++i) in.more_weights.push_back(models_[i].weights.get());
+  for (const Model& m : models_)
+    if (m.adapter) in.adapters.resize(models_.size());
+  for (size_t i = 0; i < in.adapters.size(); ++i) in.adapters[i] = models_[i].adapter.get();
   in.options.threads = options.threads;
   in.options.deterministic = options.deterministic;
   in.options.page_size = options.page_size;

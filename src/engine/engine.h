@@ -22,6 +22,7 @@
 #include "kv/page_pool.h"
 #include "kv/radix_cache.h"
 #include "model/config.h"
+#include "model/lora.h"
 #include "model/safetensors.h"
 #include "model/zoo.h"
 #include "sampling/sampler.h"
@@ -205,8 +206,10 @@ class Engine {
     std::string name;
     std::filesystem::path dir;  // empty for an engine made from a backend
     ModelConfig config;
-    std::unique_ptr<TensorStore> weights;  // when loaded from a model folder
-    std::unique_ptr<Tokenizer> tokenizer;  // null: token ids in, token ids out
+    std::shared_ptr<const TensorStore> weights;  // when loaded from a model folder (one per
+                                                 // folder, shared by the adapters on it)
+    std::unique_ptr<LoraAdapter> adapter;        // a LoRA model's adapter, applied to `weights`
+    std::unique_ptr<Tokenizer> tokenizer;        // null: token ids in, token ids out
   };
 
   EngineOptions options_;

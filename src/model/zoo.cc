@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "model/lora.h"
 
 namespace blend {
 
@@ -10,6 +11,31 @@ std::string model_folder_name(const std::filesystem::path& dir) {
   std::string name = dir.filename().string();
   return name.empty() ? dir.parent_path().filename().string() : name;
 }
+
+namespace {
+
+// The model folder a LoRA adapter applies to (see model_folders).
+std::filesystem::path adapter_base(const std::filesystem::path& adapter,
+                                   const std::vector<ModelFolder>& models) {
+  namespace fs = std::filesystem;
+  const std::string base = lora_base_model(adapter);
+  if (base.empty())
+    throw Error("--zoo: the adapter " + adapter.string() +
+                " names no base_model_name_or_path; cannot tell which model it adapts");
+  const fs::path path(base);
+  for (const fs::path& dir : {path.is_absolute() ? path : adapter / path})
+    if (fs::exists(dir / "config.json")) return dir;
+  const std::string name = model_folder_name(path);
+  for (const ModelFolder& m : models)
+    if (m.name == name) return m.dir;
+  std::string names;
+  for (const ModelFolder& m : models) names += (names.empty() ? "" : ", ") + m.name;
+  throw Error("--zoo: the adapter " + adapter.string() + " is for '" + base +
+              "', which is neither a model folder nor a model of the zoo (" +
+              (names.empty() ? "none" : names) + ")");
+}
+
+}  // namespace
 
 std::vector<ModelFolder> model_folders(const std::filesystem::path& model,
                                        const std::string& model_name,
@@ -20,8 +46,13 @@ std::vector<ModelFolder> model_folders(const std::filesystem::path& model,
     throw Error(
         "--served-model-name names the --model folder; zoo models go by their folder names");
   std::vector<ModelFolder> out;
-  if (!model.empty())
-    out.push_back({model_name.empty() ? model_folder_name(model) : model_name, model});
+  if (!model.empty()) {
+    const std::string name = model_name.empty() ? model_folder_name(model) : model_name;
+    if (is_lora_adapter(model))
+      out.push_back({name, adapter_base(model, {}), model});
+    else
+      out.push_back({name, model, {}});
+  }
   if (!zoo.empty()) {
     if (!fs::is_directory(zoo)) throw Error("--zoo " + zoo.string() + ": not a folder");
     std::vector<fs::path> dirs;
@@ -29,14 +60,22 @@ std::vector<ModelFolder> model_folders(const std::filesystem::path& model,
       if (entry.is_directory()) dirs.push_back(entry.path());
     std::sort(dirs.begin(), dirs.end());
     if (dirs.empty()) throw Error("--zoo " + zoo.string() + ": holds no model folder");
+    std::vector<fs::path> adapters;
     for (const fs::path& dir : dirs) {
-      if (fs::exists(dir / "adapter_config.json"))
-        throw Error("--zoo: " + dir.string() +
-                    " is a LoRA adapter; adapters are not supported yet (full model folders are)");
+      if (is_lora_adapter(dir)) {
+        adapters.push_back(dir);
+        continue;
+      }
       if (!fs::exists(dir / "config.json"))
-        throw Error("--zoo: " + dir.string() + " has no config.json: not a model folder");
-      out.push_back({model_folder_name(dir), dir});
+        throw Error("--zoo: " + dir.string() +
+                    " has no config.json or adapter_config.json: not a model or adapter folder");
+      out.push_back({model_folder_name(dir), dir, {}});
     }
+    const std::vector<ModelFolder> full = out;
+    for (const fs::path& dir : adapters)
+      out.push_back({model_folder_name(dir), adapter_base(dir, full), dir});
+    std::sort(out.begin() + (model.empty() ? 0 : 1), out.end(),
+              [](const ModelFolder& a, const ModelFolder& b) { return a.name < b.name; });
   }
   check_model_names(out);
   return out;

@@ -10,23 +10,29 @@
 namespace blend {
 
 struct ModelFolder {
-  std::string name;  // what a request's "model" says to pick it
-  std::filesystem::path dir;
+  std::string name;               // what a request's "model" says to pick it
+  std::filesystem::path dir;      // the model folder (for a LoRA adapter: its base model's)
+  std::filesystem::path adapter;  // a PEFT LoRA adapter folder applied to `dir`, or empty
 };
 
 // The name a model folder goes by: its last path component ("models/smollm/" -> "smollm").
 std::string model_folder_name(const std::filesystem::path& dir);
 
 // The models of `--model` (when not empty; named `model_name`, or by its folder when that is
-// empty) followed by the subfolders of `--zoo` (when not empty), in name order. Throws
-// blend::Error when neither is given, for a name without --model, when the zoo is not a folder or
-// holds no model, for a subfolder that is a LoRA adapter (not supported yet) or no model folder at
-// all, and for two models of one name.
-// Throws blend::Error when two of `models` share a name (requests could not pick between them).
-void check_model_names(const std::vector<ModelFolder>& models);
-
+// empty) followed by the subfolders of `--zoo` (when not empty), in name order. A subfolder
+// holding a PEFT LoRA adapter (adapter_config.json) is served on its base model: the folder its
+// base_model_name_or_path names when that is an existing folder (absolute, or relative to the
+// adapter), else the model of this zoo (or --model) whose name is that path's last component
+// ("org/Llama-3.2-1B" -> "Llama-3.2-1B"). `--model` may name an adapter folder too, whose base
+// must then be a folder. Throws blend::Error when neither is given, for a name
+// without --model, when the zoo is not a folder or holds no model, for a subfolder that is no
+// model folder or adapter, for an adapter whose base is not found, and for two models of one
+// name.
 std::vector<ModelFolder> model_folders(const std::filesystem::path& model,
                                        const std::string& model_name,
                                        const std::filesystem::path& zoo);
+
+// Throws blend::Error when two of `models` share a name (requests could not pick between them).
+void check_model_names(const std::vector<ModelFolder>& models);
 
 }  // namespace blend

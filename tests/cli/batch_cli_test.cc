@@ -145,22 +145,31 @@ TEST_F(BatchCli, AZooRunsEachLineOnTheModelItNames) {
                                  " --full --layers 1 --seed 4")
                 .exit_code,
             0);
+  // gamma: a LoRA adapter (PEFT layout) on alpha, served on alpha's weights.
+  ASSERT_EQ(testing::run_command(std::string("'") + BLEND_BINARY + "' model derive --base " +
+                                 (zoo / "alpha").string() + " --out " + (zoo / "gamma").string() +
+                                 " --lora --rank 4 --seed 6")
+                .exit_code,
+            0);
   auto line = [](const std::string& id, const std::string& model, int seed) {
     return R"({"custom_id":")" + id +
            R"(","method":"POST","url":"/v1/completions","body":{"model":")" + model +
            R"(","prompt":"Once upon a time )" + std::to_string(seed) +
            R"(","max_tokens":6,"temperature":0.7,"seed":)" + std::to_string(seed) + "}}\n";
   };
-  std::string both, alpha, beta;
+  std::string both, alpha, beta, gamma;
   for (int i = 0; i < 4; ++i) {
-    both += line("a" + std::to_string(i), "alpha", i) + line("b" + std::to_string(i), "beta", i);
+    both += line("a" + std::to_string(i), "alpha", i) + line("b" + std::to_string(i), "beta", i) +
+            line("c" + std::to_string(i), "gamma", i);
     alpha += line("a" + std::to_string(i), "alpha", i);
     beta += line("b" + std::to_string(i), "beta", i);
+    gamma += line("c" + std::to_string(i), "gamma", i);
   }
-  both += line("x", "gamma", 1);
+  both += line("x", "delta", 1);
   testing::write_file(work / "both.jsonl", both);
   testing::write_file(work / "alpha.jsonl", alpha);
   testing::write_file(work / "beta.jsonl", beta);
+  testing::write_file(work / "gamma.jsonl", gamma);
   auto texts = [](const std::filesystem::path& out) {
     std::map<std::string, std::string> t;
     for (const json& r : read_jsonl(out))
@@ -183,7 +192,7 @@ TEST_F(BatchCli, AZooRunsEachLineOnTheModelItNames) {
     EXPECT_EQ(together["x"], "error 404");
     together.erase("x");
     std::map<std::string, std::string> alone;
-    for (const std::string m : {"alpha", "beta"}) {
+    for (const std::string m : {"alpha", "beta", "gamma"}) {
       const auto single = work / (m + "-" + policy + ".jsonl");
       ASSERT_EQ(
           testing::run_command(common + "--model " + (zoo / m).string() + " --input " +
@@ -193,14 +202,16 @@ TEST_F(BatchCli, AZooRunsEachLineOnTheModelItNames) {
       alone.merge(texts(single));
     }
     EXPECT_EQ(together, alone) << policy;
+    EXPECT_NE(together["a0"].substr(6), together["c0"].substr(6));  // the adapter matters
   }
   std::filesystem::create_directories(zoo / "lora");
-  testing::write_file(zoo / "lora" / "adapter_config.json", "{}");
+  testing::write_file(zoo / "lora" / "adapter_config.json",
+                      R"({"peft_type": "LORA", "base_model_name_or_path": "org/missing"})");
   const auto refused = testing::run_command(common + "--zoo " + zoo.string() + " --input " +
                                             (work / "both.jsonl").string() + " --output " +
                                             (work / "never.jsonl").string() + " 2>&1");
   EXPECT_NE(refused.exit_code, 0);
-  EXPECT_NE(refused.output.find("LoRA adapter"), std::string::npos) << refused.output;
+  EXPECT_NE(refused.output.find("is for 'org/missing'"), std::string::npos) << refused.output;
 }
 
 // OpenAI's n in a batch line: one result line with n choices, choice i the sample a line with

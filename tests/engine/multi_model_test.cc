@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "engine/engine.h"
 #include "model/derive.h"
+#include "model/lora.h"
 #include "model/presets.h"
 #include "model/random_init.h"
 #include "run_requests.h"
@@ -28,10 +29,16 @@ class MultiModel : public ::testing::Test {
     o.tokenizer_dir = BLEND_TEST_TOKENIZER_DIR;
     write_random_model(*find_model_preset("tiny"), base(), o);
     derive_full_finetune(base(), tuned(), {.seed = 5, .layers = {1}});  // layer 0 stays shared
+    derive_lora(base(), lora(),
+                {.seed = 8,
+                 .rank = 8,
+                 .alpha = 16,
+                 .targets = parse_lora_targets("q_proj,v_proj,down_proj")});
   }
   static void TearDownTestSuite() { delete dir_; }
   static std::filesystem::path base() { return *dir_ / "base"; }
   static std::filesystem::path tuned() { return *dir_ / "tuned"; }
+  static std::filesystem::path lora() { return *dir_ / "lora"; }
 
   static EngineOptions options() {
     EngineOptions o;
@@ -93,6 +100,47 @@ TEST_F(MultiModel, EachRequestGetsItsOwnModelsTokensInAMixedBatch) {
   }
   // The fine-tune changes what is generated, so the check above could catch a mix-up.
   EXPECT_GE(differ, 4);
+}
+
+// Per-block batching with a LoRA tenant: the base, a full fine-tune and an adapter on the base
+// in one batch (base projections computed once over all rows, the adapter's delta on its rows)
+// give each request the tokens it gets on an engine of its model alone.
+TEST_F(MultiModel, ALoraTenantGetsItsOwnTokensBesideItsBase) {
+  Engine zoo({{"base", base(), {}}, {"lora", base(), lora()}, {"tuned", tuned(), {}}}, options());
+  Engine base_only({{"base", base()}}, options());
+  Engine lora_only({{"lora", base(), lora()}}, options());
+  Engine tuned_only({{"tuned", tuned()}}, options());
+  std::vector<GenerationRequest> mixed;
+  std::vector<GenerationRequest> alone[3];
+  for (uint32_t i = 0; i < 4; ++i) {
+    const int len = 6 + static_cast<int>(i) * 9;
+    for (ModelId m = 0; m < 3; ++m) {
+      const std::string id = std::to_string(m) + "-" + std::to_string(i);
+      mixed.push_back(request(id, 200 + i, len, m));
+      alone[m].push_back(request(id, 200 + i, len, 0));
+    }
+  }
+  const auto together = run(zoo, mixed);
+  const std::map<std::string, GenerationResult> apart[3] = {
+      run(base_only, alone[0]), run(lora_only, alone[1]), run(tuned_only, alone[2])};
+  int differ = 0;
+  for (uint32_t i = 0; i < 4; ++i) {
+    for (int m = 0; m < 3; ++m) {
+      const std::string id = std::to_string(m) + "-" + std::to_string(i);
+      EXPECT_EQ(together.at(id).tokens, apart[m].at(id).tokens) << id;
+    }
+    differ +=
+        together.at("0-" + std::to_string(i)).tokens != together.at("1-" + std::to_string(i)).tokens
+            ? 1
+            : 0;
+  }
+  EXPECT_GE(differ, 3);  // the adapter changes what is generated
+  // The adapter adds its factors only: 2 attention and 2 FFN blocks of its own, no base weights.
+  const WeightStats with_lora = zoo.weight_stats(),
+                    without =
+                        Engine({{"base", base()}, {"tuned", tuned()}}, options()).weight_stats();
+  EXPECT_EQ(with_lora.unique_blocks, without.unique_blocks + 4);
+  EXPECT_LT(with_lora.bytes - without.bytes, base_only.weight_stats().bytes / 20);
 }
 
 TEST_F(MultiModel, BlocksTheModelsShareAreLoadedOnce) {

@@ -3,10 +3,12 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <span>
 #include <unordered_map>
 
@@ -16,6 +18,7 @@
 #include "backend/cpu/ops.h"
 #include "backend/cpu/threads.h"
 #include "core/error.h"
+#include "model/lora.h"
 #include "model/rope.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
@@ -63,7 +66,8 @@ std::vector<float> load_vector(const TensorView& t) {
 class CpuBackendImpl final : public CpuBackend {
  public:
   CpuBackendImpl(const ModelConfig& config, std::span<const TensorStore* const> stores,
-                 const BackendOptions& options, CpuGemmLib f32_gemm);
+                 const BackendOptions& options, CpuGemmLib f32_gemm,
+                 std::span<const LoraAdapter* const> adapters);
 
   const ModelConfig& config() const override { return config_; }
   std::string name() const override { return "cpu"; }
@@ -104,17 +108,30 @@ class CpuBackendImpl final : public CpuBackend {
     DType dtype = DType::kF32;  // kBF16 for bf16 checkpoints, else exact f32
     std::vector<std::byte> rows;
   };
+  // A LoRA adapter's change to one (possibly fused) linear layer: y += scale * (x A^T) B^T for
+  // each adapted part, as two GEMMs: `a` stacks the parts' A factors ([R, k], R = rank x parts)
+  // and `b` holds scale * B of each part in its rows of the fused output and its rank columns
+  // ([n, R], zero elsewhere).
+  struct LoraDelta {
+    std::unique_ptr<Linear> a, b;
+  };
+  // A block's linear layers are shared with every block holding the same tensors: an attention
+  // block with a LoRA adapter is its own block (BlockLLM §4.3) but computes its base projection
+  // with the base block's packed weights, over the rows of both (one base GEMM for all tenants of
+  // a base, then each adapter's delta on its own rows: S-LoRA's split of the work).
   struct Attention {
-    std::vector<float> norm;
-    std::unique_ptr<Linear> qkv, o;
+    std::shared_ptr<const std::vector<float>> norm;
+    std::shared_ptr<Linear> qkv, o;
+    std::unique_ptr<LoraDelta> qkv_lora, o_lora;  // null without an adapter
   };
   struct Ffn {
-    std::vector<float> norm;
-    std::unique_ptr<Linear> gate_up, down;
+    std::shared_ptr<const std::vector<float>> norm;
+    std::shared_ptr<Linear> gate_up, down;
+    std::unique_ptr<LoraDelta> gate_up_lora, down_lora;
   };
   struct Head {
-    std::vector<float> norm;
-    std::unique_ptr<Linear> lm_head;
+    std::shared_ptr<const std::vector<float>> norm;
+    std::shared_ptr<Linear> lm_head;
   };
   struct Chain {
     Embedding* embed = nullptr;
@@ -139,6 +156,8 @@ class CpuBackendImpl final : public CpuBackend {
   // others go through padded scratch, since a call writes padded_rows(m) rows (gemm.h).
   void linear(Linear& w, const void* x, const RowRun& run, int64_t m, float* y,
               bool accumulate = false);
+  // y[run rows] += the adapter's delta for inputs x[run rows] (compute dtype).
+  void lora(const LoraDelta& delta, const void* x, const RowRun& run, int64_t m, float* y);
   // Zeroes rows [from, to) of a GEMM input so padding rows hold finite values.
   void zero_rows(void* buf, int64_t from, int64_t to, int64_t cols) const {
     const size_t row = static_cast<size_t>(cols) * gemm_.elem_size();
@@ -159,7 +178,8 @@ class CpuBackendImpl final : public CpuBackend {
   std::vector<double> inv_freq_;
   cpu::AttentionShape shape_;
   cpu::KvCache kv_;
-  Scratch x_, xn_, qkv_, attn_, gu_, act_, cos_, sin_, logit_rows_, logit_tail_, run_in_, run_out_;
+  Scratch x_, xn_, qkv_, attn_, gu_, act_, cos_, sin_, logit_rows_, logit_tail_, run_in_, run_out_,
+      lora_t_, lora_in_;
   CpuOpTimes times_;
   int64_t kv_budget_ = 0;
 };
@@ -209,77 +229,58 @@ DType checked_dtype(const ModelConfig& config, std::span<const TensorStore* cons
   return dtype;
 }
 
-// Hash of tensors' dtypes, shapes and bytes: the content address of a block.
-uint64_t content_hash(const std::vector<const TensorView*>& tensors) {
+// Hash of a tensor's dtype, shape and bytes: its content address.
+uint64_t content_hash(const TensorView& t) {
   uint64_t h = 0x243f6a8885a308d3ull;
   auto mix = [&h](uint64_t w) {
     h = (h ^ w) * 0x9e3779b97f4a7c15ull;
     h ^= h >> 29;
   };
-  for (const TensorView* t : tensors) {
-    mix(static_cast<uint64_t>(t->dtype));
-    for (int64_t d : t->shape) mix(static_cast<uint64_t>(d));
-    size_t i = 0;
-    for (; i + 8 <= t->nbytes; i += 8) {
-      uint64_t w;
-      std::memcpy(&w, t->data + i, 8);
-      mix(w);
-    }
-    for (; i < t->nbytes; ++i) mix(static_cast<uint64_t>(t->data[i]));
+  mix(static_cast<uint64_t>(t.dtype));
+  for (int64_t d : t.shape) mix(static_cast<uint64_t>(d));
+  size_t i = 0;
+  for (; i + 8 <= t.nbytes; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, t.data + i, 8);
+    mix(w);
   }
+  for (; i < t.nbytes; ++i) mix(static_cast<uint64_t>(t.data[i]));
   return h;
 }
 
-bool same_bytes(const std::vector<const TensorView*>& a, const std::vector<const TensorView*>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (a[i]->dtype != b[i]->dtype || a[i]->shape != b[i]->shape || a[i]->nbytes != b[i]->nbytes ||
-        std::memcmp(a[i]->data, b[i]->data, a[i]->nbytes) != 0)
-      return false;
-  return true;
+bool same_bytes(const TensorView& a, const TensorView& b) {
+  return a.dtype == b.dtype && a.shape == b.shape && a.nbytes == b.nbytes &&
+         std::memcmp(a.data, b.data, a.nbytes) == 0;
 }
 
-// Builds each block once per content: a block whose tensors are byte-identical to one loaded for
-// an earlier model is that block (checked byte by byte, not trusted to the hash). With one model
-// nothing is hashed.
+// Builds each block and each packed linear layer once per content. Every tensor gets a content
+// id (byte-identical tensors one id: hashed, then compared byte by byte, never trusted to the
+// hash); a block or linear layer is named by its kind and its tensors' ids, and one already
+// built under that name is reused. With one model nothing is hashed.
 class CpuBackendImpl::BlockLoader {
  public:
   BlockLoader(CpuBackendImpl& backend, bool share) : b_(backend), share_(share) {}
 
-  // The block made of `tensors`: the existing one with their bytes, or a new one from make().
-  template <typename Block, typename Make>
-  Block* shared(std::vector<std::unique_ptr<Block>>& owned,
-                const std::vector<const TensorView*>& tensors, Make make) {
-    int64_t bytes = 0;
-    for (const TensorView* t : tensors) bytes += t->nbytes;
-    b_.weight_stats_.unshared_bytes += bytes;
-    ++b_.weight_stats_.blocks;
-    uint64_t key = 0;
-    if (share_) {
-      key = content_hash(tensors);
-      auto [first, last] = seen_.equal_range(key);
-      for (auto it = first; it != last; ++it)
-        if (same_bytes(it->second.tensors, tensors)) return static_cast<Block*>(it->second.block);
-    }
-    owned.push_back(make());
-    Block* block = owned.back().get();
-    b_.weight_stats_.bytes += bytes;
-    ++b_.weight_stats_.unique_blocks;
-    if (share_) seen_.emplace(key, Seen{tensors, block});
-    return block;
-  }
-
-  Chain load(const TensorStore& store) {
+  Chain load(const TensorStore& store, const LoraAdapter* adapter) {
     const ModelConfig& config = b_.config_;
     auto get = [&](const std::string& name) { return &store.get(name); };
     Chain chain;
     const TensorView* embed = get("model.embed_tokens.weight");
-    chain.embed = shared(b_.embeddings_, {embed}, [&] { return make_embedding(*embed); });
+    chain.embed = shared(b_.embeddings_, Kind::kEmbedding, {embed}, {}, [&] {
+      b_.weight_stats_.bytes += static_cast<int64_t>(embed->nbytes);
+      return make_embedding(*embed);
+    });
     for (int64_t i = 0; i < config.num_layers; ++i) {
       auto name = [&](const char* s) { return get(layer_tensor_name(i, s)); };
-      std::vector<const TensorView*> qkv{name("self_attn.q_proj.weight"),
-                                         name("self_attn.k_proj.weight"),
-                                         name("self_attn.v_proj.weight")};
+      auto factors = [&](std::initializer_list<LoraModule> modules) {
+        std::vector<LoraAdapter::Factors> f;
+        for (LoraModule m : modules)
+          f.push_back(adapter ? adapter->factors(i, m) : LoraAdapter::Factors{});
+        return f;
+      };
+      const std::vector<const TensorView*> qkv{name("self_attn.q_proj.weight"),
+                                               name("self_attn.k_proj.weight"),
+                                               name("self_attn.v_proj.weight")};
       std::vector<const TensorView*> bias;
       if (config.attention_bias)
         bias = {name("self_attn.q_proj.bias"), name("self_attn.k_proj.bias"),
@@ -289,37 +290,178 @@ class CpuBackendImpl::BlockLoader {
       std::vector<const TensorView*> parts{norm, o};
       parts.insert(parts.end(), qkv.begin(), qkv.end());
       parts.insert(parts.end(), bias.begin(), bias.end());
-      chain.attention.push_back(shared(b_.attentions_, parts, [&] {
-        auto block = std::make_unique<Attention>();
-        block->norm = load_vector(*norm);
-        block->qkv = std::make_unique<Linear>(b_.gemm_, qkv, bias);
-        block->o = std::make_unique<Linear>(b_.gemm_, std::vector{o});
-        return block;
-      }));
+      const auto qkv_factors = factors({LoraModule::kQ, LoraModule::kK, LoraModule::kV});
+      const auto o_factors = factors({LoraModule::kO});
+      chain.attention.push_back(shared(b_.attentions_, Kind::kAttention, parts,
+                                       lora_key(qkv_factors, o_factors, adapter), [&] {
+                                         auto block = std::make_unique<Attention>();
+                                         block->norm = load_norm(*norm);
+                                         block->qkv = linear(Kind::kQkv, qkv, bias);
+                                         block->o = linear(Kind::kO, {o});
+                                         block->qkv_lora = lora(qkv_factors, qkv, adapter);
+                                         block->o_lora = lora(o_factors, {o}, adapter);
+                                         return block;
+                                       }));
       const TensorView* mlp_norm = name("post_attention_layernorm.weight");
-      const TensorView* gate = name("mlp.gate_proj.weight");
-      const TensorView* up = name("mlp.up_proj.weight");
+      const std::vector<const TensorView*> gate_up{name("mlp.gate_proj.weight"),
+                                                   name("mlp.up_proj.weight")};
       const TensorView* down = name("mlp.down_proj.weight");
-      chain.ffn.push_back(shared(b_.ffns_, {mlp_norm, gate, up, down}, [&] {
-        auto block = std::make_unique<Ffn>();
-        block->norm = load_vector(*mlp_norm);
-        block->gate_up = std::make_unique<Linear>(b_.gemm_, std::vector{gate, up});
-        block->down = std::make_unique<Linear>(b_.gemm_, std::vector{down});
-        return block;
-      }));
+      const auto gate_up_factors = factors({LoraModule::kGate, LoraModule::kUp});
+      const auto down_factors = factors({LoraModule::kDown});
+      chain.ffn.push_back(shared(b_.ffns_, Kind::kFfn, {mlp_norm, gate_up[0], gate_up[1], down},
+                                 lora_key(gate_up_factors, down_factors, adapter), [&] {
+                                   auto block = std::make_unique<Ffn>();
+                                   block->norm = load_norm(*mlp_norm);
+                                   block->gate_up = linear(Kind::kGateUp, gate_up);
+                                   block->down = linear(Kind::kDown, {down});
+                                   block->gate_up_lora = lora(gate_up_factors, gate_up, adapter);
+                                   block->down_lora = lora(down_factors, {down}, adapter);
+                                   return block;
+                                 }));
     }
     const TensorView* norm = get("model.norm.weight");
     const TensorView* lm_head = config.tie_word_embeddings ? embed : get("lm_head.weight");
-    chain.head = shared(b_.heads_, {norm, lm_head}, [&] {
+    chain.head = shared(b_.heads_, Kind::kHead, {norm, lm_head}, {}, [&] {
       auto block = std::make_unique<Head>();
-      block->norm = load_vector(*norm);
-      block->lm_head = std::make_unique<Linear>(b_.gemm_, std::vector{lm_head});
+      block->norm = load_norm(*norm);
+      block->lm_head = linear(Kind::kLmHead, {lm_head});
       return block;
     });
     return chain;
   }
 
  private:
+  enum class Kind : int64_t {
+    kEmbedding = -1,
+    kAttention = -2,
+    kFfn = -3,
+    kHead = -4,
+    kQkv = -5,
+    kO = -6,
+    kGateUp = -7,
+    kDown = -8,
+    kLmHead = -9,
+    kLora = -10
+  };
+  using Key = std::vector<int64_t>;
+
+  // The content id of tensor `t` (see the class comment).
+  int64_t id(const TensorView* t) {
+    if (auto it = id_of_view_.find(t); it != id_of_view_.end()) return it->second;
+    int64_t id = -1;
+    if (share_) {
+      const uint64_t hash = content_hash(*t);
+      auto [first, last] = id_of_hash_.equal_range(hash);
+      for (auto it = first; it != last && id < 0; ++it)
+        if (same_bytes(*it->second.first, *t)) id = it->second.second;
+      if (id < 0) id_of_hash_.emplace(hash, std::pair{t, next_id_});
+    }
+    if (id < 0) id = next_id_++;
+    id_of_view_.emplace(t, id);
+    return id;
+  }
+  Key key(Kind kind, const std::vector<const TensorView*>& tensors) {
+    Key k{static_cast<int64_t>(kind)};
+    for (const TensorView* t : tensors) k.push_back(id(t));
+    return k;
+  }
+
+  // The block of `kind` made of `tensors` (and the LoRA factors `extra` names): the existing one
+  // with that content, or a new one from make().
+  template <typename Block, typename Make>
+  Block* shared(std::vector<std::unique_ptr<Block>>& owned, Kind kind,
+                const std::vector<const TensorView*>& tensors, const Key& extra, Make make) {
+    for (const TensorView* t : tensors)
+      b_.weight_stats_.unshared_bytes += static_cast<int64_t>(t->nbytes);
+    ++b_.weight_stats_.blocks;
+    Key k = key(kind, tensors);
+    k.insert(k.end(), extra.begin(), extra.end());
+    if (auto it = blocks_.find(k); it != blocks_.end()) return static_cast<Block*>(it->second);
+    owned.push_back(make());
+    ++b_.weight_stats_.unique_blocks;
+    blocks_.emplace(std::move(k), owned.back().get());
+    return owned.back().get();
+  }
+
+  // A packed linear layer over `parts` (and `bias`), shared by every block holding them.
+  std::shared_ptr<Linear> linear(Kind kind, const std::vector<const TensorView*>& parts,
+                                 const std::vector<const TensorView*>& bias = {}) {
+    Key k = key(kind, parts);
+    for (const TensorView* t : bias) k.push_back(id(t));
+    auto& slot = linears_[k];
+    if (!slot) {
+      slot = std::make_shared<Linear>(b_.gemm_, parts, bias);
+      for (const auto* list : {&parts, &bias})
+        for (const TensorView* t : *list) b_.weight_stats_.bytes += static_cast<int64_t>(t->nbytes);
+    }
+    return slot;
+  }
+
+  // A norm's weights in f32, shared by every block holding the same tensor.
+  std::shared_ptr<const std::vector<float>> load_norm(const TensorView& norm) {
+    auto& slot = norms_[id(&norm)];
+    if (!slot) {
+      slot = std::make_shared<const std::vector<float>>(load_vector(norm));
+      b_.weight_stats_.bytes += static_cast<int64_t>(norm.nbytes);
+    }
+    return slot;
+  }
+
+  // What names an adapter's part of a block: its factors' ids and its scale.
+  Key lora_key(const std::vector<LoraAdapter::Factors>& first,
+               const std::vector<LoraAdapter::Factors>& second, const LoraAdapter* adapter) {
+    Key k;
+    for (const auto* list : {&first, &second})
+      for (const LoraAdapter::Factors& f : *list) {
+        if (!f) continue;
+        if (k.empty()) {
+          k.push_back(static_cast<int64_t>(Kind::kLora));
+          k.push_back(std::bit_cast<int64_t>(adapter->scale()));
+        }
+        k.push_back(id(f.a));
+        k.push_back(id(f.b));
+      }
+    return k;
+  }
+
+  // The delta of the adapted parts among `factors` (one per part of `weights`, the fused
+  // layer's parts in order), or null when none is adapted.
+  std::unique_ptr<LoraDelta> lora(const std::vector<LoraAdapter::Factors>& factors,
+                                  const std::vector<const TensorView*>& weights,
+                                  const LoraAdapter* adapter) {
+    std::vector<const TensorView*> a;
+    for (const LoraAdapter::Factors& f : factors)
+      if (f) a.push_back(f.a);
+    if (a.empty()) return nullptr;
+    const int64_t rank = adapter->rank(), cols = rank * static_cast<int64_t>(a.size());
+    int64_t n = 0;
+    for (const TensorView* w : weights) n += w->shape[0];
+    // scale * B of each adapted part, placed at its part's rows and its rank columns.
+    std::vector<float> b(static_cast<size_t>(n * cols), 0.0f);
+    int64_t row = 0, col = 0;
+    for (size_t p = 0; p < factors.size(); ++p) {
+      if (const TensorView* fb = factors[p].b) {
+        for (int64_t i = 0; i < fb->shape[0]; ++i)
+          for (int64_t j = 0; j < rank; ++j)
+            b[static_cast<size_t>((row + i) * cols + col + j)] =
+                static_cast<float>(adapter->scale() * fb->at(i * rank + j));
+        col += rank;
+        b_.weight_stats_.bytes += static_cast<int64_t>(factors[p].a->nbytes + fb->nbytes);
+      }
+      row += weights[p]->shape[0];
+    }
+    TensorView view;
+    view.name = "lora_B";
+    view.dtype = DType::kF32;
+    view.shape = {n, cols};
+    view.data = reinterpret_cast<const std::byte*>(b.data());
+    view.nbytes = b.size() * sizeof(float);
+    auto delta = std::make_unique<LoraDelta>();
+    delta->a = std::make_unique<Linear>(b_.gemm_, a);
+    delta->b = std::make_unique<Linear>(b_.gemm_, std::vector<const TensorView*>{&view});
+    return delta;
+  }
+
   // The embedding rows stay exact: bf16 as stored, f16 widened to f32.
   std::unique_ptr<Embedding> make_embedding(const TensorView& embed) const {
     auto e = std::make_unique<Embedding>();
@@ -335,18 +477,20 @@ class CpuBackendImpl::BlockLoader {
     return e;
   }
 
-  struct Seen {
-    std::vector<const TensorView*> tensors;
-    void* block;
-  };
   CpuBackendImpl& b_;
   bool share_;
-  std::unordered_multimap<uint64_t, Seen> seen_;
+  int64_t next_id_ = 0;
+  std::unordered_map<const TensorView*, int64_t> id_of_view_;
+  std::unordered_multimap<uint64_t, std::pair<const TensorView*, int64_t>> id_of_hash_;
+  std::map<Key, void*> blocks_;
+  std::map<Key, std::shared_ptr<Linear>> linears_;
+  std::map<int64_t, std::shared_ptr<const std::vector<float>>> norms_;
 };
 
 CpuBackendImpl::CpuBackendImpl(const ModelConfig& config,
                                std::span<const TensorStore* const> stores,
-                               const BackendOptions& options, CpuGemmLib f32_gemm)
+                               const BackendOptions& options, CpuGemmLib f32_gemm,
+                               std::span<const LoraAdapter* const> adapters)
     : config_(validated(config)),
       threads_(resolve_threads(options.threads)),
       file_dtype_(checked_dtype(config_, stores)),
@@ -364,7 +508,11 @@ CpuBackendImpl::CpuBackendImpl(const ModelConfig& config,
   cpu::use_threads(threads_);
   if (options.overlap) compute_steps_on_worker();
   BlockLoader loader(*this, /*share=*/stores.size() > 1);
-  for (const TensorStore* store : stores) chains_.push_back(loader.load(*store));
+  if (!adapters.empty() && adapters.size() != stores.size())
+    throw Error("cpu backend: " + std::to_string(adapters.size()) + " adapter slots for " +
+                std::to_string(stores.size()) + " models");
+  for (size_t i = 0; i < stores.size(); ++i)
+    chains_.push_back(loader.load(*stores[i], adapters.empty() ? nullptr : adapters[i]));
   inv_freq_ = rope_inv_freq(config_);
   shape_ = {.num_heads = config_.num_heads,
             .num_kv_heads = config_.num_kv_heads,
@@ -428,6 +576,21 @@ void CpuBackendImpl::linear(Linear& w, const void* x, const RowRun& run, int64_t
   }
 #pragma omp parallel for num_threads(threads_) schedule(static)
   for (int64_t i = 0; i < rows * n; ++i) dst[i] += out[i];
+}
+
+void CpuBackendImpl::lora(const LoraDelta& delta, const void* x, const RowRun& run, int64_t m,
+                          float* y) {
+  const int64_t r = delta.a->n(), mp = gemm_.padded_rows(m);
+  const size_t es = gemm_.elem_size();
+  float* t = lora_t_.get<float>(mp * r * 4);
+  linear(*delta.a, x, run, m, t);
+  // x A^T in the GEMM input dtype; rows past m stay as the scratch holds them (zero or earlier
+  // finite values), so a whole-batch call reads finite padding.
+  auto* in = lora_in_.get<std::byte>(mp * r * es);
+#pragma omp parallel for num_threads(threads_) schedule(static)
+  for (int64_t i = run.begin; i < run.end; ++i)
+    cpu::store_row(t + i * r, r, compute_, in + i * r * static_cast<int64_t>(es));
+  linear(*delta.b, in, run, m, y, /*accumulate=*/true);
 }
 
 void CpuBackendImpl::embed(const ForwardBatch& batch, const std::vector<RowRun>& runs,
@@ -497,11 +660,16 @@ void CpuBackendImpl::forward(const ForwardBatch& batch, std::span<float> logits)
         block_runs(runs, [&](const Chain& c) { return c.attention[size_li]; });
     for (const RowRun& run : attention_runs)
       cpu::rmsnorm(x + run.begin * h, h, run.end - run.begin, h,
-                   chains_[run.model].attention[size_li]->norm.data(), eps, compute_,
+                   chains_[run.model].attention[size_li]->norm->data(), eps, compute_,
                    rows_of(xn, run.begin, h), threads_);
     lap(times_.norm);
+    // Base projections run over the rows of every block sharing them, adapters on their own.
+    auto attention = [&](const RowRun& run) { return chains_[run.model].attention[size_li]; };
+    for (const RowRun& run :
+         block_runs(runs, [&](const Chain& c) { return c.attention[size_li]->qkv.get(); }))
+      linear(*attention(run)->qkv, xn, run, m, qkv);
     for (const RowRun& run : attention_runs)
-      linear(*chains_[run.model].attention[size_li]->qkv, xn, run, m, qkv);
+      if (attention(run)->qkv_lora) lora(*attention(run)->qkv_lora, xn, run, m, qkv);
     lap(times_.qkv);
 #pragma omp parallel for num_threads(threads_) schedule(static)
     for (int64_t i = 0; i < m; ++i) {
@@ -513,23 +681,33 @@ void CpuBackendImpl::forward(const ForwardBatch& batch, std::span<float> logits)
     lap(times_.rope_kv);
     cpu::paged_attention(batch, items, qkv, nqkv, li, kv_, shape_, compute_, attn, threads_);
     lap(times_.attention);
+    for (const RowRun& run :
+         block_runs(runs, [&](const Chain& c) { return c.attention[size_li]->o.get(); }))
+      linear(*attention(run)->o, attn, run, m, x, /*accumulate=*/true);
     for (const RowRun& run : attention_runs)
-      linear(*chains_[run.model].attention[size_li]->o, attn, run, m, x, /*accumulate=*/true);
+      if (attention(run)->o_lora) lora(*attention(run)->o_lora, attn, run, m, x);
     lap(times_.o_proj);
 
     const auto ffn_runs = block_runs(runs, [&](const Chain& c) { return c.ffn[size_li]; });
     for (const RowRun& run : ffn_runs)
       cpu::rmsnorm(x + run.begin * h, h, run.end - run.begin, h,
-                   chains_[run.model].ffn[size_li]->norm.data(), eps, compute_,
+                   chains_[run.model].ffn[size_li]->norm->data(), eps, compute_,
                    rows_of(xn, run.begin, h), threads_);
     lap(times_.norm);
+    auto ffn = [&](const RowRun& run) { return chains_[run.model].ffn[size_li]; };
+    for (const RowRun& run :
+         block_runs(runs, [&](const Chain& c) { return c.ffn[size_li]->gate_up.get(); }))
+      linear(*ffn(run)->gate_up, xn, run, m, gu);
     for (const RowRun& run : ffn_runs)
-      linear(*chains_[run.model].ffn[size_li]->gate_up, xn, run, m, gu);
+      if (ffn(run)->gate_up_lora) lora(*ffn(run)->gate_up_lora, xn, run, m, gu);
     lap(times_.gate_up);
     cpu::swiglu(gu, m, f, compute_, act, threads_);
     lap(times_.act);
+    for (const RowRun& run :
+         block_runs(runs, [&](const Chain& c) { return c.ffn[size_li]->down.get(); }))
+      linear(*ffn(run)->down, act, run, m, x, /*accumulate=*/true);
     for (const RowRun& run : ffn_runs)
-      linear(*chains_[run.model].ffn[size_li]->down, act, run, m, x, /*accumulate=*/true);
+      if (ffn(run)->down_lora) lora(*ffn(run)->down_lora, act, run, m, x);
     lap(times_.down);
   }
 
@@ -556,7 +734,7 @@ void CpuBackendImpl::forward(const ForwardBatch& batch, std::span<float> logits)
     for (const RowRun& run : logit_runs) {
       const Head& head = *chains_[run.model].head;
       const int64_t n = run.end - run.begin;
-      cpu::rmsnorm(lx + run.begin * h, h, n, h, head.norm.data(), eps, compute_,
+      cpu::rmsnorm(lx + run.begin * h, h, n, h, head.norm->data(), eps, compute_,
                    rows_of(ln, run.begin, h), threads_);
     }
     for (const RowRun& run : logit_runs) {
@@ -588,8 +766,9 @@ DType cpu_compute_dtype(DType checkpoint) {
 
 std::unique_ptr<CpuBackend> make_cpu_backend(const ModelConfig& config,
                                              std::span<const TensorStore* const> weights,
-                                             const BackendOptions& options, CpuGemmLib f32_gemm) {
-  return std::make_unique<CpuBackendImpl>(config, weights, options, f32_gemm);
+                                             const BackendOptions& options, CpuGemmLib f32_gemm,
+                                             std::span<const LoraAdapter* const> adapters) {
+  return std::make_unique<CpuBackendImpl>(config, weights, options, f32_gemm, adapters);
 }
 
 std::unique_ptr<CpuBackend> make_cpu_backend(const ModelConfig& config, const TensorStore& weights,

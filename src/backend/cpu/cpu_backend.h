@@ -29,6 +29,7 @@
 namespace blend {
 
 class TensorStore;
+class LoraAdapter;
 
 // Wall time spent per operation since the last reset, summed over layers and steps.
 struct CpuOpTimes {
@@ -78,9 +79,14 @@ std::unique_ptr<CpuBackend> make_cpu_backend(const ModelConfig& config, const Te
 // chain of blocks (embedding, per layer attention and FFN, head), and a block whose tensors are
 // byte-identical to an earlier model's is loaded once and shared (BlockLLM §4). A batch's chunks
 // pick their model (SeqChunk::model); each block runs once over the rows of every model using
-// it. All checkpoints must be of one dtype.
+// it. All checkpoints must be of one dtype. `adapters` is empty or holds one entry per model: a
+// LoRA adapter applied to that model's checkpoint, or null. An adapted attention or FFN is its
+// own block, holding only the adapter's factors: its base projections are the base block's
+// packed weights, computed once over the rows of every model using them, and each adapter's
+// low-rank delta is added on its own rows (BlockLLM §4.3; S-LoRA's split).
 std::unique_ptr<CpuBackend> make_cpu_backend(const ModelConfig& config,
                                              std::span<const TensorStore* const> weights,
-                                             const BackendOptions& options, CpuGemmLib f32_gemm);
+                                             const BackendOptions& options, CpuGemmLib f32_gemm,
+                                             std::span<const LoraAdapter* const> adapters = {});
 
 }  // namespace blend
