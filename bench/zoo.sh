@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
-# Several models in one engine (`blend batch --zoo`, issue 24's seam for BlockLLM) against the
-# same work run per model, one engine after the other, on this machine.
+# Several models in one engine (`blend batch --zoo`, BlockLLM, issues 24 and 30) against the same
+# work run per model, one engine after the other, on this machine.
 #
-#   bench/zoo.sh      # smollm-135m bf16 base + a fine-tune of layers 0-3, 256 x (128 + 128)
+#   bench/zoo.sh                          # smollm-135m bf16 base + a full fine-tune of layers 0-3
+#   KIND=lora TENANTS=4 bench/zoo.sh      # the base + 4 LoRA adapters (r 8 on q_proj,v_proj)
 #
-# Makes the base with `blend model init` and the tenant with `blend model derive --full` (its
-# listed layers perturbed, every other tensor the base's), then runs REPS times, alternating:
-#   zoo        one `blend batch --zoo` over N_REQ lines, half naming each model (interleaved):
-#              shared blocks run once over both models' rows, the rest per model;
-#   per-model  the base's half, then the tenant's half, each its own `blend batch --model` run
-#              (per-model provisioning, time-sliced: the figure is total tokens / summed wall);
+# Makes the base with `blend model init` and TENANTS tenants with `blend model derive` (KIND=full:
+# the listed layers perturbed, every other tensor the base's; KIND=lora: a PEFT adapter), then
+# runs REPS times, alternating:
+#   zoo        one `blend batch --zoo` over N_REQ lines naming the base and the tenants in turn:
+#              shared blocks run once over the rows of every model using them, the rest per model;
+#   per-model  each model's lines in its own `blend batch --model` run (per-model provisioning,
+#              time-sliced: the figure is total tokens / summed wall);
 #   one-model  all N_REQ lines on the base alone: what the zoo would reach if nothing differed.
 # Prints per run tokens/s, then medians and the ratios zoo / per-model and zoo / one-model, and
-# the zoo's weight memory against loading both models apart.
+# the zoo's weight memory against loading every model apart.
 # Knobs (environment): BLEND (build/blend), MODELS_DIR (build/bench_models), OUT_DIR
-# (build/zoo), PRESET (smollm-135m), DTYPE (bf16), LAYERS ("0 1 2 3"), N_REQ (256), PP (128),
-# TG (128), REPS (3), THREADS (0: all cores), BLEND_BATCH_ARGS (extra flags for every run, e.g.
-# --deterministic).
+# (build/zoo), PRESET (smollm-135m), DTYPE (bf16), KIND (full | lora), TENANTS (1), LAYERS
+# ("0 1 2 3", KIND=full), RANK (8) and TARGETS (q_proj,v_proj) for KIND=lora, N_REQ (256), PP
+# (128), TG (128), REPS (3), THREADS (0: all cores), BLEND_BATCH_ARGS (extra flags for every run,
+# e.g. --deterministic).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -25,7 +28,11 @@ MODELS_DIR=${MODELS_DIR:-$ROOT/build/bench_models}
 OUT_DIR=${OUT_DIR:-$ROOT/build/zoo}
 PRESET=${PRESET:-smollm-135m}
 DTYPE=${DTYPE:-bf16}
+KIND=${KIND:-full}
+TENANTS=${TENANTS:-1}
 LAYERS=${LAYERS:-0 1 2 3}
+RANK=${RANK:-8}
+TARGETS=${TARGETS:-q_proj,v_proj}
 N_REQ=${N_REQ:-256}
 PP=${PP:-128}
 TG=${TG:-128}
@@ -41,24 +48,38 @@ if [[ ! -f "$zoo/base/config.json" ]]; then
     die "blend model init --preset $PRESET --dtype $DTYPE failed"
 fi
 read -r -a layers <<<"$LAYERS"
-"$BLEND" model derive --base "$zoo/base" --out "$zoo/tuned" --full --layers "${layers[@]}" \
-  --seed 1 >/dev/null || die "blend model derive failed"
+[[ $KIND == full || $KIND == lora ]] || die "KIND must be full or lora"
+find "$zoo" -mindepth 1 -maxdepth 1 ! -name base -exec rm -rf {} +
+models=(base)
+for ((t = 1; t <= TENANTS; t++)); do
+  if [[ $KIND == full ]]; then
+    how=(--full --layers "${layers[@]}")
+  else
+    how=(--lora --rank "$RANK" --targets "$TARGETS")
+  fi
+  "$BLEND" model derive --base "$zoo/base" --out "$zoo/t$t" "${how[@]}" --seed "$t" >/dev/null ||
+    die "blend model derive failed"
+  models+=("t$t")
+done
 
+what="$TENANTS tenant(s) of kind $KIND"
+[[ $KIND == full ]] && what+=" (layers $LAYERS)" || what+=" (r $RANK on $TARGETS)"
 echo "== machine: $(cpu_model), $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg);" \
-  "$PRESET $DTYPE, tenant layers $LAYERS, N_REQ=$N_REQ PP=$PP TG=$TG"
+  "$PRESET $DTYPE, $what, N_REQ=$N_REQ PP=$PP TG=$TG"
 write_requests "$OUT_DIR/all.jsonl" "$N_REQ" "$PP" "$TG"
-# The same lines: every other one names the tenant (zoo), and the two halves apart (per-model).
-python3 - "$OUT_DIR" <<'PY'
+# The same lines naming the models in turn (zoo), and each model's lines apart (per-model).
+python3 - "$OUT_DIR" "${models[@]}" <<'PY'
 import json, sys
-out = sys.argv[1]
+out, models = sys.argv[1], sys.argv[2:]
 lines = [json.loads(l) for l in open(f"{out}/all.jsonl")]
-with open(f"{out}/mixed.jsonl", "w") as mixed, open(f"{out}/base.jsonl", "w") as base, \
-        open(f"{out}/tuned.jsonl", "w") as tuned:
+apart = {m: open(f"{out}/model-{m}.jsonl", "w") for m in models}
+with open(f"{out}/mixed.jsonl", "w") as mixed:
     for i, line in enumerate(lines):
-        line["body"]["model"] = "tuned" if i % 2 else "base"
+        m = models[i % len(models)]
+        line["body"]["model"] = m
         text = json.dumps(line) + "\n"
         mixed.write(text)
-        (tuned if i % 2 else base).write(text)
+        apart[m].write(text)
 PY
 
 read -r -a extra <<<"${BLEND_BATCH_ARGS:-}"
@@ -77,11 +98,15 @@ printf '%-4s %12s %12s %12s\n' rep zoo per-model one-model
 results=()
 for ((i = 0; i < REPS; i++)); do
   read -r zt zw < <(run "zoo-$i" "$OUT_DIR/mixed.jsonl" --zoo "$zoo")
-  read -r bt bw < <(run "base-$i" "$OUT_DIR/base.jsonl" --model "$zoo/base")
-  read -r tt tw < <(run "tuned-$i" "$OUT_DIR/tuned.jsonl" --model "$zoo/tuned")
+  pt=0 pw=0
+  for m in "${models[@]}"; do
+    read -r mt mw < <(run "$m-$i" "$OUT_DIR/model-$m.jsonl" --model "$zoo/$m")
+    read -r pt pw < <(python3 -c "import sys; a,b,c,d=map(float,sys.argv[1:]); print(a+c, b+d)" \
+      "$pt" "$pw" "$mt" "$mw")
+  done
   read -r ot ow < <(run "one-$i" "$OUT_DIR/all.jsonl" --model "$zoo/base")
-  row=$(python3 -c "import sys; zt,zw,bt,bw,tt,tw,ot,ow=map(float,sys.argv[1:])
-print(f'{zt/zw:.1f} {(bt+tt)/(bw+tw):.1f} {ot/ow:.1f}')" "$zt" "$zw" "$bt" "$bw" "$tt" "$tw" "$ot" "$ow")
+  row=$(python3 -c "import sys; zt,zw,pt,pw,ot,ow=map(float,sys.argv[1:])
+print(f'{zt/zw:.1f} {pt/pw:.1f} {ot/ow:.1f}')" "$zt" "$zw" "$pt" "$pw" "$ot" "$ow")
   results+=("$row")
   read -r a b c <<<"$row"
   printf '%-4s %12s %12s %12s\n' "$i" "$a" "$b" "$c"

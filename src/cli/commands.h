@@ -20,5 +20,6 @@ void register_serve_command(CLI::App& app);           // blend serve
 void register_workload_command(CLI::App& app);        // blend workload synth
 void register_bench_command(CLI::App& app);           // blend bench serve | soak
 void register_bench_soak_command(CLI::App& bench);    // blend bench soak (under `bench`)
+void register_zoo_command(CLI::App& app);             // blend zoo analyze
 
 }  // namespace blend::cli

@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   blend::cli::register_serve_command(app);
   blend::cli::register_workload_command(app);
   blend::cli::register_bench_command(app);
+  blend::cli::register_zoo_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

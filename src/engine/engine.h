@@ -134,6 +134,9 @@ class Engine {
   bool models_share_tokenizer() const { return models_share_tokenizer_; }
   // The backend's weights: bytes in memory, and what models sharing no block would take.
   WeightStats weight_stats() const { return backend_->weight_stats(); }
+  // The backend, for tools that drive it directly while the engine holds no request (`blend zoo
+  // analyze` runs its own forward passes over the KV pages, which no request then owns).
+  Backend& backend() { return *backend_; }
   // The dtype the backend computes in (Backend::compute_dtype).
   DType compute_dtype() const { return backend_->compute_dtype(); }
   // Longest prompt + output one sequence may reach (context window and KV capacity).

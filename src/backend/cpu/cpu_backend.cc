@@ -98,6 +98,8 @@ class CpuBackendImpl final : public CpuBackend {
   void reset_op_times() override { times_ = {}; }
   DType compute_dtype() const override { return compute_; }
   std::string gemm_info() const override;
+  ModelId add_chain(const ChainSpec& spec) override;
+  bool shares_block(ModelId a, ModelId b, int64_t layer, LayerBlock block) const override;
 
  private:
   // A model is a chain of blocks cut at architectural boundaries (BlockLLM §4.3): the
@@ -133,6 +135,8 @@ class CpuBackendImpl final : public CpuBackend {
     std::shared_ptr<const std::vector<float>> norm;
     std::shared_ptr<Linear> lm_head;
   };
+  // attention and ffn may hold fewer blocks than the model has layers (add_chain): rows of
+  // such a chain skip the layers past them.
   struct Chain {
     Embedding* embed = nullptr;
     std::vector<Attention*> attention;
@@ -150,8 +154,10 @@ class CpuBackendImpl final : public CpuBackend {
   // Consecutive chunks of one model as row runs, and those runs merged where consecutive models
   // share the block `pick` chooses: each block computes once over all its rows (BlockLLM §5.1).
   static std::vector<RowRun> model_runs(const ForwardBatch& batch);
-  template <typename Pick>
-  std::vector<RowRun> block_runs(const std::vector<RowRun>& runs, Pick pick) const;
+  // The runs of chains that reach block `pick` needs (has(chain) says), merged where adjacent
+  // runs share the block `pick` chooses.
+  template <typename Has, typename Pick>
+  std::vector<RowRun> block_runs(const std::vector<RowRun>& runs, Has has, Pick pick) const;
   // y[run rows] (+)= x[run rows] W^T. A run that is the whole batch calls the kernel directly;
   // others go through padded scratch, since a call writes padded_rows(m) rows (gemm.h).
   void linear(Linear& w, const void* x, const RowRun& run, int64_t m, float* y,
@@ -545,17 +551,52 @@ std::vector<CpuBackendImpl::RowRun> CpuBackendImpl::model_runs(const ForwardBatc
   return runs;
 }
 
-template <typename Pick>
+template <typename Has, typename Pick>
 std::vector<CpuBackendImpl::RowRun> CpuBackendImpl::block_runs(const std::vector<RowRun>& runs,
-                                                               Pick pick) const {
+                                                               Has has, Pick pick) const {
   std::vector<RowRun> merged;
   for (const RowRun& run : runs) {
-    if (!merged.empty() && pick(chains_[merged.back().model]) == pick(chains_[run.model]))
+    if (!has(chains_[run.model])) continue;
+    if (!merged.empty() && merged.back().end == run.begin &&
+        pick(chains_[merged.back().model]) == pick(chains_[run.model]))
       merged.back().end = run.end;
     else
       merged.push_back(run);
   }
   return merged;
+}
+
+ModelId CpuBackendImpl::add_chain(const ChainSpec& spec) {
+  const auto models = static_cast<ModelId>(chains_.size());
+  auto check = [&](ModelId m) {
+    if (m < 0 || m >= models)
+      throw Error("cpu backend: a chain names model " + std::to_string(m) + " of " +
+                  std::to_string(models));
+    return static_cast<size_t>(m);
+  };
+  const auto layers = static_cast<int64_t>(spec.attention.size());
+  if (layers > config_.num_layers ||
+      (spec.ffn.size() != spec.attention.size() && spec.ffn.size() + 1 != spec.attention.size()))
+    throw Error("cpu backend: a chain of " + std::to_string(spec.attention.size()) +
+                " attention and " + std::to_string(spec.ffn.size()) +
+                " FFN blocks (at most one attention more, at most num_hidden_layers)");
+  Chain chain;
+  chain.embed = chains_[check(spec.base)].embed;
+  chain.head = chains_[check(spec.base)].head;
+  for (size_t i = 0; i < spec.attention.size(); ++i)
+    chain.attention.push_back(chains_[check(spec.attention[i])].attention[i]);
+  for (size_t i = 0; i < spec.ffn.size(); ++i)
+    chain.ffn.push_back(chains_[check(spec.ffn[i])].ffn[i]);
+  chains_.push_back(chain);
+  return models;
+}
+
+bool CpuBackendImpl::shares_block(ModelId a, ModelId b, int64_t layer, LayerBlock block) const {
+  const Chain &ca = chains_.at(static_cast<size_t>(a)), &cb = chains_.at(static_cast<size_t>(b));
+  const auto l = static_cast<size_t>(layer);
+  if (block == LayerBlock::kAttention)
+    return l < ca.attention.size() && l < cb.attention.size() && ca.attention[l] == cb.attention[l];
+  return l < ca.ffn.size() && l < cb.ffn.size() && ca.ffn[l] == cb.ffn[l];
 }
 
 void CpuBackendImpl::linear(Linear& w, const void* x, const RowRun& run, int64_t m, float* y,
@@ -656,8 +697,10 @@ void CpuBackendImpl::forward(const ForwardBatch& batch, std::span<float> logits)
 
   for (int64_t li = 0; li < config_.num_layers; ++li) {
     const auto size_li = static_cast<size_t>(li);
+    auto has_attention = [&](const Chain& c) { return size_li < c.attention.size(); };
+    auto has_ffn = [&](const Chain& c) { return size_li < c.ffn.size(); };
     const auto attention_runs =
-        block_runs(runs, [&](const Chain& c) { return c.attention[size_li]; });
+        block_runs(runs, has_attention, [&](const Chain& c) { return c.attention[size_li]; });
     for (const RowRun& run : attention_runs)
       cpu::rmsnorm(x + run.begin * h, h, run.end - run.begin, h,
                    chains_[run.model].attention[size_li]->norm->data(), eps, compute_,
@@ -665,8 +708,8 @@ void CpuBackendImpl::forward(const ForwardBatch& batch, std::span<float> logits)
     lap(times_.norm);
     // Base projections run over the rows of every block sharing them, adapters on their own.
     auto attention = [&](const RowRun& run) { return chains_[run.model].attention[size_li]; };
-    for (const RowRun& run :
-         block_runs(runs, [&](const Chain& c) { return c.attention[size_li]->qkv.get(); }))
+    for (const RowRun& run : block_runs(
+             runs, has_attention, [&](const Chain& c) { return c.attention[size_li]->qkv.get(); }))
       linear(*attention(run)->qkv, xn, run, m, qkv);
     for (const RowRun& run : attention_runs)
       if (attention(run)->qkv_lora) lora(*attention(run)->qkv_lora, xn, run, m, qkv);
@@ -681,14 +724,14 @@ void CpuBackendImpl::forward(const ForwardBatch& batch, std::span<float> logits)
     lap(times_.rope_kv);
     cpu::paged_attention(batch, items, qkv, nqkv, li, kv_, shape_, compute_, attn, threads_);
     lap(times_.attention);
-    for (const RowRun& run :
-         block_runs(runs, [&](const Chain& c) { return c.attention[size_li]->o.get(); }))
+    for (const RowRun& run : block_runs(
+             runs, has_attention, [&](const Chain& c) { return c.attention[size_li]->o.get(); }))
       linear(*attention(run)->o, attn, run, m, x, /*accumulate=*/true);
     for (const RowRun& run : attention_runs)
       if (attention(run)->o_lora) lora(*attention(run)->o_lora, attn, run, m, x);
     lap(times_.o_proj);
 
-    const auto ffn_runs = block_runs(runs, [&](const Chain& c) { return c.ffn[size_li]; });
+    const auto ffn_runs = block_runs(runs, has_ffn, [&](const Chain& c) { return c.ffn[size_li]; });
     for (const RowRun& run : ffn_runs)
       cpu::rmsnorm(x + run.begin * h, h, run.end - run.begin, h,
                    chains_[run.model].ffn[size_li]->norm->data(), eps, compute_,
@@ -696,7 +739,7 @@ void CpuBackendImpl::forward(const ForwardBatch& batch, std::span<float> logits)
     lap(times_.norm);
     auto ffn = [&](const RowRun& run) { return chains_[run.model].ffn[size_li]; };
     for (const RowRun& run :
-         block_runs(runs, [&](const Chain& c) { return c.ffn[size_li]->gate_up.get(); }))
+         block_runs(runs, has_ffn, [&](const Chain& c) { return c.ffn[size_li]->gate_up.get(); }))
       linear(*ffn(run)->gate_up, xn, run, m, gu);
     for (const RowRun& run : ffn_runs)
       if (ffn(run)->gate_up_lora) lora(*ffn(run)->gate_up_lora, xn, run, m, gu);
@@ -704,7 +747,7 @@ void CpuBackendImpl::forward(const ForwardBatch& batch, std::span<float> logits)
     cpu::swiglu(gu, m, f, compute_, act, threads_);
     lap(times_.act);
     for (const RowRun& run :
-         block_runs(runs, [&](const Chain& c) { return c.ffn[size_li]->down.get(); }))
+         block_runs(runs, has_ffn, [&](const Chain& c) { return c.ffn[size_li]->down.get(); }))
       linear(*ffn(run)->down, act, run, m, x, /*accumulate=*/true);
     for (const RowRun& run : ffn_runs)
       if (ffn(run)->down_lora) lora(*ffn(run)->down_lora, act, run, m, x);

@@ -1,0 +1,149 @@
+#include "blocks/equivalence.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cpu/ops.h"
+#include "core/error.h"
+#include "core/forward_batch.h"
+
+namespace blend {
+namespace {
+
+// Cosine similarity of softmax(x) and softmax(y): exponentials in float (cpu::exp_approx, about
+// 1 ulp), sums in double. `scratch` holds n floats.
+double probability_cosine(const float* x, const float* y, int64_t n, float* scratch) {
+  const float mx = *std::max_element(x, x + n), my = *std::max_element(y, y + n);
+  // The softmax normalisers cancel in the cosine: cos(exp(x - mx), exp(y - my)) is the answer.
+  double dot = 0, nx = 0, ny = 0;
+  for (int64_t i = 0; i < n; ++i) scratch[i] = cpu::exp_approx(x[i] - mx);
+  for (int64_t i = 0; i < n; ++i) {
+    const double ey = cpu::exp_approx(y[i] - my), ex = scratch[i];
+    dot += ex * ey;
+    nx += ex * ex;
+    ny += ey * ey;
+  }
+  return dot / std::sqrt(nx * ny);
+}
+
+}  // namespace
+
+const char* layer_block_name(LayerBlock block) {
+  return block == LayerBlock::kAttention ? "attention" : "ffn";
+}
+
+int64_t similarity_pages(const std::vector<std::vector<TokenId>>& prompts, int64_t page_size) {
+  int64_t pages = 0;
+  for (const auto& p : prompts)
+    pages += 2 * ((static_cast<int64_t>(p.size()) + page_size - 1) / page_size);
+  return pages;
+}
+
+double block_similarity(CpuBackend& backend, int64_t page_size, ModelId a, ModelId b, int64_t layer,
+                        LayerBlock block, const std::vector<std::vector<TokenId>>& prompts) {
+  if (prompts.empty()) throw Error("block similarity: no calibration prompt");
+  for (const auto& p : prompts)
+    if (p.empty()) throw Error("block similarity: an empty calibration prompt");
+  if (similarity_pages(prompts, page_size) > backend.num_pages())
+    throw Error("block similarity: the calibration prompts need " +
+                std::to_string(similarity_pages(prompts, page_size)) +
+                " KV pages, the backend has " + std::to_string(backend.num_pages()));
+  // Both chains are a's up to the block; one of them runs b's block there. The head is a's.
+  ChainSpec reference{.base = a,
+                      .attention = std::vector<ModelId>(static_cast<size_t>(layer + 1), a),
+                      .ffn = std::vector<ModelId>(
+                          static_cast<size_t>(block == LayerBlock::kFfn ? layer + 1 : layer), a)};
+  ChainSpec swapped = reference;
+  (block == LayerBlock::kAttention ? swapped.attention : swapped.ffn).back() = b;
+  const ModelId chains[2] = {backend.add_chain(reference), backend.add_chain(swapped)};
+
+  // Two sequences per prompt (one per chain), fed one token a step so every position's logits
+  // come out.
+  struct Seq {
+    const std::vector<TokenId>* tokens;
+    ModelId model;
+    std::vector<PageId> pages;
+  };
+  std::vector<Seq> seqs;
+  PageId next = 0;
+  size_t longest = 0;
+  for (const auto& p : prompts) {
+    longest = std::max(longest, p.size());
+    for (ModelId chain : chains) {
+      Seq s{&p, chain, {}};
+      for (size_t i = 0; i * static_cast<size_t>(page_size) < p.size(); ++i)
+        s.pages.push_back(next++);
+      seqs.push_back(std::move(s));
+    }
+  }
+  const int64_t vocab = backend.config().vocab_size;
+  std::vector<float> logits, scratch;
+  double sum = 0;
+  int64_t positions = 0;
+  for (size_t t = 0; t < longest; ++t) {
+    ForwardBatch batch;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      if (seqs[i].tokens->size() <= t) continue;
+      SeqChunk c;
+      c.seq = static_cast<SeqId>(i + 1);
+      c.num_cached = static_cast<int32_t>(t);
+      c.num_tokens = 1;
+      c.token_offset = batch.num_tokens();
+      c.block_table = seqs[i].pages;
+      c.wants_logits = true;
+      c.model = seqs[i].model;
+      batch.tokens.push_back((*seqs[i].tokens)[t]);
+      batch.positions.push_back(static_cast<int32_t>(t));
+      batch.chunks.push_back(std::move(c));
+    }
+    logits.resize(batch.chunks.size() * static_cast<size_t>(vocab));
+    backend.forward(batch, logits);
+    // Rows come in pairs: the reference chain's, then the swapped one's, of one prompt.
+    const auto pairs = static_cast<int64_t>(batch.chunks.size() / 2);
+    scratch.resize(static_cast<size_t>(pairs * vocab));
+#pragma omp parallel for reduction(+ : sum) schedule(static)
+    for (int64_t p = 0; p < pairs; ++p)
+      sum += probability_cosine(logits.data() + 2 * p * vocab, logits.data() + (2 * p + 1) * vocab,
+                                vocab, scratch.data() + p * vocab);
+    positions += pairs;
+  }
+  return sum / static_cast<double>(positions);
+}
+
+std::vector<BlockSimilarity> compare_blocks(CpuBackend& backend, int64_t page_size, ModelId a,
+                                            ModelId b,
+                                            const std::vector<std::vector<TokenId>>& prompts) {
+  std::vector<BlockSimilarity> out;
+  for (int64_t layer = 0; layer < backend.config().num_layers; ++layer)
+    for (LayerBlock block : {LayerBlock::kAttention, LayerBlock::kFfn}) {
+      BlockSimilarity s{.layer = layer, .block = block};
+      s.identical = backend.shares_block(a, b, layer, block);
+      if (!s.identical)
+        s.similarity = block_similarity(backend, page_size, a, b, layer, block, prompts);
+      out.push_back(s);
+    }
+  return out;
+}
+
+std::vector<std::string> default_calibration_prompts() {
+  return {
+      "The history of the city begins with a small fishing village on the river, where traders "
+      "from the north came each spring to exchange furs for salt and grain.",
+      "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    "
+      "return a\n",
+      "User: Can you explain why the sky is blue?\nAssistant: Sunlight is scattered by the "
+      "molecules of the air, and shorter wavelengths scatter more strongly.",
+      "To make the sauce, melt the butter over low heat, whisk in the flour, and add the warm "
+      "milk a little at a time until it thickens.",
+      "In 1905 Einstein published four papers that changed physics: on the photoelectric "
+      "effect, Brownian motion, special relativity and the equivalence of mass and energy.",
+      "SELECT name, COUNT(*) AS orders FROM customers JOIN orders ON customers.id = "
+      "orders.customer_id GROUP BY name ORDER BY orders DESC LIMIT 10;",
+      "Dear team, the release is moved to Thursday because the load tests found a memory leak "
+      "in the cache; please review the fix before Wednesday noon.",
+      "The theorem states that every bounded monotone sequence of real numbers converges, and "
+      "the proof uses the least upper bound property.",
+  };
+}
+
+}  // namespace blend
