@@ -19,6 +19,8 @@ struct ServedModel {
   std::string name;                             // what "model" says to pick it
   const ChatTemplate* chat_template = nullptr;  // null: chat requests fail with a clear message
   const SamplingDefaults* sampling_defaults = nullptr;  // its generation_config.json
+  std::string root;                   // its folder (a LoRA model's: the adapter's), as vLLM lists
+  std::optional<std::string> parent;  // a LoRA model's base model, when that is served too
 };
 
 // The model called `name`, if one is.

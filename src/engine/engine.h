@@ -127,6 +127,11 @@ class Engine {
   int32_t num_models() const { return static_cast<int32_t>(models_.size()); }
   const std::string& model_name(ModelId model) const { return models_.at(model).name; }
   const std::filesystem::path& model_dir(ModelId model) const { return models_.at(model).dir; }
+  // The folders it was made from (name, model folder, LoRA adapter folder or empty).
+  ModelFolder model_folder(ModelId model) const {
+    const Model& m = models_.at(model);
+    return {m.name, m.dir, m.adapter ? m.adapter->dir() : std::filesystem::path()};
+  }
   const ModelConfig& config(ModelId model) const { return models_.at(model).config; }
   // Whether every model reads text with the first model's tokenizer (byte-identical
   // tokenizer.json) and ends at its EOS ids: what an API layer tokenizing once, and compiling

@@ -81,6 +81,14 @@ std::vector<ModelFolder> model_folders(const std::filesystem::path& model,
   return out;
 }
 
+std::filesystem::path chat_template_dir(const ModelFolder& folder) {
+  if (!folder.adapter.empty() &&
+      (std::filesystem::exists(folder.adapter / "chat_template.jinja") ||
+       std::filesystem::exists(folder.adapter / "tokenizer_config.json")))
+    return folder.adapter;
+  return folder.dir;
+}
+
 void check_model_names(const std::vector<ModelFolder>& models) {
   for (size_t i = 0; i < models.size(); ++i)
     for (size_t j = 0; j < i; ++j)

@@ -32,6 +32,11 @@ std::vector<ModelFolder> model_folders(const std::filesystem::path& model,
                                        const std::string& model_name,
                                        const std::filesystem::path& zoo);
 
+// Where a model's chat template and special tokens are read: a LoRA adapter folder holding
+// chat_template.jinja or tokenizer_config.json (PEFT saves the tokenizer's files beside an adapter
+// trained with them), else the model folder, as transformers' AutoTokenizer would load them.
+std::filesystem::path chat_template_dir(const ModelFolder& folder);
+
 // Throws blend::Error when two of `models` share a name (requests could not pick between them).
 void check_model_names(const std::vector<ModelFolder>& models);
 

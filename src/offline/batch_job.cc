@@ -36,7 +36,7 @@ BatchJob::BatchJob(Engine& engine, BatchJobOptions options)
         "--served-model-name names the one model of a run; with several models, lines "
         "pick them by their folder names");
   for (ModelId m = 0; m < engine_.num_models(); ++m)
-    chat_templates_.push_back(load_chat_template(engine_.model_dir(m)));
+    chat_templates_.push_back(load_chat_template(chat_template_dir(engine_.model_folder(m))));
   for (ModelId m = 0; m < engine_.num_models(); ++m) {
     const auto& chat_template = chat_templates_[static_cast<size_t>(m)];
     context_.models.push_back({.name = m == 0 && !options_.served_model_name.empty()
@@ -208,12 +208,12 @@ nlohmann::json batch_run_stats(const Engine& engine, const BatchJobStats& job,
       {"kv_loaded_pages", s.kv_loaded_pages},
       {"kv_peak_bytes", s.kv_peak_bytes},
       {"kv_capacity_bytes", s.kv_capacity_bytes}};
+  const WeightStats w = engine.weight_stats();
+  stats["weight_bytes"] = w.bytes;
   if (engine.num_models() > 1) {
     // Several models in one engine: weights in memory with shared blocks counted once, and
     // what the same models would take loaded apart (BlockLLM §4).
-    const WeightStats w = engine.weight_stats();
     stats["models"] = engine.num_models();
-    stats["weight_bytes"] = w.bytes;
     stats["weight_bytes_unshared"] = w.unshared_bytes;
     stats["blocks_unique"] = w.unique_blocks;
     stats["blocks"] = w.blocks;

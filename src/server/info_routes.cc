@@ -16,11 +16,14 @@ using server_internal::dump;
 
 namespace {
 
-json model_object(const std::string& name, int64_t max_model_len) {
-  return {{"id", name},
+// vLLM's model card: a LoRA model's "parent" is its base, "root" the folder it was read from.
+json model_object(const ServedModel& model, int64_t max_model_len) {
+  return {{"id", model.name},
           {"object", "model"},
           {"created", 0},
           {"owned_by", "blend"},
+          {"root", model.root},
+          {"parent", model.parent ? json(*model.parent) : json(nullptr)},
           {"max_model_len", max_model_len}};
 }
 
@@ -37,17 +40,19 @@ void Server::Impl::info_routes() {
   });
   route("GET", "/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     json data = json::array();
-    for (const ServedModel& m : served) data.push_back(model_object(m.name, max_sequence_tokens));
+    for (const ServedModel& m : served) data.push_back(model_object(m, max_sequence_tokens));
     json list = {{"object", "list"}, {"data", std::move(data)}};
     res.set_content(list.dump(), "application/json");
   });
   // Model ids may hold '/' ("org/name").
   route("GET", R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
     const std::string name = req.matches[1].str();
-    if (!find_served_model(served, name))
+    const std::optional<ModelId> model = find_served_model(served, name);
+    if (!model)
       return send_error(res, 404, "The model '" + name + "' does not exist.", "model",
                         "model_not_found");
-    res.set_content(model_object(name, max_sequence_tokens).dump(), "application/json");
+    res.set_content(model_object(served[static_cast<size_t>(*model)], max_sequence_tokens).dump(),
+                    "application/json");
   });
   route("POST", "/tokenize",
         [this](const httplib::Request& req, httplib::Response& res) { tokenize(req, res); });

@@ -131,10 +131,10 @@ Server::Impl::Impl(const ServerOptions& o) : options(o) {
   for (const ModelFolder& folder : folders) {
     std::optional<ChatTemplate>& chat_template = chat_templates.emplace_back();
     if (!options.chat_template.empty()) {
-      chat_template = template_from_file(options.chat_template, folder.dir);
+      chat_template = template_from_file(options.chat_template, chat_template_dir(folder));
     } else {
       try {
-        chat_template = ChatTemplate::from_dir(folder.dir);
+        chat_template = ChatTemplate::from_dir(chat_template_dir(folder));
       } catch (const Error&) {
         // chat requests then fail with a clear message
       }
@@ -149,9 +149,17 @@ Server::Impl::Impl(const ServerOptions& o) : options(o) {
     throw Error("the served models must share one tokenizer (tokenizer.json and EOS ids)");
   for (ModelId m = 0; m < engine->num_models(); ++m) {
     const auto& chat_template = chat_templates[static_cast<size_t>(m)];
+    const ModelFolder& folder = folders[static_cast<size_t>(m)];
+    std::optional<std::string> parent;  // an adapter's base, when it is served too
+    if (!folder.adapter.empty())
+      for (const ModelFolder& other : folders)
+        if (other.adapter.empty() && std::filesystem::equivalent(other.dir, folder.dir))
+          parent = other.name;
     served.push_back({.name = engine->model_name(m),
                       .chat_template = chat_template ? &*chat_template : nullptr,
-                      .sampling_defaults = &engine->config(m).sampling_defaults});
+                      .sampling_defaults = &engine->config(m).sampling_defaults,
+                      .root = (folder.adapter.empty() ? folder.dir : folder.adapter).string(),
+                      .parent = parent});
   }
   check_compute_dtype(options.dtype, *engine, options.engine.backend, folders[0].dir);
   max_sequence_tokens = engine->max_sequence_tokens();

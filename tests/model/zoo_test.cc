@@ -67,6 +67,17 @@ TEST(Zoo, WhatIsRefused) {
             std::string::npos);
 }
 
+TEST(Zoo, AnAdapterWithATemplateOfItsOwnUsesIt) {
+  testing::TempDir dir;
+  make_model_dir(dir / "base");
+  std::filesystem::create_directories(dir / "adapter");
+  const ModelFolder plain{"m", dir / "base", {}}, lora{"l", dir / "base", dir / "adapter"};
+  EXPECT_EQ(chat_template_dir(plain), dir / "base");
+  EXPECT_EQ(chat_template_dir(lora), dir / "base");
+  testing::write_file(dir / "adapter" / "tokenizer_config.json", "{}");
+  EXPECT_EQ(chat_template_dir(lora), dir / "adapter");
+}
+
 TEST(Derive, ChangesTheListedLayersAndCopiesEverythingElse) {
   testing::TempDir dir;
   RandomInitOptions o;

@@ -31,6 +31,7 @@
 
 #include "core/error.h"
 #include "model/derive.h"
+#include "model/lora.h"
 #include "model/presets.h"
 #include "model/random_init.h"
 #include "test_util.h"
@@ -303,16 +304,23 @@ TEST_F(ServerTest, AZooServesEachModelByItsName) {
   std::filesystem::create_directories(zoo);
   std::filesystem::copy(*dir_ / "tiny", zoo / "alpha");
   derive_full_finetune(zoo / "alpha", zoo / "beta", {.seed = 9, .layers = {0, 1}});
+  derive_lora(zoo / "alpha", zoo / "lora", {.seed = 9, .rank = 4, .alpha = 8});
   ServerOptions o = options("zoo-data");
   o.model.clear();
   o.zoo = zoo;
   auto server = start(o);
   auto c = client(*server);
   const json models = get_json(c, "/v1/models");
-  ASSERT_EQ(models["data"].size(), 2u);
+  ASSERT_EQ(models["data"].size(), 3u);
   EXPECT_EQ(models["data"][0]["id"], "alpha");
   EXPECT_EQ(models["data"][1]["id"], "beta");
+  EXPECT_EQ(models["data"][2]["id"], "lora");
   EXPECT_EQ(get_json(c, "/v1/models/beta")["id"], "beta");
+  // vLLM's card for a LoRA model: its base as "parent", the adapter folder as "root".
+  const json lora = get_json(c, "/v1/models/lora");
+  EXPECT_EQ(lora["parent"], "alpha");
+  EXPECT_EQ(lora["root"], (zoo / "lora").string());
+  EXPECT_TRUE(models["data"][0]["parent"].is_null());
 
   auto complete = [](httplib::Client& client, const std::string& model, int* status) {
     return post(client, "/v1/completions",
@@ -325,13 +333,14 @@ TEST_F(ServerTest, AZooServesEachModelByItsName) {
   };
   int status = 0;
   std::map<std::string, std::string> text;
-  for (const std::string model : {"alpha", "beta"}) {
+  for (const std::string model : {"alpha", "beta", "lora"}) {
     const json r = complete(c, model, &status);
     ASSERT_EQ(status, 200) << r.dump();
     EXPECT_EQ(r["model"], model);
     text[model] = r["choices"][0]["text"].get<std::string>();
   }
   EXPECT_NE(text["alpha"], text["beta"]);  // so the comparison below can tell them apart
+  EXPECT_NE(text["alpha"], text["lora"]);
   const json missing = complete(c, "gamma", &status);
   EXPECT_EQ(status, 404);
   EXPECT_EQ(missing["error"]["code"], "model_not_found");
