@@ -65,7 +65,7 @@ struct Engine::Active {
 };
 
 Engine::Engine(const std::filesystem::path& model_dir, const EngineOptions& options)
-    : Engine(std::vector<ModelFolder>{{model_folder_name(model_dir), model_dir}}, options) {}
+    : Engine(model_folders(model_dir, "", ""), options) {}  // a LoRA adapter folder, too
 
 Engine::Engine(const std::vector<ModelFolder>& models, const EngineOptions& options)
     : options_(options) {

@@ -104,8 +104,9 @@ class Engine {
   // request concatenate to GenerationResult::text.
   using TokenCallback = std::function<void(const SampledToken& token, std::string_view delta)>;
 
-  // Loads a Hugging Face model folder onto a backend of kind options.backend; the model is
-  // named by the folder's name (model_folder_name).
+  // Loads a Hugging Face model folder (or a LoRA adapter folder on its base: model_folders) onto
+  // a backend of kind options.backend; the model is named by the folder's name
+  // (model_folder_name).
   Engine(const std::filesystem::path& model_dir, const EngineOptions& options);
   // Several models in one engine (ModelId i = models[i]; 0 is the default): fine-tunes of one
   // architecture, sharing the KV cache and the batch, never each other's cached KV. Blocks
