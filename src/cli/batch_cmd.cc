@@ -27,7 +27,8 @@ namespace {
 
 struct BatchArgs {
   std::string model;
-  std::string zoo;  // several models in one engine (model/zoo.h)
+  std::string zoo;                        // several models in one engine (model/zoo.h)
+  std::vector<std::string> lora_modules;  // vLLM's --lora-modules NAME=DIR
   std::string input;
   std::string output;
   std::string stats;
@@ -41,8 +42,10 @@ struct BatchArgs {
 void run_batch(const BatchArgs& args) {
   // `mpirun -np N blend batch ...`: N data-parallel replicas (dist/data_parallel.h).
   if (dist::launched_by_mpirun()) {
-    if (!args.zoo.empty() || args.model.empty())
-      throw Error("--zoo runs on one machine for now: data-parallel ranks take one --model");
+    if (!args.zoo.empty() || !args.lora_modules.empty() || args.model.empty())
+      throw Error(
+          "--zoo and --lora-modules run on one machine for now: data-parallel ranks take one "
+          "--model");
     if (!args.step_timings.empty() || !args.plot.empty())
       throw Error("--step-timings and --plot record one engine's steps: run them without mpirun");
     dist::run_batch({.model = args.model,
@@ -56,7 +59,7 @@ void run_batch(const BatchArgs& args) {
   }
   const auto t_load = std::chrono::steady_clock::now();
   const std::vector<BatchInputLine> lines = read_batch_input(args.input);
-  Engine engine(model_folders(args.model, "", args.zoo), args.engine);
+  Engine engine(model_folders(args.model, "", args.zoo, args.lora_modules), args.engine);
   BatchJobOptions job_options = args.job;
   BatchJob job(engine, job_options);
   BatchResultWriter writer(args.output);
@@ -132,6 +135,8 @@ void register_batch_command(CLI::App& app) {
   cmd->add_option("--zoo", args->zoo,
                   "Serve every model folder in this folder too, in one engine; a line's "
                   "body.model picks one by folder name (fine-tunes of one architecture)");
+  cmd->add_option("--lora-modules", args->lora_modules,
+                  "LoRA adapters on --model, as vLLM: NAME=DIR ... (lines pick them by NAME)");
   cmd->add_option("--input", args->input, "Batch input JSONL")->required();
   cmd->add_option("--output", args->output,
                   "Result JSONL (appended; custom_ids already there are skipped)")

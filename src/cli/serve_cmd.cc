@@ -43,6 +43,8 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--zoo", o->zoo,
                   "Serve every model folder in this folder too, in one engine: requests pick "
                   "one by folder name (fine-tunes of one architecture and tokenizer)");
+  cmd->add_option("--lora-modules", o->lora_modules,
+                  "LoRA adapters on --model, as vLLM: NAME=DIR ... (requests pick them by NAME)");
   cmd->add_option("--host", o->host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", o->port, "Port (0 = any free port)")->capture_default_str();
   cmd->add_option("--api-key", o->api_key,

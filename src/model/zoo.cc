@@ -39,7 +39,8 @@ std::filesystem::path adapter_base(const std::filesystem::path& adapter,
 
 std::vector<ModelFolder> model_folders(const std::filesystem::path& model,
                                        const std::string& model_name,
-                                       const std::filesystem::path& zoo) {
+                                       const std::filesystem::path& zoo,
+                                       const std::vector<std::string>& lora_modules) {
   namespace fs = std::filesystem;
   if (model.empty() && zoo.empty()) throw Error("give a model: --model DIR or --zoo DIR");
   if (model.empty() && !model_name.empty())
@@ -76,6 +77,19 @@ std::vector<ModelFolder> model_folders(const std::filesystem::path& model,
       out.push_back({model_folder_name(dir), adapter_base(dir, full), dir});
     std::sort(out.begin() + (model.empty() ? 0 : 1), out.end(),
               [](const ModelFolder& a, const ModelFolder& b) { return a.name < b.name; });
+  }
+  for (const std::string& module : lora_modules) {
+    const size_t eq = module.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == module.size())
+      throw Error("--lora-modules takes NAME=DIR, got '" + module + "'");
+    if (model.empty()) throw Error("--lora-modules applies adapters to --model; give one");
+    if (is_lora_adapter(model))
+      throw Error("--lora-modules applies adapters to --model, which is an adapter itself");
+    const fs::path dir = module.substr(eq + 1);
+    if (!is_lora_adapter(dir))
+      throw Error("--lora-modules " + module + ": " + dir.string() +
+                  " holds no adapter_config.json: not a LoRA adapter folder");
+    out.push_back({module.substr(0, eq), model, dir});
   }
   check_model_names(out);
   return out;

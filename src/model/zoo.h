@@ -28,9 +28,15 @@ std::string model_folder_name(const std::filesystem::path& dir);
 // without --model, when the zoo is not a folder or holds no model, for a subfolder that is no
 // model folder or adapter, for an adapter whose base is not found, and for two models of one
 // name.
+//
+// `lora_modules` are vLLM's `--lora-modules NAME=DIR`: LoRA adapters applied to the `--model`
+// folder whatever base their config names (as vLLM does), after the zoo, named NAME. Throws
+// blend::Error for an entry without '=', an empty name or folder, a folder that is no adapter,
+// or without --model.
 std::vector<ModelFolder> model_folders(const std::filesystem::path& model,
                                        const std::string& model_name,
-                                       const std::filesystem::path& zoo);
+                                       const std::filesystem::path& zoo,
+                                       const std::vector<std::string>& lora_modules = {});
 
 // Where a model's chat template and special tokens are read: a LoRA adapter folder holding
 // chat_template.jinja or tokenizer_config.json (PEFT saves the tokenizer's files beside an adapter

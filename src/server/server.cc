@@ -127,7 +127,7 @@ RequestLog& request_log() {
 
 Server::Impl::Impl(const ServerOptions& o) : options(o) {
   const std::vector<ModelFolder> folders =
-      model_folders(options.model, options.served_model_name, options.zoo);
+      model_folders(options.model, options.served_model_name, options.zoo, options.lora_modules);
   for (const ModelFolder& folder : folders) {
     std::optional<ChatTemplate>& chat_template = chat_templates.emplace_back();
     if (!options.chat_template.empty()) {

@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/engine.h"
 
@@ -25,6 +26,7 @@ struct ServerOptions {
   // Every model folder in this folder is served too, by its folder name, in one engine
   // (model/zoo.h); requests pick one with "model".
   std::filesystem::path zoo;
+  std::vector<std::string> lora_modules;  // vLLM's --lora-modules NAME=DIR (model/zoo.h)
   std::string host = "127.0.0.1";
   int port = 8000;              // 0 = any free port (see Server::port())
   std::string api_key;          // when set, /v1/* and /metrics need "Authorization: Bearer <key>"

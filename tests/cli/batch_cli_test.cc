@@ -204,6 +204,16 @@ TEST_F(BatchCli, AZooRunsEachLineOnTheModelItNames) {
     EXPECT_EQ(together, alone) << policy;
     EXPECT_NE(together["a0"].substr(6), together["c0"].substr(6));  // the adapter matters
   }
+  // vLLM's spelling: --model alpha --lora-modules gamma=DIR serves the adapter by that name.
+  const auto vllm_style = work / "lora-modules.jsonl";
+  ASSERT_EQ(
+      testing::run_command(common + "--model " + (zoo / "alpha").string() +
+                           " --lora-modules gamma=" + (zoo / "gamma").string() + " --input " +
+                           (work / "gamma.jsonl").string() + " --output " + vllm_style.string())
+          .exit_code,
+      0);
+  const auto gamma_alone = texts(work / "gamma-fcfs.jsonl");
+  EXPECT_EQ(texts(vllm_style), gamma_alone);
   std::filesystem::create_directories(zoo / "lora");
   testing::write_file(zoo / "lora" / "adapter_config.json",
                       R"({"peft_type": "LORA", "base_model_name_or_path": "org/missing"})");

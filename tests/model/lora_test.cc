@@ -221,6 +221,39 @@ TEST_F(LoraAdapterTest, AZooServesAnAdapterOnItsBase) {
   }
 }
 
+// vLLM's --lora-modules NAME=DIR: adapters on --model whatever base their config names.
+TEST_F(LoraAdapterTest, LoraModulesApplyToTheModelFlag) {
+  testing::TempDir other;
+  fs::copy(base(), other / "served");
+  const auto folders = model_folders(other / "served", "", "",
+                                     {"sql=" + good().string(), "again=" + good().string()});
+  ASSERT_EQ(folders.size(), 3u);
+  EXPECT_EQ(folders[1].name, "sql");
+  EXPECT_EQ(folders[1].dir, other / "served");  // not the base its config names
+  EXPECT_EQ(folders[1].adapter, good());
+  EXPECT_EQ(folders[2].name, "again");
+  auto error = [&](const fs::path& model, const std::string& module) {
+    try {
+      model_folders(model, "", "", {module});
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(error(other / "served", "noequals").find("NAME=DIR"), std::string::npos);
+  EXPECT_NE(error(other / "served", "=dir").find("NAME=DIR"), std::string::npos);
+  try {
+    model_folders("", "", *dir_ / "zoo", {"a=" + good().string()});
+    ADD_FAILURE() << "--lora-modules without --model was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("applies adapters to --model"), std::string::npos);
+  }
+  EXPECT_NE(error(other / "served", "a=" + base().string()).find("not a LoRA adapter"),
+            std::string::npos);
+  EXPECT_NE(error(other / "served", "served=" + good().string()).find("two models are named"),
+            std::string::npos);
+}
+
 TEST(LoraTargets, ParsesModuleLists) {
   EXPECT_EQ(parse_lora_targets("q_proj,v_proj"),
             (std::vector<LoraModule>{LoraModule::kQ, LoraModule::kV}));
