@@ -61,13 +61,8 @@ void derive_full_finetune(const std::filesystem::path& base, const std::filesyst
       const auto first = static_cast<int64_t>(offset / esize);
       for (size_t i = 0; i < bytes.size() / esize; ++i) {
         const int64_t index = first + static_cast<int64_t>(i);
-        const float v = view.at(index) + random_init_value(spec, config, seed, index);
-        if (view.dtype == DType::kF32) {
-          std::memcpy(bytes.data() + i * 4, &v, 4);
-        } else {
-          const uint16_t h = view.dtype == DType::kBF16 ? f32_to_bf16(v) : f32_to_f16(v);
-          std::memcpy(bytes.data() + i * 2, &h, 2);
-        }
+        store_float(view.at(index) + random_init_value(spec, config, seed, index), view.dtype,
+                    bytes.data() + i * esize);
       }
     };
     tensors.push_back(std::move(t));

@@ -359,13 +359,8 @@ void derive_lora(const fs::path& base, const fs::path& out, const LoraDeriveOpti
           const size_t es = dtype_size(dtype);
           const auto first = static_cast<int64_t>(offset / es);
           for (size_t i = 0; i < bytes.size() / es; ++i) {
-            const float v = random_init_value(spec, config, seed, first + static_cast<int64_t>(i));
-            if (dtype == DType::kF32) {
-              std::memcpy(bytes.data() + i * 4, &v, 4);
-            } else {
-              const uint16_t h = dtype == DType::kBF16 ? f32_to_bf16(v) : f32_to_f16(v);
-              std::memcpy(bytes.data() + i * 2, &h, 2);
-            }
+            store_float(random_init_value(spec, config, seed, first + static_cast<int64_t>(i)),
+                        dtype, bytes.data() + i * es);
           }
         };
         tensors.push_back(std::move(t));

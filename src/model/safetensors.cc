@@ -35,6 +35,15 @@ constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
 
 }  // namespace
 
+void store_float(float v, DType dtype, std::byte* out) {
+  if (dtype == DType::kF32) {
+    std::memcpy(out, &v, 4);
+    return;
+  }
+  const uint16_t h = dtype == DType::kBF16 ? f32_to_bf16(v) : f32_to_f16(v);
+  std::memcpy(out, &h, 2);
+}
+
 std::string shape_string(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);

@@ -94,4 +94,8 @@ void write_safetensors(const std::filesystem::path& path, const std::vector<Tens
 
 std::string shape_string(const std::vector<int64_t>& shape);
 
+// Writes v as one element of `dtype` (f32 as is; bf16 and f16 rounded to nearest even) at out:
+// what a TensorToWrite fill writes for a computed value.
+void store_float(float v, DType dtype, std::byte* out);
+
 }  // namespace blend

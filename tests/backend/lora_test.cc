@@ -25,7 +25,6 @@ void write_merged(const std::filesystem::path& base, const LoraAdapter& adapter,
   for (const char* file : {"config.json", "tokenizer.json", "tokenizer_config.json"})
     std::filesystem::copy_file(base / file, out / file);
   std::vector<TensorToWrite> tensors;
-  std::vector<std::shared_ptr<std::vector<float>>> keep;
   for (const TensorSpec& spec : llama_tensor_specs(config)) {
     const TensorView& w = store.get(spec.name);
     auto values = std::make_shared<std::vector<float>>(w.numel());
@@ -47,22 +46,14 @@ void write_merged(const std::filesystem::path& base, const LoraAdapter& adapter,
             (*values)[i * in + j] = static_cast<float>((*values)[i * in + j] + adapter.scale() * d);
           }
       }
-    keep.push_back(values);
     TensorToWrite t;
     t.name = spec.name;
     t.dtype = w.dtype;
     t.shape = w.shape;
     t.fill = [values, dtype = w.dtype](size_t offset, std::span<std::byte> bytes) {
       const size_t es = dtype_size(dtype);
-      for (size_t i = 0; i < bytes.size() / es; ++i) {
-        const float v = (*values)[offset / es + i];
-        if (dtype == DType::kF32) {
-          std::memcpy(bytes.data() + i * 4, &v, 4);
-        } else {
-          const uint16_t h = f32_to_bf16(v);
-          std::memcpy(bytes.data() + i * 2, &h, 2);
-        }
-      }
+      for (size_t i = 0; i < bytes.size() / es; ++i)
+        store_float((*values)[offset / es + i], dtype, bytes.data() + i * es);
     };
     tensors.push_back(std::move(t));
   }
