@@ -9,6 +9,10 @@
 #include <map>
 #include <memory>
 #include <numeric>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -110,6 +114,44 @@ TEST(DecodeSplits, FillTheGpuOnlyWhereTheBatchCannot) {
   EXPECT_EQ(cuda::decode_scratch_floats(4, 32, 128, 1), 0u);
 }
 
+// Splits against the last wave: 2,048 equal blocks of 32 tiles with 660 resident run in 4
+// waves, the last 10% full (4 x 33 = 132 tile times); 4 splits run 13 waves of 8 + 1 = 117, the
+// least of s = 1..16 (s = 2: 7 x 17 = 119, s = 3: 10 x 12 = 120, s = 5: 16 x 8 = 128).
+TEST(DecodeSplits, WavesSplitWhereTheLastWaveIsMostlyEmpty) {
+  EXPECT_EQ(cuda::wave_splits(2048, 32, 660), 4);
+  EXPECT_EQ(cuda::wave_splits(1320, 32, 660), 1);  // two whole waves: splitting only adds cost
+  EXPECT_EQ(cuda::wave_splits(700, 3, 660), 1);    // too few tiles to split (two per split)
+  // One block past a whole wave: s = 2 gives 3 waves of 4 + 1 = 15 against 2 x 9 = 18 (s = 4
+  // ties at 5 x 3 = 15: the fewer splits win).
+  EXPECT_EQ(cuda::wave_splits(661, 8, 660), 2);
+  EXPECT_EQ(cuda::wave_splits(0, 32, 660), 1);
+}
+
+// Both KV layouts place every (page, layer) run of layer_elems() once: the runs tile the cache
+// exactly, and a page-major page is one run of page_elems().
+TEST(KvLayout, EveryPageLayerRunIsPlacedOnceInTheCache) {
+  for (const auto layout : {cuda::KvLayout::kPageMajor, cuda::KvLayout::kLayerMajor}) {
+    cuda::KvView kv{.num_layers = 3, .num_kv_heads = 2, .head_dim = 8, .page_size = 4};
+    const int64_t pages = 5;
+    cuda::set_kv_layout(kv, layout, pages);
+    std::vector<int> covered(static_cast<size_t>(pages * kv.page_elems()), 0);
+    for (int64_t p = 0; p < pages; ++p)
+      for (int64_t l = 0; l < kv.num_layers; ++l) {
+        const int64_t at = p * kv.page_stride + l * kv.layer_stride;
+        ASSERT_GE(at, 0);
+        ASSERT_LE(at + kv.layer_elems(), static_cast<int64_t>(covered.size()));
+        for (int64_t e = 0; e < kv.layer_elems(); ++e) ++covered[at + e];
+      }
+    EXPECT_TRUE(std::all_of(covered.begin(), covered.end(), [](int c) { return c == 1; }));
+    if (layout == cuda::KvLayout::kPageMajor) {
+      EXPECT_EQ(kv.layer_stride, kv.layer_elems());
+      EXPECT_EQ(kv.page_stride, kv.page_elems());
+    } else {
+      EXPECT_EQ(kv.page_stride, kv.layer_elems());  // a layer's pages are back to back
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Test models: the tiny preset and its variants (as in tests/backend/cpu_backend_test.cc).
 
@@ -128,6 +170,29 @@ BackendOptions options() {
   o.num_pages = kPages;
   return o;
 }
+
+// Sets environment variables for its lifetime (the backend reads its kernel knobs at
+// construction), restoring them after.
+class ScopedEnv {
+ public:
+  explicit ScopedEnv(std::map<std::string, std::string> vars) {
+    for (auto& [k, v] : vars) {
+      const char* old = std::getenv(k.c_str());
+      saved_.emplace_back(k, old ? std::optional<std::string>(old) : std::nullopt);
+      setenv(k.c_str(), v.c_str(), 1);
+    }
+  }
+  ScopedEnv(const std::string& name, const std::string& value)
+      : ScopedEnv(std::map<std::string, std::string>{{name, value}}) {}
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+  ~ScopedEnv() {
+    for (auto& [k, v] : saved_) v ? setenv(k.c_str(), v->c_str(), 1) : unsetenv(k.c_str());
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
 
 #define SKIP_WITHOUT_GPU()                                               \
   do {                                                                   \
@@ -199,6 +264,8 @@ struct Case {
   DType dtype;
   double tolerance;                   // relative error of the logits against the cpu backend's
   std::string attention = "default";  // BLEND_CUDA_ATTENTION: which attention kernels run
+  std::string layout = "page";        // BLEND_CUDA_KV_LAYOUT
+  std::string splits = "fill";        // BLEND_CUDA_DECODE_SPLITS
 };
 
 class CudaMatchesCpu : public ::testing::TestWithParam<Case> {};
@@ -210,9 +277,13 @@ TEST_P(CudaMatchesCpu, LogitsOfMixedSteps) {
   const Case& p = GetParam();
   const TestModel& m = model(p.variant, p.dtype);
   auto cpu = make_cpu_backend(m.config, m.store, options());
-  setenv("BLEND_CUDA_ATTENTION", p.attention.c_str(), 1);
-  auto gpu = make_cuda_backend(m.config, m.store, options());
-  unsetenv("BLEND_CUDA_ATTENTION");
+  std::unique_ptr<Backend> gpu;
+  {
+    ScopedEnv env({{"BLEND_CUDA_ATTENTION", p.attention},
+                   {"BLEND_CUDA_KV_LAYOUT", p.layout},
+                   {"BLEND_CUDA_DECODE_SPLITS", p.splits}});
+    gpu = make_cuda_backend(m.config, m.store, options());
+  }
   EXPECT_EQ(gpu->compute_dtype(), cpu->compute_dtype());
   EXPECT_EQ(gpu->kv_bytes_per_token(), cpu->kv_bytes_per_token());
   // d is long enough that attention crosses several key tiles (of 32 and of 64).
@@ -257,10 +328,16 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"hd128", DType::kBF16, 2e-2, "tiled64"},
                       Case{"base", DType::kF32, 1e-4, "tiled32"},
                       Case{"mistral", DType::kF32, 1e-4, "tiled32"},
-                      Case{"hd128", DType::kBF16, 2e-2, "tiled32"}),
+                      Case{"hd128", DType::kBF16, 2e-2, "tiled32"},
+                      Case{"hd128", DType::kBF16, 2e-2, "default", "layer"},
+                      Case{"mistral", DType::kF32, 1e-4, "default", "layer"},
+                      Case{"qwen2", DType::kBF16, 2e-2, "pipelined3"},
+                      Case{"hd128", DType::kBF16, 2e-2, "pipelined3", "layer", "waves"},
+                      Case{"hd128", DType::kBF16, 2e-2, "default", "page", "3"},
+                      Case{"mistral", DType::kBF16, 2e-2, "pipelined3", "page", "5"}),
     [](const ::testing::TestParamInfo<Case>& i) {
       return i.param.variant + (i.param.dtype == DType::kF32 ? "_f32_" : "_bf16_") +
-             i.param.attention;
+             i.param.attention + "_" + i.param.layout + "_splits_" + i.param.splits;
     });
 
 // Greedy decoding for 128 steps on an f32 checkpoint: the same tokens as the cpu backend.
@@ -290,24 +367,35 @@ TEST(CudaBackend, GreedyTokensEqualTheCpuBackendsFor128Steps) {
   EXPECT_EQ(decode(*cpu), decode(*gpu));
 }
 
+class PageImages : public ::testing::TestWithParam<std::string> {};
+
 // Page images: read_pages / write_pages / copy_page / the slot copies move exactly the bytes
-// they name, and a page written back computes the same logits.
-TEST(CudaBackend, PageImagesRoundTrip) {
+// they name, in either KV layout (BLEND_CUDA_KV_LAYOUT), and the image is the same whatever the
+// layout (the host tier's pages do not depend on it).
+TEST_P(PageImages, RoundTrip) {
   SKIP_WITHOUT_GPU();
   const TestModel& m = model("base", DType::kBF16);
-  auto gpu = make_cuda_backend(m.config, m.store, options());
+  auto make = [&](const std::string& layout) {
+    ScopedEnv env("BLEND_CUDA_KV_LAYOUT", layout);
+    return make_cuda_backend(m.config, m.store, options());
+  };
+  auto gpu = make(GetParam());
+  auto other = make(GetParam() == "page" ? "layer" : "page");
   Seq a{.id = 1, .tokens = prompt(8, 5)};
   PageId next = 0;
   ForwardBatch batch;
   add_chunk(batch, a, 8, next);
   std::vector<float> logits(m.config.vocab_size);
   gpu->forward(batch, logits);
+  other->forward(batch, logits);
   const auto bytes = static_cast<size_t>(gpu->kv_bytes_per_page());
   std::vector<std::byte> p0(bytes), p1(bytes), back(bytes);
   const std::vector<PageId> first{0}, second{1}, far{100};
   gpu->read_pages(first, p0.data());
   gpu->read_pages(second, p1.data());
   EXPECT_NE(p0, p1);
+  other->read_pages(first, back.data());
+  EXPECT_EQ(back, p0) << "the page image depends on the layout";
   gpu->write_pages(far, p0.data());
   gpu->read_pages(far, back.data());
   EXPECT_EQ(back, p0);
@@ -329,6 +417,21 @@ TEST(CudaBackend, PageImagesRoundTrip) {
           << "run " << run << " slot " << s;
     }
   EXPECT_THROW(gpu->copy_page(0, kPages), Error);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, PageImages, ::testing::Values("page", "layer"));
+
+TEST(CudaBackend, RefusesUnknownKernelKnobs) {
+  SKIP_WITHOUT_GPU();
+  const TestModel& m = model("base", DType::kBF16);
+  for (const auto& [name, value] : std::vector<std::pair<std::string, std::string>>{
+           {"BLEND_CUDA_ATTENTION", "fast"},
+           {"BLEND_CUDA_KV_LAYOUT", "head"},
+           {"BLEND_CUDA_DECODE_SPLITS", "0"},
+           {"BLEND_CUDA_DECODE_SPLITS", "4x"}}) {
+    ScopedEnv env(name, value);
+    EXPECT_THROW(make_cuda_backend(m.config, m.store, options()), Error) << name << "=" << value;
+  }
 }
 
 // forward_argmax: the argmax of forward()'s logits, found on the GPU.

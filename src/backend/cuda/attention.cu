@@ -172,19 +172,20 @@ void launch_attention(const BatchView& batch, const float* qkv, int64_t nqkv, co
 
 // Decode attention, pipelined: one block of 128 threads per (token, KV head), like
 // attention_kernel, but the bf16 K and V tiles of 32 keys stream into shared memory with
-// asynchronous copies (cp.async), double-buffered, so the next tile's reads are in flight while
-// this one is computed; keys and values stay bf16 in shared memory (16-byte reads). For bf16
-// caches with head_dim a multiple of 8 and query heads per KV head x head_dim <= 2048.
+// asynchronous copies (cp.async) through kStages buffers, so the next kStages - 1 tiles' reads
+// are in flight while one is computed; keys and values stay bf16 in shared memory (16-byte
+// reads). For bf16 caches with head_dim a multiple of 8 and query heads per KV head x head_dim
+// <= 2048.
 namespace dec {
 constexpr int kThreads = 128, kKeys = 32, kMaxChunks = 4;  // chunks: 4 outputs of one head each
 struct Layout {
   int ld;  // bf16 elements per K / V row in shared memory (16-byte multiple, not a bank stride)
   size_t q, k, v, p, m, l, alpha, total;
-  __host__ __device__ Layout(int d, int group) : ld(d + 8) {
+  __host__ __device__ Layout(int d, int group, int stages) : ld(d + 8) {
     q = 0;
     k = q + size_t{4} * group * d;
-    v = k + size_t{2} * 2 * kKeys * ld;
-    p = v + size_t{2} * 2 * kKeys * ld;
+    v = k + size_t{2} * stages * kKeys * ld;
+    p = v + size_t{2} * stages * kKeys * ld;
     m = p + size_t{4} * group * kKeys;
     l = m + size_t{4} * group;
     alpha = l + size_t{4} * group;
@@ -199,6 +200,7 @@ bool supports(int32_t group, int32_t d) {
 // With splits > 1 (flash-decoding, for batches too small to fill the GPU) block z of a token
 // takes the z-th share of its key tiles and writes unnormalised partials (acc[d], m, l per query
 // head) to `partial`, [single token][query head][split][d + 2]; combine_kernel merges them.
+template <int kStages>
 __global__ void __launch_bounds__(dec::kThreads)
     decode_attention_kernel(BatchView b, const float* qkv, int64_t nqkv, KvView kv, int32_t layer,
                             int32_t num_heads, int32_t window, bf16* out, int32_t splits,
@@ -208,10 +210,10 @@ __global__ void __launch_bounds__(dec::kThreads)
   using dec::kThreads;
   extern __shared__ __align__(16) unsigned char smem[];
   const int32_t d = kv.head_dim, group = num_heads / kv.num_kv_heads;
-  const dec::Layout L(d, group);
+  const dec::Layout L(d, group, kStages);
   float* q_s = reinterpret_cast<float*>(smem + L.q);  // [group][d], pre-scaled
-  bf16* k_s = reinterpret_cast<bf16*>(smem + L.k);    // [2][kKeys][ld]
-  bf16* v_s = reinterpret_cast<bf16*>(smem + L.v);    // [2][kKeys][ld]
+  bf16* k_s = reinterpret_cast<bf16*>(smem + L.k);    // [kStages][kKeys][ld]
+  bf16* v_s = reinterpret_cast<bf16*>(smem + L.v);    // [kStages][kKeys][ld]
   float* p_s = reinterpret_cast<float*>(smem + L.p);  // [group][kKeys]
   float* m_s = reinterpret_cast<float*>(smem + L.m);
   float* l_s = reinterpret_cast<float*>(smem + L.l);
@@ -254,15 +256,26 @@ __global__ void __launch_bounds__(dec::kThreads)
   const int32_t s_lo = lo + static_cast<int32_t>(blockIdx.z) * per * kKeys;
   const int32_t s_hi = min(hi, s_lo + per * kKeys);
   __syncthreads();  // q_s, m_s, l_s written
-  if (s_lo < s_hi) issue(s_lo, 0);
-  int32_t buf = 0;
-  for (int32_t k0 = s_lo; k0 < s_hi; k0 += kKeys, buf ^= 1) {
-    const int32_t n = min(kKeys, s_hi - k0);
-    if (k0 + kKeys < s_hi)
-      issue(k0 + kKeys, buf ^ 1);
+  // One pipeline group per tile, empty past the end, so "all but the newest kStages - 1" below
+  // is always this tile's.
+#pragma unroll
+  for (int32_t st = 0; st < kStages - 1; ++st) {
+    if (s_lo + st * kKeys < s_hi)
+      issue(s_lo + st * kKeys, st);
     else
-      __pipeline_commit();  // an empty group: "all but the newest" below stays this tile's
-    __pipeline_wait_prior(1);
+      __pipeline_commit();
+  }
+  int32_t buf = 0;
+  for (int32_t k0 = s_lo; k0 < s_hi; k0 += kKeys, buf = buf + 1 == kStages ? 0 : buf + 1) {
+    const int32_t n = min(kKeys, s_hi - k0);
+    // The buffer computed last iteration (all threads passed its closing barrier) takes the
+    // tile kStages - 1 ahead.
+    const int32_t ahead = k0 + (kStages - 1) * kKeys;
+    if (ahead < s_hi)
+      issue(ahead, buf == 0 ? kStages - 1 : buf - 1);
+    else
+      __pipeline_commit();
+    __pipeline_wait_prior(kStages - 1);
     __syncthreads();
     const bf16* kt = k_s + buf * kKeys * L.ld;
     const bf16* vt = v_s + buf * kKeys * L.ld;
@@ -383,21 +396,41 @@ __global__ void combine_kernel(BatchView b, const float* partial, int32_t num_he
   }
 }
 
+// Blocks of the decode kernel with `smem` bytes that one multiprocessor holds at once (the
+// runtime's occupancy calculation: host-side arithmetic, no GPU work).
+template <int kStages>
+int32_t decode_blocks_per_multiprocessor(size_t smem) {
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_attention_kernel<kStages>,
+                                                    dec::kThreads, smem) != cudaSuccess) {
+    cudaGetLastError();
+    n = 1;
+  }
+  return std::max(1, n);
+}
+
+template <int kStages>
 void launch_decode_attention(const BatchView& batch, const float* qkv, int64_t nqkv,
                              const KvView& kv, int32_t layer, int32_t num_heads, int32_t window,
                              bf16* out, const DecodeScratch& scratch, cudaStream_t stream) {
   const int32_t tokens = batch.single_tokens ? batch.num_single_tokens : batch.num_tokens;
   if (tokens == 0) return;
+  const size_t smem = dec::Layout(kv.head_dim, num_heads / kv.num_kv_heads, kStages).total;
+  if (smem > 48 * 1024)
+    cudaFuncSetAttribute(decode_attention_kernel<kStages>,
+                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   int32_t splits =
       decode_splits(tokens, kv.num_kv_heads, batch.max_single_context, scratch.multiprocessors);
+  if (scratch.splits == DecodeSplits::kWaves)
+    splits = std::max(splits, wave_splits(int64_t{tokens} * kv.num_kv_heads,
+                                          (batch.max_single_context + dec::kKeys - 1) / dec::kKeys,
+                                          decode_blocks_per_multiprocessor<kStages>(smem) *
+                                              int64_t{scratch.multiprocessors}));
+  splits = std::max(splits, scratch.min_splits);
   if (scratch.floats < decode_scratch_floats(tokens, num_heads, kv.head_dim, splits)) splits = 1;
   const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(kv.num_kv_heads),
                   static_cast<unsigned>(splits));
-  const size_t smem = dec::Layout(kv.head_dim, num_heads / kv.num_kv_heads).total;
-  if (smem > 48 * 1024)
-    cudaFuncSetAttribute(decode_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         static_cast<int>(smem));
-  decode_attention_kernel<<<grid, dec::kThreads, smem, stream>>>(
+  decode_attention_kernel<kStages><<<grid, dec::kThreads, smem, stream>>>(
       batch, qkv, nqkv, kv, layer, num_heads, window, out, splits, scratch.data);
   if (splits > 1)
     combine_kernel<<<dim3(static_cast<unsigned>(tokens), static_cast<unsigned>(num_heads)), 128, 0,
@@ -409,9 +442,14 @@ void attention_of(AttentionKernel kernel, const BatchView& batch, const float* q
                   const KvView& kv, int32_t layer, int32_t num_heads, int32_t window, T* out,
                   const DecodeScratch& scratch, cudaStream_t stream) {
   if constexpr (std::is_same_v<T, bf16>) {
-    if (kernel == AttentionKernel::kDefault &&
+    if ((kernel == AttentionKernel::kDefault || kernel == AttentionKernel::kPipelined3) &&
         dec::supports(num_heads / kv.num_kv_heads, kv.head_dim)) {
-      launch_decode_attention(batch, qkv, nqkv, kv, layer, num_heads, window, out, scratch, stream);
+      if (kernel == AttentionKernel::kPipelined3)
+        launch_decode_attention<3>(batch, qkv, nqkv, kv, layer, num_heads, window, out, scratch,
+                                   stream);
+      else
+        launch_decode_attention<2>(batch, qkv, nqkv, kv, layer, num_heads, window, out, scratch,
+                                   stream);
       return;
     }
   }
@@ -612,6 +650,23 @@ int32_t decode_splits(int32_t tokens, int32_t num_kv_heads, int32_t max_context,
   const int64_t want = (2 * int64_t{multiprocessors} + blocks - 1) / blocks;
   const int64_t most = (max_context + 2 * dec::kKeys - 1) / (2 * dec::kKeys);
   return static_cast<int32_t>(std::max<int64_t>(1, std::min<int64_t>({want, most, 32})));
+}
+
+int32_t wave_splits(int64_t blocks, int32_t tiles, int64_t resident) {
+  if (blocks <= 0 || tiles <= 0 || resident <= 0) return 1;
+  // Each split of s holds ceil(tiles / s) tiles plus one tile's worth of fixed cost (its first
+  // copy, the query, the partials); the blocks run in ceil(blocks * s / resident) waves.
+  int32_t best = 1;
+  double best_time = 0;
+  for (int32_t s = 1; s <= std::min(32, std::max(1, tiles / 2)); ++s) {
+    const double waves = static_cast<double>((blocks * s + resident - 1) / resident);
+    const double time = waves * ((tiles + s - 1) / s + 1);
+    if (s == 1 || time < best_time) {
+      best = s;
+      best_time = time;
+    }
+  }
+  return best;
 }
 
 size_t decode_scratch_floats(int32_t tokens, int32_t num_heads, int32_t head_dim, int32_t splits) {

@@ -111,6 +111,16 @@ DeviceBuffer upload_f32(const TensorView& t) {
   return buf;
 }
 
+// The KV layout and the decode split policy when the environment names none (see the
+// constructor), chosen by measurement (docs/BENCHMARKS.md, "CUDA backend").
+constexpr const char* kDefaultKvLayout = "page";
+constexpr const char* kDefaultDecodeSplits = "fill";
+
+std::string env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::string(v) : std::string(fallback);
+}
+
 const ModelConfig& validated(const ModelConfig& config) {
   config.validate();
   return config;
@@ -162,9 +172,13 @@ class CudaBackendImpl final : public CudaBackend {
             bool accumulate);
   // Slots [first, first + count) of `page` between the GPU and a host page image.
   void copy_slots(PageId page, int32_t first, int32_t count, std::byte* host, bool to_host) const;
-  std::byte* page_ptr(PageId p) const {
-    return kv_cache_.get<std::byte>() + static_cast<size_t>(p) * kv_bytes_per_page();
+  // Layer `layer` of page p: layer_elems() contiguous elements (kernels.h, KvView).
+  std::byte* page_ptr(PageId p, int32_t layer = 0) const {
+    return kv_cache_.get<std::byte>() +
+           static_cast<size_t>(p * kv_.page_stride + layer * kv_.layer_stride) * elem_size(elem_);
   }
+  size_t layer_bytes() const { return static_cast<size_t>(kv_.layer_elems()) * elem_size(elem_); }
+  size_t layer_pitch() const { return static_cast<size_t>(kv_.layer_stride) * elem_size(elem_); }
   void check_page(PageId p, const char* what) const {
     if (p < 0 || p >= num_pages_)
       throw Error(std::string("cuda backend: ") + what + ": page " + std::to_string(p) +
@@ -180,6 +194,9 @@ class CudaBackendImpl final : public CudaBackend {
   DeviceBuffer embed_, final_norm_, lm_head_, inv_freq_;
   cuda::KvView kv_;
   cuda::AttentionKernel attention_kernel_ = cuda::AttentionKernel::kDefault;
+  cuda::KvLayout kv_layout_ = cuda::KvLayout::kPageMajor;
+  cuda::DecodeSplits decode_splits_ = cuda::DecodeSplits::kFill;
+  int32_t min_decode_splits_ = 1;
   int32_t prefill_tile_tokens_ = 0;  // 0: no tensor-core prefill tiles
   DeviceBuffer kv_cache_;
   int64_t num_pages_ = 0;
@@ -216,18 +233,48 @@ CudaBackendImpl::CudaBackendImpl(const ModelConfig& config, const TensorStore& s
   elem_ = file == DType::kF32 ? Elem::kF32 : Elem::kBF16;
   embed_elem_ = file == DType::kBF16 ? Elem::kBF16 : Elem::kF32;  // the cpu backend's rule
 
-  // BLEND_CUDA_ATTENTION picks the attention kernels, for benchmarks and tests to compare them:
-  // tiled32 (element loads, 32-key tiles) or tiled64 for every token, or the default: prefill
-  // chunks on tensor cores and the other tokens in the pipelined decode kernel where the shape
-  // allows, else tiled64.
-  const char* kernel = std::getenv("BLEND_CUDA_ATTENTION");
-  const std::string kernel_name = kernel ? kernel : "";
-  if (kernel_name == "tiled32") attention_kernel_ = cuda::AttentionKernel::kTiled32;
-  if (kernel_name == "tiled64") attention_kernel_ = cuda::AttentionKernel::kTiled64;
-  if (kernel_name.empty() || kernel_name == "default")
+  // Environment knobs for benchmarks and tests to compare kernels and layouts (kernels.h):
+  // BLEND_CUDA_ATTENTION: tiled32 (element loads, 32-key tiles) or tiled64 for every token, or
+  //   the default: prefill chunks on tensor cores and the other tokens in the pipelined decode
+  //   kernel where the shape allows, else tiled64; pipelined3: the default with three buffers.
+  // BLEND_CUDA_KV_LAYOUT: page (page-major) or layer (layer-major).
+  // BLEND_CUDA_DECODE_SPLITS: fill (split keys only to fill an idle GPU), waves (also to shorten
+  //   the last wave of blocks), or a number N (at least N splits).
+  const std::string kernel_name = env_or("BLEND_CUDA_ATTENTION", "default");
+  if (kernel_name == "tiled32")
+    attention_kernel_ = cuda::AttentionKernel::kTiled32;
+  else if (kernel_name == "tiled64")
+    attention_kernel_ = cuda::AttentionKernel::kTiled64;
+  else if (kernel_name == "pipelined3")
+    attention_kernel_ = cuda::AttentionKernel::kPipelined3;
+  else if (kernel_name != "default")
+    throw Error("BLEND_CUDA_ATTENTION=" + kernel_name +
+                ": expected default, pipelined3, tiled64 or tiled32");
+  if (attention_kernel_ == cuda::AttentionKernel::kDefault ||
+      attention_kernel_ == cuda::AttentionKernel::kPipelined3)
     prefill_tile_tokens_ = cuda::prefill_tile_tokens(static_cast<int32_t>(config_.num_heads),
                                                      static_cast<int32_t>(config_.num_kv_heads),
                                                      static_cast<int32_t>(config_.head_dim), elem_);
+  const std::string layout_name = env_or("BLEND_CUDA_KV_LAYOUT", kDefaultKvLayout);
+  if (layout_name == "page")
+    kv_layout_ = cuda::KvLayout::kPageMajor;
+  else if (layout_name == "layer")
+    kv_layout_ = cuda::KvLayout::kLayerMajor;
+  else
+    throw Error("BLEND_CUDA_KV_LAYOUT=" + layout_name + ": expected page or layer");
+  const std::string splits_name = env_or("BLEND_CUDA_DECODE_SPLITS", kDefaultDecodeSplits);
+  if (splits_name == "fill") {
+    decode_splits_ = cuda::DecodeSplits::kFill;
+  } else if (splits_name == "waves") {
+    decode_splits_ = cuda::DecodeSplits::kWaves;
+  } else {
+    char* end = nullptr;
+    const long n = std::strtol(splits_name.c_str(), &end, 10);
+    if (splits_name.empty() || *end != '\0' || n < 1 || n > 32)
+      throw Error("BLEND_CUDA_DECODE_SPLITS=" + splits_name +
+                  ": expected fill, waves or a number from 1 to 32");
+    min_decode_splits_ = static_cast<int32_t>(n);
+  }
   check_cuda(cudaSetDevice(0), "cudaSetDevice");
   check_cuda(cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, 0),
              "cudaDeviceGetAttribute");
@@ -296,6 +343,7 @@ void CudaBackendImpl::allocate_kv(int64_t num_pages) {
   kv_cache_.reserve(bytes);
   check_cuda(cudaMemset(kv_cache_.get(), 0, bytes), "cudaMemset");
   kv_.base = kv_cache_.get();
+  cuda::set_kv_layout(kv_, kv_layout_, num_pages);
   num_pages_ = num_pages;
 }
 
@@ -387,14 +435,20 @@ int64_t CudaBackendImpl::compute_logits(const ForwardBatch& batch, size_t host_l
                                 .num_prefill_tiles = layout.num_prefill_tiles,
                                 .num_single_tokens = layout.num_single_tokens,
                                 .max_single_context = layout.max_single_context};
-  const int32_t splits = cuda::decode_splits(layout.num_single_tokens, kv_.num_kv_heads,
-                                             layout.max_single_context, multiprocessors_);
+  // Scratch for the most splits the decode kernel may choose (it picks within it).
+  int32_t splits = std::max(cuda::decode_splits(layout.num_single_tokens, kv_.num_kv_heads,
+                                                layout.max_single_context, multiprocessors_),
+                            min_decode_splits_);
+  if (decode_splits_ == cuda::DecodeSplits::kWaves)
+    splits = std::max(splits, std::min(32, std::max(1, layout.max_single_context / 64)));
   const size_t scratch_floats = cuda::decode_scratch_floats(
       layout.num_single_tokens, static_cast<int32_t>(config_.num_heads), kv_.head_dim, splits);
   const cuda::DecodeScratch scratch = {
       .data = static_cast<float*>(decode_scratch_.reserve(scratch_floats * sizeof(float))),
       .floats = scratch_floats,
-      .multiprocessors = multiprocessors_};
+      .multiprocessors = multiprocessors_,
+      .splits = decode_splits_,
+      .min_splits = min_decode_splits_};
 
   const int64_t h = config_.hidden_size, qd = config_.q_dim(), kvd = config_.kv_dim();
   const int64_t f = config_.intermediate_size, nqkv = qd + 2 * kvd, vocab = config_.vocab_size;
@@ -451,8 +505,9 @@ int64_t CudaBackendImpl::compute_logits(const ForwardBatch& batch, size_t host_l
 void CudaBackendImpl::copy_page(PageId src, PageId dst) {
   check_page(src, "copy_page");
   check_page(dst, "copy_page");
-  check_cuda(cudaMemcpyAsync(page_ptr(dst), page_ptr(src), kv_bytes_per_page(),
-                             cudaMemcpyDeviceToDevice, stream_),
+  // A page is num_layers runs of layer_bytes() at layer_pitch() (one run when page-major).
+  check_cuda(cudaMemcpy2DAsync(page_ptr(dst), layer_pitch(), page_ptr(src), layer_pitch(),
+                               layer_bytes(), kv_.num_layers, cudaMemcpyDeviceToDevice, stream_),
              "copy_page");
   check_cuda(cudaStreamSynchronize(stream_), "copy_page");
 }
@@ -461,7 +516,9 @@ void CudaBackendImpl::read_pages(std::span<const PageId> pages, std::byte* out) 
   const auto bytes = static_cast<size_t>(kv_bytes_per_page());
   for (PageId p : pages) {
     check_page(p, "read_pages");
-    check_cuda(cudaMemcpyAsync(out, page_ptr(p), bytes, cudaMemcpyDeviceToHost, stream_),
+    // The image is page-major whatever the layout: its layers are back to back.
+    check_cuda(cudaMemcpy2DAsync(out, layer_bytes(), page_ptr(p), layer_pitch(), layer_bytes(),
+                                 kv_.num_layers, cudaMemcpyDeviceToHost, stream_),
                "read_pages");
     out += bytes;
   }
@@ -472,15 +529,17 @@ void CudaBackendImpl::write_pages(std::span<const PageId> pages, const std::byte
   const auto bytes = static_cast<size_t>(kv_bytes_per_page());
   for (PageId p : pages) {
     check_page(p, "write_pages");
-    check_cuda(cudaMemcpyAsync(page_ptr(p), in, bytes, cudaMemcpyHostToDevice, stream_),
+    check_cuda(cudaMemcpy2DAsync(page_ptr(p), layer_pitch(), in, layer_bytes(), layer_bytes(),
+                                 kv_.num_layers, cudaMemcpyHostToDevice, stream_),
                "write_pages");
     in += bytes;
   }
   check_cuda(cudaStreamSynchronize(stream_), "write_pages");
 }
 
-// A page is num_layers * 2 * num_kv_heads runs of page_size slots, each slot head_dim elements:
-// the slots [first, first + count) of every run are one strided 2-D copy.
+// A layer of a page is 2 * num_kv_heads runs of page_size slots, each slot head_dim elements:
+// the slots [first, first + count) of every run are one strided 2-D copy per layer (one for the
+// whole page when page-major: its layers are back to back, as in the host image).
 void CudaBackendImpl::copy_slots(PageId page, int32_t first, int32_t count, std::byte* host,
                                  bool to_host) const {
   const char* what = to_host ? "read_slots" : "write_slots";
@@ -490,14 +549,18 @@ void CudaBackendImpl::copy_slots(PageId page, int32_t first, int32_t count, std:
   if (count == 0) return;
   const size_t slot = static_cast<size_t>(kv_.head_dim) * elem_size(elem_);
   const size_t pitch = slot * kv_.page_size;
-  const size_t runs = static_cast<size_t>(kv_.num_layers) * 2 * kv_.num_kv_heads;
-  std::byte* device = page_ptr(page) + first * slot;
-  host += first * slot;
-  check_cuda(to_host ? cudaMemcpy2DAsync(host, pitch, device, pitch, count * slot, runs,
-                                         cudaMemcpyDeviceToHost, stream_)
-                     : cudaMemcpy2DAsync(device, pitch, host, pitch, count * slot, runs,
-                                         cudaMemcpyHostToDevice, stream_),
-             what);
+  const bool contiguous = layer_pitch() == layer_bytes();
+  const int32_t calls = contiguous ? 1 : kv_.num_layers;
+  const size_t runs = static_cast<size_t>(contiguous ? kv_.num_layers : 1) * 2 * kv_.num_kv_heads;
+  for (int32_t l = 0; l < calls; ++l) {
+    std::byte* device = page_ptr(page, l) + first * slot;
+    std::byte* image = host + l * layer_bytes() + first * slot;
+    check_cuda(to_host ? cudaMemcpy2DAsync(image, pitch, device, pitch, count * slot, runs,
+                                           cudaMemcpyDeviceToHost, stream_)
+                       : cudaMemcpy2DAsync(device, pitch, image, pitch, count * slot, runs,
+                                           cudaMemcpyHostToDevice, stream_),
+               what);
+  }
   check_cuda(cudaStreamSynchronize(stream_), what);
 }
 

@@ -60,7 +60,7 @@ unsigned blocks_for(int64_t n, int threads) {
 }
 
 // The element offset of K (v = 0) or V (v = 1) of `kv_head` at position `pos` of `layer`, for a
-// sequence whose pages start at tables[table_base] (KvView's page-major layout).
+// sequence whose pages start at tables[table_base] (KvView's strides give the layout).
 __device__ __forceinline__ int64_t kv_offset(const BatchView& b, const KvView& kv,
                                              int32_t table_base, int32_t pos, int32_t layer,
                                              int32_t v, int32_t kv_head) {
@@ -69,8 +69,8 @@ __device__ __forceinline__ int64_t kv_offset(const BatchView& b, const KvView& k
   int32_t slot = pos - j * ps;
   if (b.reversed[table_base + j]) slot = ps - 1 - slot;
   const int64_t page = b.tables[table_base + j];
-  return page * kv.page_elems() +
-         ((((int64_t{layer} * 2 + v) * kv.num_kv_heads + kv_head) * ps + slot) * kv.head_dim);
+  return page * kv.page_stride + layer * kv.layer_stride +
+         ((int64_t{v} * kv.num_kv_heads + kv_head) * ps + slot) * kv.head_dim;
 }
 
 }  // namespace

@@ -141,6 +141,16 @@ void argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* toke
   check_launch("argmax_rows");
 }
 
+void set_kv_layout(KvView& kv, KvLayout layout, int64_t num_pages) {
+  if (layout == KvLayout::kPageMajor) {
+    kv.page_stride = kv.page_elems();
+    kv.layer_stride = kv.layer_elems();
+  } else {
+    kv.page_stride = kv.layer_elems();
+    kv.layer_stride = num_pages * kv.layer_elems();
+  }
+}
+
 void check_launch(const char* what) {
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess)

@@ -45,12 +45,19 @@ struct BatchView {
   int32_t max_single_context = 0;  // the most keys a single token attends to (position + 1)
 };
 
-// Device memory the decode kernel may use for split partials (flash-decoding), and the GPU's
-// multiprocessor count it sizes the splits by.
+// How the decode kernel splits each token's keys beyond decode_splits() (which fills an
+// otherwise idle GPU): kFill adds nothing; kWaves also splits where that shortens the last
+// wave of blocks (wave_splits).
+enum class DecodeSplits { kFill, kWaves };
+
+// Device memory the decode kernel may use for split partials (flash-decoding), the GPU's
+// multiprocessor count it sizes the splits by, and the split policy.
 struct DecodeScratch {
   float* data = nullptr;
   size_t floats = 0;
   int32_t multiprocessors = 132;
+  DecodeSplits splits = DecodeSplits::kFill;
+  int32_t min_splits = 1;  // at least this many (benchmarks), where the scratch holds them
 };
 
 // How many ways the pipelined decode kernel splits each token's keys: 1 when the batch's
@@ -58,11 +65,21 @@ struct DecodeScratch {
 // (at most 32, each split two or more 32-key tiles).
 int32_t decode_splits(int32_t tokens, int32_t num_kv_heads, int32_t max_context,
                       int32_t multiprocessors);
+// Splits (1 to 32, each at least two tiles) of `blocks` equal blocks of `tiles` key tiles each
+// that finish soonest when `resident` blocks run at once: each split costs its tiles plus one
+// tile of fixed cost, and the blocks run in whole waves, so a last wave that is mostly empty is
+// worth filling with smaller blocks.
+int32_t wave_splits(int64_t blocks, int32_t tiles, int64_t resident);
 // Floats of DecodeScratch that many splits need (0 for one).
 size_t decode_scratch_floats(int32_t tokens, int32_t num_heads, int32_t head_dim, int32_t splits);
 
-// The paged KV cache, page-major so that one page (all layers, K and V) is one contiguous run
-// of bytes: element [page][layer][k=0 / v=1][kv_head][slot][d].
+// The paged KV cache. One page of one layer (K then V, [k=0 / v=1][kv_head][slot][d]) is a
+// contiguous run of layer_elems(); where those runs lie is the layout's strides:
+//   page-major  (page_stride = num_layers * layer_elems(), layer_stride = layer_elems()): a page,
+//               all layers, is one run of bytes ([page][layer][...]);
+//   layer-major (page_stride = layer_elems(), layer_stride = num_pages * layer_elems()): one
+//               layer of every page is one run ([layer][page][...]), as vLLM's per-layer KV
+//               tensors, so a layer's decode attention reads a 1/num_layers share of the cache.
 struct KvView {
   void* base = nullptr;
   Elem elem = Elem::kBF16;
@@ -70,11 +87,19 @@ struct KvView {
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
   int32_t page_size = 0;
+  int64_t page_stride = 0;   // elements between page p and p + 1 of one layer
+  int64_t layer_stride = 0;  // elements between layer l and l + 1 of one page
 
-  BLEND_HOST_DEVICE int64_t page_elems() const {
-    return int64_t{num_layers} * 2 * num_kv_heads * page_size * head_dim;
+  BLEND_HOST_DEVICE int64_t layer_elems() const {
+    return int64_t{2} * num_kv_heads * page_size * head_dim;
   }
+  BLEND_HOST_DEVICE int64_t page_elems() const { return int64_t{num_layers} * layer_elems(); }
 };
+
+enum class KvLayout { kPageMajor, kLayerMajor };
+
+// Sets kv's strides for `layout` over a cache of num_pages pages.
+void set_kv_layout(KvView& kv, KvLayout layout, int64_t num_pages);
 
 // x[t] = embedding row of token t, widened to f32. `table` holds vocab rows of `hidden`
 // elements of `table_elem`.
@@ -100,7 +125,8 @@ void rope_write_kv(const BatchView& batch, float* qkv, int64_t nqkv, int32_t num
 // kTiled64 (64-key tiles, 16-byte loads; falls back to kTiled32 where head_dim is not a
 // multiple of 16 bytes) or kTiled32 (32-key tiles, element loads). A tensor-core decode kernel
 // was measured no faster (docs/BENCHMARKS.md) and removed.
-enum class AttentionKernel { kDefault, kTiled64, kTiled32 };
+// kPipelined3 is kDefault with three buffers in the decode kernel instead of two.
+enum class AttentionKernel { kDefault, kPipelined3, kTiled64, kTiled32 };
 
 // Causal paged attention of every batch token over its sequence's cached keys (the single
 // tokens one block per (token, KV head); the prefill tiles one block per (tile, KV head) on

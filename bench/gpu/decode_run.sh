@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# One run on the lent GPU machine that compares the decode attention's variants (issue 28):
+# the KV layout (BLEND_CUDA_KV_LAYOUT page | layer), the decode kernel's pipeline depth
+# (BLEND_CUDA_ATTENTION default = 2 buffers | pipelined3) and its key splits
+# (BLEND_CUDA_DECODE_SPLITS fill | waves), first per step and then on the whole engine path.
+# From the repository root, with .gpu/ (bench/gpu/bundle.sh's archive) carried:
+#   1. bench/gpu/unpack.sh into /tmp/blend
+#   2. blend_cuda_tests (every variant's logits against the cpu backend; CUDA_TESTS_TIMEOUT)
+#   3. the llama-3-8b folder (throughput.py's init, reused when present)
+#   4. cuda_forward_bench per variant: decode steps of 1, 64, 256 sequences at 1,024 cached
+#      tokens and a 4 x 512 prefill -> $OUT/forward_bench.jsonl, with the GEMM peak and copy
+#      bandwidth it measures first
+#   5. blend batch --backend cuda, 1,024 x (512 + 128) at --max-batch-tokens 4096, for the
+#      page/default/fill variant and the one with the fastest 256-sequence decode step in 4,
+#      interleaved (A B A B ...) while time is left -> $OUT/engine-<variant>-<i>/
+#   6. the transformers peer at batch 512 (same work), when PEER=1 and time is left
+# A failing step is reported and the next one runs; the log is $OUT/decode_run.log. TOTAL
+# (default 520 s) bounds the whole run. Without a GPU nothing here can run.
+set -u
+OUT="${OUT:-$PWD/device-out}"
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/decode_run.log") 2>&1
+TOTAL="${TOTAL:-520}"
+start=$(date +%s)
+elapsed() { echo $(($(date +%s) - start)); }
+left() { echo $((TOTAL - $(elapsed))); }
+step() { echo; echo "=== [$(elapsed) s] $*"; }
+here="$(cd "$(dirname "$0")" && pwd)"
+
+step "unpack"
+bash "$here/unpack.sh" .gpu/blend-bundle.tar.xz /tmp/blend || echo "decode_run: unpack FAILED"
+BLEND=/tmp/blend/bin/blend
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv | tee "$OUT/gpu.txt"
+cp /tmp/blend/BUILD_INFO "$OUT/BUILD_INFO" 2>/dev/null
+
+if [ -x /tmp/blend/bin/blend_cuda_tests ] && [ "${CUDA_TESTS:-1}" = 1 ]; then
+  step "blend_cuda_tests (timeout ${CUDA_TESTS_TIMEOUT:-90} s)"
+  (cd /tmp && timeout -k 5 "${CUDA_TESTS_TIMEOUT:-90}" /tmp/blend/bin/blend_cuda_tests \
+    > "$OUT/blend_cuda_tests.log" 2>&1)
+  echo "blend_cuda_tests: exit $?"
+  grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|FAILED TEST|Failure' \
+    "$OUT/blend_cuda_tests.log" | tail -25
+fi
+
+step "llama-3-8b folder"
+timeout -k 5 300 python3 "$here/throughput.py" "$BLEND" "$OUT/init" --no-torch --no-blend
+model=/tmp/blend-throughput/model
+
+# Variants: layout/attention/splits.
+VARIANTS="${VARIANTS:-page/default/fill layer/default/fill page/pipelined3/fill page/default/waves layer/pipelined3/waves layer/default/waves}"
+run_variant() {  # variant, then the command
+  local v="$1"
+  shift
+  IFS=/ read -r layout attention splits <<<"$v"
+  BLEND_CUDA_KV_LAYOUT=$layout BLEND_CUDA_ATTENTION=$attention BLEND_CUDA_DECODE_SPLITS=$splits "$@"
+}
+if [ -x /tmp/blend/bin/cuda_forward_bench ] && [ -f "$model/config.json" ]; then
+  for v in $VARIANTS; do
+    [ "$(left)" -lt 200 ] && { echo "forward bench: skipping $v, $(left) s left"; continue; }
+    step "cuda_forward_bench $v (timeout 75 s)"
+    run_variant "$v" timeout -k 5 75 /tmp/blend/bin/cuda_forward_bench --model "$model" \
+      --decode 1,64,256 --context 1024 --prefill 4x512 --reps 5 \
+      | sed "s|^{|{\"variant\":\"$v\",|" | tee -a "$OUT/forward_bench.jsonl"
+    echo "cuda_forward_bench: exit ${PIPESTATUS[0]}"
+  done
+fi
+
+# The variant with the fastest 256-sequence decode step.
+best=$(python3 - "$OUT/forward_bench.jsonl" <<'EOF'
+import json, sys
+best = None
+try:
+    for line in open(sys.argv[1]):
+        try:
+            j = json.loads(line)
+        except ValueError:
+            continue
+        if j.get("kind") == "decode" and j.get("batch") == 256:
+            t = j.get("step_ms") or j.get("ops", {}).get("total_ms")
+            if t and (best is None or t < best[0]):
+                best = (t, j["variant"])
+except OSError:
+    pass
+print(best[1] if best else "page/default/fill")
+EOF
+)
+step "engine runs: page/default/fill against $best"
+engine_variants="page/default/fill"
+[ "$best" != "page/default/fill" ] && engine_variants="$engine_variants $best"
+for i in 1 2; do
+  for v in $engine_variants; do
+    [ "$(left)" -lt 75 ] && { echo "engine: skipping $v run $i, $(left) s left"; continue; }
+    step "blend batch $v, run $i"
+    tag=$(echo "$v" | tr / -)
+    run_variant "$v" timeout -k 5 120 python3 "$here/throughput.py" "$BLEND" \
+      "$OUT/engine-$tag-$i" --no-torch --budgets 4096 --requests 1024 --min-requests 1024 \
+      --prompt 512 --output 128 --max-running 512 --run-cap 60 2>&1 | grep -E "tokens/s|error|Error" | tail -3
+  done
+done
+
+if [ "${PEER:-1}" = 1 ] && [ "$(left)" -gt 90 ]; then
+  step "transformers peer, batch 512"
+  timeout -k 5 "$(($(left) - 5))" python3 "$here/throughput.py" "$BLEND" "$OUT/peer" --no-blend \
+    --hf-batches 512 --hf-prompt 512 --hf-new 128 2>&1 | tail -15
+fi
+
+step "done"
+grep -h "tokens/s" "$OUT"/engine-*/throughput.md 2>/dev/null | head -20
+ls "$OUT"
