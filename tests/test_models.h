@@ -25,7 +25,7 @@ struct TestModel {
 // "base", or: "qwen2" (QKV bias), "llama3" (llama3 RoPE scaling in all three bands, tied
 // embeddings), "linear" (linear RoPE scaling), "hd64" (head_dim 64, 2 query heads per KV head),
 // "hd128" (Llama-3-8B's head geometry: head_dim 128, 4 query heads per KV head), "mistral"
-// (sliding window 6).
+// (sliding window 6), "mistral-hd128" (both).
 inline ModelConfig test_model_config(const std::string& variant) {
   ModelConfig c = *find_model_preset("tiny");
   // A small vocabulary keeps generation, loading and the references' lm_heads cheap (the tests
@@ -54,10 +54,15 @@ inline ModelConfig test_model_config(const std::string& variant) {
     c.num_heads = 8;
     c.num_kv_heads = 2;
     c.head_dim = 128;
-  } else if (variant == "mistral") {
+  } else if (variant == "mistral" || variant == "mistral-hd128") {
     c.architecture = "MistralForCausalLM";
     c.model_type = "mistral";
     c.sliding_window = 6;
+    if (variant == "mistral-hd128") {
+      c.num_heads = 8;
+      c.num_kv_heads = 2;
+      c.head_dim = 128;
+    }
   }
   return c;
 }

@@ -10,10 +10,12 @@
 #   4. cuda_forward_bench per variant: decode steps of 1, 64, 256 sequences at 1,024 cached
 #      tokens and a 4 x 512 prefill -> $OUT/forward_bench.jsonl, with the GEMM peak and copy
 #      bandwidth it measures first
-#   5. blend batch --backend cuda, 1,024 x (512 + 128) at --max-batch-tokens 4096, for the
-#      page/default/fill variant and the one with the fastest 256-sequence decode step in 4,
-#      interleaved (A B A B ...) while time is left -> $OUT/engine-<variant>-<i>/
-#   6. the transformers peer at batch 512 (same work), when PEER=1 and time is left
+#   5. blend batch --backend cuda at --max-batch-tokens 4096 on each ENGINE_WORK (default
+#      512:128:1024:2 = 1,024 x (512 + 128), twice), for the page/default/fill variant and the
+#      one with the fastest 256-sequence decode step in 4, interleaved (A B A B ...) while time
+#      is left -> $OUT/engine-<prompt>-<output>-<variant>-<i>/
+#   6. the transformers peer at batch PEER_BATCHES (default 512; 512-token prompts + 128), when
+#      PEER=1 (the default) and time is left
 # A failing step is reported and the next one runs; the log is $OUT/decode_run.log. TOTAL
 # (default 520 s) bounds the whole run. Without a GPU nothing here can run.
 set -u
@@ -87,23 +89,34 @@ EOF
 step "engine runs: page/default/fill against $best"
 engine_variants="page/default/fill"
 [ "$best" != "page/default/fill" ] && engine_variants="$engine_variants $best"
-for i in 1 2; do
-  for v in $engine_variants; do
-    [ "$(left)" -lt 75 ] && { echo "engine: skipping $v run $i, $(left) s left"; continue; }
-    step "blend batch $v, run $i"
-    tag=$(echo "$v" | tr / -)
-    run_variant "$v" timeout -k 5 120 python3 "$here/throughput.py" "$BLEND" \
-      "$OUT/engine-$tag-$i" --no-torch --budgets 4096 --requests 1024 --min-requests 1024 \
-      --prompt 512 --output 128 --max-running 512 --run-cap 60 2>&1 | grep -E "tokens/s|error|Error" | tail -3
+# ENGINE_WORK: prompt:output:requests:repetitions per work, each repetition both variants.
+for work in ${ENGINE_WORK:-512:128:1024:2}; do
+  IFS=: read -r prompt output requests reps <<<"$work"
+  for i in $(seq "$reps"); do
+    for v in $engine_variants; do
+      [ "$(left)" -lt 75 ] && { echo "engine: skipping $v $work run $i, $(left) s left"; continue; }
+      step "blend batch $v, $requests x ($prompt + $output), run $i"
+      tag=$(echo "$v" | tr / -)
+      run_variant "$v" timeout -k 5 150 python3 "$here/throughput.py" "$BLEND" \
+        "$OUT/engine-$prompt-$output-$tag-$i" --no-torch --budgets 4096 --requests "$requests" \
+        --min-requests "$requests" --prompt "$prompt" --output "$output" --max-running 512 \
+        --run-cap 90 2>&1 | grep -E "tokens/s|error|Error" | head -2
+    done
   done
 done
 
 if [ "${PEER:-1}" = 1 ] && [ "$(left)" -gt 90 ]; then
-  step "transformers peer, batch 512"
+  step "transformers peer, batch ${PEER_BATCHES:-512}"
   timeout -k 5 "$(($(left) - 5))" python3 "$here/throughput.py" "$BLEND" "$OUT/peer" --no-blend \
-    --hf-batches 512 --hf-prompt 512 --hf-new 128 2>&1 | tail -15
+    --hf-batches "${PEER_BATCHES:-512}" --hf-prompt 512 --hf-new 128 2>&1 | tail -15
 fi
 
 step "done"
-grep -h "tokens/s" "$OUT"/engine-*/throughput.md 2>/dev/null | head -20
+# Few files come back from the device: the engine runs' results go into one file.
+for f in "$OUT"/engine-*/throughput.json "$OUT"/peer/throughput.json; do
+  [ -f "$f" ] && python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); j["run"]=sys.argv[2]; print(json.dumps(j))' \
+    "$f" "$(basename "$(dirname "$f")")" >> "$OUT/engine.jsonl"
+done
+cat "$OUT"/peer/throughput.md > "$OUT/peer.md" 2>/dev/null
+rm -rf "$OUT"/engine-* "$OUT"/init "$OUT"/peer
 ls "$OUT"

@@ -334,10 +334,18 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"qwen2", DType::kBF16, 2e-2, "pipelined3"},
                       Case{"hd128", DType::kBF16, 2e-2, "pipelined3", "layer", "waves"},
                       Case{"hd128", DType::kBF16, 2e-2, "default", "page", "3"},
-                      Case{"mistral", DType::kBF16, 2e-2, "pipelined3", "page", "5"}),
+                      Case{"mistral", DType::kBF16, 2e-2, "pipelined3", "page", "5"},
+                      Case{"hd128", DType::kBF16, 2e-2, "warps"},
+                      Case{"hd64", DType::kBF16, 2e-2, "warps8", "layer"},
+                      Case{"mistral-hd128", DType::kBF16, 2e-2, "warps"},
+                      Case{"mistral-hd128", DType::kBF16, 2e-2, "default"},
+                      Case{"hd128", DType::kBF16, 2e-2, "warps8", "page", "3"},
+                      Case{"hd128", DType::kBF16, 2e-2, "warps", "page", "waves"}),
     [](const ::testing::TestParamInfo<Case>& i) {
-      return i.param.variant + (i.param.dtype == DType::kF32 ? "_f32_" : "_bf16_") +
-             i.param.attention + "_" + i.param.layout + "_splits_" + i.param.splits;
+      std::string name = i.param.variant + (i.param.dtype == DType::kF32 ? "_f32_" : "_bf16_") +
+                         i.param.attention + "_" + i.param.layout + "_splits_" + i.param.splits;
+      std::replace(name.begin(), name.end(), '-', '_');
+      return name;
     });
 
 // Greedy decoding for 128 steps on an f32 checkpoint: the same tokens as the cpu backend.
@@ -424,11 +432,11 @@ INSTANTIATE_TEST_SUITE_P(Layouts, PageImages, ::testing::Values("page", "layer")
 TEST(CudaBackend, RefusesUnknownKernelKnobs) {
   SKIP_WITHOUT_GPU();
   const TestModel& m = model("base", DType::kBF16);
-  for (const auto& [name, value] : std::vector<std::pair<std::string, std::string>>{
-           {"BLEND_CUDA_ATTENTION", "fast"},
-           {"BLEND_CUDA_KV_LAYOUT", "head"},
-           {"BLEND_CUDA_DECODE_SPLITS", "0"},
-           {"BLEND_CUDA_DECODE_SPLITS", "4x"}}) {
+  for (const auto& [name, value] :
+       std::vector<std::pair<std::string, std::string>>{{"BLEND_CUDA_ATTENTION", "fast"},
+                                                        {"BLEND_CUDA_KV_LAYOUT", "head"},
+                                                        {"BLEND_CUDA_DECODE_SPLITS", "0"},
+                                                        {"BLEND_CUDA_DECODE_SPLITS", "4x"}}) {
     ScopedEnv env(name, value);
     EXPECT_THROW(make_cuda_backend(m.config, m.store, options()), Error) << name << "=" << value;
   }

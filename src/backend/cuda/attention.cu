@@ -412,7 +412,8 @@ int32_t decode_blocks_per_multiprocessor(size_t smem) {
 template <int kStages>
 void launch_decode_attention(const BatchView& batch, const float* qkv, int64_t nqkv,
                              const KvView& kv, int32_t layer, int32_t num_heads, int32_t window,
-                             bf16* out, const DecodeScratch& scratch, cudaStream_t stream) {
+                             bf16* out, const DecodeScratch& scratch, int32_t warps_unroll,
+                             cudaStream_t stream) {
   const int32_t tokens = batch.single_tokens ? batch.num_single_tokens : batch.num_tokens;
   if (tokens == 0) return;
   const size_t smem = dec::Layout(kv.head_dim, num_heads / kv.num_kv_heads, kStages).total;
@@ -428,10 +429,16 @@ void launch_decode_attention(const BatchView& batch, const float* qkv, int64_t n
                                               int64_t{scratch.multiprocessors}));
   splits = std::max(splits, scratch.min_splits);
   if (scratch.floats < decode_scratch_floats(tokens, num_heads, kv.head_dim, splits)) splits = 1;
-  const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(kv.num_kv_heads),
-                  static_cast<unsigned>(splits));
-  decode_attention_kernel<kStages><<<grid, dec::kThreads, smem, stream>>>(
-      batch, qkv, nqkv, kv, layer, num_heads, window, out, splits, scratch.data);
+  // The warp-parallel kernel takes the same splits (the wave policy sized by this kernel's
+  // occupancy: an approximation for it) and writes the same partials.
+  if (warps_unroll == 0 ||
+      !launch_decode_warps(batch, qkv, nqkv, kv, layer, num_heads, window, out, tokens, splits,
+                           scratch.data, warps_unroll, stream)) {
+    const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(kv.num_kv_heads),
+                    static_cast<unsigned>(splits));
+    decode_attention_kernel<kStages><<<grid, dec::kThreads, smem, stream>>>(
+        batch, qkv, nqkv, kv, layer, num_heads, window, out, splits, scratch.data);
+  }
   if (splits > 1)
     combine_kernel<<<dim3(static_cast<unsigned>(tokens), static_cast<unsigned>(num_heads)), 128, 0,
                      stream>>>(batch, scratch.data, num_heads, kv.head_dim, splits, out);
@@ -442,14 +449,18 @@ void attention_of(AttentionKernel kernel, const BatchView& batch, const float* q
                   const KvView& kv, int32_t layer, int32_t num_heads, int32_t window, T* out,
                   const DecodeScratch& scratch, cudaStream_t stream) {
   if constexpr (std::is_same_v<T, bf16>) {
-    if ((kernel == AttentionKernel::kDefault || kernel == AttentionKernel::kPipelined3) &&
+    const int32_t warps_unroll = kernel == AttentionKernel::kWarps    ? 4
+                                 : kernel == AttentionKernel::kWarps8 ? 8
+                                                                      : 0;
+    if ((kernel == AttentionKernel::kDefault || kernel == AttentionKernel::kPipelined3 ||
+         warps_unroll > 0) &&
         dec::supports(num_heads / kv.num_kv_heads, kv.head_dim)) {
       if (kernel == AttentionKernel::kPipelined3)
-        launch_decode_attention<3>(batch, qkv, nqkv, kv, layer, num_heads, window, out, scratch,
+        launch_decode_attention<3>(batch, qkv, nqkv, kv, layer, num_heads, window, out, scratch, 0,
                                    stream);
       else
         launch_decode_attention<2>(batch, qkv, nqkv, kv, layer, num_heads, window, out, scratch,
-                                   stream);
+                                   warps_unroll, stream);
       return;
     }
   }

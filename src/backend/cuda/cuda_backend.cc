@@ -236,7 +236,8 @@ CudaBackendImpl::CudaBackendImpl(const ModelConfig& config, const TensorStore& s
   // Environment knobs for benchmarks and tests to compare kernels and layouts (kernels.h):
   // BLEND_CUDA_ATTENTION: tiled32 (element loads, 32-key tiles) or tiled64 for every token, or
   //   the default: prefill chunks on tensor cores and the other tokens in the pipelined decode
-  //   kernel where the shape allows, else tiled64; pipelined3: the default with three buffers.
+  //   kernel where the shape allows, else tiled64; pipelined3: the default with three buffers;
+  //   warps, warps8: the default with the warp-parallel decode kernel where the shape allows.
   // BLEND_CUDA_KV_LAYOUT: page (page-major) or layer (layer-major).
   // BLEND_CUDA_DECODE_SPLITS: fill (split keys only to fill an idle GPU), waves (also to shorten
   //   the last wave of blocks), or a number N (at least N splits).
@@ -247,11 +248,15 @@ CudaBackendImpl::CudaBackendImpl(const ModelConfig& config, const TensorStore& s
     attention_kernel_ = cuda::AttentionKernel::kTiled64;
   else if (kernel_name == "pipelined3")
     attention_kernel_ = cuda::AttentionKernel::kPipelined3;
+  else if (kernel_name == "warps")
+    attention_kernel_ = cuda::AttentionKernel::kWarps;
+  else if (kernel_name == "warps8")
+    attention_kernel_ = cuda::AttentionKernel::kWarps8;
   else if (kernel_name != "default")
     throw Error("BLEND_CUDA_ATTENTION=" + kernel_name +
-                ": expected default, pipelined3, tiled64 or tiled32");
-  if (attention_kernel_ == cuda::AttentionKernel::kDefault ||
-      attention_kernel_ == cuda::AttentionKernel::kPipelined3)
+                ": expected default, pipelined3, warps, warps8, tiled64 or tiled32");
+  if (attention_kernel_ != cuda::AttentionKernel::kTiled64 &&
+      attention_kernel_ != cuda::AttentionKernel::kTiled32)
     prefill_tile_tokens_ = cuda::prefill_tile_tokens(static_cast<int32_t>(config_.num_heads),
                                                      static_cast<int32_t>(config_.num_kv_heads),
                                                      static_cast<int32_t>(config_.head_dim), elem_);

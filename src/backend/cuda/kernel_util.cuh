@@ -74,4 +74,14 @@ __device__ __forceinline__ int64_t kv_offset(const BatchView& b, const KvView& k
 }
 
 }  // namespace
+
+// The warp-parallel decode kernel (decode_warps.cu) for the bf16 single tokens: launches it
+// (with `splits` partials into `partial` when splits > 1, which the caller combines) and returns
+// true, or returns false where it does not run the shape (decode_warps_supports).
+bool decode_warps_supports(int32_t num_heads, int32_t num_kv_heads, int32_t head_dim);
+bool launch_decode_warps(const BatchView& batch, const float* qkv, int64_t nqkv, const KvView& kv,
+                         int32_t layer, int32_t num_heads, int32_t window, __nv_bfloat16* out,
+                         int32_t tokens, int32_t splits, float* partial, int32_t unroll,
+                         cudaStream_t stream);
+
 }  // namespace blend::cuda

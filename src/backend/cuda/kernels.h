@@ -125,8 +125,11 @@ void rope_write_kv(const BatchView& batch, float* qkv, int64_t nqkv, int32_t num
 // kTiled64 (64-key tiles, 16-byte loads; falls back to kTiled32 where head_dim is not a
 // multiple of 16 bytes) or kTiled32 (32-key tiles, element loads). A tensor-core decode kernel
 // was measured no faster (docs/BENCHMARKS.md) and removed.
-// kPipelined3 is kDefault with three buffers in the decode kernel instead of two.
-enum class AttentionKernel { kDefault, kPipelined3, kTiled64, kTiled32 };
+// kPipelined3 is kDefault with three buffers in the decode kernel instead of two; kWarps and
+// kWarps8 run the single tokens in the warp-parallel decode kernel (decode_warps.cu: no shared
+// staging, 4 or 8 loads of K and of V in flight per lane) where the shape allows (head_dim 64 or
+// 128, 1, 2, 4 or 8 query heads per KV head), else as kDefault.
+enum class AttentionKernel { kDefault, kPipelined3, kWarps, kWarps8, kTiled64, kTiled32 };
 
 // Causal paged attention of every batch token over its sequence's cached keys (the single
 // tokens one block per (token, KV head); the prefill tiles one block per (tile, KV head) on
