@@ -1,7 +1,8 @@
 // cuda backend step times against the GPU's own bounds, measured in the same run (DESIGN.md §6:
 // median of several runs, ratio to the bound). Prints JSON lines:
-//   {"kind":"bounds", ...}   peak dense bf16 GEMM FLOP/s (cuBLAS, 8192^3) and device-to-device
-//                            copy bandwidth (bytes read + written per second)
+//   {"kind":"bounds", ...}   peak dense bf16 GEMM FLOP/s (cuBLAS, 8192^3), device-to-device
+//                            copy bandwidth (bytes read + written per second) and read
+//                            bandwidth (cublasSasum over 2 GiB)
 //   {"kind":"decode", ...}   a decode step of B sequences at C cached tokens each: tokens/s, the
 //                            per-op GPU times, attention's bytes moved / time against the copy
 //                            bandwidth (issue 28's roofline), the step against its bound (weights
@@ -73,11 +74,22 @@ json measure_bounds() {
     check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice), "copy");
     check(cudaDeviceSynchronize(), "copy");
   });
+  // A read-only stream: cuBLAS's f32 sum of absolute values over the same 2 GiB.
+  cublasCreate(&h);
+  const int floats = static_cast<int>(bytes / 4);
+  check(cudaMemset(src, 0x3c, bytes), "cudaMemset");
+  float sum = 0;
+  const double read_s = median_seconds(7, [&] {
+    cublasSasum(h, floats, static_cast<const float*>(src), 1, &sum);
+    check(cudaDeviceSynchronize(), "asum");
+  });
+  cublasDestroy(h);
   for (void* p : {a, b, c, src, dst}) cudaFree(p);
   return {{"kind", "bounds"},
           {"device", cuda_device_description()},
           {"gemm_bf16_flops", 2.0 * n * n * n / gemm_s},
-          {"copy_bytes_per_s", 2.0 * static_cast<double>(bytes) / copy_s}};
+          {"copy_bytes_per_s", 2.0 * static_cast<double>(bytes) / copy_s},
+          {"read_bytes_per_s", static_cast<double>(bytes) / read_s}};
 }
 
 json op_json(const CudaOpTimes& t, int64_t steps) {
@@ -122,7 +134,8 @@ int run(int argc, char** argv) {
   if (model_dir.empty()) throw Error("--model DIR is required");
   const json bounds = measure_bounds();
   emit(bounds);
-  const double peak = bounds["gemm_bf16_flops"], copy_bw = bounds["copy_bytes_per_s"];
+  const double peak = bounds["gemm_bf16_flops"], copy_bw = bounds["copy_bytes_per_s"],
+               read_bw = bounds["read_bytes_per_s"];
 
   const ModelConfig config = ModelConfig::from_dir(model_dir);
   const TensorStore store = TensorStore::open_dir(model_dir);
@@ -194,6 +207,7 @@ int run(int argc, char** argv) {
           {"fraction_of_step_bound", bound / s},
           {"attention_bytes_per_s", kv_bytes / (ops.attention * 1e-3)},
           {"attention_fraction_of_copy", kv_bytes / (ops.attention * 1e-3) / copy_bw},
+          {"attention_fraction_of_read", kv_bytes / (ops.attention * 1e-3) / read_bw},
           {"ops", op_json(ops, 1)}});
   }
   {

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One run on the lent GPU machine that compares the decode attention's variants (issue 28):
 # the KV layout (BLEND_CUDA_KV_LAYOUT page | layer), the decode kernel's pipeline depth
-# (BLEND_CUDA_ATTENTION default = 2 buffers | pipelined3) and its key splits
-# (BLEND_CUDA_DECODE_SPLITS fill | waves), first per step and then on the whole engine path.
+# (BLEND_CUDA_ATTENTION default = 2 buffers | pipelined3 | warps | warps8), its key splits
+# (BLEND_CUDA_DECODE_SPLITS fill | waves) and its grid order (BLEND_CUDA_DECODE_GRID tokens |
+# heads), first per step and then on the whole engine path.
 # From the repository root, with .gpu/ (bench/gpu/bundle.sh's archive) carried:
 #   1. bench/gpu/unpack.sh into /tmp/blend
 #   2. blend_cuda_tests (every variant's logits against the cpu backend; CUDA_TESTS_TIMEOUT)
@@ -48,13 +49,14 @@ step "llama-3-8b folder"
 timeout -k 5 300 python3 "$here/throughput.py" "$BLEND" "$OUT/init" --no-torch --no-blend
 model=/tmp/blend-throughput/model
 
-# Variants: layout/attention/splits.
+# Variants: layout/attention/splits[/grid] (BLEND_CUDA_DECODE_GRID, default tokens).
 VARIANTS="${VARIANTS:-page/default/fill layer/default/fill page/pipelined3/fill page/default/waves layer/pipelined3/waves layer/default/waves}"
 run_variant() {  # variant, then the command
   local v="$1"
   shift
-  IFS=/ read -r layout attention splits <<<"$v"
-  BLEND_CUDA_KV_LAYOUT=$layout BLEND_CUDA_ATTENTION=$attention BLEND_CUDA_DECODE_SPLITS=$splits "$@"
+  IFS=/ read -r layout attention splits grid <<<"$v"
+  BLEND_CUDA_KV_LAYOUT=$layout BLEND_CUDA_ATTENTION=$attention BLEND_CUDA_DECODE_SPLITS=$splits \
+    BLEND_CUDA_DECODE_GRID=${grid:-tokens} "$@"
 }
 if [ -x /tmp/blend/bin/cuda_forward_bench ] && [ -f "$model/config.json" ]; then
   for v in $VARIANTS; do

@@ -266,6 +266,7 @@ struct Case {
   std::string attention = "default";  // BLEND_CUDA_ATTENTION: which attention kernels run
   std::string layout = "page";        // BLEND_CUDA_KV_LAYOUT
   std::string splits = "fill";        // BLEND_CUDA_DECODE_SPLITS
+  std::string grid = "tokens";        // BLEND_CUDA_DECODE_GRID
 };
 
 class CudaMatchesCpu : public ::testing::TestWithParam<Case> {};
@@ -281,7 +282,8 @@ TEST_P(CudaMatchesCpu, LogitsOfMixedSteps) {
   {
     ScopedEnv env({{"BLEND_CUDA_ATTENTION", p.attention},
                    {"BLEND_CUDA_KV_LAYOUT", p.layout},
-                   {"BLEND_CUDA_DECODE_SPLITS", p.splits}});
+                   {"BLEND_CUDA_DECODE_SPLITS", p.splits},
+                   {"BLEND_CUDA_DECODE_GRID", p.grid}});
     gpu = make_cuda_backend(m.config, m.store, options());
   }
   EXPECT_EQ(gpu->compute_dtype(), cpu->compute_dtype());
@@ -340,10 +342,14 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"mistral-hd128", DType::kBF16, 2e-2, "warps"},
                       Case{"mistral-hd128", DType::kBF16, 2e-2, "default"},
                       Case{"hd128", DType::kBF16, 2e-2, "warps8", "page", "3"},
-                      Case{"hd128", DType::kBF16, 2e-2, "warps", "page", "waves"}),
+                      Case{"hd128", DType::kBF16, 2e-2, "warps", "page", "waves"},
+                      Case{"hd128", DType::kBF16, 2e-2, "warps", "page", "fill", "heads"},
+                      Case{"hd128", DType::kBF16, 2e-2, "default", "page", "3", "heads"},
+                      Case{"mistral-hd128", DType::kBF16, 2e-2, "warps8", "layer", "4", "heads"}),
     [](const ::testing::TestParamInfo<Case>& i) {
       std::string name = i.param.variant + (i.param.dtype == DType::kF32 ? "_f32_" : "_bf16_") +
-                         i.param.attention + "_" + i.param.layout + "_splits_" + i.param.splits;
+                         i.param.attention + "_" + i.param.layout + "_splits_" + i.param.splits +
+                         "_" + i.param.grid;
       std::replace(name.begin(), name.end(), '-', '_');
       return name;
     });
@@ -436,7 +442,8 @@ TEST(CudaBackend, RefusesUnknownKernelKnobs) {
        std::vector<std::pair<std::string, std::string>>{{"BLEND_CUDA_ATTENTION", "fast"},
                                                         {"BLEND_CUDA_KV_LAYOUT", "head"},
                                                         {"BLEND_CUDA_DECODE_SPLITS", "0"},
-                                                        {"BLEND_CUDA_DECODE_SPLITS", "4x"}}) {
+                                                        {"BLEND_CUDA_DECODE_SPLITS", "4x"},
+                                                        {"BLEND_CUDA_DECODE_GRID", "rows"}}) {
     ScopedEnv env(name, value);
     EXPECT_THROW(make_cuda_backend(m.config, m.store, options()), Error) << name << "=" << value;
   }

@@ -204,7 +204,7 @@ template <int kStages>
 __global__ void __launch_bounds__(dec::kThreads)
     decode_attention_kernel(BatchView b, const float* qkv, int64_t nqkv, KvView kv, int32_t layer,
                             int32_t num_heads, int32_t window, bf16* out, int32_t splits,
-                            float* partial) {
+                            float* partial, int32_t heads_fastest) {
   using dec::kKeys;
   using dec::kMaxChunks;
   using dec::kThreads;
@@ -218,9 +218,10 @@ __global__ void __launch_bounds__(dec::kThreads)
   float* m_s = reinterpret_cast<float*>(smem + L.m);
   float* l_s = reinterpret_cast<float*>(smem + L.l);
   float* alpha_s = reinterpret_cast<float*>(smem + L.alpha);
-  const int32_t t =
-      b.single_tokens ? b.single_tokens[blockIdx.x] : static_cast<int32_t>(blockIdx.x);
-  const int32_t kv_head = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int32_t row = static_cast<int32_t>(heads_fastest ? blockIdx.y : blockIdx.x);
+  const int32_t t = b.single_tokens ? b.single_tokens[row] : row;
+  const int32_t kv_head = static_cast<int32_t>(heads_fastest ? blockIdx.x : blockIdx.y);
+  const int32_t tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int32_t pos = b.positions[t];
   const int32_t base = b.chunk_table[b.token_chunk[t]];
   const int32_t lo = window > 0 ? max(0, pos - window + 1) : 0, hi = pos + 1;
@@ -341,8 +342,7 @@ __global__ void __launch_bounds__(dec::kThreads)
     // [single token][query head][split][d + 2]: acc, then m and l.
     auto at = [&](int32_t g) {
       return partial +
-             ((int64_t{blockIdx.x} * num_heads + kv_head * group + g) * splits + blockIdx.z) *
-                 (d + 2);
+             ((int64_t{row} * num_heads + kv_head * group + g) * splits + blockIdx.z) * (d + 2);
     };
 #pragma unroll
     for (int j = 0; j < kMaxChunks; ++j) {
@@ -429,15 +429,20 @@ void launch_decode_attention(const BatchView& batch, const float* qkv, int64_t n
                                               int64_t{scratch.multiprocessors}));
   splits = std::max(splits, scratch.min_splits);
   if (scratch.floats < decode_scratch_floats(tokens, num_heads, kv.head_dim, splits)) splits = 1;
+  // The grid's fastest dimension: tokens (blocks running together read one KV head of many
+  // sequences) or KV heads (all heads of fewer sequences); grid y holds at most 65,535.
+  const bool heads_fastest = scratch.heads_fastest && tokens <= 65535;
   // The warp-parallel kernel takes the same splits (the wave policy sized by this kernel's
   // occupancy: an approximation for it) and writes the same partials.
   if (warps_unroll == 0 ||
       !launch_decode_warps(batch, qkv, nqkv, kv, layer, num_heads, window, out, tokens, splits,
-                           scratch.data, warps_unroll, stream)) {
-    const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(kv.num_kv_heads),
+                           scratch.data, warps_unroll, heads_fastest, stream)) {
+    const auto nt = static_cast<unsigned>(tokens), nh = static_cast<unsigned>(kv.num_kv_heads);
+    const dim3 grid(heads_fastest ? nh : nt, heads_fastest ? nt : nh,
                     static_cast<unsigned>(splits));
-    decode_attention_kernel<kStages><<<grid, dec::kThreads, smem, stream>>>(
-        batch, qkv, nqkv, kv, layer, num_heads, window, out, splits, scratch.data);
+    decode_attention_kernel<kStages>
+        <<<grid, dec::kThreads, smem, stream>>>(batch, qkv, nqkv, kv, layer, num_heads, window, out,
+                                                splits, scratch.data, heads_fastest ? 1 : 0);
   }
   if (splits > 1)
     combine_kernel<<<dim3(static_cast<unsigned>(tokens), static_cast<unsigned>(num_heads)), 128, 0,

@@ -115,6 +115,7 @@ DeviceBuffer upload_f32(const TensorView& t) {
 // constructor), chosen by measurement (docs/BENCHMARKS.md, "CUDA backend").
 constexpr const char* kDefaultKvLayout = "page";
 constexpr const char* kDefaultDecodeSplits = "fill";
+constexpr const char* kDefaultDecodeGrid = "tokens";
 
 std::string env_or(const char* name, const char* fallback) {
   const char* v = std::getenv(name);
@@ -197,6 +198,7 @@ class CudaBackendImpl final : public CudaBackend {
   cuda::KvLayout kv_layout_ = cuda::KvLayout::kPageMajor;
   cuda::DecodeSplits decode_splits_ = cuda::DecodeSplits::kFill;
   int32_t min_decode_splits_ = 1;
+  bool decode_heads_fastest_ = false;
   int32_t prefill_tile_tokens_ = 0;  // 0: no tensor-core prefill tiles
   DeviceBuffer kv_cache_;
   int64_t num_pages_ = 0;
@@ -239,6 +241,8 @@ CudaBackendImpl::CudaBackendImpl(const ModelConfig& config, const TensorStore& s
   //   kernel where the shape allows, else tiled64; pipelined3: the default with three buffers;
   //   warps, warps8: the default with the warp-parallel decode kernel where the shape allows.
   // BLEND_CUDA_KV_LAYOUT: page (page-major) or layer (layer-major).
+  // BLEND_CUDA_DECODE_GRID: tokens (the decode grid's x: blocks in flight together read one KV
+  //   head of many sequences) or heads (every KV head of fewer sequences).
   // BLEND_CUDA_DECODE_SPLITS: fill (split keys only to fill an idle GPU), waves (also to shorten
   //   the last wave of blocks), or a number N (at least N splits).
   const std::string kernel_name = env_or("BLEND_CUDA_ATTENTION", "default");
@@ -267,6 +271,11 @@ CudaBackendImpl::CudaBackendImpl(const ModelConfig& config, const TensorStore& s
     kv_layout_ = cuda::KvLayout::kLayerMajor;
   else
     throw Error("BLEND_CUDA_KV_LAYOUT=" + layout_name + ": expected page or layer");
+  const std::string grid_name = env_or("BLEND_CUDA_DECODE_GRID", kDefaultDecodeGrid);
+  if (grid_name == "heads")
+    decode_heads_fastest_ = true;
+  else if (grid_name != "tokens")
+    throw Error("BLEND_CUDA_DECODE_GRID=" + grid_name + ": expected tokens or heads");
   const std::string splits_name = env_or("BLEND_CUDA_DECODE_SPLITS", kDefaultDecodeSplits);
   if (splits_name == "fill") {
     decode_splits_ = cuda::DecodeSplits::kFill;
@@ -453,7 +462,8 @@ int64_t CudaBackendImpl::compute_logits(const ForwardBatch& batch, size_t host_l
       .floats = scratch_floats,
       .multiprocessors = multiprocessors_,
       .splits = decode_splits_,
-      .min_splits = min_decode_splits_};
+      .min_splits = min_decode_splits_,
+      .heads_fastest = decode_heads_fastest_};
 
   const int64_t h = config_.hidden_size, qd = config_.q_dim(), kvd = config_.kv_dim();
   const int64_t f = config_.intermediate_size, nqkv = qd + 2 * kvd, vocab = config_.vocab_size;

@@ -31,7 +31,7 @@ template <int kGroup, int kLanes, int kUnroll>
 __global__ void __launch_bounds__(kWarpThreads, min_blocks(kGroup, kUnroll))
     decode_warps_kernel(BatchView b, const float* qkv, int64_t nqkv, KvView kv, int32_t layer,
                         int32_t num_heads, int32_t window, bf16* out, int32_t splits,
-                        float* partial) {
+                        float* partial, int32_t heads_fastest) {
   constexpr int kKeysPerLoad = 32 / kLanes;
   constexpr int kKeysPerStep = kKeysPerLoad * kUnroll;  // keys one warp reads per step
   constexpr int kD = kLanes * 8;
@@ -39,9 +39,10 @@ __global__ void __launch_bounds__(kWarpThreads, min_blocks(kGroup, kUnroll))
   extern __shared__ __align__(16) unsigned char smem[];
   float* merge = reinterpret_cast<float*>(smem);  // [stream][group][kD + 2]: acc, m, l
 
-  const int32_t t =
-      b.single_tokens ? b.single_tokens[blockIdx.x] : static_cast<int32_t>(blockIdx.x);
-  const int32_t kv_head = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int32_t row = static_cast<int32_t>(heads_fastest ? blockIdx.y : blockIdx.x);
+  const int32_t t = b.single_tokens ? b.single_tokens[row] : row;
+  const int32_t kv_head = static_cast<int32_t>(heads_fastest ? blockIdx.x : blockIdx.y);
+  const int32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int32_t sub = lane / kLanes, part = lane % kLanes;
   const int32_t stream = warp * kKeysPerLoad + sub;
   const int32_t pos = b.positions[t];
@@ -155,9 +156,9 @@ __global__ void __launch_bounds__(kWarpThreads, min_blocks(kGroup, kUnroll))
       }
     if (splits > 1) {
       // [single token][query head][split][d + 2], as combine_kernel reads it (attention.cu).
-      float* at = partial +
-                  ((int64_t{blockIdx.x} * num_heads + kv_head * kGroup + g) * splits + blockIdx.z) *
-                      (kD + 2);
+      float* at =
+          partial +
+          ((int64_t{row} * num_heads + kv_head * kGroup + g) * splits + blockIdx.z) * (kD + 2);
       at[e] = v;
       if (e == 0) {
         at[kD] = mx;
@@ -173,30 +174,30 @@ __global__ void __launch_bounds__(kWarpThreads, min_blocks(kGroup, kUnroll))
 template <int kGroup, int kLanes, int kUnroll>
 void launch(const BatchView& batch, const float* qkv, int64_t nqkv, const KvView& kv, int32_t layer,
             int32_t num_heads, int32_t window, bf16* out, int32_t tokens, int32_t splits,
-            float* partial, cudaStream_t stream) {
+            float* partial, bool heads_fastest, cudaStream_t stream) {
   const size_t smem = size_t{4} * kWarps * (32 / kLanes) * kGroup * (kLanes * 8 + 2);
   auto* kernel = decode_warps_kernel<kGroup, kLanes, kUnroll>;
   if (smem > 48 * 1024)
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          static_cast<int>(smem));
-  const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(kv.num_kv_heads),
-                  static_cast<unsigned>(splits));
+  const auto nt = static_cast<unsigned>(tokens), nh = static_cast<unsigned>(kv.num_kv_heads);
+  const dim3 grid(heads_fastest ? nh : nt, heads_fastest ? nt : nh, static_cast<unsigned>(splits));
   kernel<<<grid, kWarpThreads, smem, stream>>>(batch, qkv, nqkv, kv, layer, num_heads, window, out,
-                                               splits, partial);
+                                               splits, partial, heads_fastest ? 1 : 0);
 }
 
 template <int kGroup, int kUnroll>
 bool launch_lanes(const BatchView& batch, const float* qkv, int64_t nqkv, const KvView& kv,
                   int32_t layer, int32_t num_heads, int32_t window, bf16* out, int32_t tokens,
-                  int32_t splits, float* partial, cudaStream_t stream) {
+                  int32_t splits, float* partial, bool heads_fastest, cudaStream_t stream) {
   switch (kv.head_dim) {
     case 64:
       launch<kGroup, 8, kUnroll>(batch, qkv, nqkv, kv, layer, num_heads, window, out, tokens,
-                                 splits, partial, stream);
+                                 splits, partial, heads_fastest, stream);
       return true;
     case 128:
       launch<kGroup, 16, kUnroll>(batch, qkv, nqkv, kv, layer, num_heads, window, out, tokens,
-                                  splits, partial, stream);
+                                  splits, partial, heads_fastest, stream);
       return true;
     default:
       return false;
@@ -206,20 +207,20 @@ bool launch_lanes(const BatchView& batch, const float* qkv, int64_t nqkv, const 
 template <int kUnroll>
 bool launch_group(const BatchView& batch, const float* qkv, int64_t nqkv, const KvView& kv,
                   int32_t layer, int32_t num_heads, int32_t window, bf16* out, int32_t tokens,
-                  int32_t splits, float* partial, cudaStream_t stream) {
+                  int32_t splits, float* partial, bool heads_fastest, cudaStream_t stream) {
   switch (num_heads / kv.num_kv_heads) {
     case 1:
       return launch_lanes<1, kUnroll>(batch, qkv, nqkv, kv, layer, num_heads, window, out, tokens,
-                                      splits, partial, stream);
+                                      splits, partial, heads_fastest, stream);
     case 2:
       return launch_lanes<2, kUnroll>(batch, qkv, nqkv, kv, layer, num_heads, window, out, tokens,
-                                      splits, partial, stream);
+                                      splits, partial, heads_fastest, stream);
     case 4:
       return launch_lanes<4, kUnroll>(batch, qkv, nqkv, kv, layer, num_heads, window, out, tokens,
-                                      splits, partial, stream);
+                                      splits, partial, heads_fastest, stream);
     case 8:
       return launch_lanes<8, kUnroll>(batch, qkv, nqkv, kv, layer, num_heads, window, out, tokens,
-                                      splits, partial, stream);
+                                      splits, partial, heads_fastest, stream);
     default:
       return false;
   }
@@ -237,12 +238,12 @@ bool decode_warps_supports(int32_t num_heads, int32_t num_kv_heads, int32_t head
 bool launch_decode_warps(const BatchView& batch, const float* qkv, int64_t nqkv, const KvView& kv,
                          int32_t layer, int32_t num_heads, int32_t window, bf16* out,
                          int32_t tokens, int32_t splits, float* partial, int32_t unroll,
-                         cudaStream_t stream) {
+                         bool heads_fastest, cudaStream_t stream) {
   if (!decode_warps_supports(num_heads, kv.num_kv_heads, kv.head_dim)) return false;
   return unroll == 8 ? launch_group<8>(batch, qkv, nqkv, kv, layer, num_heads, window, out, tokens,
-                                       splits, partial, stream)
+                                       splits, partial, heads_fastest, stream)
                      : launch_group<4>(batch, qkv, nqkv, kv, layer, num_heads, window, out, tokens,
-                                       splits, partial, stream);
+                                       splits, partial, heads_fastest, stream);
 }
 
 }  // namespace blend::cuda

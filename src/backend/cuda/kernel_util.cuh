@@ -82,6 +82,6 @@ bool decode_warps_supports(int32_t num_heads, int32_t num_kv_heads, int32_t head
 bool launch_decode_warps(const BatchView& batch, const float* qkv, int64_t nqkv, const KvView& kv,
                          int32_t layer, int32_t num_heads, int32_t window, __nv_bfloat16* out,
                          int32_t tokens, int32_t splits, float* partial, int32_t unroll,
-                         cudaStream_t stream);
+                         bool heads_fastest, cudaStream_t stream);
 
 }  // namespace blend::cuda

@@ -57,7 +57,8 @@ struct DecodeScratch {
   size_t floats = 0;
   int32_t multiprocessors = 132;
   DecodeSplits splits = DecodeSplits::kFill;
-  int32_t min_splits = 1;  // at least this many (benchmarks), where the scratch holds them
+  int32_t min_splits = 1;      // at least this many (benchmarks), where the scratch holds them
+  bool heads_fastest = false;  // the decode grid's x is the KV head (else the token)
 };
 
 // How many ways the pipelined decode kernel splits each token's keys: 1 when the batch's
