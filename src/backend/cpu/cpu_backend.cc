@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "backend/cpu/attention.h"
+#include "backend/cpu/blocks.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/memory.h"
 #include "backend/cpu/ops.h"
@@ -57,12 +58,6 @@ class Scratch {
   size_t size_ = 0;
 };
 
-std::vector<float> load_vector(const TensorView& t) {
-  std::vector<float> v(t.numel());
-  for (int64_t i = 0; i < t.numel(); ++i) v[i] = t.at(i);
-  return v;
-}
-
 class CpuBackendImpl final : public CpuBackend {
  public:
   CpuBackendImpl(const ModelConfig& config, std::span<const TensorStore* const> stores,
@@ -71,8 +66,8 @@ class CpuBackendImpl final : public CpuBackend {
 
   const ModelConfig& config() const override { return config_; }
   std::string name() const override { return "cpu"; }
-  int32_t num_models() const override { return static_cast<int32_t>(chains_.size()); }
-  WeightStats weight_stats() const override { return weight_stats_; }
+  int32_t num_models() const override { return static_cast<int32_t>(blocks_.chains.size()); }
+  WeightStats weight_stats() const override { return blocks_.stats; }
   int64_t kv_bytes_per_page() const override { return kv_.bytes_per_page(); }
   int64_t num_pages() const override { return kv_.num_pages(); }
   int64_t kv_bytes_per_token() const override { return kv_.bytes_per_page() / kv_.page_size(); }
@@ -102,54 +97,18 @@ class CpuBackendImpl final : public CpuBackend {
   bool shares_block(ModelId a, ModelId b, int64_t layer, LayerBlock block) const override;
 
  private:
-  // A model is a chain of blocks cut at architectural boundaries (BlockLLM §4.3): the
-  // embedding, each layer's attention (its norm, Q/K/V and output projections) and FFN (its
-  // norm, gate/up and down projections), and the head (final norm and lm_head). Blocks whose
-  // tensors are byte-identical across models are loaded once and shared (BlockLLM §4.2).
-  struct Embedding {
-    DType dtype = DType::kF32;  // kBF16 for bf16 checkpoints, else exact f32
-    std::vector<std::byte> rows;
-  };
-  // A LoRA adapter's change to one (possibly fused) linear layer: y += scale * (x A^T) B^T for
-  // each adapted part, as two GEMMs: `a` stacks the parts' A factors ([R, k], R = rank x parts)
-  // and `b` holds scale * B of each part in its rows of the fused output and its rank columns
-  // ([n, R], zero elsewhere).
-  struct LoraDelta {
-    std::unique_ptr<Linear> a, b;
-  };
-  // A block's linear layers are shared with every block holding the same tensors: an attention
-  // block with a LoRA adapter is its own block (BlockLLM §4.3) but computes its base projection
-  // with the base block's packed weights, over the rows of both (one base GEMM for all tenants of
-  // a base, then each adapter's delta on its own rows: S-LoRA's split of the work).
-  struct Attention {
-    std::shared_ptr<const std::vector<float>> norm;
-    std::shared_ptr<Linear> qkv, o;
-    std::unique_ptr<LoraDelta> qkv_lora, o_lora;  // null without an adapter
-  };
-  struct Ffn {
-    std::shared_ptr<const std::vector<float>> norm;
-    std::shared_ptr<Linear> gate_up, down;
-    std::unique_ptr<LoraDelta> gate_up_lora, down_lora;
-  };
-  struct Head {
-    std::shared_ptr<const std::vector<float>> norm;
-    std::shared_ptr<Linear> lm_head;
-  };
-  // attention and ffn may hold fewer blocks than the model has layers (add_chain): rows of
-  // such a chain skip the layers past them.
-  struct Chain {
-    Embedding* embed = nullptr;
-    std::vector<Attention*> attention;
-    std::vector<Ffn*> ffn;
-    Head* head = nullptr;
-  };
+  using Embedding = cpu::Embedding;
+  using LoraDelta = cpu::LoraDelta;
+  using Attention = cpu::AttentionBlock;
+  using Ffn = cpu::FfnBlock;
+  using Head = cpu::HeadBlock;
+  using Chain = cpu::Chain;
+
   // Rows [begin, end) of the batch that run through one block.
   struct RowRun {
     int64_t begin = 0, end = 0;
     ModelId model = 0;
   };
-  class BlockLoader;
-
   void embed(const ForwardBatch& batch, const std::vector<RowRun>& runs, float* x) const;
   // Consecutive chunks of one model as row runs, and those runs merged where consecutive models
   // share the block `pick` chooses: each block computes once over all its rows (BlockLLM §5.1).
@@ -175,12 +134,7 @@ class CpuBackendImpl final : public CpuBackend {
   DType file_dtype_ = DType::kBF16;  // of the checkpoint's tensors
   DType compute_ = DType::kBF16;     // GEMM inputs and packed weights: F32 or BF16
   GemmContext gemm_;
-  std::vector<std::unique_ptr<Embedding>> embeddings_;
-  std::vector<std::unique_ptr<Attention>> attentions_;
-  std::vector<std::unique_ptr<Ffn>> ffns_;
-  std::vector<std::unique_ptr<Head>> heads_;
-  std::vector<Chain> chains_;  // one per model
-  WeightStats weight_stats_;
+  cpu::BlockSet blocks_;  // the models' chains and the blocks they point to
   std::vector<double> inv_freq_;
   cpu::AttentionShape shape_;
   cpu::KvCache kv_;
@@ -236,263 +190,6 @@ DType checked_dtype(const ModelConfig& config, std::span<const TensorStore* cons
 }
 
 // Hash of a tensor's dtype, shape and bytes: its content address.
-uint64_t content_hash(const TensorView& t) {
-  uint64_t h = 0x243f6a8885a308d3ull;
-  auto mix = [&h](uint64_t w) {
-    h = (h ^ w) * 0x9e3779b97f4a7c15ull;
-    h ^= h >> 29;
-  };
-  mix(static_cast<uint64_t>(t.dtype));
-  for (int64_t d : t.shape) mix(static_cast<uint64_t>(d));
-  size_t i = 0;
-  for (; i + 8 <= t.nbytes; i += 8) {
-    uint64_t w;
-    std::memcpy(&w, t.data + i, 8);
-    mix(w);
-  }
-  for (; i < t.nbytes; ++i) mix(static_cast<uint64_t>(t.data[i]));
-  return h;
-}
-
-bool same_bytes(const TensorView& a, const TensorView& b) {
-  return a.dtype == b.dtype && a.shape == b.shape && a.nbytes == b.nbytes &&
-         std::memcmp(a.data, b.data, a.nbytes) == 0;
-}
-
-// Builds each block and each packed linear layer once per content. Every tensor gets a content
-// id (byte-identical tensors one id: hashed, then compared byte by byte, never trusted to the
-// hash); a block or linear layer is named by its kind and its tensors' ids, and one already
-// built under that name is reused. With one model nothing is hashed.
-class CpuBackendImpl::BlockLoader {
- public:
-  BlockLoader(CpuBackendImpl& backend, bool share) : b_(backend), share_(share) {}
-
-  Chain load(const TensorStore& store, const LoraAdapter* adapter) {
-    const ModelConfig& config = b_.config_;
-    auto get = [&](const std::string& name) { return &store.get(name); };
-    Chain chain;
-    const TensorView* embed = get("model.embed_tokens.weight");
-    chain.embed = shared(b_.embeddings_, Kind::kEmbedding, {embed}, {}, [&] {
-      b_.weight_stats_.bytes += static_cast<int64_t>(embed->nbytes);
-      return make_embedding(*embed);
-    });
-    for (int64_t i = 0; i < config.num_layers; ++i) {
-      auto name = [&](const char* s) { return get(layer_tensor_name(i, s)); };
-      auto factors = [&](std::initializer_list<LoraModule> modules) {
-        std::vector<LoraAdapter::Factors> f;
-        for (LoraModule m : modules)
-          f.push_back(adapter ? adapter->factors(i, m) : LoraAdapter::Factors{});
-        return f;
-      };
-      const std::vector<const TensorView*> qkv{name("self_attn.q_proj.weight"),
-                                               name("self_attn.k_proj.weight"),
-                                               name("self_attn.v_proj.weight")};
-      std::vector<const TensorView*> bias;
-      if (config.attention_bias)
-        bias = {name("self_attn.q_proj.bias"), name("self_attn.k_proj.bias"),
-                name("self_attn.v_proj.bias")};
-      const TensorView* norm = name("input_layernorm.weight");
-      const TensorView* o = name("self_attn.o_proj.weight");
-      std::vector<const TensorView*> parts{norm, o};
-      parts.insert(parts.end(), qkv.begin(), qkv.end());
-      parts.insert(parts.end(), bias.begin(), bias.end());
-      const auto qkv_factors = factors({LoraModule::kQ, LoraModule::kK, LoraModule::kV});
-      const auto o_factors = factors({LoraModule::kO});
-      chain.attention.push_back(shared(b_.attentions_, Kind::kAttention, parts,
-                                       lora_key(qkv_factors, o_factors, adapter), [&] {
-                                         auto block = std::make_unique<Attention>();
-                                         block->norm = load_norm(*norm);
-                                         block->qkv = linear(Kind::kQkv, qkv, bias);
-                                         block->o = linear(Kind::kO, {o});
-                                         block->qkv_lora = lora(qkv_factors, qkv, adapter);
-                                         block->o_lora = lora(o_factors, {o}, adapter);
-                                         return block;
-                                       }));
-      const TensorView* mlp_norm = name("post_attention_layernorm.weight");
-      const std::vector<const TensorView*> gate_up{name("mlp.gate_proj.weight"),
-                                                   name("mlp.up_proj.weight")};
-      const TensorView* down = name("mlp.down_proj.weight");
-      const auto gate_up_factors = factors({LoraModule::kGate, LoraModule::kUp});
-      const auto down_factors = factors({LoraModule::kDown});
-      chain.ffn.push_back(shared(b_.ffns_, Kind::kFfn, {mlp_norm, gate_up[0], gate_up[1], down},
-                                 lora_key(gate_up_factors, down_factors, adapter), [&] {
-                                   auto block = std::make_unique<Ffn>();
-                                   block->norm = load_norm(*mlp_norm);
-                                   block->gate_up = linear(Kind::kGateUp, gate_up);
-                                   block->down = linear(Kind::kDown, {down});
-                                   block->gate_up_lora = lora(gate_up_factors, gate_up, adapter);
-                                   block->down_lora = lora(down_factors, {down}, adapter);
-                                   return block;
-                                 }));
-    }
-    const TensorView* norm = get("model.norm.weight");
-    const TensorView* lm_head = config.tie_word_embeddings ? embed : get("lm_head.weight");
-    chain.head = shared(b_.heads_, Kind::kHead, {norm, lm_head}, {}, [&] {
-      auto block = std::make_unique<Head>();
-      block->norm = load_norm(*norm);
-      block->lm_head = linear(Kind::kLmHead, {lm_head});
-      return block;
-    });
-    return chain;
-  }
-
- private:
-  enum class Kind : int64_t {
-    kEmbedding = -1,
-    kAttention = -2,
-    kFfn = -3,
-    kHead = -4,
-    kQkv = -5,
-    kO = -6,
-    kGateUp = -7,
-    kDown = -8,
-    kLmHead = -9,
-    kLora = -10
-  };
-  using Key = std::vector<int64_t>;
-
-  // The content id of tensor `t` (see the class comment).
-  int64_t id(const TensorView* t) {
-    if (auto it = id_of_view_.find(t); it != id_of_view_.end()) return it->second;
-    int64_t id = -1;
-    if (share_) {
-      const uint64_t hash = content_hash(*t);
-      auto [first, last] = id_of_hash_.equal_range(hash);
-      for (auto it = first; it != last && id < 0; ++it)
-        if (same_bytes(*it->second.first, *t)) id = it->second.second;
-      if (id < 0) id_of_hash_.emplace(hash, std::pair{t, next_id_});
-    }
-    if (id < 0) id = next_id_++;
-    id_of_view_.emplace(t, id);
-    return id;
-  }
-  Key key(Kind kind, const std::vector<const TensorView*>& tensors) {
-    Key k{static_cast<int64_t>(kind)};
-    for (const TensorView* t : tensors) k.push_back(id(t));
-    return k;
-  }
-
-  // The block of `kind` made of `tensors` (and the LoRA factors `extra` names): the existing one
-  // with that content, or a new one from make().
-  template <typename Block, typename Make>
-  Block* shared(std::vector<std::unique_ptr<Block>>& owned, Kind kind,
-                const std::vector<const TensorView*>& tensors, const Key& extra, Make make) {
-    for (const TensorView* t : tensors)
-      b_.weight_stats_.unshared_bytes += static_cast<int64_t>(t->nbytes);
-    ++b_.weight_stats_.blocks;
-    Key k = key(kind, tensors);
-    k.insert(k.end(), extra.begin(), extra.end());
-    if (auto it = blocks_.find(k); it != blocks_.end()) return static_cast<Block*>(it->second);
-    owned.push_back(make());
-    ++b_.weight_stats_.unique_blocks;
-    blocks_.emplace(std::move(k), owned.back().get());
-    return owned.back().get();
-  }
-
-  // A packed linear layer over `parts` (and `bias`), shared by every block holding them.
-  std::shared_ptr<Linear> linear(Kind kind, const std::vector<const TensorView*>& parts,
-                                 const std::vector<const TensorView*>& bias = {}) {
-    Key k = key(kind, parts);
-    for (const TensorView* t : bias) k.push_back(id(t));
-    auto& slot = linears_[k];
-    if (!slot) {
-      slot = std::make_shared<Linear>(b_.gemm_, parts, bias);
-      for (const auto* list : {&parts, &bias})
-        for (const TensorView* t : *list) b_.weight_stats_.bytes += static_cast<int64_t>(t->nbytes);
-    }
-    return slot;
-  }
-
-  // A norm's weights in f32, shared by every block holding the same tensor.
-  std::shared_ptr<const std::vector<float>> load_norm(const TensorView& norm) {
-    auto& slot = norms_[id(&norm)];
-    if (!slot) {
-      slot = std::make_shared<const std::vector<float>>(load_vector(norm));
-      b_.weight_stats_.bytes += static_cast<int64_t>(norm.nbytes);
-    }
-    return slot;
-  }
-
-  // What names an adapter's part of a block: its factors' ids and its scale.
-  Key lora_key(const std::vector<LoraAdapter::Factors>& first,
-               const std::vector<LoraAdapter::Factors>& second, const LoraAdapter* adapter) {
-    Key k;
-    for (const auto* list : {&first, &second})
-      for (const LoraAdapter::Factors& f : *list) {
-        if (!f) continue;
-        if (k.empty()) {
-          k.push_back(static_cast<int64_t>(Kind::kLora));
-          k.push_back(std::bit_cast<int64_t>(adapter->scale()));
-        }
-        k.push_back(id(f.a));
-        k.push_back(id(f.b));
-      }
-    return k;
-  }
-
-  // The delta of the adapted parts among `factors` (one per part of `weights`, the fused
-  // layer's parts in order), or null when none is adapted.
-  std::unique_ptr<LoraDelta> lora(const std::vector<LoraAdapter::Factors>& factors,
-                                  const std::vector<const TensorView*>& weights,
-                                  const LoraAdapter* adapter) {
-    std::vector<const TensorView*> a;
-    for (const LoraAdapter::Factors& f : factors)
-      if (f) a.push_back(f.a);
-    if (a.empty()) return nullptr;
-    const int64_t rank = adapter->rank(), cols = rank * static_cast<int64_t>(a.size());
-    int64_t n = 0;
-    for (const TensorView* w : weights) n += w->shape[0];
-    // scale * B of each adapted part, placed at its part's rows and its rank columns.
-    std::vector<float> b(static_cast<size_t>(n * cols), 0.0f);
-    int64_t row = 0, col = 0;
-    for (size_t p = 0; p < factors.size(); ++p) {
-      if (const TensorView* fb = factors[p].b) {
-        for (int64_t i = 0; i < fb->shape[0]; ++i)
-          for (int64_t j = 0; j < rank; ++j)
-            b[static_cast<size_t>((row + i) * cols + col + j)] =
-                static_cast<float>(adapter->scale() * fb->at(i * rank + j));
-        col += rank;
-        b_.weight_stats_.bytes += static_cast<int64_t>(factors[p].a->nbytes + fb->nbytes);
-      }
-      row += weights[p]->shape[0];
-    }
-    TensorView view;
-    view.name = "lora_B";
-    view.dtype = DType::kF32;
-    view.shape = {n, cols};
-    view.data = reinterpret_cast<const std::byte*>(b.data());
-    view.nbytes = b.size() * sizeof(float);
-    auto delta = std::make_unique<LoraDelta>();
-    delta->a = std::make_unique<Linear>(b_.gemm_, a);
-    delta->b = std::make_unique<Linear>(b_.gemm_, std::vector<const TensorView*>{&view});
-    return delta;
-  }
-
-  // The embedding rows stay exact: bf16 as stored, f16 widened to f32.
-  std::unique_ptr<Embedding> make_embedding(const TensorView& embed) const {
-    auto e = std::make_unique<Embedding>();
-    e->dtype = b_.file_dtype_ == DType::kBF16 ? DType::kBF16 : DType::kF32;
-    e->rows.resize(embed.numel() * dtype_size(e->dtype));
-    if (b_.file_dtype_ == e->dtype) {
-      std::memcpy(e->rows.data(), embed.data, e->rows.size());
-    } else {
-      auto* out = reinterpret_cast<float*>(e->rows.data());
-#pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < embed.numel(); ++i) out[i] = embed.at(i);
-    }
-    return e;
-  }
-
-  CpuBackendImpl& b_;
-  bool share_;
-  int64_t next_id_ = 0;
-  std::unordered_map<const TensorView*, int64_t> id_of_view_;
-  std::unordered_multimap<uint64_t, std::pair<const TensorView*, int64_t>> id_of_hash_;
-  std::map<Key, void*> blocks_;
-  std::map<Key, std::shared_ptr<Linear>> linears_;
-  std::map<int64_t, std::shared_ptr<const std::vector<float>>> norms_;
-};
-
 CpuBackendImpl::CpuBackendImpl(const ModelConfig& config,
                                std::span<const TensorStore* const> stores,
                                const BackendOptions& options, CpuGemmLib f32_gemm,
@@ -513,12 +210,12 @@ CpuBackendImpl::CpuBackendImpl(const ModelConfig& config,
       kv_budget_(default_kv_budget(stores)) {
   cpu::use_threads(threads_);
   if (options.overlap) compute_steps_on_worker();
-  BlockLoader loader(*this, /*share=*/stores.size() > 1);
+  cpu::BlockLoader loader(blocks_, gemm_, config_, file_dtype_, /*share=*/stores.size() > 1);
   if (!adapters.empty() && adapters.size() != stores.size())
     throw Error("cpu backend: " + std::to_string(adapters.size()) + " adapter slots for " +
                 std::to_string(stores.size()) + " models");
   for (size_t i = 0; i < stores.size(); ++i)
-    chains_.push_back(loader.load(*stores[i], adapters.empty() ? nullptr : adapters[i]));
+    blocks_.chains.push_back(loader.load(*stores[i], adapters.empty() ? nullptr : adapters[i]));
   inv_freq_ = rope_inv_freq(config_);
   shape_ = {.num_heads = config_.num_heads,
             .num_kv_heads = config_.num_kv_heads,
@@ -535,7 +232,7 @@ void CpuBackendImpl::allocate_kv(int64_t num_pages) {
 std::string CpuBackendImpl::gemm_info() const {
   std::string s = gemm_.options().lib == cpu::GemmLib::kOpenBlas ? "openblas" : "onednn";
   s += compute_ == DType::kF32 ? " f32 " : " bf16 ";
-  s += ffns_.empty() ? heads_[0]->lm_head->impl() : ffns_[0]->gate_up->impl();
+  s += blocks_.ffns.empty() ? blocks_.heads[0]->lm_head->impl() : blocks_.ffns[0]->gate_up->impl();
   if (gemm_.options().row_tile > 0) s += ", row tile " + std::to_string(gemm_.options().row_tile);
   return s;
 }
@@ -556,9 +253,9 @@ std::vector<CpuBackendImpl::RowRun> CpuBackendImpl::block_runs(const std::vector
                                                                Has has, Pick pick) const {
   std::vector<RowRun> merged;
   for (const RowRun& run : runs) {
-    if (!has(chains_[run.model])) continue;
+    if (!has(blocks_.chains[run.model])) continue;
     if (!merged.empty() && merged.back().end == run.begin &&
-        pick(chains_[merged.back().model]) == pick(chains_[run.model]))
+        pick(blocks_.chains[merged.back().model]) == pick(blocks_.chains[run.model]))
       merged.back().end = run.end;
     else
       merged.push_back(run);
@@ -567,7 +264,7 @@ std::vector<CpuBackendImpl::RowRun> CpuBackendImpl::block_runs(const std::vector
 }
 
 ModelId CpuBackendImpl::add_chain(const ChainSpec& spec) {
-  const auto models = static_cast<ModelId>(chains_.size());
+  const auto models = static_cast<ModelId>(blocks_.chains.size());
   auto check = [&](ModelId m) {
     if (m < 0 || m >= models)
       throw Error("cpu backend: a chain names model " + std::to_string(m) + " of " +
@@ -581,18 +278,19 @@ ModelId CpuBackendImpl::add_chain(const ChainSpec& spec) {
                 " attention and " + std::to_string(spec.ffn.size()) +
                 " FFN blocks (at most one attention more, at most num_hidden_layers)");
   Chain chain;
-  chain.embed = chains_[check(spec.base)].embed;
-  chain.head = chains_[check(spec.base)].head;
+  chain.embed = blocks_.chains[check(spec.base)].embed;
+  chain.head = blocks_.chains[check(spec.base)].head;
   for (size_t i = 0; i < spec.attention.size(); ++i)
-    chain.attention.push_back(chains_[check(spec.attention[i])].attention[i]);
+    chain.attention.push_back(blocks_.chains[check(spec.attention[i])].attention[i]);
   for (size_t i = 0; i < spec.ffn.size(); ++i)
-    chain.ffn.push_back(chains_[check(spec.ffn[i])].ffn[i]);
-  chains_.push_back(chain);
+    chain.ffn.push_back(blocks_.chains[check(spec.ffn[i])].ffn[i]);
+  blocks_.chains.push_back(chain);
   return models;
 }
 
 bool CpuBackendImpl::shares_block(ModelId a, ModelId b, int64_t layer, LayerBlock block) const {
-  const Chain &ca = chains_.at(static_cast<size_t>(a)), &cb = chains_.at(static_cast<size_t>(b));
+  const Chain &ca = blocks_.chains.at(static_cast<size_t>(a)),
+              &cb = blocks_.chains.at(static_cast<size_t>(b));
   const auto l = static_cast<size_t>(layer);
   if (block == LayerBlock::kAttention)
     return l < ca.attention.size() && l < cb.attention.size() && ca.attention[l] == cb.attention[l];
@@ -638,7 +336,7 @@ void CpuBackendImpl::embed(const ForwardBatch& batch, const std::vector<RowRun>&
                            float* x) const {
   const int64_t h = config_.hidden_size;
   for (const RowRun& run : runs) {
-    const Embedding& e = *chains_[run.model].embed;
+    const Embedding& e = *blocks_.chains[run.model].embed;
 #pragma omp parallel for num_threads(threads_) schedule(static)
     for (int64_t t = run.begin; t < run.end; ++t) {
       const int64_t row = batch.tokens[t];
@@ -703,11 +401,13 @@ void CpuBackendImpl::forward(const ForwardBatch& batch, std::span<float> logits)
         block_runs(runs, has_attention, [&](const Chain& c) { return c.attention[size_li]; });
     for (const RowRun& run : attention_runs)
       cpu::rmsnorm(x + run.begin * h, h, run.end - run.begin, h,
-                   chains_[run.model].attention[size_li]->norm->data(), eps, compute_,
+                   blocks_.chains[run.model].attention[size_li]->norm->data(), eps, compute_,
                    rows_of(xn, run.begin, h), threads_);
     lap(times_.norm);
     // Base projections run over the rows of every block sharing them, adapters on their own.
-    auto attention = [&](const RowRun& run) { return chains_[run.model].attention[size_li]; };
+    auto attention = [&](const RowRun& run) {
+      return blocks_.chains[run.model].attention[size_li];
+    };
     for (const RowRun& run : block_runs(
              runs, has_attention, [&](const Chain& c) { return c.attention[size_li]->qkv.get(); }))
       linear(*attention(run)->qkv, xn, run, m, qkv);
@@ -734,10 +434,10 @@ void CpuBackendImpl::forward(const ForwardBatch& batch, std::span<float> logits)
     const auto ffn_runs = block_runs(runs, has_ffn, [&](const Chain& c) { return c.ffn[size_li]; });
     for (const RowRun& run : ffn_runs)
       cpu::rmsnorm(x + run.begin * h, h, run.end - run.begin, h,
-                   chains_[run.model].ffn[size_li]->norm->data(), eps, compute_,
+                   blocks_.chains[run.model].ffn[size_li]->norm->data(), eps, compute_,
                    rows_of(xn, run.begin, h), threads_);
     lap(times_.norm);
-    auto ffn = [&](const RowRun& run) { return chains_[run.model].ffn[size_li]; };
+    auto ffn = [&](const RowRun& run) { return blocks_.chains[run.model].ffn[size_li]; };
     for (const RowRun& run :
          block_runs(runs, has_ffn, [&](const Chain& c) { return c.ffn[size_li]->gate_up.get(); }))
       linear(*ffn(run)->gate_up, xn, run, m, gu);
@@ -762,7 +462,8 @@ void CpuBackendImpl::forward(const ForwardBatch& batch, std::span<float> logits)
     if (!c.wants_logits) continue;
     const auto i = static_cast<int64_t>(rows.size());
     rows.push_back(c.token_offset + c.num_tokens - 1);
-    if (!logit_runs.empty() && chains_[logit_runs.back().model].head == chains_[c.model].head)
+    if (!logit_runs.empty() &&
+        blocks_.chains[logit_runs.back().model].head == blocks_.chains[c.model].head)
       logit_runs.back().end = i + 1;
     else
       logit_runs.push_back({i, i + 1, c.model});
@@ -775,7 +476,7 @@ void CpuBackendImpl::forward(const ForwardBatch& batch, std::span<float> logits)
     zero_rows(ln, r, gemm_.padded_rows(r), h);
     const int64_t vocab = config_.vocab_size;
     for (const RowRun& run : logit_runs) {
-      const Head& head = *chains_[run.model].head;
+      const Head& head = *blocks_.chains[run.model].head;
       const int64_t n = run.end - run.begin;
       cpu::rmsnorm(lx + run.begin * h, h, n, h, head.norm->data(), eps, compute_,
                    rows_of(ln, run.begin, h), threads_);
@@ -783,7 +484,7 @@ void CpuBackendImpl::forward(const ForwardBatch& batch, std::span<float> logits)
     for (const RowRun& run : logit_runs) {
       // Whole row groups straight into `logits`; the remainder through a small padded buffer
       // (a call writes whole groups, which must not run past `logits` or into the next run's).
-      Linear& lm_head = *chains_[run.model].head->lm_head;
+      Linear& lm_head = *blocks_.chains[run.model].head->lm_head;
       const int64_t n = run.end - run.begin, full = n / group * group;
       if (full > 0)
         lm_head.forward(rows_of(ln, run.begin, h), full, logits.data() + run.begin * vocab);
