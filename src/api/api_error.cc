@@ -8,7 +8,7 @@ nlohmann::json ApiError::body() const {
            {{"message", what()},
             {"type", type_},
             {"param", param_.empty() ? json(nullptr) : json(param_)},
-            {"code", nullptr}}}};
+            {"code", code_.empty() ? json(nullptr) : json(code_)}}}};
 }
 
 }  // namespace blend

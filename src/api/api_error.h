@@ -16,11 +16,16 @@ namespace blend {
 class ApiError : public Error {
  public:
   ApiError(int status, std::string message, std::string param = "",
-           std::string type = "invalid_request_error")
-      : Error(message), status_(status), param_(std::move(param)), type_(std::move(type)) {}
+           std::string type = "invalid_request_error", std::string code = "")
+      : Error(message),
+        status_(status),
+        param_(std::move(param)),
+        type_(std::move(type)),
+        code_(std::move(code)) {}
   int status() const { return status_; }
   const std::string& param() const { return param_; }
   const std::string& type() const { return type_; }
+  const std::string& code() const { return code_; }  // OpenAI's error code, e.g. model_not_found
   // {"error": {"message", "type", "param", "code"}}
   nlohmann::json body() const;
 
@@ -28,6 +33,7 @@ class ApiError : public Error {
   int status_;
   std::string param_;
   std::string type_;
+  std::string code_;
 };
 
 }  // namespace blend

@@ -21,7 +21,8 @@ ModelId resolve_model(const nlohmann::json& body, std::span<const ServedModel> m
   if (any_name && models.size() == 1) return 0;
   const std::string& name = m->get_ref<const std::string&>();
   if (const auto model = find_served_model(models, name)) return *model;
-  throw ApiError(404, "The model '" + name + "' does not exist.", "model");
+  throw ApiError(404, "The model '" + name + "' does not exist.", "model", "invalid_request_error",
+                 "model_not_found");
 }
 
 }  // namespace blend

@@ -183,7 +183,7 @@ void Server::Impl::files_list(const httplib::Request& req, httplib::Response& re
   try {
     res.set_content(page(std::move(files), req, 10000, 10000).dump(), "application/json");
   } catch (const ApiError& e) {
-    send_error(res, e.status(), e.what(), e.param());
+    send_error(res, e);
   }
 }
 
@@ -218,7 +218,7 @@ void Server::Impl::batches_list(const httplib::Request& req, httplib::Response& 
   try {
     res.set_content(page(std::move(batches), req, 20, 100).dump(), "application/json");
   } catch (const ApiError& e) {
-    send_error(res, e.status(), e.what(), e.param());
+    send_error(res, e);
   }
 }
 

@@ -120,12 +120,7 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
     return send_error(res, e.status(), e.what());
   }
   try {
-    ModelId model = 0;
-    try {
-      model = model_of(body);
-    } catch (const ApiError& e) {
-      return send_error(res, e.status(), e.what(), "model", "model_not_found");
-    }
+    const ModelId model = model_of(body);
     const ServedModel& served_model = served[static_cast<size_t>(model)];
     RequestLimits limits;
     limits.max_prompt_bytes = max_prompt_bytes_;
@@ -138,7 +133,7 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
     // more than fits should know.
     check_context(request, body, max_sequence_tokens);
   } catch (const ApiError& e) {
-    return send_error(res, e.status(), e.what(), e.param());
+    return send_error(res, e);
   } catch (const Error& e) {
     return send_error(res, 400, e.what());
   }

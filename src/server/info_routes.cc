@@ -99,7 +99,7 @@ void Server::Impl::tokenize(const httplib::Request& req, httplib::Response& res)
                 {"token_strs", strs}};
     res.set_content(dump(out), "application/json");
   } catch (const ApiError& e) {
-    send_error(res, e.status(), e.what(), e.param());
+    send_error(res, e);
   } catch (const Error& e) {
     send_error(res, 400, e.what());
   }
@@ -127,7 +127,7 @@ void Server::Impl::detokenize(const httplib::Request& req, httplib::Response& re
     }
     res.set_content(dump(json{{"prompt", tokenizer.decode(ids)}}), "application/json");
   } catch (const ApiError& e) {
-    send_error(res, e.status(), e.what(), e.param());
+    send_error(res, e);
   }
 }
 

@@ -275,7 +275,7 @@ void Server::Impl::routes() {
         try {
           std::rethrow_exception(thrown);
         } catch (const ApiError& e) {
-          send_error(res, e.status(), e.what(), e.param());
+          send_error(res, e);
         } catch (const std::exception& e) {
           send_error(res, 500, e.what());
         } catch (...) {

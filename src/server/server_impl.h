@@ -26,6 +26,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "api/api_error.h"
 #include "api/batch_file.h"
 #include "api/batch_lines.h"
 #include "api/openai.h"
@@ -167,6 +168,9 @@ struct Server::Impl {
   bool authorized(const httplib::Request& req) const;
   void send_error(httplib::Response& res, int status, const std::string& message,
                   const std::string& param = "", const std::string& code = "");
+  void send_error(httplib::Response& res, const ApiError& e) {
+    send_error(res, e.status(), e.what(), e.param(), e.code());
+  }
 
   // --- completions (completions_routes.cc) ---
   void completion(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);

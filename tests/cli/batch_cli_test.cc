@@ -664,6 +664,7 @@ TEST_F(BatchCli, BadLinesFailAloneAndTheOthersRun) {
   EXPECT_EQ(error("chat")["param"], "url");
   EXPECT_EQ(by_id["other-model"]["response"]["status_code"], 404);
   EXPECT_EQ(error("other-model")["param"], "model");
+  EXPECT_EQ(error("other-model")["code"], "model_not_found");
   EXPECT_EQ(by_id["huge"]["response"]["status_code"], 400);
   // Refused on its byte length, before tokenizing (OpenAiTest.APromptTooLongInBytes... times it).
   EXPECT_NE(error("huge")["message"].get<std::string>().find("bytes"), std::string::npos);

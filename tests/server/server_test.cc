@@ -1263,8 +1263,9 @@ TEST_F(ServerTest, VersionModelByIdTokenizeAndDetokenize) {
   EXPECT_EQ(status, 400);
   post(c, "/tokenize", {{"prompt", "x"}, {"add_special_tokens", false}}, &status);
   EXPECT_EQ(status, 400) << "an unknown field is refused, not ignored";
-  post(c, "/tokenize", {{"model", "other"}, {"prompt", "x"}}, &status);
+  const json unknown = post(c, "/tokenize", {{"model", "other"}, {"prompt", "x"}}, &status);
   EXPECT_EQ(status, 404);
+  EXPECT_EQ(unknown["error"]["code"], "model_not_found");
 }
 
 TEST_F(ServerTest, MaxModelLenChatTemplateFileAndDtype) {
