@@ -73,3 +73,53 @@ run_batch() {
     >"$OUT_DIR/log-$tag.txt" 2>&1 || die "blend batch failed; see $OUT_DIR/log-$tag.txt"
   stats_field "$OUT_DIR/stats-$tag.json" "$field"
 }
+
+# Tenants of one base (BlockLLM, issue 30): makes ZOO/base (`blend model init --preset PRESET
+# --dtype DTYPE`, kept when there) and ZOO/t1..tTENANTS with `blend model derive` (KIND=full: the
+# layers in LAYERS perturbed, every other tensor the base's; KIND=lora: a PEFT adapter of rank
+# RANK on TARGETS; KIND=mix: odd tenants LoRA, even ones full), after removing any other
+# subfolder of ZOO. Sets the arrays models (base t1 ...), full_models and ps_models (base and
+# the LoRA tenants). Usage: make_tenants ZOO (with BLEND PRESET DTYPE KIND TENANTS LAYERS RANK
+# TARGETS set).
+make_tenants() {
+  local zoo=$1 t how layers
+  mkdir -p "$zoo"
+  if [[ ! -f "$zoo/base/config.json" ]]; then
+    "$BLEND" model init --preset "$PRESET" --dtype "$DTYPE" --out "$zoo/base" >/dev/null ||
+      die "blend model init --preset $PRESET --dtype $DTYPE failed"
+  fi
+  read -r -a layers <<<"$LAYERS"
+  [[ $KIND == full || $KIND == lora || $KIND == mix ]] || die "KIND must be full, lora or mix"
+  find "$zoo" -mindepth 1 -maxdepth 1 ! -name base -exec rm -rf {} +
+  models=(base)
+  full_models=() ps_models=(base)
+  for ((t = 1; t <= TENANTS; t++)); do
+    if [[ $KIND == full || ($KIND == mix && $((t % 2)) == 0) ]]; then
+      how=(--full --layers "${layers[@]}")
+    else
+      how=(--lora --rank "$RANK" --targets "$TARGETS")
+    fi
+    "$BLEND" model derive --base "$zoo/base" --out "$zoo/t$t" "${how[@]}" --seed "$t" >/dev/null ||
+      die "blend model derive failed"
+    models+=("t$t")
+    if [[ ${how[0]} == --full ]]; then full_models+=("t$t"); else ps_models+=("t$t"); fi
+  done
+}
+
+# Starts `blend serve ARGS... --port 0` in the background, its stderr in LOG, and waits until it
+# listens (at most 120 s). Sets server_pid and server_port. Usage: start_server LOG ARGS...
+start_server() {
+  local log=$1
+  shift
+  "$BLEND" serve "$@" --port 0 2>"$log" &
+  server_pid=$!
+  server_port=""
+  for _ in $(seq 1 1200); do
+    server_port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$log")
+    [[ -n $server_port ]] && return 0
+    kill -0 "$server_pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill "$server_pid" 2>/dev/null
+  die "blend serve $* did not start; see $log"
+}

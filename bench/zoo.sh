@@ -47,27 +47,7 @@ need_blend_and_python
 check_reps
 mkdir -p "$OUT_DIR" "$MODELS_DIR"
 zoo=$OUT_DIR/zoo
-mkdir -p "$zoo"
-if [[ ! -f "$zoo/base/config.json" ]]; then
-  "$BLEND" model init --preset "$PRESET" --dtype "$DTYPE" --out "$zoo/base" >/dev/null ||
-    die "blend model init --preset $PRESET --dtype $DTYPE failed"
-fi
-read -r -a layers <<<"$LAYERS"
-[[ $KIND == full || $KIND == lora || $KIND == mix ]] || die "KIND must be full, lora or mix"
-find "$zoo" -mindepth 1 -maxdepth 1 ! -name base -exec rm -rf {} +
-models=(base)
-full_models=() ps_models=(base)
-for ((t = 1; t <= TENANTS; t++)); do
-  if [[ $KIND == full || ($KIND == mix && $((t % 2)) == 0) ]]; then
-    how=(--full --layers "${layers[@]}")
-  else
-    how=(--lora --rank "$RANK" --targets "$TARGETS")
-  fi
-  "$BLEND" model derive --base "$zoo/base" --out "$zoo/t$t" "${how[@]}" --seed "$t" >/dev/null ||
-    die "blend model derive failed"
-  models+=("t$t")
-  if [[ ${how[0]} == --full ]]; then full_models+=("t$t"); else ps_models+=("t$t"); fi
-done
+make_tenants "$zoo"
 # PS's engine: the base and its adapters (links into the zoo).
 rm -rf "$OUT_DIR/zoo-ps"
 mkdir -p "$OUT_DIR/zoo-ps"

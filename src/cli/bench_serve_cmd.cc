@@ -45,7 +45,9 @@ struct BenchServeArgs {
   std::string kv_layout = "auto";
   bool json = false;
   bool policy_given = false;
-  std::string plot;  // PNG of the latency CDFs per class and policy
+  std::string plot;                      // PNG of the latency CDFs per class and policy
+  std::string models;                    // comma-separated tenants (--models)
+  std::vector<std::string> model_ports;  // NAME=PORT (--model-port)
   online::LoadOptions load;
   EngineOptions engine;
 };
@@ -67,6 +69,8 @@ void print(const std::string& policy, const online::LoadOptions& lo, const onlin
         100 * r.rt.ttft_attainment, r.rt.ttft_p50, r.rt.ttft_p99, 100 * r.rt.tpot_attainment,
         r.rt.tpot_p50, r.rt.tpot_p99, r.be_requests_per_s, r.be_throughput_tokens_per_s,
         100 * r.scheduler_fraction, static_cast<long long>(r.steps));
+    std::printf("%-11s RT end-to-end p50 %.3f p95 %.3f s, TTFT p95 %.3f s, %.1f output tok/s\n", "",
+                r.rt.e2e_p50, r.rt.e2e_p95, r.rt.ttft_p95, r.rt_output_tokens_per_s);
   }
   std::fflush(stdout);
   // Why requests failed, once per distinct reason.
@@ -86,6 +90,21 @@ void run(BenchServeArgs& args) {
   if (!(lo.ttft_slo > 0) || !(lo.tpot_slo > 0)) throw Error("--ttft-slo/--tpot-slo must be > 0");
   const std::vector<std::string> policies = split_list(args.policies);
   if (policies.empty()) throw Error("--policy names no policy");
+  lo.models = split_list(args.models);
+  for (const std::string& mp : args.model_ports) {
+    const size_t eq = mp.find('=');
+    int port = 0;
+    try {
+      if (eq != std::string::npos) port = std::stoi(mp.substr(eq + 1));
+    } catch (const std::exception&) {
+      port = 0;
+    }
+    if (eq == std::string::npos || eq == 0 || port <= 0)
+      throw Error("--model-port " + mp + ": expected NAME=PORT");
+    lo.model_ports[mp.substr(0, eq)] = port;
+  }
+  if (!lo.model_ports.empty() && args.url.empty())
+    throw Error("--model-port needs --url: the servers it names are started outside");
   if (!args.url.empty()) {
     if (args.policy_given && policies.size() > 1)
       throw Error("--url targets one running server: give --policy at most one label");
@@ -228,6 +247,14 @@ void register_bench_command(CLI::App& app) {
                   "(bidirectional for hybrid only); for BROS's Fig. 13 ablation over HTTP")
       ->check(CLI::IsMember({"auto", "bidirectional", "unidirectional"}))
       ->capture_default_str();
+  cmd->add_option("--models", a->models,
+                  "Comma-separated model names (a zoo's tenants): each RT request asks for one, "
+                  "the i-th (from 1) with probability proportional to 1 / i^zipf");
+  cmd->add_option("--zipf", a->load.zipf, "Popularity exponent over --models (0: uniform)")
+      ->capture_default_str();
+  cmd->add_option("--model-port", a->model_ports,
+                  "NAME=PORT: send model NAME's requests to that port of the --url host (an "
+                  "engine per model); repeatable");
   cmd->add_flag("--json", a->json, "One JSON object per policy");
   cmd->add_option("--plot", a->plot,
                   "Write a PNG of the latency CDFs per class and policy (RT TTFT and "

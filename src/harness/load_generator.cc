@@ -71,10 +71,10 @@ json random_prompt(std::mt19937_64& rng, int32_t n, int32_t max_token_id) {
 }
 
 // One streamed RT request; fills `rec`. Gives up at `deadline`.
-void run_rt_request(const LoadOptions& o, const std::string& body, Clock::time_point start,
-                    Clock::time_point deadline, RtRecord& rec) {
+void run_rt_request(const LoadOptions& o, const std::string& body, int port,
+                    Clock::time_point start, Clock::time_point deadline, RtRecord& rec) {
   rec.arrival = since(start, Clock::now());
-  const StreamOutcome out = stream_completion(o.host, o.port, body, deadline);
+  const StreamOutcome out = stream_completion(o.host, port, body, deadline);
   rec.finished = out.finished;
   rec.error = out.error;
   rec.e2e = out.e2e;
@@ -249,35 +249,58 @@ RtSummary summarize(const std::vector<RtRecord>& records, double ttft_slo, doubl
   s.ttft_p99 = percentile(ttft, 0.99);
   s.tpot_p50 = percentile(tpot, 0.5);
   s.tpot_p99 = percentile(tpot, 0.99);
+  std::vector<double> e2e;
+  for (const RtRecord& r : records)
+    if (r.finished) {
+      e2e.push_back(r.e2e);
+      s.output_tokens += r.output_tokens;
+    }
+  s.ttft_p95 = percentile(ttft, 0.95);
+  s.e2e_p50 = percentile(e2e, 0.5);
+  s.e2e_p95 = percentile(e2e, 0.95);
   return s;
 }
 
 json to_json(const std::string& policy, const LoadOptions& o, const LoadReport& r) {
-  return {{"policy", policy},
-          {"rt_rate", o.rt_rate},
-          {"duration_s", o.duration_seconds},
-          {"length_scale", o.length_scale},
-          {"ttft_slo_s", o.ttft_slo},
-          {"tpot_slo_s", o.tpot_slo},
-          {"rt_requests", r.rt.rt_requests},
-          {"rt_failed", r.rt.rt_failed},
-          {"rt_normalized_latency_s", r.rt.rt_normalized_latency_s},
-          {"ttft_attainment", r.rt.ttft_attainment},
-          {"tpot_attainment", r.rt.tpot_attainment},
-          {"ttft_p50_s", r.rt.ttft_p50},
-          {"ttft_p99_s", r.rt.ttft_p99},
-          {"tpot_p50_s", r.rt.tpot_p50},
-          {"tpot_p99_s", r.rt.tpot_p99},
-          {"be_jobs", r.be_jobs},
-          {"be_requests", r.be_requests},
-          {"be_tokens", r.be_tokens},
-          {"be_requests_per_s", r.be_requests_per_s},
-          {"be_throughput_tokens_per_s", r.be_throughput_tokens_per_s},
-          {"scheduler_seconds", r.scheduler_seconds},
-          {"step_seconds", r.step_seconds},
-          {"steps", r.steps},
-          {"scheduler_fraction", r.scheduler_fraction},
-          {"seconds", r.seconds}};
+  json j = {{"policy", policy},
+            {"rt_rate", o.rt_rate},
+            {"duration_s", o.duration_seconds},
+            {"length_scale", o.length_scale},
+            {"ttft_slo_s", o.ttft_slo},
+            {"tpot_slo_s", o.tpot_slo},
+            {"rt_requests", r.rt.rt_requests},
+            {"rt_failed", r.rt.rt_failed},
+            {"rt_normalized_latency_s", r.rt.rt_normalized_latency_s},
+            {"ttft_attainment", r.rt.ttft_attainment},
+            {"tpot_attainment", r.rt.tpot_attainment},
+            {"ttft_p50_s", r.rt.ttft_p50},
+            {"ttft_p99_s", r.rt.ttft_p99},
+            {"tpot_p50_s", r.rt.tpot_p50},
+            {"tpot_p99_s", r.rt.tpot_p99},
+            {"be_jobs", r.be_jobs},
+            {"be_requests", r.be_requests},
+            {"be_tokens", r.be_tokens},
+            {"be_requests_per_s", r.be_requests_per_s},
+            {"be_throughput_tokens_per_s", r.be_throughput_tokens_per_s},
+            {"scheduler_seconds", r.scheduler_seconds},
+            {"step_seconds", r.step_seconds},
+            {"steps", r.steps},
+            {"scheduler_fraction", r.scheduler_fraction},
+            {"seconds", r.seconds},
+            {"ttft_p95_s", r.rt.ttft_p95},
+            {"e2e_p50_s", r.rt.e2e_p50},
+            {"e2e_p95_s", r.rt.e2e_p95},
+            {"rt_output_tokens_per_s", r.rt_output_tokens_per_s}};
+  if (!o.models.empty()) {
+    j["zipf"] = o.zipf;
+    json models = json::object();
+    for (const auto& [name, s] : r.by_model)
+      models[name] = {{"rt_requests", s.rt_requests},     {"rt_failed", s.rt_failed},
+                      {"output_tokens", s.output_tokens}, {"ttft_p95_s", s.ttft_p95},
+                      {"e2e_p50_s", s.e2e_p50},           {"e2e_p95_s", s.e2e_p95}};
+    j["models"] = std::move(models);
+  }
+  return j;
 }
 
 void check_loopback(const std::string& host) {
@@ -322,7 +345,7 @@ namespace {
 // o.max_rt_requests), and a streamed completion body for each with lengths drawn from
 // o.rt_lengths, all fixed by o.seed.
 void make_rt_workload(const LoadOptions& o, const std::string& model, std::vector<double>& arrivals,
-                      std::vector<std::string>& bodies) {
+                      std::vector<std::string>& bodies, std::vector<std::string>& models) {
   std::mt19937_64 rng(o.seed);
   if (o.rt_rate > 0) {
     std::exponential_distribution<double> gap(o.rt_rate);
@@ -331,10 +354,17 @@ void make_rt_workload(const LoadOptions& o, const std::string& model, std::vecto
          t += gap(rng))
       arrivals.push_back(t);
   }
+  // The tenants' popularity: rank r (from 1) weighs 1 / r^zipf.
+  std::mt19937_64 model_rng(o.seed ^ 0x5bd1e995u);
+  std::vector<double> weights;
+  for (size_t r = 0; r < o.models.size(); ++r)
+    weights.push_back(1.0 / std::pow(static_cast<double>(r + 1), o.zipf));
+  std::discrete_distribution<size_t> pick(weights.begin(), weights.end());
   for (size_t i = 0; i < arrivals.size(); ++i) {
     const auto& [prompt, output] = o.rt_lengths[static_cast<size_t>(rng() % o.rt_lengths.size())];
+    models.push_back(o.models.empty() ? model : o.models[pick(model_rng)]);
     bodies.push_back(json{
-        {"model", model},
+        {"model", models.back()},
         {"prompt", random_prompt(rng, scaled(prompt, o.length_scale), o.max_token_id)},
         {"max_tokens", scaled(output, o.length_scale)},
         {"temperature", 0},
@@ -388,6 +418,12 @@ LoadReport run_load(const LoadOptions& o) {
   if (!(o.ttft_slo > 0) || !(o.tpot_slo > 0)) throw Error("the SLOs must be > 0 seconds");
   if (o.max_token_id <= 100) throw Error("max_token_id must be > 100");
   if (o.max_in_flight < 1) throw Error("max_in_flight must be >= 1");
+  if (!(o.zipf >= 0)) throw Error("the popularity exponent (zipf) must be >= 0");
+  for (const auto& [name, port] : o.model_ports) {
+    if (std::find(o.models.begin(), o.models.end(), name) == o.models.end())
+      throw Error("a port is given for model '" + name + "', which is not among the models");
+    if (port < 1 || port > 65535) throw Error("model '" + name + "': bad port");
+  }
   check_loopback(o.host);
 
   httplib::Client control(o.host, o.port);
@@ -398,8 +434,8 @@ LoadReport run_load(const LoadOptions& o) {
 
   // The RT workload, fixed by the seed before the clock starts.
   std::vector<double> arrivals;
-  std::vector<std::string> bodies;
-  make_rt_workload(o, model, arrivals, bodies);
+  std::vector<std::string> bodies, models;
+  make_rt_workload(o, model, arrivals, bodies, models);
 
   LoadReport report;
   report.records.resize(arrivals.size());
@@ -468,14 +504,17 @@ LoadReport run_load(const LoadOptions& o) {
     std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(
                                               std::chrono::duration<double>(arrivals[i])));
     RtRecord& rec = report.records[i];
+    rec.model = models[i];
     if (in_flight.load() >= o.max_in_flight) {
       rec.arrival = since(start, Clock::now());
       rec.error = "over the client's in-flight cap";
       continue;
     }
     ++in_flight;
-    rt_threads.emplace_back([&, i] {
-      run_rt_request(o, bodies[i], start, deadline, report.records[i]);
+    const auto to = o.model_ports.find(models[i]);
+    const int port = to == o.model_ports.end() ? o.port : to->second;
+    rt_threads.emplace_back([&, i, port] {
+      run_rt_request(o, bodies[i], port, start, deadline, report.records[i]);
       --in_flight;
     });
   }
@@ -493,6 +532,14 @@ LoadReport run_load(const LoadOptions& o) {
   }
 
   report.rt = summarize(report.records, o.ttft_slo, o.tpot_slo);
+  report.rt_output_tokens_per_s =
+      report.seconds > 0 ? static_cast<double>(report.rt.output_tokens) / report.seconds : 0;
+  if (!o.models.empty()) {
+    std::map<std::string, std::vector<RtRecord>> of_model;
+    for (const RtRecord& r : report.records) of_model[r.model].push_back(r);
+    for (const auto& [name, records] : of_model)
+      report.by_model[name] = summarize(records, o.ttft_slo, o.tpot_slo);
+  }
   report.be_requests = static_cast<int64_t>(at_window_end.be_finished - before.be_finished);
   report.be_tokens =
       static_cast<int64_t>((at_window_end.be_prompt_tokens - before.be_prompt_tokens) +

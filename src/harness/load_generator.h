@@ -32,6 +32,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -50,6 +51,7 @@ struct RtRecord {
   int64_t output_tokens = 0;
   bool finished = false;  // false: failed or unfinished (error says why)
   std::string error;
+  std::string model;  // the "model" it asked for
 };
 
 // The ServingReport of a set of RT records (metric definitions above), with `rt_failed`
@@ -59,6 +61,8 @@ struct RtSummary {
   double rt_normalized_latency_s = 0;
   double ttft_attainment = 0, tpot_attainment = 0;
   double ttft_p50 = 0, ttft_p99 = 0, tpot_p50 = 0, tpot_p99 = 0;
+  double ttft_p95 = 0, e2e_p50 = 0, e2e_p95 = 0;
+  int64_t output_tokens = 0;  // of the finished requests
 };
 RtSummary summarize(const std::vector<RtRecord>& records, double ttft_slo, double tpot_slo);
 double tpot_of(const RtRecord& r);  // (e2e - ttft) / (tokens - 1); 0 with one token
@@ -69,6 +73,14 @@ struct LoadOptions {
   std::string host = "127.0.0.1";  // loopback only (check_loopback)
   int port = 8000;
   std::string model;  // the "model" field; empty = the first id of GET /v1/models
+  // Several models (BlockLLM's tenants): each RT request asks for one of `models`, drawn with
+  // probability proportional to 1 / rank^zipf (rank 1 = the first; zipf 0 = uniform) from a
+  // stream of its own, so the arrivals and lengths are those of the one-model run. A model
+  // named in `model_ports` goes to that port of `host` (a deployment with an engine per
+  // model), the others to `port`. BE jobs and the /metrics figures stay on `port`.
+  std::vector<std::string> models;
+  double zipf = 0;
+  std::map<std::string, int> model_ports;
   double duration_seconds = 60;
   double rt_rate = 1;
   std::vector<std::pair<int32_t, int32_t>> rt_lengths;  // (prompt, output) to draw from
@@ -96,6 +108,10 @@ struct LoadReport {
   double scheduler_fraction = 0;  // scheduler_seconds / step_seconds (0 without steps)
   int64_t steps = 0;
   double seconds = 0;  // wall time of the run, drain included
+  // Output tokens of the finished RT requests over `seconds` (what the deployment served).
+  double rt_output_tokens_per_s = 0;
+  // Per model, with LoadOptions::models: its requests' summary.
+  std::map<std::string, RtSummary> by_model;
 };
 
 // One report as a JSON object: policy (the label given), rt_rate, duration_s, length_scale,

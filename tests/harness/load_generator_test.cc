@@ -3,7 +3,9 @@
 // hybrid and fcfs policies.
 #include "harness/load_generator.h"
 
+#include <memory>
 #include <set>
+#include <string>
 
 #include <gtest/gtest.h>
 
@@ -105,6 +107,13 @@ TEST(LoadTarget, BadOptions) {
   o.rt_lengths = {{8, 4}};
   o.port = 1;
   EXPECT_THROW(run_load(o), Error);
+  // A port for a model the run does not ask for, and a negative popularity exponent.
+  o.models = {"a", "b"};
+  o.model_ports = {{"c", 8001}};
+  EXPECT_THROW(run_load(o), Error);
+  o.model_ports.clear();
+  o.zipf = -1;
+  EXPECT_THROW(run_load(o), Error);
 }
 
 TEST(LoadGenerator, RunsAgainstAnInProcessServerWithHybridAndFcfs) {
@@ -190,6 +199,64 @@ TEST(LoadGenerator, RunsAgainstAnInProcessServerWithHybridAndFcfs) {
     EXPECT_EQ(j["policy"], hybrid ? "hybrid" : "fcfs");
     EXPECT_EQ(j["rt_requests"], r.rt.rt_requests);
   }
+}
+
+// Several models (BlockLLM's tenants) on two servers: each request asks for one of the models
+// and goes to the server its port names; a request sent to the wrong server would fail (404).
+TEST(LoadGenerator, SpreadsRequestsOverModelsAndTheirServers) {
+  testing::TempDir dir;
+  RandomInitOptions init;
+  init.seed = 5;
+  init.tokenizer_dir = BLEND_TEST_TOKENIZER_DIR;
+  for (const char* name : {"a", "b"})
+    write_random_model(*find_model_preset("tiny"), dir / name, init);
+  auto make = [&](const char* name) {
+    ServerOptions so;
+    so.model = dir / name;
+    so.port = 0;
+    so.data_dir = dir / (std::string("data-") + name);
+    so.engine.threads = 1;
+    so.engine.kv_memory_gb = 0.05;
+    return std::make_unique<Server>(so);
+  };
+  auto a = make("a"), b = make("b");
+  a->start();
+  b->start();
+
+  LoadOptions o;
+  o.port = a->port();
+  o.models = {"a", "b"};
+  o.zipf = 1;
+  o.model_ports = {{"b", b->port()}};
+  o.duration_seconds = 2;
+  o.rt_rate = 10;
+  o.rt_lengths = {{16, 4}, {24, 6}};
+  o.be_batch_requests = 0;
+  o.drain_timeout_seconds = 20;
+  o.seed = 7;
+  const LoadReport r = run_load(o);
+  a->stop();
+  b->stop();
+
+  ASSERT_GT(r.rt.rt_requests, 0);
+  EXPECT_EQ(r.rt.rt_failed, 0);
+  for (const RtRecord& rec : r.records) EXPECT_TRUE(rec.finished) << rec.model << ": " << rec.error;
+  ASSERT_EQ(r.by_model.size(), 2u);
+  int64_t requests = 0, tokens = 0;
+  for (const auto& [name, s] : r.by_model) {
+    EXPECT_TRUE(name == "a" || name == "b") << name;
+    EXPECT_GT(s.rt_requests, 0) << name;
+    EXPECT_LE(s.e2e_p50, s.e2e_p95) << name;
+    requests += s.rt_requests;
+    tokens += s.output_tokens;
+  }
+  EXPECT_EQ(requests, r.rt.rt_requests);
+  EXPECT_EQ(tokens, r.rt.output_tokens);
+  EXPECT_GT(r.rt.e2e_p50, 0);
+  EXPECT_NEAR(r.rt_output_tokens_per_s, static_cast<double>(tokens) / r.seconds, 1e-9);
+  const nlohmann::json j = to_json("zoo", o, r);
+  EXPECT_EQ(j["models"].size(), 2u);
+  EXPECT_EQ(j["zipf"], 1.0);
 }
 
 }  // namespace
