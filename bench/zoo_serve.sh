@@ -13,7 +13,9 @@
 # --models t1,...,tN --zipf ZIPF --model-port ...` (tenant i asked with probability ~ 1/i^ZIPF;
 # ShareGPT lengths times LENGTH_SCALE; streamed, ignore_eos), DURATION seconds, the same seed for
 # every deployment. Prints per deployment and rate: finished / issued requests, output tokens/s,
-# end-to-end p50 / p95, TTFT p95, and the servers' resident memory (VmRSS summed at the end).
+# end-to-end p50 / p95, TTFT p95, and the servers' anonymous resident memory (RssAnon summed at
+# the end: packed weights, KV pool and the rest; the checkpoints' mapped file pages, which the
+# content hashing touches, are left out).
 #
 #   bench/zoo_serve.sh                      # 20 tenants, odd LoRA, even full (layers 0-3)
 #   TENANTS=4 RATES="1 2" DURATION=20 bench/zoo_serve.sh
@@ -75,7 +77,7 @@ serve() {
 rss_mib() {
   local sum=0 kb
   for p in "${pids[@]}"; do
-    kb=$(awk '/^VmRSS:/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0)
+    kb=$(awk '/^RssAnon:/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0)
     sum=$((sum + ${kb:-0}))
   done
   echo $((sum / 1024))

@@ -36,7 +36,9 @@ struct MetricSnapshot {
 };
 
 MetricSnapshot read_metrics(httplib::Client& c) {
+  // A busy server may drop the idle keep-alive connection: two more tries.
   auto r = c.Get("/metrics");
+  for (int i = 0; i < 2 && (!r || r->status != 200); ++i) r = c.Get("/metrics");
   if (!r || r->status != 200)
     throw Error("GET /metrics failed" +
                 (r ? ": HTTP " + std::to_string(r->status) : ": " + httplib::to_string(r.error())));
@@ -519,9 +521,18 @@ LoadReport run_load(const LoadOptions& o) {
     });
   }
   std::this_thread::sleep_until(window_end);
-  const MetricSnapshot at_window_end = read_metrics(control);
+  // Every thread is joined before an error can leave this function (a joinable std::thread
+  // destroyed by the unwinding would end the process).
+  MetricSnapshot at_window_end;
+  std::string metrics_error;
+  try {
+    at_window_end = read_metrics(control);
+  } catch (const Error& e) {
+    metrics_error = e.what();
+  }
   if (be_thread.joinable()) be_thread.join();
   for (std::thread& t : rt_threads) t.join();
+  if (!metrics_error.empty()) throw Error(metrics_error + " (at the end of the window)");
   const MetricSnapshot after = read_metrics(control);
   report.seconds = since(start, Clock::now());
   {
