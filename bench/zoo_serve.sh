@@ -23,7 +23,8 @@
 # Knobs (environment): BLEND (build/blend), OUT_DIR (build/zoo_serve), PRESET (smollm-135m),
 # DTYPE (bf16), KIND (mix | full | lora), TENANTS (20), LAYERS ("0 1 2 3"), RANK (8), TARGETS
 # (q_proj,v_proj), RATES ("0.5 1 2"), DURATION (60), LENGTH_SCALE (0.25), ZIPF (1), THREADS (2),
-# KV_GB (2), DEPLOYMENTS ("zoo ps per-model").
+# KV_GB (2), DEPLOYMENTS ("zoo ps per-model"), SERVE_ARGS (more flags for every server, e.g.
+# "--policy fcfs"; the default policy is hybrid).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -43,6 +44,7 @@ ZIPF=${ZIPF:-1}
 THREADS=${THREADS:-2}
 KV_GB=${KV_GB:-2}
 DEPLOYMENTS=${DEPLOYMENTS:-zoo ps per-model}
+read -r -a serve_args <<<"${SERVE_ARGS:-}"
 need_blend_and_python
 mkdir -p "$OUT_DIR"
 zoo=$OUT_DIR/zoo
@@ -70,7 +72,7 @@ serve() {
   local name=$1 kv=$2
   shift 2
   start_server "$OUT_DIR/serve-$name.log" "$@" --threads "$THREADS" --kv-memory "$kv" \
-    --threads-http 32 --data-dir "$OUT_DIR/data-$name" --quiet
+    --threads-http 32 --data-dir "$OUT_DIR/data-$name" --quiet ${serve_args[@]+"${serve_args[@]}"}
   pids+=("$server_pid")
   ports+=("$name=$server_port")
 }
