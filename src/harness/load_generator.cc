@@ -228,7 +228,7 @@ double tpot_of(const RtRecord& r) {
 RtSummary summarize(const std::vector<RtRecord>& records, double ttft_slo, double tpot_slo) {
   RtSummary s;
   s.rt_requests = static_cast<int64_t>(records.size());
-  std::vector<double> ttft, tpot;
+  std::vector<double> ttft, tpot, e2e;
   double normalized = 0;
   int64_t ttft_ok = 0, tpot_ok = 0;
   for (const RtRecord& r : records) {
@@ -238,6 +238,8 @@ RtSummary summarize(const std::vector<RtRecord>& records, double ttft_slo, doubl
     }
     ttft.push_back(r.ttft);
     tpot.push_back(tpot_of(r));
+    e2e.push_back(r.e2e);
+    s.output_tokens += r.output_tokens;
     ttft_ok += r.ttft <= ttft_slo ? 1 : 0;
     tpot_ok += tpot.back() <= tpot_slo ? 1 : 0;
     normalized += r.e2e / static_cast<double>(std::max<int64_t>(1, r.output_tokens));
@@ -251,12 +253,6 @@ RtSummary summarize(const std::vector<RtRecord>& records, double ttft_slo, doubl
   s.ttft_p99 = percentile(ttft, 0.99);
   s.tpot_p50 = percentile(tpot, 0.5);
   s.tpot_p99 = percentile(tpot, 0.99);
-  std::vector<double> e2e;
-  for (const RtRecord& r : records)
-    if (r.finished) {
-      e2e.push_back(r.e2e);
-      s.output_tokens += r.output_tokens;
-    }
   s.ttft_p95 = percentile(ttft, 0.95);
   s.e2e_p50 = percentile(e2e, 0.5);
   s.e2e_p95 = percentile(e2e, 0.95);

@@ -125,6 +125,10 @@ TEST(DecodeSplits, WavesSplitWhereTheLastWaveIsMostlyEmpty) {
   // ties at 5 x 3 = 15: the fewer splits win).
   EXPECT_EQ(cuda::wave_splits(661, 8, 660), 2);
   EXPECT_EQ(cuda::wave_splits(0, 32, 660), 1);
+  // The scratch is sized by the same bound: 100 keys are 4 tiles, so up to 2 splits.
+  EXPECT_EQ(cuda::decode_tiles(100), 4);
+  EXPECT_EQ(cuda::wave_splits_most(cuda::decode_tiles(100)), 2);
+  EXPECT_EQ(cuda::wave_splits_most(cuda::decode_tiles(1 << 20)), 32);
 }
 
 // Both KV layouts place every (page, layer) run of layer_elems() once: the runs tile the cache

@@ -60,6 +60,10 @@ TEST(LoadMetrics, SummaryOfHandMadeRecords) {
   EXPECT_DOUBLE_EQ(s.ttft_p99, 0.5);
   EXPECT_DOUBLE_EQ(s.tpot_p50, 0.1);
   EXPECT_DOUBLE_EQ(s.tpot_p99, 0.5);
+  EXPECT_DOUBLE_EQ(s.ttft_p95, 0.5);
+  EXPECT_DOUBLE_EQ(s.e2e_p50, 1.1);  // finished e2e 0.3, 1.1, 2.5: nearest rank
+  EXPECT_DOUBLE_EQ(s.e2e_p95, 2.5);
+  EXPECT_EQ(s.output_tokens, 11 + 5 + 1);  // the failed request's tokens are not counted
 
   const RtSummary none = summarize({}, 0.4, 0.2);
   EXPECT_EQ(none.rt_requests, 0);

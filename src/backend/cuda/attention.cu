@@ -424,7 +424,7 @@ void launch_decode_attention(const BatchView& batch, const float* qkv, int64_t n
       decode_splits(tokens, kv.num_kv_heads, batch.max_single_context, scratch.multiprocessors);
   if (scratch.splits == DecodeSplits::kWaves)
     splits = std::max(splits, wave_splits(int64_t{tokens} * kv.num_kv_heads,
-                                          (batch.max_single_context + dec::kKeys - 1) / dec::kKeys,
+                                          decode_tiles(batch.max_single_context),
                                           decode_blocks_per_multiprocessor<kStages>(smem) *
                                               int64_t{scratch.multiprocessors}));
   splits = std::max(splits, scratch.min_splits);
@@ -668,13 +668,21 @@ int32_t decode_splits(int32_t tokens, int32_t num_kv_heads, int32_t max_context,
   return static_cast<int32_t>(std::max<int64_t>(1, std::min<int64_t>({want, most, 32})));
 }
 
+int32_t decode_tiles(int32_t context) {
+  return (context + dec::kKeys - 1) / dec::kKeys;
+}
+
+int32_t wave_splits_most(int32_t tiles) {
+  return std::min(32, std::max(1, tiles / 2));
+}
+
 int32_t wave_splits(int64_t blocks, int32_t tiles, int64_t resident) {
   if (blocks <= 0 || tiles <= 0 || resident <= 0) return 1;
   // Each split of s holds ceil(tiles / s) tiles plus one tile's worth of fixed cost (its first
   // copy, the query, the partials); the blocks run in ceil(blocks * s / resident) waves.
   int32_t best = 1;
   double best_time = 0;
-  for (int32_t s = 1; s <= std::min(32, std::max(1, tiles / 2)); ++s) {
+  for (int32_t s = 1; s <= wave_splits_most(tiles); ++s) {
     const double waves = static_cast<double>((blocks * s + resident - 1) / resident);
     const double time = waves * ((tiles + s - 1) / s + 1);
     if (s == 1 || time < best_time) {

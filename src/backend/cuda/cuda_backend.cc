@@ -454,7 +454,8 @@ int64_t CudaBackendImpl::compute_logits(const ForwardBatch& batch, size_t host_l
                                                 layout.max_single_context, multiprocessors_),
                             min_decode_splits_);
   if (decode_splits_ == cuda::DecodeSplits::kWaves)
-    splits = std::max(splits, std::min(32, std::max(1, layout.max_single_context / 64)));
+    splits =
+        std::max(splits, cuda::wave_splits_most(cuda::decode_tiles(layout.max_single_context)));
   const size_t scratch_floats = cuda::decode_scratch_floats(
       layout.num_single_tokens, static_cast<int32_t>(config_.num_heads), kv_.head_dim, splits);
   const cuda::DecodeScratch scratch = {

@@ -71,6 +71,10 @@ int32_t decode_splits(int32_t tokens, int32_t num_kv_heads, int32_t max_context,
 // tile of fixed cost, and the blocks run in whole waves, so a last wave that is mostly empty is
 // worth filling with smaller blocks.
 int32_t wave_splits(int64_t blocks, int32_t tiles, int64_t resident);
+// Key tiles of a token attending to `context` keys (the unit splits share), and the most splits
+// wave_splits chooses for that many tiles (what the scratch must hold).
+int32_t decode_tiles(int32_t context);
+int32_t wave_splits_most(int32_t tiles);
 // Floats of DecodeScratch that many splits need (0 for one).
 size_t decode_scratch_floats(int32_t tokens, int32_t num_heads, int32_t head_dim, int32_t splits);
 
