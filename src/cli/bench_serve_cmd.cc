@@ -239,6 +239,7 @@ void register_bench_command(CLI::App& app) {
   cmd->add_option("--max-batch-tokens", a->engine.scheduler.max_batch_tokens,
                   "Server token budget of one step")
       ->capture_default_str();
+  add_hybrid_flags(cmd, a->engine.scheduler.hybrid);
   cmd->add_option("--profile", a->profile,
                   "A `blend profile` file: its iteration model drives --policy hybrid (without "
                   "one the model is fitted from the steps served)");

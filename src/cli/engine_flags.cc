@@ -84,6 +84,25 @@ void add_engine_flags(CLI::App* cmd, EngineOptions& o) {
       ->check(number_in(1e-9, 1e9, false, "a size in GB above 0"));
 }
 
+void add_hybrid_flags(CLI::App* cmd, HybridOptions& h) {
+  cmd->add_option("--hybrid-initial-batch", h.initial_batch,
+                  "--policy hybrid: start (and floor) of the adaptive batch size, in requests; "
+                  "it grows by --hybrid-batch-step after each iteration with no real-time "
+                  "request at risk, up to --max-running, and halves on a predicted miss")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--hybrid-batch-step", h.batch_step,
+                  "--policy hybrid: growth of the batch size per calm iteration")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--hybrid-overdue-after", h.overdue_after_slos,
+                  "--policy hybrid: a prompt that missed its TTFT target runs first once it is "
+                  "this many targets late, bounding waits under sustained overload (default 0: "
+                  "it yields to on-time requests for ever, BROS's order)")
+      ->check(CLI::Range(0.0, 1e6))
+      ->capture_default_str();
+}
+
 IterationCostModel read_iteration_model(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw Error("cannot read --profile " + path);

@@ -17,6 +17,10 @@ namespace blend::cli {
 
 void add_engine_flags(CLI::App* cmd, EngineOptions& options);
 
+// --hybrid-initial-batch, --hybrid-batch-step, --hybrid-overdue-after (serve, simulate-serve).
+// The batch size's ceiling is --max-running (the scheduler applies it).
+void add_hybrid_flags(CLI::App* cmd, HybridOptions& hybrid);
+
 // BROS's iteration model (§4.1) from a `blend profile` file (serve --profile).
 IterationCostModel read_iteration_model(const std::string& path);
 

@@ -87,11 +87,7 @@ void register_serve_command(CLI::App& app) {
                   "Scheduling of real-time and best-effort requests: hybrid (BROS), fcfs, "
                   "round-robin, prefill-first (vLLM before chunked prefill) (default hybrid)")
       ->transform(CLI::CheckedTransformer(scheduler_policy_names(), CLI::ignore_case));
-  cmd->add_option("--hybrid-overdue-after", o->engine.scheduler.hybrid.overdue_after_slos,
-                  "--policy hybrid: a prompt that missed its TTFT target runs first once it is "
-                  "this many targets late, bounding waits under sustained overload (default 0: "
-                  "it yields to on-time requests for ever, BROS's order)")
-      ->check(CLI::Range(0.0, 1e6));
+  add_hybrid_flags(cmd, o->engine.scheduler.hybrid);
   auto profile = std::make_shared<std::string>();
   cmd->add_option("--profile", *profile,
                   "A `blend profile` file: its iteration model drives --policy hybrid (without one "

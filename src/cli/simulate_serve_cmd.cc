@@ -57,8 +57,6 @@ void run(const SimulateServeArgs& args) {
       eo.scheduler.bidirectional_kv = bidirectional_kv_for(args.kv_layout, eo.scheduler.policy);
       eo.scheduler.iteration_cost = iteration_model_of(cost);
       eo.scheduler.hybrid = args.hybrid;
-      eo.scheduler.hybrid.max_batch = args.max_running;
-      eo.scheduler.hybrid.initial_batch = std::min(args.hybrid.initial_batch, args.max_running);
       eo.ttft_slo = w.ttft_slo;
       eo.tpot_slo = w.tpot_slo;
       SimBackendOptions so;
@@ -142,16 +140,7 @@ void register_simulate_serve_command(CLI::App& app) {
   cmd->add_option("--ttft-slo", a->workload.ttft_slo, "Seconds")->capture_default_str();
   cmd->add_option("--tpot-slo", a->workload.tpot_slo, "Seconds")->capture_default_str();
   cmd->add_option("--kv-memory", a->kv_memory_gb, "KV memory per device in GB");
-  cmd->add_option("--hybrid-initial-batch", a->hybrid.initial_batch,
-                  "Adaptive batch size of --policy hybrid: start (and floor)")
-      ->capture_default_str();
-  cmd->add_option("--hybrid-batch-step", a->hybrid.batch_step, "... growth per calm iteration")
-      ->capture_default_str();
-  cmd->add_option("--hybrid-overdue-after", a->hybrid.overdue_after_slos,
-                  "--policy hybrid: a prompt that missed its TTFT target runs first once it is "
-                  "this many targets late (0: it yields to on-time ones for ever)")
-      ->check(CLI::Range(0.0, 1e6))
-      ->capture_default_str();
+  add_hybrid_flags(cmd, a->hybrid);
   cmd->add_option("--max-batch-tokens", a->max_batch_tokens, "Token budget of one step")
       ->capture_default_str();
   cmd->add_option("--max-running", a->max_running, "Sequences running at once")

@@ -101,12 +101,22 @@ HybridSelection HybridPolicy::select(std::span<const HybridCandidate> rt,
   constexpr double kNever = std::numeric_limits<double>::infinity();
 
   // RT requests, most urgent first (Alg. 1 lines 3-15). The iteration must end before the
-  // earliest deadline it can still meet; a request already past its deadline sets no limit (no
-  // batch makes it on time, and shrinking the batch for it would make the requests behind it
-  // late too: measured on the simulator, that spiral cost more than half of the RT and BE
-  // throughput). A late decode keeps its place in front. A prompt that missed its TTFT
-  // deadline yields to those that can still meet theirs (EDF's domino effect under overload),
-  // for ever by default, or until it is HybridOptions::overdue_after_slos targets late.
+  // earliest deadline it can still meet. A deadline is lost when it has passed or when not even
+  // an iteration of that request alone meets it; a lost deadline sets no limit (no batch makes
+  // it on time, and shrinking the batch for it would make the requests behind it late too:
+  // measured on the simulator, that spiral cost more than half of the RT and BE throughput; on
+  // hardware slower than the targets, a CPU serving GPU-sized TPOT targets, it cut every step
+  // to one or two requests). A decode with a lost deadline keeps its place in front. A prompt
+  // with a lost TTFT deadline yields to those that can still meet theirs (EDF's domino effect
+  // under overload), for ever by default, or until it is HybridOptions::overdue_after_slos
+  // targets late.
+  std::vector<char> lost(rt.size());
+  for (size_t i = 0; i < rt.size(); ++i) {
+    Load alone;
+    alone.add(rt[i]);
+    const double own = rt[i].deadline - now;
+    lost[i] = own <= 0 || seconds(alone) > own;
+  }
   std::vector<size_t> order(rt.size());
   std::iota(order.begin(), order.end(), size_t{0});
   const double overdue_after = options_.overdue_after_slos;
@@ -114,7 +124,7 @@ HybridSelection HybridPolicy::select(std::span<const HybridCandidate> rt,
     const HybridCandidate& c = rt[i];
     const bool overdue =
         overdue_after > 0 && c.ttft_slo > 0 && now - c.deadline >= overdue_after * c.ttft_slo;
-    return c.first_token && c.deadline < now && !overdue;
+    return c.first_token && lost[i] && !overdue;
   };
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     const bool ya = yields(a), yb = yields(b);
@@ -128,8 +138,7 @@ HybridSelection HybridPolicy::select(std::span<const HybridCandidate> rt,
     // less urgent ones behind it that need none still run. Stopping here instead left ~10 RT
     // decodes a step idle with their KV held at the knee (OPT-13B, 5 RT/s on the simulator).
     if (load.pages + rt[i].pages_needed > free_pages) continue;
-    const double own = rt[i].deadline - now;
-    const double limit = own > 0 ? std::min(slack, own) : slack;
+    const double limit = lost[i] ? slack : std::min(slack, rt[i].deadline - now);
     load.add(rt[i]);
     if (seconds(load) > limit) {
       sel.rt_at_risk = true;

@@ -9,10 +9,19 @@
 namespace blend {
 namespace {
 
+// The adaptive batch grows up to the running set's size (a larger one could never fill) and
+// starts no higher.
+HybridOptions bounded_by_running_set(const SchedulerOptions& options) {
+  HybridOptions h = options.hybrid;
+  h.max_batch = options.max_running;
+  h.initial_batch = std::min(h.initial_batch, h.max_batch);
+  return h;
+}
+
 class HybridScheduling : public SchedulingPolicy {
  public:
   explicit HybridScheduling(const SchedulerOptions& options)
-      : hybrid_(options.hybrid, options.iteration_cost),
+      : hybrid_(bounded_by_running_set(options), options.iteration_cost),
         fit_iteration_cost_(options.fit_iteration_cost) {}
 
   void schedule(SchedulerCore& core, StepPlan& plan, int32_t& budget, double now) override {

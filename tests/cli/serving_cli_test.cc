@@ -144,6 +144,17 @@ TEST_F(ServingCli, BadFlagsAreAnErrorNotACrash) {
                                  "' --policy best --duration 1 --traces '" + traces() + "' 2>&1"));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("unknown policy 'best'"), std::string::npos) << r.output;
+  // The hybrid policy's batch flags, on the three commands that take them.
+  const std::string with_model = " --model '" + model + "' ";
+  for (const std::string& command :
+       {"serve" + with_model, "bench serve" + with_model, std::string("simulate-serve ")}) {
+    for (const std::string flag : {"--hybrid-initial-batch 0", "--hybrid-batch-step -1"}) {
+      r = testing::run_command(blend(command + flag + " 2>&1"));
+      EXPECT_NE(r.exit_code, 0) << command << " " << flag;
+      EXPECT_NE(r.output.find(flag.substr(0, flag.find(' '))), std::string::npos)
+          << command << " " << flag << ": " << r.output;
+    }
+  }
   r = testing::run_command(
       blend("simulate-serve --rt-rate 1 --duration 10 --traces /nonexistent/traces 2>&1"));
   EXPECT_NE(r.exit_code, 0);

@@ -102,15 +102,58 @@ TEST(HybridPolicy, BatchSizeGrowsWithoutRiskAndHalvesOnRisk) {
   p.select(relaxed, {}, 0.0, 100);
   EXPECT_EQ(p.batch_size(), 12);
   p.select(relaxed, {}, 0.0, 100);
-  EXPECT_EQ(p.batch_size(), 12);                           // capped
-  const std::vector<HybridCandidate> tight = {rt(0.001)};  // cannot be met by any iteration
+  EXPECT_EQ(p.batch_size(), 12);  // capped
+  // Each alone makes its 15 ms deadline (10 ms); the second behind the first does not.
+  const std::vector<HybridCandidate> tight = {rt(0.015), rt(0.015)};
   const HybridSelection s = p.select(tight, {}, 0.0, 100);
-  EXPECT_EQ(s.rt, std::vector<size_t>{0});  // still runs: the most urgent one always does
+  EXPECT_EQ(s.rt, std::vector<size_t>{0});
   EXPECT_TRUE(s.rt_at_risk);
   EXPECT_EQ(p.batch_size(), 6);  // 12 halved
   p.select(tight, {}, 0.0, 100);
   p.select(tight, {}, 0.0, 100);
   EXPECT_EQ(p.batch_size(), 4);  // never below the initial size
+}
+
+// A deadline closer than an iteration of the request alone (targets the hardware cannot meet)
+// is lost whatever the batch; like a past one it sets no limit and is no risk, so the batch
+// keeps its size and fills. Honouring it ran one request per step.
+TEST(HybridPolicy, UnattainableDeadlinesDoNotShrinkTheBatch) {
+  HybridPolicy p({.initial_batch = 4, .batch_step = 4, .max_batch = 64}, per_token_cost());
+  // 10 ms per decode token; every deadline 5 ms away.
+  const std::vector<HybridCandidate> rts = {rt(0.005), rt(0.005), rt(0.005), rt(0.005)};
+  const std::vector<HybridCandidate> bes = {be(0), be(0), be(0), be(0)};
+  const HybridSelection s = p.select(rts, bes, 0.0, 100);
+  EXPECT_EQ(s.rt, (std::vector<size_t>{0, 1, 2, 3}));
+  EXPECT_TRUE(s.be.empty());  // the batch of 4 is full
+  EXPECT_FALSE(s.rt_at_risk);
+  EXPECT_EQ(p.batch_size(), 8);  // grew
+
+  // A reachable deadline behind them still limits the iteration: 4 unattainable ones (40 ms)
+  // and one due in 55 ms fit; a BE request would push the iteration past 55 ms.
+  const std::vector<HybridCandidate> mixed = {rt(0.005), rt(0.005), rt(0.005), rt(0.005),
+                                              rt(0.055)};
+  const HybridSelection m = p.select(mixed, bes, 0.0, 100);
+  EXPECT_EQ(m.rt.size(), 5u);
+  EXPECT_TRUE(m.be.empty());
+  EXPECT_FALSE(m.rt_at_risk);
+}
+
+// A prompt whose whole prefill (100 tokens, 100 ms) cannot end before its TTFT deadline (50 ms
+// away) has lost it as surely as a late one, and yields to the decodes behind it.
+TEST(HybridPolicy, APromptThatCannotMeetItsFirstTokenYields) {
+  HybridPolicy p({.initial_batch = 2, .batch_step = 0, .max_batch = 2}, per_token_cost());
+  HybridCandidate prompt = rt(0.050);
+  prompt.first_token = prompt.prefill = true;
+  prompt.tokens = 100;
+  const std::vector<HybridCandidate> rts = {prompt, rt(0.5), rt(0.6)};
+  const HybridSelection s = p.select(rts, {}, 0.0, 100);
+  EXPECT_EQ(s.rt, (std::vector<size_t>{1, 2}));
+
+  // With 150 ms to go it can make it, and runs first.
+  HybridCandidate reachable = prompt;
+  reachable.deadline = 0.150;
+  const std::vector<HybridCandidate> in_time = {reachable, rt(0.5), rt(0.6)};
+  EXPECT_EQ(p.select(in_time, {}, 0.0, 100).rt.front(), 0u);
 }
 
 // A request already past its deadline runs first but sets no time limit: the batch fills with
