@@ -6,14 +6,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # ocl-icd-opencl-dev: Debian's oneDNN CMake config requires OpenCL (a Recommends, which
-# --no-install-recommends would skip). clang and libclang-rt-14-dev (libFuzzer, also only a
-# Recommends) build the fuzz harnesses of tests/fuzz.
+# --no-install-recommends would skip). clang, libclang-rt-14-dev (libFuzzer and the sanitizer
+# runtimes, also only a Recommends) and libomp-dev (clang's OpenMP) build the fuzz harnesses of
+# tests/fuzz and the sanitizer build of scripts/test.sh --sanitize.
 packages=(
   build-essential cmake ninja-build pkg-config clang-format git nodejs npm
   libpcre2-dev nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libspdlog-dev libfmt-dev
   libxxhash-dev libdnnl-dev ocl-icd-opencl-dev libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-jinja2 python3-numpy python3-jsonschema gnuplot-nox openmpi-bin libopenmpi-dev
-  clang libclang-rt-14-dev
+  clang libclang-rt-14-dev libomp-dev
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -2,6 +2,7 @@
 # Builds blend and runs the whole test suite with CTest.
 #   scripts/test.sh             Release build in build/
 #   scripts/test.sh --sanitize  the same tests under -fsanitize=address,undefined in build-asan/
+#                               (built with clang when it is installed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,6 +11,11 @@ flags=(-DCMAKE_BUILD_TYPE=Release)
 if [ "${1:-}" = "--sanitize" ]; then
   build=build-asan
   flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DBLEND_SANITIZE=ON -DBLEND_BUILD_BENCH=OFF)
+  # clang when installed (scripts/setup.sh installs it): it compiles the instrumented tree
+  # about 2.5x faster than gcc (safetensors.cc: 19 s against 53 s), most of CI's time.
+  if command -v clang++ >/dev/null; then
+    flags+=(-DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++)
+  fi
 fi
 jobs=$(nproc)
 cmake -S . -B "$build" -G Ninja "${flags[@]}" >/dev/null

@@ -62,7 +62,7 @@ int free_port() {
 // `blend serve` as a child process, stopped (SIGTERM) when this goes out of scope.
 class ServerProcess {
  public:
-  ServerProcess(const SoakArgs& args, int port) : port_(port) {
+  ServerProcess(const SoakArgs& args, int port) {
     data_dir_ =
         std::filesystem::temp_directory_path() / ("blend-soak-" + std::to_string(::getpid()));
     std::filesystem::remove_all(data_dir_);
@@ -138,7 +138,6 @@ class ServerProcess {
   }
 
  private:
-  int port_;
   pid_t pid_ = -1;
   std::filesystem::path data_dir_;
 };

@@ -212,7 +212,8 @@ std::unique_ptr<LoraAdapter> LoraAdapter::open(const fs::path& dir, const ModelC
   adapter->layers_.resize(static_cast<size_t>(config.num_layers));
   const std::string prefix = "base_model.model.model.layers.";
   for (const auto& [name, view] : adapter->file_->tensors()) {
-    auto refuse = [&] {
+    // An init-capture: clang 14 cannot capture a structured binding implicitly.
+    auto refuse = [&file, &name = name] {
       throw Error(file.string() + ": tensor '" + name + "' is " + unsupported_tensor_reason(name));
     };
     if (!name.starts_with(prefix)) refuse();

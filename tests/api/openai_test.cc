@@ -449,7 +449,7 @@ TEST(BatchFile, WriterRepairsATornLastLineAndKnowsWhatIsDone) {
   EXPECT_EQ(text.find("resp)"), std::string::npos);
   for (size_t start = 0; start < text.size();) {
     const size_t end = text.find('\n', start);
-    EXPECT_NO_THROW(json::parse(text.substr(start, end - start)));
+    EXPECT_TRUE(json::accept(text.substr(start, end - start))) << text.substr(start, end - start);
     start = end + 1;
   }
 }

@@ -13,8 +13,9 @@ namespace blend::cpu {
 namespace {
 
 // Set by the start-up hook below, before main().
-bool g_spin_set = false;      // blend set GOMP_SPINCOUNT
-char g_user_policy[96] = {};  // the user's OMP_WAIT_POLICY / GOMP_SPINCOUNT, if any
+bool g_spin_set = false;       // blend set GOMP_SPINCOUNT
+char g_user_policy[96] = {};   // the user's OMP_WAIT_POLICY / GOMP_SPINCOUNT, if any
+bool g_blocktime_set = false;  // blend set libomp's KMP_BLOCKTIME (clang builds)
 
 // Marks the second start of a process that re-executed itself with GOMP_SPINCOUNT (and, when it
 // was unset, OPENBLAS_NUM_THREADS) set: "spin" or "spin,blas".
@@ -30,6 +31,16 @@ constexpr const char* kMarker = "BLEND_THREAD_ENV";
 // Priority 101: before the executable's other constructors (C++ static initialisers included),
 // so nothing runs twice but this check.
 __attribute__((constructor(101))) void set_thread_environment(int, char** argv, char**) {
+#ifdef KMP_VERSION_MAJOR
+  // LLVM's libomp (a clang build, e.g. scripts/test.sh --sanitize) ignores GOMP_SPINCOUNT, and
+  // its idle threads spin KMP_BLOCKTIME (200 ms) before they sleep. It reads its settings at the
+  // first OpenMP call, not at load, so a default set here needs no restart and leaves the
+  // environment alone. Its unit is the millisecond: 0, the nearest to kSpinCount's microseconds.
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr && std::getenv("KMP_BLOCKTIME") == nullptr) {
+    kmp_set_defaults("KMP_BLOCKTIME=0");
+    g_blocktime_set = true;
+  }
+#endif
   if (const char* marker = std::getenv(kMarker)) {
     g_spin_set = true;
     if (std::strstr(marker, "blas") != nullptr) unsetenv("OPENBLAS_NUM_THREADS");
@@ -66,13 +77,14 @@ void use_threads(int threads) {
 }
 
 bool spin_count_set_by_blend() {
-  return g_spin_set;
+  return g_spin_set || g_blocktime_set;
 }
 
 std::string thread_policy() {
-  std::string s = g_spin_set ? "GOMP_SPINCOUNT=" + std::to_string(kSpinCount) + " (blend)"
+  std::string s = g_blocktime_set ? "libomp KMP_BLOCKTIME=0 (blend)"
+                  : g_spin_set    ? "GOMP_SPINCOUNT=" + std::to_string(kSpinCount) + " (blend)"
                   : g_user_policy[0] != '\0' ? std::string(g_user_policy) + " (environment)"
-                                             : "libgomp default";
+                                             : "OpenMP runtime default";
   return s + ", OpenBLAS threads " + std::to_string(openblas_get_num_threads());
 }
 

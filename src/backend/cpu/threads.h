@@ -36,8 +36,8 @@ void use_threads(int threads);
 // (blend)" or "OMP_WAIT_POLICY=active (environment)"; and OpenBLAS's thread count.
 std::string thread_policy();
 
-// Whether blend set GOMP_SPINCOUNT at start-up (the user had set neither it nor
-// OMP_WAIT_POLICY).
+// Whether blend set GOMP_SPINCOUNT (libgomp) or KMP_BLOCKTIME (LLVM's libomp, clang builds) at
+// start-up: the user had set neither it nor OMP_WAIT_POLICY.
 bool spin_count_set_by_blend();
 
 }  // namespace blend::cpu
