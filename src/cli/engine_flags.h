@@ -17,7 +17,8 @@ namespace blend::cli {
 
 void add_engine_flags(CLI::App* cmd, EngineOptions& options);
 
-// --hybrid-initial-batch, --hybrid-batch-step, --hybrid-overdue-after (serve, simulate-serve).
+// --hybrid-initial-batch, --hybrid-batch-step, --hybrid-overdue-after (serve, bench serve,
+// simulate-serve).
 // The batch size's ceiling is --max-running (the scheduler applies it).
 void add_hybrid_flags(CLI::App* cmd, HybridOptions& hybrid);
 
