@@ -157,8 +157,9 @@ void register_batch_command(CLI::App& app) {
   add_engine_flags(cmd, args->engine);
   cmd->add_option("--policy", args->job.policy,
                   "Request order: fcfs (input order, default), or a BlendServe plan: blend "
-                  "(dual scanner), dfs (prefix-tree order), random")
-      ->check(CLI::IsMember({"fcfs", "blend", "dfs", "random"}));
+                  "(dual scanner), blend@alg3 (its admission as Alg. 3 publishes it), dfs "
+                  "(prefix-tree order), random")
+      ->check(CLI::IsMember({"fcfs", "blend", "blend@alg3", "dfs", "random"}));
   cmd->add_option("--hardware", args->job.hardware,
                   "The planner's view of this machine: a `blend profile` file (default: a "
                   "built-in 2-core CPU estimate)");

@@ -126,7 +126,7 @@ std::vector<int32_t> emulate_admission(plan::AdmissionStream& stream, plan::Dual
   std::deque<int32_t> running;
   for (int64_t step = 0; !stream.exhausted(); ++step) {
     stream.on_step(step);
-    if (scanner && !first_pacing) first_pacing = scanner->pacing();
+    if (scanner && !first_pacing && scanner->step_token_budget()) first_pacing = scanner->pacing();
     bool admitted = false;
     while (auto r = stream.next()) {
       order.push_back(*r);
@@ -250,8 +250,11 @@ void run_plan(const PlanArgs& args) {
   // The admission order, emulating an engine whose requests finish in the order they started.
   std::unique_ptr<plan::AdmissionStream> stream;
   plan::DualScanner* scanner = nullptr;
-  if (options.policy == plan::Policy::kBlend) {
-    auto dual = std::make_unique<plan::DualScanner>(plan, requests, cost, kv_memory);
+  if (plan::blend_planned(options.policy)) {
+    const bool alg3 = options.policy == plan::Policy::kBlendAlg3;
+    auto dual = std::make_unique<plan::DualScanner>(
+        plan, requests, cost, kv_memory, 128,
+        plan::PacingOptions{.enabled = !alg3, .prefill_budgets = alg3});
     scanner = dual.get();
     stream = std::move(dual);
   } else {
@@ -340,7 +343,7 @@ void register_plan_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--tp", args->tensor_parallel, "Tensor-parallel degree")
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--policy", args->policy, "blend, dfs, fcfs or random");
+  cmd->add_option("--policy", args->policy, "blend, blend@alg3, dfs, fcfs or random");
   cmd->add_option("--sampled", args->sampled,
                   "Result JSONL of a sample run: true output lengths to estimate from (§5.1)");
   cmd->add_option("--assume-output", args->assumed_output,

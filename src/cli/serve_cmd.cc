@@ -100,9 +100,10 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--batch-policy", o->batch_policy,
                   "Order of Batch API lines: blend (default: each job planned as `blend batch "
                   "--policy blend` plans it, its lines handed to the engine in the plan's order "
-                  "and pace), dfs, random, or fcfs (every line queued at once in file order, no "
-                  "planner); real-time requests keep their priority either way")
-      ->check(CLI::IsMember({"blend", "dfs", "random", "fcfs"}))
+                  "and pace), blend@alg3 (the same plan admitted as Alg. 3 publishes it), dfs, "
+                  "random, or fcfs (every line queued at once in file order, no planner); "
+                  "real-time requests keep their priority either way")
+      ->check(CLI::IsMember({"blend", "blend@alg3", "dfs", "random", "fcfs"}))
       ->capture_default_str();
   cmd->add_option("--batch-sample-fraction", o->batch_sample_fraction,
                   "With a planned --batch-policy: this fraction of a job's lines without "

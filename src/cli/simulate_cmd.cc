@@ -50,6 +50,7 @@ struct SimulateArgs {
   int32_t step_trace_every = 1;
   bool json = false;  // one JSON object per run instead of a readable line
   bool capacity_pacing = true;
+  std::vector<std::string> pacing_without;  // pacing's rules dropped, for the ablation
   int32_t data_parallel = 1;  // replicas (BlendServe §5.5): the batch partitioned across them
 };
 
@@ -188,6 +189,17 @@ void run_simulate(const SimulateArgs& args) {
   const CostModel planner_cost(
       *shape, args.planner_hardware.empty() ? hw : resolve_hardware(args.planner_hardware));
   const double kv_memory = simulated_kv_memory_bytes(hw, *shape, args.kv_memory_gb);
+  plan::PacingOptions pacing{.enabled = args.capacity_pacing};
+  for (const std::string& rule : args.pacing_without) {
+    if (rule == "budget")
+      pacing.step_budget = false;
+    else if (rule == "spacing")
+      pacing.end_spacing = false;
+    else if (rule == "floor")
+      pacing.left_floor = false;
+    else
+      throw Error("--pacing-without takes budget, spacing or floor, not \"" + rule + "\"");
+  }
   const std::vector<OfflineRequest> requests = read_workload(args.workload);
   const ModelConfig config = sim_model_config(*shape);
   const auto page_bytes =
@@ -211,11 +223,14 @@ void run_simulate(const SimulateArgs& args) {
   if (args.data_parallel > 1 && !args.step_trace.empty())
     throw Error("--step-trace traces one replica: it needs --dp 1");
   for (const std::string& entry : split_list(args.policies)) {
-    const size_t at = entry.find('@');
-    const std::string policy_name = entry.substr(0, at);
-    const std::string overlap_name = at == std::string::npos ? "overlapped" : entry.substr(at + 1);
-    if (overlap_name != "overlapped" && overlap_name != "sequential")
-      throw Error("unknown overlap mode '" + overlap_name + "' (overlapped | sequential)");
+    // POLICY[@sequential|@overlapped]; the policy's own name may hold an '@' (blend@alg3).
+    const size_t at = entry.rfind('@');
+    const std::string suffix = at == std::string::npos ? "" : entry.substr(at + 1);
+    const bool has_overlap = suffix == "overlapped" || suffix == "sequential";
+    const std::string policy_name = has_overlap ? entry.substr(0, at) : entry;
+    const std::string overlap_name = has_overlap ? suffix : "overlapped";
+    if (!has_overlap && at != std::string::npos && entry != "blend@alg3")
+      throw Error("unknown overlap mode '" + suffix + "' (overlapped | sequential)");
     const Overlap overlap =
         overlap_name == "sequential" ? Overlap::kSequential : Overlap::kOverlapped;
     const plan::Policy policy = plan::parse_policy(policy_name);
@@ -234,7 +249,7 @@ void run_simulate(const SimulateArgs& args) {
       SimBackend& sim = *backend;
       Engine engine(std::move(backend), eo);
       PlannedRunStats st = run_planned(engine, part, policy, planner_cost, kv_memory, {},
-                                       args.sampling, args.capacity_pacing, &sim.tokens());
+                                       args.sampling, pacing, &sim.tokens());
       if (!args.step_trace.empty())
         write_step_trace(step_trace_path(args.step_trace, entry), sim.steps(),
                          args.step_trace_every);
@@ -333,9 +348,10 @@ void register_simulate_command(CLI::App& app) {
   cmd->add_option("--tp", args->tensor_parallel, "Tensor-parallel degree");
   cmd->add_option("--workload", args->workload, "Batch JSONL with token-id prompts")->required();
   cmd->add_option("--policy", args->policies,
-                  "Comma-separated policies (blend, dfs, fcfs, random), each optionally "
-                  "@sequential or @overlapped (default overlapped); fcfs is the input order "
-                  "admitted by the engine's scheduler alone, as `blend batch --policy fcfs`");
+                  "Comma-separated policies (blend, blend@alg3, dfs, fcfs, random), each "
+                  "optionally @sequential or @overlapped (default overlapped); fcfs is the input "
+                  "order admitted by the engine's scheduler alone, as `blend batch --policy "
+                  "fcfs`; blend@alg3 is blend's plan admitted by Alg. 3 as published");
   cmd->add_option("--kv-memory", args->kv_memory_gb,
                   "KV memory per device in GB (default: 90% of device memory minus weights)");
   cmd->add_option("--page-size", args->page_size, "Tokens per KV page");
@@ -353,8 +369,15 @@ void register_simulate_command(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   cmd->add_flag("--json", args->json, "One JSON object per run (the keys experiments read)");
   cmd->add_flag("!--no-capacity-pacing", args->capacity_pacing,
-                "blend: the dual scanner as BlendServe Alg. 3 publishes it (memory split by "
-                "density only, the engine's fixed step budget)");
+                "blend: the dual scanner without capacity pacing or Alg. 3's prefill budgets "
+                "(memory split by density only, each side filling its M_L / M_R at once; the "
+                "engine's fixed step budget); blend@alg3 adds the budgets");
+  cmd->add_option("--pacing-without", args->pacing_without,
+                  "blend: capacity pacing without these of its rules, for the ablation "
+                  "(comma-separated): budget (the engine's fixed step budget), spacing (no end "
+                  "spacing of memory-intensive requests), floor (no floor kept for the compute-"
+                  "intensive side)")
+      ->delimiter(',');
   cmd->add_option("--interference", args->interference,
                   "GEMM-attention interference of overlapped steps, in [0, 1] (default: the "
                   "hardware's: 0.15 for a100-*, 0.71 h100, 0.81 h200)")

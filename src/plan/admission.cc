@@ -147,6 +147,15 @@ double DualScanner::remaining_token_steps(double p, double d, double age) {
 }
 
 void DualScanner::on_step(int64_t step) {
+  if (!pacing_options_.enabled) {
+    if (!pacing_options_.prefill_budgets || step == credited_step_) return;
+    credited_step_ = step;
+    repartition();  // the cursors' nodes now
+    const double budget[2] = {partition_.prefill_budget_left, partition_.prefill_budget_right};
+    for (int s : {0, 1})
+      prefill_credit_[s] = std::min(prefill_credit_[s] + budget[s], 2 * budget[s]);
+    return;
+  }
   if (step <= step_ && paced_step_ >= 0) return;
   step_ = step;
   repace();
@@ -186,6 +195,7 @@ void DualScanner::repace() {
   // floor a 4K-request run took up to 1.2x longer; docs/BENCHMARKS.md).
   double b = occupancy > 0 ? std::floor(capacity_ / kv * dense / occupancy / g) * g : max_tokens;
   if (longest >= 1) b = std::min(b, std::ceil(dense / longest / g) * g);
+  if (!pacing_options_.step_budget) b = max_tokens;
   // Never below one token for every running request: a budget under the running decodes starves
   // some of them each step, which frees no memory sooner and stretches the run (a uniform
   // 400 x (40 + 400) job took 1,108 steps instead of ~410 before this floor, 1.51x dfs's time).
@@ -202,7 +212,7 @@ void DualScanner::repace() {
   // and 1 of it; docs/BENCHMARKS.md).
   constexpr double kLeftFloorShare = 0.5;
   pacing_.memory_left_floor =
-      dense > 0
+      dense > 0 && pacing_options_.left_floor
           ? kLeftFloorShare * std::min(capacity_, (occupancy - occupancy_right) * kv * b / dense)
           : 0;
   pacing_.right_end_spacing =
@@ -214,8 +224,9 @@ void DualScanner::repace() {
 double DualScanner::end_spacing(size_t i) const {
   // M_R held by requests like i alone: N = M_R / (p + d/2) of them, and N running with evenly
   // spread ends end one every d / N steps.
-  return pacing_.memory_right > 0 ? estimated_output_[i] * reservation_[i] / pacing_.memory_right
-                                  : 0;
+  return pacing_.memory_right > 0 && pacing_options_.end_spacing
+             ? estimated_output_[i] * reservation_[i] / pacing_.memory_right
+             : 0;
 }
 
 std::optional<double> DualScanner::end_too_close(double end, double spacing) const {
@@ -339,6 +350,10 @@ std::optional<int32_t> DualScanner::next() {
     const double need = reservation_[static_cast<size_t>(r)];
     if (used_[s] > 0 && used_[s] + need > budget[s]) continue;
     if (used_[0] + used_[1] > 0 && used_[0] + used_[1] + need > capacity_) continue;
+    if (pacing_options_.prefill_budgets && unpaced_running_ > 0 && prefill_credit_[s] <= 0)
+      continue;
+    prefill_credit_[s] -= prompt_tokens_[static_cast<size_t>(r)];
+    ++unpaced_running_;
     if (s == 0) {
       ++low_;
     } else {
@@ -462,6 +477,7 @@ void DualScanner::on_finished(int32_t request) {
     return;
   }
   used_[s] = std::max(0.0, used_[s] - reservation_[i]);
+  --unpaced_running_;
 }
 
 void DualScanner::on_progress(int32_t request, double generated_tokens) {

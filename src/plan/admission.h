@@ -116,8 +116,20 @@ inline constexpr double kSpreadHeadroom = 0.5;
 
 struct PacingOptions {
   bool enabled = true;
+  // With pacing off: whether each side also admits no faster than Alg. 3's chunked-prefill
+  // budget, C prompt tokens a step (`blend@alg3`, as published: C = N p / d is the rate at which
+  // a side's N requests of output d end, so it keeps N running with their ends spread). A side
+  // banks at most two steps' budget and may overdraw it by one request (a prompt longer than C
+  // waits p / C steps after it); with nothing running at all a request always goes, so an idle
+  // engine is never kept waiting. Without it only the M_L / M_R reservations admit
+  // (`--no-capacity-pacing`), and a side fills its memory at once.
+  bool prefill_budgets = false;
   int32_t max_step_tokens = 2048;  // the engine's own budget: b never exceeds it
   int32_t granularity = 128;       // b is a multiple of this (A.2)
+  // The ablation of pacing's rules (`blend simulate --pacing-without`): each switch drops one.
+  bool step_budget = true;  // off: b is the engine's budget, whatever KV capacity allows
+  bool end_spacing = true;  // off: a memory-intensive request's end need not lie apart from others'
+  bool left_floor = true;   // off: the memory-intensive side's peak may take the whole memory
 };
 
 struct Pacing {
@@ -186,6 +198,9 @@ class DualScanner : public AdmissionStream {
 
   const Plan& plan_;
   const CostModel& cost_;
+  double prefill_credit_[2] = {0, 0};  // Alg. 3's C_L / C_R banked, in prompt tokens
+  int64_t unpaced_running_ = 0;        // handed out, not finished (pacing off)
+  int64_t credited_step_ = -1;
   std::vector<int32_t> order_;     // the plan's order; the left cursor eats it from the front
   std::vector<int32_t> group_of_;  // group index of each position of order_
   std::vector<double> reservation_;

@@ -96,17 +96,22 @@ void AdmissionSource::make_plan() {
   plan_options.policy = options_.policy;
   plan_ = std::make_unique<Plan>(plan::make_plan(*tree_, cost_, plan_options));
   if (num_sampled_ == 0) sharing_optimal_ = plan_->optimal_sharing_ratio;
-  if (options_.policy == Policy::kBlend)
-    stream_ =
-        std::make_unique<DualScanner>(*plan_, planned_, cost_, options_.kv_memory_bytes, 128,
-                                      PacingOptions{.enabled = options_.capacity_pacing,
-                                                    .max_step_tokens = options_.max_step_tokens});
-  else  // fcfs: no reservations; the engine's scheduler admits, as `blend batch --policy fcfs`
-    // (and vLLM, SGLang) do. dfs and random: the plan's order within reservations.
+  if (blend_planned(options_.policy)) {
+    // blend@alg3 is never paced: it is the published algorithm.
+    const bool alg3 = options_.policy == Policy::kBlendAlg3;
+    PacingOptions pacing = options_.pacing;
+    pacing.enabled = pacing.enabled && !alg3;
+    pacing.prefill_budgets = alg3;
+    pacing.max_step_tokens = options_.max_step_tokens;
+    stream_ = std::make_unique<DualScanner>(*plan_, planned_, cost_, options_.kv_memory_bytes, 128,
+                                            pacing);
+  } else {  // fcfs: no reservations; the engine's scheduler admits, as `blend batch --policy
+    // fcfs` (and vLLM, SGLang) do. dfs and random: the plan's order within reservations.
     stream_ = std::make_unique<OrderedStream>(*plan_, planned_, cost_,
                                               options_.policy == Policy::kFcfs
                                                   ? std::numeric_limits<double>::infinity()
                                                   : options_.kv_memory_bytes);
+  }
   phase_ = Phase::kStreaming;
 }
 

@@ -35,8 +35,10 @@ struct SourceRequest {
 
 struct SourceOptions {
   Policy policy = Policy::kBlend;
-  double kv_memory_bytes = 0;      // the KV reservations the stream admits against
-  bool capacity_pacing = true;     // blend: the dual scanner's pacing (plan/admission.h)
+  double kv_memory_bytes = 0;  // the KV reservations the stream admits against
+  // blend: the dual scanner's capacity pacing (plan/admission.h); its max_step_tokens is
+  // replaced by the one below.
+  PacingOptions pacing;
   int32_t max_step_tokens = 2048;  // the engine's step budget: the pacing's b never exceeds it
   double sample_fraction = 0;      // §5.1's p; 0 = no sampling pass (the callers' estimates)
   uint64_t sample_seed = 0;        // which requests are sampled

@@ -65,7 +65,8 @@ Policy parse_policy(const std::string& name) {
   if (name == "dfs") return Policy::kDfs;
   if (name == "fcfs") return Policy::kFcfs;
   if (name == "random") return Policy::kRandom;
-  throw Error("--policy must be blend, dfs, fcfs or random, not \"" + name + "\"");
+  if (name == "blend@alg3") return Policy::kBlendAlg3;
+  throw Error("--policy must be blend, blend@alg3, dfs, fcfs or random, not \"" + name + "\"");
 }
 
 const char* policy_name(Policy policy) {
@@ -78,6 +79,8 @@ const char* policy_name(Policy policy) {
       return "fcfs";
     case Policy::kRandom:
       return "random";
+    case Policy::kBlendAlg3:
+      return "blend@alg3";
   }
   return "?";
 }
@@ -176,7 +179,7 @@ Plan make_plan(PrefixTree& tree, const CostModel& cost, const PlanOptions& optio
   plan.optimal_sharing_ratio = tree.optimal_sharing_ratio();
   const int32_t n = static_cast<int32_t>(tree.requests().size());
 
-  if (options.policy != Policy::kBlend) {
+  if (!blend_planned(options.policy)) {
     RequestGroup g;
     g.stats = plan.root;
     if (options.policy == Policy::kDfs) {

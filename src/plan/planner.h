@@ -46,9 +46,15 @@ std::vector<DemandStats> annotate_tree(const PrefixTree& tree, const CostModel& 
 // Step 2 (Alg. 1): sorts every node's children by descending density, ties kept stable.
 void layer_sort(PrefixTree& tree, const std::vector<DemandStats>& stats);
 
-enum class Policy { kBlend, kDfs, kFcfs, kRandom };
+// kBlendAlg3 ("blend@alg3") is blend's plan admitted by Alg. 3 exactly as published (C_L / C_R
+// prefill budgets; plan/admission.h); kBlend admits it with capacity pacing, our extension.
+enum class Policy { kBlend, kDfs, kFcfs, kRandom, kBlendAlg3 };
 Policy parse_policy(const std::string& name);  // throws blend::Error
 const char* policy_name(Policy policy);
+// Whether the policy orders requests by BlendServe's plan (sorted, split, dual-scanned).
+inline bool blend_planned(Policy policy) {
+  return policy == Policy::kBlend || policy == Policy::kBlendAlg3;
+}
 
 struct PlanOptions {
   Policy policy = Policy::kBlend;

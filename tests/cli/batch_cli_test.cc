@@ -327,7 +327,7 @@ TEST_F(BatchCli, PlannedOrdersGiveTheSameResults) {
     }
   testing::write_file(work / "in.jsonl", input);
   std::map<std::string, std::map<std::string, std::string>> texts;
-  for (const std::string policy : {"fcfs", "blend", "dfs", "random"}) {
+  for (const std::string policy : {"fcfs", "blend", "blend@alg3", "dfs", "random"}) {
     const auto out = work / ("out-" + policy + ".jsonl");
     const auto st = work / ("stats-" + policy + ".json");
     const auto r =
@@ -556,7 +556,7 @@ TEST_F(BatchCli, KvExhaustionUnderEveryPolicyCompletesEveryLine) {
   const auto expected = texts(work / "roomy.jsonl");
   ASSERT_EQ(expected.size(), static_cast<size_t>(n));
   // About 16 pages of 16 tokens of the tiny model: room for 4-5 of the 12 lines at once.
-  for (const std::string policy : {"fcfs", "blend", "dfs", "random"}) {
+  for (const std::string policy : {"fcfs", "blend", "blend@alg3", "dfs", "random"}) {
     const auto out = work / ("tight-" + policy + ".jsonl");
     const auto r = testing::run_command(
         batch_cmd(in, out.string(), "--policy " + policy + " 2>&1", "0.00007"));

@@ -561,5 +561,66 @@ TEST(CapacityPacing, ShortMemoryIntensiveRequestsDoNotSetTheLongOnesSpacing) {
   expect_first_ends_apart(long_ends, 9, spacing);
 }
 
+// blend@alg3 (Alg. 3 as published): each side admits C = N p / d prompt tokens a step, the rate
+// that keeps its N requests running with their ends spread; without the budgets a side fills
+// its memory at once.
+TEST(DualScanner, Alg3AdmitsEachSideAtItsChunkedPrefillBudget) {
+  const CostModel cost = llama8b_a100();
+  std::vector<PlanRequest> rs;
+  add_unique(rs, 3000, 1000, 100);  // compute-intensive
+  add_unique(rs, 600, 50, 2000);    // memory-intensive
+  PrefixTree tree(rs);
+  const Plan plan = make_plan(tree, cost, PlanOptions{.policy = Policy::kBlendAlg3});
+  const double memory = 400'000 * cost.kv_bytes_per_token_per_device();
+  struct Admitted {
+    double left_prompt = 0;
+    int right = 0;
+    double budget_left = 0, budget_right = 0;
+  };
+  // Steps `steps` steps of an engine that runs every admitted request a token a step.
+  auto run = [&](bool budgets, int steps) {
+    DualScanner scanner(plan, rs, cost, memory, 128,
+                        PacingOptions{.enabled = false, .prefill_budgets = budgets});
+    Admitted a;
+    std::vector<std::pair<int32_t, double>> running;  // (request, tokens left)
+    for (int step = 0; step < steps; ++step) {
+      scanner.on_step(step);
+      if (step == 0) {
+        a.budget_left = scanner.partition().prefill_budget_left;
+        a.budget_right = scanner.partition().prefill_budget_right;
+      }
+      while (auto r = scanner.next()) {
+        const auto& q = rs[static_cast<size_t>(*r)];
+        if (scanner.last_side() == Side::kLeft)
+          a.left_prompt += static_cast<double>(q.prompt.size());
+        else
+          ++a.right;
+        running.emplace_back(*r, q.output_tokens);
+      }
+      for (size_t k = 0; k < running.size();) {
+        if (--running[k].second <= 0) {
+          scanner.on_finished(running[k].first);
+          running[k] = running.back();
+          running.pop_back();
+        } else {
+          ++k;
+        }
+      }
+    }
+    return a;
+  };
+  const int steps = 400;
+  const Admitted alg3 = run(true, steps);
+  ASSERT_GT(alg3.budget_left, 200);   // a prompt every few steps...
+  ASSERT_GT(alg3.budget_right, 0.2);  // ...and one memory-intensive request every few steps
+  ASSERT_LT(alg3.budget_right, 50);
+  // What the budgets let in over the steps, give or take one request and two banked steps.
+  EXPECT_NEAR(alg3.left_prompt, steps * alg3.budget_left, 1000 + 2 * alg3.budget_left);
+  EXPECT_NEAR(alg3.right * 50.0, steps * alg3.budget_right, 50 + 2 * alg3.budget_right);
+  // Reservations alone take the right side's whole memory share at the first step.
+  const Admitted reservations = run(false, 1);
+  EXPECT_GT(reservations.right * 50.0, 20 * alg3.budget_right);
+}
+
 }  // namespace
 }  // namespace blend::plan
