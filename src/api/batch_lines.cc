@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "core/error.h"
+
 namespace blend {
 namespace {
 
@@ -24,10 +26,11 @@ void check_line(const BatchInputLine& line, const BatchLineContext& context,
   if (auto s = body.find("stream"); s != body.end() && *s == true)
     throw ApiError(400, "a batch request cannot be streamed ('stream' must be false)", "stream");
   RequestLimits limits;
-  limits.max_prompt_bytes = context.max_prompt_bytes;
+  limits.max_prompt_bytes = served.max_prompt_bytes;
   limits.sampling_defaults = served.sampling_defaults;
-  limits.grammars = context.grammars;
-  out.api = parse_api_request(endpoint, body, *context.tokenizer, served.chat_template, limits);
+  limits.grammars = served.grammars;
+  if (!served.tokenizer) throw Error("batch line context: the model has no tokenizer attached");
+  out.api = parse_api_request(endpoint, body, *served.tokenizer, served.chat_template, limits);
   out.api.model_id = model;
   check_context(out.api, body, context.max_sequence_tokens);
   out.generation.id = line.custom_id;

@@ -32,16 +32,13 @@ class Tokenizer;
 
 // What every line of one batch is checked against.
 struct BatchLineContext {
-  const Tokenizer* tokenizer = nullptr;  // every served model's (they share one)
-  // The models lines may name, by ModelId: names, chat templates, sampling defaults.
+  // The models lines may name, by ModelId: names, chat templates, sampling defaults, and the
+  // text each reads lines with (tokenizer, schema compiler, prompt limit: attach_model_text).
   std::vector<ServedModel> models;
-  bool any_model_name = false;      // one model, taken whatever name a line gives
-  int64_t max_sequence_tokens = 0;  // the engine's (context and KV memory)
-  // max_prompt_bytes(tokenizer, max_sequence_tokens), computed once per engine.
-  int64_t max_prompt_bytes = 0;
+  bool any_model_name = false;       // one model, taken whatever name a line gives
+  int64_t max_sequence_tokens = 0;   // the engine's (context and KV memory)
   std::optional<Endpoint> endpoint;  // the batch's; unset = each line's url decides
   RequestClass request_class = RequestClass::kBestEffort;
-  GrammarCompiler* grammars = nullptr;  // response_format schemas (RequestLimits::grammars)
 };
 
 struct PreparedBatchLine {

@@ -3,6 +3,9 @@
 #include <nlohmann/json.hpp>
 
 #include "api/api_error.h"
+#include "api/openai.h"
+#include "core/error.h"
+#include "grammar/json_schema.h"
 
 namespace blend {
 
@@ -11,6 +14,28 @@ std::optional<ModelId> find_served_model(std::span<const ServedModel> models,
   for (size_t i = 0; i < models.size(); ++i)
     if (models[i].name == name) return static_cast<ModelId>(i);
   return std::nullopt;
+}
+
+std::vector<std::unique_ptr<GrammarCompiler>> attach_model_text(std::span<ServedModel> served,
+                                                                std::span<const ModelText> text,
+                                                                int64_t max_sequence_tokens) {
+  if (served.size() != text.size()) throw Error("attach_model_text: one text per served model");
+  std::vector<std::unique_ptr<GrammarCompiler>> compilers;
+  std::vector<GrammarCompiler*> of_owner(served.size(), nullptr);
+  for (size_t m = 0; m < served.size(); ++m) {
+    const ModelText& t = text[m];
+    const auto owner = static_cast<size_t>(t.owner);
+    if (owner > m || !t.tokenizer) throw Error("attach_model_text: a model's text is incomplete");
+    if (owner == m) {
+      compilers.push_back(std::make_unique<GrammarCompiler>(
+          *t.tokenizer, static_cast<int32_t>(t.vocab_size), t.eos_token_ids));
+      of_owner[m] = compilers.back().get();
+    }
+    served[m].tokenizer = t.tokenizer;
+    served[m].grammars = of_owner[owner];
+    served[m].max_prompt_bytes = max_prompt_bytes(*t.tokenizer, max_sequence_tokens);
+  }
+  return compilers;
 }
 
 ModelId resolve_model(const nlohmann::json& body, std::span<const ServedModel> models,

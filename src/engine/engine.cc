@@ -102,13 +102,16 @@ Engine::Engine(const std::vector<ModelFolder>& models, const EngineOptions& opti
     m.tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_dir(folder.dir));
     models_.push_back(std::move(m));
   }
-  const std::string first_tokenizer =
-      models.size() > 1 ? read_file_bytes(models[0].dir / "tokenizer.json") : "";
-  for (size_t i = 1; i < models.size(); ++i)
-    models_share_tokenizer_ =
-        models_share_tokenizer_ &&
-        read_file_bytes(models[i].dir / "tokenizer.json") == first_tokenizer &&
-        models_[i].config.eos_token_ids == config().eos_token_ids;
+  std::vector<std::string> tokenizer_json;  // read only when there are several models
+  for (size_t i = 0; i < models.size() && models.size() > 1; ++i)
+    tokenizer_json.push_back(read_file_bytes(models[i].dir / "tokenizer.json"));
+  for (size_t i = 0; i < models.size(); ++i) {
+    size_t owner = 0;
+    while (owner < i && (tokenizer_json[owner] != tokenizer_json[i] ||
+                         models_[owner].config.eos_token_ids != models_[i].config.eos_token_ids))
+      ++owner;
+    tokenizer_owner_.push_back(static_cast<ModelId>(owner));
+  }
   if (options.max_model_len < 0 || options.max_model_len > config().max_position_embeddings)
     throw Error("max_model_len " + std::to_string(options.max_model_len) + " is outside [1, " +
                 std::to_string(config().max_position_embeddings) +
@@ -135,6 +138,7 @@ Engine::Engine(std::unique_ptr<Backend> backend, const EngineOptions& options,
   m.config = backend_->config();
   m.tokenizer = std::move(tokenizer);
   models_.push_back(std::move(m));
+  tokenizer_owner_ = {0};
   init_kv_and_scheduler();
 }
 

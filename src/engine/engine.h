@@ -4,6 +4,7 @@
 // result per request through a callback, in the order requests finish.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -122,7 +123,8 @@ class Engine {
 
   // The first model's config; every model shares its architecture.
   const ModelConfig& config() const { return models_[0].config; }
-  const Tokenizer& tokenizer() const { return *models_[0].tokenizer; }  // only when it has one
+  // A model's tokenizer (model 0's by default); only when it has one.
+  const Tokenizer& tokenizer(ModelId model = 0) const { return *models_.at(model).tokenizer; }
   bool has_tokenizer() const { return models_[0].tokenizer != nullptr; }
   // The models, by ModelId: name ("" for an engine made from a backend), folder, config.
   int32_t num_models() const { return static_cast<int32_t>(models_.size()); }
@@ -134,10 +136,15 @@ class Engine {
     return {m.name, m.dir, m.adapter ? m.adapter->dir() : std::filesystem::path()};
   }
   const ModelConfig& config(ModelId model) const { return models_.at(model).config; }
-  // Whether every model reads text with the first model's tokenizer (byte-identical
-  // tokenizer.json) and ends at its EOS ids: what an API layer tokenizing once, and compiling
-  // one grammar table, for all models needs.
-  bool models_share_tokenizer() const { return models_share_tokenizer_; }
+  // The first model that reads text as `model` does (byte-identical tokenizer.json) and ends at
+  // the same EOS ids: `model` itself when none before it does. Models with one owner can share
+  // what is built over a vocabulary (the grammar compiler's token tables).
+  ModelId tokenizer_owner(ModelId model) const { return tokenizer_owner_.at(model); }
+  // Whether every model reads text with model 0's tokenizer and ends at its EOS ids.
+  bool models_share_tokenizer() const {
+    return std::all_of(tokenizer_owner_.begin(), tokenizer_owner_.end(),
+                       [](ModelId owner) { return owner == 0; });
+  }
   // The backend's weights: bytes in memory, and what models sharing no block would take.
   WeightStats weight_stats() const { return backend_->weight_stats(); }
   // The backend, for tools that drive it directly while the engine holds no request (`blend zoo
@@ -224,7 +231,7 @@ class Engine {
   EngineOptions options_;
   std::vector<Model> models_;  // never empty; the backend holds &models_[0].config
   std::unique_ptr<Backend> backend_;
-  bool models_share_tokenizer_ = true;
+  std::vector<ModelId> tokenizer_owner_;  // per model (tokenizer_owner)
   std::unique_ptr<PagePool> pool_;
   std::unique_ptr<KvTiers> tiers_;  // null without --kv-host-memory / --kv-disk
   std::unique_ptr<KvPageIo> page_io_;

@@ -25,12 +25,8 @@ std::optional<ChatTemplate> load_chat_template(const std::filesystem::path& dir)
 }  // namespace
 
 BatchJob::BatchJob(Engine& engine, BatchJobOptions options)
-    : engine_(engine),
-      options_(std::move(options)),
-      grammars_(engine.tokenizer(), engine.config().vocab_size, engine.config().eos_token_ids) {
+    : engine_(engine), options_(std::move(options)) {
   plan::parse_policy(options_.policy);  // an unknown name fails before any line runs
-  if (!engine_.models_share_tokenizer())
-    throw Error("the models of a run must share one tokenizer (tokenizer.json and EOS ids)");
   if (engine_.num_models() > 1 && !options_.served_model_name.empty())
     throw Error(
         "--served-model-name names the one model of a run; with several models, lines "
@@ -46,9 +42,12 @@ BatchJob::BatchJob(Engine& engine, BatchJobOptions options)
                                .sampling_defaults = &engine_.config(m).sampling_defaults});
   }
   context_.any_model_name = engine_.num_models() == 1 && options_.served_model_name.empty();
-  context_.tokenizer = &engine_.tokenizer();
   context_.max_sequence_tokens = engine_.max_sequence_tokens();
-  context_.max_prompt_bytes = max_prompt_bytes(engine_.tokenizer(), context_.max_sequence_tokens);
+  std::vector<ModelText> text;  // each model reads and writes text with its own tokenizer
+  for (ModelId m = 0; m < engine_.num_models(); ++m)
+    text.push_back({&engine_.tokenizer(m), engine_.config(m).vocab_size,
+                    engine_.config(m).eos_token_ids, engine_.tokenizer_owner(m)});
+  grammars_ = attach_model_text(context_.models, text, context_.max_sequence_tokens);
   if (!options_.endpoint.empty()) {
     try {
       context_.endpoint = parse_endpoint(options_.endpoint);
@@ -56,7 +55,6 @@ BatchJob::BatchJob(Engine& engine, BatchJobOptions options)
       throw Error(std::string("--endpoint: ") + e.what());
     }
   }
-  context_.grammars = &grammars_;
 }
 
 std::vector<PreparedBatchLine> BatchJob::prepare(const std::vector<BatchInputLine>& lines,
@@ -127,9 +125,9 @@ void BatchJob::run(std::vector<PreparedBatchLine> lines, const BatchResultSink& 
     line.samples.push_back(std::move(r));
     if (static_cast<int32_t>(line.samples.size()) < request.n) return;
     const char* prefix = request.endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-";
-    sink.success(it->first,
-                 make_response(request, line.samples, make_id(prefix),
-                               engine_.model_name(request.model_id), created, engine_.tokenizer()));
+    sink.success(it->first, make_response(request, line.samples, make_id(prefix),
+                                          engine_.model_name(request.model_id), created,
+                                          engine_.tokenizer(request.model_id)));
     line_of.erase(it);
     ++stats_.completed;
   };

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -86,7 +87,8 @@ class BatchJob {
   Engine& engine_;
   BatchJobOptions options_;
   std::vector<std::optional<ChatTemplate>> chat_templates_;  // by ModelId
-  GrammarCompiler grammars_;  // response_format schemas of the job's lines, compiled once each
+  // response_format schemas of the job's lines, compiled once each: one compiler per tokenizer.
+  std::vector<std::unique_ptr<GrammarCompiler>> grammars_;
   BatchLineContext context_;
   BatchJobStats stats_;
 };

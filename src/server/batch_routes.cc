@@ -322,15 +322,12 @@ void Server::Impl::start_job(json batch, bool resume) {
   });
 }
 
-BatchLineContext Server::Impl::line_context(const BatchJob& job, const Engine& engine) const {
+BatchLineContext Server::Impl::line_context(const BatchJob& job) const {
   // The checks `blend batch` makes too (api/batch_lines.h), against this batch's endpoint.
   BatchLineContext context;
-  context.tokenizer = &engine.tokenizer();
   context.models = served;
   context.max_sequence_tokens = max_sequence_tokens;
-  context.max_prompt_bytes = max_prompt_bytes_;
   context.request_class = RequestClass::kBestEffort;
-  context.grammars = grammars.get();
   if (job.batch.contains("endpoint") && job.batch["endpoint"].is_string())
     context.endpoint = parse_endpoint(job.batch["endpoint"].get<std::string>());
   return context;
@@ -340,7 +337,7 @@ void Server::Impl::plan_job(BatchJob& job, const std::vector<BatchInputLine>& to
                             std::vector<PreparedBatchLine>& errors) {
   // The engine's immutable parts (tokenizer, limits) may be read from any thread.
   const Engine& engine = loop->engine();
-  const BatchLineContext context = line_context(job, engine);
+  const BatchLineContext context = line_context(job);
   std::vector<plan::SourceRequest> requests;
   for (const BatchInputLine& line : todo) {
     PreparedBatchLine prepared = prepare_batch_line(line, context);
@@ -429,7 +426,7 @@ bool Server::Impl::admit_batch_lines(Engine& engine) {
 
 void Server::Impl::run_line(const std::shared_ptr<BatchJob>& job, Engine& engine,
                             const BatchInputLine& line) {
-  submit_line(job, engine, prepare_batch_line(line, line_context(*job, engine)));
+  submit_line(job, engine, prepare_batch_line(line, line_context(*job)));
 }
 
 void Server::Impl::submit_line(const std::shared_ptr<BatchJob>& job, Engine& engine,
@@ -479,9 +476,9 @@ void Server::Impl::submit_line(const std::shared_ptr<BatchJob>& job, Engine& eng
         if (static_cast<int32_t>(samples->results.size()) < request.n) return;
         const char* prefix = request.endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-";
         const bool written = write_result(job, [&] {
-          job->writer->write_success(
-              id, make_response(request, samples->results, make_id(prefix),
-                                model_name(request.model_id), created, loop->engine().tokenizer()));
+          job->writer->write_success(id, make_response(request, samples->results, make_id(prefix),
+                                                       model_name(request.model_id), created,
+                                                       tokenizer_of(request.model_id)));
         });
         double generated = 0;  // by all the line's samples, for the planner
         for (const GenerationResult& sample : samples->results)

@@ -123,11 +123,11 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
     const ModelId model = model_of(body);
     const ServedModel& served_model = served[static_cast<size_t>(model)];
     RequestLimits limits;
-    limits.max_prompt_bytes = max_prompt_bytes_;
+    limits.max_prompt_bytes = served_model.max_prompt_bytes;
     limits.sampling_defaults = served_model.sampling_defaults;
-    limits.grammars = grammars.get();
-    request = parse_api_request(endpoint, body, loop->engine().tokenizer(),
-                                served_model.chat_template, limits, req.body);
+    limits.grammars = served_model.grammars;
+    request = parse_api_request(endpoint, body, *served_model.tokenizer, served_model.chat_template,
+                                limits, req.body);
     request.model_id = model;
     // Limits the engine would quietly apply become errors, as in vLLM: a client asking for
     // more than fits should know.
@@ -172,7 +172,7 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
       results.push_back(*p->result);
     }
     const json body_out = make_response(request, results, id, model_name(request.model_id), created,
-                                        loop->engine().tokenizer());
+                                        tokenizer_of(request.model_id));
     server_internal::request_log().prompt_tokens = body_out["usage"]["prompt_tokens"];
     server_internal::request_log().completion_tokens = body_out["usage"]["completion_tokens"];
     res.set_content(body_out.dump(-1, ' ', false, json::error_handler_t::replace),
@@ -190,9 +190,10 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
   };
   auto choices = std::make_shared<std::vector<Choice>>();
   for (int32_t i = 0; i < request.n; ++i)
-    choices->push_back({ps[static_cast<size_t>(i)],
-                        std::make_unique<StreamChunks>(request, id, model_name(request.model_id),
-                                                       created, loop->engine().tokenizer(), i)});
+    choices->push_back(
+        {ps[static_cast<size_t>(i)],
+         std::make_unique<StreamChunks>(request, id, model_name(request.model_id), created,
+                                        tokenizer_of(request.model_id), i)});
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",

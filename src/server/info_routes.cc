@@ -83,8 +83,8 @@ void Server::Impl::tokenize(const httplib::Request& req, httplib::Response& res)
       if (key != "model" && key != "prompt" && key != "messages" && key != "return_token_strs")
         throw ApiError(400, "'" + key + "' is not supported by /tokenize", key);
     RequestLimits limits;
-    limits.max_prompt_bytes = max_prompt_bytes_;
-    const Tokenizer& tokenizer = loop->engine().tokenizer();
+    limits.max_prompt_bytes = served[static_cast<size_t>(model)].max_prompt_bytes;
+    const Tokenizer& tokenizer = tokenizer_of(model);
     const ApiRequest parsed =
         parse_api_request(chat ? Endpoint::kChatCompletions : Endpoint::kCompletions, request,
                           tokenizer, served[static_cast<size_t>(model)].chat_template, limits);
@@ -110,11 +110,11 @@ void Server::Impl::detokenize(const httplib::Request& req, httplib::Response& re
   try {
     const json body = parse_client_json(req.body, "the request body");
     if (!body.is_object()) throw ApiError(400, "the body must be a JSON object");
-    model_of(body);  // an unknown model is a 404 here too
+    const ModelId model = model_of(body);  // an unknown model is a 404 here too
     auto t = body.find("tokens");
     if (t == body.end() || !t->is_array())
       throw ApiError(400, "'tokens' must be an array of token ids", "tokens");
-    const Tokenizer& tokenizer = loop->engine().tokenizer();
+    const Tokenizer& tokenizer = tokenizer_of(model);
     const int64_t vocab = loop->engine().config().vocab_size;
     std::vector<TokenId> ids;
     for (const json& x : *t) {

@@ -145,8 +145,6 @@ Server::Impl::Impl(const ServerOptions& o) : options(o) {
   if (!(options.batch_sample_fraction >= 0 && options.batch_sample_fraction <= 1))
     throw Error("the batch sample fraction must be in [0, 1]");
   auto engine = std::make_unique<Engine>(folders, options.engine);
-  if (!engine->models_share_tokenizer())
-    throw Error("the served models must share one tokenizer (tokenizer.json and EOS ids)");
   for (ModelId m = 0; m < engine->num_models(); ++m) {
     const auto& chat_template = chat_templates[static_cast<size_t>(m)];
     const ModelFolder& folder = folders[static_cast<size_t>(m)];
@@ -163,9 +161,11 @@ Server::Impl::Impl(const ServerOptions& o) : options(o) {
   }
   check_compute_dtype(options.dtype, *engine, options.engine.backend, folders[0].dir);
   max_sequence_tokens = engine->max_sequence_tokens();
-  max_prompt_bytes_ = max_prompt_bytes(engine->tokenizer(), max_sequence_tokens);
-  grammars = std::make_unique<GrammarCompiler>(engine->tokenizer(), engine->config().vocab_size,
-                                               engine->config().eos_token_ids);
+  std::vector<ModelText> text;  // each model reads and writes text with its own tokenizer
+  for (ModelId m = 0; m < engine->num_models(); ++m)
+    text.push_back({&engine->tokenizer(m), engine->config(m).vocab_size,
+                    engine->config(m).eos_token_ids, engine->tokenizer_owner(m)});
+  grammar_compilers = attach_model_text(served, text, max_sequence_tokens);
   if (options.batch_policy != "fcfs") {
     batch_cost.emplace(ModelShape::from_config(engine->config(), served[0].name),
                        options.batch_hardware.empty() ? default_cpu_hardware()

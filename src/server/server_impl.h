@@ -124,9 +124,10 @@ struct Server::Impl {
   // The served model a body names (api/served_models.h): ApiError 404 for an unknown one.
   ModelId model_of(const nlohmann::json& body) const { return resolve_model(body, served); }
   const std::string& model_name(ModelId model) const { return served.at(model).name; }
+  const Tokenizer& tokenizer_of(ModelId model) const { return *served.at(model).tokenizer; }
   int64_t max_sequence_tokens = 0;
-  int64_t max_prompt_bytes_ = 0;              // longer prompt texts are refused before tokenizing
-  std::unique_ptr<GrammarCompiler> grammars;  // response_format schemas, for this model
+  // One per distinct tokenizer; each ServedModel points at its own (and at its tokenizer).
+  std::vector<std::unique_ptr<GrammarCompiler>> grammar_compilers;
   Metrics metrics;
   std::unique_ptr<BatchStore> store;
   std::unique_ptr<EngineLoop> loop;
@@ -190,7 +191,7 @@ struct Server::Impl {
   void file_delete(const httplib::Request& req, httplib::Response& res);
   void batch_cancel(const httplib::Request& req, httplib::Response& res);
   void start_job(nlohmann::json batch, bool resume);
-  BatchLineContext line_context(const BatchJob& job, const Engine& engine) const;
+  BatchLineContext line_context(const BatchJob& job) const;
   // Tokenizes and plans the lines of a planned job (on the caller's thread); the lines that
   // fail go back in `errors`.
   void plan_job(BatchJob& job, const std::vector<BatchInputLine>& todo,

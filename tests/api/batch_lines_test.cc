@@ -14,11 +14,12 @@ class BatchLinesTest : public Llama3TextTest {
  protected:
   static BatchLineContext context() {
     BatchLineContext c;
-    c.tokenizer = tokenizer_;
-    c.models = {{.name = "tiny", .chat_template = template_}};
-    c.any_model_name = true;
     c.max_sequence_tokens = 64;
-    c.max_prompt_bytes = max_prompt_bytes(*tokenizer_, c.max_sequence_tokens);
+    c.models = {{.name = "tiny",
+                 .chat_template = template_,
+                 .tokenizer = tokenizer_,
+                 .max_prompt_bytes = max_prompt_bytes(*tokenizer_, c.max_sequence_tokens)}};
+    c.any_model_name = true;
     return c;
   }
   // Reads `text` as a one-line batch file, so the line goes through the same reader.
@@ -107,7 +108,10 @@ TEST_F(BatchLinesTest, EachCheckGivesAnErrorResultNamingTheField) {
       0);
 
   // Several served models: a line runs on the one it names, or the first when it names none.
-  c.models.push_back({.name = "tuned", .chat_template = nullptr});
+  c.models.push_back({.name = "tuned",
+                      .chat_template = nullptr,
+                      .tokenizer = tokenizer_,
+                      .max_prompt_bytes = c.models[0].max_prompt_bytes});
   PreparedBatchLine on_tuned =
       prepare_batch_line(line(completion(R"({"model":"tuned","prompt":"x"})")), c);
   EXPECT_FALSE(on_tuned.error.has_value());

@@ -195,11 +195,15 @@ TEST_F(MultiModel, BadModelsAndModelIdsAreRefused) {
 
   Engine both({{"base", base()}, {"tuned", tuned()}}, options());
   EXPECT_TRUE(both.models_share_tokenizer());
-  // Another tokenizer.json: the engine serves it, but an API layer tokenizing once must refuse.
+  EXPECT_EQ(both.tokenizer_owner(1), 0);
+  // Another tokenizer.json: the engine serves it with its own tokenizer; a model with the
+  // first's shares the first's.
   std::filesystem::copy(tuned(), other / "retok");
   { std::ofstream(other / "retok" / "tokenizer.json", std::ios::app) << "\n"; }
-  EXPECT_FALSE(
-      Engine({{"base", base()}, {"retok", other / "retok"}}, options()).models_share_tokenizer());
+  const Engine three({{"base", base()}, {"retok", other / "retok"}, {"tuned", tuned()}}, options());
+  EXPECT_FALSE(three.models_share_tokenizer());
+  EXPECT_EQ(three.tokenizer_owner(1), 1);
+  EXPECT_EQ(three.tokenizer_owner(2), 0);
   GenerationRequest r = request("x", 1, 8, 2);
   EXPECT_THROW(both.check_request(r), Error);
   r.model = -1;

@@ -21,11 +21,13 @@ namespace {
 const blend::BatchLineContext& line_context() {
   static const blend::BatchLineContext context = [] {
     blend::BatchLineContext c;
-    c.tokenizer = &blend::fuzz::llama3_tokenizer();
-    c.models = {{.name = "tiny", .chat_template = &blend::fuzz::llama3_chat_template()}};
     c.max_sequence_tokens = 4096;
-    c.max_prompt_bytes = blend::max_prompt_bytes(*c.tokenizer, c.max_sequence_tokens);
-    c.grammars = &blend::fuzz::llama3_grammars();
+    const blend::Tokenizer& tokenizer = blend::fuzz::llama3_tokenizer();
+    c.models = {{.name = "tiny",
+                 .chat_template = &blend::fuzz::llama3_chat_template(),
+                 .tokenizer = &tokenizer,
+                 .grammars = &blend::fuzz::llama3_grammars(),
+                 .max_prompt_bytes = blend::max_prompt_bytes(tokenizer, c.max_sequence_tokens)}};
     return c;
   }();
   return context;

@@ -346,16 +346,47 @@ TEST_F(ServerTest, AZooServesEachModelByItsName) {
   EXPECT_EQ(missing["error"]["code"], "model_not_found");
   server.reset();
 
-  // Models whose tokenizers differ are refused at start-up (requests are tokenized once).
+  // A fine-tune whose tokenizer gives a reserved token a name, as chat fine-tunes do: each model
+  // reads and writes text with its own tokenizer.
   const auto mixed = *dir_ / "zoo-mixed";
   std::filesystem::create_directories(mixed);
   std::filesystem::copy(zoo / "alpha", mixed / "alpha");
   std::filesystem::copy(zoo / "beta", mixed / "beta");
-  std::ofstream(mixed / "beta" / "tokenizer.json", std::ios::app) << "\n";
-  ServerOptions refused = options("zoo-mixed-data");
-  refused.model.clear();
-  refused.zoo = mixed;
-  EXPECT_THROW(Server{refused}, Error);
+  {
+    std::string tok = testing::read_file(mixed / "beta" / "tokenizer.json");
+    const std::string reserved = "<|reserved_special_token_2|>";
+    const size_t at = tok.find(reserved);
+    ASSERT_NE(at, std::string::npos);
+    tok.replace(at, reserved.size(), "<|im_start|>");
+    ASSERT_EQ(tok.find(reserved), std::string::npos);  // named once (the added token)
+    testing::write_file(mixed / "beta" / "tokenizer.json", tok);
+  }
+  ServerOptions mixed_options = options("zoo-mixed-data");
+  mixed_options.model.clear();
+  mixed_options.zoo = mixed;
+  {
+    auto mixed_server = start(mixed_options);
+    auto mc = client(*mixed_server);
+    std::map<std::string, json> ids;
+    for (const std::string model : {"alpha", "beta"}) {
+      const json t =
+          post(mc, "/tokenize", {{"model", model}, {"prompt", "<|im_start|>user"}}, &status);
+      ASSERT_EQ(status, 200) << t.dump();
+      ids[model] = t["tokens"];
+      const json r = complete(mc, model, &status);
+      ASSERT_EQ(status, 200) << r.dump();
+      EXPECT_EQ(r["choices"][0]["text"], text[model]) << model;  // the same prompt ids
+    }
+    // beta reads the name as its one token; alpha as text.
+    EXPECT_LT(ids["beta"].size(), ids["alpha"].size()) << ids["alpha"] << " " << ids["beta"];
+    EXPECT_NE(std::find(ids["beta"].begin(), ids["beta"].end(), json(128004)), ids["beta"].end())
+        << ids["beta"];
+    const json back = post(mc, "/detokenize", {{"model", "beta"}, {"tokens", {128004}}}, &status);
+    EXPECT_EQ(back["prompt"], "<|im_start|>");
+    const json alpha_back =
+        post(mc, "/detokenize", {{"model", "alpha"}, {"tokens", {128004}}}, &status);
+    EXPECT_EQ(alpha_back["prompt"], "<|reserved_special_token_2|>");
+  }
 
   for (const std::string model : {"alpha", "beta"}) {
     ServerOptions alone = options("zoo-alone-" + model);
