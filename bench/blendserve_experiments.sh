@@ -226,15 +226,15 @@ if [[ " ${PARTS[*]} " == *" ablation "* ]]; then  # issue 27: Alg. 3 as publishe
     POLICIES=blend simulate "$name" "$w" llama-3-8b 1 a100-80g --no-capacity-pacing |
       sed "s/^/reservations,2048,/" >>"$csv"
     POLICIES=blend simulate "$name" "$w" llama-3-8b 1 a100-80g | sed "s/^/pacing,paced,/" >>"$csv"
-    for rule in budget spacing floor; do
+    for rule in budget spacing floor floor,spacing; do
       POLICIES=blend simulate "$name" "$w" llama-3-8b 1 a100-80g --pacing-without "$rule" |
-        sed "s/^/without-$rule,paced,/" >>"$csv"
+        sed "s/^/without-${rule/,/+},paced,/" >>"$csv"
     done
   done <<<"$TRACE_TABLE"
   python3 - "$csv" <<'PY' | tee "$OUT_DIR/ablation.txt"
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
-rules = ["budget", "spacing", "floor"]
+rules = ["budget", "spacing", "floor", "floor+spacing"]
 print("| trace | published (blend@alg3): best budget | tok/s | of T_o | reservations only (2048) "
       "| of T_o | capacity pacing (ours) | of T_o | pacing / published | "
       + " | ".join(f"pacing without {r}" for r in rules) + " |")

@@ -51,6 +51,7 @@ struct SimulateArgs {
   bool json = false;  // one JSON object per run instead of a readable line
   bool capacity_pacing = true;
   std::vector<std::string> pacing_without;  // pacing's rules dropped, for the ablation
+  std::optional<double> split_threshold;    // Alg. 2's t, tokens (unset: 99% of s_o kept)
   int32_t data_parallel = 1;  // replicas (BlendServe §5.5): the batch partitioned across them
 };
 
@@ -189,14 +190,17 @@ void run_simulate(const SimulateArgs& args) {
   const CostModel planner_cost(
       *shape, args.planner_hardware.empty() ? hw : resolve_hardware(args.planner_hardware));
   const double kv_memory = simulated_kv_memory_bytes(hw, *shape, args.kv_memory_gb);
-  plan::PacingOptions pacing{.enabled = args.capacity_pacing};
+  plan::PlannerKnobs planner{.pacing = {.enabled = args.capacity_pacing},
+                             .split_threshold_tokens = args.split_threshold};
+  if (args.split_threshold && !(*args.split_threshold >= 0))
+    throw Error("--split-threshold must be a number of tokens >= 0");
   for (const std::string& rule : args.pacing_without) {
     if (rule == "budget")
-      pacing.step_budget = false;
+      planner.pacing.step_budget = false;
     else if (rule == "spacing")
-      pacing.end_spacing = false;
+      planner.pacing.end_spacing = false;
     else if (rule == "floor")
-      pacing.left_floor = false;
+      planner.pacing.left_floor = false;
     else
       throw Error("--pacing-without takes budget, spacing or floor, not \"" + rule + "\"");
   }
@@ -249,7 +253,7 @@ void run_simulate(const SimulateArgs& args) {
       SimBackend& sim = *backend;
       Engine engine(std::move(backend), eo);
       PlannedRunStats st = run_planned(engine, part, policy, planner_cost, kv_memory, {},
-                                       args.sampling, pacing, &sim.tokens());
+                                       args.sampling, planner, &sim.tokens());
       if (!args.step_trace.empty())
         write_step_trace(step_trace_path(args.step_trace, entry), sim.steps(),
                          args.step_trace_every);
@@ -372,6 +376,9 @@ void register_simulate_command(CLI::App& app) {
                 "blend: the dual scanner without capacity pacing or Alg. 3's prefill budgets "
                 "(memory split by density only, each side filling its M_L / M_R at once; the "
                 "engine's fixed step budget); blend@alg3 adds the budgets");
+  cmd->add_option("--split-threshold", args->split_threshold,
+                  "blend: Alg. 2's split threshold t in recomputed prompt tokens (default: 1% of "
+                  "the shared tokens, halved until the plan keeps 99% of the optimal sharing)");
   cmd->add_option("--pacing-without", args->pacing_without,
                   "blend: capacity pacing without these of its rules, for the ablation "
                   "(comma-separated): budget (the engine's fixed step budget), spacing (no end "

@@ -51,7 +51,7 @@ void submit(Engine& engine, const OfflineRequest& q, SimTokenSource* sim_tokens,
 PlannedRunStats run_planned(Engine& engine, const std::vector<OfflineRequest>& requests,
                             plan::Policy policy, const CostModel& cost, double kv_memory_bytes,
                             const std::function<void(GenerationResult&&)>& on_result,
-                            const SamplingOptions& sampling, const plan::PacingOptions& pacing,
+                            const SamplingOptions& sampling, const plan::PlannerKnobs& planner,
                             SimTokenSource* sim_tokens) {
   if (requests.empty()) throw Error("no requests to run");
   const double t_start = engine.clock_seconds();
@@ -71,7 +71,7 @@ PlannedRunStats run_planned(Engine& engine, const std::vector<OfflineRequest>& r
   plan::AdmissionSource source(std::move(source_requests), cost,
                                {.policy = policy,
                                 .kv_memory_bytes = kv_memory_bytes,
-                                .pacing = pacing,
+                                .planner = planner,
                                 .max_step_tokens = engine_step_tokens,
                                 .sample_fraction = sampling.fraction,
                                 .sample_seed = sampling.seed});

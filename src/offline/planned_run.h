@@ -13,7 +13,7 @@
 #include "backend/sim/sim_backend.h"
 #include "cost/cost_model.h"
 #include "engine/engine.h"
-#include "plan/admission.h"
+#include "plan/admission_source.h"
 #include "plan/planner.h"
 
 namespace blend {
@@ -61,15 +61,15 @@ struct PlannedRunStats {
 
 // Runs every request through `engine`, admitted in `policy`'s plan order and pace against
 // `kv_memory_bytes` of KV reservations. `on_result` sees each result as it finishes. With
-// `pacing.enabled` (blend only; plan/admission.h: capacity pacing, ours) the dual scanner also
-// sets each step's token budget, up to the engine's own; without it the scanner admits by the
-// M_L / M_R reservations alone (blend@alg3 is Alg. 3 as published). Requests with a
+// `planner.pacing.enabled` (blend only; plan/admission.h: capacity pacing, ours) the dual scanner
+// also sets each step's token budget, up to the engine's own; without it the scanner admits by
+// the M_L / M_R reservations alone (blend@alg3 is Alg. 3 as published). Requests with a
 // simulated_output_tokens need `sim_tokens`, the simulator's token source.
 PlannedRunStats run_planned(Engine& engine, const std::vector<OfflineRequest>& requests,
                             plan::Policy policy, const CostModel& cost, double kv_memory_bytes,
                             const std::function<void(GenerationResult&&)>& on_result = {},
                             const SamplingOptions& sampling = {},
-                            const plan::PacingOptions& pacing = {},
+                            const plan::PlannerKnobs& planner = {},
                             SimTokenSource* sim_tokens = nullptr);
 
 enum class Overlap { kSequential, kOverlapped };

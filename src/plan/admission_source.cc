@@ -94,12 +94,13 @@ void AdmissionSource::make_plan() {
   tree_ = std::make_unique<PrefixTree>(planned_);
   PlanOptions plan_options;
   plan_options.policy = options_.policy;
+  plan_options.split_threshold_tokens = options_.planner.split_threshold_tokens;
   plan_ = std::make_unique<Plan>(plan::make_plan(*tree_, cost_, plan_options));
   if (num_sampled_ == 0) sharing_optimal_ = plan_->optimal_sharing_ratio;
   if (blend_planned(options_.policy)) {
     // blend@alg3 is never paced: it is the published algorithm.
     const bool alg3 = options_.policy == Policy::kBlendAlg3;
-    PacingOptions pacing = options_.pacing;
+    PacingOptions pacing = options_.planner.pacing;
     pacing.enabled = pacing.enabled && !alg3;
     pacing.prefill_budgets = alg3;
     pacing.max_step_tokens = options_.max_step_tokens;

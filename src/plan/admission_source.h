@@ -33,12 +33,16 @@ struct SourceRequest {
   double max_output = std::numeric_limits<double>::infinity();
 };
 
+// What the experiments vary in the planner (defaults: as `blend batch` runs it).
+struct PlannerKnobs {
+  PacingOptions pacing;  // blend's capacity pacing; its max_step_tokens is SourceOptions'
+  std::optional<double> split_threshold_tokens;  // Alg. 2's t (PlanOptions; unset: 99% of s_o)
+};
+
 struct SourceOptions {
   Policy policy = Policy::kBlend;
   double kv_memory_bytes = 0;  // the KV reservations the stream admits against
-  // blend: the dual scanner's capacity pacing (plan/admission.h); its max_step_tokens is
-  // replaced by the one below.
-  PacingOptions pacing;
+  PlannerKnobs planner;
   int32_t max_step_tokens = 2048;  // the engine's step budget: the pacing's b never exceeds it
   double sample_fraction = 0;      // §5.1's p; 0 = no sampling pass (the callers' estimates)
   uint64_t sample_seed = 0;        // which requests are sampled

@@ -81,6 +81,28 @@ TEST(SimulateCli, DataParallelReplicasShareTheWork) {
         << bad;
 }
 
+// The ablation knobs (issue 27): bad values are refused; the baselines do not see them.
+TEST(SimulateCli, AblationKnobsAreCheckedAndLeaveTheBaselinesAlone) {
+  testing::TempDir work;
+  testing::write_file(work / "w.jsonl", mixed_workload());
+  const std::string base = "--hardware h100 --model-shape llama-3-8b --json --workload " +
+                           (work / "w.jsonl").string() + " --policy blend,dfs";
+  const auto plain = testing::run_command(simulate(base));
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  for (const char* knobs : {"--pacing-without budget,spacing,floor", "--split-threshold 0",
+                            "--split-threshold 1e15", "--no-capacity-pacing"}) {
+    const auto r = testing::run_command(simulate(base + " " + knobs));
+    ASSERT_EQ(r.exit_code, 0) << knobs << ": " << r.output;
+    EXPECT_EQ(json_lines(r.output).at(1)["seconds"], json_lines(plain.output).at(1)["seconds"])
+        << knobs;
+  }
+  for (const char* bad : {"--pacing-without bogus", "--split-threshold -1"}) {
+    const auto r = testing::run_command(simulate(base + " " + bad));
+    EXPECT_NE(r.exit_code, 0) << bad;
+    EXPECT_NE(r.output.find(std::string(bad).substr(2, 10)), std::string::npos) << r.output;
+  }
+}
+
 TEST(SimulateCli, OneJsonLinePerPolicyEntry) {
   testing::TempDir work;
   testing::write_file(work / "w.jsonl", mixed_workload());
