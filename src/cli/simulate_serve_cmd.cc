@@ -55,13 +55,16 @@ void run(const SimulateServeArgs& args) {
       eo.scheduler.max_running = args.max_running;
       eo.scheduler.policy = parse_scheduler_policy(policy);
       eo.scheduler.bidirectional_kv = bidirectional_kv_for(args.kv_layout, eo.scheduler.policy);
-      eo.scheduler.iteration_cost = iteration_model_of(cost);
+      eo.scheduler.iteration_cost = iteration_model_of(cost, 16);
       eo.scheduler.hybrid = args.hybrid;
       eo.ttft_slo = w.ttft_slo;
       eo.tpot_slo = w.tpot_slo;
       SimBackendOptions so;
       so.num_pages = static_cast<int64_t>(kv_memory) / page_bytes;
       so.kv_bytes_per_page = page_bytes;
+      // BROS checkpoints, restores and swaps over the host link, copies in device memory.
+      so.swap_seconds_per_page = eo.scheduler.iteration_cost.swap_per_page;
+      so.copy_seconds_per_page = 2 * static_cast<double>(page_bytes) / hw.effective_bandwidth();
       auto backend =
           std::make_unique<SimBackend>(config, so, simulate_step_cost(cost, Overlap::kSequential));
       SimBackend& sim = *backend;
@@ -96,7 +99,8 @@ void run(const SimulateServeArgs& args) {
            s.steps ? static_cast<double>(s.batch_tokens) / static_cast<double>(s.steps) : 0.0},
           {"preemptions", s.preemptions},
           {"kv_shared_pages", s.kv_shared_pages},
-          {"kv_checkpointed_slots", s.kv_checkpointed_slots}};
+          {"kv_checkpointed_slots", s.kv_checkpointed_slots},
+          {"kv_transfer_seconds", sim.totals().transfer}};
       if (args.json) {
         std::printf("%s\n", j.dump().c_str());
       } else {

@@ -70,6 +70,7 @@ void Hardware::validate() const {
   positive(memory_bandwidth, "memory_bandwidth_gb_s");
   positive(network_bandwidth, "network_bandwidth_gb_s");
   positive(memory_bytes, "memory_gb");
+  if (!(host_bandwidth >= 0)) throw Error("hardware profile: host_bandwidth_gb_s must be >= 0");
   positive(compute_efficiency, "fit.compute_efficiency");
   positive(attention_efficiency, "fit.attention_efficiency");
   positive(bandwidth_efficiency, "fit.bandwidth_efficiency");
@@ -87,6 +88,8 @@ Hardware Hardware::from_json(const nlohmann::json& j) {
   h.memory_bandwidth = required(j, "memory_bandwidth_gb_s") * kGiga;
   h.network_bandwidth = required(j, "network_bandwidth_gb_s") * kGiga;
   h.memory_bytes = required(j, "memory_gb") * kGiga;
+  if (j.contains("host_bandwidth_gb_s"))
+    h.host_bandwidth = required(j, "host_bandwidth_gb_s") * kGiga;
   if (j.contains("fit")) {
     const nlohmann::json& fit = j["fit"];
     if (!fit.is_object()) throw Error("hardware profile: \"fit\" must be an object");
@@ -107,6 +110,7 @@ nlohmann::json Hardware::to_json() const {
           {"memory_bandwidth_gb_s", memory_bandwidth / kGiga},
           {"network_bandwidth_gb_s", network_bandwidth / kGiga},
           {"memory_gb", memory_bytes / kGiga},
+          {"host_bandwidth_gb_s", host_bandwidth / kGiga},
           {"fit",
            {{"compute_efficiency", compute_efficiency},
             {"attention_efficiency", attention_efficiency},
@@ -118,10 +122,17 @@ nlohmann::json Hardware::to_json() const {
 
 std::optional<Hardware> find_hardware_preset(std::string_view name) {
   // NanoFlow Table 1: NetBW, FP16 compute, MemBW; memory sizes from the datasheets.
-  if (name == "a100-80g") return preset("a100-80g", 312, 2000, 600, 80);
-  if (name == "a100-40g") return preset("a100-40g", 312, 1555, 600, 40);
-  if (name == "h100") return measured_preset(preset("h100", 989, 3352, 600, 80), kH100Measured);
-  if (name == "h200") return measured_preset(preset("h200", 989, 4800, 900, 141), kH200Measured);
+  // Host links (Hardware::host_bandwidth): assumed, about 80% of PCIe's nominal rate.
+  auto with_host = [](Hardware h, double gb_s) {
+    h.host_bandwidth = gb_s * kGiga;
+    return h;
+  };
+  if (name == "a100-80g") return with_host(preset("a100-80g", 312, 2000, 600, 80), 25);
+  if (name == "a100-40g") return with_host(preset("a100-40g", 312, 1555, 600, 40), 25);
+  if (name == "h100")
+    return with_host(measured_preset(preset("h100", 989, 3352, 600, 80), kH100Measured), 50);
+  if (name == "h200")
+    return with_host(measured_preset(preset("h200", 989, 4800, 900, 141), kH200Measured), 50);
   return std::nullopt;
 }
 

@@ -20,6 +20,11 @@ struct Hardware {
   double memory_bandwidth = 0;   // bytes/s of device memory
   double network_bandwidth = 0;  // bytes/s of the device interconnect (NVLink), for TP
   double memory_bytes = 0;       // device memory size
+  // bytes/s between host and device memory (PCIe), what KV swaps and BROS checkpoints move at;
+  // 0 = unknown (swaps are then free in the simulator). The GPU presets assume 25 GB/s (A100,
+  // PCIe 4.0 x16: 32 nominal) and 50 GB/s (H100 / H200, PCIe 5.0 x16: 64 nominal): assumed from
+  // the link's datasheet rate, not measured.
+  double host_bandwidth = 0;
 
   // Fitted coefficients (1, 1, 0 = the datasheet taken at its word). The achieved rate is the
   // peak times the efficiency; every step pays `step_overhead_seconds` on top.
@@ -44,9 +49,9 @@ struct Hardware {
   void validate() const;
 
   // {"name", "compute_tflops", "memory_bandwidth_gb_s", "network_bandwidth_gb_s",
-  //  "memory_gb", optional "fit": {"compute_efficiency", "attention_efficiency",
-  //  "bandwidth_efficiency", "step_overhead_seconds", "per_logit_row_seconds",
-  //  "overlap_interference"}} with GB = 1e9 bytes.
+  //  "memory_gb", optional "host_bandwidth_gb_s", optional "fit": {"compute_efficiency",
+  //  "attention_efficiency", "bandwidth_efficiency", "step_overhead_seconds",
+  //  "per_logit_row_seconds", "overlap_interference"}} with GB = 1e9 bytes.
   static Hardware from_json(const nlohmann::json& j);
   nlohmann::json to_json() const;
 };

@@ -8,7 +8,7 @@
 
 namespace blend {
 
-IterationCostModel iteration_model_of(const CostModel& cost) {
+IterationCostModel iteration_model_of(const CostModel& cost, int32_t page_tokens) {
   auto time = [&cost](int64_t prefill, int64_t decode, int64_t context) {
     StepShape s;
     s.prefill_tokens = prefill;
@@ -26,6 +26,8 @@ IterationCostModel iteration_model_of(const CostModel& cost) {
   m.decode_per_token -= m.decode_per_context_token;
   m.decode_base =
       std::max(0.0, time(0, 16, 16) - 16 * (m.decode_per_token + m.decode_per_context_token));
+  const double host = cost.hardware().host_bandwidth;
+  if (host > 0) m.swap_per_page = page_tokens * cost.kv_bytes_per_token_per_device() / host;
   return m;
 }
 

@@ -46,8 +46,10 @@ struct IterationCostModel {
 };
 
 // The iteration model the cost model implies (for the simulator, where nothing can be
-// profiled): lines through the cost model's sequential step time at two sizes of each phase.
-IterationCostModel iteration_model_of(const CostModel& cost);
+// profiled): lines through the cost model's sequential step time at two sizes of each phase,
+// and the swap line of `page_tokens`-token pages over the hardware's host link (no fixed cost;
+// free when the link's rate is unknown).
+IterationCostModel iteration_model_of(const CostModel& cost, int32_t page_tokens = 16);
 
 // One request that could take part in the next iteration.
 struct HybridCandidate {

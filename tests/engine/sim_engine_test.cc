@@ -31,6 +31,39 @@ std::unique_ptr<Engine> sim_engine(EngineOptions o, SimBackend** backend_out = n
   return std::make_unique<Engine>(std::move(backend), o);
 }
 
+// KV moved before a step (BROS checkpoints and restores over the host link, page copies) is
+// charged to that step and overlaps it: the step lasts the longer of the two (BROS §4.1).
+TEST(SimEngine, KvMovesOverlapTheStepTheyPrecede) {
+  SimBackend sim(*find_model_preset("tiny"),
+                 SimBackendOptions{.num_pages = 16,
+                                   .kv_bytes_per_page = 4096,
+                                   .record_steps = true,
+                                   .swap_seconds_per_page = 2e-3,
+                                   .copy_seconds_per_page = 1e-4},
+                 toy_cost);
+  ForwardBatch batch;
+  batch.chunks.push_back(SeqChunk{});
+  batch.chunks.back().num_tokens = 10;  // 15 ms a step
+  std::vector<std::byte> image(4096);
+  const PageId pages[] = {1, 2};
+  sim.forward(batch, {});                                              // nothing moved
+  for (int i = 0; i < 3; ++i) sim.write_slots(3, 0, 4, image.data());  // 3 pages
+  sim.read_pages(pages, image.data());                                 // 2 pages
+  sim.copy_page(4, 5);
+  sim.forward(batch, {});  // 10.1 ms of moves: hidden behind the step
+  for (int i = 0; i < 10; ++i) sim.read_slots(6, 0, 16, image.data());
+  sim.forward(batch, {});  // 20 ms of moves: longer than the step
+  sim.forward(batch, {});  // the moves were charged once
+  ASSERT_EQ(sim.steps().size(), 4u);
+  EXPECT_DOUBLE_EQ(sim.steps()[0].transfer, 0);
+  EXPECT_NEAR(sim.steps()[1].transfer, 5 * 2e-3 + 1e-4, 1e-12);
+  EXPECT_NEAR(sim.steps()[1].total, 15e-3, 1e-12);
+  EXPECT_NEAR(sim.steps()[2].total, 20e-3, 1e-12);
+  EXPECT_DOUBLE_EQ(sim.steps()[3].transfer, 0);
+  EXPECT_NEAR(sim.clock_seconds(), 3 * 15e-3 + 20e-3, 1e-12);
+  EXPECT_NEAR(sim.totals().transfer, 5 * 2e-3 + 1e-4 + 20e-3, 1e-12);
+}
+
 TEST(SimEngine, RunsRequestsToTheirLengthOnAVirtualClock) {
   EngineOptions o;
   o.scheduler.max_batch_tokens = 64;

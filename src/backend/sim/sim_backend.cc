@@ -49,13 +49,18 @@ std::vector<SampledToken> SimBackend::wait() {
 
 void SimBackend::forward(const ForwardBatch& batch, std::span<float>) {
   if (options_.num_pages <= 0) throw Error("sim backend: the KV cache must hold at least a page");
-  const SimStepTime t = cost_(batch);
+  SimStepTime t = cost_(batch);
   if (!(t.total >= 0)) throw Error("sim backend: the cost model gave a negative step time");
+  t.transfer = static_cast<double>(pending_swaps_) * options_.swap_seconds_per_page +
+               static_cast<double>(pending_copies_) * options_.copy_seconds_per_page;
+  pending_swaps_ = pending_copies_ = 0;
+  t.total = std::max(t.total, t.transfer);  // overlapped with the step (BROS §4.1)
   clock_ += t.total;
   totals_.compute += t.compute;
   totals_.memory += t.memory;
   totals_.network += t.network;
   totals_.total += t.total;
+  totals_.transfer += t.transfer;
   if (options_.record_steps) steps_.push_back(t);
 }
 

@@ -20,8 +20,11 @@ namespace blend {
 
 // What one step costs, split the way the cost model reasons (DESIGN.md §3); `total` is what the
 // clock advances by (the sum or the overlap of the parts, as the caller's model decides).
+// `transfer`: KV moved beside the step (BROS checkpoints, restores and swaps over the host link,
+// page copies in device memory), which overlaps the step (BROS §4.1: the step lasts the longer
+// of the two, so `total` is at least `transfer`).
 struct SimStepTime {
-  double compute = 0, memory = 0, network = 0, total = 0;
+  double compute = 0, memory = 0, network = 0, total = 0, transfer = 0;
 };
 
 using SimStepCost = std::function<SimStepTime(const ForwardBatch&)>;
@@ -30,6 +33,11 @@ struct SimBackendOptions {
   int64_t num_pages = 0;
   int64_t kv_bytes_per_page = 0;  // the simulated model's, for the engine's KV statistics
   bool record_steps = false;      // keep every step's time (for per-step plots)
+  // What moving KV costs (0: free). A page read or written between host and device (a slot
+  // range of one page counts as the page, the unit `blend profile` fits the swap line in), and a
+  // page copied within device memory.
+  double swap_seconds_per_page = 0;
+  double copy_seconds_per_page = 0;
 };
 
 // The simulated model's tokens. Sequences without a hidden length get the filler token until
@@ -62,11 +70,16 @@ class SimBackend : public Backend {
   void forward(const ForwardBatch& batch, std::span<float> logits) override;
   void launch(StepInput step) override;
   std::vector<SampledToken> wait() override;
-  void copy_page(PageId, PageId) override {}
-  void read_pages(std::span<const PageId>, std::byte*) const override {}
-  void write_pages(std::span<const PageId>, const std::byte*) override {}
-  void read_slots(PageId, int32_t, int32_t, std::byte*) const override {}
-  void write_slots(PageId, int32_t, int32_t, const std::byte*) override {}
+  // Nothing is stored; each move is charged to the next step (SimBackendOptions).
+  void copy_page(PageId, PageId) override { ++pending_copies_; }
+  void read_pages(std::span<const PageId> pages, std::byte*) const override {
+    pending_swaps_ += static_cast<int64_t>(pages.size());
+  }
+  void write_pages(std::span<const PageId> pages, const std::byte*) override {
+    pending_swaps_ += static_cast<int64_t>(pages.size());
+  }
+  void read_slots(PageId, int32_t, int32_t, std::byte*) const override { ++pending_swaps_; }
+  void write_slots(PageId, int32_t, int32_t, const std::byte*) override { ++pending_swaps_; }
   double clock_seconds() const override { return clock_; }
   SimTokenSource& tokens() { return tokens_; }
 
@@ -81,6 +94,8 @@ class SimBackend : public Backend {
   SimBackendOptions options_;
   SimStepCost cost_;
   double clock_ = 0;
+  mutable int64_t pending_swaps_ = 0;  // pages moved over the host link since the last step
+  int64_t pending_copies_ = 0;         // pages copied in device memory since the last step
   SimTokenSource tokens_;
   std::vector<SampledToken> sampled_;
   SimStepTime totals_;
