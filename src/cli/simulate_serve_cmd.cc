@@ -33,6 +33,8 @@ struct SimulateServeArgs {
   std::string traces = workload::default_traces_dir().string();
   online::ServingWorkload workload;
   HybridOptions hybrid;
+  bool fit_iteration_model = false;  // no oracle: fit it from the simulated steps, as serve does
+  double step_noise = 0;             // lognormal sigma on each simulated step's time
   bool json = false;
 };
 
@@ -56,6 +58,11 @@ void run(const SimulateServeArgs& args) {
       eo.scheduler.policy = parse_scheduler_policy(policy);
       eo.scheduler.bidirectional_kv = bidirectional_kv_for(args.kv_layout, eo.scheduler.policy);
       eo.scheduler.iteration_cost = iteration_model_of(cost, 16);
+      const double swap_per_page = eo.scheduler.iteration_cost.swap_per_page;
+      if (args.fit_iteration_model) {  // what serve does without a profile: start from nothing
+        eo.scheduler.fit_iteration_cost = true;
+        eo.scheduler.iteration_cost = {};
+      }
       eo.scheduler.hybrid = args.hybrid;
       eo.ttft_slo = w.ttft_slo;
       eo.tpot_slo = w.tpot_slo;
@@ -63,8 +70,10 @@ void run(const SimulateServeArgs& args) {
       so.num_pages = static_cast<int64_t>(kv_memory) / page_bytes;
       so.kv_bytes_per_page = page_bytes;
       // BROS checkpoints, restores and swaps over the host link, copies in device memory.
-      so.swap_seconds_per_page = eo.scheduler.iteration_cost.swap_per_page;
+      so.swap_seconds_per_page = swap_per_page;
       so.copy_seconds_per_page = 2 * static_cast<double>(page_bytes) / hw.effective_bandwidth();
+      so.step_noise = args.step_noise;
+      so.noise_seed = args.workload.seed;
       auto backend =
           std::make_unique<SimBackend>(config, so, simulate_step_cost(cost, Overlap::kSequential));
       SimBackend& sim = *backend;
@@ -145,6 +154,13 @@ void register_simulate_serve_command(CLI::App& app) {
   cmd->add_option("--tpot-slo", a->workload.tpot_slo, "Seconds")->capture_default_str();
   cmd->add_option("--kv-memory", a->kv_memory_gb, "KV memory per device in GB");
   add_hybrid_flags(cmd, a->hybrid);
+  cmd->add_flag("--fit-iteration-model", a->fit_iteration_model,
+                "hybrid: fit the iteration model from the simulated steps as `blend serve` fits "
+                "it from real ones without --profile (default: the cost model's own, an oracle)");
+  cmd->add_option("--step-noise", a->step_noise,
+                  "Each simulated step's time times a mean-1 lognormal factor of this sigma "
+                  "(default 0: the cost model's time exactly)")
+      ->check(CLI::Range(0.0, 2.0));
   cmd->add_option("--max-batch-tokens", a->max_batch_tokens, "Token budget of one step")
       ->capture_default_str();
   cmd->add_option("--max-running", a->max_running, "Sequences running at once")

@@ -450,7 +450,6 @@ void Engine::launch_step(const StepPlan& plan) {
   using WallClock = std::chrono::steady_clock;
   InFlight f;
   f.started = now();
-  f.wall_started = WallClock::now();
   // What the step costs, for the hybrid policy's online iteration model (sched/iteration_fit).
   f.measure_cost = scheduler_->fits_iteration_cost();
   if (f.measure_cost) {
@@ -476,10 +475,10 @@ void Engine::launch_step(const StepPlan& plan) {
     f.masks.push_back(it->second->matcher->mask());
     row.allowed = f.masks.back()->words.data();
   }
-  const WallClock::time_point swap0 = WallClock::now();
+  // Timed on the engine's clock (the backend's: a simulator charges its moves to the step).
+  const double swap0 = now();
   move_kv(plan);
-  if (f.measure_cost)
-    f.cost.swap_seconds = std::chrono::duration<double>(WallClock::now() - swap0).count();
+  if (f.measure_cost) f.cost.swap_seconds = now() - swap0;
   f.num_tokens = in.batch.num_tokens();
   f.row_seqs.reserve(in.rows.size());
   for (const SampleRow& row : in.rows) f.row_seqs.push_back(row.seq);
@@ -573,10 +572,9 @@ void Engine::step() {
   const std::vector<SampledToken> sampled = collect_step();
   InFlight done = std::move(*in_flight_);
   in_flight_.reset();
-  if (done.measure_cost)
-    done.cost.seconds =
-        std::chrono::duration<double>(WallClock::now() - done.wall_started).count() -
-        done.cost.swap_seconds;
+  // On the engine's clock, so a simulated engine fits its model from the steps it simulates
+  // (wall time, on a real backend).
+  if (done.measure_cost) done.cost.seconds = now() - done.started - done.cost.swap_seconds;
   if (!next.empty()) launch_step(next);
   apply_tokens(done, sampled);  // while `next` computes
   if (done.measure_cost) scheduler_->observe_step_cost(done.cost);

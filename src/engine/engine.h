@@ -198,7 +198,6 @@ class Engine {
     std::vector<SeqId> row_seqs;  // the sequence of each sampled row
     int32_t num_tokens = 0;
     double started = 0;  // engine clock at launch
-    std::chrono::steady_clock::time_point wall_started;
     bool measure_cost = false;
     IterationSample cost;
     ForwardBatch observed;  // for the step observer

@@ -1,6 +1,7 @@
 // The engine loop over the simulating backend: no weights, no arithmetic, a virtual clock.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 
 #include "backend/sim/sim_backend.h"
@@ -62,6 +63,66 @@ TEST(SimEngine, KvMovesOverlapTheStepTheyPrecede) {
   EXPECT_DOUBLE_EQ(sim.steps()[3].transfer, 0);
   EXPECT_NEAR(sim.clock_seconds(), 3 * 15e-3 + 20e-3, 1e-12);
   EXPECT_NEAR(sim.totals().transfer, 5 * 2e-3 + 1e-4 + 20e-3, 1e-12);
+}
+
+// No oracle (issue 27): a simulated engine fits the hybrid policy's iteration model from the
+// steps it simulates, on its virtual clock, as `blend serve` fits it from real ones.
+TEST(SimEngine, TheHybridPolicyFitsItsModelFromTheSimulatedSteps) {
+  EngineOptions o;
+  o.scheduler.policy = SchedulerPolicy::kHybrid;
+  o.scheduler.fit_iteration_cost = true;
+  o.scheduler.max_batch_tokens = 64;
+  auto engine = sim_engine(o);
+  for (int i = 0; i < 48; ++i) {
+    GenerationRequest r;
+    r.id = "r" + std::to_string(i);
+    r.prompt.assign(static_cast<size_t>(20 + 7 * i), static_cast<TokenId>(100 + i));
+    r.params.max_tokens = 40;
+    r.request_class = i % 2 ? RequestClass::kBestEffort : RequestClass::kRealtime;
+    engine->submit(std::move(r), [](GenerationResult&&) {});
+  }
+  engine->run_until_done();
+  ASSERT_GT(engine->stats().steps, 100);
+  // toy_cost: 1 ms a token and 5 ms a step. Decode-only and prefill-only steps are priced as
+  // the steps that timed them were (mixed steps pay one base where the model has two, so the
+  // fit is close, not exact).
+  const IterationCostModel& m = engine->iteration_cost();
+  EXPECT_NEAR(m.forward_seconds(0, 8, 800), 8e-3 + 5e-3, 0.25 * 13e-3);
+  EXPECT_NEAR(m.forward_seconds(64, 0, 0), 64e-3 + 5e-3, 0.25 * 69e-3);
+}
+
+// Step-time noise: equal steps take different times, the same on every run with one seed,
+// around the cost model's time.
+TEST(SimEngine, StepNoiseIsSeededAndMeanPreserving) {
+  auto run = [](uint64_t seed) {
+    SimBackend sim(*find_model_preset("tiny"),
+                   SimBackendOptions{.num_pages = 16,
+                                     .kv_bytes_per_page = 4096,
+                                     .record_steps = true,
+                                     .step_noise = 0.1,
+                                     .noise_seed = seed},
+                   toy_cost);
+    ForwardBatch batch;
+    batch.chunks.push_back(SeqChunk{});
+    batch.chunks.back().num_tokens = 10;  // 15 ms a step without noise
+    for (int i = 0; i < 2000; ++i) sim.forward(batch, {});
+    return sim.steps();
+  };
+  const auto a = run(1), b = run(1), c = run(2);
+  double sum = 0, low = 1, high = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].total, b[i].total);
+    sum += a[i].total;
+    low = std::min(low, a[i].total);
+    high = std::max(high, a[i].total);
+  }
+  EXPECT_NE(a[0].total, c[0].total);
+  EXPECT_NEAR(sum / static_cast<double>(a.size()), 15e-3, 0.01 * 15e-3);
+  EXPECT_LT(low, 0.9 * 15e-3);
+  EXPECT_GT(high, 1.1 * 15e-3);
+  EXPECT_THROW(SimBackend(*find_model_preset("tiny"),
+                          SimBackendOptions{.num_pages = 16, .step_noise = -1}, toy_cost),
+               Error);
 }
 
 TEST(SimEngine, RunsRequestsToTheirLengthOnAVirtualClock) {

@@ -1,6 +1,7 @@
 #include "backend/sim/sim_backend.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.h"
 
@@ -25,8 +26,14 @@ TokenId sim_eos(const ModelConfig& config) {
 }  // namespace
 
 SimBackend::SimBackend(const ModelConfig& config, SimBackendOptions options, SimStepCost cost)
-    : config_(config), options_(options), cost_(std::move(cost)), tokens_(sim_eos(config)) {
+    : config_(config),
+      options_(options),
+      cost_(std::move(cost)),
+      noise_rng_(options.noise_seed),
+      tokens_(sim_eos(config)) {
   if (options_.num_pages < 0) throw Error("sim backend: negative KV page count");
+  if (!(options_.step_noise >= 0 && options_.step_noise <= 2))
+    throw Error("sim backend: the step noise must lie in [0, 2]");
   if (!cost_) throw Error("sim backend: no step cost model");
 }
 
@@ -51,6 +58,15 @@ void SimBackend::forward(const ForwardBatch& batch, std::span<float>) {
   if (options_.num_pages <= 0) throw Error("sim backend: the KV cache must hold at least a page");
   SimStepTime t = cost_(batch);
   if (!(t.total >= 0)) throw Error("sim backend: the cost model gave a negative step time");
+  if (options_.step_noise > 0) {
+    const double sigma = options_.step_noise;
+    const double factor =
+        std::exp(sigma * std::normal_distribution<double>()(noise_rng_) - sigma * sigma / 2);
+    t.compute *= factor;
+    t.memory *= factor;
+    t.network *= factor;
+    t.total *= factor;
+  }
   t.transfer = static_cast<double>(pending_swaps_) * options_.swap_seconds_per_page +
                static_cast<double>(pending_copies_) * options_.copy_seconds_per_page;
   pending_swaps_ = pending_copies_ = 0;

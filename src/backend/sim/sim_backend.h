@@ -11,6 +11,7 @@
 
 #include <functional>
 #include <memory>
+#include <random>
 #include <unordered_map>
 #include <vector>
 
@@ -38,6 +39,11 @@ struct SimBackendOptions {
   // page copied within device memory.
   double swap_seconds_per_page = 0;
   double copy_seconds_per_page = 0;
+  // Real steps of one shape do not all take the same time. Each step's time is multiplied by
+  // exp(sigma z - sigma^2 / 2), z standard normal (a mean-preserving lognormal factor), drawn
+  // from `noise_seed`; 0 = the cost model's time exactly.
+  double step_noise = 0;
+  uint64_t noise_seed = 1;
 };
 
 // The simulated model's tokens. Sequences without a hidden length get the filler token until
@@ -94,6 +100,7 @@ class SimBackend : public Backend {
   SimBackendOptions options_;
   SimStepCost cost_;
   double clock_ = 0;
+  std::mt19937_64 noise_rng_;
   mutable int64_t pending_swaps_ = 0;  // pages moved over the host link since the last step
   int64_t pending_copies_ = 0;         // pages copied in device memory since the last step
   SimTokenSource tokens_;
