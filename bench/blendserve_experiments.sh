@@ -212,7 +212,8 @@ if [[ " ${PARTS[*]} " == *" ablation "* ]]; then  # issue 27: Alg. 3 as publishe
   # published = blend@alg3: the plan admitted by Alg. 3 as published (M_L / M_R reservations and
   # C_L / C_R prefill tokens a step, the engine's fixed step budget), swept over BUDGETS as the
   # baselines are and taken at its best budget; reservations = blend --no-capacity-pacing (M_L /
-  # M_R only, each side filling its share at once); pacing = blend (capacity pacing, ours: it
+  # M_R only, each side filling its share at once; swept too, at its best); pacing = blend
+  # (capacity pacing, ours: it
   # sets its own budget every step); without-RULE = pacing less one of its rules (`blend
   # simulate --pacing-without`). Same plan, same engine; only the admission differs.
   csv=$OUT_DIR/ablation.csv
@@ -223,8 +224,10 @@ if [[ " ${PARTS[*]} " == *" ablation "* ]]; then  # issue 27: Alg. 3 as publishe
       POLICIES=blend@alg3 simulate "$name" "$w" llama-3-8b 1 a100-80g --max-batch-tokens "$b" |
         sed "s/^/published,$b,/" >>"$csv"
     done
-    POLICIES=blend simulate "$name" "$w" llama-3-8b 1 a100-80g --no-capacity-pacing |
-      sed "s/^/reservations,2048,/" >>"$csv"
+    for b in ${BUDGETS:-256 512 640 1024 2048 4096 8192}; do
+      POLICIES=blend simulate "$name" "$w" llama-3-8b 1 a100-80g --no-capacity-pacing \
+        --max-batch-tokens "$b" | sed "s/^/reservations,$b,/" >>"$csv"
+    done
     POLICIES=blend simulate "$name" "$w" llama-3-8b 1 a100-80g | sed "s/^/pacing,paced,/" >>"$csv"
     for rule in budget spacing floor floor,spacing; do
       POLICIES=blend simulate "$name" "$w" llama-3-8b 1 a100-80g --pacing-without "$rule" |
@@ -235,19 +238,19 @@ if [[ " ${PARTS[*]} " == *" ablation "* ]]; then  # issue 27: Alg. 3 as publishe
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
 rules = ["budget", "spacing", "floor", "floor+spacing"]
-print("| trace | published (blend@alg3): best budget | tok/s | of T_o | reservations only (2048) "
-      "| of T_o | capacity pacing (ours) | of T_o | pacing / published | "
+print("| trace | published (blend@alg3): best budget | tok/s | of T_o | reservations only: best "
+      "budget, tok/s | of T_o | capacity pacing (ours) | of T_o | pacing / published | "
       + " | ".join(f"pacing without {r}" for r in rules) + " |")
 print("| --- " * (9 + len(rules)) + "|")
 for t in dict.fromkeys(r["trace"] for r in rows):
     mine = [r for r in rows if r["trace"] == t]
     pub = max((r for r in mine if r["variant"] == "published"),
               key=lambda r: float(r["throughput_tokens_per_s"]))
-    res = next(r for r in mine if r["variant"] == "reservations")
-    pace = next(r for r in mine if r["variant"] == "pacing")
     tp = lambda r: float(r["throughput_tokens_per_s"])
+    res = max((r for r in mine if r["variant"] == "reservations"), key=tp)
+    pace = next(r for r in mine if r["variant"] == "pacing")
     print(f"| {t} | {pub['budget']} | {tp(pub):,.0f} | {float(pub['fraction_of_optimal']):.3f} | "
-          f"{tp(res):,.0f} | {float(res['fraction_of_optimal']):.3f} | {tp(pace):,.0f} | "
+          f"{res['budget']}, {tp(res):,.0f} | {float(res['fraction_of_optimal']):.3f} | {tp(pace):,.0f} | "
           f"{float(pace['fraction_of_optimal']):.3f} | {tp(pace) / tp(pub):.3f} | "
           + " | ".join(f"{tp(w):,.0f} ({tp(w) / tp(pace):.3f}x)" for w in
                        (next(r for r in mine if r["variant"] == "without-" + x) for x in rules))
