@@ -21,19 +21,20 @@ std::vector<std::unique_ptr<GrammarCompiler>> attach_model_text(std::span<Served
                                                                 int64_t max_sequence_tokens) {
   if (served.size() != text.size()) throw Error("attach_model_text: one text per served model");
   std::vector<std::unique_ptr<GrammarCompiler>> compilers;
-  std::vector<GrammarCompiler*> of_owner(served.size(), nullptr);
   for (size_t m = 0; m < served.size(); ++m) {
     const ModelText& t = text[m];
     const auto owner = static_cast<size_t>(t.owner);
     if (owner > m || !t.tokenizer) throw Error("attach_model_text: a model's text is incomplete");
-    if (owner == m) {
+    served[m].tokenizer = t.tokenizer;
+    if (owner == m) {  // its own tokenizer: a compiler, and one walk of its vocabulary
       compilers.push_back(std::make_unique<GrammarCompiler>(
           *t.tokenizer, static_cast<int32_t>(t.vocab_size), t.eos_token_ids));
-      of_owner[m] = compilers.back().get();
+      served[m].grammars = compilers.back().get();
+      served[m].max_prompt_bytes = max_prompt_bytes(*t.tokenizer, max_sequence_tokens);
+    } else {  // its owner's
+      served[m].grammars = served[owner].grammars;
+      served[m].max_prompt_bytes = served[owner].max_prompt_bytes;
     }
-    served[m].tokenizer = t.tokenizer;
-    served[m].grammars = of_owner[owner];
-    served[m].max_prompt_bytes = max_prompt_bytes(*t.tokenizer, max_sequence_tokens);
   }
   return compilers;
 }

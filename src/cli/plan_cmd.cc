@@ -20,6 +20,7 @@
 #include "cost/cost_model.h"
 #include "model/config.h"
 #include "plan/admission.h"
+#include "plan/admission_source.h"
 #include "plan/planner.h"
 #include "plan/prefix_tree.h"
 #include "text/chat_template.h"
@@ -251,10 +252,8 @@ void run_plan(const PlanArgs& args) {
   std::unique_ptr<plan::AdmissionStream> stream;
   plan::DualScanner* scanner = nullptr;
   if (plan::blend_planned(options.policy)) {
-    const bool alg3 = options.policy == plan::Policy::kBlendAlg3;
-    auto dual = std::make_unique<plan::DualScanner>(
-        plan, requests, cost, kv_memory, 128,
-        plan::PacingOptions{.enabled = !alg3, .prefill_budgets = alg3});
+    auto dual = std::make_unique<plan::DualScanner>(plan, requests, cost, kv_memory, 128,
+                                                    plan::scanner_options(options.policy, {}));
     scanner = dual.get();
     stream = std::move(dual);
   } else {

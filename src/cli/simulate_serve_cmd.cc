@@ -48,7 +48,8 @@ void run(const SimulateServeArgs& args) {
   w.duration_seconds = args.duration;
   w.rt_lengths = online::sharegpt_lengths(args.traces, args.max_context);
   const ModelConfig config = sim_model_config(*shape);
-  const auto page_bytes = static_cast<int64_t>(cost.kv_bytes_per_token_per_device()) * 16;
+  const int32_t page_tokens = EngineOptions{}.page_size;  // the engine's, which runs below
+  const auto page_bytes = static_cast<int64_t>(cost.kv_bytes_per_token_per_device()) * page_tokens;
 
   for (const std::string& rate : split_list(args.rates)) {
     for (const std::string& policy : split_list(args.policies)) {
@@ -57,7 +58,7 @@ void run(const SimulateServeArgs& args) {
       eo.scheduler.max_running = args.max_running;
       eo.scheduler.policy = parse_scheduler_policy(policy);
       eo.scheduler.bidirectional_kv = bidirectional_kv_for(args.kv_layout, eo.scheduler.policy);
-      eo.scheduler.iteration_cost = iteration_model_of(cost, 16);
+      eo.scheduler.iteration_cost = iteration_model_of(cost, page_tokens);
       const double swap_per_page = eo.scheduler.iteration_cost.swap_per_page;
       if (args.fit_iteration_model) {  // what serve does without a profile: start from nothing
         eo.scheduler.fit_iteration_cost = true;

@@ -52,6 +52,13 @@ int32_t AdmissionSource::hand_out(int32_t request) {
   return request;
 }
 
+PacingOptions scanner_options(Policy policy, PacingOptions pacing) {
+  const bool alg3 = policy == Policy::kBlendAlg3;  // the published algorithm
+  pacing.enabled = pacing.enabled && !alg3;
+  pacing.prefill_budgets = alg3;
+  return pacing;
+}
+
 void AdmissionSource::make_plan() {
   planned_of_.assign(requests_.size(), -1);
   if (num_sampled_ > 0) {
@@ -98,11 +105,7 @@ void AdmissionSource::make_plan() {
   plan_ = std::make_unique<Plan>(plan::make_plan(*tree_, cost_, plan_options));
   if (num_sampled_ == 0) sharing_optimal_ = plan_->optimal_sharing_ratio;
   if (blend_planned(options_.policy)) {
-    // blend@alg3 is never paced: it is the published algorithm.
-    const bool alg3 = options_.policy == Policy::kBlendAlg3;
-    PacingOptions pacing = options_.planner.pacing;
-    pacing.enabled = pacing.enabled && !alg3;
-    pacing.prefill_budgets = alg3;
+    PacingOptions pacing = scanner_options(options_.policy, options_.planner.pacing);
     pacing.max_step_tokens = options_.max_step_tokens;
     stream_ = std::make_unique<DualScanner>(*plan_, planned_, cost_, options_.kv_memory_bytes, 128,
                                             pacing);

@@ -39,6 +39,10 @@ struct PlannerKnobs {
   std::optional<double> split_threshold_tokens;  // Alg. 2's t (PlanOptions; unset: 99% of s_o)
 };
 
+// The dual scanner's options under a blend-planned policy: blend@alg3 is never paced and admits
+// by Alg. 3's prefill budgets; blend keeps `pacing` as given.
+PacingOptions scanner_options(Policy policy, PacingOptions pacing);
+
 struct SourceOptions {
   Policy policy = Policy::kBlend;
   double kv_memory_bytes = 0;  // the KV reservations the stream admits against

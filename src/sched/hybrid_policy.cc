@@ -211,8 +211,10 @@ HybridSelection HybridPolicy::select(std::span<const HybridCandidate> rt,
   // BROS resets to the initial size; we halve instead (never below it): under sustained load a
   // violation is predicted almost every iteration, and a reset then pins the batch at the
   // initial size and throughput collapses (measured with `blend simulate-serve`, rates 4-8).
-  batch_size_ = sel.rt_at_risk ? std::max(options_.initial_batch, batch_size_ / 2)
-                               : std::min(options_.max_batch, batch_size_ + options_.batch_step);
+  batch_size_ = sel.rt_at_risk
+                    ? std::max(options_.initial_batch, batch_size_ / 2)
+                    : static_cast<int32_t>(std::min<int64_t>(
+                          options_.max_batch, int64_t{batch_size_} + options_.batch_step));
   return sel;
 }
 

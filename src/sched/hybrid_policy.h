@@ -10,8 +10,8 @@
 //    token's deadline (TTFT for the first token, TPOT after) join while the estimated iteration
 //    still ends before the most urgent deadline it can still meet (a deadline that has passed,
 //    or that not even an iteration of that request alone meets, limits nothing: targets the
-//    hardware cannot reach must not shrink every step). A request whose first token is already late
-//    goes behind the rest: nothing saves its TTFT, and running it first would make the ones
+//    hardware cannot reach must not shrink every step). A request whose first token's deadline is
+//    lost goes behind the rest: nothing saves its TTFT, and running it first would make the ones
 //    behind it late too (EDF's domino effect under overload; measured past the knee in
 //    docs/BENCHMARKS.md, BROS section). Then BE requests, fewest checkpointed pages
 //    first, fill the batch, or take the place of the least urgent RT request when that one can
@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <vector>
 
@@ -70,8 +71,10 @@ struct HybridOptions {
   // the TTFT attainment and BE throughput at high load (Llama-3-70B at 10 RT/s: 42% and 2.8
   // req/s from 8, 90% and 5.8 req/s from 256), so the default starts at the running-set size.
   int32_t initial_batch = 256;
-  int32_t batch_step = 4;   // growth after an iteration with no RT request at risk
-  int32_t max_batch = 256;  // the scheduler sets it to its running set's size (--max-running)
+  int32_t batch_step = 4;  // growth after an iteration with no RT request at risk
+  // Its own ceiling; the scheduler lowers it to its running set's size (--max-running), so by
+  // default the running set is the ceiling.
+  int32_t max_batch = std::numeric_limits<int32_t>::max();
   // A prompt that missed its TTFT deadline yields to those that can still meet theirs; with
   // this > 0 it does so only until it is this many TTFT targets late, then runs first (bounds
   // the wait under sustained overload; 0 = yields for ever, BROS's attainment-first order).

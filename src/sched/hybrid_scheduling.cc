@@ -13,7 +13,7 @@ namespace {
 // starts no higher.
 HybridOptions bounded_by_running_set(const SchedulerOptions& options) {
   HybridOptions h = options.hybrid;
-  h.max_batch = options.max_running;
+  h.max_batch = std::min(h.max_batch, options.max_running);
   h.initial_batch = std::min(h.initial_batch, h.max_batch);
   return h;
 }
