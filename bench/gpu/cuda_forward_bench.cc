@@ -8,9 +8,14 @@
 //                            bandwidth (issue 28's roofline), the step against its bound (weights
 //                            + KV read at the copy bandwidth, or the GEMMs at peak)
 //   {"kind":"prefill", ...}  a prefill step of N prompts of P tokens each
+//   {"kind":"mixed", ...}    D decodes at C cached tokens and one P-token prompt chunk after
+//                            them (the engine's chunked-prefill step), against the larger of the
+//                            GEMM bound and the weight + KV read bound
 //
 //   cuda_forward_bench --model DIR [--decode 1,64,256] [--context 1024] [--prefill 4x512]
-//                      [--reps 5]
+//                      [--mixed D:P,...] [--reps 5]
+// BLEND_CUDA_NANO_BATCHES (cuda_backend.cc) runs the steps as two overlapped nano-batches;
+// per-op times are then not recorded (zeros), the step time is.
 // The KV pages a decode step reads are zeros (the step's time does not depend on their values);
 // each sequence owns its own pages, so reads are not shared through the L2.
 #include <cublas_v2.h>
@@ -110,6 +115,7 @@ json op_json(const CudaOpTimes& t, int64_t steps) {
 int run(int argc, char** argv) {
   std::string model_dir, prefill_arg = "4x512";
   std::vector<int64_t> decode = {1, 64, 256};
+  std::vector<std::pair<int64_t, int64_t>> mixed;  // (decodes, prompt tokens)
   int64_t context = 1024;
   int reps = 5;
   for (int i = 1; i < argc; ++i) {
@@ -126,7 +132,17 @@ int run(int argc, char** argv) {
       context = std::stoll(next());
     else if (a == "--prefill")
       prefill_arg = next();
-    else if (a == "--reps")
+    else if (a == "--mixed") {
+      const std::string list = next();
+      for (size_t pos = 0; pos < list.size();) {
+        const size_t comma = std::min(list.find(',', pos), list.size());
+        const std::string item = list.substr(pos, comma - pos);
+        const size_t colon = item.find(':');
+        if (colon == std::string::npos) throw Error("--mixed wants D:P items, got " + item);
+        mixed.emplace_back(std::stoll(item.substr(0, colon)), std::stoll(item.substr(colon + 1)));
+        pos = comma + 1;
+      }
+    } else if (a == "--reps")
       reps = std::stoi(next());
     else
       throw Error("unknown option " + a);
@@ -142,10 +158,14 @@ int run(int argc, char** argv) {
   const int64_t x = prefill_arg.find('x');
   const int64_t prompts = std::stoll(prefill_arg.substr(0, x)),
                 prompt_len = std::stoll(prefill_arg.substr(x + 1));
-  const int64_t max_decode = *std::max_element(decode.begin(), decode.end());
+  int64_t max_decode = *std::max_element(decode.begin(), decode.end()), longest = prompt_len;
+  for (const auto& [d, p] : mixed) {
+    max_decode = std::max(max_decode, d + 1);
+    longest = std::max(longest, p);
+  }
   BackendOptions o;
   o.page_size = 16;
-  const int64_t pages_per_seq = (std::max(context + 1, prompt_len) + 15) / 16;
+  const int64_t pages_per_seq = (std::max(context + 1, longest) + 15) / 16;
   o.num_pages = std::max(max_decode, prompts) * pages_per_seq + 1;
   const double t0 = now();
   auto backend = make_cuda_backend(config, store, o);
@@ -221,6 +241,30 @@ int run(int argc, char** argv) {
           {"step_ms", s * 1e3},
           {"tokens_per_s", tokens / s},
           {"fraction_of_gemm_bound", 2.0 * params * tokens / peak / s},
+          {"ops", op_json(ops, 1)}});
+  }
+  for (const auto& [d, p] : mixed) {
+    ForwardBatch b = batch_of(d, context, 1);
+    const ForwardBatch prompt = batch_of(d + 1, 0, p);  // its last chunk: sequence d
+    SeqChunk c = prompt.chunks.back();
+    c.token_offset = b.num_tokens();
+    b.tokens.insert(b.tokens.end(), prompt.tokens.end() - p, prompt.tokens.end());
+    b.positions.insert(b.positions.end(), prompt.positions.end() - p, prompt.positions.end());
+    b.chunks.push_back(std::move(c));
+    CudaOpTimes ops;
+    const double s = time_step(b, ops);
+    const double tokens = static_cast<double>(d + p);
+    const double kv_bytes = static_cast<double>(d) * static_cast<double>(context + 1) *
+                            static_cast<double>(backend->kv_bytes_per_token());
+    const double bound =
+        std::max((weight_bytes + kv_bytes) / copy_bw, 2.0 * params * tokens / peak);
+    emit({{"kind", "mixed"},
+          {"decodes", d},
+          {"context", context},
+          {"prompt_tokens", p},
+          {"step_ms", s * 1e3},
+          {"tokens_per_s", tokens / s},
+          {"fraction_of_step_bound", bound / s},
           {"ops", op_json(ops, 1)}});
   }
   return 0;

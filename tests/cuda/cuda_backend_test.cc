@@ -19,6 +19,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/batch_layout.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/nano_split.h"
 #include "core/error.h"
 #include "model/presets.h"
 #include "model/random_init.h"
@@ -99,6 +100,120 @@ TEST(BatchLayout, CutsLongChunksIntoPrefillTilesAndLeavesTheRestSingle) {
   EXPECT_EQ(at(l.prefill_tiles, 8), (std::vector<int32_t>{1, 16, 17, 16, 33, 5, 41, 16}));
   ASSERT_EQ(l.num_single_tokens, 4);
   EXPECT_EQ(at(l.single_tokens, 4), (std::vector<int32_t>{0, 38, 39, 40}));
+}
+
+// A nano-batch's layout is the whole batch's layout of the same chunks, counted from the
+// range's first token and chunk: the second chunk alone packs as a batch of that chunk would.
+TEST(BatchLayout, ChunkRangesCountFromTheirFirstTokenAndChunk) {
+  ForwardBatch b;
+  b.tokens = {5, 6, 7, 8, 9, 4};
+  b.positions = {3, 4, 5, 0, 1, 7};
+  b.chunks = {SeqChunk{.seq = 1,
+                       .num_cached = 3,
+                       .num_tokens = 3,
+                       .token_offset = 0,
+                       .block_table = {10, 11, 12},
+                       .wants_logits = true},
+              SeqChunk{.seq = 2,
+                       .num_cached = 0,
+                       .num_tokens = 2,
+                       .token_offset = 3,
+                       .block_table = {20},
+                       .wants_logits = true,
+                       .reversed_pages = {1}},
+              SeqChunk{.seq = 3,
+                       .num_cached = 7,
+                       .num_tokens = 1,
+                       .token_offset = 5,
+                       .block_table = {30, 31, 32, 33},
+                       .wants_logits = true}};
+  const cuda::BatchLayout tail = cuda::layout_chunks(b, 1, 3, /*page_size=*/2);
+  ForwardBatch alone;
+  alone.tokens = {8, 9, 4};
+  alone.positions = {0, 1, 7};
+  alone.chunks = {b.chunks[1], b.chunks[2]};
+  alone.chunks[0].token_offset = 0;
+  alone.chunks[1].token_offset = 2;
+  const cuda::BatchLayout whole = cuda::layout_batch(alone, 2);
+  EXPECT_EQ(tail.num_tokens, 3);
+  EXPECT_EQ(tail.num_chunks, 2);
+  EXPECT_EQ(tail.num_logit_rows, 2);
+  EXPECT_EQ(tail.max_single_context, 8);
+  EXPECT_EQ(tail.data, whole.data);
+  EXPECT_EQ(tail.logit_rows, whole.logit_rows);
+  EXPECT_EQ(tail.single_tokens, whole.single_tokens);
+  // The head alone is the first chunk, and the three ranges' sizes add up.
+  const cuda::BatchLayout head = cuda::layout_chunks(b, 0, 1, 2);
+  EXPECT_EQ(head.num_tokens, 3);
+  EXPECT_EQ(head.num_logit_rows, 1);
+  EXPECT_EQ(cuda::layout_chunks(b, 0, 3, 2).data, cuda::layout_batch(b, 2).data);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Nano-batch cuts (nano_split.h), on an H100-like 8B step: 2e-5 s per token of GEMMs, 7.3 ms
+// per weight read, 6e-8 s per cached token of attention (131 KB per token at 2.2 TB/s).
+cuda::NanoCost h100_like(double interference = 0.71) {
+  return {.gemm_seconds_per_token = 2e-5,
+          .weight_seconds = 7.3e-3,
+          .kv_seconds_per_token = 6e-8,
+          .interference = interference};
+}
+
+std::vector<cuda::ChunkWork> decodes(int n, int context) {
+  return std::vector<cuda::ChunkWork>(n, cuda::ChunkWork{.tokens = 1, .cached = context});
+}
+
+// The cut is the brute-force best over every cut of the model, and it only splits for a gain.
+TEST(NanoSplit, PicksTheShortestPipelineAndSplitsOnlyForAGain) {
+  // 256 decodes at 1,024 cached tokens, then a 2,048-token prompt chunk: GEMMs 45 ms, decode
+  // attention 15.7 ms. The decodes' attention belongs beside the prompt's GEMMs.
+  std::vector<cuda::ChunkWork> step = decodes(256, 1024);
+  step.push_back({.tokens = 2048, .cached = 0});
+  const cuda::NanoCost cost = h100_like();
+  const cuda::NanoSplit s = cuda::choose_nano_split(step, cost);
+  ASSERT_GT(s.cut, 0);
+  double best = 1e30;
+  int best_cut = 0;
+  for (size_t c = 1; c < step.size(); ++c) {
+    double gx = 0, ax = 0, gy = 0, ay = 0, tx = 0, ty = 0;
+    for (size_t i = 0; i < step.size(); ++i) {
+      const double a = cuda::nano_attention_seconds(cost, step[i]);
+      (i < c ? ax : ay) += a;
+      (i < c ? tx : ty) += step[i].tokens;
+    }
+    gx = cuda::nano_gemm_seconds(cost, tx);
+    gy = cuda::nano_gemm_seconds(cost, ty);
+    const double t = cuda::nano_pipeline_seconds(cost, gx, ax, gy, ay);
+    if (t < best) best = t, best_cut = static_cast<int>(c);
+  }
+  EXPECT_EQ(s.cut, best_cut);
+  EXPECT_DOUBLE_EQ(s.pipelined_s, best);
+  // Sequential: 2,304 tokens of GEMMs (46.1 ms) + attention (15.7 + 3.9 ms). The cut puts the
+  // decodes on one side: their attention runs beside the prompt's GEMMs, at 0.71 interference
+  // 48.3 + 0.71 x 19.7 = 62.2 ms against 65.8.
+  EXPECT_EQ(s.cut, 256);
+  EXPECT_NEAR(s.sequential_s, 2304 * 2e-5 + 256 * 1025 * 6e-8 + 32 * 2048 * 6e-8, 1e-9);
+  EXPECT_NEAR(s.pipelined_s, 0.0622, 1e-4);
+  // A few decodes are weight-bound: a second weight read costs more than the overlap saves.
+  EXPECT_EQ(cuda::choose_nano_split(decodes(8, 1024), cost).cut, 0);
+  // ... unless a test asks for a cut wherever there are two chunks.
+  EXPECT_GT(cuda::choose_nano_split(decodes(8, 1024), cost, 0.95, /*always=*/true).cut, 0);
+  // One chunk cannot be cut.
+  EXPECT_EQ(cuda::choose_nano_split(std::vector<cuda::ChunkWork>{{2048, 0}}, cost, 0.95, true).cut,
+            0);
+}
+
+// Where overlapping gains nothing (interference 1: overlapped work takes as long as run in
+// turn), no cut is predicted to beat the whole step, whatever the mix.
+TEST(NanoSplit, AtInterferenceOneNoCutBeatsTheWholeStep) {
+  const cuda::NanoCost cost = h100_like(1.0);
+  for (int d : {2, 64, 512})
+    for (int prompt : {0, 64, 4096}) {
+      std::vector<cuda::ChunkWork> step = decodes(d, 1024);
+      if (prompt > 0) step.push_back({.tokens = prompt, .cached = 0});
+      const cuda::NanoSplit s = cuda::choose_nano_split(step, cost, 1.0, /*always=*/true);
+      EXPECT_GE(s.pipelined_s, s.sequential_s - 1e-12) << d << " decodes, prompt " << prompt;
+    }
 }
 
 // Flash-decoding splits: none when the (token, KV head) blocks fill the GPU or the contexts
@@ -271,6 +386,7 @@ struct Case {
   std::string layout = "page";        // BLEND_CUDA_KV_LAYOUT
   std::string splits = "fill";        // BLEND_CUDA_DECODE_SPLITS
   std::string grid = "tokens";        // BLEND_CUDA_DECODE_GRID
+  std::string nano = "off";           // BLEND_CUDA_NANO_BATCHES
 };
 
 class CudaMatchesCpu : public ::testing::TestWithParam<Case> {};
@@ -287,7 +403,8 @@ TEST_P(CudaMatchesCpu, LogitsOfMixedSteps) {
     ScopedEnv env({{"BLEND_CUDA_ATTENTION", p.attention},
                    {"BLEND_CUDA_KV_LAYOUT", p.layout},
                    {"BLEND_CUDA_DECODE_SPLITS", p.splits},
-                   {"BLEND_CUDA_DECODE_GRID", p.grid}});
+                   {"BLEND_CUDA_DECODE_GRID", p.grid},
+                   {"BLEND_CUDA_NANO_BATCHES", p.nano}});
     gpu = make_cuda_backend(m.config, m.store, options());
   }
   EXPECT_EQ(gpu->compute_dtype(), cpu->compute_dtype());
@@ -326,34 +443,38 @@ TEST_P(CudaMatchesCpu, LogitsOfMixedSteps) {
 
 INSTANTIATE_TEST_SUITE_P(
     Variants, CudaMatchesCpu,
-    ::testing::Values(Case{"base", DType::kF32, 1e-4}, Case{"base", DType::kBF16, 2e-2},
-                      Case{"qwen2", DType::kF32, 1e-4}, Case{"llama3", DType::kF32, 1e-4},
-                      Case{"mistral", DType::kF32, 1e-4}, Case{"hd128", DType::kF32, 1e-4},
-                      Case{"hd128", DType::kBF16, 2e-2}, Case{"mistral", DType::kBF16, 2e-2},
-                      Case{"qwen2", DType::kBF16, 2e-2},
-                      Case{"hd128", DType::kBF16, 2e-2, "tiled64"},
-                      Case{"base", DType::kF32, 1e-4, "tiled32"},
-                      Case{"mistral", DType::kF32, 1e-4, "tiled32"},
-                      Case{"hd128", DType::kBF16, 2e-2, "tiled32"},
-                      Case{"hd128", DType::kBF16, 2e-2, "default", "layer"},
-                      Case{"mistral", DType::kF32, 1e-4, "default", "layer"},
-                      Case{"qwen2", DType::kBF16, 2e-2, "pipelined3"},
-                      Case{"hd128", DType::kBF16, 2e-2, "pipelined3", "layer", "waves"},
-                      Case{"hd128", DType::kBF16, 2e-2, "default", "page", "3"},
-                      Case{"mistral", DType::kBF16, 2e-2, "pipelined3", "page", "5"},
-                      Case{"hd128", DType::kBF16, 2e-2, "warps"},
-                      Case{"hd64", DType::kBF16, 2e-2, "warps8", "layer"},
-                      Case{"mistral-hd128", DType::kBF16, 2e-2, "warps"},
-                      Case{"mistral-hd128", DType::kBF16, 2e-2, "default"},
-                      Case{"hd128", DType::kBF16, 2e-2, "warps8", "page", "3"},
-                      Case{"hd128", DType::kBF16, 2e-2, "warps", "page", "waves"},
-                      Case{"hd128", DType::kBF16, 2e-2, "warps", "page", "fill", "heads"},
-                      Case{"hd128", DType::kBF16, 2e-2, "default", "page", "3", "heads"},
-                      Case{"mistral-hd128", DType::kBF16, 2e-2, "warps8", "layer", "4", "heads"}),
+    ::testing::Values(
+        Case{"base", DType::kF32, 1e-4}, Case{"base", DType::kBF16, 2e-2},
+        Case{"qwen2", DType::kF32, 1e-4}, Case{"llama3", DType::kF32, 1e-4},
+        Case{"mistral", DType::kF32, 1e-4}, Case{"hd128", DType::kF32, 1e-4},
+        Case{"hd128", DType::kBF16, 2e-2}, Case{"mistral", DType::kBF16, 2e-2},
+        Case{"qwen2", DType::kBF16, 2e-2}, Case{"hd128", DType::kBF16, 2e-2, "tiled64"},
+        Case{"base", DType::kF32, 1e-4, "tiled32"}, Case{"mistral", DType::kF32, 1e-4, "tiled32"},
+        Case{"hd128", DType::kBF16, 2e-2, "tiled32"},
+        Case{"hd128", DType::kBF16, 2e-2, "default", "layer"},
+        Case{"mistral", DType::kF32, 1e-4, "default", "layer"},
+        Case{"qwen2", DType::kBF16, 2e-2, "pipelined3"},
+        Case{"hd128", DType::kBF16, 2e-2, "pipelined3", "layer", "waves"},
+        Case{"hd128", DType::kBF16, 2e-2, "default", "page", "3"},
+        Case{"mistral", DType::kBF16, 2e-2, "pipelined3", "page", "5"},
+        Case{"hd128", DType::kBF16, 2e-2, "warps"},
+        Case{"hd64", DType::kBF16, 2e-2, "warps8", "layer"},
+        Case{"mistral-hd128", DType::kBF16, 2e-2, "warps"},
+        Case{"mistral-hd128", DType::kBF16, 2e-2, "default"},
+        Case{"hd128", DType::kBF16, 2e-2, "warps8", "page", "3"},
+        Case{"hd128", DType::kBF16, 2e-2, "warps", "page", "waves"},
+        Case{"hd128", DType::kBF16, 2e-2, "warps", "page", "fill", "heads"},
+        Case{"hd128", DType::kBF16, 2e-2, "default", "page", "3", "heads"},
+        Case{"mistral-hd128", DType::kBF16, 2e-2, "warps8", "layer", "4", "heads"},
+        Case{"base", DType::kF32, 1e-4, "default", "page", "fill", "tokens", "always"},
+        Case{"hd128", DType::kBF16, 2e-2, "default", "page", "fill", "tokens", "always"},
+        Case{"qwen2", DType::kBF16, 2e-2, "default", "layer", "fill", "tokens", "always"},
+        Case{"mistral", DType::kF32, 1e-4, "warps", "page", "fill", "tokens", "always"}),
     [](const ::testing::TestParamInfo<Case>& i) {
       std::string name = i.param.variant + (i.param.dtype == DType::kF32 ? "_f32_" : "_bf16_") +
                          i.param.attention + "_" + i.param.layout + "_splits_" + i.param.splits +
-                         "_" + i.param.grid;
+                         "_" + i.param.grid +
+                         (i.param.nano == "off" ? "" : "_nano_" + i.param.nano);
       std::replace(name.begin(), name.end(), '-', '_');
       return name;
     });
@@ -447,7 +568,8 @@ TEST(CudaBackend, RefusesUnknownKernelKnobs) {
                                                         {"BLEND_CUDA_KV_LAYOUT", "head"},
                                                         {"BLEND_CUDA_DECODE_SPLITS", "0"},
                                                         {"BLEND_CUDA_DECODE_SPLITS", "4x"},
-                                                        {"BLEND_CUDA_DECODE_GRID", "rows"}}) {
+                                                        {"BLEND_CUDA_DECODE_GRID", "rows"},
+                                                        {"BLEND_CUDA_NANO_BATCHES", "yes"}}) {
     ScopedEnv env(name, value);
     EXPECT_THROW(make_cuda_backend(m.config, m.store, options()), Error) << name << "=" << value;
   }

@@ -6,13 +6,23 @@ namespace blend::cuda {
 
 BatchLayout layout_batch(const ForwardBatch& batch, int64_t page_size, int32_t tile_tokens,
                          int32_t min_tile_chunk) {
+  return layout_chunks(batch, 0, batch.chunks.size(), page_size, tile_tokens, min_tile_chunk);
+}
+
+BatchLayout layout_chunks(const ForwardBatch& batch, size_t first, size_t end, int64_t page_size,
+                          int32_t tile_tokens, int32_t min_tile_chunk) {
   BatchLayout l;
-  l.num_tokens = batch.num_tokens();
-  l.num_chunks = static_cast<int32_t>(batch.chunks.size());
-  std::vector<int32_t> table_start, tables, reversed, logit_rows, token_chunk(batch.tokens.size());
+  l.num_chunks = static_cast<int32_t>(end - first);
+  // Chunks hold consecutive tokens in chunk order: the range's tokens are one slice.
+  const int32_t base = end > first ? batch.chunks[first].token_offset : 0;
+  const int32_t stop =
+      end > first ? batch.chunks[end - 1].token_offset + batch.chunks[end - 1].num_tokens : 0;
+  l.num_tokens = stop - base;
+  std::vector<int32_t> table_start, tables, reversed, logit_rows, token_chunk(l.num_tokens);
   std::vector<int32_t> tiles, singles;
-  for (size_t ci = 0; ci < batch.chunks.size(); ++ci) {
+  for (size_t ci = first; ci < end; ++ci) {
     const SeqChunk& c = batch.chunks[ci];
+    const int32_t offset = c.token_offset - base;
     table_start.push_back(static_cast<int32_t>(tables.size()));
     const int64_t pages = (int64_t{c.num_cached} + c.num_tokens + page_size - 1) / page_size;
     for (int64_t p = 0; p < pages; ++p) {
@@ -21,15 +31,15 @@ BatchLayout layout_batch(const ForwardBatch& batch, int64_t page_size, int32_t t
       reversed.push_back(j < c.reversed_pages.size() && c.reversed_pages[j] ? 1 : 0);
     }
     for (int32_t i = 0; i < c.num_tokens; ++i)
-      token_chunk[c.token_offset + i] = static_cast<int32_t>(ci);
-    if (c.wants_logits) logit_rows.push_back(c.token_offset + c.num_tokens - 1);
+      token_chunk[offset + i] = static_cast<int32_t>(ci - first);
+    if (c.wants_logits) logit_rows.push_back(offset + c.num_tokens - 1);
     if (tile_tokens > 0 && c.num_tokens >= min_tile_chunk) {
       for (int32_t i = 0; i < c.num_tokens; i += tile_tokens) {
-        tiles.push_back(c.token_offset + i);
+        tiles.push_back(offset + i);
         tiles.push_back(std::min(tile_tokens, c.num_tokens - i));
       }
     } else {
-      for (int32_t i = 0; i < c.num_tokens; ++i) singles.push_back(c.token_offset + i);
+      for (int32_t i = 0; i < c.num_tokens; ++i) singles.push_back(offset + i);
       l.max_single_context = std::max(l.max_single_context, c.num_cached + c.num_tokens);
     }
   }
@@ -40,8 +50,12 @@ BatchLayout layout_batch(const ForwardBatch& batch, int64_t page_size, int32_t t
     offset = static_cast<int64_t>(l.data.size());
     l.data.insert(l.data.end(), v.begin(), v.end());
   };
-  append(l.tokens, batch.tokens);
-  append(l.positions, batch.positions);
+  auto append_slice = [&](int64_t& offset, const std::vector<int32_t>& v) {
+    offset = static_cast<int64_t>(l.data.size());
+    l.data.insert(l.data.end(), v.begin() + base, v.begin() + stop);
+  };
+  append_slice(l.tokens, batch.tokens);
+  append_slice(l.positions, batch.positions);
   append(l.token_chunk, token_chunk);
   append(l.chunk_table, table_start);
   append(l.tables, tables);

@@ -38,5 +38,9 @@ struct BatchLayout {
 // tokens; tile_tokens 0 makes every token a single token.
 BatchLayout layout_batch(const ForwardBatch& batch, int64_t page_size, int32_t tile_tokens = 0,
                          int32_t min_tile_chunk = 8);
+// The same for chunks [first, end) alone (a nano-batch, nano_split.h): token indices, chunk
+// indices and logit rows count from the range's first token and chunk.
+BatchLayout layout_chunks(const ForwardBatch& batch, size_t first, size_t end, int64_t page_size,
+                          int32_t tile_tokens = 0, int32_t min_tile_chunk = 8);
 
 }  // namespace blend::cuda

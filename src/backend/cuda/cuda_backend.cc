@@ -10,6 +10,7 @@
 
 #include "backend/cuda/batch_layout.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/nano_split.h"
 #include "core/error.h"
 #include "model/rope.h"
 #include "model/safetensors.h"
@@ -165,12 +166,45 @@ class CudaBackendImpl final : public CudaBackend {
     DeviceBuffer qkv, o, gate_up, down;          // elem_, rows of the fused outputs
   };
 
-  // Runs the layers and the lm_head of the sampling rows on the stream, leaving their logits in
-  // logits_ (rows in chunk order); returns the row count. Does not wait for the GPU.
+  // One lane of the nano-batch pipeline (NanoFlow §4.3, nano_split.h): a stream, its cuBLAS
+  // handle and the activations of the rows it computes. Lane 0 (stream_) also runs whole steps.
+  struct Lane {
+    cudaStream_t stream = nullptr;
+    cublasHandle_t blas = nullptr;
+    DeviceBuffer meta, x, xn, qkv, attn, gu, act, decode_scratch;
+  };
+  // Chunks [first, end) of a step on one lane: the batch uploaded, the buffers reserved.
+  struct LaneStep {
+    Lane* lane = nullptr;
+    cuda::BatchView view;
+    cuda::DecodeScratch scratch;
+    int64_t m = 0;
+    float* x = nullptr;
+    void* xn = nullptr;
+    float* qkv = nullptr;
+    void* attn = nullptr;
+    float* gu = nullptr;
+    void* act = nullptr;
+  };
+
+  // Runs the layers and the lm_head of the sampling rows, leaving their logits in logits_ (rows
+  // in chunk order) once stream_ gets there; returns the row count. Does not wait for the GPU.
   int64_t compute_logits(const ForwardBatch& batch, size_t host_logits_size);
+  LaneStep prepare(Lane& lane, const ForwardBatch& batch, size_t first, size_t end);
+  // A layer's parts (the pipeline's phases): norm, QKV and RoPE with the KV write; attention;
+  // the O projection and the MLP with their residual adds.
+  void pre_attention(const LaneStep& s, size_t layer);
+  void attend(const LaneStep& s, size_t layer);
+  void post_attention(const LaneStep& s, size_t layer);
+  // Final norm and lm_head of the lane's sampling rows into `logits`.
+  void head(const LaneStep& s, float* logits);
+  // The two lanes' pipeline over chunks [0, cut) and [cut, n) (nano_split.h), joined on stream_.
+  void run_nano_batches(const ForwardBatch& batch, size_t cut, float* logits);
+  // The cost model's rates on this GPU (nano_split.h), timed on layer 0's gate/up GEMM.
+  cuda::NanoCost measure_nano_cost();
   // y[m][n] (f32) = x[m][k] (elem_) * w[n][k]^T, added to y when `accumulate`.
-  void gemm(const void* x, int64_t m, const DeviceBuffer& w, int64_t n, int64_t k, float* y,
-            bool accumulate);
+  void gemm(cublasHandle_t blas, const void* x, int64_t m, const DeviceBuffer& w, int64_t n,
+            int64_t k, float* y, bool accumulate);
   // Slots [first, first + count) of `page` between the GPU and a host page image.
   void copy_slots(PageId page, int32_t first, int32_t count, std::byte* host, bool to_host) const;
   // Layer `layer` of page p: layer_elems() contiguous elements (kernels.h, KvView).
@@ -189,9 +223,14 @@ class CudaBackendImpl final : public CudaBackend {
   ModelConfig config_;
   Elem elem_ = Elem::kBF16;
   Elem embed_elem_ = Elem::kBF16;
-  cudaStream_t stream_ = nullptr;
-  cublasHandle_t blas_ = nullptr;
+  Lane lanes_[2];
+  cudaStream_t stream_ = nullptr;  // lanes_[0].stream
   std::vector<Layer> layers_;
+  // BLEND_CUDA_NANO_BATCHES: off, auto (split where the cost model predicts a gain) or always.
+  enum class NanoMode { kOff, kAuto, kAlways } nano_mode_ = NanoMode::kOff;
+  cuda::NanoCost nano_cost_;
+  double nano_min_ratio_ = 0.95;
+  std::vector<cudaEvent_t> phase_events_;  // nano-batch phase ends (no timing)
   DeviceBuffer embed_, final_norm_, lm_head_, inv_freq_;
   cuda::KvView kv_;
   cuda::AttentionKernel attention_kernel_ = cuda::AttentionKernel::kDefault;
@@ -211,8 +250,8 @@ class CudaBackendImpl final : public CudaBackend {
   std::vector<cudaEvent_t> events_;
   std::vector<double CudaOpTimes::*> event_slots_;
   size_t events_used_ = 0;
-  // Per-step buffers, grown to the largest batch seen.
-  DeviceBuffer meta_, x_, xn_, qkv_, attn_, gu_, act_, logits_, argmax_, decode_scratch_;
+  // Per-step buffers, grown to the largest batch seen (the lanes hold the activations).
+  DeviceBuffer logits_, argmax_;
   int32_t multiprocessors_ = 1;
 };
 
@@ -245,6 +284,9 @@ CudaBackendImpl::CudaBackendImpl(const ModelConfig& config, const TensorStore& s
   //   head of many sequences) or heads (every KV head of fewer sequences).
   // BLEND_CUDA_DECODE_SPLITS: fill (split keys only to fill an idle GPU), waves (also to shorten
   //   the last wave of blocks), or a number N (at least N splits).
+  // BLEND_CUDA_NANO_BATCHES: off, auto (two nano-batches where nano_split.h predicts a gain) or
+  //   always (wherever a step has two chunks: tests); BLEND_CUDA_NANO_INTERFERENCE overrides the
+  //   cost model's interference (0.71).
   const std::string kernel_name = env_or("BLEND_CUDA_ATTENTION", "default");
   if (kernel_name == "tiled32")
     attention_kernel_ = cuda::AttentionKernel::kTiled32;
@@ -289,12 +331,24 @@ CudaBackendImpl::CudaBackendImpl(const ModelConfig& config, const TensorStore& s
                   ": expected fill, waves or a number from 1 to 32");
     min_decode_splits_ = static_cast<int32_t>(n);
   }
+  const std::string nano_name = env_or("BLEND_CUDA_NANO_BATCHES", "off");
+  if (nano_name == "off")
+    nano_mode_ = NanoMode::kOff;
+  else if (nano_name == "auto")
+    nano_mode_ = NanoMode::kAuto;
+  else if (nano_name == "always")
+    nano_mode_ = NanoMode::kAlways;
+  else
+    throw Error("BLEND_CUDA_NANO_BATCHES=" + nano_name + ": expected off, auto or always");
   check_cuda(cudaSetDevice(0), "cudaSetDevice");
   check_cuda(cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, 0),
              "cudaDeviceGetAttribute");
-  check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-  check_cublas(cublasCreate(&blas_), "cublasCreate");
-  check_cublas(cublasSetStream(blas_, stream_), "cublasSetStream");
+  for (Lane& lane : lanes_) {
+    check_cuda(cudaStreamCreateWithFlags(&lane.stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    check_cublas(cublasCreate(&lane.blas), "cublasCreate");
+    check_cublas(cublasSetStream(lane.blas, lane.stream), "cublasSetStream");
+  }
+  stream_ = lanes_[0].stream;
 
   auto get = [&](const std::string& name) { return &store.get(name); };
   for (int64_t i = 0; i < config_.num_layers; ++i) {
@@ -339,15 +393,29 @@ CudaBackendImpl::CudaBackendImpl(const ModelConfig& config, const TensorStore& s
   const int64_t reserve =
       std::max<int64_t>(int64_t{4} << 30, static_cast<int64_t>(total_bytes / 10));
   kv_budget_ = std::max<int64_t>(static_cast<int64_t>(free_bytes) - reserve, int64_t{64} << 20);
+  if (nano_mode_ != NanoMode::kOff) {
+    nano_cost_ = measure_nano_cost();
+    const std::string interference = env_or("BLEND_CUDA_NANO_INTERFERENCE", "");
+    if (!interference.empty()) nano_cost_.interference = std::stod(interference);
+    for (size_t i = 0; i < 2 * (layers_.size() + 1) + 2; ++i) {
+      cudaEvent_t e = nullptr;
+      check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+      phase_events_.push_back(e);
+    }
+  }
   if (options.num_pages > 0) allocate_kv(options.num_pages);
   if (options.overlap) compute_steps_on_worker();
 }
 
 CudaBackendImpl::~CudaBackendImpl() {
-  if (stream_) cudaStreamSynchronize(stream_);
+  for (Lane& lane : lanes_)
+    if (lane.stream) cudaStreamSynchronize(lane.stream);
   for (cudaEvent_t e : events_) cudaEventDestroy(e);
-  if (blas_) cublasDestroy(blas_);
-  if (stream_) cudaStreamDestroy(stream_);
+  for (cudaEvent_t e : phase_events_) cudaEventDestroy(e);
+  for (Lane& lane : lanes_) {
+    if (lane.blas) cublasDestroy(lane.blas);
+    if (lane.stream) cudaStreamDestroy(lane.stream);
+  }
 }
 
 void CudaBackendImpl::allocate_kv(int64_t num_pages) {
@@ -384,12 +452,12 @@ void CudaBackendImpl::collect_op_times() {
   events_used_ = 0;
 }
 
-void CudaBackendImpl::gemm(const void* x, int64_t m, const DeviceBuffer& w, int64_t n, int64_t k,
-                           float* y, bool accumulate) {
+void CudaBackendImpl::gemm(cublasHandle_t blas, const void* x, int64_t m, const DeviceBuffer& w,
+                           int64_t n, int64_t k, float* y, bool accumulate) {
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   const cudaDataType_t t = elem_ == Elem::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
   // Row-major y = x w^T is column-major y^T = w x^T: w is column-major k x n, used transposed.
-  check_cublas(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n),
+  check_cublas(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n),
                             static_cast<int>(m), static_cast<int>(k), &alpha, w.get(), t,
                             static_cast<int>(k), x, t, static_cast<int>(k), &beta, y, CUDA_R_32F,
                             static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
@@ -428,27 +496,61 @@ bool CudaBackendImpl::forward_argmax(const ForwardBatch& batch, std::span<TokenI
 
 int64_t CudaBackendImpl::compute_logits(const ForwardBatch& batch, size_t host_logits_size) {
   check_forward_batch(batch, config_, kv_.page_size, num_pages_, host_logits_size, "cuda");
-  const int64_t m = batch.num_tokens();
-  if (m == 0) return 0;
-  const cuda::BatchLayout layout = cuda::layout_batch(batch, kv_.page_size, prefill_tile_tokens_);
-  auto* meta = static_cast<int32_t*>(meta_.reserve(layout.data.size() * sizeof(int32_t)));
+  if (batch.num_tokens() == 0) return 0;
+  const int64_t r = batch.num_logit_rows();
+  auto* logits =
+      static_cast<float*>(logits_.reserve(std::max<int64_t>(r, 1) * config_.vocab_size * 4));
+  events_used_ = 0;  // a step that threw left its events unread
+  if (nano_mode_ != NanoMode::kOff && batch.chunks.size() >= 2) {
+    std::vector<cuda::ChunkWork> work(batch.chunks.size());
+    for (size_t i = 0; i < work.size(); ++i)
+      work[i] = {.tokens = batch.chunks[i].num_tokens, .cached = batch.chunks[i].num_cached};
+    const cuda::NanoSplit split =
+        cuda::choose_nano_split(work, nano_cost_, nano_min_ratio_, nano_mode_ == NanoMode::kAlways);
+    if (split.cut > 0) {
+      run_nano_batches(batch, static_cast<size_t>(split.cut), logits);
+      return r;
+    }
+  }
+  const LaneStep s = prepare(lanes_[0], batch, 0, batch.chunks.size());
+  mark(nullptr);
+  cuda::embed(s.view, embed_.get(), embed_elem_, config_.hidden_size, s.x, stream_);
+  mark(&CudaOpTimes::embed);
+  for (size_t li = 0; li < layers_.size(); ++li) {
+    pre_attention(s, li);
+    attend(s, li);
+    post_attention(s, li);
+  }
+  head(s, logits);
+  mark(&CudaOpTimes::lm_head);
+  return r;
+}
+
+CudaBackendImpl::LaneStep CudaBackendImpl::prepare(Lane& lane, const ForwardBatch& batch,
+                                                   size_t first, size_t end) {
+  const cuda::BatchLayout layout =
+      cuda::layout_chunks(batch, first, end, kv_.page_size, prefill_tile_tokens_);
+  auto* meta = static_cast<int32_t*>(lane.meta.reserve(layout.data.size() * sizeof(int32_t)));
+  // From pageable memory: the copy is staged before the call returns, so `layout` may go.
   check_cuda(cudaMemcpyAsync(meta, layout.data.data(), layout.data.size() * sizeof(int32_t),
-                             cudaMemcpyHostToDevice, stream_),
+                             cudaMemcpyHostToDevice, lane.stream),
              "batch upload");
-  const cuda::BatchView view = {.tokens = meta + layout.tokens,
-                                .positions = meta + layout.positions,
-                                .token_chunk = meta + layout.token_chunk,
-                                .chunk_table = meta + layout.chunk_table,
-                                .tables = meta + layout.tables,
-                                .reversed = meta + layout.reversed,
-                                .logit_rows = meta + layout.logit_rows,
-                                .prefill_tiles = meta + layout.prefill_tiles,
-                                .single_tokens = meta + layout.single_tokens,
-                                .num_tokens = layout.num_tokens,
-                                .num_logit_rows = layout.num_logit_rows,
-                                .num_prefill_tiles = layout.num_prefill_tiles,
-                                .num_single_tokens = layout.num_single_tokens,
-                                .max_single_context = layout.max_single_context};
+  LaneStep s;
+  s.lane = &lane;
+  s.view = {.tokens = meta + layout.tokens,
+            .positions = meta + layout.positions,
+            .token_chunk = meta + layout.token_chunk,
+            .chunk_table = meta + layout.chunk_table,
+            .tables = meta + layout.tables,
+            .reversed = meta + layout.reversed,
+            .logit_rows = meta + layout.logit_rows,
+            .prefill_tiles = meta + layout.prefill_tiles,
+            .single_tokens = meta + layout.single_tokens,
+            .num_tokens = layout.num_tokens,
+            .num_logit_rows = layout.num_logit_rows,
+            .num_prefill_tiles = layout.num_prefill_tiles,
+            .num_single_tokens = layout.num_single_tokens,
+            .max_single_context = layout.max_single_context};
   // Scratch for the most splits the decode kernel may choose (it picks within it).
   int32_t splits = std::max(cuda::decode_splits(layout.num_single_tokens, kv_.num_kv_heads,
                                                 layout.max_single_context, multiprocessors_),
@@ -458,64 +560,169 @@ int64_t CudaBackendImpl::compute_logits(const ForwardBatch& batch, size_t host_l
         std::max(splits, cuda::wave_splits_most(cuda::decode_tiles(layout.max_single_context)));
   const size_t scratch_floats = cuda::decode_scratch_floats(
       layout.num_single_tokens, static_cast<int32_t>(config_.num_heads), kv_.head_dim, splits);
-  const cuda::DecodeScratch scratch = {
-      .data = static_cast<float*>(decode_scratch_.reserve(scratch_floats * sizeof(float))),
-      .floats = scratch_floats,
-      .multiprocessors = multiprocessors_,
-      .splits = decode_splits_,
-      .min_splits = min_decode_splits_,
-      .heads_fastest = decode_heads_fastest_};
-
-  const int64_t h = config_.hidden_size, qd = config_.q_dim(), kvd = config_.kv_dim();
-  const int64_t f = config_.intermediate_size, nqkv = qd + 2 * kvd, vocab = config_.vocab_size;
+  s.scratch = {.data = static_cast<float*>(lane.decode_scratch.reserve(scratch_floats * 4)),
+               .floats = scratch_floats,
+               .multiprocessors = multiprocessors_,
+               .splits = decode_splits_,
+               .min_splits = min_decode_splits_,
+               .heads_fastest = decode_heads_fastest_};
+  const int64_t m = layout.num_tokens, h = config_.hidden_size, qd = config_.q_dim();
+  const int64_t f = config_.intermediate_size, nqkv = qd + 2 * config_.kv_dim();
   const size_t es = elem_size(elem_);
-  const auto eps = static_cast<float>(config_.rms_norm_eps);
-  auto* x = static_cast<float*>(x_.reserve(m * h * 4));
-  void* xn = xn_.reserve(m * h * es);
-  auto* qkv = static_cast<float*>(qkv_.reserve(m * nqkv * 4));
-  void* attn = attn_.reserve(m * qd * es);
-  auto* gu = static_cast<float*>(gu_.reserve(m * 2 * f * 4));
-  void* act = act_.reserve(m * f * es);
-  const auto heads = static_cast<int32_t>(config_.num_heads);
-  const auto window = static_cast<int32_t>(config_.sliding_window.value_or(0));
+  s.m = m;
+  s.x = static_cast<float*>(lane.x.reserve(m * h * 4));
+  s.xn = lane.xn.reserve(m * h * es);
+  s.qkv = static_cast<float*>(lane.qkv.reserve(m * nqkv * 4));
+  s.attn = lane.attn.reserve(m * qd * es);
+  s.gu = static_cast<float*>(lane.gu.reserve(m * 2 * f * 4));
+  s.act = lane.act.reserve(m * f * es);
+  return s;
+}
 
-  events_used_ = 0;  // a step that threw left its events unread
-  mark(nullptr);
-  cuda::embed(view, embed_.get(), embed_elem_, h, x, stream_);
-  mark(&CudaOpTimes::embed);
-  for (size_t li = 0; li < layers_.size(); ++li) {
-    const Layer& l = layers_[li];
-    const auto layer = static_cast<int32_t>(li);
-    cuda::rmsnorm(x, nullptr, m, h, l.attn_norm.get<float>(), eps, xn, elem_, stream_);
-    mark(&CudaOpTimes::norm);
-    gemm(xn, m, l.qkv, nqkv, h, qkv, false);
-    if (config_.attention_bias) cuda::add_bias(qkv, m, nqkv, l.qkv_bias.get<float>(), stream_);
-    mark(&CudaOpTimes::qkv);
-    cuda::rope_write_kv(view, qkv, nqkv, heads, inv_freq_.get<double>(), kv_, layer, stream_);
-    mark(&CudaOpTimes::rope_kv);
-    cuda::attention(view, qkv, nqkv, kv_, layer, heads, window, attn, elem_, attention_kernel_,
-                    scratch, stream_);
-    mark(&CudaOpTimes::attention);
-    gemm(attn, m, l.o, h, qd, x, true);
-    mark(&CudaOpTimes::o_proj);
-    cuda::rmsnorm(x, nullptr, m, h, l.mlp_norm.get<float>(), eps, xn, elem_, stream_);
-    mark(&CudaOpTimes::norm);
-    gemm(xn, m, l.gate_up, 2 * f, h, gu, false);
-    mark(&CudaOpTimes::gate_up);
-    cuda::swiglu(gu, m, f, act, elem_, stream_);
-    mark(&CudaOpTimes::act);
-    gemm(act, m, l.down, h, f, x, true);
-    mark(&CudaOpTimes::down);
+void CudaBackendImpl::pre_attention(const LaneStep& s, size_t li) {
+  const Layer& l = layers_[li];
+  cudaStream_t st = s.lane->stream;
+  const int64_t h = config_.hidden_size, nqkv = config_.q_dim() + 2 * config_.kv_dim();
+  cuda::rmsnorm(s.x, nullptr, s.m, h, l.attn_norm.get<float>(),
+                static_cast<float>(config_.rms_norm_eps), s.xn, elem_, st);
+  mark(&CudaOpTimes::norm);
+  gemm(s.lane->blas, s.xn, s.m, l.qkv, nqkv, h, s.qkv, false);
+  if (config_.attention_bias) cuda::add_bias(s.qkv, s.m, nqkv, l.qkv_bias.get<float>(), st);
+  mark(&CudaOpTimes::qkv);
+  cuda::rope_write_kv(s.view, s.qkv, nqkv, static_cast<int32_t>(config_.num_heads),
+                      inv_freq_.get<double>(), kv_, static_cast<int32_t>(li), st);
+  mark(&CudaOpTimes::rope_kv);
+}
+
+void CudaBackendImpl::attend(const LaneStep& s, size_t li) {
+  const int64_t nqkv = config_.q_dim() + 2 * config_.kv_dim();
+  cuda::attention(s.view, s.qkv, nqkv, kv_, static_cast<int32_t>(li),
+                  static_cast<int32_t>(config_.num_heads),
+                  static_cast<int32_t>(config_.sliding_window.value_or(0)), s.attn, elem_,
+                  attention_kernel_, s.scratch, s.lane->stream);
+  mark(&CudaOpTimes::attention);
+}
+
+void CudaBackendImpl::post_attention(const LaneStep& s, size_t li) {
+  const Layer& l = layers_[li];
+  cudaStream_t st = s.lane->stream;
+  const int64_t h = config_.hidden_size, qd = config_.q_dim(), f = config_.intermediate_size;
+  gemm(s.lane->blas, s.attn, s.m, l.o, h, qd, s.x, true);
+  mark(&CudaOpTimes::o_proj);
+  cuda::rmsnorm(s.x, nullptr, s.m, h, l.mlp_norm.get<float>(),
+                static_cast<float>(config_.rms_norm_eps), s.xn, elem_, st);
+  mark(&CudaOpTimes::norm);
+  gemm(s.lane->blas, s.xn, s.m, l.gate_up, 2 * f, h, s.gu, false);
+  mark(&CudaOpTimes::gate_up);
+  cuda::swiglu(s.gu, s.m, f, s.act, elem_, st);
+  mark(&CudaOpTimes::act);
+  gemm(s.lane->blas, s.act, s.m, l.down, h, f, s.x, true);
+  mark(&CudaOpTimes::down);
+}
+
+void CudaBackendImpl::head(const LaneStep& s, float* logits) {
+  const int64_t r = s.view.num_logit_rows;
+  if (r == 0) return;
+  cuda::rmsnorm(s.x, s.view.logit_rows, r, config_.hidden_size, final_norm_.get<float>(),
+                static_cast<float>(config_.rms_norm_eps), s.xn, elem_, s.lane->stream);
+  gemm(s.lane->blas, s.xn, r, lm_head_, config_.vocab_size, config_.hidden_size, logits, false);
+}
+
+// NanoFlow §4.3's overlap with two nano-batches X (chunks [0, cut)) and Y (the rest), each on
+// its own lane. Per nano-batch the layers alternate GEMM phases G(l) (post_attention of layer
+// l-1, pre_attention of layer l) and attention phases A(l). Events order the GEMM phases
+// X.G(0) < Y.G(0) < X.G(1) < Y.G(1) < ..., so each has the GPU's SMs, and each attention phase
+// runs beside the other nano-batch's GEMM phase. Nothing else is shared: the nano-batches hold
+// different sequences, whose KV writes go to different slots (the radix cache holds only KV
+// computed in earlier steps), and each lane has its own activations and cuBLAS handle.
+void CudaBackendImpl::run_nano_batches(const ForwardBatch& batch, size_t cut, float* logits) {
+  Lane& lx = lanes_[0];
+  Lane& ly = lanes_[1];
+  // Per-op timing records events on stream_ alone: a pipelined step has no per-op times.
+  struct NoMarks {
+    bool& on;
+    bool saved;
+    ~NoMarks() { on = saved; }
+  } no_marks{timing_, timing_};
+  timing_ = false;
+  const LaneStep x = prepare(lx, batch, 0, cut);
+  const LaneStep y = prepare(ly, batch, cut, batch.chunks.size());
+  const size_t layers = layers_.size();
+  cudaEvent_t* gx = phase_events_.data();               // [layers + 1]: X.G(l) done
+  cudaEvent_t* gy = phase_events_.data() + layers + 1;  // [layers + 1]: Y.G(l) done
+  cudaEvent_t joined = phase_events_[2 * layers + 2], started = phase_events_[2 * layers + 3];
+  auto gemm_phase = [&](const LaneStep& s, size_t l) {
+    if (l == 0)
+      cuda::embed(s.view, embed_.get(), embed_elem_, config_.hidden_size, s.x, s.lane->stream);
+    else
+      post_attention(s, l - 1);
+    if (l < layers)
+      pre_attention(s, l);
+    else
+      head(s, logits + (&s == &y ? x.view.num_logit_rows * config_.vocab_size : 0));
+  };
+  auto record = [](cudaEvent_t e, cudaStream_t st) {
+    check_cuda(cudaEventRecord(e, st), "cudaEventRecord");
+  };
+  auto wait = [](cudaStream_t st, cudaEvent_t e) {
+    check_cuda(cudaStreamWaitEvent(st, e, 0), "cudaStreamWaitEvent");
+  };
+  record(started, lx.stream);  // Y follows what stream_ had queued before this step
+  wait(ly.stream, started);
+  for (size_t l = 0; l <= layers; ++l) {
+    if (l > 0) wait(lx.stream, gy[l - 1]);
+    gemm_phase(x, l);
+    record(gx[l], lx.stream);
+    if (l < layers) attend(x, l);
+    wait(ly.stream, gx[l]);
+    gemm_phase(y, l);
+    record(gy[l], ly.stream);
+    if (l < layers) attend(y, l);
   }
-  // Final norm and lm_head only for the rows that sample.
-  const int64_t r = layout.num_logit_rows;
-  if (r > 0) {
-    cuda::rmsnorm(x, view.logit_rows, r, h, final_norm_.get<float>(), eps, xn, elem_, stream_);
-    auto* out = static_cast<float*>(logits_.reserve(r * vocab * 4));
-    gemm(xn, r, lm_head_, vocab, h, out, false);
-  }
-  mark(&CudaOpTimes::lm_head);
-  return r;
+  record(joined, ly.stream);
+  wait(lx.stream, joined);  // stream_ (lane 0) now follows all of Y's work
+}
+
+cuda::NanoCost CudaBackendImpl::measure_nano_cost() {
+  // The GEMM rate per token and one weight read, from layer 0's gate/up projection timed at a
+  // weight-bound and a compute-bound row count and scaled to the model by its parameters;
+  // attention's rate per cached token from the weight-read rate (decode attention reads its KV
+  // at about the rate a GEMM reads weights: docs/BENCHMARKS.md, "what limits decode attention").
+  const Layer& l = layers_[0];
+  const int64_t h = config_.hidden_size, f = config_.intermediate_size;
+  const int64_t big = 2048, small = 16;
+  Lane& lane = lanes_[0];
+  void* in = lane.xn.reserve(big * h * elem_size(elem_));
+  check_cuda(cudaMemsetAsync(in, 0, big * h * elem_size(elem_), lane.stream), "cudaMemset");
+  auto* out = static_cast<float*>(lane.gu.reserve(big * 2 * f * 4));
+  cudaEvent_t start = nullptr, stop = nullptr;
+  check_cuda(cudaEventCreate(&start), "cudaEventCreate");
+  check_cuda(cudaEventCreate(&stop), "cudaEventCreate");
+  auto time_gemm = [&](int64_t m) {
+    gemm(lane.blas, in, m, l.gate_up, 2 * f, h, out, false);  // warm-up
+    std::vector<float> ms(5);
+    for (float& t : ms) {
+      check_cuda(cudaEventRecord(start, lane.stream), "cudaEventRecord");
+      gemm(lane.blas, in, m, l.gate_up, 2 * f, h, out, false);
+      check_cuda(cudaEventRecord(stop, lane.stream), "cudaEventRecord");
+      check_cuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
+      check_cuda(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime");
+    }
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2] * 1e-3;
+  };
+  const double small_s = time_gemm(small), big_s = time_gemm(big);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  const double block_params = static_cast<double>(2 * f * h);
+  const double model_params = static_cast<double>(config_.num_matmul_parameters());
+  const double scale = model_params / block_params;
+  const double weight_bytes_per_s = block_params * elem_size(elem_) / small_s;
+  cuda::NanoCost cost;
+  cost.gemm_seconds_per_token = big_s / static_cast<double>(big) * scale;
+  cost.weight_seconds = small_s * scale;
+  cost.kv_seconds_per_token = static_cast<double>(kv_bytes_per_token()) / weight_bytes_per_s;
+  return cost;
 }
 
 void CudaBackendImpl::copy_page(PageId src, PageId dst) {
