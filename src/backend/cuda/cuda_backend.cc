@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -397,6 +398,12 @@ CudaBackendImpl::CudaBackendImpl(const ModelConfig& config, const TensorStore& s
     nano_cost_ = measure_nano_cost();
     const std::string interference = env_or("BLEND_CUDA_NANO_INTERFERENCE", "");
     if (!interference.empty()) nano_cost_.interference = std::stod(interference);
+    std::fprintf(stderr,
+                 "cuda backend: nano-batches %s: GEMMs %.3f us/token, weight read %.2f ms, KV "
+                 "%.2f ns/token, interference %.2f\n",
+                 nano_name.c_str(), nano_cost_.gemm_seconds_per_token * 1e6,
+                 nano_cost_.weight_seconds * 1e3, nano_cost_.kv_seconds_per_token * 1e9,
+                 nano_cost_.interference);
     for (size_t i = 0; i < 2 * (layers_.size() + 1) + 2; ++i) {
       cudaEvent_t e = nullptr;
       check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
