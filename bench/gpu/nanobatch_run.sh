@@ -2,17 +2,19 @@
 # One run on the lent GPU machine that measures NanoFlow's nano-batch overlap (issue 29) in the
 # cuda backend: BLEND_CUDA_NANO_BATCHES off (the sequential engine), auto (two overlapped
 # nano-batches where nano_split.h's cost model predicts a gain) and always (wherever a step
-# has two chunks: the ablation without the model's judgement), first per step and then on the
-# whole engine path. From the repository root, with .gpu/ (bench/gpu/bundle.sh's archive) carried:
+# has two chunks: the ablation without the model's judgement), with the attention kernel
+# (BLEND_CUDA_ATTENTION) and the pipelined GEMMs' SM count (BLEND_CUDA_NANO_GEMM_SMS) as the
+# other two parts of a combination, first per step and then on the whole engine path. From the repository root, with .gpu/ (bench/gpu/bundle.sh's archive) carried:
 #   1. bench/gpu/unpack.sh into /tmp/blend
 #   2. blend_cuda_tests (the nano-batch cases' logits against the cpu backend among them)
 #   3. the llama-3-8b folder (throughput.py's init, reused when present)
-#   4. cuda_forward_bench per mode: decode steps of 64 and 256 sequences at 1,024 cached tokens,
-#      a 4 x 512 prefill and MIXED steps (D decodes + a P-token prompt chunk)
+#   4. cuda_forward_bench per COMBOS combination: decode steps of DECODE sequences at 1,024
+#      cached tokens, a 4 x 512 prefill and MIXED steps (D decodes + a P-token prompt chunk)
 #      -> $OUT/forward_bench.jsonl
 #   5. blend batch --backend cuda at --max-batch-tokens 4096 on each ENGINE_WORK
-#      (prompt:output:requests:repetitions), each repetition every ENGINE_MODES mode, interleaved,
-#      while time is left -> $OUT/engine.jsonl
+#      (prompt:output:requests:repetitions), each repetition the first combination and the one
+#      with the fastest BEST_BY mixed step (or ENGINE_COMBOS), interleaved, while time is left
+#      -> $OUT/engine.jsonl
 # A failing step is reported and the next one runs; the log is $OUT/nanobatch_run.log. TOTAL
 # (default 480 s) bounds the whole run.
 set -u
@@ -45,28 +47,64 @@ step "llama-3-8b folder"
 timeout -k 5 300 python3 "$here/throughput.py" "$BLEND" "$OUT/init" --no-torch --no-blend
 model=/tmp/blend-throughput/model
 
-MODES="${MODES:-off auto always}"
+# A combination is nano/attention/gemm_sms: BLEND_CUDA_NANO_BATCHES, BLEND_CUDA_ATTENTION and
+# BLEND_CUDA_NANO_GEMM_SMS (the pipelined step's GEMMs on at most that many SMs; 0 = all).
+COMBOS="${COMBOS:-off/default/0 auto/default/0 always/default/0}"
 MIXED="${MIXED:-256:512,256:1024,128:1024,64:1024}"
+DECODE="${DECODE:-64,256}"
+run_combo() {  # combination, then the command
+  local c="$1"
+  shift
+  IFS=/ read -r nano attention sms <<<"$c"
+  BLEND_CUDA_NANO_BATCHES=$nano BLEND_CUDA_ATTENTION=$attention BLEND_CUDA_NANO_GEMM_SMS=${sms:-0} "$@"
+}
 if [ -x /tmp/blend/bin/cuda_forward_bench ] && [ -f "$model/config.json" ]; then
-  for mode in $MODES; do
-    [ "$(left)" -lt 200 ] && { echo "forward bench: skipping $mode, $(left) s left"; continue; }
-    step "cuda_forward_bench nano $mode (timeout 90 s)"
-    BLEND_CUDA_NANO_BATCHES=$mode timeout -k 5 90 /tmp/blend/bin/cuda_forward_bench \
-      --model "$model" --decode 64,256 --context 1024 --prefill 4x512 --mixed "$MIXED" --reps 5 \
-      | sed "s|^{|{\"nano\":\"$mode\",|" | tee -a "$OUT/forward_bench.jsonl"
+  for c in $COMBOS; do
+    [ "$(left)" -lt 150 ] && { echo "forward bench: skipping $c, $(left) s left"; continue; }
+    step "cuda_forward_bench $c (timeout 90 s)"
+    run_combo "$c" timeout -k 5 90 /tmp/blend/bin/cuda_forward_bench \
+      --model "$model" --decode "$DECODE" --context 1024 --prefill 4x512 --mixed "$MIXED" --reps 5 \
+      | sed "s|^{|{\"combo\":\"$c\",|" | tee -a "$OUT/forward_bench.jsonl"
     echo "cuda_forward_bench: exit ${PIPESTATUS[0]}"
   done
 fi
 
-# ENGINE_WORK: prompt:output:requests:repetitions per work, each repetition every mode.
+# The combination with the fastest step of the mixed kind BEST_BY (decodes:prompt), for the
+# engine runs beside the first combination.
+BEST_BY="${BEST_BY:-256:1024}"
+best=$(python3 - "$OUT/forward_bench.jsonl" "$BEST_BY" <<'EOF2'
+import json, sys
+d, p = (int(x) for x in sys.argv[2].split(":"))
+best = None
+try:
+    for line in open(sys.argv[1]):
+        try:
+            j = json.loads(line)
+        except ValueError:
+            continue
+        if j.get("kind") == "mixed" and j.get("decodes") == d and j.get("prompt_tokens") == p:
+            if best is None or j["step_ms"] < best[0]:
+                best = (j["step_ms"], j["combo"])
+except OSError:
+    pass
+print(best[1] if best else "")
+EOF2
+)
+first="${COMBOS%% *}"
+ENGINE_COMBOS="${ENGINE_COMBOS:-$first${best:+ $best}}"
+[ "$best" = "$first" ] && ENGINE_COMBOS="$first auto/default/0"
+echo "engine combinations: $ENGINE_COMBOS (fastest mixed $BEST_BY step: ${best:-none})"
+
+# ENGINE_WORK: prompt:output:requests:repetitions per work, each repetition every combination.
 for work in ${ENGINE_WORK:-512:128:1024:2 1024:512:512:1}; do
   IFS=: read -r prompt output requests reps <<<"$work"
   for i in $(seq "$reps"); do
-    for mode in ${ENGINE_MODES:-off auto}; do
-      [ "$(left)" -lt 75 ] && { echo "engine: skipping $mode $work run $i, $(left) s left"; continue; }
-      step "blend batch nano $mode, $requests x ($prompt + $output), run $i"
-      BLEND_CUDA_NANO_BATCHES=$mode timeout -k 5 150 python3 "$here/throughput.py" "$BLEND" \
-        "$OUT/engine-$prompt-$output-$mode-$i" --no-torch --budgets 4096 --requests "$requests" \
+    for c in $ENGINE_COMBOS; do
+      [ "$(left)" -lt 75 ] && { echo "engine: skipping $c $work run $i, $(left) s left"; continue; }
+      step "blend batch $c, $requests x ($prompt + $output), run $i"
+      tag=$(echo "$c" | tr / -)
+      run_combo "$c" timeout -k 5 150 python3 "$here/throughput.py" "$BLEND" \
+        "$OUT/engine-$prompt-$output-$tag-$i" --no-torch --budgets 4096 --requests "$requests" \
         --min-requests "$requests" --prompt "$prompt" --output "$output" --max-running 512 \
         --run-cap 90 2>&1 | grep -E "tokens/s|error|Error" | head -2
     done

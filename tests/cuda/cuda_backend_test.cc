@@ -387,6 +387,7 @@ struct Case {
   std::string splits = "fill";        // BLEND_CUDA_DECODE_SPLITS
   std::string grid = "tokens";        // BLEND_CUDA_DECODE_GRID
   std::string nano = "off";           // BLEND_CUDA_NANO_BATCHES
+  std::string nano_sms = "0";         // BLEND_CUDA_NANO_GEMM_SMS
 };
 
 class CudaMatchesCpu : public ::testing::TestWithParam<Case> {};
@@ -404,7 +405,8 @@ TEST_P(CudaMatchesCpu, LogitsOfMixedSteps) {
                    {"BLEND_CUDA_KV_LAYOUT", p.layout},
                    {"BLEND_CUDA_DECODE_SPLITS", p.splits},
                    {"BLEND_CUDA_DECODE_GRID", p.grid},
-                   {"BLEND_CUDA_NANO_BATCHES", p.nano}});
+                   {"BLEND_CUDA_NANO_BATCHES", p.nano},
+                   {"BLEND_CUDA_NANO_GEMM_SMS", p.nano_sms}});
     gpu = make_cuda_backend(m.config, m.store, options());
   }
   EXPECT_EQ(gpu->compute_dtype(), cpu->compute_dtype());
@@ -474,7 +476,8 @@ INSTANTIATE_TEST_SUITE_P(
       std::string name = i.param.variant + (i.param.dtype == DType::kF32 ? "_f32_" : "_bf16_") +
                          i.param.attention + "_" + i.param.layout + "_splits_" + i.param.splits +
                          "_" + i.param.grid +
-                         (i.param.nano == "off" ? "" : "_nano_" + i.param.nano);
+                         (i.param.nano == "off" ? "" : "_nano_" + i.param.nano) +
+                         (i.param.nano_sms == "0" ? "" : "_sms_" + i.param.nano_sms);
       std::replace(name.begin(), name.end(), '-', '_');
       return name;
     });
@@ -569,7 +572,8 @@ TEST(CudaBackend, RefusesUnknownKernelKnobs) {
                                                         {"BLEND_CUDA_DECODE_SPLITS", "0"},
                                                         {"BLEND_CUDA_DECODE_SPLITS", "4x"},
                                                         {"BLEND_CUDA_DECODE_GRID", "rows"},
-                                                        {"BLEND_CUDA_NANO_BATCHES", "yes"}}) {
+                                                        {"BLEND_CUDA_NANO_BATCHES", "yes"},
+                                                        {"BLEND_CUDA_NANO_GEMM_SMS", "-1"}}) {
     ScopedEnv env(name, value);
     EXPECT_THROW(make_cuda_backend(m.config, m.store, options()), Error) << name << "=" << value;
   }

@@ -172,11 +172,15 @@ class CudaBackendImpl final : public CudaBackend {
   struct Lane {
     cudaStream_t stream = nullptr;
     cublasHandle_t blas = nullptr;
+    // The GEMMs of a pipelined step: on at most nano_gemm_sms_ SMs (cublasSetSmCountTarget),
+    // leaving the rest to the other lane's attention (NanoFlow §4.3's execution-unit split).
+    cublasHandle_t nano_blas = nullptr;
     DeviceBuffer meta, x, xn, qkv, attn, gu, act, decode_scratch;
   };
   // Chunks [first, end) of a step on one lane: the batch uploaded, the buffers reserved.
   struct LaneStep {
     Lane* lane = nullptr;
+    cublasHandle_t blas = nullptr;  // lane->blas, or lane->nano_blas in a pipelined step
     cuda::BatchView view;
     cuda::DecodeScratch scratch;
     int64_t m = 0;
@@ -231,6 +235,7 @@ class CudaBackendImpl final : public CudaBackend {
   enum class NanoMode { kOff, kAuto, kAlways } nano_mode_ = NanoMode::kOff;
   cuda::NanoCost nano_cost_;
   double nano_min_ratio_ = 0.95;
+  int nano_gemm_sms_ = 0;                  // BLEND_CUDA_NANO_GEMM_SMS; 0: every SM
   std::vector<cudaEvent_t> phase_events_;  // nano-batch phase ends (no timing)
   DeviceBuffer embed_, final_norm_, lm_head_, inv_freq_;
   cuda::KvView kv_;
@@ -287,7 +292,8 @@ CudaBackendImpl::CudaBackendImpl(const ModelConfig& config, const TensorStore& s
   //   the last wave of blocks), or a number N (at least N splits).
   // BLEND_CUDA_NANO_BATCHES: off, auto (two nano-batches where nano_split.h predicts a gain) or
   //   always (wherever a step has two chunks: tests); BLEND_CUDA_NANO_INTERFERENCE overrides the
-  //   cost model's interference (0.71).
+  //   cost model's interference (0.71); BLEND_CUDA_NANO_GEMM_SMS=N runs a pipelined step's GEMMs
+  //   on at most N SMs (0, the default: all).
   const std::string kernel_name = env_or("BLEND_CUDA_ATTENTION", "default");
   if (kernel_name == "tiled32")
     attention_kernel_ = cuda::AttentionKernel::kTiled32;
@@ -341,6 +347,14 @@ CudaBackendImpl::CudaBackendImpl(const ModelConfig& config, const TensorStore& s
     nano_mode_ = NanoMode::kAlways;
   else
     throw Error("BLEND_CUDA_NANO_BATCHES=" + nano_name + ": expected off, auto or always");
+  const std::string gemm_sms = env_or("BLEND_CUDA_NANO_GEMM_SMS", "0");
+  {
+    char* end = nullptr;
+    const long n = std::strtol(gemm_sms.c_str(), &end, 10);
+    if (*end != '\0' || n < 0 || n > 1024)
+      throw Error("BLEND_CUDA_NANO_GEMM_SMS=" + gemm_sms + ": expected a number of SMs (0: all)");
+    nano_gemm_sms_ = static_cast<int>(n);
+  }
   check_cuda(cudaSetDevice(0), "cudaSetDevice");
   check_cuda(cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, 0),
              "cudaDeviceGetAttribute");
@@ -348,6 +362,11 @@ CudaBackendImpl::CudaBackendImpl(const ModelConfig& config, const TensorStore& s
     check_cuda(cudaStreamCreateWithFlags(&lane.stream, cudaStreamNonBlocking), "cudaStreamCreate");
     check_cublas(cublasCreate(&lane.blas), "cublasCreate");
     check_cublas(cublasSetStream(lane.blas, lane.stream), "cublasSetStream");
+    check_cublas(cublasCreate(&lane.nano_blas), "cublasCreate");
+    check_cublas(cublasSetStream(lane.nano_blas, lane.stream), "cublasSetStream");
+    if (nano_gemm_sms_ > 0)
+      check_cublas(cublasSetSmCountTarget(lane.nano_blas, nano_gemm_sms_),
+                   "cublasSetSmCountTarget");
   }
   stream_ = lanes_[0].stream;
 
@@ -400,10 +419,10 @@ CudaBackendImpl::CudaBackendImpl(const ModelConfig& config, const TensorStore& s
     if (!interference.empty()) nano_cost_.interference = std::stod(interference);
     std::fprintf(stderr,
                  "cuda backend: nano-batches %s: GEMMs %.3f us/token, weight read %.2f ms, KV "
-                 "%.2f ns/token, interference %.2f\n",
+                 "%.2f ns/token, interference %.2f, GEMMs on %d SMs\n",
                  nano_name.c_str(), nano_cost_.gemm_seconds_per_token * 1e6,
                  nano_cost_.weight_seconds * 1e3, nano_cost_.kv_seconds_per_token * 1e9,
-                 nano_cost_.interference);
+                 nano_cost_.interference, nano_gemm_sms_);
     for (size_t i = 0; i < 2 * (layers_.size() + 1) + 2; ++i) {
       cudaEvent_t e = nullptr;
       check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
@@ -421,6 +440,7 @@ CudaBackendImpl::~CudaBackendImpl() {
   for (cudaEvent_t e : phase_events_) cudaEventDestroy(e);
   for (Lane& lane : lanes_) {
     if (lane.blas) cublasDestroy(lane.blas);
+    if (lane.nano_blas) cublasDestroy(lane.nano_blas);
     if (lane.stream) cudaStreamDestroy(lane.stream);
   }
 }
@@ -544,6 +564,7 @@ CudaBackendImpl::LaneStep CudaBackendImpl::prepare(Lane& lane, const ForwardBatc
              "batch upload");
   LaneStep s;
   s.lane = &lane;
+  s.blas = lane.blas;
   s.view = {.tokens = meta + layout.tokens,
             .positions = meta + layout.positions,
             .token_chunk = meta + layout.token_chunk,
@@ -593,7 +614,7 @@ void CudaBackendImpl::pre_attention(const LaneStep& s, size_t li) {
   cuda::rmsnorm(s.x, nullptr, s.m, h, l.attn_norm.get<float>(),
                 static_cast<float>(config_.rms_norm_eps), s.xn, elem_, st);
   mark(&CudaOpTimes::norm);
-  gemm(s.lane->blas, s.xn, s.m, l.qkv, nqkv, h, s.qkv, false);
+  gemm(s.blas, s.xn, s.m, l.qkv, nqkv, h, s.qkv, false);
   if (config_.attention_bias) cuda::add_bias(s.qkv, s.m, nqkv, l.qkv_bias.get<float>(), st);
   mark(&CudaOpTimes::qkv);
   cuda::rope_write_kv(s.view, s.qkv, nqkv, static_cast<int32_t>(config_.num_heads),
@@ -614,16 +635,16 @@ void CudaBackendImpl::post_attention(const LaneStep& s, size_t li) {
   const Layer& l = layers_[li];
   cudaStream_t st = s.lane->stream;
   const int64_t h = config_.hidden_size, qd = config_.q_dim(), f = config_.intermediate_size;
-  gemm(s.lane->blas, s.attn, s.m, l.o, h, qd, s.x, true);
+  gemm(s.blas, s.attn, s.m, l.o, h, qd, s.x, true);
   mark(&CudaOpTimes::o_proj);
   cuda::rmsnorm(s.x, nullptr, s.m, h, l.mlp_norm.get<float>(),
                 static_cast<float>(config_.rms_norm_eps), s.xn, elem_, st);
   mark(&CudaOpTimes::norm);
-  gemm(s.lane->blas, s.xn, s.m, l.gate_up, 2 * f, h, s.gu, false);
+  gemm(s.blas, s.xn, s.m, l.gate_up, 2 * f, h, s.gu, false);
   mark(&CudaOpTimes::gate_up);
   cuda::swiglu(s.gu, s.m, f, s.act, elem_, st);
   mark(&CudaOpTimes::act);
-  gemm(s.lane->blas, s.act, s.m, l.down, h, f, s.x, true);
+  gemm(s.blas, s.act, s.m, l.down, h, f, s.x, true);
   mark(&CudaOpTimes::down);
 }
 
@@ -632,7 +653,7 @@ void CudaBackendImpl::head(const LaneStep& s, float* logits) {
   if (r == 0) return;
   cuda::rmsnorm(s.x, s.view.logit_rows, r, config_.hidden_size, final_norm_.get<float>(),
                 static_cast<float>(config_.rms_norm_eps), s.xn, elem_, s.lane->stream);
-  gemm(s.lane->blas, s.xn, r, lm_head_, config_.vocab_size, config_.hidden_size, logits, false);
+  gemm(s.blas, s.xn, r, lm_head_, config_.vocab_size, config_.hidden_size, logits, false);
 }
 
 // NanoFlow §4.3's overlap with two nano-batches X (chunks [0, cut)) and Y (the rest), each on
@@ -652,8 +673,10 @@ void CudaBackendImpl::run_nano_batches(const ForwardBatch& batch, size_t cut, fl
     ~NoMarks() { on = saved; }
   } no_marks{timing_, timing_};
   timing_ = false;
-  const LaneStep x = prepare(lx, batch, 0, cut);
-  const LaneStep y = prepare(ly, batch, cut, batch.chunks.size());
+  LaneStep x = prepare(lx, batch, 0, cut);
+  LaneStep y = prepare(ly, batch, cut, batch.chunks.size());
+  x.blas = lx.nano_blas;
+  y.blas = ly.nano_blas;
   const size_t layers = layers_.size();
   cudaEvent_t* gx = phase_events_.data();               // [layers + 1]: X.G(l) done
   cudaEvent_t* gy = phase_events_.data() + layers + 1;  // [layers + 1]: Y.G(l) done
