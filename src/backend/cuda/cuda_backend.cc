@@ -292,8 +292,8 @@ CudaBackendImpl::CudaBackendImpl(const ModelConfig& config, const TensorStore& s
   //   the last wave of blocks), or a number N (at least N splits).
   // BLEND_CUDA_NANO_BATCHES: off, auto (two nano-batches where nano_split.h predicts a gain) or
   //   always (wherever a step has two chunks: tests); BLEND_CUDA_NANO_INTERFERENCE overrides the
-  //   cost model's interference (0.71); BLEND_CUDA_NANO_GEMM_SMS=N runs a pipelined step's GEMMs
-  //   on at most N SMs (0, the default: all).
+  //   cost model's interference (1, measured: nano_split.h); BLEND_CUDA_NANO_GEMM_SMS=N runs a
+  //   pipelined step's GEMMs on at most N SMs (0, the default: all).
   const std::string kernel_name = env_or("BLEND_CUDA_ATTENTION", "default");
   if (kernel_name == "tiled32")
     attention_kernel_ = cuda::AttentionKernel::kTiled32;

@@ -5,9 +5,13 @@
 // sample come back to the host and are sampled there by the Backend default (the same sampler
 // and seeds as the cpu backend).
 //
-// Not yet: device-side sampling, CUDA graphs, tensor-core prefill attention, split-K decode
-// attention; `--deterministic` is refused (cuBLAS picks its algorithm by shape, so a row's
-// result may depend on the batch).
+// Greedy rows are picked on the GPU (forward_argmax); prefill chunks run attention on tensor
+// cores, decodes in a pipelined kernel with flash-decoding splits (attention.cu). A step may run
+// as two overlapped nano-batches (NanoFlow §4.3, nano_split.h; BLEND_CUDA_NANO_BATCHES, off by
+// default: it measured no gain with these kernels).
+//
+// Not yet: sampling other than greedy on the GPU, CUDA graphs; `--deterministic` is refused
+// (cuBLAS picks its algorithm by shape, so a row's result may depend on the batch).
 #pragma once
 
 #include <memory>

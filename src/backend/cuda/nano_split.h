@@ -10,9 +10,12 @@
 // the overlap NanoFlow's Fig. 5 builds. Its steady-state period per layer is the longest cycle
 // of that dependency graph, max(G_X + G_Y, G_X + A_X, G_Y + A_Y), never under A_X + A_Y (the
 // attentions share the memory), plus what the overlapped work loses to sharing the GPU:
-// `interference` times the overlapped time (the simulator's GEMM-attention interference term;
-// 0.71 measured with our probe on an H100, docs/BENCHMARKS.md). At interference 1 no cut is
-// predicted to beat the whole step.
+// `interference` times the overlapped time (the simulator's GEMM-attention interference term).
+// At interference 1 no cut is predicted to beat the whole step. The engine measured its own
+// (docs/BENCHMARKS.md, "nano-batch overlap on an H100"): with cuBLAS GEMMs and our CUDA-core
+// decode attention the pipelined step was never faster than the whole step (interference
+// about 1, as bench/gpu/overlap_interference.cu found for that kernel); 0.71 is what a kernel
+// that reads at bandwidth on few SMs got in that probe.
 #pragma once
 
 #include <cstdint>
@@ -33,7 +36,9 @@ struct NanoCost {
   double weight_seconds = 0;          // one read of the weights: a GEMM phase's floor
   double kv_seconds_per_token = 0;    // attention's time per cached token read (a decode)
   double prefill_kv_tile = 64;        // query rows that share one read of the keys in a prefill
-  double interference = 0.71;         // share of the overlapped time lost to sharing the GPU
+  // Share of the overlapped time lost to sharing the GPU: 1 as measured with our kernels (no
+  // cut then wins, so BLEND_CUDA_NANO_BATCHES=auto runs whole steps until a kernel overlaps).
+  double interference = 1.0;
 };
 
 struct NanoSplit {
