@@ -33,12 +33,19 @@ struct SimulateServeArgs {
   std::string traces = workload::default_traces_dir().string();
   online::ServingWorkload workload;
   HybridOptions hybrid;
-  bool fit_iteration_model = false;  // no oracle: fit it from the simulated steps, as serve does
-  double step_noise = 0;             // lognormal sigma on each simulated step's time
+  // hybrid's iteration model: "fit" from the simulated steps, as serve does without --profile,
+  // or "oracle" (the cost model's own: exactly right about every step).
+  std::string iteration_model = "fit";
+  bool fit_flag = false;  // --fit-iteration-model, the old spelling of --iteration-model fit
+  // Lognormal sigma on each simulated step's time: 0.02 as measured on an H100
+  // (docs/BENCHMARKS.md, "Step-time noise on the GPU"; assumed for the other GPU presets).
+  double step_noise = 0.02;
   bool json = false;
 };
 
 void run(const SimulateServeArgs& args) {
+  if (args.fit_flag && args.iteration_model != "fit")
+    throw Error("--fit-iteration-model contradicts --iteration-model " + args.iteration_model);
   const Hardware hw = resolve_hardware(args.hardware);
   const auto shape = find_model_shape_preset(args.model_shape, args.tensor_parallel);
   if (!shape) throw Error("unknown --model-shape " + args.model_shape);
@@ -60,7 +67,7 @@ void run(const SimulateServeArgs& args) {
       eo.scheduler.bidirectional_kv = bidirectional_kv_for(args.kv_layout, eo.scheduler.policy);
       eo.scheduler.iteration_cost = iteration_model_of(cost, page_tokens);
       const double swap_per_page = eo.scheduler.iteration_cost.swap_per_page;
-      if (args.fit_iteration_model) {  // what serve does without a profile: start from nothing
+      if (args.iteration_model == "fit") {  // what serve does without a profile: from nothing
         eo.scheduler.fit_iteration_cost = true;
         eo.scheduler.iteration_cost = {};
       }
@@ -110,7 +117,9 @@ void run(const SimulateServeArgs& args) {
           {"preemptions", s.preemptions},
           {"kv_shared_pages", s.kv_shared_pages},
           {"kv_checkpointed_slots", s.kv_checkpointed_slots},
-          {"kv_transfer_seconds", sim.totals().transfer}};
+          {"kv_transfer_seconds", sim.totals().transfer},
+          {"iteration_model", args.iteration_model},
+          {"step_noise", args.step_noise}};
       if (args.json) {
         std::printf("%s\n", j.dump().c_str());
       } else {
@@ -155,13 +164,17 @@ void register_simulate_serve_command(CLI::App& app) {
   cmd->add_option("--tpot-slo", a->workload.tpot_slo, "Seconds")->capture_default_str();
   cmd->add_option("--kv-memory", a->kv_memory_gb, "KV memory per device in GB");
   add_hybrid_flags(cmd, a->hybrid);
-  cmd->add_flag("--fit-iteration-model", a->fit_iteration_model,
-                "hybrid: fit the iteration model from the simulated steps as `blend serve` fits "
-                "it from real ones without --profile (default: the cost model's own, an oracle)");
+  cmd->add_option("--iteration-model", a->iteration_model,
+                  "hybrid's iteration model: fit (from the simulated steps, as `blend serve` fits "
+                  "it from real ones without --profile) or oracle (the cost model's own)")
+      ->check(CLI::IsMember({"fit", "oracle"}))
+      ->capture_default_str();
+  cmd->add_flag("--fit-iteration-model", a->fit_flag, "The same as --iteration-model fit");
   cmd->add_option("--step-noise", a->step_noise,
                   "Each simulated step's time times a mean-1 lognormal factor of this sigma "
-                  "(default 0: the cost model's time exactly)")
-      ->check(CLI::Range(0.0, 2.0));
+                  "(0.02: measured on an H100; 0: the cost model's time exactly)")
+      ->check(CLI::Range(0.0, 2.0))
+      ->capture_default_str();
   cmd->add_option("--max-batch-tokens", a->max_batch_tokens, "Token budget of one step")
       ->capture_default_str();
   cmd->add_option("--max-running", a->max_running, "Sequences running at once")

@@ -134,6 +134,33 @@ TEST_F(ServingCli, SimulateServePrintsOneJsonObjectPerRateAndPolicy) {
   }
 }
 
+// Without flags the hybrid policy fits its iteration model from the simulated steps and each
+// step carries the GPU's measured noise; --iteration-model oracle --step-noise 0 is the exact
+// cost model. Each line says which it ran, and the two differ on the same seed.
+TEST_F(ServingCli, SimulateServeFitsItsModelUnderNoiseByDefault) {
+  const std::string base =
+      "simulate-serve --rt-rate 4 --duration 30 --policy hybrid --be-batch 32 "
+      "--seed 3 --json --traces '" +
+      traces() + "'";
+  const auto fit = testing::run_command(blend(base));
+  const auto oracle =
+      testing::run_command(blend(base + " --iteration-model oracle --step-noise 0"));
+  ASSERT_EQ(fit.exit_code, 0) << fit.output;
+  ASSERT_EQ(oracle.exit_code, 0) << oracle.output;
+  const auto f = lines(fit.output), o = lines(oracle.output);
+  ASSERT_EQ(f.size(), 1u);
+  ASSERT_EQ(o.size(), 1u);
+  EXPECT_EQ(f[0]["iteration_model"], "fit");
+  EXPECT_DOUBLE_EQ(f[0]["step_noise"].get<double>(), 0.02);
+  EXPECT_EQ(o[0]["iteration_model"], "oracle");
+  EXPECT_DOUBLE_EQ(o[0]["step_noise"].get<double>(), 0.0);
+  EXPECT_NE(f[0]["seconds_until_drained"], o[0]["seconds_until_drained"]);
+  const auto bad =
+      testing::run_command(blend(base + " --fit-iteration-model --iteration-model oracle 2>&1"));
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("contradicts"), std::string::npos) << bad.output;
+}
+
 TEST_F(ServingCli, BadFlagsAreAnErrorNotACrash) {
   const std::string model = (*dir_ / "tiny").string();
   auto r = testing::run_command(
