@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
+
+#include "core/multiversion.h"
 
 namespace blend {
 namespace {
@@ -43,15 +46,85 @@ struct RowScan {
   float max = -std::numeric_limits<float>::infinity();
   bool nan_or_inf = false;
 };
-RowScan scan_row(std::span<const float> logits) {
-  const float* l = logits.data();
-  float m = -std::numeric_limits<float>::infinity();
-  bool bad = false;
-  for (size_t i = 0; i < logits.size(); ++i) {
-    m = l[i] > m ? l[i] : m;
-    bad |= !(l[i] <= std::numeric_limits<float>::max());
+
+// The hot loops below run over whole vocabulary rows for every sampled token (on a small model
+// they are a third of a job: docs/BENCHMARKS.md, "Sampling on a 128K vocabulary"), so each is
+// written in kLanes independent lanes that every ISA vectorises and compiled per ISA.
+constexpr size_t kLanes = 8;
+
+// Eight floats (or their bits) as one value: GCC's and clang's vector extension, which each
+// clone compiles to its ISA's registers (two SSE registers on baseline x86-64). Casts between the
+// two reinterpret the bits.
+typedef float Floats8 __attribute__((vector_size(32)));
+typedef int32_t Ints8 __attribute__((vector_size(32)));
+
+BLEND_MULTIVERSION
+bool scan_lanes(const float* l, size_t n, float* max_out) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  Floats8 m = Floats8{} + kNegInf;
+  Ints8 bad = {};
+  const Ints8 magnitude = Ints8{} + 0x7fffffff, inf = Ints8{} + 0x7f800000;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    Floats8 x;
+    std::memcpy(&x, l + i, sizeof x);
+    const Ints8 greater = x > m;  // all ones where x > m (never for NaN)
+    m = (Floats8)(((Ints8)x & greater) | ((Ints8)m & ~greater));
+    // NaN (magnitude above +inf's, either sign) or +inf, by the bits.
+    const Ints8 u = (Ints8)x;
+    bad |= ((u & magnitude) > inf) | (u == inf);
   }
-  return {m, bad};
+  float best = kNegInf;
+  bool any = false;
+  for (int j = 0; j < 8; ++j) {
+    best = m[j] > best ? m[j] : best;  // max is exact: the lanes' order cannot change it
+    any |= bad[j] != 0;
+  }
+  for (; i < n; ++i) {
+    best = l[i] > best ? l[i] : best;
+    any |= !(l[i] <= std::numeric_limits<float>::max());
+  }
+  *max_out = best;
+  return any;
+}
+
+RowScan scan_row(std::span<const float> logits) {
+  RowScan r;
+  r.nan_or_inf = scan_lanes(logits.data(), logits.size(), &r.max);
+  return r;
+}
+
+// w[i] = exp((l[i] - max) * inv_t), every l[i] <= max.
+BLEND_MULTIVERSION
+void exp_row(const float* l, float* w, size_t n, float max, float inv_t) {
+  for (size_t i = 0; i < n; ++i) w[i] = exp_nonpositive((l[i] - max) * inv_t);
+}
+
+// Sums of w over blocks of kBlock tokens, each block in kLanes lanes added in a fixed order: the
+// same bits every time on one machine, whatever else is in the batch.
+constexpr size_t kBlock = 256;
+BLEND_MULTIVERSION
+void block_sums(const float* w, size_t n, float* sums) {
+  for (size_t b = 0; b < n; b += kBlock) {
+    const size_t e = std::min(n, b + kBlock);
+    float lane[kLanes] = {};
+    size_t i = b;
+    for (; i + kLanes <= e; i += kLanes)
+      for (size_t j = 0; j < kLanes; ++j) lane[j] += w[i + j];
+    for (; i < e; ++i) lane[0] += w[i];
+    float block = 0;
+    for (size_t j = 0; j < kLanes; ++j) block += lane[j];
+    sums[b / kBlock] = block;
+  }
+}
+
+// The row's total weight from its block sums, added in double.
+double blocked_total(const float* w, size_t n, std::vector<float>& sums) {
+  sums.resize((n + kBlock - 1) / kBlock);
+  block_sums(w, n, sums.data());
+  double total = 0;
+  for (float s : sums) total += s;
+  return total;
 }
 
 // The lowest id holding `max` (ties go to the lowest id, so greedy decoding is reproducible).
@@ -59,18 +132,6 @@ TokenId first_at(std::span<const float> logits, float max) {
   size_t i = 0;
   while (i + 1 < logits.size() && logits[i] != max) ++i;
   return static_cast<TokenId>(i);
-}
-
-// Sum in fixed-size blocks of float, blocks added in double: fast, and the same order every time.
-double stable_sum(const float* w, size_t n) {
-  double total = 0;
-  for (size_t b = 0; b < n; b += 256) {
-    float block = 0;
-    const size_t e = std::min(n, b + 256);
-    for (size_t i = b; i < e; ++i) block += w[i];
-    total += block;
-  }
-  return total;
 }
 
 bool more_likely(std::span<const float> logits, TokenId a, TokenId b) {
@@ -182,9 +243,7 @@ SampledToken sample_token(std::span<const float> raw_logits, const SamplingParam
     const float max_logit = scan.max;
     const float inv_t = 1.0f / params.temperature;
     weight.resize(vocab);
-    float* w = weight.data();  // plain pointers: the thread_local wrapper blocks vectorisation
-    const float* l = logits.data();
-    for (size_t i = 0; i < vocab; ++i) w[i] = exp_nonpositive((l[i] - max_logit) * inv_t);
+    exp_row(logits.data(), weight.data(), vocab, max_logit, inv_t);
     const bool restrict = params.top_k > 0 || params.min_p > 0.0f || params.top_p < 1.0f;
     ids.clear();
     if (restrict) {
@@ -236,16 +295,17 @@ SampledToken sample_token(std::span<const float> raw_logits, const SamplingParam
       }
     }
     // Inverse-CDF draw in a fixed order (token id order, or the filtered order).
+    thread_local std::vector<float> sums;
     double total;
     if (restrict) {
       total = 0;
       for (TokenId t : ids) total += weight[static_cast<size_t>(t)];
     } else {
-      total = stable_sum(weight.data(), vocab);
+      total = blocked_total(weight.data(), vocab, sums);
     }
     const double u = sampling_uniform(seed, step) * total;
-    double acc = 0;
     if (restrict) {
+      double acc = 0;
       out.token = ids.back();
       for (TokenId t : ids) {
         acc += weight[static_cast<size_t>(t)];
@@ -255,34 +315,41 @@ SampledToken sample_token(std::span<const float> raw_logits, const SamplingParam
         }
       }
     } else {
-      out.token = static_cast<TokenId>(vocab - 1);
-      for (size_t b = 0; b < vocab; b += 256) {  // same blocks as stable_sum
-        const size_t e = std::min(vocab, b + 256);
-        float block = 0;
-        for (size_t i = b; i < e; ++i) block += weight[i];
-        if (u >= acc + block) {
-          acc += block;
+      // Skip whole blocks by their sums, then walk the block the draw falls in. Its running sum
+      // rounds differently from its lane sum, so the draw may pass its end: then the block's
+      // last token with weight (never a token of weight 0, such as one a grammar forbids).
+      const float* w = weight.data();
+      size_t pick = vocab;
+      double acc = 0;
+      for (size_t b = 0; b < sums.size() && pick == vocab; ++b) {
+        if (u >= acc + sums[b]) {
+          acc += sums[b];
           continue;
         }
-        for (size_t i = b; i < e; ++i) {
-          acc += weight[i];
-          if (u < acc) {
-            out.token = static_cast<TokenId>(i);
+        const size_t first = b * kBlock, end = std::min(vocab, first + kBlock);
+        double run = acc;
+        for (size_t i = first; i < end; ++i) {
+          run += w[i];
+          if (u < run && w[i] > 0.0f) {
+            pick = i;
             break;
           }
         }
-        break;
+        for (size_t i = end; pick == vocab && i-- > first;)
+          if (w[i] > 0.0f) pick = i;
       }
+      for (size_t i = vocab; pick == vocab && i-- > 0;)  // u past the total by rounding
+        if (w[i] > 0.0f) pick = i;
+      out.token = static_cast<TokenId>(pick);
     }
   }
   if (params.logprobs) {
     // log-softmax of the logits (temperature 1), as OpenAI reports them.
     const float max_logit = scan.max;
     weight.resize(vocab);
-    float* w = weight.data();
-    const float* l = logits.data();
-    for (size_t i = 0; i < vocab; ++i) w[i] = exp_nonpositive(l[i] - max_logit);
-    const double lse = max_logit + std::log(stable_sum(weight.data(), vocab));
+    exp_row(logits.data(), weight.data(), vocab, max_logit, 1.0f);
+    thread_local std::vector<float> sums;
+    const double lse = max_logit + std::log(blocked_total(weight.data(), vocab, sums));
     out.logprob = static_cast<float>(logits[static_cast<size_t>(out.token)] - lse);
     const size_t n = std::min<size_t>(vocab, static_cast<size_t>(std::max(0, *params.logprobs)));
     if (n > 0) {

@@ -131,6 +131,26 @@ TEST(Sampler, SurvivesNanAndInfiniteLogits) {
   EXPECT_TRUE(sample_token(all_minus_inf, filtered, 1, 0).invalid);
 }
 
+// The row scan runs eight lanes at a time and then a tail: a NaN or +inf is found in every lane
+// and in the tail, and -inf (a forbidden token) is not mistaken for one.
+TEST(Sampler, FindsNanAndInfinityInEveryLaneAndTheTail) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (size_t at = 0; at < 37; ++at) {  // 4 groups of 8 and a tail of 5
+    std::vector<float> row(37, 0.5f);
+    row[(at + 3) % 37] = 1.0f;  // the best finite logit
+    row[at] = inf;
+    EXPECT_EQ(sample_token(row, greedy(), 1, 0).token, static_cast<TokenId>(at)) << at;
+    row[at] = -nan;  // a NaN with the sign bit set is a NaN too
+    EXPECT_EQ(sample_token(row, greedy(), 1, 0).token, static_cast<TokenId>((at + 3) % 37)) << at;
+    row[at] = -inf;
+    SamplingParams warm;
+    warm.temperature = 1.0f;
+    for (uint64_t seed = 0; seed < 8; ++seed)
+      EXPECT_NE(sample_token(row, warm, seed, 0).token, static_cast<TokenId>(at)) << at;
+  }
+}
+
 // temperature 1e-40 passed the [0, 2] check and then sampled from NaN weights (always the last
 // id): tiny temperatures are greedy.
 TEST(Sampler, TinyTemperatureIsGreedy) {

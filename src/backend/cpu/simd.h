@@ -1,16 +1,15 @@
 // Run-time ISA dispatch for the backend's own loops. oneDNN picks its kernels at run time; our
-// loops do the same: BLEND_MULTIVERSION compiles a function for AVX-512, AVX2 and baseline
-// x86-64 and the loader picks the best the CPU has (GCC target_clones). Never a build-time
+// loops do the same: BLEND_MULTIVERSION (core/multiversion.h) compiles a function for AVX-512,
+// AVX2 and baseline x86-64 and the loader picks the best the CPU has. Never a build-time
 // -march: the same binary runs on AMD (AVX-512 + BF16) and Intel (AMX) machines.
 #pragma once
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define BLEND_MULTIVERSION \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#include "core/multiversion.h"
+
+#if BLEND_HAVE_MULTIVERSION
 #define BLEND_HAVE_AVX512_DISPATCH 1
 #define BLEND_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma,avx2")))
 #else
-#define BLEND_MULTIVERSION
 #define BLEND_HAVE_AVX512_DISPATCH 0
 #define BLEND_TARGET_AVX512
 #endif

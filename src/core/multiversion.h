@@ -1,0 +1,14 @@
+// Run-time ISA dispatch for plain loops: BLEND_MULTIVERSION compiles a function for AVX-512,
+// AVX2 and baseline x86-64, and the loader picks the best the CPU has (GCC target_clones).
+// Never a build-time -march: one binary runs on every machine we have. The clones may round
+// differently where the wider ISAs fuse multiply-adds.
+#pragma once
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define BLEND_MULTIVERSION \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define BLEND_HAVE_MULTIVERSION 1
+#else
+#define BLEND_MULTIVERSION
+#define BLEND_HAVE_MULTIVERSION 0
+#endif
