@@ -185,26 +185,46 @@ void finish(const ForwardBatch& batch, const AttentionItem& it, const AttentionS
   }
 }
 
+// `n` elements of the cache's dtype at `src` as floats.
+inline void load_run(const std::byte* src, DType dt, int64_t n, float* dst) {
+  if (dt == DType::kF32) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) dst[i] = load_elem(src, i, dt);
+}
+
 // Keys [k0, k0 + n) of one KV head into kt ([D][16], transposed) and v ([16][D]); slots past n
-// are zero.
+// are zero. Keys in consecutive slots of one page are copied as runs: K is stored transposed per
+// page ([head][D][slot]), so a run is one copy per dimension, and V ([head][slot][D]) one copy.
+// (The element-by-element gather was half of attention's time on AVX2: docs/BENCHMARKS.md,
+// "blend batch vs llama.cpp", session 26.) Reversed pages (BROS) fill from the last slot: their
+// keys go one at a time.
 void gather_portable(const SeqChunk& c, int64_t kv_head, int64_t k0, int64_t n,
                      const KvCache& cache, int64_t layer, float* kt, float* v) {
   const int64_t d = cache.head_dim(), ps = cache.page_size();
   const DType dt = cache.dtype();
-  for (int64_t j = 0; j < kBlock; ++j) {
-    if (j >= n) {
-      for (int64_t i = 0; i < d; ++i) kt[i * kBlock + j] = v[j * d + i] = 0.0f;
-      continue;
-    }
+  const auto es = static_cast<int64_t>(dtype_size(dt));
+  float column[kBlock];
+  int64_t j = 0;
+  while (j < n) {
     const int64_t pos = k0 + j;
     const PageId page = c.block_table[pos / ps];
     const int64_t slot = kv_slot(c, pos, ps);
+    const bool forward = slot == pos % ps;
+    const int64_t run = forward ? std::min(n - j, ps - slot) : 1;
     const std::byte* kp = cache.k_page(layer, page);
     const std::byte* vp = cache.v_page(layer, page);
     for (int64_t i = 0; i < d; ++i) {
-      kt[i * kBlock + j] = load_elem(kp, (kv_head * d + i) * ps + slot, dt);
-      v[j * d + i] = load_elem(vp, (kv_head * ps + slot) * d + i, dt);
+      load_run(kp + ((kv_head * d + i) * ps + slot) * es, dt, run, column);
+      std::copy(column, column + run, kt + i * kBlock + j);
     }
+    load_run(vp + (kv_head * ps + slot) * d * es, dt, run * d, v + j * d);
+    j += run;
+  }
+  for (; j < kBlock; ++j) {
+    for (int64_t i = 0; i < d; ++i) kt[i * kBlock + j] = 0.0f;
+    std::fill(v + j * d, v + (j + 1) * d, 0.0f);
   }
 }
 
@@ -212,7 +232,9 @@ void gather_portable(const SeqChunk& c, int64_t kv_head, int64_t k0, int64_t n,
   return exp_approx(x);
 }
 
-// Portable kernel: the same algorithm as the AVX-512 one, in plain loops.
+// Portable kernel: the same algorithm as the AVX-512 one, in plain loops, compiled per ISA (on
+// an AVX2-only machine it is the kernel that runs).
+BLEND_MULTIVERSION
 void run_item_portable(const ForwardBatch& batch, const AttentionItem& it, const float* qkv,
                        int64_t stride, int64_t layer, const KvCache& cache,
                        const AttentionShape& sh, DType out_dtype, void* out, Scratch& s) {
@@ -221,8 +243,19 @@ void run_item_portable(const ForwardBatch& batch, const AttentionItem& it, const
   const int64_t d = sh.head_dim;
   for (int64_t b = item.block_lo; b <= item.block_hi; ++b) {
     const int64_t k0 = b * kBlock;
-    gather_portable(c, it.kv_head, k0, std::min<int64_t>(kBlock, item.max_hi + 1 - k0), cache,
-                    layer, s.kt.data(), s.v.data());
+    const int64_t n = std::min<int64_t>(kBlock, item.max_hi + 1 - k0);
+    // A full block that is one forward f32 page of 16 slots is read where it lies: its keys are
+    // already [D][16] and its values [16][D]. Other blocks are gathered into scratch.
+    const float* kt = s.kt.data();
+    const float* v = s.v.data();
+    const int64_t ps = cache.page_size();
+    if (n == kBlock && ps == kBlock && cache.dtype() == DType::kF32 && kv_slot(c, k0, ps) == 0) {
+      const PageId page = c.block_table[k0 / ps];
+      kt = reinterpret_cast<const float*>(cache.k_page(layer, page)) + it.kv_head * d * kBlock;
+      v = reinterpret_cast<const float*>(cache.v_page(layer, page)) + it.kv_head * kBlock * d;
+    } else {
+      gather_portable(c, it.kv_head, k0, n, cache, layer, s.kt.data(), s.v.data());
+    }
     for (int64_t r = 0; r < item.rows; ++r) {
       const int64_t ja = std::max(s.lo[r], k0) - k0, jb = std::min(s.hi[r], k0 + kBlock - 1) - k0;
       if (ja > jb) continue;
@@ -230,8 +263,8 @@ void run_item_portable(const ForwardBatch& batch, const AttentionItem& it, const
       float even[kBlock] = {}, odd[kBlock] = {}, sc[kBlock];
       for (int64_t i = 0; i < d; i += 2)
         for (int j = 0; j < kBlock; ++j) {
-          even[j] += q[i] * s.kt[i * kBlock + j];
-          odd[j] += q[i + 1] * s.kt[(i + 1) * kBlock + j];
+          even[j] += q[i] * kt[i * kBlock + j];
+          odd[j] += q[i + 1] * kt[(i + 1) * kBlock + j];
         }
       // Fixed 16-lane loops and one out-of-line exp for the row's scalars: each row runs the
       // same instructions whatever its key range, so its bits never depend on its neighbours.
@@ -250,7 +283,7 @@ void run_item_portable(const ForwardBatch& batch, const AttentionItem& it, const
       float* o = &s.o[r * d];
       for (int64_t i = 0; i < d; ++i) o[i] *= alpha;
       for (int64_t j = ja; j <= jb; ++j)
-        for (int64_t i = 0; i < d; ++i) o[i] += p[j] * s.v[j * d + i];
+        for (int64_t i = 0; i < d; ++i) o[i] += p[j] * v[j * d + i];
       s.l[r] = s.l[r] * alpha + sum;
       s.m[r] = m_new;
     }
