@@ -228,6 +228,10 @@ void gather_portable(const SeqChunk& c, int64_t kv_head, int64_t k0, int64_t n,
   }
 }
 
+// Eight floats as one value (GCC's and clang's vector extension), compiled to each clone's
+// registers.
+typedef float Floats8 __attribute__((vector_size(32)));
+
 [[gnu::noinline]] float exp_out_of_line(float x) {
   return exp_approx(x);
 }
@@ -260,16 +264,24 @@ void run_item_portable(const ForwardBatch& batch, const AttentionItem& it, const
       const int64_t ja = std::max(s.lo[r], k0) - k0, jb = std::min(s.hi[r], k0 + kBlock - 1) - k0;
       if (ja > jb) continue;
       const float* q = &s.q[r * d];
-      float even[kBlock] = {}, odd[kBlock] = {}, sc[kBlock];
-      for (int64_t i = 0; i < d; i += 2)
+      // Four partial sums per key (dimensions i mod 4): four independent chains of
+      // multiply-adds per key, where one chain would wait on each add's latency.
+      float part[4][kBlock] = {}, sc[kBlock];
+      int64_t i4 = 0;
+      for (; i4 + 4 <= d; i4 += 4)
         for (int j = 0; j < kBlock; ++j) {
-          even[j] += q[i] * kt[i * kBlock + j];
-          odd[j] += q[i + 1] * kt[(i + 1) * kBlock + j];
+          part[0][j] += q[i4] * kt[i4 * kBlock + j];
+          part[1][j] += q[i4 + 1] * kt[(i4 + 1) * kBlock + j];
+          part[2][j] += q[i4 + 2] * kt[(i4 + 2) * kBlock + j];
+          part[3][j] += q[i4 + 3] * kt[(i4 + 3) * kBlock + j];
         }
+      for (; i4 < d; ++i4)
+        for (int j = 0; j < kBlock; ++j) part[i4 % 4][j] += q[i4] * kt[i4 * kBlock + j];
       // Fixed 16-lane loops and one out-of-line exp for the row's scalars: each row runs the
       // same instructions whatever its key range, so its bits never depend on its neighbours.
       float mb = -std::numeric_limits<float>::infinity();
-      for (int j = 0; j < kBlock; ++j) sc[j] = even[j] + odd[j];
+      for (int j = 0; j < kBlock; ++j)
+        sc[j] = (part[0][j] + part[1][j]) + (part[2][j] + part[3][j]);
       for (int64_t j = ja; j <= jb; ++j) mb = std::max(mb, sc[j]);
       const float m_new = std::max(s.m[r], mb);
       const float alpha = std::isinf(s.m[r]) ? 0.0f : exp_out_of_line(s.m[r] - m_new);
@@ -280,10 +292,26 @@ void run_item_portable(const ForwardBatch& batch, const AttentionItem& it, const
         if (j < ja || j > jb) p[j] = 0.0f;
         sum += p[j];
       }
+      // All 16 keys, the ones outside [ja, jb] at weight 0 (every value row of the block is
+      // finite: read from a full page or zero-filled), so each output element stays in a
+      // register across the block instead of a load and a store per key.
       float* o = &s.o[r * d];
-      for (int64_t i = 0; i < d; ++i) o[i] *= alpha;
-      for (int64_t j = ja; j <= jb; ++j)
-        for (int64_t i = 0; i < d; ++i) o[i] += p[j] * v[j * d + i];
+      int64_t i = 0;
+      for (; i + 8 <= d; i += 8) {
+        Floats8 acc, vj;
+        std::memcpy(&acc, o + i, sizeof acc);
+        acc *= alpha;
+        for (int j = 0; j < kBlock; ++j) {
+          std::memcpy(&vj, v + j * d + i, sizeof vj);
+          acc += p[j] * vj;
+        }
+        std::memcpy(o + i, &acc, sizeof acc);
+      }
+      for (; i < d; ++i) {
+        float acc = o[i] * alpha;
+        for (int j = 0; j < kBlock; ++j) acc += p[j] * v[j * d + i];
+        o[i] = acc;
+      }
       s.l[r] = s.l[r] * alpha + sum;
       s.m[r] = m_new;
     }
