@@ -20,34 +20,12 @@
 # A failing step is reported and the next one runs; the log is $OUT/decode_run.log. TOTAL
 # (default 520 s) bounds the whole run. Without a GPU nothing here can run.
 set -u
-OUT="${OUT:-$PWD/device-out}"
-mkdir -p "$OUT"
-exec > >(tee -a "$OUT/decode_run.log") 2>&1
-TOTAL="${TOTAL:-520}"
-start=$(date +%s)
-elapsed() { echo $(($(date +%s) - start)); }
-left() { echo $((TOTAL - $(elapsed))); }
-step() { echo; echo "=== [$(elapsed) s] $*"; }
 here="$(cd "$(dirname "$0")" && pwd)"
-
-step "unpack"
-bash "$here/unpack.sh" .gpu/blend-bundle.tar.xz /tmp/blend || echo "decode_run: unpack FAILED"
-BLEND=/tmp/blend/bin/blend
-nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv | tee "$OUT/gpu.txt"
-cp /tmp/blend/BUILD_INFO "$OUT/BUILD_INFO" 2>/dev/null
-
-if [ -x /tmp/blend/bin/blend_cuda_tests ] && [ "${CUDA_TESTS:-1}" = 1 ]; then
-  step "blend_cuda_tests (timeout ${CUDA_TESTS_TIMEOUT:-90} s)"
-  (cd /tmp && timeout -k 5 "${CUDA_TESTS_TIMEOUT:-90}" /tmp/blend/bin/blend_cuda_tests \
-    > "$OUT/blend_cuda_tests.log" 2>&1)
-  echo "blend_cuda_tests: exit $?"
-  grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|FAILED TEST|Failure' \
-    "$OUT/blend_cuda_tests.log" | tail -25
-fi
-
-step "llama-3-8b folder"
-timeout -k 5 300 python3 "$here/throughput.py" "$BLEND" "$OUT/init" --no-torch --no-blend
-model=/tmp/blend-throughput/model
+source "$here/run_lib.sh"
+TOTAL="${TOTAL:-520}"
+run_start decode_run
+run_cuda_tests
+make_8b_folder
 
 # Variants: layout/attention/splits[/grid] (BLEND_CUDA_DECODE_GRID, default tokens).
 VARIANTS="${VARIANTS:-page/default/fill layer/default/fill page/pipelined3/fill page/default/waves layer/pipelined3/waves layer/default/waves}"

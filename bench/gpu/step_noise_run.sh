@@ -5,17 +5,14 @@
 # on each STEP_WORK item (requests:prompt:output:max_running, random prompt ids, ignore_eos) ->
 # $OUT/steps-<item>.jsonl and $OUT/stats-<item>.json. bench/step_noise.py reads them here.
 set -u
-OUT="${OUT:-$PWD/device-out}"
-mkdir -p "$OUT"
-exec > >(tee -a "$OUT/step_noise_run.log") 2>&1
 here="$(cd "$(dirname "$0")" && pwd)"
-B=/tmp/blend/bin/blend
+source "$here/run_lib.sh"
+run_start step_noise_run
+make_8b_folder
+B=$BLEND
+M=$model
 W=/tmp/blend-step-noise
 mkdir -p "$W"
-bash "$here/unpack.sh" .gpu/blend-bundle.tar.xz /tmp/blend || echo "step_noise_run: unpack FAILED"
-nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv | tee "$OUT/gpu.txt"
-timeout -k 5 300 python3 "$here/throughput.py" "$B" "$W/init" --no-torch --no-blend > /dev/null
-M=/tmp/blend-throughput/model
 for item in ${STEP_WORK:-64:16:256:64 1024:512:128:512}; do
   IFS=: read -r n prompt output running <<<"$item"
   tag=$(echo "$item" | tr : -)

@@ -12,3 +12,13 @@
 #define BLEND_MULTIVERSION
 #define BLEND_HAVE_MULTIVERSION 0
 #endif
+
+namespace blend {
+
+// Eight floats (or their bits) as one value: GCC's and clang's vector extension, which each clone
+// compiles to its ISA's registers (two SSE registers on baseline x86-64) where plain loops would
+// stay scalar. Casts between the two reinterpret the bits.
+typedef float Floats8 __attribute__((vector_size(32)));
+typedef int32_t Ints8 __attribute__((vector_size(32)));
+
+}  // namespace blend

@@ -52,12 +52,6 @@ struct RowScan {
 // written in kLanes independent lanes that every ISA vectorises and compiled per ISA.
 constexpr size_t kLanes = 8;
 
-// Eight floats (or their bits) as one value: GCC's and clang's vector extension, which each
-// clone compiles to its ISA's registers (two SSE registers on baseline x86-64). Casts between the
-// two reinterpret the bits.
-typedef float Floats8 __attribute__((vector_size(32)));
-typedef int32_t Ints8 __attribute__((vector_size(32)));
-
 BLEND_MULTIVERSION
 bool scan_lanes(const float* l, size_t n, float* max_out) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();

@@ -19,6 +19,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/batch_layout.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/knobs.h"
 #include "backend/cuda/nano_split.h"
 #include "core/error.h"
 #include "model/presets.h"
@@ -318,6 +319,52 @@ class ScopedEnv {
     std::string why;                                                     \
     if (!cuda_device_available(&why)) GTEST_SKIP() << "no GPU: " << why; \
   } while (0)
+
+// The environment knobs, read without a GPU: each known value, and a clear refusal naming the
+// variable for an unknown one.
+TEST(CudaKnobs, ReadsKnownValuesAndRefusesUnknownOnes) {
+  {
+    const cuda::Knobs k = cuda::read_knobs();  // nothing set in the test's environment
+    EXPECT_EQ(k.attention, cuda::AttentionKernel::kDefault);
+    EXPECT_EQ(k.nano, cuda::NanoMode::kOff);
+    EXPECT_FALSE(k.nano_interference.has_value());
+  }
+  {
+    ScopedEnv env({{"BLEND_CUDA_ATTENTION", "warps"},
+                   {"BLEND_CUDA_KV_LAYOUT", "layer"},
+                   {"BLEND_CUDA_DECODE_SPLITS", "5"},
+                   {"BLEND_CUDA_DECODE_GRID", "heads"},
+                   {"BLEND_CUDA_NANO_BATCHES", "auto"},
+                   {"BLEND_CUDA_NANO_GEMM_SMS", "100"},
+                   {"BLEND_CUDA_NANO_INTERFERENCE", "0.71"}});
+    const cuda::Knobs k = cuda::read_knobs();
+    EXPECT_EQ(k.attention, cuda::AttentionKernel::kWarps);
+    EXPECT_EQ(k.kv_layout, cuda::KvLayout::kLayerMajor);
+    EXPECT_EQ(k.min_decode_splits, 5);
+    EXPECT_TRUE(k.decode_heads_fastest);
+    EXPECT_EQ(k.nano, cuda::NanoMode::kAuto);
+    EXPECT_EQ(k.nano_gemm_sms, 100);
+    EXPECT_DOUBLE_EQ(k.nano_interference.value_or(-1), 0.71);
+  }
+  for (const auto& [name, value] :
+       std::vector<std::pair<std::string, std::string>>{{"BLEND_CUDA_ATTENTION", "fast"},
+                                                        {"BLEND_CUDA_KV_LAYOUT", "head"},
+                                                        {"BLEND_CUDA_DECODE_SPLITS", "0"},
+                                                        {"BLEND_CUDA_DECODE_SPLITS", "4x"},
+                                                        {"BLEND_CUDA_DECODE_GRID", "rows"},
+                                                        {"BLEND_CUDA_NANO_BATCHES", "yes"},
+                                                        {"BLEND_CUDA_NANO_GEMM_SMS", "-1"},
+                                                        {"BLEND_CUDA_NANO_INTERFERENCE", "high"},
+                                                        {"BLEND_CUDA_NANO_INTERFERENCE", "3"}}) {
+    ScopedEnv env(name, value);
+    try {
+      cuda::read_knobs();
+      ADD_FAILURE() << name << "=" << value << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    }
+  }
+}
 
 TEST(CudaBackend, WithoutAGpuItRefusesWithTheReason) {
   std::string why;

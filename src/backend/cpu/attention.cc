@@ -228,10 +228,6 @@ void gather_portable(const SeqChunk& c, int64_t kv_head, int64_t k0, int64_t n,
   }
 }
 
-// Eight floats as one value (GCC's and clang's vector extension), compiled to each clone's
-// registers.
-typedef float Floats8 __attribute__((vector_size(32)));
-
 [[gnu::noinline]] float exp_out_of_line(float x) {
   return exp_approx(x);
 }

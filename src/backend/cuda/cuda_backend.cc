@@ -11,6 +11,7 @@
 
 #include "backend/cuda/batch_layout.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/knobs.h"
 #include "backend/cuda/nano_split.h"
 #include "core/error.h"
 #include "model/rope.h"
@@ -113,17 +114,6 @@ DeviceBuffer upload_f32(const TensorView& t) {
   return buf;
 }
 
-// The KV layout and the decode split policy when the environment names none (see the
-// constructor), chosen by measurement (docs/BENCHMARKS.md, "CUDA backend").
-constexpr const char* kDefaultKvLayout = "page";
-constexpr const char* kDefaultDecodeSplits = "fill";
-constexpr const char* kDefaultDecodeGrid = "tokens";
-
-std::string env_or(const char* name, const char* fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::string(v) : std::string(fallback);
-}
-
 const ModelConfig& validated(const ModelConfig& config) {
   config.validate();
   return config;
@@ -201,6 +191,8 @@ class CudaBackendImpl final : public CudaBackend {
   void pre_attention(const LaneStep& s, size_t layer);
   void attend(const LaneStep& s, size_t layer);
   void post_attention(const LaneStep& s, size_t layer);
+  // Columns of the fused QKV projection.
+  int64_t qkv_width() const { return config_.q_dim() + 2 * config_.kv_dim(); }
   // Final norm and lm_head of the lane's sampling rows into `logits`.
   void head(const LaneStep& s, float* logits);
   // The two lanes' pipeline over chunks [0, cut) and [cut, n) (nano_split.h), joined on stream_.
@@ -232,9 +224,8 @@ class CudaBackendImpl final : public CudaBackend {
   cudaStream_t stream_ = nullptr;  // lanes_[0].stream
   std::vector<Layer> layers_;
   // BLEND_CUDA_NANO_BATCHES: off, auto (split where the cost model predicts a gain) or always.
-  enum class NanoMode { kOff, kAuto, kAlways } nano_mode_ = NanoMode::kOff;
+  cuda::NanoMode nano_mode_ = cuda::NanoMode::kOff;
   cuda::NanoCost nano_cost_;
-  double nano_min_ratio_ = 0.95;
   int nano_gemm_sms_ = 0;                  // BLEND_CUDA_NANO_GEMM_SMS; 0: every SM
   std::vector<cudaEvent_t> phase_events_;  // nano-batch phase ends (no timing)
   DeviceBuffer embed_, final_norm_, lm_head_, inv_freq_;
@@ -280,81 +271,20 @@ CudaBackendImpl::CudaBackendImpl(const ModelConfig& config, const TensorStore& s
   elem_ = file == DType::kF32 ? Elem::kF32 : Elem::kBF16;
   embed_elem_ = file == DType::kBF16 ? Elem::kBF16 : Elem::kF32;  // the cpu backend's rule
 
-  // Environment knobs for benchmarks and tests to compare kernels and layouts (kernels.h):
-  // BLEND_CUDA_ATTENTION: tiled32 (element loads, 32-key tiles) or tiled64 for every token, or
-  //   the default: prefill chunks on tensor cores and the other tokens in the pipelined decode
-  //   kernel where the shape allows, else tiled64; pipelined3: the default with three buffers;
-  //   warps, warps8: the default with the warp-parallel decode kernel where the shape allows.
-  // BLEND_CUDA_KV_LAYOUT: page (page-major) or layer (layer-major).
-  // BLEND_CUDA_DECODE_GRID: tokens (the decode grid's x: blocks in flight together read one KV
-  //   head of many sequences) or heads (every KV head of fewer sequences).
-  // BLEND_CUDA_DECODE_SPLITS: fill (split keys only to fill an idle GPU), waves (also to shorten
-  //   the last wave of blocks), or a number N (at least N splits).
-  // BLEND_CUDA_NANO_BATCHES: off, auto (two nano-batches where nano_split.h predicts a gain) or
-  //   always (wherever a step has two chunks: tests); BLEND_CUDA_NANO_INTERFERENCE overrides the
-  //   cost model's interference (1, measured: nano_split.h); BLEND_CUDA_NANO_GEMM_SMS=N runs a
-  //   pipelined step's GEMMs on at most N SMs (0, the default: all).
-  const std::string kernel_name = env_or("BLEND_CUDA_ATTENTION", "default");
-  if (kernel_name == "tiled32")
-    attention_kernel_ = cuda::AttentionKernel::kTiled32;
-  else if (kernel_name == "tiled64")
-    attention_kernel_ = cuda::AttentionKernel::kTiled64;
-  else if (kernel_name == "pipelined3")
-    attention_kernel_ = cuda::AttentionKernel::kPipelined3;
-  else if (kernel_name == "warps")
-    attention_kernel_ = cuda::AttentionKernel::kWarps;
-  else if (kernel_name == "warps8")
-    attention_kernel_ = cuda::AttentionKernel::kWarps8;
-  else if (kernel_name != "default")
-    throw Error("BLEND_CUDA_ATTENTION=" + kernel_name +
-                ": expected default, pipelined3, warps, warps8, tiled64 or tiled32");
+  // Kernels, layout, splits and the nano-batch pipeline from the environment (knobs.h).
+  const cuda::Knobs knobs = cuda::read_knobs();
+  attention_kernel_ = knobs.attention;
+  kv_layout_ = knobs.kv_layout;
+  decode_heads_fastest_ = knobs.decode_heads_fastest;
+  decode_splits_ = knobs.decode_splits;
+  min_decode_splits_ = knobs.min_decode_splits;
+  nano_mode_ = knobs.nano;
+  nano_gemm_sms_ = knobs.nano_gemm_sms;
   if (attention_kernel_ != cuda::AttentionKernel::kTiled64 &&
       attention_kernel_ != cuda::AttentionKernel::kTiled32)
     prefill_tile_tokens_ = cuda::prefill_tile_tokens(static_cast<int32_t>(config_.num_heads),
                                                      static_cast<int32_t>(config_.num_kv_heads),
                                                      static_cast<int32_t>(config_.head_dim), elem_);
-  const std::string layout_name = env_or("BLEND_CUDA_KV_LAYOUT", kDefaultKvLayout);
-  if (layout_name == "page")
-    kv_layout_ = cuda::KvLayout::kPageMajor;
-  else if (layout_name == "layer")
-    kv_layout_ = cuda::KvLayout::kLayerMajor;
-  else
-    throw Error("BLEND_CUDA_KV_LAYOUT=" + layout_name + ": expected page or layer");
-  const std::string grid_name = env_or("BLEND_CUDA_DECODE_GRID", kDefaultDecodeGrid);
-  if (grid_name == "heads")
-    decode_heads_fastest_ = true;
-  else if (grid_name != "tokens")
-    throw Error("BLEND_CUDA_DECODE_GRID=" + grid_name + ": expected tokens or heads");
-  const std::string splits_name = env_or("BLEND_CUDA_DECODE_SPLITS", kDefaultDecodeSplits);
-  if (splits_name == "fill") {
-    decode_splits_ = cuda::DecodeSplits::kFill;
-  } else if (splits_name == "waves") {
-    decode_splits_ = cuda::DecodeSplits::kWaves;
-  } else {
-    char* end = nullptr;
-    const long n = std::strtol(splits_name.c_str(), &end, 10);
-    if (splits_name.empty() || *end != '\0' || n < 1 || n > 32)
-      throw Error("BLEND_CUDA_DECODE_SPLITS=" + splits_name +
-                  ": expected fill, waves or a number from 1 to 32");
-    min_decode_splits_ = static_cast<int32_t>(n);
-  }
-  const std::string nano_name = env_or("BLEND_CUDA_NANO_BATCHES", "off");
-  if (nano_name == "off")
-    nano_mode_ = NanoMode::kOff;
-  else if (nano_name == "auto")
-    nano_mode_ = NanoMode::kAuto;
-  else if (nano_name == "always")
-    nano_mode_ = NanoMode::kAlways;
-  else
-    throw Error("BLEND_CUDA_NANO_BATCHES=" + nano_name + ": expected off, auto or always");
-  const std::string gemm_sms = env_or("BLEND_CUDA_NANO_GEMM_SMS", "0");
-  {
-    char* end = nullptr;
-    const long n = std::strtol(gemm_sms.c_str(), &end, 10);
-    if (*end != '\0' || n < 0 || n > 1024)
-      throw Error("BLEND_CUDA_NANO_GEMM_SMS=" + gemm_sms + ": expected a number of SMs (0: all)");
-    nano_gemm_sms_ = static_cast<int>(n);
-  }
   check_cuda(cudaSetDevice(0), "cudaSetDevice");
   check_cuda(cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, 0),
              "cudaDeviceGetAttribute");
@@ -413,14 +343,13 @@ CudaBackendImpl::CudaBackendImpl(const ModelConfig& config, const TensorStore& s
   const int64_t reserve =
       std::max<int64_t>(int64_t{4} << 30, static_cast<int64_t>(total_bytes / 10));
   kv_budget_ = std::max<int64_t>(static_cast<int64_t>(free_bytes) - reserve, int64_t{64} << 20);
-  if (nano_mode_ != NanoMode::kOff) {
+  if (nano_mode_ != cuda::NanoMode::kOff) {
     nano_cost_ = measure_nano_cost();
-    const std::string interference = env_or("BLEND_CUDA_NANO_INTERFERENCE", "");
-    if (!interference.empty()) nano_cost_.interference = std::stod(interference);
+    if (knobs.nano_interference) nano_cost_.interference = *knobs.nano_interference;
     std::fprintf(stderr,
                  "cuda backend: nano-batches %s: GEMMs %.3f us/token, weight read %.2f ms, KV "
                  "%.2f ns/token, interference %.2f, GEMMs on %d SMs\n",
-                 nano_name.c_str(), nano_cost_.gemm_seconds_per_token * 1e6,
+                 knobs.nano_name.c_str(), nano_cost_.gemm_seconds_per_token * 1e6,
                  nano_cost_.weight_seconds * 1e3, nano_cost_.kv_seconds_per_token * 1e9,
                  nano_cost_.interference, nano_gemm_sms_);
     for (size_t i = 0; i < 2 * (layers_.size() + 1) + 2; ++i) {
@@ -528,12 +457,12 @@ int64_t CudaBackendImpl::compute_logits(const ForwardBatch& batch, size_t host_l
   auto* logits =
       static_cast<float*>(logits_.reserve(std::max<int64_t>(r, 1) * config_.vocab_size * 4));
   events_used_ = 0;  // a step that threw left its events unread
-  if (nano_mode_ != NanoMode::kOff && batch.chunks.size() >= 2) {
+  if (nano_mode_ != cuda::NanoMode::kOff && batch.chunks.size() >= 2) {
     std::vector<cuda::ChunkWork> work(batch.chunks.size());
     for (size_t i = 0; i < work.size(); ++i)
       work[i] = {.tokens = batch.chunks[i].num_tokens, .cached = batch.chunks[i].num_cached};
-    const cuda::NanoSplit split =
-        cuda::choose_nano_split(work, nano_cost_, nano_min_ratio_, nano_mode_ == NanoMode::kAlways);
+    const cuda::NanoSplit split = cuda::choose_nano_split(work, nano_cost_, /*min_ratio=*/0.95,
+                                                          nano_mode_ == cuda::NanoMode::kAlways);
     if (split.cut > 0) {
       run_nano_batches(batch, static_cast<size_t>(split.cut), logits);
       return r;
@@ -595,7 +524,7 @@ CudaBackendImpl::LaneStep CudaBackendImpl::prepare(Lane& lane, const ForwardBatc
                .min_splits = min_decode_splits_,
                .heads_fastest = decode_heads_fastest_};
   const int64_t m = layout.num_tokens, h = config_.hidden_size, qd = config_.q_dim();
-  const int64_t f = config_.intermediate_size, nqkv = qd + 2 * config_.kv_dim();
+  const int64_t f = config_.intermediate_size, nqkv = qkv_width();
   const size_t es = elem_size(elem_);
   s.m = m;
   s.x = static_cast<float*>(lane.x.reserve(m * h * 4));
@@ -610,7 +539,7 @@ CudaBackendImpl::LaneStep CudaBackendImpl::prepare(Lane& lane, const ForwardBatc
 void CudaBackendImpl::pre_attention(const LaneStep& s, size_t li) {
   const Layer& l = layers_[li];
   cudaStream_t st = s.lane->stream;
-  const int64_t h = config_.hidden_size, nqkv = config_.q_dim() + 2 * config_.kv_dim();
+  const int64_t h = config_.hidden_size, nqkv = qkv_width();
   cuda::rmsnorm(s.x, nullptr, s.m, h, l.attn_norm.get<float>(),
                 static_cast<float>(config_.rms_norm_eps), s.xn, elem_, st);
   mark(&CudaOpTimes::norm);
@@ -623,7 +552,7 @@ void CudaBackendImpl::pre_attention(const LaneStep& s, size_t li) {
 }
 
 void CudaBackendImpl::attend(const LaneStep& s, size_t li) {
-  const int64_t nqkv = config_.q_dim() + 2 * config_.kv_dim();
+  const int64_t nqkv = qkv_width();
   cuda::attention(s.view, s.qkv, nqkv, kv_, static_cast<int32_t>(li),
                   static_cast<int32_t>(config_.num_heads),
                   static_cast<int32_t>(config_.sliding_window.value_or(0)), s.attn, elem_,

@@ -1,0 +1,39 @@
+# What the device runs share (decode_run.sh, nanobatch_run.sh, step_noise_run.sh); sourced, with
+# `here` set to bench/gpu. run_start NAME logs everything to $OUT/NAME.log (OUT default
+# ./device-out), starts the clock for step/elapsed/left (TOTAL seconds, default 480), unpacks
+# .gpu/blend-bundle.tar.xz into /tmp/blend (BLEND is its wrapper) and records the GPU and the
+# build. run_cuda_tests runs blend_cuda_tests (CUDA_TESTS=0 skips; CUDA_TESTS_TIMEOUT, default 90
+# s; CUDA_TESTS_FILTER). make_8b_folder makes throughput.py's llama-3-8b folder (reused when
+# present) and sets `model`.
+run_start() {
+  OUT="${OUT:-$PWD/device-out}"
+  mkdir -p "$OUT"
+  exec > >(tee -a "$OUT/$1.log") 2>&1
+  TOTAL="${TOTAL:-480}"
+  start=$(date +%s)
+  step "unpack"
+  bash "$here/unpack.sh" .gpu/blend-bundle.tar.xz /tmp/blend || echo "$1: unpack FAILED"
+  BLEND=/tmp/blend/bin/blend
+  nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv |
+    tee "$OUT/gpu.txt"
+  cp /tmp/blend/BUILD_INFO "$OUT/BUILD_INFO" 2>/dev/null
+}
+elapsed() { echo $(($(date +%s) - start)); }
+left() { echo $((TOTAL - $(elapsed))); }
+step() { echo; echo "=== [$(elapsed) s] $*"; }
+
+run_cuda_tests() {
+  [ -x /tmp/blend/bin/blend_cuda_tests ] && [ "${CUDA_TESTS:-1}" = 1 ] || return 0
+  step "blend_cuda_tests (timeout ${CUDA_TESTS_TIMEOUT:-90} s)"
+  (cd /tmp && timeout -k 5 "${CUDA_TESTS_TIMEOUT:-90}" /tmp/blend/bin/blend_cuda_tests \
+    ${CUDA_TESTS_FILTER:+--gtest_filter=$CUDA_TESTS_FILTER} > "$OUT/blend_cuda_tests.log" 2>&1)
+  echo "blend_cuda_tests: exit $?"
+  grep -E '^\[  (PASSED|FAILED) |^\[==========\]|FAILED TEST|Failure' \
+    "$OUT/blend_cuda_tests.log" | tail -25
+}
+
+make_8b_folder() {
+  step "llama-3-8b folder"
+  timeout -k 5 300 python3 "$here/throughput.py" "$BLEND" "$OUT/init" --no-torch --no-blend
+  model=/tmp/blend-throughput/model
+}

@@ -1,0 +1,42 @@
+// The cuda backend's environment knobs (BLEND_CUDA_*): which kernels, KV layout, decode splits
+// and nano-batch pipeline a backend built now uses, so one build can compare them in benchmarks
+// and tests. The defaults are the measured best (docs/BENCHMARKS.md, "CUDA backend"). Pure host
+// code, tested without a GPU.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "backend/cuda/kernels.h"
+
+namespace blend::cuda {
+
+// BLEND_CUDA_NANO_BATCHES: whole steps; two nano-batches where nano_split.h predicts a gain;
+// or two wherever a step has two chunks (tests).
+enum class NanoMode { kOff, kAuto, kAlways };
+
+struct Knobs {
+  // BLEND_CUDA_ATTENTION: default (prefill chunks on tensor cores, the other tokens in the
+  // pipelined decode kernel where the shape allows, else tiled64), pipelined3 (three buffers),
+  // warps / warps8 (the warp-parallel decode kernel), tiled64 or tiled32 for every token.
+  AttentionKernel attention = AttentionKernel::kDefault;
+  KvLayout kv_layout = KvLayout::kPageMajor;  // BLEND_CUDA_KV_LAYOUT: page or layer
+  // BLEND_CUDA_DECODE_GRID: tokens (blocks in flight read one KV head of many sequences) or
+  // heads (every KV head of fewer sequences).
+  bool decode_heads_fastest = false;
+  // BLEND_CUDA_DECODE_SPLITS: fill (split keys only to fill an idle GPU), waves (also to shorten
+  // the last wave of blocks), or a number N (at least N splits).
+  DecodeSplits decode_splits = DecodeSplits::kFill;
+  int32_t min_decode_splits = 1;
+  NanoMode nano = NanoMode::kOff;
+  std::string nano_name = "off";
+  int nano_gemm_sms = 0;  // BLEND_CUDA_NANO_GEMM_SMS: a pipelined step's GEMMs on N SMs; 0 all
+  std::optional<double> nano_interference;  // BLEND_CUDA_NANO_INTERFERENCE, in [0, 2]
+};
+
+// Reads the knobs from the environment; unset or empty means the default. Throws blend::Error
+// naming the variable for a value it does not know.
+Knobs read_knobs();
+
+}  // namespace blend::cuda
