@@ -326,11 +326,15 @@ TEST(CudaKnobs, ReadsKnownValuesAndRefusesUnknownOnes) {
   {
     const cuda::Knobs k = cuda::read_knobs();  // nothing set in the test's environment
     EXPECT_EQ(k.attention, cuda::AttentionKernel::kDefault);
+    EXPECT_EQ(k.prefill, cuda::PrefillKernel::kMma);
+    EXPECT_FALSE(k.gate_up_bf16);
     EXPECT_EQ(k.nano, cuda::NanoMode::kOff);
     EXPECT_FALSE(k.nano_interference.has_value());
   }
   {
     ScopedEnv env({{"BLEND_CUDA_ATTENTION", "warps"},
+                   {"BLEND_CUDA_PREFILL", "wmma"},
+                   {"BLEND_CUDA_GATE_UP", "bf16"},
                    {"BLEND_CUDA_KV_LAYOUT", "layer"},
                    {"BLEND_CUDA_DECODE_SPLITS", "5"},
                    {"BLEND_CUDA_DECODE_GRID", "heads"},
@@ -339,6 +343,8 @@ TEST(CudaKnobs, ReadsKnownValuesAndRefusesUnknownOnes) {
                    {"BLEND_CUDA_NANO_INTERFERENCE", "0.71"}});
     const cuda::Knobs k = cuda::read_knobs();
     EXPECT_EQ(k.attention, cuda::AttentionKernel::kWarps);
+    EXPECT_EQ(k.prefill, cuda::PrefillKernel::kWmma);
+    EXPECT_TRUE(k.gate_up_bf16);
     EXPECT_EQ(k.kv_layout, cuda::KvLayout::kLayerMajor);
     EXPECT_EQ(k.min_decode_splits, 5);
     EXPECT_TRUE(k.decode_heads_fastest);
@@ -348,6 +354,8 @@ TEST(CudaKnobs, ReadsKnownValuesAndRefusesUnknownOnes) {
   }
   for (const auto& [name, value] :
        std::vector<std::pair<std::string, std::string>>{{"BLEND_CUDA_ATTENTION", "fast"},
+                                                        {"BLEND_CUDA_PREFILL", "flash"},
+                                                        {"BLEND_CUDA_GATE_UP", "f16"},
                                                         {"BLEND_CUDA_KV_LAYOUT", "head"},
                                                         {"BLEND_CUDA_DECODE_SPLITS", "0"},
                                                         {"BLEND_CUDA_DECODE_SPLITS", "4x"},
@@ -435,6 +443,8 @@ struct Case {
   std::string grid = "tokens";        // BLEND_CUDA_DECODE_GRID
   std::string nano = "off";           // BLEND_CUDA_NANO_BATCHES
   std::string nano_sms = "0";         // BLEND_CUDA_NANO_GEMM_SMS
+  std::string prefill = "mma";        // BLEND_CUDA_PREFILL
+  std::string gate_up = "f32";        // BLEND_CUDA_GATE_UP
 };
 
 class CudaMatchesCpu : public ::testing::TestWithParam<Case> {};
@@ -453,7 +463,9 @@ TEST_P(CudaMatchesCpu, LogitsOfMixedSteps) {
                    {"BLEND_CUDA_DECODE_SPLITS", p.splits},
                    {"BLEND_CUDA_DECODE_GRID", p.grid},
                    {"BLEND_CUDA_NANO_BATCHES", p.nano},
-                   {"BLEND_CUDA_NANO_GEMM_SMS", p.nano_sms}});
+                   {"BLEND_CUDA_NANO_GEMM_SMS", p.nano_sms},
+                   {"BLEND_CUDA_PREFILL", p.prefill},
+                   {"BLEND_CUDA_GATE_UP", p.gate_up}});
     gpu = make_cuda_backend(m.config, m.store, options());
   }
   EXPECT_EQ(gpu->compute_dtype(), cpu->compute_dtype());
@@ -518,13 +530,23 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"base", DType::kF32, 1e-4, "default", "page", "fill", "tokens", "always"},
         Case{"hd128", DType::kBF16, 2e-2, "default", "page", "fill", "tokens", "always"},
         Case{"qwen2", DType::kBF16, 2e-2, "default", "layer", "fill", "tokens", "always"},
-        Case{"mistral", DType::kF32, 1e-4, "warps", "page", "fill", "tokens", "always"}),
+        Case{"mistral", DType::kF32, 1e-4, "warps", "page", "fill", "tokens", "always"},
+        Case{"hd128", DType::kBF16, 2e-2, "default", "page", "fill", "tokens", "off", "0", "wmma"},
+        Case{"mistral-hd128", DType::kBF16, 2e-2, "default", "layer", "fill", "tokens", "off", "0",
+             "wmma"},
+        Case{"hd64", DType::kBF16, 2e-2, "default", "page", "fill", "tokens", "off", "0", "wmma"},
+        Case{"hd128", DType::kBF16, 2e-2, "default", "page", "fill", "tokens", "off", "0", "mma",
+             "bf16"},
+        Case{"qwen2", DType::kBF16, 2e-2, "default", "page", "fill", "tokens", "always", "0", "mma",
+             "bf16"}),
     [](const ::testing::TestParamInfo<Case>& i) {
       std::string name = i.param.variant + (i.param.dtype == DType::kF32 ? "_f32_" : "_bf16_") +
                          i.param.attention + "_" + i.param.layout + "_splits_" + i.param.splits +
                          "_" + i.param.grid +
                          (i.param.nano == "off" ? "" : "_nano_" + i.param.nano) +
-                         (i.param.nano_sms == "0" ? "" : "_sms_" + i.param.nano_sms);
+                         (i.param.nano_sms == "0" ? "" : "_sms_" + i.param.nano_sms) +
+                         (i.param.prefill == "mma" ? "" : "_prefill_" + i.param.prefill) +
+                         (i.param.gate_up == "f32" ? "" : "_gate_up_" + i.param.gate_up);
       std::replace(name.begin(), name.end(), '-', '_');
       return name;
     });

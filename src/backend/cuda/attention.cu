@@ -1,6 +1,6 @@
 // Attention kernels (see kernels.h): the tiled online-softmax kernels (f32 and any head_dim),
-// the pipelined flash-decoding kernel for single tokens and its combine step, and the
-// tensor-core (wmma) prefill tiles.
+// the pipelined flash-decoding kernel for single tokens and its combine step, and the first
+// tensor-core (wmma) prefill kernel (the default one is in prefill_mma.cu).
 #include <cuda_bf16.h>
 #include <cuda_pipeline.h>
 #include <mma.h>
@@ -709,11 +709,16 @@ int32_t prefill_tile_tokens(int32_t num_heads, int32_t num_kv_heads, int32_t hea
 
 void attention(const BatchView& batch, const float* qkv, int64_t nqkv, const KvView& kv,
                int32_t layer, int32_t num_heads, int32_t sliding_window, void* out, Elem out_elem,
-               AttentionKernel kernel, const DecodeScratch& scratch, cudaStream_t stream) {
+               AttentionKernel kernel, PrefillKernel prefill, const DecodeScratch& scratch,
+               cudaStream_t stream) {
   if (batch.num_tokens == 0) return;
   if (kv.elem != out_elem) throw Error("internal: cuda attention: KV and output types differ");
-  if (batch.num_prefill_tiles > 0) {
-    if (out_elem != Elem::kBF16) throw Error("internal: cuda prefill attention needs bf16");
+  if (batch.num_prefill_tiles > 0 && out_elem != Elem::kBF16)
+    throw Error("internal: cuda prefill attention needs bf16");
+  if (batch.num_prefill_tiles > 0 &&
+      !(prefill == PrefillKernel::kMma &&
+        launch_prefill_mma(batch, qkv, nqkv, kv, layer, num_heads, sliding_window,
+                           static_cast<bf16*>(out), stream))) {
     const size_t smem = pf::Layout(kv.head_dim).total;
     cudaFuncSetAttribute(prefill_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          static_cast<int>(smem));

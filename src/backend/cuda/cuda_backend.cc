@@ -199,9 +199,9 @@ class CudaBackendImpl final : public CudaBackend {
   void run_nano_batches(const ForwardBatch& batch, size_t cut, float* logits);
   // The cost model's rates on this GPU (nano_split.h), timed on layer 0's gate/up GEMM.
   cuda::NanoCost measure_nano_cost();
-  // y[m][n] (f32) = x[m][k] (elem_) * w[n][k]^T, added to y when `accumulate`.
+  // y[m][n] (f32, or y_elem) = x[m][k] (elem_) * w[n][k]^T, added to y when `accumulate`.
   void gemm(cublasHandle_t blas, const void* x, int64_t m, const DeviceBuffer& w, int64_t n,
-            int64_t k, float* y, bool accumulate);
+            int64_t k, void* y, bool accumulate, Elem y_elem = Elem::kF32);
   // Slots [first, first + count) of `page` between the GPU and a host page image.
   void copy_slots(PageId page, int32_t first, int32_t count, std::byte* host, bool to_host) const;
   // Layer `layer` of page p: layer_elems() contiguous elements (kernels.h, KvView).
@@ -231,6 +231,8 @@ class CudaBackendImpl final : public CudaBackend {
   DeviceBuffer embed_, final_norm_, lm_head_, inv_freq_;
   cuda::KvView kv_;
   cuda::AttentionKernel attention_kernel_ = cuda::AttentionKernel::kDefault;
+  cuda::PrefillKernel prefill_kernel_ = cuda::PrefillKernel::kMma;
+  Elem gate_up_elem_ = Elem::kF32;  // BLEND_CUDA_GATE_UP (bf16 only on bf16 checkpoints)
   cuda::KvLayout kv_layout_ = cuda::KvLayout::kPageMajor;
   cuda::DecodeSplits decode_splits_ = cuda::DecodeSplits::kFill;
   int32_t min_decode_splits_ = 1;
@@ -274,6 +276,9 @@ CudaBackendImpl::CudaBackendImpl(const ModelConfig& config, const TensorStore& s
   // Kernels, layout, splits and the nano-batch pipeline from the environment (knobs.h).
   const cuda::Knobs knobs = cuda::read_knobs();
   attention_kernel_ = knobs.attention;
+  prefill_kernel_ = knobs.prefill;
+  if (knobs.gate_up_bf16 && elem_ == Elem::kBF16 && config_.intermediate_size % 4 == 0)
+    gate_up_elem_ = Elem::kBF16;
   kv_layout_ = knobs.kv_layout;
   decode_heads_fastest_ = knobs.decode_heads_fastest;
   decode_splits_ = knobs.decode_splits;
@@ -409,13 +414,14 @@ void CudaBackendImpl::collect_op_times() {
 }
 
 void CudaBackendImpl::gemm(cublasHandle_t blas, const void* x, int64_t m, const DeviceBuffer& w,
-                           int64_t n, int64_t k, float* y, bool accumulate) {
+                           int64_t n, int64_t k, void* y, bool accumulate, Elem y_elem) {
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   const cudaDataType_t t = elem_ == Elem::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
+  const cudaDataType_t yt = y_elem == Elem::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
   // Row-major y = x w^T is column-major y^T = w x^T: w is column-major k x n, used transposed.
   check_cublas(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n),
                             static_cast<int>(m), static_cast<int>(k), &alpha, w.get(), t,
-                            static_cast<int>(k), x, t, static_cast<int>(k), &beta, y, CUDA_R_32F,
+                            static_cast<int>(k), x, t, static_cast<int>(k), &beta, y, yt,
                             static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                "cublasGemmEx");
 }
@@ -556,7 +562,7 @@ void CudaBackendImpl::attend(const LaneStep& s, size_t li) {
   cuda::attention(s.view, s.qkv, nqkv, kv_, static_cast<int32_t>(li),
                   static_cast<int32_t>(config_.num_heads),
                   static_cast<int32_t>(config_.sliding_window.value_or(0)), s.attn, elem_,
-                  attention_kernel_, s.scratch, s.lane->stream);
+                  attention_kernel_, prefill_kernel_, s.scratch, s.lane->stream);
   mark(&CudaOpTimes::attention);
 }
 
@@ -569,9 +575,9 @@ void CudaBackendImpl::post_attention(const LaneStep& s, size_t li) {
   cuda::rmsnorm(s.x, nullptr, s.m, h, l.mlp_norm.get<float>(),
                 static_cast<float>(config_.rms_norm_eps), s.xn, elem_, st);
   mark(&CudaOpTimes::norm);
-  gemm(s.blas, s.xn, s.m, l.gate_up, 2 * f, h, s.gu, false);
+  gemm(s.blas, s.xn, s.m, l.gate_up, 2 * f, h, s.gu, false, gate_up_elem_);
   mark(&CudaOpTimes::gate_up);
-  cuda::swiglu(s.gu, s.m, f, s.act, elem_, st);
+  cuda::swiglu(s.gu, gate_up_elem_, s.m, f, s.act, elem_, st);
   mark(&CudaOpTimes::act);
   gemm(s.blas, s.act, s.m, l.down, h, f, s.x, true);
   mark(&CudaOpTimes::down);

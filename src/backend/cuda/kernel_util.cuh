@@ -84,4 +84,11 @@ bool launch_decode_warps(const BatchView& batch, const float* qkv, int64_t nqkv,
                          int32_t tokens, int32_t splits, float* partial, int32_t unroll,
                          bool heads_fastest, cudaStream_t stream);
 
+// The register-resident tensor-core prefill kernel (prefill_mma.cu) for the batch's prefill
+// tiles: launches it and returns true, or returns false where it does not run the shape
+// (head_dim a multiple of 16 up to 128, query heads per KV head dividing 64).
+bool launch_prefill_mma(const BatchView& batch, const float* qkv, int64_t nqkv, const KvView& kv,
+                        int32_t layer, int32_t num_heads, int32_t window, __nv_bfloat16* out,
+                        cudaStream_t stream);
+
 }  // namespace blend::cuda

@@ -136,6 +136,11 @@ void rope_write_kv(const BatchView& batch, float* qkv, int64_t nqkv, int32_t num
 // 128, 1, 2, 4 or 8 query heads per KV head), else as kDefault.
 enum class AttentionKernel { kDefault, kPipelined3, kWarps, kWarps8, kTiled64, kTiled32 };
 
+// Which kernel runs the prefill tiles (bf16 caches): kMma (prefill_mma.cu: S, P and O in
+// registers, mma.sync and ldmatrix, double-buffered cp.async tiles) or kWmma (the first
+// tensor-core kernel: S, P and O in shared memory), kept to measure against.
+enum class PrefillKernel { kMma, kWmma };
+
 // Causal paged attention of every batch token over its sequence's cached keys (the single
 // tokens one block per (token, KV head); the prefill tiles one block per (tile, KV head) on
 // tensor cores: bf16 Q K^T and P V with f32 accumulation, the online softmax in f32) (positions
@@ -143,7 +148,8 @@ enum class AttentionKernel { kDefault, kPipelined3, kWarps, kWarps8, kTiled64, k
 // h / (num_heads / num_kv_heads). out rows are num_heads * head_dim elements of `out_elem`.
 void attention(const BatchView& batch, const float* qkv, int64_t nqkv, const KvView& kv,
                int32_t layer, int32_t num_heads, int32_t sliding_window, void* out, Elem out_elem,
-               AttentionKernel kernel, const DecodeScratch& scratch, cudaStream_t stream);
+               AttentionKernel kernel, PrefillKernel prefill, const DecodeScratch& scratch,
+               cudaStream_t stream);
 
 // Query tokens per prefill tile for this shape (the tensor-core prefill kernel's 64 query rows
 // are tokens x query heads per KV head), or 0 where that kernel does not apply (f32 caches,
@@ -156,8 +162,9 @@ int32_t prefill_tile_tokens(int32_t num_heads, int32_t num_kv_heads, int32_t hea
 bool attention_supports(int32_t num_heads, int32_t num_kv_heads, int32_t head_dim,
                         const char** why);
 
-// out[r][i] = silu(gate_up[r][i]) * gate_up[r][f + i].
-void swiglu(const float* gate_up, int64_t rows, int64_t f, void* out, Elem out_elem,
+// out[r][i] = silu(gate_up[r][i]) * gate_up[r][f + i], gate_up elements of `in_elem` (bf16
+// only where f % 4 == 0).
+void swiglu(const void* gate_up, Elem in_elem, int64_t rows, int64_t f, void* out, Elem out_elem,
             cudaStream_t stream);
 
 // Greedy sampling where the logits are: tokens[r] = the lowest id holding row r's maximum (the

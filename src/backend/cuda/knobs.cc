@@ -38,6 +38,16 @@ Knobs read_knobs() {
   else if (kernel != "default")
     throw Error("BLEND_CUDA_ATTENTION=" + kernel +
                 ": expected default, pipelined3, warps, warps8, tiled64 or tiled32");
+  const std::string prefill = env_or("BLEND_CUDA_PREFILL", "mma");
+  if (prefill == "wmma")
+    k.prefill = PrefillKernel::kWmma;
+  else if (prefill != "mma")
+    throw Error("BLEND_CUDA_PREFILL=" + prefill + ": expected mma or wmma");
+  const std::string gate_up = env_or("BLEND_CUDA_GATE_UP", "f32");
+  if (gate_up == "bf16")
+    k.gate_up_bf16 = true;
+  else if (gate_up != "f32")
+    throw Error("BLEND_CUDA_GATE_UP=" + gate_up + ": expected f32 or bf16");
   const std::string layout = env_or("BLEND_CUDA_KV_LAYOUT", "page");
   if (layout == "layer")
     k.kv_layout = KvLayout::kLayerMajor;

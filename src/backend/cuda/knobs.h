@@ -21,6 +21,10 @@ struct Knobs {
   // pipelined decode kernel where the shape allows, else tiled64), pipelined3 (three buffers),
   // warps / warps8 (the warp-parallel decode kernel), tiled64 or tiled32 for every token.
   AttentionKernel attention = AttentionKernel::kDefault;
+  PrefillKernel prefill = PrefillKernel::kMma;  // BLEND_CUDA_PREFILL: mma or wmma
+  // BLEND_CUDA_GATE_UP: the gate/up GEMM's output in f32 (the cpu backend's math) or rounded to
+  // bf16 (what vLLM and transformers do; half the bytes into SwiGLU) on bf16 checkpoints.
+  bool gate_up_bf16 = false;
   KvLayout kv_layout = KvLayout::kPageMajor;  // BLEND_CUDA_KV_LAYOUT: page or layer
   // BLEND_CUDA_DECODE_GRID: tokens (blocks in flight read one KV head of many sequences) or
   // heads (every KV head of fewer sequences).
