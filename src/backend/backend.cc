@@ -110,9 +110,13 @@ bool plain_greedy(const SampleRow& row) {
 
 }  // namespace
 
+bool all_plain_greedy(std::span<const SampleRow> rows) {
+  return !rows.empty() && std::all_of(rows.begin(), rows.end(), plain_greedy);
+}
+
 void Backend::compute_step() {
   const std::vector<SampleRow>& rows = pending_.rows;
-  if (!rows.empty() && std::all_of(rows.begin(), rows.end(), plain_greedy)) {
+  if (all_plain_greedy(rows)) {
     std::vector<TokenId> tokens(rows.size());
     if (forward_argmax(pending_.batch, tokens)) {
       sampled_.assign(rows.size(), SampledToken{});

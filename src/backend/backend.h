@@ -48,6 +48,11 @@ struct SampleRow {
   const uint64_t* allowed = nullptr;
 };
 
+// Whether the host sampler would take the plain argmax of every row's raw logits (no
+// temperature, penalties, bias, logprobs or mask): then a backend may take the argmax where the
+// logits are (Backend::forward_argmax). False for no rows.
+bool all_plain_greedy(std::span<const SampleRow> rows);
+
 // What one engine step hands a backend: the batch to compute and the rows to sample. The
 // spans in `rows` point into the engine's sequences and stay valid until wait() returns.
 struct StepInput {

@@ -3,7 +3,8 @@
 // `--hardware FILE` accepts wherever a preset name is, with BROS's iteration model and the
 // validation table (estimated vs measured step time) beside it. With `--steps FILE...` (step
 // timings of real `blend batch` runs) the hardware it writes is fitted on the engine's own steps
-// instead.
+// instead; `--refit PROFILE --steps FILE...` does that fit without timing anything, taking what
+// is measured apart (sampling, swaps, the iteration model) from a profile written earlier.
 #include <unistd.h>
 
 #include <cstdio>
@@ -37,14 +38,74 @@ struct ProfileArgs {
   int reps = 3;
   bool deterministic = false;
   std::vector<std::string> step_timings;  // `blend batch --step-timings` files to fit on
+  std::string refit;                      // a profile to refit on step_timings, timing nothing
 };
+
+void print_steps_fit(const HardwareFit& fit) {
+  const Hardware& h = fit.hardware;
+  std::printf(
+      "fit on the engine's steps (%s form): %.1f GFLOP/s (prefill attention %.1f), %.1f GB/s "
+      "(KV %.1f), %.2f ms per step, %.1f us per decode; error mean %.1f%%, max %.1f%%, total "
+      "%+.2f%%\n",
+      h.gemm_roofline ? "roofline" : "sum", h.compute_flops / 1e9,
+      h.compute_flops * h.attention_efficiency / 1e9, h.memory_bandwidth / 1e9,
+      (h.kv_bandwidth > 0 ? h.kv_bandwidth : h.memory_bandwidth) / 1e9,
+      h.step_overhead_seconds * 1e3, h.per_decode_seconds * 1e6, fit.mean_abs_error * 100,
+      fit.max_abs_error * 100, fit.total_error * 100);
+}
+
+nlohmann::json steps_fit_json(const std::vector<std::string>& files, const HardwareFit& fit) {
+  return {{"files", files},
+          {"mean_abs_error", fit.mean_abs_error},
+          {"max_abs_error", fit.max_abs_error},
+          {"total_error", fit.total_error}};
+}
+
+void write_json(const std::string& path, const nlohmann::json& j) {
+  std::ofstream out(path);
+  out << j.dump(2) << "\n";
+  if (!out) throw Error("cannot write " + path);
+}
+
+// --refit: the earlier profile's measured parts kept, its hardware refitted on the steps.
+void refit_profile(const ProfileArgs& args, const std::vector<MeasuredStep>& steps) {
+  if (steps.empty()) throw Error("--refit needs --steps (the step timings to fit on)");
+  std::ifstream in(args.refit);
+  if (!in) throw Error("cannot read profile " + args.refit);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    throw Error("profile " + args.refit + ": " + e.what());
+  }
+  const Hardware earlier = Hardware::from_json(j);
+  const ModelConfig config = ModelConfig::from_dir(args.model);
+  const ModelShape shape =
+      ModelShape::from_config(config, std::filesystem::path(args.model).filename().string());
+  HardwareFit fit =
+      fit_hardware(shape, steps, earlier.per_logit_row_seconds, earlier.device_argmax);
+  fit.hardware.name = earlier.name + ":steps";
+  fit.hardware.memory_bytes = earlier.memory_bytes;
+  fit.hardware.host_bandwidth = earlier.host_bandwidth;
+  if (!j.contains("isolated_fit")) j["isolated_fit"] = earlier.to_json();
+  const nlohmann::json keep = j;
+  j = fit.hardware.to_json();
+  for (const char* key : {"model", "threads", "iteration", "validation", "isolated_fit"})
+    if (keep.contains(key)) j[key] = keep[key];
+  j["steps_fit"] = steps_fit_json(args.step_timings, fit);
+  print_steps_fit(fit);
+  write_json(args.out, j);
+}
 
 void run_profile(const ProfileArgs& args) {
   std::vector<MeasuredStep> steps;  // read first: a bad file fails before minutes of timing
   for (const std::string& path : args.step_timings) {
     const std::vector<MeasuredStep> more = read_step_timings(path);
-    steps.insert(steps.end(), more.begin(), more.end());
+    // A run's first step carries the backend's one-time start-up (cuBLAS's first calls: 0.17 s
+    // against 35 ms steps on an H100), which would pull a least-squares fit far off.
+    steps.insert(steps.end(), more.begin() + (more.size() > 1 ? 1 : 0), more.end());
   }
+  if (!args.refit.empty()) return refit_profile(args, steps);
   const ModelConfig config = ModelConfig::from_dir(args.model);
   const TensorStore weights = TensorStore::open_dir(args.model);
   check_tensors(config, weights);
@@ -65,7 +126,8 @@ void run_profile(const ProfileArgs& args) {
   // simulator must reproduce); the isolated forward passes' fit is kept beside it.
   std::optional<HardwareFit> steps_fit;
   if (!args.step_timings.empty()) {
-    steps_fit = fit_hardware(shape, steps, p.hardware.per_logit_row_seconds);
+    steps_fit =
+        fit_hardware(shape, steps, p.hardware.per_logit_row_seconds, p.hardware.device_argmax);
     steps_fit->hardware.name = "profile:" + backend->name() + ":steps";
     steps_fit->hardware.memory_bytes = p.hardware.memory_bytes;
   }
@@ -106,30 +168,19 @@ void run_profile(const ProfileArgs& args) {
   j["validation"] = {
       {"points", points}, {"mean_abs_error", p.mean_abs_error}, {"max_abs_error", p.max_abs_error}};
   std::printf(
-      "fit: %.1f GFLOP/s (prefill attention %.1f), %.1f GB/s, %.2f ms per step; error mean "
-      "%.1f%%, max %.1f%%\n",
-      p.hardware.compute_flops / 1e9,
+      "fit (%s form): %.1f GFLOP/s (prefill attention %.1f), %.1f GB/s, %.2f ms per step; "
+      "error mean %.1f%%, max %.1f%%\n",
+      p.hardware.gemm_roofline ? "roofline" : "sum", p.hardware.compute_flops / 1e9,
       p.hardware.compute_flops * p.hardware.attention_efficiency / 1e9,
       p.hardware.memory_bandwidth / 1e9, p.hardware.step_overhead_seconds * 1e3,
       p.mean_abs_error * 100, p.max_abs_error * 100);
   if (steps_fit) {
-    const Hardware& h = steps_fit->hardware;
-    std::printf(
-        "fit on the engine's steps: %.1f GFLOP/s (prefill attention %.1f), %.1f GB/s, %.2f ms "
-        "per step; error mean %.1f%%, max %.1f%%, total %+.2f%%\n",
-        h.compute_flops / 1e9, h.compute_flops * h.attention_efficiency / 1e9,
-        h.memory_bandwidth / 1e9, h.step_overhead_seconds * 1e3, steps_fit->mean_abs_error * 100,
-        steps_fit->max_abs_error * 100, steps_fit->total_error * 100);
+    print_steps_fit(*steps_fit);
     j["isolated_fit"] = p.hardware.to_json();
     j["isolated_fit"]["memory_gb"] = j["memory_gb"];
-    j["steps_fit"] = {{"files", args.step_timings},
-                      {"mean_abs_error", steps_fit->mean_abs_error},
-                      {"max_abs_error", steps_fit->max_abs_error},
-                      {"total_error", steps_fit->total_error}};
+    j["steps_fit"] = steps_fit_json(args.step_timings, *steps_fit);
   }
-  std::ofstream out(args.out);
-  out << j.dump(2) << "\n";
-  if (!out) throw Error("cannot write " + args.out);
+  write_json(args.out, j);
 }
 
 }  // namespace
@@ -153,6 +204,10 @@ void register_profile_command(CLI::App& app) {
                   "Step timings of real runs (`blend batch --step-timings`): fit the written "
                   "hardware on those steps instead of on the isolated forward passes")
       ->delimiter(',')
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--refit", args->refit,
+                  "A profile written earlier: refit its hardware on --steps without timing "
+                  "anything (no backend runs; --model gives the shape)")
       ->check(CLI::ExistingFile);
   cmd->callback([args] { run_profile(*args); });
 }

@@ -38,7 +38,9 @@ std::vector<double> least_squares(const std::vector<std::vector<double>>& x,
 std::vector<double> nonnegative_least_squares(const std::vector<std::vector<double>>& x,
                                               const std::vector<double>& y, double ridge) {
   const size_t k = x.empty() ? 0 : x[0].size();
-  std::vector<bool> kept(k, true);
+  std::vector<bool> kept(k, false);  // a column of zeros explains nothing: its coefficient is 0
+  for (const std::vector<double>& row : x)
+    for (size_t c = 0; c < k; ++c) kept[c] = kept[c] || row[c] != 0.0;
   for (;;) {
     std::vector<size_t> cols;
     for (size_t c = 0; c < k; ++c)

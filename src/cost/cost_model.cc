@@ -116,20 +116,30 @@ StepCost CostModel::estimate_step(const StepShape& step) const {
   StepCost cost;
   cost.interference = hardware_.overlap_interference;
   const double rows = step.logit_rows < 0 ? dense_tokens : static_cast<double>(step.logit_rows);
-  const double flops =
+  const double dense_flops =
       2 * dense_tokens * static_cast<double>(shape_.matmul_parameters - shape_.lm_head_parameters) +
-      2 * rows * static_cast<double>(shape_.lm_head_parameters) +
+      2 * rows * static_cast<double>(shape_.lm_head_parameters);
+  const double attention_flops =
       4 * static_cast<double>(step.prefill_attention_pairs) * hl / hardware_.attention_efficiency;
-  cost.compute_seconds = flops / tp / hardware_.effective_compute();
+  cost.compute_seconds = (dense_flops + attention_flops) / tp / hardware_.effective_compute();
+  const double weight_seconds =
+      static_cast<double>(shape_.weight_bytes) / tp / hardware_.effective_bandwidth();
   const double kv_read = static_cast<double>(step.decode_context_tokens) *
                          static_cast<double>(shape_.kv_bytes_per_token());
-  cost.memory_seconds =
-      (static_cast<double>(shape_.weight_bytes) + kv_read) / tp / hardware_.effective_bandwidth();
+  const double kv_bandwidth =
+      hardware_.kv_bandwidth > 0 ? hardware_.kv_bandwidth : hardware_.effective_bandwidth();
+  cost.memory_seconds = weight_seconds + kv_read / tp / kv_bandwidth;
+  if (hardware_.gemm_roofline)
+    cost.gemm_hidden_seconds =
+        std::min(dense_flops / tp / hardware_.effective_compute(), weight_seconds);
   if (shape_.tensor_parallel > 1)  // NanoFlow eq. 7: two AllGathers and one AllReduce per layer
     cost.network_seconds = 4 * dense_tokens * hl * 2 / hardware_.network_bandwidth;
-  if (dense_tokens > 0)
-    cost.overhead_seconds =
-        hardware_.step_overhead_seconds + rows * hardware_.per_logit_row_seconds;
+  if (dense_tokens > 0) {
+    const bool rows_on_device = step.plain_greedy && hardware_.device_argmax;
+    cost.overhead_seconds = hardware_.step_overhead_seconds +
+                            (rows_on_device ? 0.0 : rows * hardware_.per_logit_row_seconds) +
+                            static_cast<double>(step.decode_tokens) * hardware_.per_decode_seconds;
+  }
   return cost;
 }
 

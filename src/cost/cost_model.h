@@ -60,6 +60,9 @@ struct StepShape {
   // Rows that go through the lm_head (engines skip it for prompt tokens that sample nothing);
   // -1 = every dense token, as the papers count.
   int64_t logit_rows = -1;
+  // Every sampled row is a plain argmax (a backend with Hardware::device_argmax takes it on the
+  // device, and the rows cost no host work).
+  bool plain_greedy = false;
 };
 
 // The shape of the step a backend is asked to compute: a one-token chunk with context is a
@@ -73,10 +76,14 @@ struct StepCost {
   double network_seconds = 0;
   double overhead_seconds = 0;
   double interference = 0;  // the hardware's overlap_interference
+  // With Hardware::gemm_roofline: the shorter of the dense GEMMs' compute and their weight
+  // read, which the longer one hides (both are counted in compute and memory seconds).
+  double gemm_hidden_seconds = 0;
   // Resources used one after another (FCFS engines), or overlapped (NanoFlow): the longest
   // part plus `interference` times the others.
   double sequential() const {
-    return compute_seconds + memory_seconds + network_seconds + overhead_seconds;
+    return compute_seconds + memory_seconds + network_seconds + overhead_seconds -
+           gemm_hidden_seconds;
   }
   double overlapped() const;
 };
@@ -107,7 +114,8 @@ class CostModel {
 
   // Seconds of one step on each of the `tensor_parallel` devices (each holds 1/TP of weights,
   // heads and KV): dense GEMMs 2 P tokens, prefill attention 4 pairs H L, weights + KV read,
-  // and for TP > 1 NanoFlow eq. 7: 4 tokens H 2 bytes L / NetBW.
+  // and for TP > 1 NanoFlow eq. 7: 4 tokens H 2 bytes L / NetBW; the overhead is the step's,
+  // the sampled rows' host work and the decode sequences' fixed cost (Hardware).
   StepCost estimate_step(const StepShape& step) const;
 
   // KV bytes per token on one device.

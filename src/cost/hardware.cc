@@ -78,6 +78,9 @@ void Hardware::validate() const {
   if (per_logit_row_seconds < 0) throw Error("hardware profile: fit.per_logit_row_seconds < 0");
   if (!(overlap_interference >= 0 && overlap_interference <= 1))
     throw Error("hardware profile: fit.overlap_interference must lie in [0, 1]");
+  if (!(kv_bandwidth >= 0)) throw Error("hardware profile: fit.kv_bandwidth_gb_s must be >= 0");
+  if (!(per_decode_seconds >= 0))
+    throw Error("hardware profile: fit.per_decode_seconds must be >= 0");
 }
 
 Hardware Hardware::from_json(const nlohmann::json& j) {
@@ -99,6 +102,10 @@ Hardware Hardware::from_json(const nlohmann::json& j) {
     h.step_overhead_seconds = fit.value("step_overhead_seconds", 0.0);
     h.per_logit_row_seconds = fit.value("per_logit_row_seconds", 0.0);
     h.overlap_interference = fit.value("overlap_interference", 0.0);
+    h.gemm_roofline = fit.value("gemm_roofline", false);
+    h.kv_bandwidth = fit.value("kv_bandwidth_gb_s", 0.0) * kGiga;
+    h.per_decode_seconds = fit.value("per_decode_seconds", 0.0);
+    h.device_argmax = fit.value("device_argmax", false);
   }
   h.validate();
   return h;
@@ -117,7 +124,11 @@ nlohmann::json Hardware::to_json() const {
             {"bandwidth_efficiency", bandwidth_efficiency},
             {"step_overhead_seconds", step_overhead_seconds},
             {"per_logit_row_seconds", per_logit_row_seconds},
-            {"overlap_interference", overlap_interference}}}};
+            {"overlap_interference", overlap_interference},
+            {"gemm_roofline", gemm_roofline},
+            {"kv_bandwidth_gb_s", kv_bandwidth / kGiga},
+            {"per_decode_seconds", per_decode_seconds},
+            {"device_argmax", device_argmax}}}};
 }
 
 std::optional<Hardware> find_hardware_preset(std::string_view name) {

@@ -41,6 +41,17 @@ struct Hardware {
   // "practical" optimum): an overlapped step takes max(parts) + interference x (the rest).
   // 0 = perfect overlap. a100-* assume 0.15; h100 and h200 carry measured figures (hardware.cc).
   double overlap_interference = 0.0;
+  // A GPU's step form (fitted by `blend profile` where it predicts better than the sum; off in
+  // every preset): a dense GEMM reads its weights while it computes, so the layers cost
+  // max(GEMM FLOPs / compute, weight bytes / bandwidth), not their sum; decode attention reads
+  // the KV at `kv_bandwidth` (0: the memory bandwidth) and pays `per_decode_seconds` per
+  // sequence (its blocks' fixed cost).
+  bool gemm_roofline = false;
+  double kv_bandwidth = 0.0;
+  double per_decode_seconds = 0.0;
+  // Steps whose rows all sample plain greedy take the argmax on the device (the cuda backend's
+  // forward_argmax): no logits leave it and per_logit_row_seconds is not paid.
+  bool device_argmax = false;
 
   double effective_compute() const { return compute_flops * compute_efficiency; }
   double effective_bandwidth() const { return memory_bandwidth * bandwidth_efficiency; }
@@ -51,7 +62,8 @@ struct Hardware {
   // {"name", "compute_tflops", "memory_bandwidth_gb_s", "network_bandwidth_gb_s",
   //  "memory_gb", optional "host_bandwidth_gb_s", optional "fit": {"compute_efficiency",
   //  "attention_efficiency", "bandwidth_efficiency", "step_overhead_seconds",
-  //  "per_logit_row_seconds", "overlap_interference"}} with GB = 1e9 bytes.
+  //  "per_logit_row_seconds", "overlap_interference", optional "gemm_roofline",
+  //  "kv_bandwidth_gb_s", "per_decode_seconds", "device_argmax"}} with GB = 1e9 bytes.
   static Hardware from_json(const nlohmann::json& j);
   nlohmann::json to_json() const;
 };

@@ -483,7 +483,10 @@ void Engine::launch_step(const StepPlan& plan) {
   f.row_seqs.reserve(in.rows.size());
   for (const SampleRow& row : in.rows) f.row_seqs.push_back(row.seq);
   // The observer sees the batch after the step; the backend takes its own copy of it.
-  if (!step_observers_.empty()) f.observed = in.batch;
+  if (!step_observers_.empty()) {
+    f.observed = in.batch;
+    f.plain_greedy = all_plain_greedy(in.rows);
+  }
   const WallClock::time_point launch0 = WallClock::now();
   backend_->launch(std::move(in));
   stats_.backend_seconds += std::chrono::duration<double>(WallClock::now() - launch0).count();
@@ -578,7 +581,8 @@ void Engine::step() {
   if (!next.empty()) launch_step(next);
   apply_tokens(done, sampled);  // while `next` computes
   if (done.measure_cost) scheduler_->observe_step_cost(done.cost);
-  for (const StepObserver& observe : step_observers_) observe(done.observed, done.started);
+  for (const StepObserver& observe : step_observers_)
+    observe(done.observed, done.started, done.plain_greedy);
 #ifdef BLEND_CHECK_INVARIANTS
   if (!in_flight_)
     check_invariants();  // leaks, double frees, a stale tree: abort at the step that caused them

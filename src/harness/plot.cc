@@ -49,7 +49,7 @@ std::ofstream open_data(const std::filesystem::path& path) {
 }  // namespace
 
 RunTimeline::RunTimeline(Engine& engine) {
-  engine.add_step_observer([this, &engine](const ForwardBatch& batch, double started) {
+  engine.add_step_observer([this, &engine](const ForwardBatch& batch, double started, bool) {
     const EngineStats s = engine.stats();
     steps_.push_back({started, batch.num_tokens(),
                       s.kv_capacity_bytes > 0 ? static_cast<double>(s.kv_used_bytes) /

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -20,9 +21,9 @@ double seconds_now() {
 
 StepShape shape_of(const ProfilePoint& p) {
   StepShape s;
-  if (p.kind == "prefill") {
+  if (p.kind == "prefill") {  // `sequences` prompts of tokens / sequences each
     s.prefill_tokens = p.tokens;
-    s.prefill_attention_pairs = p.tokens * p.tokens;
+    s.prefill_attention_pairs = p.tokens * (p.tokens / p.sequences);
     s.logit_rows = p.sequences;
   } else {
     s.decode_tokens = p.tokens;
@@ -35,8 +36,10 @@ StepShape shape_of(const ProfilePoint& p) {
 }  // namespace
 
 StepRecorder::StepRecorder(Engine& engine) {
-  engine.add_step_observer([this](const ForwardBatch& batch, double started) {
-    started_.emplace_back(step_shape(batch), started);
+  engine.add_step_observer([this](const ForwardBatch& batch, double started, bool plain_greedy) {
+    StepShape shape = step_shape(batch);
+    shape.plain_greedy = plain_greedy;
+    started_.emplace_back(shape, started);
   });
 }
 
@@ -57,6 +60,7 @@ void write_step_timings(const std::string& path, const std::vector<MeasuredStep>
                           {"decode_context_tokens", m.shape.decode_context_tokens},
                           {"prefill_attention_pairs", m.shape.prefill_attention_pairs},
                           {"logit_rows", m.shape.logit_rows},
+                          {"plain_greedy", m.shape.plain_greedy},
                           {"seconds", m.seconds}}
                .dump()
         << "\n";
@@ -78,6 +82,7 @@ std::vector<MeasuredStep> read_step_timings(const std::string& path) {
       m.shape.decode_context_tokens = j.at("decode_context_tokens").get<int64_t>();
       m.shape.prefill_attention_pairs = j.at("prefill_attention_pairs").get<int64_t>();
       m.shape.logit_rows = j.at("logit_rows").get<int64_t>();
+      m.shape.plain_greedy = j.value("plain_greedy", false);  // absent in older files
       m.seconds = j.at("seconds").get<double>();
       if (m.shape.prefill_tokens < 0 || m.shape.decode_tokens < 0 ||
           m.shape.decode_context_tokens < 0 || m.shape.prefill_attention_pairs < 0 ||
@@ -91,19 +96,129 @@ std::vector<MeasuredStep> read_step_timings(const std::string& path) {
   return steps;
 }
 
+namespace {
+
+// The fit's inputs per step: unit-rate seconds of each part of the cost model (at 1 FLOP/s and
+// 1 byte/s) and the measured seconds less the host's per-row sampling.
+struct StepTerms {
+  double gemm = 0, attention = 0, weights = 0, kv = 0, decodes = 0, seconds = 0;
+};
+
+// The fitted hardware with its errors over the steps, and the Bayesian information criterion of
+// its squared residuals (n ln(RSS / n) + parameters x ln n), which picks between the forms.
+struct FormFit {
+  HardwareFit fit;
+  double bic = 0;
+};
+
+FormFit finish_fit(const ModelShape& shape, const std::vector<MeasuredStep>& steps, Hardware h,
+                   int parameters) {
+  HardwareFit fit;
+  h.network_bandwidth = 1e18;  // one device
+  h.memory_bytes = 0;
+  fit.hardware = h;
+  Hardware costed = h;
+  costed.memory_bytes = 1;
+  const CostModel fitted(shape, costed);
+  double estimated_total = 0, measured_total = 0, squares = 0;
+  for (const MeasuredStep& m : steps) {
+    const double estimate = fitted.estimate_step(m.shape).sequential();
+    const double err = std::fabs(estimate - m.seconds) / m.seconds;
+    fit.mean_abs_error += err / static_cast<double>(steps.size());
+    fit.max_abs_error = std::max(fit.max_abs_error, err);
+    estimated_total += estimate;
+    measured_total += m.seconds;
+    squares += (estimate - m.seconds) * (estimate - m.seconds);
+  }
+  fit.total_error = estimated_total / measured_total - 1;
+  const double n = static_cast<double>(steps.size());
+  // A fit exact to rounding (residuals below 1e-9 of the mean step) scores as exact.
+  const double floor = n * std::pow(1e-9 * measured_total / n, 2);
+  return {fit, n * std::log(std::max(squares, floor) / n) + parameters * std::log(n)};
+}
+
+double rate(double seconds_per_unit) {
+  return seconds_per_unit > 0 ? 1 / seconds_per_unit : 1e18;
+}
+
+// t = GEMM FLOPs / C + attention FLOPs / C_attn + (weights + KV) / B + overhead. Prefill
+// attention has a rate of its own: with one rate for both, small prefills were estimated
+// 15-16% too long on the CPU and the fit's mean error was 11-17%; with two it is 4-7%
+// (docs/BENCHMARKS.md).
+Hardware fit_sum(const std::vector<StepTerms>& terms) {
+  std::vector<std::vector<double>> x;
+  std::vector<double> y;
+  for (const StepTerms& t : terms) {
+    x.push_back({t.gemm, t.attention, t.weights + t.kv, 1.0});
+    y.push_back(t.seconds);
+  }
+  const auto beta = nonnegative_least_squares(x, y);
+  Hardware h;
+  h.name = "fit";
+  h.compute_flops = rate(beta[0]);
+  h.attention_efficiency = rate(beta[1]) / h.compute_flops;
+  h.memory_bandwidth = rate(beta[2]);
+  h.step_overhead_seconds = beta[3];
+  return h;
+}
+
+// A GPU's form (Hardware::gemm_roofline): t = max(GEMM FLOPs / C, weights / B) + attention
+// FLOPs / C_attn + KV / B_kv + decodes x c_dec + overhead. Nonlinear in the max, so it is
+// fitted by alternating: with each step labelled compute- or weight-bound the form is linear
+// (least squares as above); the fit relabels the steps and repeats until the labels hold.
+// On an H100, fitted on the engine steps of 1,024 x (512 + 128) requests, it predicted the
+// throughput of 512 x (1,024 + 512) within +2.0% where the sum form erred by +6.4%
+// (docs/BENCHMARKS.md).
+// Nothing where the labels leave the system singular (every step weight-bound, say).
+std::optional<Hardware> fit_roofline_from(const std::vector<StepTerms>& terms,
+                                          std::vector<bool> compute_bound) {
+  std::vector<double> beta;
+  for (int iteration = 0; iteration < 50; ++iteration) {
+    std::vector<std::vector<double>> x;
+    std::vector<double> y;
+    for (size_t i = 0; i < terms.size(); ++i) {
+      const StepTerms& t = terms[i];
+      x.push_back({compute_bound[i] ? t.gemm : 0.0, t.attention, compute_bound[i] ? 0.0 : t.weights,
+                   t.kv, t.decodes, 1.0});
+      y.push_back(t.seconds);
+    }
+    try {
+      beta = nonnegative_least_squares(x, y);
+    } catch (const Error&) {
+      return std::nullopt;
+    }
+    bool changed = false;
+    for (size_t i = 0; i < terms.size(); ++i) {
+      const bool now = beta[0] * terms[i].gemm > beta[2] * terms[i].weights;
+      changed |= now != compute_bound[i];
+      compute_bound[i] = now;
+    }
+    if (!changed) break;
+  }
+  Hardware h;
+  h.name = "fit";
+  h.gemm_roofline = true;
+  h.compute_flops = rate(beta[0]);
+  h.attention_efficiency = rate(beta[1]) / h.compute_flops;
+  h.memory_bandwidth = rate(beta[2]);
+  h.kv_bandwidth = rate(beta[3]);
+  h.per_decode_seconds = beta[4];
+  h.step_overhead_seconds = beta[5];
+  return h;
+}
+
+}  // namespace
+
 HardwareFit fit_hardware(const ModelShape& shape, const std::vector<MeasuredStep>& steps,
-                         double per_logit_row_seconds) {
+                         double per_logit_row_seconds, bool device_argmax) {
   if (steps.size() < 4) throw Error("profile: at least 4 steps are needed to fit the cost model");
-  // t - sampling = GEMM FLOPs / C + attention FLOPs / C_attn + bytes / B + overhead. Prefill
-  // attention has a rate of its own: with one rate for both, small prefills were estimated
-  // 15-16% too long and the fit's mean error was 11-17%; with two it is 4-7%
-  // (docs/BENCHMARKS.md).
   Hardware unit;
   unit.name = "unit";
   unit.compute_flops = unit.memory_bandwidth = unit.network_bandwidth = unit.memory_bytes = 1;
   const CostModel unit_model(shape, unit);  // compute/memory seconds at 1 FLOP/s, 1 B/s
-  std::vector<std::vector<double>> x;
-  std::vector<double> y;
+  const double weights =
+      static_cast<double>(shape.weight_bytes) / static_cast<double>(shape.tensor_parallel);
+  std::vector<StepTerms> terms;
   for (const MeasuredStep& m : steps) {
     StepShape without = m.shape;
     without.prefill_attention_pairs = 0;
@@ -112,34 +227,35 @@ HardwareFit fit_hardware(const ModelShape& shape, const std::vector<MeasuredStep
     const double rows = m.shape.logit_rows < 0
                             ? static_cast<double>(m.shape.prefill_tokens + m.shape.decode_tokens)
                             : static_cast<double>(m.shape.logit_rows);
-    x.push_back({gemm, all.compute_seconds - gemm, all.memory_seconds, 1.0});
-    y.push_back(m.seconds - rows * per_logit_row_seconds);
+    const bool rows_on_device = m.shape.plain_greedy && device_argmax;
+    terms.push_back({.gemm = gemm,
+                     .attention = all.compute_seconds - gemm,
+                     .weights = weights,
+                     .kv = all.memory_seconds - weights,
+                     .decodes = static_cast<double>(m.shape.decode_tokens),
+                     .seconds = m.seconds - (rows_on_device ? 0.0 : rows * per_logit_row_seconds)});
   }
-  const auto beta = nonnegative_least_squares(x, y);
-  HardwareFit fit;
-  Hardware& h = fit.hardware;
-  h.name = "fit";
-  h.compute_flops = beta[0] > 0 ? 1 / beta[0] : 1e18;
-  h.attention_efficiency = (beta[1] > 0 ? 1 / beta[1] : 1e18) / h.compute_flops;
-  h.memory_bandwidth = beta[2] > 0 ? 1 / beta[2] : 1e18;
-  h.network_bandwidth = 1e18;  // one device
-  h.step_overhead_seconds = beta[3];
-  h.per_logit_row_seconds = per_logit_row_seconds;
-  h.memory_bytes = 0;
-  Hardware costed = h;
-  costed.memory_bytes = 1;
-  const CostModel fitted(shape, costed);
-  double estimated_total = 0, measured_total = 0;
-  for (const MeasuredStep& m : steps) {
-    const double estimate = fitted.estimate_step(m.shape).sequential();
-    const double err = std::fabs(estimate - m.seconds) / m.seconds;
-    fit.mean_abs_error += err / static_cast<double>(steps.size());
-    fit.max_abs_error = std::max(fit.max_abs_error, err);
-    estimated_total += estimate;
-    measured_total += m.seconds;
+  // Both forms; the roofline's (six coefficients to the sum's four) only where the information
+  // criterion says its better fit is worth them: a tie, as when no step is weight-bound and
+  // both forms fit exactly, keeps the sum.
+  Hardware sum = fit_sum(terms);
+  sum.per_logit_row_seconds = per_logit_row_seconds;
+  sum.device_argmax = device_argmax;
+  FormFit best = finish_fit(shape, steps, sum, 4);
+  // The roofline's labels start from the sum's rates, and apart from every step compute-bound
+  // (the alternation finds a local optimum): the better of the two competes.
+  std::vector<bool> from_sum(terms.size());
+  for (size_t i = 0; i < terms.size(); ++i)
+    from_sum[i] = terms[i].gemm / sum.compute_flops > terms[i].weights / sum.memory_bandwidth;
+  for (const std::vector<bool>& labels : {from_sum, std::vector<bool>(terms.size(), true)}) {
+    std::optional<Hardware> roofline = fit_roofline_from(terms, labels);
+    if (!roofline) continue;
+    roofline->per_logit_row_seconds = per_logit_row_seconds;
+    roofline->device_argmax = device_argmax;
+    const FormFit candidate = finish_fit(shape, steps, *roofline, 6);
+    if (candidate.bic < best.bic) best = candidate;
   }
-  fit.total_error = estimated_total / measured_total - 1;
-  return fit;
+  return best.fit;
 }
 
 BackendProfile profile_backend(Backend& backend, const ModelShape& shape,
@@ -159,31 +275,55 @@ BackendProfile profile_backend(Backend& backend, const ModelShape& shape,
     std::sort(t.begin(), t.end());
     return t[t.size() / 2];
   };
+  // A backend that takes plain-greedy argmaxes on its device (forward_argmax) is timed that
+  // way, as the engine runs greedy steps on it; what a step that samples on the host pays more
+  // (its logits' download) is added to the per-row host cost below.
   std::vector<float> logits;
+  std::vector<TokenId> argmax_tokens;
+  std::optional<bool> device_argmax;
+  auto forward_once = [&](const ForwardBatch& batch, bool argmax) {
+    const size_t rows = static_cast<size_t>(batch.num_logit_rows());
+    if (argmax) {
+      argmax_tokens.resize(rows);
+      return backend.forward_argmax(batch, argmax_tokens);
+    }
+    logits.resize(rows * static_cast<size_t>(config.vocab_size));
+    backend.forward(batch, logits);
+    return true;
+  };
   auto time_batch = [&](const ForwardBatch& batch) {
-    logits.resize(static_cast<size_t>(batch.num_logit_rows()) *
-                  static_cast<size_t>(config.vocab_size));
-    return median_seconds([&] { backend.forward(batch, logits); });
+    if (!device_argmax) device_argmax = forward_once(batch, true);
+    return median_seconds([&] { forward_once(batch, *device_argmax); });
   };
   // Pages are handed out in order; every point starts from page 0 (KV contents do not matter
   // for timing).
   BackendProfile out;
   auto token = [&](int64_t i) { return static_cast<TokenId>(100 + (i * 7919) % 30000); };
-  for (int64_t n : options.prefill_tokens) {
+  // Prompts of n tokens, one alone and several together: both kinds are needed to tell the
+  // GEMMs (tokens) from prefill attention (tokens x prompt length) apart.
+  auto prefill_point = [&](int64_t prompts, int64_t n) {
     ForwardBatch b;
-    SeqChunk c;
-    c.num_tokens = static_cast<int32_t>(n);
-    c.wants_logits = true;
-    for (int64_t p = 0; p < (n + page_size - 1) / page_size; ++p)
-      c.block_table.push_back(static_cast<PageId>(p));
-    if (static_cast<int64_t>(c.block_table.size()) > backend.num_pages()) continue;
-    for (int64_t i = 0; i < n; ++i) {
-      b.tokens.push_back(token(i));
-      b.positions.push_back(static_cast<int32_t>(i));
+    const int64_t pages_per_prompt = (n + page_size - 1) / page_size;
+    if (prompts * pages_per_prompt > backend.num_pages()) return;
+    for (int64_t s = 0; s < prompts; ++s) {
+      SeqChunk c;
+      c.seq = s;
+      c.num_tokens = static_cast<int32_t>(n);
+      c.token_offset = static_cast<int32_t>(s * n);
+      c.wants_logits = true;
+      for (int64_t p = 0; p < pages_per_prompt; ++p)
+        c.block_table.push_back(static_cast<PageId>(s * pages_per_prompt + p));
+      for (int64_t i = 0; i < n; ++i) {
+        b.tokens.push_back(token(s * n + i));
+        b.positions.push_back(static_cast<int32_t>(i));
+      }
+      b.chunks.push_back(std::move(c));
     }
-    b.chunks.push_back(c);
-    out.points.push_back({"prefill", 1, n, 0, time_batch(b), 0});
-  }
+    out.points.push_back({"prefill", prompts, prompts * n, 0, time_batch(b), 0});
+  };
+  for (int64_t n : options.prefill_tokens) prefill_point(1, n);
+  for (const auto& [prompts, n] : options.prefill_batches) prefill_point(prompts, n);
+  ForwardBatch widest_decode;  // the decode point with the most rows, for the download cost
   for (int64_t seqs : options.decode_sequences)
     for (int64_t ctx : options.decode_contexts) {
       const int64_t pages_per_seq = (ctx + 1 + page_size - 1) / page_size;
@@ -204,6 +344,7 @@ BackendProfile profile_backend(Backend& backend, const ModelShape& shape,
         b.chunks.push_back(std::move(c));
       }
       out.points.push_back({"decode", seqs, seqs, seqs * (ctx + 1), time_batch(b), 0});
+      if (b.num_logit_rows() > widest_decode.num_logit_rows()) widest_decode = std::move(b);
     }
   if (out.points.size() < 4) throw Error("profile: too few steps fit in the KV memory");
 
@@ -212,6 +353,7 @@ BackendProfile profile_backend(Backend& backend, const ModelShape& shape,
   // Forward passes only: the sampler's time is measured below, apart.
   const HardwareFit fit = fit_hardware(shape, measured, 0.0);
   out.hardware = fit.hardware;
+  out.hardware.device_argmax = device_argmax.value_or(false);
   out.hardware.name = "profile:" + backend.name();
   out.mean_abs_error = fit.mean_abs_error;
   out.max_abs_error = fit.max_abs_error;
@@ -235,6 +377,14 @@ BackendProfile profile_backend(Backend& backend, const ModelShape& shape,
 #pragma omp parallel for schedule(dynamic, 1)  // as the engine samples its rows
     for (int r = 0; r < kRows; ++r) (void)sample_token(row, greedy, 1, r);
     out.hardware.per_logit_row_seconds = (clock() - t0) / kRows;
+    // A device-argmax backend's host-sampled steps also move their logits: forward() against
+    // forward_argmax() on the widest decode step, per row.
+    if (out.hardware.device_argmax && widest_decode.num_logit_rows() > 0) {
+      const double with_logits = median_seconds([&] { forward_once(widest_decode, false); });
+      const double on_device = median_seconds([&] { forward_once(widest_decode, true); });
+      out.hardware.per_logit_row_seconds += std::max(0.0, with_logits - on_device) /
+                                            static_cast<double>(widest_decode.num_logit_rows());
+    }
   }
 
   // BROS's swap line (§4.1): restoring checkpointed pages, timed as whole pages of slots written

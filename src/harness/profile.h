@@ -13,6 +13,7 @@
 
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -37,7 +38,8 @@ struct BackendProfile {
 };
 
 struct ProfileOptions {
-  std::vector<int64_t> prefill_tokens = {64, 128, 256, 512, 1024};
+  std::vector<int64_t> prefill_tokens = {64, 128, 256, 512, 1024};                  // one prompt
+  std::vector<std::pair<int64_t, int64_t>> prefill_batches = {{4, 256}, {4, 512}};  // (n, tokens)
   std::vector<int64_t> decode_sequences = {8, 32, 64, 128};
   std::vector<int64_t> decode_contexts = {64, 256, 1024};
   int64_t max_kv_tokens = 64 * 1024;  // decode points above this are skipped
@@ -69,7 +71,8 @@ class StepRecorder {
 };
 
 // A step timings file: one JSON object per step and line, the StepShape's fields
-// (prefill_tokens, decode_tokens, decode_context_tokens, prefill_attention_pairs, logit_rows)
+// (prefill_tokens, decode_tokens, decode_context_tokens, prefill_attention_pairs, logit_rows,
+// plain_greedy)
 // and "seconds". read_step_timings throws blend::Error naming the file and line of a bad one.
 void write_step_timings(const std::string& path, const std::vector<MeasuredStep>& steps);
 std::vector<MeasuredStep> read_step_timings(const std::string& path);
@@ -83,11 +86,17 @@ struct HardwareFit {
 
 // Fits compute, prefill attention efficiency, bandwidth and step overhead (least squares on
 // seconds, every coefficient >= 0) so that the cost model's sequential step time matches the
-// steps. Sampling is not fitted: `per_logit_row_seconds` (measured apart) is charged per logit
-// row and taken out of each step's time first. With the overhead kept, the fit's residuals sum
-// to zero, so the steps' total time, which is what a simulated throughput rests on, is exact.
+// steps: in the sum form (GEMMs, attention, weight and KV reads one after another), and in the
+// GPU's roofline form (Hardware::gemm_roofline: GEMMs at max(compute, weight read), KV at its
+// own rate, a cost per decode sequence), keeping the roofline where the Bayesian information
+// criterion prefers it to the sum.
+// Sampling is not fitted: `per_logit_row_seconds` (measured apart) is charged per logit row
+// and taken out of each step's time first, except in steps whose rows are all plain greedy
+// when `device_argmax` (the backend took their argmax on the device). With the overhead kept,
+// a linear fit's residuals sum to zero, so the steps' total time, which is what a simulated
+// throughput rests on, is exact in the sum form and close in the roofline's.
 HardwareFit fit_hardware(const ModelShape& shape, const std::vector<MeasuredStep>& steps,
-                         double per_logit_row_seconds);
+                         double per_logit_row_seconds, bool device_argmax = false);
 
 // `backend` needs max_kv_tokens of KV pages; `shape` is the same model's shape.
 BackendProfile profile_backend(Backend& backend, const ModelShape& shape,

@@ -11,8 +11,10 @@
 namespace blend {
 
 SimStepCost simulate_step_cost(const CostModel& cost, Overlap overlap) {
-  return [&cost, overlap](const ForwardBatch& batch) {
-    const StepCost s = cost.estimate_step(step_shape(batch));
+  return [&cost, overlap](const ForwardBatch& batch, bool plain_greedy) {
+    StepShape shape = step_shape(batch);
+    shape.plain_greedy = plain_greedy;
+    const StepCost s = cost.estimate_step(shape);
     SimStepTime t;
     t.compute = s.compute_seconds;
     t.memory = s.memory_seconds;

@@ -398,6 +398,23 @@ TEST_F(BatchCli, StepTimingsFeedAProfileFit) {
   EXPECT_EQ(fitted["steps_fit"]["files"][0], trace.string());
   EXPECT_LT(std::abs(fitted["steps_fit"]["total_error"].get<double>()), 0.5);
   EXPECT_TRUE(fitted.contains("isolated_fit"));
+  // Every request is temperature 0: each step's rows are plain greedy.
+  for (const json& s : steps) EXPECT_TRUE(s["plain_greedy"].get<bool>());
+  // --refit: the same fit from the profile just written, with no backend run.
+  const auto refit =
+      testing::run_command(std::string("'") + BLEND_BINARY + "' profile --model " + model() +
+                           " --refit " + (work / "p.json").string() + " --steps " + trace.string() +
+                           " --out " + (work / "r.json").string() + " 2>&1");
+  ASSERT_EQ(refit.exit_code, 0) << refit.output;
+  const json refitted = json::parse(testing::read_file(work / "r.json"));
+  EXPECT_EQ(refitted["fit"], fitted["fit"]);
+  EXPECT_EQ(refitted["iteration"], fitted["iteration"]);
+  EXPECT_EQ(refitted["isolated_fit"], fitted["isolated_fit"]);
+  const auto no_steps = testing::run_command(
+      std::string("'") + BLEND_BINARY + "' profile --model " + model() + " --refit " +
+      (work / "p.json").string() + " --out " + (work / "s.json").string() + " 2>&1");
+  EXPECT_NE(no_steps.exit_code, 0);
+  EXPECT_NE(no_steps.output.find("--refit needs --steps"), std::string::npos) << no_steps.output;
   std::filesystem::remove(work / "out.jsonl");
   const auto again =
       testing::run_command(batch_cmd((work / "in.jsonl").string(), (work / "out.jsonl").string(),

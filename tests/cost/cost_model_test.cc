@@ -61,6 +61,27 @@ TEST(Hardware, ProfileRoundTripsAndRejectsBadFields) {
   bad_fit["fit"]["overlap_interference"] = 1.5;
   EXPECT_THROW(Hardware::from_json(bad_fit), Error);
   EXPECT_THROW(resolve_hardware("/nonexistent/profile.json"), Error);
+  // The GPU form's fields round-trip; a profile without them keeps the sum form.
+  h.gemm_roofline = true;
+  h.kv_bandwidth = 2.5e12;
+  h.per_decode_seconds = 1.5e-5;
+  h.device_argmax = true;
+  const Hardware gpu = Hardware::from_json(h.to_json());
+  EXPECT_TRUE(gpu.gemm_roofline);
+  EXPECT_DOUBLE_EQ(gpu.kv_bandwidth, 2.5e12);
+  EXPECT_DOUBLE_EQ(gpu.per_decode_seconds, 1.5e-5);
+  EXPECT_TRUE(gpu.device_argmax);
+  nlohmann::json old = h.to_json();
+  for (const char* key :
+       {"gemm_roofline", "kv_bandwidth_gb_s", "per_decode_seconds", "device_argmax"})
+    old["fit"].erase(key);
+  const Hardware before = Hardware::from_json(old);
+  EXPECT_FALSE(before.gemm_roofline);
+  EXPECT_FALSE(before.device_argmax);
+  EXPECT_EQ(before.kv_bandwidth, 0);
+  nlohmann::json bad_kv = h.to_json();
+  bad_kv["fit"]["kv_bandwidth_gb_s"] = -1;
+  EXPECT_THROW(Hardware::from_json(bad_kv), Error);
 }
 
 TEST(ModelShape, PresetsIncludeShapeOnlyModels) {
@@ -140,6 +161,50 @@ TEST(CostModel, StepCostAndTensorParallelNetworkTerm) {
   const StepCost more = one.estimate_step(step);
   EXPECT_GT(more.memory_seconds, c1.memory_seconds);
   EXPECT_DOUBLE_EQ(more.compute_seconds, c1.compute_seconds);
+}
+
+// The GPU form: the dense GEMMs cost the longer of their compute and their weight read, the KV
+// its own rate, each decode sequence a fixed cost; plain-greedy rows on a device-argmax machine
+// cost no host time.
+TEST(CostModel, RooflineStepsAndRowsSampledOnTheDevice) {
+  const ModelShape shape = *find_model_shape_preset("llama-3-8b");
+  Hardware h;
+  h.name = "gpu";
+  h.compute_flops = 800e12;
+  h.memory_bandwidth = 2e12;
+  h.network_bandwidth = h.memory_bytes = 1;
+  h.per_logit_row_seconds = 50e-6;
+  Hardware roof = h;
+  roof.gemm_roofline = true;
+  roof.kv_bandwidth = 1e12;
+  roof.per_decode_seconds = 10e-6;
+  roof.device_argmax = true;
+  const CostModel sum_model(shape, h), roof_model(shape, roof);
+  const double weights = static_cast<double>(shape.weight_bytes) / 2e12;
+  const double dense_per_token =
+      2.0 * static_cast<double>(shape.matmul_parameters - shape.lm_head_parameters) / 800e12;
+  const double lm_head_row = 2.0 * static_cast<double>(shape.lm_head_parameters) / 800e12;
+  // 16 decodes: weight-bound. The sum form adds compute and weights; the roofline takes the
+  // weights alone, plus the KV at its own rate and the decodes' fixed cost.
+  StepShape decode{.decode_tokens = 16, .decode_context_tokens = 16 * 1000, .logit_rows = 16};
+  const double kv_bytes = 16000.0 * static_cast<double>(shape.kv_bytes_per_token());
+  const double rows = 16 * 50e-6;
+  EXPECT_NEAR(sum_model.estimate_step(decode).sequential(),
+              16 * (dense_per_token + lm_head_row) + weights + kv_bytes / 2e12 + rows, 1e-12);
+  EXPECT_NEAR(roof_model.estimate_step(decode).sequential(),
+              weights + kv_bytes / 1e12 + 16 * 10e-6 + rows, 1e-12);
+  // Plain greedy: the rows' host cost is gone only where the machine takes the argmax itself.
+  decode.plain_greedy = true;
+  EXPECT_NEAR(roof_model.estimate_step(decode).sequential(), weights + kv_bytes / 1e12 + 16 * 10e-6,
+              1e-12);
+  EXPECT_NEAR(sum_model.estimate_step(decode).sequential(),
+              16 * (dense_per_token + lm_head_row) + weights + kv_bytes / 2e12 + rows, 1e-12);
+  // 4,096 prompt tokens: compute-bound; the roofline hides the weight read under the GEMMs.
+  const StepShape prefill{.prefill_tokens = 4096, .logit_rows = 1, .plain_greedy = true};
+  const StepCost s = sum_model.estimate_step(prefill), r = roof_model.estimate_step(prefill);
+  EXPECT_DOUBLE_EQ(r.compute_seconds, s.compute_seconds);
+  EXPECT_NEAR(r.sequential(), 4096 * dense_per_token + lm_head_row, 1e-12);
+  EXPECT_NEAR(s.sequential() - r.sequential(), weights + 50e-6, 1e-12);
 }
 
 }  // namespace

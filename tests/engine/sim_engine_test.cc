@@ -13,7 +13,7 @@ namespace blend {
 namespace {
 
 // 1 ms per computed token plus 5 ms per step.
-SimStepTime toy_cost(const ForwardBatch& b) {
+SimStepTime toy_cost(const ForwardBatch& b, bool /*plain_greedy*/) {
   int64_t tokens = 0;
   for (const SeqChunk& c : b.chunks) tokens += c.num_tokens;
   SimStepTime t;
@@ -63,6 +63,40 @@ TEST(SimEngine, KvMovesOverlapTheStepTheyPrecede) {
   EXPECT_DOUBLE_EQ(sim.steps()[3].transfer, 0);
   EXPECT_NEAR(sim.clock_seconds(), 3 * 15e-3 + 20e-3, 1e-12);
   EXPECT_NEAR(sim.totals().transfer, 5 * 2e-3 + 1e-4 + 20e-3, 1e-12);
+}
+
+// The step cost learns whether every row the step samples is plain greedy (what a device-argmax
+// backend samples without the host); forward(), which hands logits out, never is.
+TEST(SimEngine, TheStepCostSeesWhetherTheRowsArePlainGreedy) {
+  std::vector<bool> seen;
+  auto backend = std::make_unique<SimBackend>(
+      *find_model_preset("tiny"), SimBackendOptions{.num_pages = 256, .kv_bytes_per_page = 4096},
+      [&seen](const ForwardBatch& b, bool plain_greedy) {
+        seen.push_back(plain_greedy);
+        return toy_cost(b, plain_greedy);
+      });
+  SimBackend* sim = backend.get();
+  Engine engine(std::move(backend), EngineOptions{});
+  auto run = [&](float temperature) {
+    seen.clear();
+    GenerationRequest r;
+    r.id = "t" + std::to_string(temperature);
+    r.prompt.assign(12, 100);
+    r.params.max_tokens = 3;
+    r.params.temperature = temperature;
+    r.params.ignore_eos = true;
+    engine.submit(std::move(r), [](GenerationResult&&) {});
+    engine.run_until_done();
+    return seen;
+  };
+  EXPECT_EQ(run(0.0f), std::vector<bool>(3, true));
+  EXPECT_EQ(run(0.8f), std::vector<bool>(3, false));
+  seen.clear();
+  ForwardBatch batch;
+  batch.chunks.push_back(SeqChunk{});
+  batch.chunks.back().num_tokens = 4;
+  sim->forward(batch, {});
+  EXPECT_EQ(seen, std::vector<bool>{false});
 }
 
 // No oracle (issue 27): a simulated engine fits the hybrid policy's iteration model from the

@@ -25,8 +25,16 @@ class TimedFakeBackend : public Backend {
   int64_t num_pages() const override { return 1 << 16; }
   void allocate_kv(int64_t) override {}
   void forward(const ForwardBatch& b, std::span<float>) override {
-    *clock_ += truth_.estimate_step(step_shape(b)).sequential();
+    *clock_ += truth_.estimate_step(step_shape(b)).sequential() +
+               download_per_row_ * static_cast<double>(b.num_logit_rows());
   }
+  // With a device argmax (download_per_row > 0): the step without moving its logits.
+  bool forward_argmax(const ForwardBatch& b, std::span<TokenId>) override {
+    if (download_per_row_ == 0) return false;
+    *clock_ += truth_.estimate_step(step_shape(b)).sequential();
+    return true;
+  }
+  void set_download_per_row(double seconds) { download_per_row_ = seconds; }
   void copy_page(PageId, PageId) override {}
   void read_pages(std::span<const PageId>, std::byte*) const override {}
   void write_pages(std::span<const PageId>, const std::byte*) override {}
@@ -38,6 +46,7 @@ class TimedFakeBackend : public Backend {
   ModelConfig config_;
   const CostModel& truth_;
   double* clock_;
+  double download_per_row_ = 0;
 };
 
 // The machine the fits must recover.
@@ -69,6 +78,8 @@ TEST(Profile, RecoversComputeAttentionBandwidthAndOverhead) {
   EXPECT_NEAR(p.hardware.memory_bandwidth / 20e9, 1.0, 1e-6);
   EXPECT_NEAR(p.hardware.step_overhead_seconds, 0.002, 1e-9);
   EXPECT_LT(p.max_abs_error, 1e-6);
+  EXPECT_FALSE(p.hardware.gemm_roofline);  // a CPU-like machine: the sum fits exactly
+  EXPECT_FALSE(p.hardware.device_argmax);
   // BROS's decode model: time grows with the sequences and with the context read.
   EXPECT_GT(p.iteration.decode_per_token, 0);
   EXPECT_GT(p.iteration.decode_per_context_token, 0);
@@ -76,6 +87,40 @@ TEST(Profile, RecoversComputeAttentionBandwidthAndOverhead) {
   // The swap line: restores timed page by page.
   EXPECT_NEAR(p.iteration.swap_per_page, 2e-6, 1e-12);
   EXPECT_NEAR(p.iteration.swap_base, 0.0, 1e-12);
+}
+
+// A GPU: its GEMMs read their weights while they compute (small steps weight-bound, large ones
+// compute-bound), decode attention reads the KV at a rate of its own with a fixed cost per
+// sequence, and plain-greedy steps take their argmax on the device. The profile must find the
+// roofline form and its rates, time the points the way the engine runs greedy steps, and charge
+// the logits' download to the rows that leave the device.
+TEST(Profile, RecoversTheRooflineFormAndTheDeviceArgmaxOfAGpu) {
+  const ModelConfig config = *find_model_preset("smollm-135m");
+  const ModelShape shape = ModelShape::from_config(config, "smollm-135m");
+  Hardware truth_hw = truth_hardware();
+  truth_hw.compute_flops = 10e12;  // 64 prompt tokens weight-bound, 1,024 compute-bound
+  truth_hw.gemm_roofline = true;
+  truth_hw.kv_bandwidth = 40e9;
+  truth_hw.per_decode_seconds = 20e-6;
+  const CostModel truth(shape, truth_hw);
+  double clock = 0;
+  TimedFakeBackend backend(config, truth, &clock);
+  backend.set_download_per_row(30e-6);
+  ProfileOptions o;
+  o.clock = [&clock] { return clock; };
+  const BackendProfile p = profile_backend(backend, shape, o);
+  const Hardware& h = p.hardware;
+  EXPECT_TRUE(h.gemm_roofline);
+  EXPECT_NEAR(h.compute_flops / 10e12, 1.0, 1e-6);
+  EXPECT_NEAR(h.attention_efficiency, 0.4, 1e-6);
+  EXPECT_NEAR(h.memory_bandwidth / 20e9, 1.0, 1e-6);
+  EXPECT_NEAR(h.kv_bandwidth / 40e9, 1.0, 1e-6);
+  EXPECT_NEAR(h.per_decode_seconds, 20e-6, 1e-10);
+  EXPECT_NEAR(h.step_overhead_seconds, 0.002, 1e-9);
+  EXPECT_LT(p.max_abs_error, 1e-6);
+  EXPECT_TRUE(h.device_argmax);
+  // The fake clock does not move while the host samples: the download alone.
+  EXPECT_NEAR(h.per_logit_row_seconds, 30e-6, 1e-10);
 }
 
 // `blend profile --steps`: the cost model fitted on an engine run's own steps. The run's
@@ -90,7 +135,7 @@ TEST(Profile, FitsTheStepsOfAnEngineRunHostWorkIncluded) {
   const CostModel truth(shape, truth_hw);
   auto owned = std::make_unique<SimBackend>(
       config, SimBackendOptions{.num_pages = 8192, .kv_bytes_per_page = 4096},
-      [&truth](const ForwardBatch& b) {
+      [&truth](const ForwardBatch& b, bool) {
         SimStepTime t;
         t.total = truth.estimate_step(step_shape(b)).sequential();
         return t;

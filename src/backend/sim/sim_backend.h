@@ -28,7 +28,9 @@ struct SimStepTime {
   double compute = 0, memory = 0, network = 0, total = 0, transfer = 0;
 };
 
-using SimStepCost = std::function<SimStepTime(const ForwardBatch&)>;
+// The step's cost; `plain_greedy`: every sampled row is a plain argmax (all_plain_greedy), which
+// a device-argmax backend samples without the host (false for a forward() that wants logits).
+using SimStepCost = std::function<SimStepTime(const ForwardBatch&, bool plain_greedy)>;
 
 struct SimBackendOptions {
   int64_t num_pages = 0;
@@ -96,6 +98,8 @@ class SimBackend : public Backend {
   void advance_to(double seconds) { clock_ = std::max(clock_, seconds); }
 
  private:
+  void step(const ForwardBatch& batch, bool plain_greedy);
+
   ModelConfig config_;
   SimBackendOptions options_;
   SimStepCost cost_;
