@@ -298,34 +298,41 @@ fi
 if [[ " ${PARTS[*]} " == *" dp "* ]]; then  # Table 3: strong scaling with data parallelism (§5.5)
   # blend on DP_SIZES replicas of one A100 each (`blend simulate --dp N`: the partition of
   # `mpirun -np N blend batch`, each part on its own simulated device, makespan = slowest).
+  # DP_ARGS (e.g. --dp-recut) go to the runs with N > 1; first_cut_seconds is then the first
+  # cut's makespan.
   csv=$OUT_DIR/dp.csv
-  echo "trace,dp,throughput_tokens_per_s,seconds,speedup,fraction_of_optimal,sharing_optimal,partition_sharing,sharing_loss_of_optimal,partition_imbalance,rank_seconds" >"$csv"
+  echo "trace,dp,throughput_tokens_per_s,seconds,speedup,fraction_of_optimal,sharing_optimal,partition_sharing,sharing_loss_of_optimal,partition_imbalance,rank_seconds,first_cut_seconds" >"$csv"
   while read -r name density sharing; do
     w=$(synth "$name" "$density" "$sharing" "$REQUESTS" llama-3-8b)
     for n in ${DP_SIZES:-1 2 4}; do
+      extra=""
+      [ "$n" -gt 1 ] && extra="${DP_ARGS:-}"
+      # shellcheck disable=SC2086
       "$BLEND" simulate --json --workload "$w" --model-shape llama-3-8b --hardware a100-80g \
-        --policy blend --dp "$n" | python3 -c '
+        --policy blend --dp "$n" $extra | python3 -c '
 import json, sys
 j = json.loads(sys.stdin.read())
 print(",".join([sys.argv[1], str(j["data_parallel"]), "%.1f" % j["throughput_tokens_per_s"],
                 "%.2f" % j["seconds"], "", "%.4f" % j["fraction_of_optimal"], "%.4f" % j["sharing_optimal"],
                 "%.6f" % j.get("partition_sharing", j["sharing_optimal"]),
                 "%.6f" % j.get("sharing_loss_of_optimal", 0), "%.4f" % j.get("partition_imbalance", 1),
-                " ".join("%.1f" % s for s in j.get("rank_seconds", [j["seconds"]]))]))' "$name" >>"$csv"
+                " ".join("%.1f" % s for s in j.get("rank_seconds", [j["seconds"]])),
+                "%.2f" % j.get("first_cut", {}).get("seconds", j["seconds"])]))' "$name" >>"$csv"
     done
   done <<<"$TRACE_TABLE"
   python3 - "$csv" <<'PY' | tee "$OUT_DIR/dp.txt"
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
 base = {r["trace"]: float(r["throughput_tokens_per_s"]) for r in rows if r["dp"] == "1"}
-print("| trace | DP | tok/s | speedup | of T_o | sharing kept / s_o | loss (of s_o) | slowest / fastest replica s |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+print("| trace | DP | tok/s | speedup | of T_o | sharing kept / s_o | loss (of s_o) | slowest / fastest replica s | first cut s |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for r in rows:
     t = float(r["throughput_tokens_per_s"])
     ranks = [float(x) for x in r["rank_seconds"].split()]
     print(f"| {r['trace']} | {r['dp']} | {t:,.0f} | {t / base[r['trace']]:.3f}x | {float(r['fraction_of_optimal']):.3f} "
           f"| {float(r['partition_sharing']):.4f} / {float(r['sharing_optimal']):.4f} "
-          f"| {100 * float(r['sharing_loss_of_optimal']):.3f}% | {max(ranks):.0f} / {min(ranks):.0f} |")
+          f"| {100 * float(r['sharing_loss_of_optimal']):.3f}% | {max(ranks):.0f} / {min(ranks):.0f} "
+          f"| {float(r['first_cut_seconds']):.0f} |")
 PY
 fi
 

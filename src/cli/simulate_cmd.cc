@@ -53,6 +53,7 @@ struct SimulateArgs {
   std::vector<std::string> pacing_without;  // pacing's rules dropped, for the ablation
   std::optional<double> split_threshold;    // Alg. 2's t, tokens (unset: 99% of s_o kept)
   int32_t data_parallel = 1;  // replicas (BlendServe §5.5): the batch partitioned across them
+  bool dp_recut = false;      // a second cut by the first one's simulated replica times
 };
 
 // The trace path for one policy entry: "{policy}" replaced by the entry ('@' becomes '-').
@@ -126,31 +127,52 @@ PlannedRunStats run_data_parallel(
     plan::Policy policy,
     const std::function<PlannedRunStats(const std::vector<OfflineRequest>&)>& run_replica,
     nlohmann::json& dp_json) {
-  PlannedRunStats st;
-  const plan::DpPartition dp = plan::partition_data_parallel(
-      plan_requests, planner_cost, args.data_parallel, args.max_batch_tokens);
-  st.policy = plan::policy_name(policy);
-  double cached = 0;
-  std::vector<double> rank_seconds;
-  for (const std::vector<int32_t>& part : dp.parts) {
-    std::vector<OfflineRequest> sub;
-    sub.reserve(part.size());
-    for (int32_t r : part) sub.push_back(requests[static_cast<size_t>(r)]);
-    if (sub.empty()) {
-      rank_seconds.push_back(0);
-      continue;
+  // Runs each part on its own replica; the job's totals, each replica's seconds.
+  const auto run_parts = [&](const plan::DpPartition& dp, std::vector<double>& rank_seconds) {
+    PlannedRunStats st;
+    double cached = 0;
+    for (const std::vector<int32_t>& part : dp.parts) {
+      std::vector<OfflineRequest> sub;
+      sub.reserve(part.size());
+      for (int32_t r : part) sub.push_back(requests[static_cast<size_t>(r)]);
+      if (sub.empty()) {
+        rank_seconds.push_back(0);
+        continue;
+      }
+      const PlannedRunStats r = run_replica(sub);
+      rank_seconds.push_back(r.seconds);
+      st.sampled_requests += r.sampled_requests;
+      st.requests += r.requests;
+      st.prompt_tokens += r.prompt_tokens;
+      st.output_tokens += r.output_tokens;
+      st.steps += r.steps;
+      st.seconds = std::max(st.seconds, r.seconds);
+      cached += r.sharing_ratio * static_cast<double>(r.prompt_tokens);
     }
-    const PlannedRunStats r = run_replica(sub);
-    rank_seconds.push_back(r.seconds);
-    st.sampled_requests += r.sampled_requests;
-    st.requests += r.requests;
-    st.prompt_tokens += r.prompt_tokens;
-    st.output_tokens += r.output_tokens;
-    st.steps += r.steps;
-    st.seconds = std::max(st.seconds, r.seconds);
-    cached += r.sharing_ratio * static_cast<double>(r.prompt_tokens);
+    st.sharing_ratio = st.prompt_tokens > 0 ? cached / static_cast<double>(st.prompt_tokens) : 0;
+    return st;
+  };
+  plan::DpPartition dp = plan::partition_data_parallel(plan_requests, planner_cost,
+                                                       args.data_parallel, args.max_batch_tokens);
+  std::vector<double> rank_seconds;
+  PlannedRunStats st = run_parts(dp, rank_seconds);
+  nlohmann::json first_cut;
+  if (args.dp_recut) {
+    // The predicted work says nothing of how well each part's own plan overlaps it: re-cut with
+    // each part's share in proportion to its simulated rate, and keep the shorter job.
+    plan::DpPartition again = plan::partition_data_parallel(
+        plan_requests, planner_cost, args.data_parallel, args.max_batch_tokens,
+        plan::rebalance_shares(dp.work_seconds, rank_seconds));
+    std::vector<double> again_seconds;
+    PlannedRunStats recut = run_parts(again, again_seconds);
+    first_cut = {{"rank_seconds", rank_seconds}, {"seconds", st.seconds}};
+    if (recut.seconds < st.seconds) {
+      dp = std::move(again);
+      rank_seconds = std::move(again_seconds);
+      st = recut;
+    }
   }
-  st.sharing_ratio = st.prompt_tokens > 0 ? cached / static_cast<double>(st.prompt_tokens) : 0;
+  st.policy = plan::policy_name(policy);
   st.sharing_optimal = dp.sharing_optimal;
   st.root_density = dp.root_density;
   st.compute_seconds = dp.root.compute_seconds;
@@ -171,6 +193,7 @@ PlannedRunStats run_data_parallel(
              {"sharing_loss", dp.sharing_loss()},
              {"sharing_loss_of_optimal", dp.sharing_loss_of_optimal()},
              {"partition_imbalance", dp.imbalance()}};
+  if (!first_cut.is_null()) dp_json["first_cut"] = first_cut;
   return st;
 }
 
@@ -224,6 +247,7 @@ void run_simulate(const SimulateArgs& args) {
       args.step_trace.find("{policy}") == std::string::npos)
     throw Error("--step-trace with several policies needs {policy} in the path");
   if (args.data_parallel < 1) throw Error("--dp must be at least 1");
+  if (args.dp_recut && args.data_parallel < 2) throw Error("--dp-recut needs --dp 2 or more");
   if (args.data_parallel > 1 && !args.step_trace.empty())
     throw Error("--step-trace traces one replica: it needs --dp 1");
   for (const std::string& entry : split_list(args.policies)) {
@@ -370,6 +394,9 @@ void register_simulate_command(CLI::App& app) {
                   "`mpirun -np N blend batch` partitions it and each part runs on its own "
                   "simulated device; seconds and throughput are the slowest replica's (default 1)")
       ->check(CLI::PositiveNumber);
+  cmd->add_flag("--dp-recut", args->dp_recut,
+                "With --dp N: cut again with each part's share of the work in proportion to "
+                "its simulated rate in the first cut, and keep the shorter of the two jobs");
   cmd->add_flag("--json", args->json, "One JSON object per run (the keys experiments read)");
   cmd->add_flag("!--no-capacity-pacing", args->capacity_pacing,
                 "blend: the dual scanner without capacity pacing or Alg. 3's prefill budgets "

@@ -106,10 +106,37 @@ void deal_long_decodes(const std::vector<PlanRequest>& requests, const CostModel
 
 }  // namespace
 
+std::vector<double> rebalance_shares(const std::vector<double>& work_seconds,
+                                     const std::vector<double>& replica_seconds) {
+  if (work_seconds.size() != replica_seconds.size())
+    throw Error("rebalance_shares: one time per part");
+  double total_work = 0, total_time = 0;
+  for (size_t k = 0; k < work_seconds.size(); ++k) {
+    total_work += work_seconds[k];
+    total_time += replica_seconds[k];
+  }
+  std::vector<double> shares(work_seconds.size());
+  for (size_t k = 0; k < shares.size(); ++k) {
+    const double rate = replica_seconds[k] > 0 ? work_seconds[k] / replica_seconds[k]
+                                               : total_work / std::max(total_time, 1e-300);
+    shares[k] = std::max(rate, 1e-300);
+  }
+  return shares;
+}
+
 DpPartition partition_data_parallel(const std::vector<PlanRequest>& requests, const CostModel& cost,
-                                    int32_t parts, int32_t step_tokens) {
+                                    int32_t parts, int32_t step_tokens,
+                                    const std::vector<double>& shares) {
   if (parts < 1)
     throw Error("data-parallel partition needs at least one part, not " + std::to_string(parts));
+  if (!shares.empty() && static_cast<int32_t>(shares.size()) != parts)
+    throw Error("data-parallel partition: " + std::to_string(shares.size()) + " shares for " +
+                std::to_string(parts) + " parts");
+  for (double s : shares)
+    if (!(s > 0)) throw Error("data-parallel partition: a part's share must be positive");
+  const auto share = [&](int32_t k) {
+    return shares.empty() ? 1.0 : shares[static_cast<size_t>(k)];
+  };
   DpPartition out;
   out.parts.resize(static_cast<size_t>(parts));
   out.stats.resize(static_cast<size_t>(parts));
@@ -166,15 +193,19 @@ DpPartition partition_data_parallel(const std::vector<PlanRequest>& requests, co
   const double root_ratio = run_memory(0, n) > 0 ? run_compute(0, n) / run_memory(0, n) : 0;
 
   // The dual scanner's two cursors over the order: [low, high) is still unassigned. Each part
-  // takes an equal share of what is left, (compute + memory) seconds with what it was dealt, so
-  // the paths its cuts recompute do not pile up on the last part.
+  // takes its share of what is left, (compute + memory) seconds with what it was dealt, so the
+  // paths its cuts recompute do not pile up on the last part.
   size_t low = 0, high = n;
   for (int32_t k = 0; k < parts; ++k) {
     std::vector<int32_t>& part = out.parts[static_cast<size_t>(k)];
-    double still_dealt = 0;
-    for (int32_t j = k; j < parts; ++j) still_dealt += dealt_work[static_cast<size_t>(j)];
-    const double target = (run_compute(low, high) + run_memory(low, high) + still_dealt) /
-                              static_cast<double>(parts - k) -
+    double still_dealt = 0, still_shares = 0;
+    for (int32_t j = k; j < parts; ++j) {
+      still_dealt += dealt_work[static_cast<size_t>(j)];
+      still_shares += share(j);
+    }
+    const double unassigned = run_compute(low, high) + run_memory(low, high) + still_dealt;
+    const double target = (shares.empty() ? unassigned / static_cast<double>(parts - k)
+                                          : unassigned * (share(k) / still_shares)) -
                           dealt_work[static_cast<size_t>(k)];
     const bool last = k + 1 == parts;
     const size_t left_begin = low, right_end = high;

@@ -67,8 +67,17 @@ inline constexpr double kLongDecodeOutlier = 8;
 inline constexpr size_t kMaxDealtPerPart = 32;
 
 // Cuts `requests` into `parts` partitions (parts >= 1; throws blend::Error otherwise).
-// `step_tokens`: the engine's token budget of one step.
+// `step_tokens`: the engine's token budget of one step. `shares`: each part's share of the
+// predicted work (empty: equal; else `parts` positive numbers, normalised here), for a re-cut
+// that gives a replica predicted to run slow less (rebalance_shares).
 DpPartition partition_data_parallel(const std::vector<PlanRequest>& requests, const CostModel& cost,
-                                    int32_t parts, int32_t step_tokens = 2048);
+                                    int32_t parts, int32_t step_tokens = 2048,
+                                    const std::vector<double>& shares = {});
+
+// Shares for a re-cut from a first partition's predicted work and its replicas' simulated (or
+// measured) seconds: each part's share in proportion to its rate, work / seconds, so that at
+// those rates every part would take as long. A part with no time keeps its work's share.
+std::vector<double> rebalance_shares(const std::vector<double>& work_seconds,
+                                     const std::vector<double>& replica_seconds);
 
 }  // namespace blend::plan

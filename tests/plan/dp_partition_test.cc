@@ -77,6 +77,34 @@ TEST(DpPartition, EveryRequestOnceEqualWorkRootDensityLittleSharingLost) {
   }
 }
 
+// A re-cut with unequal shares (rebalance_shares from a first cut's replica times): each
+// part's predicted work follows its share, and every request still lands once.
+TEST(DpPartition, SharesSetEachPartsWorkAndRebalanceFollowsTheRates) {
+  const CostModel cost = llama8b_a100();
+  const std::vector<PlanRequest> rs = workload(40, 100, 7);
+  const DpPartition p =
+      partition_data_parallel(rs, cost, 3, /*step_tokens=*/64, /*shares=*/{1.0, 2.0, 1.0});
+  std::set<int32_t> seen;
+  for (const auto& part : p.parts)
+    for (int32_t r : part) EXPECT_TRUE(seen.insert(r).second) << r;
+  EXPECT_EQ(seen.size(), rs.size());
+  const double total = p.work(0) + p.work(1) + p.work(2);
+  EXPECT_NEAR(p.work(0) / total, 0.25, 0.01);
+  EXPECT_NEAR(p.work(1) / total, 0.50, 0.01);
+  EXPECT_NEAR(p.work(2) / total, 0.25, 0.02);  // the last takes what is left
+  EXPECT_LE(p.sharing_loss_of_optimal(), 0.01);
+  // Equal shares cut exactly as no shares.
+  const DpPartition equal = partition_data_parallel(rs, cost, 3, 64, {5.0, 5.0, 5.0});
+  const DpPartition none = partition_data_parallel(rs, cost, 3, 64);
+  EXPECT_EQ(equal.parts, none.parts);
+  // A part that took twice as long for its work gets half the rate's share.
+  const std::vector<double> shares = rebalance_shares({10, 10, 10}, {100, 200, 100});
+  EXPECT_NEAR(shares[1] / shares[0], 0.5, 1e-12);
+  EXPECT_NEAR(shares[2] / shares[0], 1.0, 1e-12);
+  EXPECT_THROW(partition_data_parallel(rs, cost, 3, 64, {1.0, 2.0}), Error);
+  EXPECT_THROW(partition_data_parallel(rs, cost, 2, 64, {1.0, 0.0}), Error);
+}
+
 // A handful of requests decoding far longer than the rest (BlendServe Trace#1's OpenVid
 // requests): each is a part's critical path, so they are spread over the parts, not left at the
 // memory-intensive end for one part to inherit.
