@@ -5,73 +5,19 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <vector>
 
 #include "backend/cuda/batch_layout.h"
+#include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/knobs.h"
-#include "backend/cuda/nano_split.h"
 #include "core/error.h"
 #include "model/rope.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
 
-namespace blend {
+namespace blend::cuda {
 namespace {
-
-using cuda::Elem;
-
-void check_cuda(cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
-    throw Error(std::string("cuda backend: ") + what + ": " + cudaGetErrorString(e));
-}
-
-void check_cublas(cublasStatus_t s, const char* what) {
-  if (s != CUBLAS_STATUS_SUCCESS)
-    throw Error(std::string("cuda backend: ") + what + ": " + cublasGetStatusString(s));
-}
-
-// GPU memory that grows on demand and is freed with its owner.
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t bytes) { reserve(bytes); }
-  ~DeviceBuffer() { cudaFree(ptr_); }
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), size_(o.size_) {
-    o.ptr_ = nullptr;
-    o.size_ = 0;
-  }
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
-    std::swap(ptr_, o.ptr_);
-    std::swap(size_, o.size_);
-    return *this;
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-
-  // At least `bytes` bytes; the contents are lost when it grows.
-  void* reserve(size_t bytes) {
-    if (bytes > size_) {
-      cudaFree(ptr_);
-      ptr_ = nullptr;
-      size_ = 0;
-      check_cuda(cudaMalloc(&ptr_, std::max<size_t>(bytes, 256)), "cudaMalloc");
-      size_ = bytes;
-    }
-    return ptr_;
-  }
-  template <typename T = void>
-  T* get() const {
-    return static_cast<T*>(ptr_);
-  }
-  size_t size() const { return size_; }
-
- private:
-  void* ptr_ = nullptr;
-  size_t size_ = 0;
-};
 
 // Copies `parts` (tensors of one row length) one after another into one device matrix of
 // `elem` elements, converting on the host where the checkpoint's dtype differs.
@@ -119,140 +65,7 @@ const ModelConfig& validated(const ModelConfig& config) {
   return config;
 }
 
-class CudaBackendImpl final : public CudaBackend {
- public:
-  CudaBackendImpl(const ModelConfig& config, const TensorStore& store,
-                  const BackendOptions& options);
-  ~CudaBackendImpl() override;
-
-  const ModelConfig& config() const override { return config_; }
-  std::string name() const override { return "cuda"; }
-  DType compute_dtype() const override { return elem_ == Elem::kBF16 ? DType::kBF16 : DType::kF32; }
-  int64_t kv_bytes_per_page() const override {
-    return kv_.page_elems() * static_cast<int64_t>(elem_size(elem_));
-  }
-  int64_t num_pages() const override { return num_pages_; }
-  int64_t kv_bytes_per_token() const override { return kv_bytes_per_page() / kv_.page_size; }
-  int64_t kv_memory_budget() const override { return kv_budget_; }
-  void allocate_kv(int64_t num_pages) override;
-  void forward(const ForwardBatch& batch, std::span<float> logits) override;
-  bool forward_argmax(const ForwardBatch& batch, std::span<TokenId> tokens) override;
-  void set_op_timing(bool on) override { timing_ = on; }
-  const CudaOpTimes& op_times() const override { return times_; }
-  void reset_op_times() override { times_ = {}; }
-  void copy_page(PageId src, PageId dst) override;
-  void read_pages(std::span<const PageId> pages, std::byte* out) const override;
-  void write_pages(std::span<const PageId> pages, const std::byte* in) override;
-  void read_slots(PageId page, int32_t first, int32_t count, std::byte* image) const override {
-    copy_slots(page, first, count, image, /*to_host=*/true);
-  }
-  void write_slots(PageId page, int32_t first, int32_t count, const std::byte* image) override {
-    // The host image is only read (cudaMemcpy2DAsync takes const sources).
-    copy_slots(page, first, count, const_cast<std::byte*>(image), /*to_host=*/false);
-  }
-
- private:
-  struct Layer {
-    DeviceBuffer attn_norm, mlp_norm, qkv_bias;  // f32
-    DeviceBuffer qkv, o, gate_up, down;          // elem_, rows of the fused outputs
-  };
-
-  // One lane of the nano-batch pipeline (NanoFlow §4.3, nano_split.h): a stream, its cuBLAS
-  // handle and the activations of the rows it computes. Lane 0 (stream_) also runs whole steps.
-  struct Lane {
-    cudaStream_t stream = nullptr;
-    cublasHandle_t blas = nullptr;
-    // The GEMMs of a pipelined step: on at most nano_gemm_sms_ SMs (cublasSetSmCountTarget),
-    // leaving the rest to the other lane's attention (NanoFlow §4.3's execution-unit split).
-    cublasHandle_t nano_blas = nullptr;
-    DeviceBuffer meta, x, xn, qkv, attn, gu, act, decode_scratch;
-  };
-  // Chunks [first, end) of a step on one lane: the batch uploaded, the buffers reserved.
-  struct LaneStep {
-    Lane* lane = nullptr;
-    cublasHandle_t blas = nullptr;  // lane->blas, or lane->nano_blas in a pipelined step
-    cuda::BatchView view;
-    cuda::DecodeScratch scratch;
-    int64_t m = 0;
-    float* x = nullptr;
-    void* xn = nullptr;
-    float* qkv = nullptr;
-    void* attn = nullptr;
-    float* gu = nullptr;
-    void* act = nullptr;
-  };
-
-  // Runs the layers and the lm_head of the sampling rows, leaving their logits in logits_ (rows
-  // in chunk order) once stream_ gets there; returns the row count. Does not wait for the GPU.
-  int64_t compute_logits(const ForwardBatch& batch, size_t host_logits_size);
-  LaneStep prepare(Lane& lane, const ForwardBatch& batch, size_t first, size_t end);
-  // A layer's parts (the pipeline's phases): norm, QKV and RoPE with the KV write; attention;
-  // the O projection and the MLP with their residual adds.
-  void pre_attention(const LaneStep& s, size_t layer);
-  void attend(const LaneStep& s, size_t layer);
-  void post_attention(const LaneStep& s, size_t layer);
-  // Columns of the fused QKV projection.
-  int64_t qkv_width() const { return config_.q_dim() + 2 * config_.kv_dim(); }
-  // Final norm and lm_head of the lane's sampling rows into `logits`.
-  void head(const LaneStep& s, float* logits);
-  // The two lanes' pipeline over chunks [0, cut) and [cut, n) (nano_split.h), joined on stream_.
-  void run_nano_batches(const ForwardBatch& batch, size_t cut, float* logits);
-  // The cost model's rates on this GPU (nano_split.h), timed on layer 0's gate/up GEMM.
-  cuda::NanoCost measure_nano_cost();
-  // y[m][n] (f32, or y_elem) = x[m][k] (elem_) * w[n][k]^T, added to y when `accumulate`.
-  void gemm(cublasHandle_t blas, const void* x, int64_t m, const DeviceBuffer& w, int64_t n,
-            int64_t k, void* y, bool accumulate, Elem y_elem = Elem::kF32);
-  // Slots [first, first + count) of `page` between the GPU and a host page image.
-  void copy_slots(PageId page, int32_t first, int32_t count, std::byte* host, bool to_host) const;
-  // Layer `layer` of page p: layer_elems() contiguous elements (kernels.h, KvView).
-  std::byte* page_ptr(PageId p, int32_t layer = 0) const {
-    return kv_cache_.get<std::byte>() +
-           static_cast<size_t>(p * kv_.page_stride + layer * kv_.layer_stride) * elem_size(elem_);
-  }
-  size_t layer_bytes() const { return static_cast<size_t>(kv_.layer_elems()) * elem_size(elem_); }
-  size_t layer_pitch() const { return static_cast<size_t>(kv_.layer_stride) * elem_size(elem_); }
-  void check_page(PageId p, const char* what) const {
-    if (p < 0 || p >= num_pages_)
-      throw Error(std::string("cuda backend: ") + what + ": page " + std::to_string(p) +
-                  " outside the " + std::to_string(num_pages_) + " KV pages");
-  }
-
-  ModelConfig config_;
-  Elem elem_ = Elem::kBF16;
-  Elem embed_elem_ = Elem::kBF16;
-  Lane lanes_[2];
-  cudaStream_t stream_ = nullptr;  // lanes_[0].stream
-  std::vector<Layer> layers_;
-  // BLEND_CUDA_NANO_BATCHES: off, auto (split where the cost model predicts a gain) or always.
-  cuda::NanoMode nano_mode_ = cuda::NanoMode::kOff;
-  cuda::NanoCost nano_cost_;
-  int nano_gemm_sms_ = 0;                  // BLEND_CUDA_NANO_GEMM_SMS; 0: every SM
-  std::vector<cudaEvent_t> phase_events_;  // nano-batch phase ends (no timing)
-  DeviceBuffer embed_, final_norm_, lm_head_, inv_freq_;
-  cuda::KvView kv_;
-  cuda::AttentionKernel attention_kernel_ = cuda::AttentionKernel::kDefault;
-  cuda::PrefillKernel prefill_kernel_ = cuda::PrefillKernel::kMma;
-  Elem gate_up_elem_ = Elem::kF32;  // BLEND_CUDA_GATE_UP (bf16 only on bf16 checkpoints)
-  cuda::KvLayout kv_layout_ = cuda::KvLayout::kPageMajor;
-  cuda::DecodeSplits decode_splits_ = cuda::DecodeSplits::kFill;
-  int32_t min_decode_splits_ = 1;
-  bool decode_heads_fastest_ = false;
-  int32_t prefill_tile_tokens_ = 0;  // 0: no tensor-core prefill tiles
-  DeviceBuffer kv_cache_;
-  int64_t num_pages_ = 0;
-  int64_t kv_budget_ = 0;
-  // Op timing: events recorded after each operation of a step, read once the step is done.
-  void mark(double CudaOpTimes::*slot);
-  void collect_op_times();
-  bool timing_ = false;
-  CudaOpTimes times_;
-  std::vector<cudaEvent_t> events_;
-  std::vector<double CudaOpTimes::*> event_slots_;
-  size_t events_used_ = 0;
-  // Per-step buffers, grown to the largest batch seen (the lanes hold the activations).
-  DeviceBuffer logits_, argmax_;
-  int32_t multiprocessors_ = 1;
-};
+}  // namespace
 
 CudaBackendImpl::CudaBackendImpl(const ModelConfig& config, const TensorStore& store,
                                  const BackendOptions& options)
@@ -591,105 +404,6 @@ void CudaBackendImpl::head(const LaneStep& s, float* logits) {
   gemm(s.blas, s.xn, r, lm_head_, config_.vocab_size, config_.hidden_size, logits, false);
 }
 
-// NanoFlow §4.3's overlap with two nano-batches X (chunks [0, cut)) and Y (the rest), each on
-// its own lane. Per nano-batch the layers alternate GEMM phases G(l) (post_attention of layer
-// l-1, pre_attention of layer l) and attention phases A(l). Events order the GEMM phases
-// X.G(0) < Y.G(0) < X.G(1) < Y.G(1) < ..., so each has the GPU's SMs, and each attention phase
-// runs beside the other nano-batch's GEMM phase. Nothing else is shared: the nano-batches hold
-// different sequences, whose KV writes go to different slots (the radix cache holds only KV
-// computed in earlier steps), and each lane has its own activations and cuBLAS handle.
-void CudaBackendImpl::run_nano_batches(const ForwardBatch& batch, size_t cut, float* logits) {
-  Lane& lx = lanes_[0];
-  Lane& ly = lanes_[1];
-  // Per-op timing records events on stream_ alone: a pipelined step has no per-op times.
-  struct NoMarks {
-    bool& on;
-    bool saved;
-    ~NoMarks() { on = saved; }
-  } no_marks{timing_, timing_};
-  timing_ = false;
-  LaneStep x = prepare(lx, batch, 0, cut);
-  LaneStep y = prepare(ly, batch, cut, batch.chunks.size());
-  x.blas = lx.nano_blas;
-  y.blas = ly.nano_blas;
-  const size_t layers = layers_.size();
-  cudaEvent_t* gx = phase_events_.data();               // [layers + 1]: X.G(l) done
-  cudaEvent_t* gy = phase_events_.data() + layers + 1;  // [layers + 1]: Y.G(l) done
-  cudaEvent_t joined = phase_events_[2 * layers + 2], started = phase_events_[2 * layers + 3];
-  auto gemm_phase = [&](const LaneStep& s, size_t l) {
-    if (l == 0)
-      cuda::embed(s.view, embed_.get(), embed_elem_, config_.hidden_size, s.x, s.lane->stream);
-    else
-      post_attention(s, l - 1);
-    if (l < layers)
-      pre_attention(s, l);
-    else
-      head(s, logits + (&s == &y ? x.view.num_logit_rows * config_.vocab_size : 0));
-  };
-  auto record = [](cudaEvent_t e, cudaStream_t st) {
-    check_cuda(cudaEventRecord(e, st), "cudaEventRecord");
-  };
-  auto wait = [](cudaStream_t st, cudaEvent_t e) {
-    check_cuda(cudaStreamWaitEvent(st, e, 0), "cudaStreamWaitEvent");
-  };
-  record(started, lx.stream);  // Y follows what stream_ had queued before this step
-  wait(ly.stream, started);
-  for (size_t l = 0; l <= layers; ++l) {
-    if (l > 0) wait(lx.stream, gy[l - 1]);
-    gemm_phase(x, l);
-    record(gx[l], lx.stream);
-    if (l < layers) attend(x, l);
-    wait(ly.stream, gx[l]);
-    gemm_phase(y, l);
-    record(gy[l], ly.stream);
-    if (l < layers) attend(y, l);
-  }
-  record(joined, ly.stream);
-  wait(lx.stream, joined);  // stream_ (lane 0) now follows all of Y's work
-}
-
-cuda::NanoCost CudaBackendImpl::measure_nano_cost() {
-  // The GEMM rate per token and one weight read, from layer 0's gate/up projection timed at a
-  // weight-bound and a compute-bound row count and scaled to the model by its parameters;
-  // attention's rate per cached token from the weight-read rate (decode attention reads its KV
-  // at about the rate a GEMM reads weights: docs/BENCHMARKS.md, "what limits decode attention").
-  const Layer& l = layers_[0];
-  const int64_t h = config_.hidden_size, f = config_.intermediate_size;
-  const int64_t big = 2048, small = 16;
-  Lane& lane = lanes_[0];
-  void* in = lane.xn.reserve(big * h * elem_size(elem_));
-  check_cuda(cudaMemsetAsync(in, 0, big * h * elem_size(elem_), lane.stream), "cudaMemset");
-  auto* out = static_cast<float*>(lane.gu.reserve(big * 2 * f * 4));
-  cudaEvent_t start = nullptr, stop = nullptr;
-  check_cuda(cudaEventCreate(&start), "cudaEventCreate");
-  check_cuda(cudaEventCreate(&stop), "cudaEventCreate");
-  auto time_gemm = [&](int64_t m) {
-    gemm(lane.blas, in, m, l.gate_up, 2 * f, h, out, false);  // warm-up
-    std::vector<float> ms(5);
-    for (float& t : ms) {
-      check_cuda(cudaEventRecord(start, lane.stream), "cudaEventRecord");
-      gemm(lane.blas, in, m, l.gate_up, 2 * f, h, out, false);
-      check_cuda(cudaEventRecord(stop, lane.stream), "cudaEventRecord");
-      check_cuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
-      check_cuda(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime");
-    }
-    std::sort(ms.begin(), ms.end());
-    return ms[ms.size() / 2] * 1e-3;
-  };
-  const double small_s = time_gemm(small), big_s = time_gemm(big);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  const double block_params = static_cast<double>(2 * f * h);
-  const double model_params = static_cast<double>(config_.num_matmul_parameters());
-  const double scale = model_params / block_params;
-  const double weight_bytes_per_s = block_params * elem_size(elem_) / small_s;
-  cuda::NanoCost cost;
-  cost.gemm_seconds_per_token = big_s / static_cast<double>(big) * scale;
-  cost.weight_seconds = small_s * scale;
-  cost.kv_seconds_per_token = static_cast<double>(kv_bytes_per_token()) / weight_bytes_per_s;
-  return cost;
-}
-
 void CudaBackendImpl::copy_page(PageId src, PageId dst) {
   check_page(src, "copy_page");
   check_page(dst, "copy_page");
@@ -752,7 +466,9 @@ void CudaBackendImpl::copy_slots(PageId page, int32_t first, int32_t count, std:
   check_cuda(cudaStreamSynchronize(stream_), what);
 }
 
-}  // namespace
+}  // namespace blend::cuda
+
+namespace blend {
 
 bool cuda_device_available(std::string* why) {
   int n = 0;
@@ -790,7 +506,7 @@ std::string cuda_device_description() {
 std::unique_ptr<CudaBackend> make_cuda_backend(const ModelConfig& config,
                                                const TensorStore& weights,
                                                const BackendOptions& options) {
-  return std::make_unique<CudaBackendImpl>(config, weights, options);
+  return std::make_unique<cuda::CudaBackendImpl>(config, weights, options);
 }
 
 }  // namespace blend

@@ -1,0 +1,159 @@
+// The cuda backend's class (private to backend/cuda; cuda_backend.h is the public face): the
+// model's weights and KV pages in GPU memory, one step's layers on lane 0's stream, and the
+// two-lane nano-batch pipeline (nano_pipeline.cc). cuda_backend.cc holds construction, the
+// whole-step forward pass and the KV page copies.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/device_buffer.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/knobs.h"
+#include "backend/cuda/nano_split.h"
+#include "model/weights.h"
+
+namespace blend::cuda {
+
+class CudaBackendImpl final : public CudaBackend {
+ public:
+  CudaBackendImpl(const ModelConfig& config, const TensorStore& store,
+                  const BackendOptions& options);
+  ~CudaBackendImpl() override;
+
+  const ModelConfig& config() const override { return config_; }
+  std::string name() const override { return "cuda"; }
+  DType compute_dtype() const override { return elem_ == Elem::kBF16 ? DType::kBF16 : DType::kF32; }
+  int64_t kv_bytes_per_page() const override {
+    return kv_.page_elems() * static_cast<int64_t>(elem_size(elem_));
+  }
+  int64_t num_pages() const override { return num_pages_; }
+  int64_t kv_bytes_per_token() const override { return kv_bytes_per_page() / kv_.page_size; }
+  int64_t kv_memory_budget() const override { return kv_budget_; }
+  void allocate_kv(int64_t num_pages) override;
+  void forward(const ForwardBatch& batch, std::span<float> logits) override;
+  bool forward_argmax(const ForwardBatch& batch, std::span<TokenId> tokens) override;
+  void set_op_timing(bool on) override { timing_ = on; }
+  const CudaOpTimes& op_times() const override { return times_; }
+  void reset_op_times() override { times_ = {}; }
+  void copy_page(PageId src, PageId dst) override;
+  void read_pages(std::span<const PageId> pages, std::byte* out) const override;
+  void write_pages(std::span<const PageId> pages, const std::byte* in) override;
+  void read_slots(PageId page, int32_t first, int32_t count, std::byte* image) const override {
+    copy_slots(page, first, count, image, /*to_host=*/true);
+  }
+  void write_slots(PageId page, int32_t first, int32_t count, const std::byte* image) override {
+    // The host image is only read (cudaMemcpy2DAsync takes const sources).
+    copy_slots(page, first, count, const_cast<std::byte*>(image), /*to_host=*/false);
+  }
+
+ private:
+  struct Layer {
+    DeviceBuffer attn_norm, mlp_norm, qkv_bias;  // f32
+    DeviceBuffer qkv, o, gate_up, down;          // elem_, rows of the fused outputs
+  };
+
+  // One lane of the nano-batch pipeline (NanoFlow §4.3, nano_split.h): a stream, its cuBLAS
+  // handle and the activations of the rows it computes. Lane 0 (stream_) also runs whole steps.
+  struct Lane {
+    cudaStream_t stream = nullptr;
+    cublasHandle_t blas = nullptr;
+    // The GEMMs of a pipelined step: on at most nano_gemm_sms_ SMs (cublasSetSmCountTarget),
+    // leaving the rest to the other lane's attention (NanoFlow §4.3's execution-unit split).
+    cublasHandle_t nano_blas = nullptr;
+    DeviceBuffer meta, x, xn, qkv, attn, gu, act, decode_scratch;
+  };
+  // Chunks [first, end) of a step on one lane: the batch uploaded, the buffers reserved.
+  struct LaneStep {
+    Lane* lane = nullptr;
+    cublasHandle_t blas = nullptr;  // lane->blas, or lane->nano_blas in a pipelined step
+    cuda::BatchView view;
+    cuda::DecodeScratch scratch;
+    int64_t m = 0;
+    float* x = nullptr;
+    void* xn = nullptr;
+    float* qkv = nullptr;
+    void* attn = nullptr;
+    float* gu = nullptr;
+    void* act = nullptr;
+  };
+
+  // Runs the layers and the lm_head of the sampling rows, leaving their logits in logits_ (rows
+  // in chunk order) once stream_ gets there; returns the row count. Does not wait for the GPU.
+  int64_t compute_logits(const ForwardBatch& batch, size_t host_logits_size);
+  LaneStep prepare(Lane& lane, const ForwardBatch& batch, size_t first, size_t end);
+  // A layer's parts (the pipeline's phases): norm, QKV and RoPE with the KV write; attention;
+  // the O projection and the MLP with their residual adds.
+  void pre_attention(const LaneStep& s, size_t layer);
+  void attend(const LaneStep& s, size_t layer);
+  void post_attention(const LaneStep& s, size_t layer);
+  // Columns of the fused QKV projection.
+  int64_t qkv_width() const { return config_.q_dim() + 2 * config_.kv_dim(); }
+  // Final norm and lm_head of the lane's sampling rows into `logits`.
+  void head(const LaneStep& s, float* logits);
+  // The two lanes' pipeline over chunks [0, cut) and [cut, n) (nano_split.h), joined on stream_.
+  void run_nano_batches(const ForwardBatch& batch, size_t cut, float* logits);
+  // The cost model's rates on this GPU (nano_split.h), timed on layer 0's gate/up GEMM.
+  cuda::NanoCost measure_nano_cost();
+  // y[m][n] (f32, or y_elem) = x[m][k] (elem_) * w[n][k]^T, added to y when `accumulate`.
+  void gemm(cublasHandle_t blas, const void* x, int64_t m, const DeviceBuffer& w, int64_t n,
+            int64_t k, void* y, bool accumulate, Elem y_elem = Elem::kF32);
+  // Slots [first, first + count) of `page` between the GPU and a host page image.
+  void copy_slots(PageId page, int32_t first, int32_t count, std::byte* host, bool to_host) const;
+  // Layer `layer` of page p: layer_elems() contiguous elements (kernels.h, KvView).
+  std::byte* page_ptr(PageId p, int32_t layer = 0) const {
+    return kv_cache_.get<std::byte>() +
+           static_cast<size_t>(p * kv_.page_stride + layer * kv_.layer_stride) * elem_size(elem_);
+  }
+  size_t layer_bytes() const { return static_cast<size_t>(kv_.layer_elems()) * elem_size(elem_); }
+  size_t layer_pitch() const { return static_cast<size_t>(kv_.layer_stride) * elem_size(elem_); }
+  void check_page(PageId p, const char* what) const {
+    if (p < 0 || p >= num_pages_)
+      throw Error(std::string("cuda backend: ") + what + ": page " + std::to_string(p) +
+                  " outside the " + std::to_string(num_pages_) + " KV pages");
+  }
+
+  ModelConfig config_;
+  Elem elem_ = Elem::kBF16;
+  Elem embed_elem_ = Elem::kBF16;
+  Lane lanes_[2];
+  cudaStream_t stream_ = nullptr;  // lanes_[0].stream
+  std::vector<Layer> layers_;
+  // BLEND_CUDA_NANO_BATCHES: off, auto (split where the cost model predicts a gain) or always.
+  cuda::NanoMode nano_mode_ = cuda::NanoMode::kOff;
+  cuda::NanoCost nano_cost_;
+  int nano_gemm_sms_ = 0;                  // BLEND_CUDA_NANO_GEMM_SMS; 0: every SM
+  std::vector<cudaEvent_t> phase_events_;  // nano-batch phase ends (no timing)
+  DeviceBuffer embed_, final_norm_, lm_head_, inv_freq_;
+  cuda::KvView kv_;
+  cuda::AttentionKernel attention_kernel_ = cuda::AttentionKernel::kDefault;
+  cuda::PrefillKernel prefill_kernel_ = cuda::PrefillKernel::kMma;
+  Elem gate_up_elem_ = Elem::kF32;  // BLEND_CUDA_GATE_UP (bf16 only on bf16 checkpoints)
+  cuda::KvLayout kv_layout_ = cuda::KvLayout::kPageMajor;
+  cuda::DecodeSplits decode_splits_ = cuda::DecodeSplits::kFill;
+  int32_t min_decode_splits_ = 1;
+  bool decode_heads_fastest_ = false;
+  int32_t prefill_tile_tokens_ = 0;  // 0: no tensor-core prefill tiles
+  DeviceBuffer kv_cache_;
+  int64_t num_pages_ = 0;
+  int64_t kv_budget_ = 0;
+  // Op timing: events recorded after each operation of a step, read once the step is done.
+  void mark(double CudaOpTimes::*slot);
+  void collect_op_times();
+  bool timing_ = false;
+  CudaOpTimes times_;
+  std::vector<cudaEvent_t> events_;
+  std::vector<double CudaOpTimes::*> event_slots_;
+  size_t events_used_ = 0;
+  // Per-step buffers, grown to the largest batch seen (the lanes hold the activations).
+  DeviceBuffer logits_, argmax_;
+  int32_t multiprocessors_ = 1;
+};
+
+}  // namespace blend::cuda
