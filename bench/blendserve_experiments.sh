@@ -298,7 +298,7 @@ fi
 if [[ " ${PARTS[*]} " == *" dp "* ]]; then  # Table 3: strong scaling with data parallelism (§5.5)
   # blend on DP_SIZES replicas of one A100 each (`blend simulate --dp N`: the partition of
   # `mpirun -np N blend batch`, each part on its own simulated device, makespan = slowest).
-  # DP_ARGS (e.g. --dp-recut) go to the runs with N > 1; first_cut_seconds is then the first
+  # DP_ARGS (e.g. --dp-recut 3) go to the runs with N > 1; first_cut_seconds is then the first
   # cut's makespan.
   csv=$OUT_DIR/dp.csv
   echo "trace,dp,throughput_tokens_per_s,seconds,speedup,fraction_of_optimal,sharing_optimal,partition_sharing,sharing_loss_of_optimal,partition_imbalance,rank_seconds,first_cut_seconds" >"$csv"

@@ -53,7 +53,7 @@ struct SimulateArgs {
   std::vector<std::string> pacing_without;  // pacing's rules dropped, for the ablation
   std::optional<double> split_threshold;    // Alg. 2's t, tokens (unset: 99% of s_o kept)
   int32_t data_parallel = 1;  // replicas (BlendServe §5.5): the batch partitioned across them
-  bool dp_recut = false;      // a second cut by the first one's simulated replica times
+  int32_t dp_recuts = 0;      // cuts after the first, each by the last one's replica times
 };
 
 // The trace path for one policy entry: "{policy}" replaced by the entry ('@' becomes '-').
@@ -157,20 +157,30 @@ PlannedRunStats run_data_parallel(
   std::vector<double> rank_seconds;
   PlannedRunStats st = run_parts(dp, rank_seconds);
   nlohmann::json first_cut;
-  if (args.dp_recut) {
-    // The predicted work says nothing of how well each part's own plan overlaps it: re-cut with
-    // each part's share in proportion to its simulated rate, and keep the shorter job.
-    plan::DpPartition again = plan::partition_data_parallel(
-        plan_requests, planner_cost, args.data_parallel, args.max_batch_tokens,
-        plan::rebalance_shares(dp.work_seconds, rank_seconds));
-    std::vector<double> again_seconds;
-    PlannedRunStats recut = run_parts(again, again_seconds);
+  if (args.dp_recuts > 0) {
+    // The predicted work says nothing of how well each part's own plan overlaps it: cut again
+    // with each part's share in proportion to its simulated rate in the last cut, and keep the
+    // shortest job.
     first_cut = {{"rank_seconds", rank_seconds}, {"seconds", st.seconds}};
-    if (recut.seconds < st.seconds) {
-      dp = std::move(again);
-      rank_seconds = std::move(again_seconds);
-      st = recut;
+    std::vector<double> cut_seconds = {st.seconds};
+    plan::DpPartition last = dp;
+    std::vector<double> last_seconds = rank_seconds;
+    for (int32_t pass = 0; pass < args.dp_recuts; ++pass) {
+      plan::DpPartition again = plan::partition_data_parallel(
+          plan_requests, planner_cost, args.data_parallel, args.max_batch_tokens,
+          plan::rebalance_shares(last.work_seconds, last_seconds));
+      std::vector<double> again_seconds;
+      const PlannedRunStats recut = run_parts(again, again_seconds);
+      cut_seconds.push_back(recut.seconds);
+      if (recut.seconds < st.seconds) {
+        dp = again;
+        rank_seconds = again_seconds;
+        st = recut;
+      }
+      last = std::move(again);
+      last_seconds = std::move(again_seconds);
     }
+    first_cut["cut_seconds"] = cut_seconds;
   }
   st.policy = plan::policy_name(policy);
   st.sharing_optimal = dp.sharing_optimal;
@@ -247,7 +257,7 @@ void run_simulate(const SimulateArgs& args) {
       args.step_trace.find("{policy}") == std::string::npos)
     throw Error("--step-trace with several policies needs {policy} in the path");
   if (args.data_parallel < 1) throw Error("--dp must be at least 1");
-  if (args.dp_recut && args.data_parallel < 2) throw Error("--dp-recut needs --dp 2 or more");
+  if (args.dp_recuts > 0 && args.data_parallel < 2) throw Error("--dp-recut needs --dp 2 or more");
   if (args.data_parallel > 1 && !args.step_trace.empty())
     throw Error("--step-trace traces one replica: it needs --dp 1");
   for (const std::string& entry : split_list(args.policies)) {
@@ -394,9 +404,11 @@ void register_simulate_command(CLI::App& app) {
                   "`mpirun -np N blend batch` partitions it and each part runs on its own "
                   "simulated device; seconds and throughput are the slowest replica's (default 1)")
       ->check(CLI::PositiveNumber);
-  cmd->add_flag("--dp-recut", args->dp_recut,
-                "With --dp N: cut again with each part's share of the work in proportion to "
-                "its simulated rate in the first cut, and keep the shorter of the two jobs");
+  cmd->add_option("--dp-recut", args->dp_recuts,
+                  "With --dp N: cut again this many times, each part's share of the work in "
+                  "proportion to its simulated rate in the cut before, and keep the shortest job "
+                  "(default 0)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--json", args->json, "One JSON object per run (the keys experiments read)");
   cmd->add_flag("!--no-capacity-pacing", args->capacity_pacing,
                 "blend: the dual scanner without capacity pacing or Alg. 3's prefill budgets "

@@ -73,17 +73,22 @@ TEST(SimulateCli, DataParallelReplicasShareTheWork) {
   EXPECT_DOUBLE_EQ(two["sharing_optimal"].get<double>(), one["sharing_optimal"].get<double>());
   EXPECT_GE(two["sharing_loss"].get<double>(), 0);
   EXPECT_LE(two["partition_sharing"].get<double>(), two["sharing_optimal"].get<double>());
-  // --dp-recut: the second cut runs too, and the job keeps the shorter of the two.
+  // --dp-recut 2: two more cuts run, and the job keeps the shortest of the three.
   const auto recut =
       testing::run_command(simulate("--hardware h100 --workload " + (work / "w.jsonl").string() +
-                                    " --policy blend --dp 2 --dp-recut"));
+                                    " --policy blend --dp 2 --dp-recut 2"));
   ASSERT_EQ(recut.exit_code, 0) << recut.output;
   const json again = json_lines(recut.output).at(0);
   EXPECT_EQ(again["requests"], 30);
   EXPECT_EQ(again["output_tokens"], one["output_tokens"]);
   EXPECT_DOUBLE_EQ(again["first_cut"]["seconds"].get<double>(), two["seconds"].get<double>());
-  EXPECT_LE(again["seconds"].get<double>(), two["seconds"].get<double>());
-  for (const char* bad : {"--dp 0", "--dp 2 --step-trace x.csv", "--dp 1 --dp-recut"})
+  ASSERT_EQ(again["first_cut"]["cut_seconds"].size(), 3u);
+  double shortest = two["seconds"].get<double>();
+  for (const json& s : again["first_cut"]["cut_seconds"])
+    shortest = std::min(shortest, s.get<double>());
+  EXPECT_DOUBLE_EQ(again["seconds"].get<double>(), shortest);
+  for (const char* bad :
+       {"--dp 0", "--dp 2 --step-trace x.csv", "--dp 1 --dp-recut 1", "--dp 2 --dp-recut -1"})
     EXPECT_NE(
         testing::run_command(simulate("--workload " + (work / "w.jsonl").string() + " " + bad))
             .exit_code,
