@@ -11,6 +11,7 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -88,7 +89,7 @@ void refit_profile(const ProfileArgs& args, const std::vector<MeasuredStep>& ste
   fit.hardware.memory_bytes = earlier.memory_bytes;
   fit.hardware.host_bandwidth = earlier.host_bandwidth;
   if (!j.contains("isolated_fit")) j["isolated_fit"] = earlier.to_json();
-  const nlohmann::json keep = j;
+  const nlohmann::json keep = std::move(j);
   j = fit.hardware.to_json();
   for (const char* key : {"model", "threads", "iteration", "validation", "isolated_fit"})
     if (keep.contains(key)) j[key] = keep[key];

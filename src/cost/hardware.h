@@ -41,9 +41,9 @@ struct Hardware {
   // "practical" optimum): an overlapped step takes max(parts) + interference x (the rest).
   // 0 = perfect overlap. a100-* assume 0.15; h100 and h200 carry measured figures (hardware.cc).
   double overlap_interference = 0.0;
-  // A GPU's step form (fitted by `blend profile` where it predicts better than the sum; off in
-  // every preset): a dense GEMM reads its weights while it computes, so the layers cost
-  // max(GEMM FLOPs / compute, weight bytes / bandwidth), not their sum; decode attention reads
+  // A GPU's step form (fitted by `blend profile` where the information criterion prefers it to
+  // the sum; off in every preset): a dense GEMM reads its weights while it computes, so the layers
+  // cost max(GEMM FLOPs / compute, weight bytes / bandwidth), not their sum; decode attention reads
   // the KV at `kv_bandwidth` (0: the memory bandwidth) and pays `per_decode_seconds` per
   // sequence (its blocks' fixed cost).
   bool gemm_roofline = false;

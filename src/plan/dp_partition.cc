@@ -203,6 +203,7 @@ DpPartition partition_data_parallel(const std::vector<PlanRequest>& requests, co
       still_dealt += dealt_work[static_cast<size_t>(j)];
       still_shares += share(j);
     }
+    // Without shares the division stays exactly as before they existed (same cuts to the bit).
     const double unassigned = run_compute(low, high) + run_memory(low, high) + still_dealt;
     const double target = (shares.empty() ? unassigned / static_cast<double>(parts - k)
                                           : unassigned * (share(k) / still_shares)) -

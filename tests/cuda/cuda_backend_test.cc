@@ -320,6 +320,18 @@ class ScopedEnv {
     if (!cuda_device_available(&why)) GTEST_SKIP() << "no GPU: " << why; \
   } while (0)
 
+// A value each environment knob refuses (the knob tests, with and without a GPU).
+const std::vector<std::pair<std::string, std::string>>& bad_knob_values() {
+  static const std::vector<std::pair<std::string, std::string>> values = {
+      {"BLEND_CUDA_ATTENTION", "fast"},     {"BLEND_CUDA_PREFILL", "flash"},
+      {"BLEND_CUDA_GATE_UP", "f16"},        {"BLEND_CUDA_KV_LAYOUT", "head"},
+      {"BLEND_CUDA_DECODE_SPLITS", "0"},    {"BLEND_CUDA_DECODE_SPLITS", "4x"},
+      {"BLEND_CUDA_DECODE_GRID", "rows"},   {"BLEND_CUDA_NANO_BATCHES", "yes"},
+      {"BLEND_CUDA_NANO_GEMM_SMS", "-1"},   {"BLEND_CUDA_NANO_INTERFERENCE", "high"},
+      {"BLEND_CUDA_NANO_INTERFERENCE", "3"}};
+  return values;
+}
+
 // The environment knobs, read without a GPU: each known value, and a clear refusal naming the
 // variable for an unknown one.
 TEST(CudaKnobs, ReadsKnownValuesAndRefusesUnknownOnes) {
@@ -352,18 +364,7 @@ TEST(CudaKnobs, ReadsKnownValuesAndRefusesUnknownOnes) {
     EXPECT_EQ(k.nano_gemm_sms, 100);
     EXPECT_DOUBLE_EQ(k.nano_interference.value_or(-1), 0.71);
   }
-  for (const auto& [name, value] :
-       std::vector<std::pair<std::string, std::string>>{{"BLEND_CUDA_ATTENTION", "fast"},
-                                                        {"BLEND_CUDA_PREFILL", "flash"},
-                                                        {"BLEND_CUDA_GATE_UP", "f16"},
-                                                        {"BLEND_CUDA_KV_LAYOUT", "head"},
-                                                        {"BLEND_CUDA_DECODE_SPLITS", "0"},
-                                                        {"BLEND_CUDA_DECODE_SPLITS", "4x"},
-                                                        {"BLEND_CUDA_DECODE_GRID", "rows"},
-                                                        {"BLEND_CUDA_NANO_BATCHES", "yes"},
-                                                        {"BLEND_CUDA_NANO_GEMM_SMS", "-1"},
-                                                        {"BLEND_CUDA_NANO_INTERFERENCE", "high"},
-                                                        {"BLEND_CUDA_NANO_INTERFERENCE", "3"}}) {
+  for (const auto& [name, value] : bad_knob_values()) {
     ScopedEnv env(name, value);
     try {
       cuda::read_knobs();
@@ -635,14 +636,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, PageImages, ::testing::Values("page", "layer")
 TEST(CudaBackend, RefusesUnknownKernelKnobs) {
   SKIP_WITHOUT_GPU();
   const TestModel& m = model("base", DType::kBF16);
-  for (const auto& [name, value] :
-       std::vector<std::pair<std::string, std::string>>{{"BLEND_CUDA_ATTENTION", "fast"},
-                                                        {"BLEND_CUDA_KV_LAYOUT", "head"},
-                                                        {"BLEND_CUDA_DECODE_SPLITS", "0"},
-                                                        {"BLEND_CUDA_DECODE_SPLITS", "4x"},
-                                                        {"BLEND_CUDA_DECODE_GRID", "rows"},
-                                                        {"BLEND_CUDA_NANO_BATCHES", "yes"},
-                                                        {"BLEND_CUDA_NANO_GEMM_SMS", "-1"}}) {
+  for (const auto& [name, value] : bad_knob_values()) {
     ScopedEnv env(name, value);
     EXPECT_THROW(make_cuda_backend(m.config, m.store, options()), Error) << name << "=" << value;
   }

@@ -163,15 +163,16 @@ __device__ __forceinline__ float4 load4(const bf16* p) {
   return make_float4(a.x, a.y, b.x, b.y);
 }
 template <typename In, typename Out>
-__global__ void swiglu_vec_kernel(const In* gate_up, int64_t f, Out* out) {
-  const int64_t r = blockIdx.y;
+__global__ void swiglu_vec_kernel(const In* gate_up, int64_t rows, int64_t f, Out* out) {
   const int64_t i = 4 * (blockIdx.x * int64_t{blockDim.x} + threadIdx.x);
   if (i >= f) return;
-  const float4 g = load4(gate_up + r * 2 * f + i);
-  const float4 u = load4(gate_up + r * 2 * f + f + i);
-  store4(out + r * f + i,
-         make_float4(g.x / (1.0f + expf(-g.x)) * u.x, g.y / (1.0f + expf(-g.y)) * u.y,
-                     g.z / (1.0f + expf(-g.z)) * u.z, g.w / (1.0f + expf(-g.w)) * u.w));
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {  // grid rows cap at 65,535
+    const float4 g = load4(gate_up + r * 2 * f + i);
+    const float4 u = load4(gate_up + r * 2 * f + f + i);
+    store4(out + r * f + i,
+           make_float4(g.x / (1.0f + expf(-g.x)) * u.x, g.y / (1.0f + expf(-g.y)) * u.y,
+                       g.z / (1.0f + expf(-g.z)) * u.z, g.w / (1.0f + expf(-g.w)) * u.w));
+  }
 }
 
 __global__ void argmax_kernel(const float* logits, int64_t vocab, int32_t* tokens, int32_t* flags) {
@@ -315,13 +316,13 @@ void swiglu(const void* gate_up, Elem in_elem, int64_t rows, int64_t f, void* ou
             cudaStream_t stream) {
   if (rows * f == 0) return;
   const bool bf16_out = out_elem == Elem::kBF16;
-  if (f % 4 == 0 && rows <= 65535) {
-    const dim3 grid(blocks_for(f / 4, 256), static_cast<unsigned>(rows));
+  if (f % 4 == 0) {
+    const dim3 grid(blocks_for(f / 4, 256), static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
     auto launch = [&](const auto* in) {
       if (bf16_out)
-        swiglu_vec_kernel<<<grid, 256, 0, stream>>>(in, f, static_cast<bf16*>(out));
+        swiglu_vec_kernel<<<grid, 256, 0, stream>>>(in, rows, f, static_cast<bf16*>(out));
       else
-        swiglu_vec_kernel<<<grid, 256, 0, stream>>>(in, f, static_cast<float*>(out));
+        swiglu_vec_kernel<<<grid, 256, 0, stream>>>(in, rows, f, static_cast<float*>(out));
     };
     if (in_elem == Elem::kBF16)
       launch(static_cast<const bf16*>(gate_up));

@@ -1,6 +1,8 @@
 #include "backend/cuda/knobs.h"
 
 #include <cstdlib>
+#include <initializer_list>
+#include <utility>
 
 #include "core/error.h"
 
@@ -20,44 +22,40 @@ std::optional<long> whole_number(const std::string& s, long lo, long hi) {
   return n;
 }
 
+// The value of knob `name` among `options`, the first one its default; blend::Error naming the
+// knob and what it takes for any other value.
+template <typename T>
+T choose(const char* name, std::initializer_list<std::pair<const char*, T>> options) {
+  const std::string value = env_or(name, options.begin()->first);
+  std::string expected;
+  size_t i = 0;
+  for (const auto& [key, result] : options) {
+    if (value == key) return result;
+    if (i > 0) expected += i + 1 == options.size() ? " or " : ", ";
+    expected += key;
+    ++i;
+  }
+  throw Error(std::string(name) + "=" + value + ": expected " + expected);
+}
+
 }  // namespace
 
 Knobs read_knobs() {
   Knobs k;
-  const std::string kernel = env_or("BLEND_CUDA_ATTENTION", "default");
-  if (kernel == "tiled32")
-    k.attention = AttentionKernel::kTiled32;
-  else if (kernel == "tiled64")
-    k.attention = AttentionKernel::kTiled64;
-  else if (kernel == "pipelined3")
-    k.attention = AttentionKernel::kPipelined3;
-  else if (kernel == "warps")
-    k.attention = AttentionKernel::kWarps;
-  else if (kernel == "warps8")
-    k.attention = AttentionKernel::kWarps8;
-  else if (kernel != "default")
-    throw Error("BLEND_CUDA_ATTENTION=" + kernel +
-                ": expected default, pipelined3, warps, warps8, tiled64 or tiled32");
-  const std::string prefill = env_or("BLEND_CUDA_PREFILL", "mma");
-  if (prefill == "wmma")
-    k.prefill = PrefillKernel::kWmma;
-  else if (prefill != "mma")
-    throw Error("BLEND_CUDA_PREFILL=" + prefill + ": expected mma or wmma");
-  const std::string gate_up = env_or("BLEND_CUDA_GATE_UP", "f32");
-  if (gate_up == "bf16")
-    k.gate_up_bf16 = true;
-  else if (gate_up != "f32")
-    throw Error("BLEND_CUDA_GATE_UP=" + gate_up + ": expected f32 or bf16");
-  const std::string layout = env_or("BLEND_CUDA_KV_LAYOUT", "page");
-  if (layout == "layer")
-    k.kv_layout = KvLayout::kLayerMajor;
-  else if (layout != "page")
-    throw Error("BLEND_CUDA_KV_LAYOUT=" + layout + ": expected page or layer");
-  const std::string grid = env_or("BLEND_CUDA_DECODE_GRID", "tokens");
-  if (grid == "heads")
-    k.decode_heads_fastest = true;
-  else if (grid != "tokens")
-    throw Error("BLEND_CUDA_DECODE_GRID=" + grid + ": expected tokens or heads");
+  k.attention =
+      choose<AttentionKernel>("BLEND_CUDA_ATTENTION", {{"default", AttentionKernel::kDefault},
+                                                       {"pipelined3", AttentionKernel::kPipelined3},
+                                                       {"warps", AttentionKernel::kWarps},
+                                                       {"warps8", AttentionKernel::kWarps8},
+                                                       {"tiled64", AttentionKernel::kTiled64},
+                                                       {"tiled32", AttentionKernel::kTiled32}});
+  k.prefill = choose<PrefillKernel>("BLEND_CUDA_PREFILL",
+                                    {{"mma", PrefillKernel::kMma}, {"wmma", PrefillKernel::kWmma}});
+  k.gate_up_bf16 = choose<bool>("BLEND_CUDA_GATE_UP", {{"f32", false}, {"bf16", true}});
+  k.kv_layout = choose<KvLayout>(
+      "BLEND_CUDA_KV_LAYOUT", {{"page", KvLayout::kPageMajor}, {"layer", KvLayout::kLayerMajor}});
+  k.decode_heads_fastest =
+      choose<bool>("BLEND_CUDA_DECODE_GRID", {{"tokens", false}, {"heads", true}});
   const std::string splits = env_or("BLEND_CUDA_DECODE_SPLITS", "fill");
   if (splits == "waves") {
     k.decode_splits = DecodeSplits::kWaves;
@@ -68,13 +66,10 @@ Knobs read_knobs() {
                   ": expected fill, waves or a number from 1 to 32");
     k.min_decode_splits = static_cast<int32_t>(*n);
   }
+  k.nano = choose<NanoMode>(
+      "BLEND_CUDA_NANO_BATCHES",
+      {{"off", NanoMode::kOff}, {"auto", NanoMode::kAuto}, {"always", NanoMode::kAlways}});
   k.nano_name = env_or("BLEND_CUDA_NANO_BATCHES", "off");
-  if (k.nano_name == "auto")
-    k.nano = NanoMode::kAuto;
-  else if (k.nano_name == "always")
-    k.nano = NanoMode::kAlways;
-  else if (k.nano_name != "off")
-    throw Error("BLEND_CUDA_NANO_BATCHES=" + k.nano_name + ": expected off, auto or always");
   const std::string sms = env_or("BLEND_CUDA_NANO_GEMM_SMS", "0");
   const auto n = whole_number(sms, 0, 1024);
   if (!n) throw Error("BLEND_CUDA_NANO_GEMM_SMS=" + sms + ": expected a number of SMs (0: all)");
