@@ -65,13 +65,15 @@ std::string step_trace_path(std::string pattern, std::string entry) {
   return pattern;
 }
 
-// BlendServe Fig. 10: each recorded step's compute and memory time, one CSV row per `every`
-// steps (summed over the group, so the plot's area keeps the run's totals).
+// BlendServe Fig. 10: each recorded step's compute and memory time and its shape, one CSV row
+// per `every` steps (summed over the group, so the plot's area keeps the run's totals).
 void write_step_trace(const std::string& path, const std::vector<SimStepTime>& steps,
                       int32_t every) {
   FILE* f = std::fopen(path.c_str(), "w");
   if (!f) throw Error("cannot write " + path);
-  std::fprintf(f, "step,clock_s,compute_s,memory_s,network_s,step_s\n");
+  std::fprintf(f,
+               "step,clock_s,compute_s,memory_s,network_s,step_s,prefill_tokens,decode_tokens,"
+               "decode_context_tokens\n");
   double clock = 0;
   for (size_t i = 0; i < steps.size(); i += every) {
     SimStepTime group;
@@ -80,10 +82,16 @@ void write_step_trace(const std::string& path, const std::vector<SimStepTime>& s
       group.memory += steps[k].memory;
       group.network += steps[k].network;
       group.total += steps[k].total;
+      group.prefill_tokens += steps[k].prefill_tokens;
+      group.decode_tokens += steps[k].decode_tokens;
+      group.decode_context_tokens += steps[k].decode_context_tokens;
     }
     clock += group.total;
-    std::fprintf(f, "%zu,%.6f,%.6g,%.6g,%.6g,%.6g\n", i, clock, group.compute, group.memory,
-                 group.network, group.total);
+    std::fprintf(f, "%zu,%.6f,%.6g,%.6g,%.6g,%.6g,%lld,%lld,%lld\n", i, clock, group.compute,
+                 group.memory, group.network, group.total,
+                 static_cast<long long>(group.prefill_tokens),
+                 static_cast<long long>(group.decode_tokens),
+                 static_cast<long long>(group.decode_context_tokens));
   }
   if (std::fclose(f) != 0) throw Error("cannot write " + path);
 }

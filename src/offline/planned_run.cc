@@ -20,6 +20,9 @@ SimStepCost simulate_step_cost(const CostModel& cost, Overlap overlap) {
     t.memory = s.memory_seconds;
     t.network = s.network_seconds;
     t.total = overlap == Overlap::kOverlapped ? s.overlapped() : s.sequential();
+    t.prefill_tokens = shape.prefill_tokens;
+    t.decode_tokens = shape.decode_tokens;
+    t.decode_context_tokens = shape.decode_context_tokens;
     return t;
   };
 }

@@ -162,15 +162,24 @@ TEST(SimulateCli, OneJsonLinePerPolicyEntry) {
         testing::read_file(work / ("steps-" + j["policy"].get<std::string>() + ".csv")));
     std::string row;
     std::getline(csv, row);
-    EXPECT_EQ(row, "step,clock_s,compute_s,memory_s,network_s,step_s");
+    EXPECT_EQ(row,
+              "step,clock_s,compute_s,memory_s,network_s,step_s,prefill_tokens,decode_tokens,"
+              "decode_context_tokens");
     double total = 0;
-    int64_t rows = 0;
+    int64_t rows = 0, decoded = 0;
     while (std::getline(csv, row)) {
-      total += std::stod(row.substr(row.rfind(',') + 1));
+      std::vector<std::string> cells;
+      std::istringstream cell_stream(row);
+      for (std::string cell; std::getline(cell_stream, cell, ',');) cells.push_back(cell);
+      ASSERT_EQ(cells.size(), 9u) << row;
+      total += std::stod(cells[5]);
+      decoded += std::stoll(cells[7]);
       ++rows;
     }
     EXPECT_EQ(rows, (j["steps"].get<int64_t>() + 2) / 3);
     EXPECT_NEAR(total, j["seconds"].get<double>(), 1e-3 * j["seconds"].get<double>());
+    // Every output token but each request's first (its prompt's step samples that) is a decode.
+    EXPECT_EQ(decoded, j["output_tokens"].get<int64_t>() - j["requests"].get<int64_t>());
   }
   const auto clobber = testing::run_command(simulate("--workload " + (work / "w.jsonl").string() +
                                                      " --policy blend,dfs --step-trace " +

@@ -413,6 +413,35 @@ TEST(CapacityPacing, AnEstimatedLengthsSpreadLowersTheStepBudget) {
   EXPECT_NEAR(spread.remaining_occupancy / kv, 285.3e6, 1e3);
 }
 
+TEST(CapacityPacing, AnAdmittedPromptStaysDenseWorkUntilItsFirstToken) {
+  // Long prompts, short outputs: once the stream has admitted requests whose prompts have not
+  // run yet, the budget must still count those prompts (it counted their outputs alone, and a
+  // Trace#1 run with outputs capped at 8 tokens crawled through its prompts 128-384 tokens a
+  // step).
+  const CostModel cost = llama8b_a100();
+  std::vector<PlanRequest> rs;
+  add_unique(rs, 300, 1000, 4);
+  add_unique(rs, 4, 50, 2000);
+  PrefixTree tree(rs);
+  const Plan plan = make_plan(tree, cost, PlanOptions{});
+  const double kv = cost.kv_bytes_per_token_per_device();
+  DualScanner scanner(plan, rs, cost, 1e6 * kv, 128, PacingOptions{});
+  scanner.on_step(0);
+  const double before = scanner.pacing().remaining_dense;
+  EXPECT_DOUBLE_EQ(before, 300 * 1004.0 + 4 * 2050.0);
+  std::vector<int32_t> admitted;
+  while (const std::optional<int32_t> r = scanner.next()) admitted.push_back(*r);
+  ASSERT_GE(admitted.size(), 2u);
+  scanner.on_step(1);  // nothing has run: the same work is left
+  EXPECT_DOUBLE_EQ(scanner.pacing().remaining_dense, before);
+  // A request with a first token has its prompt behind it: its output's rest is left.
+  const auto first = static_cast<size_t>(admitted[0]);
+  const double prompt = static_cast<double>(rs[first].prompt.size());
+  scanner.on_progress(admitted[0], 1);
+  scanner.on_step(2);
+  EXPECT_DOUBLE_EQ(scanner.pacing().remaining_dense, before - prompt - 1);
+}
+
 struct PacedRun {
   int64_t steps = 0;
   double max_right_tokens = 0;  // the memory-intensive requests' real footprint, at its highest

@@ -26,6 +26,9 @@ namespace blend {
 // of the two, so `total` is at least `transfer`).
 struct SimStepTime {
   double compute = 0, memory = 0, network = 0, total = 0, transfer = 0;
+  // The step's shape, for the step trace: prompt tokens computed, decoding sequences and the
+  // KV they read (the cost function fills them; a step's time alone cannot say why it took it).
+  int64_t prefill_tokens = 0, decode_tokens = 0, decode_context_tokens = 0;
 };
 
 // The step's cost; `plain_greedy`: every sampled row is a plain argmax (all_plain_greedy), which
