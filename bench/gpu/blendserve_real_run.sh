@@ -30,6 +30,8 @@ OUTPUT_CAP="${OUTPUT_CAP:-512}"
 POLICIES="${POLICIES:-blend dfs fcfs random}"
 ROUNDS="${ROUNDS:-1}"
 TEMPERATURES="${TEMPERATURES:-default}"  # each mix run's temperature ("default": the file's, 1.0)
+# MIX_RUNS: "policy:temperature ..." to run instead of every POLICIES x TEMPERATURES pair (the
+# temperatures must be in TEMPERATURES).
 RUN_TIMEOUT="${RUN_TIMEOUT:-90}"
 engine=(--max-batch-tokens 4096 --max-running 512 --kv-memory "${KV_MEMORY:-59.6}")
 if command -v nvidia-smi > /dev/null; then
@@ -92,14 +94,16 @@ with open(src) as f, open(dst, "w") as g:
 print(f"mix: {prompt} prompt tokens, {output} output tokens (capped at {cap}), temperature {temperature}")
 EOF
 done
+if [ -z "${MIX_RUNS:-}" ]; then  # policy:temperature pairs; default: every pair
+  for t in $TEMPERATURES; do for policy in $POLICIES; do MIX_RUNS+=" $policy:$t"; done; done
+fi
 for round in $(seq "$ROUNDS"); do
-  for t in $TEMPERATURES; do
-    for policy in $POLICIES; do
-      step "round $round: --policy $policy, temperature $t ($(left) s left)"
-      [ "$(left)" -lt 40 ] && { echo "out of time"; break 3; }
-      batch "mix-$policy-t$t-$round" /tmp/mix-t$t.jsonl --policy "$policy" \
-        --hardware "$OUT/profile.json"
-    done
+  for run in $MIX_RUNS; do
+    IFS=: read -r policy t <<< "$run"
+    step "round $round: --policy $policy, temperature $t ($(left) s left)"
+    [ "$(left)" -lt 40 ] && { echo "out of time"; break 2; }
+    batch "mix-$policy-t$t-$round" /tmp/mix-t$t.jsonl --policy "$policy" \
+      --hardware "$OUT/profile.json"
   done
 done
 step "done"

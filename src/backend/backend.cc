@@ -114,11 +114,43 @@ bool all_plain_greedy(std::span<const SampleRow> rows) {
   return !rows.empty() && std::all_of(rows.begin(), rows.end(), plain_greedy);
 }
 
+bool all_plain_draws(std::span<const SampleRow> rows) {
+  return !rows.empty() && std::all_of(rows.begin(), rows.end(), [](const SampleRow& row) {
+    if (plain_greedy(row)) return true;
+    const SamplingParams& p = *row.params;
+    // sample_token's unrestricted temperature draw (no top-k, min-p or top-p cut) at a
+    // finite temperature (1 / T = 0 would read as the argmax).
+    return p.top_k <= 0 && p.min_p <= 0.0f && p.top_p >= 1.0f && 1.0f / p.temperature > 0.0f &&
+           !p.logprobs && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
+           p.repetition_penalty == 1.0f && p.logit_bias.empty() && row.allowed == nullptr;
+  });
+}
+
+std::optional<std::vector<PlainDraw>> plain_draws(std::span<const SampleRow> rows) {
+  if (!all_plain_draws(rows)) return std::nullopt;
+  std::vector<PlainDraw> draws(rows.size());
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const SampleRow& row = rows[r];
+    if (plain_greedy(row)) continue;  // {0, 0}: the argmax
+    draws[r].inv_temperature = 1.0f / row.params->temperature;
+    draws[r].uniform =
+        sampling_uniform(row.rng_seed, static_cast<int64_t>(row.history.output.size()));
+  }
+  return draws;
+}
+
+bool Backend::forward_draw(const ForwardBatch& batch, std::span<const PlainDraw> draws,
+                           std::span<TokenId> tokens) {
+  const bool argmax_only = std::all_of(draws.begin(), draws.end(),
+                                       [](const PlainDraw& d) { return d.inv_temperature == 0; });
+  return argmax_only && forward_argmax(batch, tokens);
+}
+
 void Backend::compute_step() {
   const std::vector<SampleRow>& rows = pending_.rows;
-  if (all_plain_greedy(rows)) {
+  if (const std::optional<std::vector<PlainDraw>> draws = plain_draws(rows)) {
     std::vector<TokenId> tokens(rows.size());
-    if (forward_argmax(pending_.batch, tokens)) {
+    if (forward_draw(pending_.batch, *draws, tokens)) {
       sampled_.assign(rows.size(), SampledToken{});
       for (size_t r = 0; r < rows.size(); ++r) sampled_[r].token = tokens[r];
       return;

@@ -53,6 +53,18 @@ struct SampleRow {
 // logits are (Backend::forward_argmax). False for no rows.
 bool all_plain_greedy(std::span<const SampleRow> rows);
 
+// A row the host sampler would draw from its raw logits alone: greedy, or at a temperature with
+// no top-k, top-p or min-p (and no penalties, bias, logprobs or mask). A backend may draw such
+// rows where the logits are (Backend::forward_draw), with sampling/plain_draw.h's arithmetic.
+struct PlainDraw {
+  float inv_temperature = 0;  // 1 / temperature as the sampler rounds it; 0 = the argmax
+  double uniform = 0;         // sampling_uniform(rng_seed, output index)
+};
+// Whether every row is a plain draw (false for no rows).
+bool all_plain_draws(std::span<const SampleRow> rows);
+// Every row's plain draw, or nothing unless all_plain_draws.
+std::optional<std::vector<PlainDraw>> plain_draws(std::span<const SampleRow> rows);
+
 // What one engine step hands a backend: the batch to compute and the rows to sample. The
 // spans in `rows` point into the engine's sequences and stay valid until wait() returns.
 struct StepInput {
@@ -125,6 +137,12 @@ class Backend {
   // the caller can use, where the host sampler must decide (a NaN or +inf in a row). The
   // default computes nothing and returns false.
   virtual bool forward_argmax(const ForwardBatch& batch, std::span<TokenId> tokens);
+  // forward() for a step whose rows are all plain draws (plain_draws): writes each row's token,
+  // the one sample_token would draw from the row's logits, to `tokens`. Like forward_argmax it
+  // returns false where the host must decide. The default takes forward_argmax when every draw
+  // is an argmax, and declines otherwise; a GPU backend draws there (backend/cuda/draw.cu).
+  virtual bool forward_draw(const ForwardBatch& batch, std::span<const PlainDraw> draws,
+                            std::span<TokenId> tokens);
 
   // Copies one page's K/V (all layers) to another page (copy-on-write of a shared last page).
   virtual void copy_page(PageId src, PageId dst) = 0;

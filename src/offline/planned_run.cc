@@ -11,9 +11,9 @@
 namespace blend {
 
 SimStepCost simulate_step_cost(const CostModel& cost, Overlap overlap) {
-  return [&cost, overlap](const ForwardBatch& batch, bool plain_greedy) {
+  return [&cost, overlap](const ForwardBatch& batch, bool plain_draws) {
     StepShape shape = step_shape(batch);
-    shape.plain_greedy = plain_greedy;
+    shape.plain_draws = plain_draws;
     const StepCost s = cost.estimate_step(shape);
     SimStepTime t;
     t.compute = s.compute_seconds;

@@ -213,6 +213,11 @@ double sampling_uniform(uint64_t seed, int64_t step) {
   return static_cast<double>(r >> 11) * (1.0 / 9007199254740992.0);  // 53 bits
 }
 
+void temperature_weights(std::span<const float> logits, float max, float inv_t,
+                         std::span<float> out) {
+  exp_row(logits.data(), out.data(), std::min(logits.size(), out.size()), max, inv_t);
+}
+
 SampledToken sample_token(std::span<const float> raw_logits, const SamplingParams& params,
                           uint64_t seed, int64_t step, const TokenHistory& history,
                           const uint64_t* allowed) {

@@ -16,6 +16,12 @@ namespace blend {
 // A uniform double in [0, 1) for output index `step` of a sequence seeded with `seed`.
 double sampling_uniform(uint64_t seed, int64_t step);
 
+// The weights a temperature draw gives a row whose largest logit is `max`, at 1 / temperature =
+// inv_t, exactly as sample_token computes them: the GPU's draw (sampling/plain_draw.h) must
+// match them bit for bit. `out` holds logits.size() floats.
+void temperature_weights(std::span<const float> logits, float max, float inv_t,
+                         std::span<float> out);
+
 // Temperatures below this sample greedily (as vLLM does): 1/T overflows long before T = 0, and
 // a draw at T = 1e-40 would otherwise read NaN weights.
 constexpr float kGreedyTemperature = 1e-5f;

@@ -1,7 +1,11 @@
-// The Backend defaults: launch()/wait() route a step whose rows all sample plainly greedily
-// through forward_argmax() (the GPU's argmax without moving vocabulary rows to the host) and
-// every other step through forward() and the host sampler.
+// The Backend defaults: launch()/wait() route a step whose rows are all plain draws through
+// forward_draw() (a GPU draws them without moving vocabulary rows to the host; the default takes
+// forward_argmax() when every row is greedy) and every other step through forward() and the host
+// sampler.
 #include "backend/backend.h"
+
+#include <limits>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -32,6 +36,16 @@ class FakeBackend final : public Backend {
     for (size_t r = 0; r < tokens.size(); ++r) tokens[r] = static_cast<TokenId>(100 + r);
     return true;
   }
+  // With `draws_on_device`, a backend that draws on its device: answers 200 + r.
+  bool forward_draw(const ForwardBatch& b, std::span<const PlainDraw> d,
+                    std::span<TokenId> tokens) override {
+    if (!draws_on_device) return Backend::forward_draw(b, d, tokens);
+    ++draw_calls;
+    seen_draws.assign(d.begin(), d.end());
+    if (draw_declines) return false;
+    for (size_t r = 0; r < tokens.size(); ++r) tokens[r] = static_cast<TokenId>(200 + r);
+    return true;
+  }
   void copy_page(PageId, PageId) override {}
   void read_pages(std::span<const PageId>, std::byte*) const override {}
   void write_pages(std::span<const PageId>, const std::byte*) override {}
@@ -39,11 +53,13 @@ class FakeBackend final : public Backend {
   void write_slots(PageId, int32_t, int32_t, const std::byte*) override {}
 
   ModelConfig config_;
-  int forwards = 0, argmaxes = 0;
-  bool argmax_declines = false;
+  int forwards = 0, argmaxes = 0, draw_calls = 0;
+  bool argmax_declines = false, draws_on_device = false, draw_declines = false;
+  std::vector<PlainDraw> seen_draws;
 };
 
-StepInput two_rows(const SamplingParams& first, const SamplingParams& second) {
+StepInput two_rows(const SamplingParams& first, const SamplingParams& second,
+                   const TokenHistory& second_history = {}) {
   StepInput s;
   for (int i = 0; i < 2; ++i) {
     SeqChunk c;
@@ -55,7 +71,8 @@ StepInput two_rows(const SamplingParams& first, const SamplingParams& second) {
     s.batch.positions.push_back(0);
     s.batch.chunks.push_back(c);
   }
-  s.rows = {SampleRow{.seq = 0, .params = &first}, SampleRow{.seq = 1, .params = &second}};
+  s.rows = {SampleRow{.seq = 0, .params = &first},
+            SampleRow{.seq = 1, .params = &second, .rng_seed = 42, .history = second_history}};
   return s;
 }
 
@@ -99,6 +116,64 @@ TEST(BackendDefaults, ADeclinedArgmaxFallsBackToTheHostSampler) {
   greedy.temperature = 0;
   EXPECT_EQ(step(b, two_rows(greedy, greedy)), (std::vector<TokenId>{3, 4}));
   EXPECT_EQ(b.argmaxes, 1);
+  EXPECT_EQ(b.forwards, 1);
+}
+
+TEST(BackendDefaults, PlainTemperatureRowsAreDrawnWhereTheLogitsAre) {
+  FakeBackend b;
+  b.draws_on_device = true;
+  SamplingParams greedy, warm;
+  greedy.temperature = 0;
+  warm.temperature = 0.7f;
+  const std::vector<TokenId> output = {9, 9, 9};  // the second row draws its output index 3
+  EXPECT_EQ(step(b, two_rows(greedy, warm, {.output = output})), (std::vector<TokenId>{200, 201}));
+  EXPECT_EQ(b.draw_calls, 1);
+  EXPECT_EQ(b.forwards, 0);
+  ASSERT_EQ(b.seen_draws.size(), 2u);
+  EXPECT_EQ(b.seen_draws[0].inv_temperature, 0.0f);  // greedy: the argmax
+  EXPECT_EQ(b.seen_draws[1].inv_temperature, 1.0f / 0.7f);
+  EXPECT_EQ(b.seen_draws[1].uniform, sampling_uniform(42, 3));
+  // A backend that does not draw on its device samples temperature rows on the host.
+  FakeBackend host;
+  EXPECT_EQ(step(host, two_rows(greedy, warm))[0], 3);
+  EXPECT_EQ(host.forwards, 1);
+}
+
+TEST(BackendDefaults, CutsAndPenaltiesKeepTheDrawOnTheHost) {
+  SamplingParams warm;
+  warm.temperature = 0.9f;
+  for (int variant = 0; variant < 6; ++variant) {
+    FakeBackend b;
+    b.draws_on_device = true;
+    SamplingParams other = warm;
+    if (variant == 0) other.top_p = 0.95f;
+    if (variant == 1) other.top_k = 40;
+    if (variant == 2) other.min_p = 0.05f;
+    if (variant == 3) other.logprobs = 2;
+    if (variant == 4) other.frequency_penalty = 0.2f;
+    if (variant == 5) other.temperature = std::numeric_limits<float>::infinity();
+    step(b, two_rows(warm, other));
+    EXPECT_EQ(b.draw_calls, 0) << "variant " << variant;
+    EXPECT_EQ(b.forwards, 1) << "variant " << variant;
+  }
+  // top_k = 1 is the argmax, whatever the temperature.
+  FakeBackend b;
+  b.draws_on_device = true;
+  SamplingParams top1 = warm;
+  top1.top_k = 1;
+  step(b, two_rows(warm, top1));
+  EXPECT_EQ(b.draw_calls, 1);
+  EXPECT_EQ(b.seen_draws[1].inv_temperature, 0.0f);
+}
+
+TEST(BackendDefaults, ADeclinedDrawFallsBackToTheHostSampler) {
+  FakeBackend b;
+  b.draws_on_device = true;
+  b.draw_declines = true;
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  EXPECT_EQ(step(b, two_rows(greedy, greedy)), (std::vector<TokenId>{3, 4}));
+  EXPECT_EQ(b.draw_calls, 1);
   EXPECT_EQ(b.forwards, 1);
 }
 

@@ -399,7 +399,7 @@ TEST_F(BatchCli, StepTimingsFeedAProfileFit) {
   EXPECT_LT(std::abs(fitted["steps_fit"]["total_error"].get<double>()), 0.5);
   EXPECT_TRUE(fitted.contains("isolated_fit"));
   // Every request is temperature 0: each step's rows are plain greedy.
-  for (const json& s : steps) EXPECT_TRUE(s["plain_greedy"].get<bool>());
+  for (const json& s : steps) EXPECT_TRUE(s["plain_draws"].get<bool>());
   // --refit: the same fit from the profile just written, with no backend run.
   const auto refit =
       testing::run_command(std::string("'") + BLEND_BINARY + "' profile --model " + model() +

@@ -663,6 +663,38 @@ TEST(CudaBackend, ArgmaxOnTheGpuEqualsTheArgmaxOfTheLogits) {
                   (logits.begin() + r * vocab));
 }
 
+// forward_draw: each row's token is the host sampler's on forward()'s logits, at temperatures
+// as at the argmax (backend/cuda/draw.cu).
+TEST(CudaBackend, DrawsOnTheGpuAsTheHostSamplerDrawsFromTheLogits) {
+  SKIP_WITHOUT_GPU();
+  const TestModel& m = model("hd128", DType::kBF16);
+  auto gpu = make_cuda_backend(m.config, m.store, options());
+  constexpr int kSeqs = 6;
+  std::vector<Seq> seqs;
+  for (int s = 0; s < kSeqs; ++s)
+    seqs.push_back(Seq{.id = s + 1, .tokens = prompt(3 + 2 * s, 20 + s)});
+  PageId next = 0;
+  ForwardBatch batch;
+  for (Seq& s : seqs) add_chunk(batch, s, static_cast<int32_t>(s.tokens.size()), next);
+  const int64_t vocab = m.config.vocab_size;
+  std::vector<float> logits(kSeqs * vocab);
+  gpu->forward(batch, logits);
+  std::vector<SamplingParams> params(kSeqs);
+  std::vector<PlainDraw> draws(kSeqs);
+  for (int s = 0; s < kSeqs; ++s) {
+    params[s].temperature = s == 0 ? 0.0f : 0.6f + 0.3f * static_cast<float>(s);
+    draws[s] = {s == 0 ? 0.0f : 1.0f / params[s].temperature,
+                sampling_uniform(900 + static_cast<uint64_t>(s), 4)};
+  }
+  std::vector<TokenId> tokens(kSeqs);
+  ASSERT_TRUE(gpu->forward_draw(batch, draws, tokens));
+  for (int s = 0; s < kSeqs; ++s) {
+    const std::span<const float> row(logits.data() + s * vocab, static_cast<size_t>(vocab));
+    EXPECT_EQ(tokens[s], sample_token(row, params[s], 900 + static_cast<uint64_t>(s), 4).token)
+        << "row " << s;
+  }
+}
+
 TEST(CudaBackend, RefusesDeterministicMode) {
   SKIP_WITHOUT_GPU();
   const TestModel& m = model("base", DType::kBF16);

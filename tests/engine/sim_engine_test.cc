@@ -13,7 +13,7 @@ namespace blend {
 namespace {
 
 // 1 ms per computed token plus 5 ms per step.
-SimStepTime toy_cost(const ForwardBatch& b, bool /*plain_greedy*/) {
+SimStepTime toy_cost(const ForwardBatch& b, bool /*plain_draws*/) {
   int64_t tokens = 0;
   for (const SeqChunk& c : b.chunks) tokens += c.num_tokens;
   SimStepTime t;
@@ -65,32 +65,35 @@ TEST(SimEngine, KvMovesOverlapTheStepTheyPrecede) {
   EXPECT_NEAR(sim.totals().transfer, 5 * 2e-3 + 1e-4 + 20e-3, 1e-12);
 }
 
-// The step cost learns whether every row the step samples is plain greedy (what a device-argmax
-// backend samples without the host); forward(), which hands logits out, never is.
-TEST(SimEngine, TheStepCostSeesWhetherTheRowsArePlainGreedy) {
+// The step cost learns whether every row the step samples is a plain draw, greedy or at a
+// temperature without cuts (what a device-sampling backend draws without the host); forward(),
+// which hands logits out, never is.
+TEST(SimEngine, TheStepCostSeesWhetherTheRowsArePlainDraws) {
   std::vector<bool> seen;
   auto backend = std::make_unique<SimBackend>(
       *find_model_preset("tiny"), SimBackendOptions{.num_pages = 256, .kv_bytes_per_page = 4096},
-      [&seen](const ForwardBatch& b, bool plain_greedy) {
-        seen.push_back(plain_greedy);
-        return toy_cost(b, plain_greedy);
+      [&seen](const ForwardBatch& b, bool plain_draws) {
+        seen.push_back(plain_draws);
+        return toy_cost(b, plain_draws);
       });
   SimBackend* sim = backend.get();
   Engine engine(std::move(backend), EngineOptions{});
-  auto run = [&](float temperature) {
+  auto run = [&](float temperature, float top_p = 1.0f) {
     seen.clear();
     GenerationRequest r;
     r.id = "t" + std::to_string(temperature);
     r.prompt.assign(12, 100);
     r.params.max_tokens = 3;
     r.params.temperature = temperature;
+    r.params.top_p = top_p;
     r.params.ignore_eos = true;
     engine.submit(std::move(r), [](GenerationResult&&) {});
     engine.run_until_done();
     return seen;
   };
   EXPECT_EQ(run(0.0f), std::vector<bool>(3, true));
-  EXPECT_EQ(run(0.8f), std::vector<bool>(3, false));
+  EXPECT_EQ(run(0.8f), std::vector<bool>(3, true));
+  EXPECT_EQ(run(0.8f, 0.9f), std::vector<bool>(3, false));  // a top-p cut is drawn on the host
   seen.clear();
   ForwardBatch batch;
   batch.chunks.push_back(SeqChunk{});

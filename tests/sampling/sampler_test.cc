@@ -1,8 +1,11 @@
 #include "sampling/sampler.h"
 
+#include "sampling/plain_draw.h"
+
 #include <cmath>
 #include <limits>
 #include <map>
+#include <random>
 
 #include <gtest/gtest.h>
 
@@ -254,6 +257,87 @@ TEST(SamplerMaskTest, MaskedDrawEqualsDrawOfMaskedLogits) {
     ASSERT_EQ(a.top.size(), b.top.size());
     for (size_t i = 0; i < a.top.size(); ++i) EXPECT_EQ(a.top[i].token, b.top[i].token);
   }
+}
+
+}  // namespace
+}  // namespace blend
+
+// The GPU's draw (sampling/plain_draw.h, run by backend/cuda/draw.cu) must give the token the
+// host sampler gives. Here its pieces, composed serially, against sample_token itself.
+namespace blend {
+namespace {
+
+bool cpu_has_fma() {
+#if defined(__x86_64__)
+  return __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+// A row of `vocab` logits with a long low tail and a few high ones, as a model's rows look.
+std::vector<float> model_like_row(int64_t vocab, std::mt19937& rng) {
+  std::normal_distribution<float> noise(-4.0f, 3.0f);
+  std::vector<float> row(static_cast<size_t>(vocab));
+  for (float& x : row) x = noise(rng);
+  std::uniform_int_distribution<int64_t> pick(0, vocab - 1);
+  for (int k = 0; k < 6; ++k) row[static_cast<size_t>(pick(rng))] = 8.0f + static_cast<float>(k);
+  return row;
+}
+
+TEST(PlainDraw, WeightsAreTheSamplersBitForBit) {
+  if (!cpu_has_fma()) GTEST_SKIP() << "the host rounds without FMA here (plain_draw.h)";
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> logit(-120.0f, 40.0f);
+  std::vector<float> row(4099);
+  for (float& x : row) x = logit(rng);
+  row[17] = 40.0f;
+  std::vector<float> host(row.size());
+  for (const float inv_t : {0.05f, 0.5f, 1.0f, 1.0f / 0.7f, 3.0f, 100.0f}) {
+    temperature_weights(row, 40.0f, inv_t, host);
+    int64_t differ = 0;
+    for (size_t i = 0; i < row.size(); ++i)
+      differ += host[i] != draw_weight(row[i], 40.0f, inv_t) ? 1 : 0;
+    EXPECT_EQ(differ, 0) << "inv_t " << inv_t;
+  }
+}
+
+TEST(PlainDraw, TheComposedDrawIsTheSamplersToken) {
+  if (!cpu_has_fma()) GTEST_SKIP() << "the host rounds without FMA here (plain_draw.h)";
+  std::mt19937 rng(11);
+  int64_t rows = 0, distinct = 0;
+  std::map<TokenId, int> seen;
+  // Vocabularies with and without a tail block or a partial group of eight.
+  for (const int64_t vocab :
+       {int64_t{1}, int64_t{7}, int64_t{300}, int64_t{4093}, int64_t{32000}}) {
+    for (int r = 0; r < 40; ++r) {
+      const std::vector<float> row = model_like_row(vocab, rng);
+      float max = row[0];
+      for (float x : row) max = std::max(max, x);
+      SamplingParams params;
+      params.temperature = r % 2 ? 1.0f : 0.6f + 0.1f * static_cast<float>(r % 7);
+      const float inv_t = 1.0f / params.temperature;
+      const uint64_t seed = 1000 + static_cast<uint64_t>(r);
+      const int64_t step = r * 3;
+      const int64_t blocks = (vocab + kDrawBlock - 1) / kDrawBlock;
+      std::vector<float> sums(static_cast<size_t>(blocks));
+      for (int64_t b = 0; b < blocks; ++b) {
+        float lanes[kDrawLanes];
+        for (int j = 0; j < kDrawLanes; ++j)
+          lanes[j] = draw_lane_sum(row.data(), vocab, b, j, max, inv_t);
+        sums[static_cast<size_t>(b)] = draw_block_sum(lanes);
+      }
+      const int64_t drawn = draw_pick(row.data(), vocab, sums.data(), blocks, max, inv_t,
+                                      sampling_uniform(seed, step));
+      const SampledToken host = sample_token(row, params, seed, step);
+      ASSERT_FALSE(host.invalid);
+      EXPECT_EQ(drawn, host.token) << "vocab " << vocab << " row " << r;
+      ++rows;
+      distinct += seen[host.token]++ == 0 ? 1 : 0;
+    }
+  }
+  EXPECT_EQ(rows, 200);
+  EXPECT_GT(distinct, 100);  // the draws spread over many tokens, not the argmax alone
 }
 
 }  // namespace

@@ -39,6 +39,8 @@ class CudaBackendImpl final : public CudaBackend {
   void allocate_kv(int64_t num_pages) override;
   void forward(const ForwardBatch& batch, std::span<float> logits) override;
   bool forward_argmax(const ForwardBatch& batch, std::span<TokenId> tokens) override;
+  bool forward_draw(const ForwardBatch& batch, std::span<const PlainDraw> draws,
+                    std::span<TokenId> tokens) override;
   void set_op_timing(bool on) override { timing_ = on; }
   const CudaOpTimes& op_times() const override { return times_; }
   void reset_op_times() override { times_ = {}; }

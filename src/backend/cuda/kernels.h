@@ -173,6 +173,17 @@ void swiglu(const void* gate_up, Elem in_elem, int64_t rows, int64_t f, void* ou
 void argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens, int32_t* flags,
                  cudaStream_t stream);
 
+// Sampling where the logits are (draw.cu): row r with inv_temperatures[r] == 0 takes its argmax
+// as argmax_rows does; any other row takes the host sampler's plain temperature draw at
+// uniforms[r] (sampling_uniform of its seed and output index), bit for bit (sampling/
+// plain_draw.h). flags[r] = 1 where the host must decide (a NaN or +inf in the row). Only for a
+// vocabulary draw_fits.
+void draw_rows(const float* logits, int64_t rows, int64_t vocab, const float* inv_temperatures,
+               const double* uniforms, int32_t* tokens, int32_t* flags, cudaStream_t stream);
+// Whether draw_rows' block sums for a row of `vocab` logits fit a block's shared memory on the
+// current device.
+bool draw_fits(int64_t vocab);
+
 // Throws blend::Error naming `what` when the last launch failed.
 void check_launch(const char* what);
 

@@ -31,9 +31,9 @@ struct SimStepTime {
   int64_t prefill_tokens = 0, decode_tokens = 0, decode_context_tokens = 0;
 };
 
-// The step's cost; `plain_greedy`: every sampled row is a plain argmax (all_plain_greedy), which
-// a device-argmax backend samples without the host (false for a forward() that wants logits).
-using SimStepCost = std::function<SimStepTime(const ForwardBatch&, bool plain_greedy)>;
+// The step's cost; `plain_draws`: every sampled row is a plain draw (all_plain_draws), which a
+// device-sampling backend draws without the host (false for a forward() that wants logits).
+using SimStepCost = std::function<SimStepTime(const ForwardBatch&, bool plain_draws)>;
 
 struct SimBackendOptions {
   int64_t num_pages = 0;
@@ -101,7 +101,7 @@ class SimBackend : public Backend {
   void advance_to(double seconds) { clock_ = std::max(clock_, seconds); }
 
  private:
-  void step(const ForwardBatch& batch, bool plain_greedy);
+  void step(const ForwardBatch& batch, bool plain_draws);
 
   ModelConfig config_;
   SimBackendOptions options_;
