@@ -21,6 +21,7 @@
 #include "harness/plot.h"
 #include "harness/profile.h"
 #include "offline/batch_job.h"
+#include "plan/admission_source.h"
 
 namespace blend::cli {
 namespace {
@@ -36,10 +37,13 @@ struct BatchArgs {
   std::string plot;          // PNG of throughput and KV use over the run
   EngineOptions engine;
   BatchJobOptions job;
+  std::vector<std::string> pacing_without;  // blend's capacity pacing rules dropped
   bool quiet = false;
 };
 
-void run_batch(const BatchArgs& args) {
+void run_batch(const BatchArgs& given) {
+  BatchArgs args = given;
+  plan::drop_pacing_rules(args.job.planner.pacing, args.pacing_without);
   // `mpirun -np N blend batch ...`: N data-parallel replicas (dist/data_parallel.h).
   if (dist::launched_by_mpirun()) {
     if (!args.zoo.empty() || !args.lora_modules.empty() || args.model.empty())
@@ -168,6 +172,12 @@ void register_batch_command(CLI::App& app) {
                   "runs first and their output lengths estimate the others' (BlendServe §5.1; "
                   "default 0.01)")
       ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--pacing-without", args->pacing_without,
+                  "With --policy blend: capacity pacing without these of its rules "
+                  "(comma-separated): budget (the engine's fixed step budget), spacing (no end "
+                  "spacing of memory-intensive requests), floor (no floor kept for the compute-"
+                  "intensive side); as `blend simulate --pacing-without`")
+      ->delimiter(',');
   cmd->add_option("--assume-output", args->job.assumed_output,
                   "Output length the planner assumes for requests without ignore_eos");
   cmd->add_flag("--quiet", args->quiet, "No progress bar or summary");

@@ -235,16 +235,7 @@ void run_simulate(const SimulateArgs& args) {
                              .split_threshold_tokens = args.split_threshold};
   if (args.split_threshold && !(*args.split_threshold >= 0))
     throw Error("--split-threshold must be a number of tokens >= 0");
-  for (const std::string& rule : args.pacing_without) {
-    if (rule == "budget")
-      planner.pacing.step_budget = false;
-    else if (rule == "spacing")
-      planner.pacing.end_spacing = false;
-    else if (rule == "floor")
-      planner.pacing.left_floor = false;
-    else
-      throw Error("--pacing-without takes budget, spacing or floor, not \"" + rule + "\"");
-  }
+  plan::drop_pacing_rules(planner.pacing, args.pacing_without);
   const std::vector<OfflineRequest> requests = read_workload(args.workload);
   const ModelConfig config = sim_model_config(*shape);
   const auto page_bytes =

@@ -161,7 +161,7 @@ void BatchJob::run(std::vector<PreparedBatchLine> lines, const BatchResultSink& 
           on_result(std::move(r));
           report();
         },
-        options_.sampling);
+        options_.sampling, options_.planner);
   }
   while (engine_.has_work()) {
     engine_.step();

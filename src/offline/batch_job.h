@@ -35,6 +35,7 @@ struct BatchJobOptions {
   std::string hardware = "cpu";  // the planner's cost model (a `blend profile` file)
   double assumed_output = 256;   // planner's guess when a request's length is not known
   SamplingOptions sampling{.fraction = 0.01, .seed = 1};
+  plan::PlannerKnobs planner;  // blend's pacing (its rules dropped by --pacing-without)
 };
 
 // Where results go. `success` gets the response body, `error` the status and error body.

@@ -5,6 +5,8 @@
 #include <limits>
 #include <random>
 
+#include "core/error.h"
+
 namespace blend::plan {
 namespace {
 
@@ -50,6 +52,19 @@ int32_t AdmissionSource::hand_out(int32_t request) {
   ++handed_out_;
   ++in_flight_;
   return request;
+}
+
+void drop_pacing_rules(PacingOptions& pacing, const std::vector<std::string>& rules) {
+  for (const std::string& rule : rules) {
+    if (rule == "budget")
+      pacing.step_budget = false;
+    else if (rule == "spacing")
+      pacing.end_spacing = false;
+    else if (rule == "floor")
+      pacing.left_floor = false;
+    else
+      throw Error("--pacing-without takes budget, spacing or floor, not \"" + rule + "\"");
+  }
 }
 
 PacingOptions scanner_options(Policy policy, PacingOptions pacing) {

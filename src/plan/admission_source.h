@@ -18,6 +18,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "cost/cost_model.h"
@@ -38,6 +39,11 @@ struct PlannerKnobs {
   PacingOptions pacing;  // blend's capacity pacing; its max_step_tokens is SourceOptions'
   std::optional<double> split_threshold_tokens;  // Alg. 2's t (PlanOptions; unset: 99% of s_o)
 };
+
+// Drops capacity pacing's rules by name, for the ablations (`--pacing-without`): "budget" (the
+// engine's fixed step budget), "spacing" (no end spacing of memory-intensive requests), "floor"
+// (no floor kept for the compute-intensive side). Throws blend::Error on any other name.
+void drop_pacing_rules(PacingOptions& pacing, const std::vector<std::string>& rules);
 
 // The dual scanner's options under a blend-planned policy: blend@alg3 is never paced and admits
 // by Alg. 3's prefill budgets; blend keeps `pacing` as given.

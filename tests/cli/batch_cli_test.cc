@@ -349,6 +349,24 @@ TEST_F(BatchCli, PlannedOrdersGiveTheSameResults) {
       batch_cmd((work / "in.jsonl").string(), (work / "x.jsonl").string(), "--policy lifo") +
       " 2>&1");
   EXPECT_NE(bad.exit_code, 0);
+  // Pacing's rules dropped (the ablation `blend simulate --pacing-without` runs) change the
+  // order's pace, not the tokens; an unknown rule is refused.
+  const auto unpaced_out = work / "out-unpaced.jsonl";
+  const auto unpaced =
+      testing::run_command(batch_cmd((work / "in.jsonl").string(), unpaced_out.string(),
+                                     "--policy blend --pacing-without budget,spacing,floor") +
+                           " 2>&1");
+  ASSERT_EQ(unpaced.exit_code, 0) << unpaced.output;
+  std::map<std::string, std::string> unpaced_texts;
+  for (const json& line : read_jsonl(unpaced_out))
+    unpaced_texts[line["custom_id"]] = line["response"]["body"]["choices"][0]["text"];
+  EXPECT_EQ(unpaced_texts, texts["fcfs"]);
+  const auto bad_rule =
+      testing::run_command(batch_cmd((work / "in.jsonl").string(), (work / "y.jsonl").string(),
+                                     "--policy blend --pacing-without haste") +
+                           " 2>&1");
+  EXPECT_NE(bad_rule.exit_code, 0);
+  EXPECT_NE(bad_rule.output.find("budget, spacing or floor"), std::string::npos) << bad_rule.output;
 }
 
 // `blend batch --step-timings` then `blend profile --steps` (the simulator's calibration on the
