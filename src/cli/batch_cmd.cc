@@ -38,6 +38,7 @@ struct BatchArgs {
   EngineOptions engine;
   BatchJobOptions job;
   std::vector<std::string> pacing_without;  // blend's capacity pacing rules dropped
+  int32_t dp_recuts = 0;                    // mpirun: re-cuts of the data-parallel partition
   bool quiet = false;
 };
 
@@ -58,9 +59,12 @@ void run_batch(const BatchArgs& given) {
                      .stats = args.stats,
                      .engine = args.engine,
                      .job = args.job,
+                     .dp_recuts = args.dp_recuts,
                      .quiet = args.quiet});
     return;
   }
+  if (args.dp_recuts != 0)
+    throw Error("--dp-recut re-cuts a data-parallel job's partition: run it under mpirun");
   const auto t_load = std::chrono::steady_clock::now();
   const std::vector<BatchInputLine> lines = read_batch_input(args.input);
   Engine engine(model_folders(args.model, "", args.zoo, args.lora_modules), args.engine);
@@ -178,6 +182,12 @@ void register_batch_command(CLI::App& app) {
                   "spacing of memory-intensive requests), floor (no floor kept for the compute-"
                   "intensive side); as `blend simulate --pacing-without`")
       ->delimiter(',');
+  cmd->add_option("--dp-recut", args->dp_recuts,
+                  "Under mpirun: after the first cut, rank 0 simulates each rank's part on the "
+                  "--hardware profile and cuts this many times more by the simulated rates, "
+                  "keeping the cut whose slowest rank is fastest (as `blend simulate --dp N "
+                  "--dp-recut K`)")
+      ->check(CLI::Range(0, 16));
   cmd->add_option("--assume-output", args->job.assumed_output,
                   "Output length the planner assumes for requests without ignore_eos");
   cmd->add_flag("--quiet", args->quiet, "No progress bar or summary");

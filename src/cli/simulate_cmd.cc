@@ -160,36 +160,26 @@ PlannedRunStats run_data_parallel(
     st.sharing_ratio = st.prompt_tokens > 0 ? cached / static_cast<double>(st.prompt_tokens) : 0;
     return st;
   };
-  plan::DpPartition dp = plan::partition_data_parallel(plan_requests, planner_cost,
-                                                       args.data_parallel, args.max_batch_tokens);
-  std::vector<double> rank_seconds;
-  PlannedRunStats st = run_parts(dp, rank_seconds);
+  // Each cut's job totals, by the order cut_data_parallel asks for them.
+  std::vector<PlannedRunStats> cut_stats;
+  std::vector<double> first_rank_seconds;
+  const plan::DpCuts cuts = plan::cut_data_parallel(plan_requests, planner_cost, args.data_parallel,
+                                                    args.max_batch_tokens, args.dp_recuts,
+                                                    [&](const plan::DpPartition& cut) {
+                                                      std::vector<double> seconds;
+                                                      cut_stats.push_back(run_parts(cut, seconds));
+                                                      if (cut_stats.size() == 1)
+                                                        first_rank_seconds = seconds;
+                                                      return seconds;
+                                                    });
+  const plan::DpPartition& dp = cuts.partition;
+  const std::vector<double>& rank_seconds = cuts.rank_seconds;
+  PlannedRunStats st = cut_stats[cuts.kept];
   nlohmann::json first_cut;
-  if (args.dp_recuts > 0) {
-    // The predicted work says nothing of how well each part's own plan overlaps it: cut again
-    // with each part's share in proportion to its simulated rate in the last cut, and keep the
-    // shortest job.
-    first_cut = {{"rank_seconds", rank_seconds}, {"seconds", st.seconds}};
-    std::vector<double> cut_seconds = {st.seconds};
-    plan::DpPartition last = dp;
-    std::vector<double> last_seconds = rank_seconds;
-    for (int32_t pass = 0; pass < args.dp_recuts; ++pass) {
-      plan::DpPartition again = plan::partition_data_parallel(
-          plan_requests, planner_cost, args.data_parallel, args.max_batch_tokens,
-          plan::rebalance_shares(last.work_seconds, last_seconds));
-      std::vector<double> again_seconds;
-      const PlannedRunStats recut = run_parts(again, again_seconds);
-      cut_seconds.push_back(recut.seconds);
-      if (recut.seconds < st.seconds) {
-        dp = again;
-        rank_seconds = again_seconds;
-        st = recut;
-      }
-      last = std::move(again);
-      last_seconds = std::move(again_seconds);
-    }
-    first_cut["cut_seconds"] = cut_seconds;
-  }
+  if (args.dp_recuts > 0)
+    first_cut = {{"rank_seconds", first_rank_seconds},
+                 {"seconds", cuts.cut_seconds.front()},
+                 {"cut_seconds", cuts.cut_seconds}};
   st.policy = plan::policy_name(policy);
   st.sharing_optimal = dp.sharing_optimal;
   st.root_density = dp.root_density;

@@ -24,7 +24,9 @@
 #include "api/batch_file.h"
 #include "core/error.h"
 #include "dist/liveness.h"
+#include "offline/planned_run.h"
 #include "plan/dp_partition.h"
+#include "plan/planner.h"
 
 namespace blend::dist {
 namespace {
@@ -315,8 +317,9 @@ void receive_results(std::vector<Worker>& workers, LivenessServer& live, BatchRe
 std::vector<std::string> report_job(const BatchRun& run, int size, const Engine& engine,
                                     const BatchJob& job, const std::vector<Worker>& workers,
                                     const BatchResultWriter& writer,
-                                    const plan::DpPartition& partition, size_t requests,
-                                    int64_t skipped, double wall, double load_seconds) {
+                                    const plan::DpPartition& partition, const json& recut,
+                                    size_t requests, int64_t skipped, double wall,
+                                    double load_seconds) {
   json ranks = json::array();
   ranks.push_back(batch_run_stats(engine, job.stats(), wall));
   ranks[0]["requests"] = partition.parts[0].size();
@@ -376,6 +379,7 @@ std::vector<std::string> report_job(const BatchRun& run, int size, const Engine&
   json part_sizes = json::array();
   for (const auto& p : partition.parts) part_sizes.push_back(p.size());
   stats["partition"]["requests_per_rank"] = part_sizes;
+  if (!recut.is_null()) stats["partition"]["recut"] = recut;
   if (!run.stats.empty()) {
     std::ofstream out(run.stats);
     out << stats.dump(2) << "\n";
@@ -407,6 +411,7 @@ void run_rank0(const BatchRun& run, MpiSession& mpi, LivenessServer& live) {
   std::vector<std::string> own_ids;
   int64_t skipped = 0;
   plan::DpPartition partition;
+  json recut;  // with --dp-recut: each cut's simulated makespan, the kept one's replica times
   const BatchResultSink sink{[&](const std::string& id, const json& body) {
                                const std::lock_guard<std::mutex> lock(writer_mutex);
                                writer->write_success(id, body);
@@ -432,8 +437,27 @@ void run_rank0(const BatchRun& run, MpiSession& mpi, LivenessServer& live) {
     std::vector<plan::PlanRequest> requests;
     requests.reserve(prepared.size());
     for (const PreparedBatchLine& p : prepared) requests.push_back(job->plan_request(p));
-    partition = plan::partition_data_parallel(requests, job->planner_cost(), size,
-                                              engine->max_batch_tokens());
+    const CostModel planner_cost = job->planner_cost();
+    std::vector<OfflineRequest> offline;
+    if (run.dp_recuts > 0) {
+      offline.reserve(prepared.size());
+      for (const PreparedBatchLine& p : prepared) offline.push_back(job->offline_request(p));
+    }
+    EngineOptions replica = run.engine;
+    replica.scheduler.max_batch_tokens = engine->max_batch_tokens();
+    const plan::DpCuts cuts = plan::cut_data_parallel(
+        requests, planner_cost, size, engine->max_batch_tokens(), run.dp_recuts,
+        [&](const plan::DpPartition& cut) {
+          if (run.dp_recuts == 0) return std::vector<double>(cut.parts.size(), 0.0);
+          return simulate_parts(offline, cut.parts, engine->config(), replica,
+                                static_cast<double>(engine->stats().kv_capacity_bytes),
+                                planner_cost, plan::parse_policy(run.job.policy), run.job.planner);
+        });
+    partition = cuts.partition;
+    if (run.dp_recuts > 0)
+      recut = {{"simulated_cut_seconds", cuts.cut_seconds},
+               {"kept_cut", cuts.kept},
+               {"simulated_rank_seconds", cuts.rank_seconds}};
     std::unordered_map<std::string, const BatchInputLine*> line_of;
     for (const BatchInputLine& line : todo) line_of.emplace(line.custom_id, &line);
     for (int k = 1; k < size; ++k) {
@@ -487,8 +511,8 @@ void run_rank0(const BatchRun& run, MpiSession& mpi, LivenessServer& live) {
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   const std::vector<std::string> lost =
-      report_job(run, size, *engine, *job, workers, *writer, partition, todo.size(), skipped, wall,
-                 load_seconds);
+      report_job(run, size, *engine, *job, workers, *writer, partition, recut, todo.size(), skipped,
+                 wall, load_seconds);
   for (const Worker& w : workers)
     if (w.crashed) mpi.skip_finalize();
   if (own_error) throw Error("rank 0: " + *own_error);

@@ -44,6 +44,9 @@ struct BatchRun {
   std::filesystem::path model, input, output, stats;
   EngineOptions engine;
   BatchJobOptions job;
+  // Re-cuts after the first (BlendServe §5.5 with replica times): rank 0 simulates each part on
+  // the --hardware profile and cuts again by the simulated rates (plan::cut_data_parallel).
+  int32_t dp_recuts = 0;
   bool quiet = false;
 };
 

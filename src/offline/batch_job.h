@@ -67,6 +67,11 @@ class BatchJob {
   // The planner's view of a prepared line (prompt, output estimate): what the data-parallel
   // partition of a job cuts (plan/dp_partition).
   plan::PlanRequest plan_request(const PreparedBatchLine& line) const;
+  // The same line as an offline request (its first sample): what a data-parallel re-cut
+  // simulates (offline/planned_run.h simulate_parts).
+  OfflineRequest offline_request(const PreparedBatchLine& line) const {
+    return offline_request(line.generation);
+  }
   // The planner's cost model: this engine's model shape on the --hardware profile (or the
   // built-in CPU estimate).
   CostModel planner_cost() const;

@@ -1,5 +1,8 @@
 #include "offline/planned_run.h"
 
+#include <algorithm>
+#include <cmath>
+#include <memory>
 #include <string>
 #include <unordered_set>
 #include <utility>
@@ -134,6 +137,55 @@ PlannedRunStats run_planned(Engine& engine, const std::vector<OfflineRequest>& r
                   static_cast<double>(st.prompt_tokens)
             : 0;
   return st;
+}
+
+std::vector<double> simulate_parts(const std::vector<OfflineRequest>& requests,
+                                   const std::vector<std::vector<int32_t>>& parts,
+                                   const ModelConfig& config, const EngineOptions& engine,
+                                   double kv_memory_bytes, const CostModel& cost,
+                                   plan::Policy policy, const plan::PlannerKnobs& planner) {
+  const auto page_bytes =
+      static_cast<int64_t>(cost.kv_bytes_per_token_per_device()) * engine.page_size;
+  if (page_bytes <= 0) throw Error("simulate_parts: the model has no KV bytes per token");
+  std::vector<double> seconds;
+  for (const std::vector<int32_t>& part : parts) {
+    std::vector<OfflineRequest> sub;
+    sub.reserve(part.size());
+    for (int32_t r : part) {
+      OfflineRequest q = requests.at(static_cast<size_t>(r));
+      // The estimate is all a re-cut knows of a hidden length: it runs as the known one.
+      const auto length =
+          std::max<int32_t>(1, static_cast<int32_t>(std::lround(q.output_estimate)));
+      q.params = SamplingParams{};
+      q.params.temperature = 0;
+      q.params.ignore_eos = true;
+      q.params.max_tokens = length;
+      q.output_known = true;
+      q.output_estimate = length;
+      q.simulated_output_tokens.reset();
+      q.model = 0;
+      sub.push_back(std::move(q));
+    }
+    if (sub.empty()) {
+      seconds.push_back(0);
+      continue;
+    }
+    SimBackendOptions so;
+    so.num_pages = static_cast<int64_t>(kv_memory_bytes) / page_bytes;
+    so.kv_bytes_per_page = page_bytes;
+    EngineOptions eo;
+    eo.page_size = engine.page_size;
+    eo.prefix_cache = engine.prefix_cache;
+    eo.scheduler = engine.scheduler;
+    auto backend =
+        std::make_unique<SimBackend>(config, so, simulate_step_cost(cost, Overlap::kSequential));
+    SimBackend& sim = *backend;
+    Engine replica(std::move(backend), eo);
+    seconds.push_back(
+        run_planned(replica, sub, policy, cost, kv_memory_bytes, {}, {}, planner, &sim.tokens())
+            .seconds);
+  }
+  return seconds;
 }
 
 }  // namespace blend

@@ -74,6 +74,17 @@ PlannedRunStats run_planned(Engine& engine, const std::vector<OfflineRequest>& r
 
 enum class Overlap { kSequential, kOverlapped };
 
+// Each part's seconds when it runs alone on a simulated replica that `cost` prices, with the
+// real engine's page size, step budget and scheduler (`engine`) and `kv_memory_bytes` of KV, its
+// steps one after another (as blend's engines run them), admitted in `policy`'s plan: what a
+// data-parallel re-cut of `mpirun blend batch --dp-recut` balances (plan::cut_data_parallel).
+// `parts` index `requests`; every request runs its output estimate as its known length.
+std::vector<double> simulate_parts(const std::vector<OfflineRequest>& requests,
+                                   const std::vector<std::vector<int32_t>>& parts,
+                                   const ModelConfig& config, const EngineOptions& engine,
+                                   double kv_memory_bytes, const CostModel& cost,
+                                   plan::Policy policy, const plan::PlannerKnobs& planner = {});
+
 // The simulator's step time from the cost model: compute, memory and network seconds of the
 // step's shape, summed (sequential engines) or overlapped (NanoFlow).
 SimStepCost simulate_step_cost(const CostModel& cost, Overlap overlap);

@@ -124,6 +124,40 @@ std::vector<double> rebalance_shares(const std::vector<double>& work_seconds,
   return shares;
 }
 
+DpCuts cut_data_parallel(
+    const std::vector<PlanRequest>& requests, const CostModel& cost, int32_t parts,
+    int32_t step_tokens, int32_t recuts,
+    const std::function<std::vector<double>(const DpPartition&)>& replica_seconds) {
+  if (recuts < 0) throw Error("data-parallel re-cuts must be 0 or more");
+  const auto makespan = [](const std::vector<double>& seconds) {
+    return seconds.empty() ? 0.0 : *std::max_element(seconds.begin(), seconds.end());
+  };
+  DpCuts best;
+  best.partition = partition_data_parallel(requests, cost, parts, step_tokens);
+  best.rank_seconds = replica_seconds(best.partition);
+  if (best.rank_seconds.size() != best.partition.parts.size())
+    throw Error("data-parallel re-cut: one time per part");
+  best.cut_seconds.push_back(makespan(best.rank_seconds));
+  DpPartition last = best.partition;
+  std::vector<double> last_seconds = best.rank_seconds;
+  for (int32_t pass = 0; pass < recuts; ++pass) {
+    DpPartition again = partition_data_parallel(requests, cost, parts, step_tokens,
+                                                rebalance_shares(last.work_seconds, last_seconds));
+    std::vector<double> seconds = replica_seconds(again);
+    if (seconds.size() != again.parts.size())
+      throw Error("data-parallel re-cut: one time per part");
+    best.cut_seconds.push_back(makespan(seconds));
+    if (best.cut_seconds.back() < best.cut_seconds[best.kept]) {
+      best.kept = best.cut_seconds.size() - 1;
+      best.partition = again;
+      best.rank_seconds = seconds;
+    }
+    last = std::move(again);
+    last_seconds = std::move(seconds);
+  }
+  return best;
+}
+
 DpPartition partition_data_parallel(const std::vector<PlanRequest>& requests, const CostModel& cost,
                                     int32_t parts, int32_t step_tokens,
                                     const std::vector<double>& shares) {

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "cost/cost_model.h"
@@ -79,5 +80,21 @@ DpPartition partition_data_parallel(const std::vector<PlanRequest>& requests, co
 // those rates every part would take as long. A part with no time keeps its work's share.
 std::vector<double> rebalance_shares(const std::vector<double>& work_seconds,
                                      const std::vector<double>& replica_seconds);
+
+// A partition re-cut by its replicas' times: the first cut takes equal shares, each of `recuts`
+// more takes rebalance_shares of the last cut's work and `replica_seconds(last cut)` (a
+// simulation of each part on its own replica), and the cut whose slowest replica is fastest is
+// kept. The predicted work says nothing of how well each part's own plan runs; the replica
+// times do.
+struct DpCuts {
+  DpPartition partition;             // the kept cut
+  std::vector<double> rank_seconds;  // its replicas' seconds
+  std::vector<double> cut_seconds;   // every cut's slowest replica, in order
+  size_t kept = 0;                   // which cut was kept (0: the first)
+};
+DpCuts cut_data_parallel(
+    const std::vector<PlanRequest>& requests, const CostModel& cost, int32_t parts,
+    int32_t step_tokens, int32_t recuts,
+    const std::function<std::vector<double>(const DpPartition&)>& replica_seconds);
 
 }  // namespace blend::plan

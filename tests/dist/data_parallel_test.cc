@@ -182,6 +182,38 @@ TEST_F(DataParallel, UnionOfRanksEqualsSingleProcessRun) {
   }
 }
 
+// `--dp-recut 2`: rank 0 simulates each cut's parts on the planner's hardware and cuts twice
+// more by the simulated rates; the kept cut still gives every line once, with the same tokens.
+TEST_F(DataParallel, ReCutPartitionsStillAnswerEveryLineAsOneProcessDoes) {
+  const auto& ref = reference();
+  testing::TempDir work;
+  const auto out = work / "out.jsonl";
+  const auto stats_path = work / "stats.json";
+  const auto r = testing::run_command(
+      mpirun(2, true, batch_args(out.string(), stats_path.string()) + " --dp-recut 2") + " 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(results(out), ref);
+  const json stats = json::parse(testing::read_file(stats_path));
+  const json& recut = stats["partition"]["recut"];
+  ASSERT_EQ(recut["simulated_cut_seconds"].size(), 3u) << stats.dump();
+  const auto kept = recut["kept_cut"].get<size_t>();
+  ASSERT_LT(kept, 3u);
+  const double kept_seconds = recut["simulated_cut_seconds"][kept];
+  for (const json& s : recut["simulated_cut_seconds"]) {
+    EXPECT_GT(s.get<double>(), 0);
+    EXPECT_GE(s.get<double>(), kept_seconds);
+  }
+  ASSERT_EQ(recut["simulated_rank_seconds"].size(), 2u);
+  EXPECT_DOUBLE_EQ(std::max(recut["simulated_rank_seconds"][0].get<double>(),
+                            recut["simulated_rank_seconds"][1].get<double>()),
+                   kept_seconds);
+  // Without mpirun there is nothing to re-cut.
+  const auto alone = testing::run_command(
+      batch_args((work / "x.jsonl").string(), (work / "x.json").string()) + " --dp-recut 1 2>&1");
+  EXPECT_NE(alone.exit_code, 0);
+  EXPECT_NE(alone.output.find("mpirun"), std::string::npos) << alone.output;
+}
+
 // Rank 1 is killed (SIGKILL) after its second result, under --enable-recovery: the job names
 // the custom_ids lost with it (stderr and --stats); the other ranks' results are all written; a
 // rerun with the same output on a different number of ranks runs exactly the lost ones.

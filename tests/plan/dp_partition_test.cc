@@ -105,6 +105,38 @@ TEST(DpPartition, SharesSetEachPartsWorkAndRebalanceFollowsTheRates) {
   EXPECT_THROW(partition_data_parallel(rs, cost, 2, 64, {1.0, 0.0}), Error);
 }
 
+// cut_data_parallel: replica 1 runs its work at half the others' rate. The re-cut gives it less,
+// the cut with the fastest slowest replica is kept, and every cut's makespan is reported.
+TEST(DpPartition, ReCutsFollowTheReplicaTimesAndKeepTheShortestJob) {
+  const CostModel cost = llama8b_a100();
+  const std::vector<PlanRequest> rs = workload(40, 100, 7);
+  std::vector<double> work_of_calls;  // part 1's share of the work, cut by cut
+  const auto replica_seconds = [&](const DpPartition& cut) {
+    double total = 0;
+    for (size_t k = 0; k < cut.parts.size(); ++k) total += cut.work(k);
+    work_of_calls.push_back(cut.work(1) / total);
+    std::vector<double> seconds;
+    for (size_t k = 0; k < cut.parts.size(); ++k) seconds.push_back(cut.work(k) * (k == 1 ? 2 : 1));
+    return seconds;
+  };
+  const DpCuts cuts = cut_data_parallel(rs, cost, 3, 64, /*recuts=*/2, replica_seconds);
+  ASSERT_EQ(cuts.cut_seconds.size(), 3u);
+  ASSERT_EQ(work_of_calls.size(), 3u);
+  EXPECT_NEAR(work_of_calls[0], 1.0 / 3, 0.02);
+  EXPECT_NEAR(work_of_calls[1], 0.2, 0.02);  // rate 1/2: a share of 1/2 / (1 + 1/2 + 1)
+  EXPECT_LT(cuts.cut_seconds[1], cuts.cut_seconds[0]);
+  EXPECT_GE(cuts.kept, 1u);
+  for (double s : cuts.cut_seconds) EXPECT_GE(s, cuts.cut_seconds[cuts.kept]);
+  EXPECT_EQ(cuts.rank_seconds, replica_seconds(cuts.partition));
+  // No re-cuts: the equal cut, its times asked for once.
+  work_of_calls.clear();
+  const DpCuts once = cut_data_parallel(rs, cost, 3, 64, 0, replica_seconds);
+  EXPECT_EQ(once.cut_seconds.size(), 1u);
+  EXPECT_EQ(once.kept, 0u);
+  EXPECT_EQ(once.partition.parts, partition_data_parallel(rs, cost, 3, 64).parts);
+  EXPECT_THROW(cut_data_parallel(rs, cost, 3, 64, -1, replica_seconds), Error);
+}
+
 // A handful of requests decoding far longer than the rest (BlendServe Trace#1's OpenVid
 // requests): each is a part's critical path, so they are spread over the parts, not left at the
 // memory-intensive end for one part to inherit.
