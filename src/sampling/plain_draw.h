@@ -52,9 +52,10 @@ BLEND_HOST_DEVICE inline float draw_exp(float x) {
   return p * scale;
 }
 
-// Token i's weight in a row whose largest logit is `max`, at 1 / temperature = inv_t.
+// Token i's weight in a row whose largest logit is `max`, at 1 / temperature = inv_t; a -inf
+// logit weighs exactly 0, as on the host.
 BLEND_HOST_DEVICE inline float draw_weight(float logit, float max, float inv_t) {
-  return draw_exp((logit - max) * inv_t);
+  return logit < -3.402823466e38f ? 0.0f : draw_exp((logit - max) * inv_t);
 }
 
 // Lane `lane` of block `block`'s sum over a row of `vocab` logits: the weights of tokens

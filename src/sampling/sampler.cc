@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <optional>
 
 #include "core/multiversion.h"
 
@@ -20,7 +21,8 @@ uint64_t mix(uint64_t x) {
 }
 
 // exp(x) for x <= 0 to about 2 ulp, branch-free so that loops over the vocabulary vectorise
-// (the libm call was most of the sampler's time on a 128K vocabulary). Below -87 it is 0.
+// (the libm call was most of the sampler's time on a 128K vocabulary). Below -87 it is
+// exp(-87), about 1.6e-38 (a -inf logit weighs 0: see token_weight).
 inline float exp_nonpositive(float x) {
   x = x < -87.0f ? -87.0f : x;
   // n = round(x / ln 2) by the 1.5 * 2^23 trick (no libm call, vectorises).
@@ -88,10 +90,22 @@ RowScan scan_row(std::span<const float> logits) {
   return r;
 }
 
-// w[i] = exp((l[i] - max) * inv_t), every l[i] <= max.
+// A token's weight exp((l - max) * inv_t), l <= max; a -inf logit (a token a grammar or a
+// bias forbids) weighs exactly 0, so it adds nothing to any sum and is never drawn.
+inline float token_weight(float l, float max, float inv_t) {
+  return l < -3.402823466e38f ? 0.0f : exp_nonpositive((l - max) * inv_t);
+}
+
+// w[i] = token_weight(l[i]), every l[i] <= max.
 BLEND_MULTIVERSION
 void exp_row(const float* l, float* w, size_t n, float max, float inv_t) {
-  for (size_t i = 0; i < n; ++i) w[i] = exp_nonpositive((l[i] - max) * inv_t);
+  for (size_t i = 0; i < n; ++i) w[i] = token_weight(l[i], max, inv_t);
+}
+
+// w[k] = token_weight(l[ids[k]]): the same rounding as exp_row (both multiversioned alike).
+BLEND_MULTIVERSION
+void exp_gather(const float* l, const TokenId* ids, float* w, size_t n, float max, float inv_t) {
+  for (size_t k = 0; k < n; ++k) w[k] = token_weight(l[static_cast<size_t>(ids[k])], max, inv_t);
 }
 
 // Sums of w over blocks of kBlock tokens, each block in kLanes lanes added in a fixed order: the
@@ -206,6 +220,103 @@ std::span<const float> processed_logits(std::span<const float> logits, const Sam
   return buf;
 }
 
+// The unrestricted temperature draw or the argmax of a masked row over its allowed tokens only
+// (structured output allows a few dozen of a 128K vocabulary). A disallowed token's logit is
+// -inf in the dense path and weighs exactly 0 there: it adds exactly 0 to its lane, its block
+// and the total, and is never picked. So the sums, the total and the walk below are the dense
+// path's, and so is the token. Nothing when the dense path must run: logprobs, a bias or a
+// penalty, a top-k / top-p / min-p cut, a NaN or +inf among the allowed logits, or a mask that
+// allows too much to gain from.
+std::optional<SampledToken> sample_masked_sparse(std::span<const float> logits,
+                                                 const SamplingParams& params, uint64_t seed,
+                                                 int64_t step, const uint64_t* allowed) {
+  const size_t vocab = logits.size();
+  const bool greedy = params.temperature < kGreedyTemperature || params.top_k == 1;
+  if (params.logprobs ||
+      (!greedy && (params.top_k > 0 || params.min_p > 0.0f || params.top_p < 1.0f)))
+    return std::nullopt;
+  thread_local std::vector<TokenId> ids;
+  ids.clear();
+  for (size_t word = 0; word * 64 < vocab; ++word)
+    for (uint64_t bits = allowed[word]; bits != 0; bits &= bits - 1) {
+      const size_t t = word * 64 + static_cast<size_t>(std::countr_zero(bits));
+      if (t < vocab) ids.push_back(static_cast<TokenId>(t));
+      if (ids.size() > vocab / 8) return std::nullopt;  // as cheap to go dense
+    }
+  float max = -std::numeric_limits<float>::infinity();
+  for (TokenId t : ids) {
+    const float x = logits[static_cast<size_t>(t)];
+    if (!(x <= std::numeric_limits<float>::max())) return std::nullopt;  // NaN or +inf
+    max = x > max ? x : max;
+  }
+  SampledToken out;
+  if (!(max > -std::numeric_limits<float>::infinity())) {
+    out.invalid = true;  // nothing to draw from, as the dense path says
+    return out;
+  }
+  if (greedy) {  // the lowest id holding the maximum
+    for (TokenId t : ids)
+      if (logits[static_cast<size_t>(t)] == max) {
+        out.token = t;
+        return out;
+      }
+  }
+  thread_local std::vector<float> w;
+  w.resize(ids.size());
+  exp_gather(logits.data(), ids.data(), w.data(), ids.size(), max, 1.0f / params.temperature);
+  // Each non-empty block's sum, as block_sums adds it: lane j holds the block's tokens j, j + 8,
+  // ... (its tail past the last group of eight in lane 0), in id order; lanes added in order.
+  struct Block {
+    size_t first_id, end_id;  // its allowed tokens: ids[first_id, end_id)
+    float sum;
+  };
+  thread_local std::vector<Block> blocks;
+  blocks.clear();
+  double total = 0;
+  for (size_t k = 0; k < ids.size();) {
+    const size_t first = static_cast<size_t>(ids[k]) / kBlock * kBlock;
+    const size_t end = std::min(vocab, first + kBlock);
+    const size_t whole = first + (end - first) / kLanes * kLanes;
+    float lane[kLanes] = {};
+    const size_t begin = k;
+    for (; k < ids.size() && static_cast<size_t>(ids[k]) < end; ++k) {
+      const auto t = static_cast<size_t>(ids[k]);
+      lane[t < whole ? (t - first) % kLanes : 0] += w[k];
+    }
+    float sum = 0;
+    for (size_t j = 0; j < kLanes; ++j) sum += lane[j];
+    blocks.push_back({begin, k, sum});
+    total += sum;
+  }
+  const double u = sampling_uniform(seed, step) * total;
+  double acc = 0;
+  for (const Block& b : blocks) {
+    if (u >= acc + b.sum) {
+      acc += b.sum;
+      continue;
+    }
+    double run = acc;
+    for (size_t k = b.first_id; k < b.end_id; ++k) {
+      run += w[k];
+      if (u < run && w[k] > 0.0f) {
+        out.token = ids[k];
+        return out;
+      }
+    }
+    for (size_t k = b.end_id; k-- > b.first_id;)
+      if (w[k] > 0.0f) {
+        out.token = ids[k];
+        return out;
+      }
+  }
+  for (size_t k = ids.size(); k-- > 0;)  // u past the total by rounding
+    if (w[k] > 0.0f) {
+      out.token = ids[k];
+      return out;
+    }
+  return std::nullopt;  // not reached: the maximum weighs 1
+}
+
 }  // namespace
 
 double sampling_uniform(uint64_t seed, int64_t step) {
@@ -221,6 +332,11 @@ void temperature_weights(std::span<const float> logits, float max, float inv_t,
 SampledToken sample_token(std::span<const float> raw_logits, const SamplingParams& params,
                           uint64_t seed, int64_t step, const TokenHistory& history,
                           const uint64_t* allowed) {
+  if (allowed && params.logit_bias.empty() && params.presence_penalty == 0.0f &&
+      params.frequency_penalty == 0.0f && params.repetition_penalty == 1.0f)
+    if (std::optional<SampledToken> sparse =
+            sample_masked_sparse(raw_logits, params, seed, step, allowed))
+      return *sparse;
   SampledToken out;
   thread_local std::vector<float> processed;
   RowScan scan = scan_row(raw_logits);

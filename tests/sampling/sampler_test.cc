@@ -292,6 +292,7 @@ TEST(PlainDraw, WeightsAreTheSamplersBitForBit) {
   std::vector<float> row(4099);
   for (float& x : row) x = logit(rng);
   row[17] = 40.0f;
+  row[18] = -std::numeric_limits<float>::infinity();  // weighs exactly 0 on both
   std::vector<float> host(row.size());
   for (const float inv_t : {0.05f, 0.5f, 1.0f, 1.0f / 0.7f, 3.0f, 100.0f}) {
     temperature_weights(row, 40.0f, inv_t, host);
@@ -299,6 +300,7 @@ TEST(PlainDraw, WeightsAreTheSamplersBitForBit) {
     for (size_t i = 0; i < row.size(); ++i)
       differ += host[i] != draw_weight(row[i], 40.0f, inv_t) ? 1 : 0;
     EXPECT_EQ(differ, 0) << "inv_t " << inv_t;
+    EXPECT_EQ(host[18], 0.0f);
   }
 }
 
@@ -338,6 +340,59 @@ TEST(PlainDraw, TheComposedDrawIsTheSamplersToken) {
   }
   EXPECT_EQ(rows, 200);
   EXPECT_GT(distinct, 100);  // the draws spread over many tokens, not the argmax alone
+}
+
+}  // namespace
+}  // namespace blend
+
+// A masked row is drawn over its allowed tokens only (sampler.cc sample_masked_sparse); the token
+// must be the dense draw's over the row with every refused logit at -inf, for narrow and wide
+// masks, greedy and at temperatures, with and without a refused NaN.
+namespace blend {
+namespace {
+
+TEST(SamplerMaskTest, TheSparseDrawIsTheDenseDrawsToken) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> noise(0.0f, 4.0f);
+  constexpr size_t kVocab = 5003;  // a partial last block and group of eight
+  int64_t rows = 0, off_argmax = 0;
+  for (int r = 0; r < 300; ++r) {
+    std::vector<float> logits(kVocab);
+    for (float& x : logits) x = noise(rng);
+    // 1 to ~600 allowed tokens, clustered or spread.
+    std::vector<uint64_t> mask((kVocab + 63) / 64, 0);
+    const int allowed = 1 + (r * 37) % 600;
+    std::uniform_int_distribution<size_t> pick(0, kVocab - 1);
+    const size_t base = pick(rng);
+    for (int k = 0; k < allowed; ++k) {
+      const size_t t = r % 2 ? pick(rng) : (base + static_cast<size_t>(k)) % kVocab;
+      mask[t / 64] |= uint64_t{1} << (t % 64);
+    }
+    if (r % 5 == 0) {  // a refused NaN and +inf: not the sampler's business
+      for (size_t t = 0; t < kVocab; ++t)
+        if (!((mask[t / 64] >> (t % 64)) & 1)) {
+          logits[t] = r % 10 ? std::numeric_limits<float>::quiet_NaN()
+                             : std::numeric_limits<float>::infinity();
+          break;
+        }
+    }
+    std::vector<float> dense = logits;
+    for (size_t t = 0; t < kVocab; ++t)
+      if (!((mask[t / 64] >> (t % 64)) & 1)) dense[t] = -std::numeric_limits<float>::infinity();
+    SamplingParams p;
+    p.temperature = r % 7 == 0 ? 0.0f : 0.3f + 0.2f * static_cast<float>(r % 6);
+    const uint64_t seed = 500 + static_cast<uint64_t>(r);
+    const SampledToken sparse = sample_token(logits, p, seed, r, {}, mask.data());
+    const SampledToken reference = sample_token(dense, p, seed, r);
+    ASSERT_FALSE(reference.invalid);
+    EXPECT_EQ(sparse.token, reference.token) << "row " << r;
+    EXPECT_TRUE((mask[static_cast<size_t>(sparse.token) / 64] >> (sparse.token % 64)) & 1);
+    ++rows;
+    const auto argmax = std::max_element(dense.begin(), dense.end()) - dense.begin();
+    off_argmax += sparse.token != argmax ? 1 : 0;
+  }
+  EXPECT_EQ(rows, 300);
+  EXPECT_GT(off_argmax, 50);  // real draws, not argmaxes
 }
 
 }  // namespace
