@@ -30,8 +30,9 @@ OUTPUT_CAP="${OUTPUT_CAP:-512}"
 POLICIES="${POLICIES:-blend dfs fcfs random}"
 ROUNDS="${ROUNDS:-1}"
 TEMPERATURES="${TEMPERATURES:-default}"  # each mix run's temperature ("default": the file's, 1.0)
-# MIX_RUNS: "policy:temperature ..." to run instead of every POLICIES x TEMPERATURES pair (the
-# temperatures must be in TEMPERATURES).
+# MIX_RUNS: "policy:temperature[:ENV=V,...[:--flag,value,...]] ..." to run instead of every
+# POLICIES x TEMPERATURES pair (the temperatures must be in TEMPERATURES); the third field sets
+# environment knobs for that run (BLEND_CUDA_*), the fourth adds `blend batch` flags.
 RUN_TIMEOUT="${RUN_TIMEOUT:-90}"
 engine=(--max-batch-tokens 4096 --max-running 512 --kv-memory "${KV_MEMORY:-59.6}")
 if command -v nvidia-smi > /dev/null; then
@@ -99,11 +100,18 @@ if [ -z "${MIX_RUNS:-}" ]; then  # policy:temperature pairs; default: every pair
 fi
 for round in $(seq "$ROUNDS"); do
   for run in $MIX_RUNS; do
-    IFS=: read -r policy t <<< "$run"
-    step "round $round: --policy $policy, temperature $t ($(left) s left)"
+    # policy:temperature[:ENV=V,ENV=V[:--flag,value,...]], e.g.
+    # "dfs:0:BLEND_CUDA_DECODE_SPLITS=waves" or "blend:0::--pacing-without,budget"
+    IFS=: read -r policy t envs flags <<< "$run"
+    tag=$(echo "${envs}${flags}" | tr -c 'A-Za-z0-9\n' '_' | tr -s _)
+    step "round $round: --policy $policy, temperature $t ${envs:+($envs) }${flags:+(${flags//,/ }) }($(left) s left)"
     [ "$(left)" -lt 40 ] && { echo "out of time"; break 2; }
-    batch "mix-$policy-t$t-$round" /tmp/mix-t$t.jsonl --policy "$policy" \
-      --hardware "$OUT/profile.json"
+    (  # a subshell: the knobs end with the run
+      for kv in ${envs//,/ }; do export "${kv?}"; done
+      # shellcheck disable=SC2046  # the flags split on purpose
+      batch "mix-$policy-t$t${tag:+-$tag}-$round" /tmp/mix-t$t.jsonl --policy "$policy" \
+        --hardware "$OUT/profile.json" $(echo "$flags" | tr ',' ' ')
+    )
   done
 done
 step "done"
