@@ -1,21 +1,21 @@
 // The sampler's plain temperature draw, written once for the host and the GPU: a row's token at
 // temperature T with no top-k / top-p / min-p, penalties, bias, mask or logprobs. sample_token
-// (sampler.cc) computes it over the vocabulary with vector code; the cuda backend's draw kernel
-// (backend/cuda/draw.cu) computes the same numbers with these functions, so a row drawn on the
-// GPU gets the token the host would have drawn from the same logits (tests/sampling check the
-// weights bit for bit against the sampler's; tests/cuda the tokens), whatever else is in the
-// batch.
+// (sampler.cc) computes its weights with draw_weight in vector loops; the cuda backend's draw
+// kernel (backend/cuda/draw.cu) computes the same sums and walk with these functions, so a row
+// drawn on the GPU gets the token the host would have drawn from the same logits (tests/sampling
+// check the pieces against sample_token; tests/cuda the tokens), whatever else is in the batch.
 //
 // The draw: weights w_i = exp((l_i - max) / T) by a Cody-Waite reduction and a degree-6
-// polynomial; each 256-token block's sum as eight float lanes (lane j takes tokens j, j + 8, ...;
-// a block's tail goes to lane 0) added in lane order; the total as a double sum of the block sums
-// in order; u = sampling_uniform(seed, step) x total; the token where the running sum in token
-// order first passes u (a block skipped whole by its sum), never a token of weight 0.
+// polynomial (a -inf logit weighs exactly 0); each 256-token block's sum as eight float lanes
+// (lane j takes tokens j, j + 8, ...; a block's tail goes to lane 0) added in lane order; the
+// total as a double sum of the block sums in order; u = sampling_uniform(seed, step) x total;
+// the token where the running sum in token order first passes u (a block skipped whole by its
+// sum), never a token of weight 0.
 //
-// The host compiler contracts the polynomial's multiply-adds into fused ones wherever the CPU has
-// FMA (x86-64-v3 and up, the machines blend runs on); draw_weight spells those fusions out, so the
-// GPU rounds as such a host does. On a CPU without FMA the host's weights may differ in the last
-// bit, and a draw that lands within that rounding of a token boundary may differ.
+// The multiply-adds are fused by name (fmaf), not left to the compiler: it fused them in a
+// release build and not in the sanitizer build, so the weights differed between builds. Named,
+// they round alike in every build, on every ISA and on the GPU; a CPU without FMA (older than
+// x86-64-v3) computes them with the library's fmaf, slowly.
 #pragma once
 
 #include <cmath>

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "core/multiversion.h"
+#include "sampling/plain_draw.h"
 
 namespace blend {
 namespace {
@@ -18,27 +19,6 @@ uint64_t mix(uint64_t x) {
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
-}
-
-// exp(x) for x <= 0 to about 2 ulp, branch-free so that loops over the vocabulary vectorise
-// (the libm call was most of the sampler's time on a 128K vocabulary). Below -87 it is
-// exp(-87), about 1.6e-38 (a -inf logit weighs 0: see token_weight).
-inline float exp_nonpositive(float x) {
-  x = x < -87.0f ? -87.0f : x;
-  // n = round(x / ln 2) by the 1.5 * 2^23 trick (no libm call, vectorises).
-  const float shifter = 12582912.0f;
-  const float n = (x * 1.44269504088896341f + shifter) - shifter;
-  const float r = (x - n * 0.693145751953125f) - n * 1.428606765330187045e-06f;
-  // exp(r) for |r| <= ln2/2: Taylor polynomial of degree 6 (relative error < 3e-7).
-  float p = 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const int32_t e = static_cast<int32_t>(n) + 127;
-  return p * std::bit_cast<float>(static_cast<uint32_t>(e) << 23);  // e >= 1: x >= -87
 }
 
 // One branch-free pass over a row: its largest value (NaN skipped), and whether it holds a NaN
@@ -90,22 +70,18 @@ RowScan scan_row(std::span<const float> logits) {
   return r;
 }
 
-// A token's weight exp((l - max) * inv_t), l <= max; a -inf logit (a token a grammar or a
-// bias forbids) weighs exactly 0, so it adds nothing to any sum and is never drawn.
-inline float token_weight(float l, float max, float inv_t) {
-  return l < -3.402823466e38f ? 0.0f : exp_nonpositive((l - max) * inv_t);
-}
-
-// w[i] = token_weight(l[i]), every l[i] <= max.
+// w[i] = exp((l[i] - max) * inv_t), every l[i] <= max, by draw_weight (sampling/plain_draw.h:
+// a branch-free exp whose multiply-adds are fused by name, so that the loop vectorises and every
+// ISA, build and the GPU round alike; a -inf logit weighs exactly 0).
 BLEND_MULTIVERSION
 void exp_row(const float* l, float* w, size_t n, float max, float inv_t) {
-  for (size_t i = 0; i < n; ++i) w[i] = token_weight(l[i], max, inv_t);
+  for (size_t i = 0; i < n; ++i) w[i] = draw_weight(l[i], max, inv_t);
 }
 
-// w[k] = token_weight(l[ids[k]]): the same rounding as exp_row (both multiversioned alike).
+// w[k] = draw_weight(l[ids[k]]), as exp_row rounds it.
 BLEND_MULTIVERSION
 void exp_gather(const float* l, const TokenId* ids, float* w, size_t n, float max, float inv_t) {
-  for (size_t k = 0; k < n; ++k) w[k] = token_weight(l[static_cast<size_t>(ids[k])], max, inv_t);
+  for (size_t k = 0; k < n; ++k) w[k] = draw_weight(l[static_cast<size_t>(ids[k])], max, inv_t);
 }
 
 // Sums of w over blocks of kBlock tokens, each block in kLanes lanes added in a fixed order: the
