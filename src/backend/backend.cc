@@ -100,12 +100,26 @@ bool Backend::forward_argmax(const ForwardBatch&, std::span<TokenId>) {
 
 namespace {
 
+// Whether sampling this row reads nothing but its raw logits: no logprobs, penalties, bias or
+// mask (what a backend may then sample where the logits are).
+bool reads_raw_logits_only(const SampleRow& row) {
+  const SamplingParams& p = *row.params;
+  return !p.logprobs && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
+         p.repetition_penalty == 1.0f && p.logit_bias.empty() && row.allowed == nullptr;
+}
+
 // Whether the host sampler would take the plain argmax of this row's raw logits.
 bool plain_greedy(const SampleRow& row) {
   const SamplingParams& p = *row.params;
-  return (p.temperature < kGreedyTemperature || p.top_k == 1) && !p.logprobs &&
-         p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
-         p.repetition_penalty == 1.0f && p.logit_bias.empty() && row.allowed == nullptr;
+  return (p.temperature < kGreedyTemperature || p.top_k == 1) && reads_raw_logits_only(row);
+}
+
+// ... or sample_token's unrestricted temperature draw (no top-k, min-p or top-p cut) at a
+// finite temperature (1 / T = 0 would read as the argmax).
+bool plain_draw(const SampleRow& row) {
+  const SamplingParams& p = *row.params;
+  return plain_greedy(row) || (p.top_k <= 0 && p.min_p <= 0.0f && p.top_p >= 1.0f &&
+                               1.0f / p.temperature > 0.0f && reads_raw_logits_only(row));
 }
 
 }  // namespace
@@ -115,15 +129,7 @@ bool all_plain_greedy(std::span<const SampleRow> rows) {
 }
 
 bool all_plain_draws(std::span<const SampleRow> rows) {
-  return !rows.empty() && std::all_of(rows.begin(), rows.end(), [](const SampleRow& row) {
-    if (plain_greedy(row)) return true;
-    const SamplingParams& p = *row.params;
-    // sample_token's unrestricted temperature draw (no top-k, min-p or top-p cut) at a
-    // finite temperature (1 / T = 0 would read as the argmax).
-    return p.top_k <= 0 && p.min_p <= 0.0f && p.top_p >= 1.0f && 1.0f / p.temperature > 0.0f &&
-           !p.logprobs && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
-           p.repetition_penalty == 1.0f && p.logit_bias.empty() && row.allowed == nullptr;
-  });
+  return !rows.empty() && std::all_of(rows.begin(), rows.end(), plain_draw);
 }
 
 std::optional<std::vector<PlainDraw>> plain_draws(std::span<const SampleRow> rows) {

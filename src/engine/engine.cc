@@ -472,26 +472,20 @@ void Engine::launch_step(const StepPlan& plan) {
   // rows' masks are computed in parallel: a state met for the first time builds token tables
   // (vocabulary walks, most of a short job's grammar time), and the grammar's caches are
   // thread-safe (grammar/token_mask.h), so the order cannot change a mask.
-  std::vector<TokenMatcher*> matchers(in.rows.size(), nullptr);
-  int64_t constrained = 0;
+  std::vector<std::pair<size_t, TokenMatcher*>> constrained;  // (row, its matcher)
   for (size_t r = 0; r < in.rows.size(); ++r) {
     auto it = active_.find(in.rows[r].seq);
-    if (it == active_.end() || !it->second->matcher) continue;
-    matchers[r] = it->second->matcher.get();
-    ++constrained;
+    if (it != active_.end() && it->second->matcher)
+      constrained.emplace_back(r, it->second->matcher.get());
   }
-  if (constrained > 0) {
-    std::vector<std::shared_ptr<const TokenMask>> masks(in.rows.size());
-    const auto rows = static_cast<int64_t>(in.rows.size());
-#pragma omp parallel for schedule(dynamic, 1) if (constrained > 1)
-    for (int64_t r = 0; r < rows; ++r)
-      if (matchers[static_cast<size_t>(r)])
-        masks[static_cast<size_t>(r)] = matchers[static_cast<size_t>(r)]->mask();
-    for (size_t r = 0; r < masks.size(); ++r) {
-      if (!masks[r]) continue;
-      f.masks.push_back(std::move(masks[r]));
-      in.rows[r].allowed = f.masks.back()->words.data();
-    }
+  const auto n = static_cast<int64_t>(constrained.size());
+  std::vector<std::shared_ptr<const TokenMask>> masks(constrained.size());
+#pragma omp parallel for schedule(dynamic, 1) if (n > 1)
+  for (int64_t k = 0; k < n; ++k)
+    masks[static_cast<size_t>(k)] = constrained[static_cast<size_t>(k)].second->mask();
+  for (size_t k = 0; k < masks.size(); ++k) {
+    in.rows[constrained[k].first].allowed = masks[k]->words.data();
+    f.masks.push_back(std::move(masks[k]));
   }
   // Timed on the engine's clock (the backend's: a simulator charges its moves to the step).
   const double swap0 = now();

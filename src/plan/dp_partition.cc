@@ -132,20 +132,21 @@ DpCuts cut_data_parallel(
   const auto makespan = [](const std::vector<double>& seconds) {
     return seconds.empty() ? 0.0 : *std::max_element(seconds.begin(), seconds.end());
   };
+  const auto times = [&](const DpPartition& cut) {
+    std::vector<double> seconds = replica_seconds(cut);
+    if (seconds.size() != cut.parts.size()) throw Error("data-parallel re-cut: one time per part");
+    return seconds;
+  };
   DpCuts best;
   best.partition = partition_data_parallel(requests, cost, parts, step_tokens);
-  best.rank_seconds = replica_seconds(best.partition);
-  if (best.rank_seconds.size() != best.partition.parts.size())
-    throw Error("data-parallel re-cut: one time per part");
+  best.rank_seconds = times(best.partition);
   best.cut_seconds.push_back(makespan(best.rank_seconds));
   DpPartition last = best.partition;
   std::vector<double> last_seconds = best.rank_seconds;
   for (int32_t pass = 0; pass < recuts; ++pass) {
     DpPartition again = partition_data_parallel(requests, cost, parts, step_tokens,
                                                 rebalance_shares(last.work_seconds, last_seconds));
-    std::vector<double> seconds = replica_seconds(again);
-    if (seconds.size() != again.parts.size())
-      throw Error("data-parallel re-cut: one time per part");
+    std::vector<double> seconds = times(again);
     best.cut_seconds.push_back(makespan(seconds));
     if (best.cut_seconds.back() < best.cut_seconds[best.kept]) {
       best.kept = best.cut_seconds.size() - 1;

@@ -308,8 +308,7 @@ void temperature_weights(std::span<const float> logits, float max, float inv_t,
 SampledToken sample_token(std::span<const float> raw_logits, const SamplingParams& params,
                           uint64_t seed, int64_t step, const TokenHistory& history,
                           const uint64_t* allowed) {
-  if (allowed && params.logit_bias.empty() && params.presence_penalty == 0.0f &&
-      params.frequency_penalty == 0.0f && params.repetition_penalty == 1.0f)
+  if (allowed && !has_processing(params, nullptr))  // the mask alone
     if (std::optional<SampledToken> sparse =
             sample_masked_sparse(raw_logits, params, seed, step, allowed))
       return *sparse;

@@ -251,55 +251,49 @@ void CudaBackendImpl::forward(const ForwardBatch& batch, std::span<float> logits
 }
 
 bool CudaBackendImpl::forward_argmax(const ForwardBatch& batch, std::span<TokenId> tokens) {
-  const size_t vocab = static_cast<size_t>(config_.vocab_size);
-  const int64_t r = compute_logits(batch, tokens.size() * vocab);
-  if (r != static_cast<int64_t>(tokens.size()))
-    throw Error("internal: cuda backend: forward_argmax with " + std::to_string(tokens.size()) +
-                " token slots for " + std::to_string(r) + " logit rows");
-  auto* out = static_cast<int32_t*>(argmax_.reserve(2 * r * sizeof(int32_t)));
-  cuda::argmax_rows(logits_.get<float>(), r, config_.vocab_size, out, out + r, stream_);
-  std::vector<int32_t> host(2 * r);
-  check_cuda(cudaMemcpyAsync(host.data(), out, host.size() * sizeof(int32_t),
-                             cudaMemcpyDeviceToHost, stream_),
-             "argmax download");
-  check_cuda(cudaStreamSynchronize(stream_), "forward");
-  collect_op_times();
-  for (int64_t i = 0; i < r; ++i)
-    if (host[r + i]) return false;  // a NaN or +inf: the host sampler decides
-  std::copy(host.begin(), host.begin() + r, tokens.begin());
-  return true;
+  return tokens_on_device(batch, {}, tokens);
 }
 
 bool CudaBackendImpl::forward_draw(const ForwardBatch& batch, std::span<const PlainDraw> draws,
                                    std::span<TokenId> tokens) {
-  const auto r = static_cast<int64_t>(draws.size());
-  if (!cuda::draw_fits(config_.vocab_size) || static_cast<int64_t>(tokens.size()) != r)
+  if (!cuda::draw_fits(config_.vocab_size) || tokens.size() != draws.size())
     return Backend::forward_draw(batch, draws, tokens);
-  // One upload: the uniforms (8-byte aligned first), then the inverse temperatures; the tokens
-  // and flags come back in one download.
-  std::vector<std::byte> up(static_cast<size_t>(r) * (sizeof(double) + sizeof(float)));
-  for (int64_t i = 0; i < r; ++i) {
-    std::memcpy(up.data() + i * sizeof(double), &draws[i].uniform, sizeof(double));
-    std::memcpy(up.data() + r * sizeof(double) + i * sizeof(float), &draws[i].inv_temperature,
-                sizeof(float));
-  }
+  return tokens_on_device(batch, draws, tokens);
+}
+
+bool CudaBackendImpl::tokens_on_device(const ForwardBatch& batch, std::span<const PlainDraw> draws,
+                                       std::span<TokenId> tokens) {
+  const auto r = static_cast<int64_t>(tokens.size());
   const size_t vocab = static_cast<size_t>(config_.vocab_size);
   const int64_t rows = compute_logits(batch, tokens.size() * vocab);
   if (rows != r)
-    throw Error("internal: cuda backend: forward_draw with " + std::to_string(r) + " draws for " +
+    throw Error("internal: cuda backend: " + std::to_string(r) + " token slots for " +
                 std::to_string(rows) + " logit rows");
-  auto* buf = static_cast<std::byte*>(argmax_.reserve(up.size() + 2 * r * sizeof(int32_t)));
-  auto* uniforms = reinterpret_cast<double*>(buf);
-  auto* inv_t = reinterpret_cast<float*>(buf + r * sizeof(double));
-  auto* out = reinterpret_cast<int32_t*>(buf + up.size());
-  check_cuda(cudaMemcpyAsync(buf, up.data(), up.size(), cudaMemcpyHostToDevice, stream_),
-             "draw upload");
+  // Draws: one upload, the uniforms (8-byte aligned first) then the inverse temperatures; none
+  // for argmaxes. The tokens and flags come back in one download.
+  const size_t up_bytes = draws.empty() ? 0 : r * (sizeof(double) + sizeof(float));
+  auto* buf = static_cast<std::byte*>(draw_scratch_.reserve(up_bytes + 2 * r * sizeof(int32_t)));
+  auto* out = reinterpret_cast<int32_t*>(buf + up_bytes);
+  const double* uniforms = nullptr;
+  const float* inv_t = nullptr;
+  if (!draws.empty()) {
+    std::vector<std::byte> up(up_bytes);
+    for (int64_t i = 0; i < r; ++i) {
+      std::memcpy(up.data() + i * sizeof(double), &draws[i].uniform, sizeof(double));
+      std::memcpy(up.data() + r * sizeof(double) + i * sizeof(float), &draws[i].inv_temperature,
+                  sizeof(float));
+    }
+    check_cuda(cudaMemcpyAsync(buf, up.data(), up_bytes, cudaMemcpyHostToDevice, stream_),
+               "draw upload");
+    uniforms = reinterpret_cast<const double*>(buf);
+    inv_t = reinterpret_cast<const float*>(buf + r * sizeof(double));
+  }
   cuda::draw_rows(logits_.get<float>(), r, config_.vocab_size, inv_t, uniforms, out, out + r,
                   stream_);
   std::vector<int32_t> host(2 * r);
   check_cuda(cudaMemcpyAsync(host.data(), out, host.size() * sizeof(int32_t),
                              cudaMemcpyDeviceToHost, stream_),
-             "draw download");
+             "token download");
   check_cuda(cudaStreamSynchronize(stream_), "forward");
   collect_op_times();
   for (int64_t i = 0; i < r; ++i)

@@ -56,6 +56,10 @@ class CudaBackendImpl final : public CudaBackend {
   }
 
  private:
+  // forward_argmax (no draws) and forward_draw (one per row, the vocabulary fitting draw_rows):
+  // the step's tokens drawn where the logits are; false where the host must decide.
+  bool tokens_on_device(const ForwardBatch& batch, std::span<const PlainDraw> draws,
+                        std::span<TokenId> tokens);
   struct Layer {
     DeviceBuffer attn_norm, mlp_norm, qkv_bias;  // f32
     DeviceBuffer qkv, o, gate_up, down;          // elem_, rows of the fused outputs
@@ -154,7 +158,7 @@ class CudaBackendImpl final : public CudaBackend {
   std::vector<double CudaOpTimes::*> event_slots_;
   size_t events_used_ = 0;
   // Per-step buffers, grown to the largest batch seen (the lanes hold the activations).
-  DeviceBuffer logits_, argmax_;
+  DeviceBuffer logits_, draw_scratch_;
   int32_t multiprocessors_ = 1;
 };
 

@@ -4,9 +4,9 @@
 // of 164 rows moved 84 MB of logits to the host and sampled them there; on a Table 2 trace mix
 // (1,000 requests) that was the gap between the cost model (greedy) and the real run.
 //
-// One block of 256 threads per row: (1) the row's maximum, its lowest argmax and whether it
-// holds a NaN or +inf, as argmax_rows finds them; (2) for a temperature row, the eight lane sums
-// of every 256-token block, one (block, lane) pair per thread at a time, then the block sums;
+// One block of 256 threads per row: (1) the row's maximum, its lowest id holding it (the host
+// sampler's tie rule) and whether it holds a NaN or +inf; (2) for a temperature row, the eight lane
+// sums of every 256-token block, one (block, lane) pair per thread at a time, then the block sums;
 // (3) thread 0 adds the block sums in order and walks to the draw (draw_pick), as the host does.
 #include <cstdint>
 
@@ -27,7 +27,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ int32_t bad_s;
   __shared__ float max_s;
   const float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
-  const float inv_t = inv_temperatures[blockIdx.x];
+  const float inv_t = inv_temperatures ? inv_temperatures[blockIdx.x] : 0.0f;
   if (threadIdx.x == 0) bad_s = 0;
   __syncthreads();
 
@@ -113,7 +113,7 @@ bool draw_fits(int64_t vocab) {
 void draw_rows(const float* logits, int64_t rows, int64_t vocab, const float* inv_temperatures,
                const double* uniforms, int32_t* tokens, int32_t* flags, cudaStream_t stream) {
   if (rows == 0) return;
-  const size_t smem = shared_bytes(vocab);
+  const size_t smem = inv_temperatures ? shared_bytes(vocab) : 0;  // argmaxes need none
   if (smem > 48 * 1024)
     cudaFuncSetAttribute(draw_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          static_cast<int>(smem));

@@ -9,7 +9,7 @@
 #include "backend/cuda/kernels.h"
 #include "core/error.h"
 
-// The elementwise kernels and argmax; attention is in attention.cu.
+// The elementwise kernels; attention is in attention.cu, sampling in draw.cu.
 namespace blend::cuda {
 namespace {
 
@@ -175,59 +175,7 @@ __global__ void swiglu_vec_kernel(const In* gate_up, int64_t rows, int64_t f, Ou
   }
 }
 
-__global__ void argmax_kernel(const float* logits, int64_t vocab, int32_t* tokens, int32_t* flags) {
-  __shared__ float best_s[32];
-  __shared__ int32_t id_s[32];
-  __shared__ int32_t bad_s;
-  const float* row = logits + blockIdx.x * vocab;
-  if (threadIdx.x == 0) bad_s = 0;
-  __syncthreads();
-  float best = -INFINITY;
-  int32_t id = INT32_MAX;
-  bool bad = false;
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-    const float v = row[i];
-    bad |= !(v <= 3.402823466e38f);  // NaN or +inf
-    if (v > best || (v == best && i < id)) {
-      best = v;
-      id = static_cast<int32_t>(i);
-    }
-  }
-  if (bad) bad_s = 1;
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-    const int32_t oi = __shfl_xor_sync(0xffffffffu, id, o);
-    if (ob > best || (ob == best && oi < id)) {
-      best = ob;
-      id = oi;
-    }
-  }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) {
-    best_s[warp] = best;
-    id_s[warp] = id;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w)
-      if (best_s[w] > best || (best_s[w] == best && id_s[w] < id)) {
-        best = best_s[w];
-        id = id_s[w];
-      }
-    // A row of -inf only (every token masked) has no maximum: flagged for the host too.
-    tokens[blockIdx.x] = id == INT32_MAX ? 0 : id;
-    flags[blockIdx.x] = bad_s || id == INT32_MAX || !(best > -INFINITY) ? 1 : 0;
-  }
-}
-
 }  // namespace
-
-void argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens, int32_t* flags,
-                 cudaStream_t stream) {
-  if (rows == 0) return;
-  argmax_kernel<<<static_cast<unsigned>(rows), 1024, 0, stream>>>(logits, vocab, tokens, flags);
-  check_launch("argmax_rows");
-}
 
 void set_kv_layout(KvView& kv, KvLayout layout, int64_t num_pages) {
   if (layout == KvLayout::kPageMajor) {

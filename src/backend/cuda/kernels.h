@@ -167,17 +167,12 @@ bool attention_supports(int32_t num_heads, int32_t num_kv_heads, int32_t head_di
 void swiglu(const void* gate_up, Elem in_elem, int64_t rows, int64_t f, void* out, Elem out_elem,
             cudaStream_t stream);
 
-// Greedy sampling where the logits are: tokens[r] = the lowest id holding row r's maximum (the
-// host sampler's tie rule); flags[r] = 1 when the row holds a NaN or +inf, which the host
-// sampler treats specially (the caller then samples that step on the host).
-void argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens, int32_t* flags,
-                 cudaStream_t stream);
-
 // Sampling where the logits are (draw.cu): row r with inv_temperatures[r] == 0 takes its argmax
-// as argmax_rows does; any other row takes the host sampler's plain temperature draw at
-// uniforms[r] (sampling_uniform of its seed and output index), bit for bit (sampling/
-// plain_draw.h). flags[r] = 1 where the host must decide (a NaN or +inf in the row). Only for a
-// vocabulary draw_fits.
+// (the lowest id holding the row's maximum, the host sampler's tie rule); any other row takes
+// the host sampler's plain temperature draw at uniforms[r] (sampling_uniform of its seed and
+// output index), bit for bit (sampling/plain_draw.h). flags[r] = 1 where the host must decide (a
+// NaN or +inf in the row). Null inv_temperatures and uniforms: every row's argmax (any
+// vocabulary); with temperatures, only for a vocabulary draw_fits.
 void draw_rows(const float* logits, int64_t rows, int64_t vocab, const float* inv_temperatures,
                const double* uniforms, int32_t* tokens, int32_t* flags, cudaStream_t stream);
 // Whether draw_rows' block sums for a row of `vocab` logits fit a block's shared memory on the
