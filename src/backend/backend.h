@@ -121,6 +121,10 @@ class Backend {
   // Whether launch() returns before the step is computed. The engine then plans step i+1 while
   // step i runs and sees step i's tokens (an EOS among them) one step late.
   virtual bool launch_overlaps() const { return worker_ != nullptr; }
+  // Whether a step's compute-bound and memory-bound parts run at the same time (NanoFlow's
+  // nano-batch pipeline), so that a step's time is nearer the longer part than their sum. The
+  // offline planner paces steps by it (plan::PacingOptions::sequential_steps).
+  virtual bool overlaps_compute_and_memory() const { return false; }
   // Blocks until the launched step's work is done, leaving its tokens for wait(). Page I/O from
   // the caller's thread (read_pages, write_pages, copy_page, the slot copies) must follow it
   // while a step is in flight: the step may still be writing those pages.

@@ -271,7 +271,7 @@ void run_simulate(const SimulateArgs& args) {
       eo.page_size = args.page_size;
       eo.scheduler.max_batch_tokens = args.max_batch_tokens;
       eo.scheduler.max_running = args.max_running;
-      auto backend = std::make_unique<SimBackend>(config, so, simulate_step_cost(cost, overlap));
+      auto backend = make_sim_backend(config, so, cost, overlap);
       SimBackend& sim = *backend;
       Engine engine(std::move(backend), eo);
       PlannedRunStats st = run_planned(engine, part, policy, planner_cost, kv_memory, {},

@@ -82,8 +82,7 @@ void run(const SimulateServeArgs& args) {
       so.copy_seconds_per_page = 2 * static_cast<double>(page_bytes) / hw.effective_bandwidth();
       so.step_noise = args.step_noise;
       so.noise_seed = args.workload.seed;
-      auto backend =
-          std::make_unique<SimBackend>(config, so, simulate_step_cost(cost, Overlap::kSequential));
+      auto backend = make_sim_backend(config, so, cost, Overlap::kSequential);
       SimBackend& sim = *backend;
       Engine engine(std::move(backend), eo);
       online::ServingWorkload run_w = w;

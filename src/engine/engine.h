@@ -150,6 +150,9 @@ class Engine {
   // The backend, for tools that drive it directly while the engine holds no request (`blend zoo
   // analyze` runs its own forward passes over the KV pages, which no request then owns).
   Backend& backend() { return *backend_; }
+  // Whether the backend overlaps a step's compute and memory parts (Backend::
+  // overlaps_compute_and_memory).
+  bool overlaps_compute_and_memory() const { return backend_->overlaps_compute_and_memory(); }
   // The dtype the backend computes in (Backend::compute_dtype).
   DType compute_dtype() const { return backend_->compute_dtype(); }
   // Longest prompt + output one sequence may reach (context window and KV capacity).

@@ -30,6 +30,12 @@ SimStepCost simulate_step_cost(const CostModel& cost, Overlap overlap) {
   };
 }
 
+std::unique_ptr<SimBackend> make_sim_backend(const ModelConfig& config, SimBackendOptions options,
+                                             const CostModel& cost, Overlap overlap) {
+  options.overlapped = overlap == Overlap::kOverlapped;
+  return std::make_unique<SimBackend>(config, options, simulate_step_cost(cost, overlap));
+}
+
 namespace {
 
 // Offline requests are best-effort work.
@@ -75,11 +81,14 @@ PlannedRunStats run_planned(Engine& engine, const std::vector<OfflineRequest>& r
       throw Error("duplicate request id " + q.id +
                   (q.index ? " (sample " + std::to_string(q.index) + ")" : ""));
   }
-  // The §5.1 sampling pass, the plan and its admission stream (plan/admission_source.h).
+  // The §5.1 sampling pass, the plan and its admission stream (plan/admission_source.h), paced
+  // for how the engine runs a step.
+  plan::PlannerKnobs knobs = planner;
+  knobs.pacing.sequential_steps = !engine.overlaps_compute_and_memory();
   plan::AdmissionSource source(std::move(source_requests), cost,
                                {.policy = policy,
                                 .kv_memory_bytes = kv_memory_bytes,
-                                .planner = planner,
+                                .planner = knobs,
                                 .max_step_tokens = engine_step_tokens,
                                 .sample_fraction = sampling.fraction,
                                 .sample_seed = sampling.seed});
@@ -177,8 +186,7 @@ std::vector<double> simulate_parts(const std::vector<OfflineRequest>& requests,
     eo.page_size = engine.page_size;
     eo.prefix_cache = engine.prefix_cache;
     eo.scheduler = engine.scheduler;
-    auto backend =
-        std::make_unique<SimBackend>(config, so, simulate_step_cost(cost, Overlap::kSequential));
+    auto backend = make_sim_backend(config, so, cost, Overlap::kSequential);
     SimBackend& sim = *backend;
     Engine replica(std::move(backend), eo);
     seconds.push_back(

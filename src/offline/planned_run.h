@@ -89,4 +89,9 @@ std::vector<double> simulate_parts(const std::vector<OfflineRequest>& requests,
 // step's shape, summed (sequential engines) or overlapped (NanoFlow).
 SimStepCost simulate_step_cost(const CostModel& cost, Overlap overlap);
 
+// A simulator backend whose steps cost simulate_step_cost(cost, overlap) and that reports the same
+// overlap to the planner (SimBackendOptions::overlapped): the two set apart could disagree.
+std::unique_ptr<SimBackend> make_sim_backend(const ModelConfig& config, SimBackendOptions options,
+                                             const CostModel& cost, Overlap overlap);
+
 }  // namespace blend

@@ -168,7 +168,30 @@ void DualScanner::on_step(int64_t step) {
 
 std::optional<int32_t> DualScanner::step_token_budget() const {
   if (!pacing_options_.enabled || paced_step_ < 0) return std::nullopt;
-  return pacing_.step_tokens;
+  if (!pacing_options_.sequential_steps) return pacing_.step_tokens;
+  // The requests admitted since the step was paced count too.
+  const double max_tokens = pacing_options_.max_step_tokens;
+  return static_cast<int32_t>(
+      std::max<double>(pacing_.step_tokens, std::min(admitted_work_floor(), max_tokens)));
+}
+
+double DualScanner::admitted_work_floor() const {
+  const double g = std::max(1, pacing_options_.granularity);
+  // Never below one token for every running request: a budget under the running decodes starves
+  // some of them each step, which frees no memory sooner and stretches the run (a uniform
+  // 400 x (40 + 400) job took 1,108 steps instead of ~410 before this floor, 1.51x dfs's time).
+  if (!pacing_options_.sequential_steps)
+    return std::ceil(static_cast<double>(running_[0].size() + running_[1].size()) / g) * g;
+  // An engine that runs a step's parts one after another prices a prompt token the same in any
+  // step, so a prompt admitted is computed at once: a decode token for every request that has
+  // begun to decode, and the unique prompt tokens of every request admitted but not begun.
+  // Paced below that, the admitted prompts queued in the engine, holding their reservations,
+  // while the budget, paced on the dense work left, shrank with every step they waited: on a
+  // 1,000-request Trace#1 mix on an H100 a request waited a median 62 steps and up to 469 for its
+  // first token, and the run took 1,232 steps where dfs took 677 (docs/BENCHMARKS.md). An
+  // overlapped engine keeps them queued: there the budget holds a step's compute under its
+  // decodes' memory time, which hides it.
+  return std::ceil((static_cast<double>(decoding_) + pending_prompt_tokens_) / g) * g;
 }
 
 void DualScanner::repace() {
@@ -200,11 +223,7 @@ void DualScanner::repace() {
   double b = occupancy > 0 ? std::floor(capacity_ / kv * dense / occupancy / g) * g : max_tokens;
   if (longest >= 1) b = std::min(b, std::ceil(dense / longest / g) * g);
   if (!pacing_options_.step_budget) b = max_tokens;
-  // Never below one token for every running request: a budget under the running decodes starves
-  // some of them each step, which frees no memory sooner and stretches the run (a uniform
-  // 400 x (40 + 400) job took 1,108 steps instead of ~410 before this floor, 1.51x dfs's time).
-  const auto running = static_cast<double>(running_[0].size() + running_[1].size());
-  b = std::max(b, std::ceil(running / g) * g);
+  b = std::max(b, admitted_work_floor());
   b = std::clamp(b, std::min(g, max_tokens), max_tokens);
   pacing_.step_tokens = static_cast<int32_t>(b);
   pacing_.remaining_dense = dense;
@@ -246,8 +265,8 @@ std::optional<double> DualScanner::end_too_close(double end, double spacing) con
 }
 
 double DualScanner::left_reservation(size_t i) const {
-  const double unique_prompt = dense_tokens_[i] - estimated_output_[i];
-  return (unique_prompt + estimated_output_[i] / 2) * cost_.kv_bytes_per_token_per_device();
+  return (unique_prompt_tokens(i) + estimated_output_[i] / 2) *
+         cost_.kv_bytes_per_token_per_device();
 }
 
 double DualScanner::right_footprint_after(double steps) const {
@@ -390,9 +409,10 @@ std::optional<int32_t> DualScanner::next_paced() {
     running_[side].push_back(r);
     add_waiting(i, -1);
     waiting_outputs_.erase(waiting_outputs_.find(estimated_output_[i]));
+    pending_prompt_tokens_ += unique_prompt_tokens(i);
     if (side == 0) {
       used_[0] += left_reservation(i);
-      left_prompt_credit_ -= dense_tokens_[i] - estimated_output_[i];
+      left_prompt_credit_ -= unique_prompt_tokens(i);
     } else {
       used_[1] += reservation_[i];
       ++right_version_;
@@ -461,6 +481,10 @@ void DualScanner::on_finished(int32_t request) {
   const auto i = static_cast<size_t>(request);
   const int s = side_of_[i] == Side::kLeft ? 0 : 1;
   if (pacing_options_.enabled) {
+    if (generated_[i] > 0)
+      --decoding_;
+    else
+      pending_prompt_tokens_ = std::max(0.0, pending_prompt_tokens_ - unique_prompt_tokens(i));
     if (s == 0)
       used_[0] = std::max(0.0, used_[0] - left_reservation(i));
     else
@@ -487,6 +511,10 @@ void DualScanner::on_finished(int32_t request) {
 void DualScanner::on_progress(int32_t request, double generated_tokens) {
   const size_t r = static_cast<size_t>(request);
   if (pacing_options_.enabled) {  // pacing projects footprints from each request's real age
+    if (generated_[r] == 0 && generated_tokens > 0 && running_slot_[r] >= 0) {
+      pending_prompt_tokens_ = std::max(0.0, pending_prompt_tokens_ - unique_prompt_tokens(r));
+      ++decoding_;
+    }
     generated_[r] = generated_tokens;
     return;
   }

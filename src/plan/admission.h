@@ -87,7 +87,10 @@ MemoryPartition partition_memory(double memory_bytes, double rho_root, double rh
 //  - Step budget. b = M D / (token-steps) spreads the remaining dense tokens D over those
 //    steps, rounded down to a multiple of 128 (A.2). It is at most the engine's budget, and at
 //    most D / (longest remaining output) rounded up to a multiple of 128: that request needs
-//    one step per token anyway, and the dense tokens should not outlast it.
+//    one step per token anyway, and the dense tokens should not outlast it. It is at least a
+//    token for every running request; on an engine that runs a step's parts one after another
+//    (PacingOptions::sequential_steps, blend's real engines) also every admitted prompt's unique
+//    tokens, which a step there prices the same whenever it runs them.
 //  - Memory-intensive side (rho(r) below the root density). M_R = (its token-steps) b / D is
 //    the average footprint that ends it with the rest. A request of output d and average
 //    footprint f = p + d/2 gets the end spacing d f / M_R: if M_R held N = M_R / f requests
@@ -130,6 +133,10 @@ struct PacingOptions {
   bool step_budget = true;  // off: b is the engine's budget, whatever KV capacity allows
   bool end_spacing = true;  // off: a memory-intensive request's end need not lie apart from others'
   bool left_floor = true;   // off: the memory-intensive side's peak may take the whole memory
+  // Whether the engine runs a step's compute and memory parts one after another (blend's real
+  // engines; `blend simulate POLICY@sequential`) rather than overlapped (NanoFlow): then a step's
+  // budget also covers every admitted prompt, which deferring would only delay (admission.cc).
+  bool sequential_steps = false;
 };
 
 struct Pacing {
@@ -193,6 +200,10 @@ class DualScanner : public AdmissionStream {
   std::optional<double> end_too_close(double end, double spacing) const;
   // Average footprint of a compute-intensive request: unique prompt + d/2 tokens.
   double left_reservation(size_t request) const;
+  // Prompt tokens request i computes: those its group does not share, (1 - s_group) p.
+  double unique_prompt_tokens(size_t i) const { return dense_tokens_[i] - estimated_output_[i]; }
+  // The least step budget the handed-out requests need, in tokens (see admission.cc).
+  double admitted_work_floor() const;
   // Token-steps of KV a request still holds from age `age` on (p + k for k = age .. d).
   static double remaining_token_steps(double prompt, double output, double age);
 
@@ -244,6 +255,10 @@ class DualScanner : public AdmissionStream {
   mutable std::vector<double> profile_remaining_, profile_suffix_;
   int64_t step_ = 0, paced_step_ = -1;
   double left_prompt_credit_ = 0;
+  // Handed-out requests that have produced a token, and the unique prompt tokens of those that
+  // have not.
+  int64_t decoding_ = 0;
+  double pending_prompt_tokens_ = 0;
 };
 
 }  // namespace blend::plan

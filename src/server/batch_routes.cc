@@ -370,11 +370,13 @@ void Server::Impl::plan_job(BatchJob& job, const std::vector<BatchInputLine>& to
   job.generated.assign(requests.size(), 0);
   job.source = std::make_unique<plan::AdmissionSource>(
       std::move(requests), *batch_cost,
-      plan::SourceOptions{.policy = plan::parse_policy(options.batch_policy),
-                          .kv_memory_bytes = batch_kv_bytes,
-                          .max_step_tokens = batch_step_tokens,
-                          .sample_fraction = options.batch_sample_fraction,
-                          .sample_seed = 1});
+      plan::SourceOptions{
+          .policy = plan::parse_policy(options.batch_policy),
+          .kv_memory_bytes = batch_kv_bytes,
+          .planner = {.pacing = {.sequential_steps = !engine.overlaps_compute_and_memory()}},
+          .max_step_tokens = batch_step_tokens,
+          .sample_fraction = options.batch_sample_fraction,
+          .sample_seed = 1});
 }
 
 bool Server::Impl::admit_batch_lines(Engine& engine) {

@@ -20,8 +20,7 @@ online::ServingReport serve(SchedulerPolicy policy, double rate) {
   SimBackendOptions so;
   so.num_pages = static_cast<int64_t>(8e9) / page_bytes;
   so.kv_bytes_per_page = page_bytes;
-  auto backend =
-      std::make_unique<SimBackend>(config, so, simulate_step_cost(cost, Overlap::kSequential));
+  auto backend = make_sim_backend(config, so, cost, Overlap::kSequential);
   SimBackend& sim = *backend;
   EngineOptions eo;
   eo.scheduler.policy = policy;

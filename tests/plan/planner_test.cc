@@ -350,20 +350,29 @@ void add_unique(std::vector<PlanRequest>& rs, int n, int prompt, double output) 
   }
 }
 
+// 2,000 compute-intensive requests (1,000 + 100 tokens) and 4 memory-intensive ones (50 + 2,000),
+// planned for Llama-3-8B on an A100.
+struct TwoSidedWork {
+  CostModel cost = llama8b_a100();
+  std::vector<PlanRequest> rs = [] {
+    std::vector<PlanRequest> out;
+    add_unique(out, 2000, 1000, 100);  // compute-intensive
+    add_unique(out, 4, 50, 2000);      // memory-intensive (the longest: 2000 steps)
+    return out;
+  }();
+  PrefixTree tree{rs};
+  Plan plan = make_plan(tree, cost, PlanOptions{});
+  double kv = cost.kv_bytes_per_token_per_device();
+};
+
 TEST(CapacityPacing, StepBudgetSpreadsTheDenseTokensOverTheStepsKvAllows) {
-  const CostModel cost = llama8b_a100();
-  std::vector<PlanRequest> rs;
-  add_unique(rs, 2000, 1000, 100);  // compute-intensive
-  add_unique(rs, 4, 50, 2000);      // memory-intensive (the longest: 2000 steps)
-  PrefixTree tree(rs);
-  const Plan plan = make_plan(tree, cost, PlanOptions{});
-  const double kv = cost.kv_bytes_per_token_per_device();
+  const TwoSidedWork w;
   const double dense = 2000 * 1100.0 + 4 * 2050.0;
   const double steps_right = 4 * (50.0 * 2000 + 2000.0 * 2000 / 2);
   const double steps_all = 2000 * (1000.0 * 100 + 100.0 * 100 / 2) + steps_right;
   std::vector<int32_t> budgets;
   for (const double capacity_tokens : {100'000.0, 1'000'000.0}) {
-    DualScanner scanner(plan, rs, cost, capacity_tokens * kv, 128, PacingOptions{});
+    DualScanner scanner(w.plan, w.rs, w.cost, capacity_tokens * w.kv, 128, PacingOptions{});
     scanner.on_step(0);
     budgets.push_back(scanner.pacing().step_tokens);
     // b = M D / (token-steps) rounded down to a multiple of 128, at most D / (longest output)
@@ -374,7 +383,7 @@ TEST(CapacityPacing, StepBudgetSpreadsTheDenseTokensOverTheStepsKvAllows) {
     EXPECT_EQ(scanner.pacing().step_tokens, expected) << capacity_tokens;
     ASSERT_TRUE(scanner.step_token_budget());
     EXPECT_EQ(*scanner.step_token_budget(), scanner.pacing().step_tokens);
-    EXPECT_NEAR(scanner.pacing().memory_right, steps_right * kv * expected / dense,
+    EXPECT_NEAR(scanner.pacing().memory_right, steps_right * w.kv * expected / dense,
                 1e-9 * scanner.pacing().memory_right);
     EXPECT_TRUE(scanner.memory_intensive(2003));
     EXPECT_FALSE(scanner.memory_intensive(0));
@@ -383,34 +392,28 @@ TEST(CapacityPacing, StepBudgetSpreadsTheDenseTokensOverTheStepsKvAllows) {
   // (2,208,200 / 2000 = 1,104 -> 1,152), below the capacity's 10,111.
   EXPECT_EQ(budgets, (std::vector<int32_t>{896, 1152}));
   // Without pacing the engine keeps its own budget.
-  DualScanner unpaced(plan, rs, cost, 1e6 * kv, 128, PacingOptions{.enabled = false});
+  DualScanner unpaced(w.plan, w.rs, w.cost, 1e6 * w.kv, 128, PacingOptions{.enabled = false});
   unpaced.on_step(0);
   EXPECT_FALSE(unpaced.step_token_budget());
 }
 
 TEST(CapacityPacing, AnEstimatedLengthsSpreadLowersTheStepBudget) {
-  const CostModel cost = llama8b_a100();
-  std::vector<PlanRequest> rs;
-  add_unique(rs, 2000, 1000, 100);
-  add_unique(rs, 4, 50, 2000);
-  PrefixTree tree(rs);
-  const Plan plan = make_plan(tree, cost, PlanOptions{});
-  const double kv = cost.kv_bytes_per_token_per_device();
+  const TwoSidedWork w;
   auto paced = [&](const std::vector<PlanRequest>& requests) {
-    DualScanner scanner(plan, requests, cost, 100'000 * kv, 128, PacingOptions{});
+    DualScanner scanner(w.plan, requests, w.cost, 100'000 * w.kv, 128, PacingOptions{});
     scanner.on_step(0);
     return scanner.pacing();
   };
-  std::vector<PlanRequest> uncertain = rs;
+  std::vector<PlanRequest> uncertain = w.rs;
   for (size_t i = 0; i < 2000; ++i) uncertain[i].output_spread = 60;
-  const Pacing exact = paced(rs), spread = paced(uncertain);
+  const Pacing exact = paced(w.rs), spread = paced(uncertain);
   // The token-steps count d + sigma/2 = 130 for the 2,000 uncertain requests:
   // 2000 (1000 x 130 + 130^2 / 2) + 4 (50 x 2000 + 2000^2 / 2) = 285.3M, so b = 100K x 2,208,200 /
   // 285.3M = 774 -> 768 (896 with the exact lengths' 218.4M). The dense tokens stay the means'.
   EXPECT_EQ(exact.step_tokens, 896);
   EXPECT_EQ(spread.step_tokens, 768);
   EXPECT_DOUBLE_EQ(spread.remaining_dense, exact.remaining_dense);
-  EXPECT_NEAR(spread.remaining_occupancy / kv, 285.3e6, 1e3);
+  EXPECT_NEAR(spread.remaining_occupancy / w.kv, 285.3e6, 1e3);
 }
 
 TEST(CapacityPacing, AnAdmittedPromptStaysDenseWorkUntilItsFirstToken) {
@@ -440,6 +443,44 @@ TEST(CapacityPacing, AnAdmittedPromptStaysDenseWorkUntilItsFirstToken) {
   scanner.on_progress(admitted[0], 1);
   scanner.on_step(2);
   EXPECT_DOUBLE_EQ(scanner.pacing().remaining_dense, before - prompt - 1);
+}
+
+TEST(CapacityPacing, ASequentialEngineComputesEveryAdmittedPromptAtOnce) {
+  // Steps run one after another price a prompt token the same in any step: the budget covers
+  // every prompt the stream has admitted and a token for every request decoding, while an
+  // overlapped engine keeps the paced budget and the prompts wait (PacingOptions).
+  const TwoSidedWork w;
+  const PacingOptions wide{.max_step_tokens = 1 << 20};
+  PacingOptions sequential = wide;
+  sequential.sequential_steps = true;
+  DualScanner overlapped_scanner(w.plan, w.rs, w.cost, 1e6 * w.kv, 128, wide);
+  DualScanner scanner(w.plan, w.rs, w.cost, 1e6 * w.kv, 128, sequential);
+  for (DualScanner* s : {&overlapped_scanner, &scanner}) s->on_step(0);
+  // Nothing admitted yet: both pace on the work left (1,152 tokens: the longest request binds).
+  EXPECT_EQ(scanner.pacing().step_tokens, 1152);
+  EXPECT_EQ(overlapped_scanner.pacing().step_tokens, 1152);
+  std::vector<int32_t> admitted;
+  while (const std::optional<int32_t> r = scanner.next()) admitted.push_back(*r);
+  while (overlapped_scanner.next()) {
+  }
+  double prompts = 0;
+  for (int32_t r : admitted)
+    prompts += static_cast<double>(w.rs[static_cast<size_t>(r)].prompt.size());
+  ASSERT_GT(prompts, 1152);  // more than one paced step's worth went out
+  ASSERT_TRUE(scanner.step_token_budget() && overlapped_scanner.step_token_budget());
+  EXPECT_EQ(*scanner.step_token_budget(), std::ceil(prompts / 128) * 128);
+  EXPECT_EQ(*overlapped_scanner.step_token_budget(), 1152);
+  // Once every admitted request has its first token, each needs one token a step; a request that
+  // ends before its first token takes its prompt out of the floor as well.
+  for (size_t k = 1; k < admitted.size(); ++k) scanner.on_progress(admitted[k], 1);
+  scanner.on_finished(admitted[0]);
+  scanner.on_step(1);
+  const double decoding = static_cast<double>(admitted.size() - 1);
+  const double budget = *scanner.step_token_budget();
+  EXPECT_GE(budget, std::ceil(decoding / 128) * 128);
+  EXPECT_LT(budget, std::ceil(prompts / 128) * 128);
+  EXPECT_EQ(budget,
+            std::max<double>(scanner.pacing().step_tokens, std::ceil(decoding / 128) * 128));
 }
 
 struct PacedRun {

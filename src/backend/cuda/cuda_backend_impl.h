@@ -29,6 +29,7 @@ class CudaBackendImpl final : public CudaBackend {
 
   const ModelConfig& config() const override { return config_; }
   std::string name() const override { return "cuda"; }
+  bool overlaps_compute_and_memory() const override { return nano_mode_ != cuda::NanoMode::kOff; }
   DType compute_dtype() const override { return elem_ == Elem::kBF16 ? DType::kBF16 : DType::kF32; }
   int64_t kv_bytes_per_page() const override {
     return kv_.page_elems() * static_cast<int64_t>(elem_size(elem_));

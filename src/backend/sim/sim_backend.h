@@ -39,6 +39,9 @@ struct SimBackendOptions {
   int64_t num_pages = 0;
   int64_t kv_bytes_per_page = 0;  // the simulated model's, for the engine's KV statistics
   bool record_steps = false;      // keep every step's time (for per-step plots)
+  // Whether the step costs price a step's parts overlapped (Backend::overlaps_compute_and_memory;
+  // offline/planned_run.h's make_sim_backend sets it with the costs).
+  bool overlapped = false;
   // What moving KV costs (0: free). A page read or written between host and device (a slot
   // range of one page counts as the page, the unit `blend profile` fits the swap line in), and a
   // page copied within device memory.
@@ -73,6 +76,7 @@ class SimBackend : public Backend {
 
   const ModelConfig& config() const override { return config_; }
   std::string name() const override { return "sim"; }
+  bool overlaps_compute_and_memory() const override { return options_.overlapped; }
   // Nothing is computed: the simulated model's dtype, the one its step costs price.
   DType compute_dtype() const override { return config_.dtype; }
   int64_t kv_bytes_per_page() const override { return options_.kv_bytes_per_page; }
