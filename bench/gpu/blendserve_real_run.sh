@@ -16,8 +16,9 @@
 # few files).
 # Everything at --max-batch-tokens 4096 --max-running 512 --kv-memory 59.6. Run from the
 # repository root with .gpu/ carried (bench/gpu/bundle.sh); about 330 s on an H100 by default.
-# Without a GPU: BACKEND=cpu MODEL=DIR (a folder `blend model init` wrote) REQUESTS=... runs the
-# same steps on the cpu backend (CUDA_TESTS=0, SKIP_CROSS=1 to leave out step 3's batch runs).
+# Without a GPU: BLEND=build/blend BACKEND=cpu MODEL=DIR (a folder `blend model init` wrote)
+# KV_MEMORY=2 REQUESTS=... runs the same steps on the cpu backend (CUDA_TESTS=0, SKIP_CROSS=1 to
+# leave out step 3's batch runs).
 set -u
 here=bench/gpu
 # shellcheck source=bench/gpu/run_lib.sh

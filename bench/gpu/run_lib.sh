@@ -1,8 +1,8 @@
 # What the device runs share (decode_run.sh, nanobatch_run.sh, step_noise_run.sh); sourced, with
 # `here` set to bench/gpu. run_start NAME logs everything to $OUT/NAME.log (OUT default
 # ./device-out), starts the clock for step/elapsed/left (TOTAL seconds, default 480), unpacks
-# .gpu/blend-bundle.tar.xz into /tmp/blend (BLEND is its wrapper) and records the GPU and the
-# build. run_cuda_tests runs blend_cuda_tests (CUDA_TESTS=0 skips; CUDA_TESTS_TIMEOUT, default 90
+# .gpu/blend-bundle.tar.xz into /tmp/blend (BLEND is its wrapper; a BLEND already set is used
+# instead, for dry runs without a bundle) and records the GPU and the build. run_cuda_tests runs blend_cuda_tests (CUDA_TESTS=0 skips; CUDA_TESTS_TIMEOUT, default 90
 # s; CUDA_TESTS_FILTER). make_8b_folder makes throughput.py's llama-3-8b folder (reused when
 # present) and sets `model`.
 run_start() {
@@ -11,9 +11,13 @@ run_start() {
   exec > >(tee -a "$OUT/$1.log") 2>&1
   TOTAL="${TOTAL:-480}"
   start=$(date +%s)
-  step "unpack"
-  bash "$here/unpack.sh" .gpu/blend-bundle.tar.xz /tmp/blend || echo "$1: unpack FAILED"
-  BLEND=/tmp/blend/bin/blend
+  if [ -n "${BLEND:-}" ]; then  # a dry run here with a binary of this tree
+    step "BLEND=$BLEND (no bundle unpacked)"
+  else
+    step "unpack"
+    bash "$here/unpack.sh" .gpu/blend-bundle.tar.xz /tmp/blend || echo "$1: unpack FAILED"
+    BLEND=/tmp/blend/bin/blend
+  fi
   nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv |
     tee "$OUT/gpu.txt"
   cp /tmp/blend/BUILD_INFO "$OUT/BUILD_INFO" 2>/dev/null
