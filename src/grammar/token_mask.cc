@@ -147,6 +147,15 @@ void TokenVocab::index() {
     while (k < a.size() && k < b.size() && a[k] == b[k]) ++k;
     lcp_[i] = static_cast<int32_t>(k);
   }
+  next_shorter_.assign(sorted_.size(), static_cast<uint32_t>(sorted_.size()));
+  std::vector<uint32_t> open;  // positions whose next shorter prefix is not found yet
+  for (size_t j = 0; j < sorted_.size(); ++j) {
+    while (!open.empty() && lcp_[j] < lcp_[open.back()]) {
+      next_shorter_[open.back()] = static_cast<uint32_t>(j);
+      open.pop_back();
+    }
+    open.push_back(static_cast<uint32_t>(j));
+  }
   for (size_t d = 0; d < 2; ++d) {
     std::vector<uint32_t>& end = run_end_[d];
     end.assign(sorted_.size(), 0);
@@ -160,8 +169,11 @@ void TokenVocab::index() {
 size_t TokenVocab::run_end(size_t i, size_t len) const {
   if (len == 0) return sorted_.size();
   if (len <= 2) return run_end_[len - 1][i];
+  // Every position before next_shorter_[j] shares at least lcp_[j] >= len bytes: still in the
+  // run. A run of thousands (" the..." tokens under a dead " the") takes a few jumps, where a
+  // scan took a step per token.
   size_t j = i + 1;
-  while (j < sorted_.size() && static_cast<size_t>(lcp_[j]) >= len) ++j;
+  while (j < sorted_.size() && static_cast<size_t>(lcp_[j]) >= len) j = next_shorter_[j];
   return j;
 }
 

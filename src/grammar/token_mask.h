@@ -105,7 +105,7 @@ class TokenVocab {
   const std::vector<int32_t>& common_prefix() const { return lcp_; }
   // The end of the run of sorted tokens from position i on that share its first `len` bytes
   // (i's bytes must be that long). Runs of one and two bytes are indexed (a rejected first
-  // byte skips its whole group at once), longer ones scanned.
+  // byte skips its whole group at once), longer ones found by jumps over next_shorter_.
   size_t run_end(size_t i, size_t len) const;
 
   // Token tables shared by every grammar over this vocabulary, keyed by node shapes
@@ -123,6 +123,9 @@ class TokenVocab {
   std::vector<TokenId> eos_, sorted_;
   std::vector<int32_t> lcp_;
   std::vector<uint32_t> run_end_[2];  // for lengths 1 and 2
+  // Position j's next position with a shorter common prefix (lcp_[k] < lcp_[j]; the end if
+  // none): the tokens between share at least lcp_[j] bytes with their neighbours.
+  std::vector<uint32_t> next_shorter_;
 };
 
 // A grammar bound to a vocabulary: the TokenConstraint a request carries.

@@ -151,6 +151,29 @@ void expect_masks_match_brute_force(const std::shared_ptr<Grammar>& g, uint64_t 
   }
 }
 
+// A run of sorted tokens sharing a prefix ends where a scan of the common prefix lengths says,
+// for every position and every prefix length (run_end jumps over runs rather than scanning).
+TEST(TokenMaskTest, PrefixRunsEndWhereAScanEndsThem) {
+  std::mt19937 rng(7);
+  std::vector<std::string> bytes{""};  // token 0: the end of sequence
+  for (int t = 1; t < 3000; ++t) {
+    std::string b;
+    const int len = 1 + static_cast<int>(rng() % 7);
+    for (int k = 0; k < len; ++k) b.push_back("ab c"[rng() % 4]);  // few letters: long runs
+    bytes.push_back(b);
+  }
+  const TokenVocab vocab(bytes, {0});
+  const std::vector<TokenId>& sorted = vocab.sorted();
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    const std::string& b = vocab.bytes(sorted[i]);
+    for (size_t len = 1; len <= b.size(); ++len) {
+      size_t end = i + 1;
+      while (end < sorted.size() && vocab.bytes(sorted[end]).compare(0, len, b, 0, len) == 0) ++end;
+      ASSERT_EQ(vocab.run_end(i, len), end) << "position " << i << ", " << len << " bytes";
+    }
+  }
+}
+
 TEST(TokenMaskTest, MasksEqualBruteForceOnASmallVocabulary) {
   expect_masks_match_brute_force(json_object_grammar(), 1);
   expect_masks_match_brute_force(json_schema_grammar(kPerson), 2);
