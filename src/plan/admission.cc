@@ -190,7 +190,9 @@ double DualScanner::admitted_work_floor() const {
   // 1,000-request Trace#1 mix on an H100 a request waited a median 62 steps and up to 469 for its
   // first token, and the run took 1,232 steps where dfs took 677 (docs/BENCHMARKS.md). An
   // overlapped engine keeps them queued: there the budget holds a step's compute under its
-  // decodes' memory time, which hides it.
+  // decodes' memory time, which hides it. The paced b itself rises, and with it the credit the
+  // compute-intensive side admits by, so that side admits as fast as the engine computes
+  // (raising only the engine's budget left that mix at 783-842 steps).
   return std::ceil((static_cast<double>(decoding_) + pending_prompt_tokens_) / g) * g;
 }
 
