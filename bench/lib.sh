@@ -80,12 +80,14 @@ run_batch() {
 # RANK on TARGETS; KIND=mix: odd tenants LoRA, even ones full), after removing any other
 # subfolder of ZOO. Sets the arrays models (base t1 ...), full_models and ps_models (base and
 # the LoRA tenants). Usage: make_tenants ZOO (with BLEND PRESET DTYPE KIND TENANTS LAYERS RANK
-# TARGETS set).
+# TARGETS set; optional INIT_ARGS, more `model init` flags, and SCALE, the full fine-tunes'
+# `derive --scale`, default 1).
 make_tenants() {
   local zoo=$1 t how layers
   mkdir -p "$zoo"
   if [[ ! -f "$zoo/base/config.json" ]]; then
-    "$BLEND" model init --preset "$PRESET" --dtype "$DTYPE" --out "$zoo/base" >/dev/null ||
+    # shellcheck disable=SC2086  # INIT_ARGS: extra flags, split on spaces
+    "$BLEND" model init --preset "$PRESET" --dtype "$DTYPE" ${INIT_ARGS:-} --out "$zoo/base" >/dev/null ||
       die "blend model init --preset $PRESET --dtype $DTYPE failed"
   fi
   read -r -a layers <<<"$LAYERS"
@@ -95,7 +97,7 @@ make_tenants() {
   full_models=() ps_models=(base)
   for ((t = 1; t <= TENANTS; t++)); do
     if [[ $KIND == full || ($KIND == mix && $((t % 2)) == 0) ]]; then
-      how=(--full --layers "${layers[@]}")
+      how=(--full --layers "${layers[@]}" --scale "${SCALE:-1}")
     else
       how=(--lora --rank "$RANK" --targets "$TARGETS")
     fi

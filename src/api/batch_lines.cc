@@ -41,6 +41,7 @@ void check_line(const BatchInputLine& line, const BatchLineContext& context,
   out.generation.request_class = context.request_class;
   out.generation.ttft_slo = out.api.ttft_slo;
   out.generation.tpot_slo = out.api.tpot_slo;
+  out.generation.adaptive_blocks = out.api.adaptive_blocks;
 }
 
 }  // namespace

@@ -284,6 +284,8 @@ ApiRequest parse_api_request(Endpoint endpoint, const json& body, const Tokenize
   for (auto [key, slot] : {std::pair{"ttft_slo", &r.ttft_slo}, std::pair{"tpot_slo", &r.tpot_slo}})
     if (body.contains(key) && !body[key].is_null())
       *slot = number_field<double>(body, key, 0.0, 1e-6, 3600.0);
+  if (body.contains("adaptive_blocks") && !body["adaptive_blocks"].is_null())
+    r.adaptive_blocks = bool_field(body, "adaptive_blocks", false);
   if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
     if (!it->is_object())
       throw ApiError(400, "'stream_options' must be an object", "stream_options");

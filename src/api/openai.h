@@ -45,6 +45,9 @@ struct ApiRequest {
   // Extension fields (seconds): latency targets of a real-time request (BROS §4.1); unset =
   // the server's defaults.
   std::optional<double> ttft_slo, tpot_slo;
+  // Extension field: whether the request may run through equivalent blocks of another model
+  // (BlockLLM §5.3 adaptive serving; Engine::add_adaptive_chain); unset = the server's default.
+  std::optional<bool> adaptive_blocks;
   // Tool calling (api/tools.h): set when the output is to be read for calls in this format,
   // keeping at most max_tool_calls of them (parallel_tool_calls false: 1).
   std::optional<ToolCallFormat> tool_format;

@@ -98,6 +98,8 @@ constexpr Field kFields[] = {
     {"add_generation_prompt", kChat, Kind::kImplemented, any_value, nullptr},  // vLLM
     {"ttft_slo", kBoth, Kind::kImplemented, any_value, nullptr},       // blend: BROS targets
     {"tpot_slo", kBoth, Kind::kImplemented, any_value, nullptr},
+    // blend: BlockLLM adaptive serving (Engine::add_adaptive_chain)
+    {"adaptive_blocks", kBoth, Kind::kImplemented, any_value, nullptr},
     {"return_tokens_as_token_ids", kBoth, Kind::kImplemented, any_value, nullptr},  // vLLM
     // The server runs "flex" as best-effort (BROS §4) and the others as real-time.
     {"service_tier", kBoth, Kind::kImplemented, service_tier, nullptr},

@@ -77,6 +77,12 @@ class StepWorker {
 Backend::Backend() = default;
 Backend::~Backend() = default;
 
+ModelId Backend::add_chain(const ChainSpec&) {
+  throw Error("the " + name() +
+              " backend runs each model as loaded; chains of other models' "
+              "blocks (BlockLLM) need the cpu backend");
+}
+
 void Backend::compute_steps_on_worker() {
   if (!worker_) worker_ = std::make_unique<StepWorker>();
 }

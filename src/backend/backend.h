@@ -82,6 +82,16 @@ struct WeightStats {
   int32_t unique_blocks = 0;   // distinct blocks in memory
 };
 
+// A chain assembled from the blocks of the models a backend holds (BlockLLM: a chain is data):
+// the embedding and head of `base`, and layer i's attention from model attention[i] and FFN
+// from model ffn[i]. The chain ends after its last block, where the head reads the residual
+// stream: with fewer blocks than the model has, that is a logit lens at that depth. ffn holds
+// as many entries as attention, or one fewer (the lens after an attention block).
+struct ChainSpec {
+  ModelId base = 0;
+  std::vector<ModelId> attention, ffn;
+};
+
 class Backend {
  public:
   Backend();
@@ -94,6 +104,11 @@ class Backend {
   // All share config()'s architecture, so one KV cache serves them all.
   virtual int32_t num_models() const { return 1; }
   virtual WeightStats weight_stats() const { return {}; }
+  // Adds `spec` as a model of its own and returns its id (num_models() before the call, for
+  // SeqChunk::model); it holds no weights of its own and no prefix cache knows it. Throws
+  // blend::Error for an unknown model id or a malformed spec, and on a backend that runs each
+  // model only as loaded (the default: every backend but cpu).
+  virtual ModelId add_chain(const ChainSpec& spec);
   // The dtype it computes in: GEMM inputs, packed weights and KV cache elements (the cpu backend:
   // cpu_compute_dtype of the checkpoint's; the simulator: the simulated model's dtype, which its
   // step costs assume). What `serve --dtype` is checked against.

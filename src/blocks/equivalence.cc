@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "backend/cpu/ops.h"
 #include "core/error.h"
@@ -39,26 +40,28 @@ int64_t similarity_pages(const std::vector<std::vector<TokenId>>& prompts, int64
   return pages;
 }
 
-double block_similarity(CpuBackend& backend, int64_t page_size, ModelId a, ModelId b, int64_t layer,
-                        LayerBlock block, const std::vector<std::vector<TokenId>>& prompts) {
-  if (prompts.empty()) throw Error("block similarity: no calibration prompt");
+namespace {
+
+void check_prompts(const CpuBackend& backend, int64_t page_size,
+                   const std::vector<std::vector<TokenId>>& prompts, const char* what) {
+  if (prompts.empty()) throw Error(std::string(what) + ": no calibration prompt");
   for (const auto& p : prompts)
-    if (p.empty()) throw Error("block similarity: an empty calibration prompt");
+    if (p.empty()) throw Error(std::string(what) + ": an empty calibration prompt");
   if (similarity_pages(prompts, page_size) > backend.num_pages())
-    throw Error("block similarity: the calibration prompts need " +
+    throw Error(std::string(what) + ": the calibration prompts need " +
                 std::to_string(similarity_pages(prompts, page_size)) +
                 " KV pages, the backend has " + std::to_string(backend.num_pages()));
-  // Both chains are a's up to the block; one of them runs b's block there. The head is a's.
-  ChainSpec reference{.base = a,
-                      .attention = std::vector<ModelId>(static_cast<size_t>(layer + 1), a),
-                      .ffn = std::vector<ModelId>(
-                          static_cast<size_t>(block == LayerBlock::kFfn ? layer + 1 : layer), a)};
-  ChainSpec swapped = reference;
-  (block == LayerBlock::kAttention ? swapped.attention : swapped.ffn).back() = b;
-  const ModelId chains[2] = {backend.add_chain(reference), backend.add_chain(swapped)};
+}
 
-  // Two sequences per prompt (one per chain), fed one token a step so every position's logits
-  // come out.
+// Runs models x and y over every prompt, one token a step so every position's logits come out,
+// and calls measure(x's logits, y's logits, scratch of vocab floats) for each position, in
+// parallel over a step's positions; returns the measures in a fixed order (prompt by prompt
+// within a position, positions in order), so any reduction of them is deterministic.
+template <typename Measure>
+std::vector<Measure> paired_positions(
+    CpuBackend& backend, int64_t page_size, ModelId x, ModelId y,
+    const std::vector<std::vector<TokenId>>& prompts,
+    const std::function<Measure(const float*, const float*, float*)>& measure) {
   struct Seq {
     const std::vector<TokenId>* tokens;
     ModelId model;
@@ -69,7 +72,7 @@ double block_similarity(CpuBackend& backend, int64_t page_size, ModelId a, Model
   size_t longest = 0;
   for (const auto& p : prompts) {
     longest = std::max(longest, p.size());
-    for (ModelId chain : chains) {
+    for (ModelId chain : {x, y}) {
       Seq s{&p, chain, {}};
       for (size_t i = 0; i * static_cast<size_t>(page_size) < p.size(); ++i)
         s.pages.push_back(next++);
@@ -78,8 +81,7 @@ double block_similarity(CpuBackend& backend, int64_t page_size, ModelId a, Model
   }
   const int64_t vocab = backend.config().vocab_size;
   std::vector<float> logits, scratch;
-  double sum = 0;
-  int64_t positions = 0;
+  std::vector<Measure> out;
   for (size_t t = 0; t < longest; ++t) {
     ForwardBatch batch;
     for (size_t i = 0; i < seqs.size(); ++i) {
@@ -98,16 +100,82 @@ double block_similarity(CpuBackend& backend, int64_t page_size, ModelId a, Model
     }
     logits.resize(batch.chunks.size() * static_cast<size_t>(vocab));
     backend.forward(batch, logits);
-    // Rows come in pairs: the reference chain's, then the swapped one's, of one prompt.
+    // Rows come in pairs: x's, then y's, of one prompt.
     const auto pairs = static_cast<int64_t>(batch.chunks.size() / 2);
     scratch.resize(static_cast<size_t>(pairs * vocab));
-#pragma omp parallel for reduction(+ : sum) schedule(static)
+    const size_t first = out.size();
+    out.resize(first + static_cast<size_t>(pairs));
+#pragma omp parallel for schedule(static)
     for (int64_t p = 0; p < pairs; ++p)
-      sum += probability_cosine(logits.data() + 2 * p * vocab, logits.data() + (2 * p + 1) * vocab,
-                                vocab, scratch.data() + p * vocab);
-    positions += pairs;
+      out[first + static_cast<size_t>(p)] =
+          measure(logits.data() + 2 * p * vocab, logits.data() + (2 * p + 1) * vocab,
+                  scratch.data() + p * vocab);
   }
-  return sum / static_cast<double>(positions);
+  return out;
+}
+
+}  // namespace
+
+double block_similarity(CpuBackend& backend, int64_t page_size, ModelId a, ModelId b, int64_t layer,
+                        LayerBlock block, const std::vector<std::vector<TokenId>>& prompts) {
+  check_prompts(backend, page_size, prompts, "block similarity");
+  // Both chains are a's up to the block; one of them runs b's block there. The head is a's.
+  ChainSpec reference{.base = a,
+                      .attention = std::vector<ModelId>(static_cast<size_t>(layer + 1), a),
+                      .ffn = std::vector<ModelId>(
+                          static_cast<size_t>(block == LayerBlock::kFfn ? layer + 1 : layer), a)};
+  ChainSpec swapped = reference;
+  (block == LayerBlock::kAttention ? swapped.attention : swapped.ffn).back() = b;
+  const ModelId x = backend.add_chain(reference), y = backend.add_chain(swapped);
+  const int64_t vocab = backend.config().vocab_size;
+  const std::vector<double> cosines = paired_positions<double>(
+      backend, page_size, x, y, prompts, [vocab](const float* lx, const float* ly, float* scratch) {
+        return probability_cosine(lx, ly, vocab, scratch);
+      });
+  double sum = 0;
+  for (double c : cosines) sum += c;
+  return sum / static_cast<double>(cosines.size());
+}
+
+ChainDivergence chain_divergence(CpuBackend& backend, int64_t page_size, ModelId original,
+                                 ModelId other, const std::vector<std::vector<TokenId>>& prompts) {
+  check_prompts(backend, page_size, prompts, "chain divergence");
+  const int64_t vocab = backend.config().vocab_size;
+  struct Position {
+    bool same_top = false;
+    double kl = 0;
+  };
+  const std::vector<Position> positions =
+      paired_positions<Position>(backend, page_size, original, other, prompts,
+                                 [vocab](const float* lp, const float* lq, float*) {
+                                   // KL(P || Q) = sum_i P_i (log P_i - log Q_i), from both rows'
+                                   // log-softmax (sums in double); the top token of each is its
+                                   // first maximum, as greedy sampling picks it.
+                                   const int64_t ip = std::max_element(lp, lp + vocab) - lp,
+                                                 iq = std::max_element(lq, lq + vocab) - lq;
+                                   const double mp = lp[ip], mq = lq[iq];
+                                   double zp = 0, zq = 0;
+                                   for (int64_t i = 0; i < vocab; ++i) {
+                                     zp += std::exp(static_cast<double>(lp[i]) - mp);
+                                     zq += std::exp(static_cast<double>(lq[i]) - mq);
+                                   }
+                                   const double lsp = mp + std::log(zp), lsq = mq + std::log(zq);
+                                   double kl = 0;
+                                   for (int64_t i = 0; i < vocab; ++i) {
+                                     const double log_p = lp[i] - lsp;
+                                     kl += std::exp(log_p) * (log_p - (lq[i] - lsq));
+                                   }
+                                   return Position{ip == iq, std::max(0.0, kl)};
+                                 });
+  ChainDivergence d;
+  d.positions = static_cast<int64_t>(positions.size());
+  for (const Position& p : positions) {
+    d.agreement += p.same_top ? 1 : 0;
+    d.kl += p.kl;
+  }
+  d.agreement /= static_cast<double>(d.positions);
+  d.kl /= static_cast<double>(d.positions);
+  return d;
 }
 
 std::vector<BlockSimilarity> compare_blocks(CpuBackend& backend, int64_t page_size, ModelId a,

@@ -30,6 +30,18 @@ struct BlockSimilarity {
 double block_similarity(CpuBackend& backend, int64_t page_size, ModelId a, ModelId b, int64_t layer,
                         LayerBlock block, const std::vector<std::vector<TokenId>>& prompts);
 
+// How far model (or chain) `other`'s next-token distributions are from `original`'s, position by
+// position over `prompts` (teacher-forced: both read the prompt's tokens): the share of positions
+// whose most likely token is the same (what greedy decoding would agree on) and the mean
+// KL(original || other) in nats. What adaptive serving (blocks/adaptive.h) costs in accuracy.
+struct ChainDivergence {
+  double agreement = 0;  // in [0, 1]
+  double kl = 0;         // nats
+  int64_t positions = 0;
+};
+ChainDivergence chain_divergence(CpuBackend& backend, int64_t page_size, ModelId original,
+                                 ModelId other, const std::vector<std::vector<TokenId>>& prompts);
+
 // Every attention and FFN block of b against a's, layer by layer: identical blocks reported as
 // such without running them, the others measured with block_similarity.
 std::vector<BlockSimilarity> compare_blocks(CpuBackend& backend, int64_t page_size, ModelId a,

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "api/batch_file.h"
+#include "blocks/adaptive.h"
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
 #include "cli/progress.h"
@@ -39,15 +40,18 @@ struct BatchArgs {
   BatchJobOptions job;
   std::vector<std::string> pacing_without;  // blend's capacity pacing rules dropped
   int32_t dp_recuts = 0;                    // mpirun: re-cuts of the data-parallel partition
+  AdaptiveFlags adaptive;                   // BlockLLM adaptive serving (--zoo)
   bool quiet = false;
 };
 
 void run_batch(const BatchArgs& given) {
   BatchArgs args = given;
   plan::drop_pacing_rules(args.job.planner.pacing, args.pacing_without);
+  check_adaptive_flags(args.adaptive);
   // `mpirun -np N blend batch ...`: N data-parallel replicas (dist/data_parallel.h).
   if (dist::launched_by_mpirun()) {
-    if (!args.zoo.empty() || !args.lora_modules.empty() || args.model.empty())
+    if (!args.zoo.empty() || !args.lora_modules.empty() || args.model.empty() ||
+        !args.adaptive.blocks.empty())
       throw Error(
           "--zoo and --lora-modules run on one machine for now: data-parallel ranks take one "
           "--model");
@@ -68,6 +72,11 @@ void run_batch(const BatchArgs& given) {
   const auto t_load = std::chrono::steady_clock::now();
   const std::vector<BatchInputLine> lines = read_batch_input(args.input);
   Engine engine(model_folders(args.model, "", args.zoo, args.lora_modules), args.engine);
+  if (!args.adaptive.blocks.empty()) {
+    const auto chains =
+        enable_adaptive_serving(engine, args.adaptive.blocks, args.adaptive.threshold);
+    if (!args.quiet) std::fputs(describe_adaptive_chains(engine, chains).c_str(), stderr);
+  }
   BatchJobOptions job_options = args.job;
   BatchJob job(engine, job_options);
   BatchResultWriter writer(args.output);
@@ -163,6 +172,7 @@ void register_batch_command(CLI::App& app) {
                   "Write a PNG of throughput (tokens/s) and KV cache use over the run here; its "
                   "numbers go to the same name with .dat");
   add_engine_flags(cmd, args->engine);
+  add_adaptive_flags(cmd, args->adaptive, args->engine);
   cmd->add_option("--policy", args->job.policy,
                   "Request order: fcfs (input order, default), or a BlendServe plan: blend "
                   "(dual scanner), blend@alg3 (its admission as Alg. 3 publishes it), dfs "

@@ -41,6 +41,29 @@ CLI::Validator number_in(double lo, double hi, bool integer, const std::string& 
 
 }  // namespace
 
+void add_adaptive_flags(CLI::App* cmd, AdaptiveFlags& flags, EngineOptions& options) {
+  cmd->add_option("--adaptive-blocks", flags.blocks,
+                  "BlockLLM adaptive serving: a `blend zoo analyze --out` file; requests that "
+                  "allow it run through the equivalent blocks it lists (request field "
+                  "\"adaptive_blocks\": true)");
+  cmd->add_option("--adaptive-threshold", flags.threshold,
+                  "Similarity a block needs to stand in for another (default: the file's)")
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option_function<std::string>(
+         "--adaptive-serving",
+         [&flags, &options](const std::string& v) {
+           flags.by_default = options.adaptive_by_default = v == "all";
+         },
+         "Which requests allow adaptive serving: those that say so (request, the default) or "
+         "all that do not refuse it")
+      ->check(CLI::IsMember({"request", "all"}));
+}
+
+void check_adaptive_flags(const AdaptiveFlags& flags) {
+  if (flags.blocks.empty() && (flags.threshold != 0 || flags.by_default))
+    throw Error("--adaptive-threshold and --adaptive-serving need --adaptive-blocks FILE");
+}
+
 void add_engine_flags(CLI::App* cmd, EngineOptions& o) {
   // Nonsense values are refused here, naming the flag: `--max-batch-tokens 0` used to end in
   // "internal: the scheduler ... scheduled nothing" (issue 26).

@@ -17,6 +17,20 @@ namespace blend::cli {
 
 void add_engine_flags(CLI::App* cmd, EngineOptions& options);
 
+// BlockLLM's adaptive serving (blocks/adaptive.h; batch, serve): --adaptive-blocks FILE (what
+// `blend zoo analyze --out` wrote), --adaptive-threshold T (default: the file's), and
+// --adaptive-serving request|all (whether requests that do not say allow it; sets
+// options.adaptive_by_default).
+struct AdaptiveFlags {
+  std::string blocks;
+  double threshold = 0;
+  bool by_default = false;
+};
+void add_adaptive_flags(CLI::App* cmd, AdaptiveFlags& flags, EngineOptions& options);
+// Throws blend::Error when --adaptive-threshold or --adaptive-serving all come without
+// --adaptive-blocks (they would change nothing).
+void check_adaptive_flags(const AdaptiveFlags& flags);
+
 // --hybrid-initial-batch, --hybrid-batch-step, --hybrid-overdue-after (serve, bench serve,
 // simulate-serve).
 // The batch size's ceiling is --max-running (the scheduler applies it).

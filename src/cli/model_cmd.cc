@@ -29,6 +29,7 @@ struct InitArgs {
   double shard_mib = 0;
   bool allow_large = false;  // past the 6 GiB limit; the Llama-3-vocabulary shape-only presets
   int64_t layers = 0;        // 0: the preset's
+  bool untie = false;        // a separate lm_head where the preset ties it to the embedding
   int threads = 0;           // 0: all
 };
 
@@ -63,6 +64,7 @@ void run_init(const InitArgs& a) {
                 "; with --allow-large also:" + large);
   }
   if (a.layers > 0) config->num_layers = a.layers;
+  if (a.untie) config->tie_word_embeddings = false;
   RandomInitOptions options;
   options.seed = a.seed;
   options.dtype = parse_dtype_flag(a.dtype);
@@ -150,6 +152,8 @@ void run_derive(const DeriveArgs& a) {
   if (a.lora) {
     if (!a.options.layers.empty())
       throw Error("model derive --lora: --layers is for --full (the adapter covers every layer)");
+    if (a.options.scale != 1)
+      throw Error("model derive --lora: --scale is for --full (--alpha scales an adapter)");
     const LoraDeriveOptions o{.seed = a.options.seed,
                               .rank = a.rank,
                               .alpha = a.alpha,
@@ -163,7 +167,8 @@ void run_derive(const DeriveArgs& a) {
   derive_full_finetune(a.base, a.out, a.options);
   std::printf("wrote %s: %s with layers", a.out.c_str(), a.base.c_str());
   for (int64_t l : a.options.layers) std::printf(" %lld", static_cast<long long>(l));
-  std::printf(" changed (seed %llu)\n", static_cast<unsigned long long>(a.options.seed));
+  std::printf(" changed (seed %llu, scale %g)\n", static_cast<unsigned long long>(a.options.seed),
+              a.options.scale);
 }
 
 }  // namespace
@@ -192,6 +197,9 @@ void register_model_commands(CLI::App& app) {
   init->add_option("--layers", init_args->layers,
                    "Layers instead of the preset's (a 70B shape in less memory)")
       ->check(CLI::Range(int64_t{1}, ModelConfig::kMaxLayers));
+  init->add_flag("--untie-embeddings", init_args->untie,
+                 "Write a separate lm_head where the preset ties it to the embedding (random "
+                 "tied weights make every position's logits peak at its own token)");
   init->add_option("--threads", init_args->threads, "Threads computing the weights (default: all)")
       ->check(CLI::Range(0, 65536));
   init->callback([init_args] { run_init(*init_args); });
@@ -214,6 +222,9 @@ void register_model_commands(CLI::App& app) {
                      "Adapted modules, e.g. q_proj,v_proj (default) or all-linear (with --lora)");
   derive->add_option("--layers", derive_args->options.layers,
                      "Layers to change, e.g. --layers 0 3 (with --full)");
+  derive->add_option("--scale", derive_args->options.scale,
+                     "How much the layers change, relative to a fresh weight (with --full; "
+                     "default 1)");
   derive->callback([derive_args] { run_derive(*derive_args); });
 
   auto info_dir = std::make_shared<std::string>();

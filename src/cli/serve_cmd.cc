@@ -82,6 +82,8 @@ void register_serve_command(CLI::App& app) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   add_engine_flags(cmd, o->engine);
+  auto adaptive = std::make_shared<AdaptiveFlags>();
+  add_adaptive_flags(cmd, *adaptive, o->engine);
   o->engine.scheduler.policy = SchedulerPolicy::kHybrid;
   cmd->add_option("--policy", o->engine.scheduler.policy,
                   "Scheduling of real-time and best-effort requests: hybrid (BROS), fcfs, "
@@ -123,8 +125,11 @@ void register_serve_command(CLI::App& app) {
                   "--policy hybrid, as BROS; unidirectional for its baselines)")
       ->check(CLI::IsMember({"auto", "bidirectional", "unidirectional"}))
       ->capture_default_str();
-  cmd->callback([o, profile, layout, dtype] {
+  cmd->callback([o, profile, layout, dtype, adaptive] {
     o->dtype = *dtype;
+    check_adaptive_flags(*adaptive);
+    o->adaptive_blocks = adaptive->blocks;
+    o->adaptive_threshold = adaptive->threshold;
     if (!profile->empty()) {
       o->engine.scheduler.iteration_cost = read_iteration_model(*profile);
       o->batch_hardware = *profile;  // the planner's view of this machine too

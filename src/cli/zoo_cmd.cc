@@ -3,11 +3,13 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "blocks/adaptive.h"
 #include "blocks/equivalence.h"
 #include "cli/commands.h"
 #include "core/error.h"
@@ -91,6 +93,30 @@ void run_analyze(const AnalyzeArgs& a) {
     std::printf("  %-24s %3zu blocks: %3d identical, %3d equivalent, %3zu different; lowest %.4f\n",
                 engine.model_name(m).c_str(), blocks.size(), identical, equivalent,
                 blocks.size() - static_cast<size_t>(identical + equivalent), lowest);
+  }
+  // Adaptive serving (BlockLLM §5.3): each model's chain with every block at or above the
+  // threshold replaced by the reference's, against the model's own chain on the same prompts.
+  auto find = [&](const std::string& name) -> std::optional<ModelId> {
+    for (ModelId m = 0; m < engine.num_models(); ++m)
+      if (engine.model_name(m) == name) return m;
+    return std::nullopt;
+  };
+  const std::vector<AdaptiveChain> chains =
+      adaptive_chains(report, a.threshold, engine.config().num_layers, find);
+  if (!chains.empty())
+    std::printf("adaptive chains (equivalent blocks replaced by '%s'), against each model's own:\n",
+                engine.model_name(base).c_str());
+  for (const AdaptiveChain& c : chains) {
+    const ModelId chain = backend->add_chain(c.chain);
+    const ChainDivergence d = chain_divergence(*backend, page_size, c.model, chain, prompts);
+    for (auto& entry : report["models"])
+      if (entry["model"] == engine.model_name(c.model))
+        entry["adaptive"] = {{"replaced", c.replaced},
+                             {"top_token_agreement", d.agreement},
+                             {"kl_nats", d.kl},
+                             {"positions", d.positions}};
+    std::printf("  %-24s %3d blocks replaced: top-token agreement %.4f, KL %.5f nats\n",
+                engine.model_name(c.model).c_str(), c.replaced, d.agreement, d.kl);
   }
   if (!a.out.empty()) {
     std::ofstream out(a.out);

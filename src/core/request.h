@@ -27,6 +27,9 @@ struct GenerationRequest {
   // request gives the same n samples again.
   int32_t index = 0;
   ModelId model = 0;  // which of the engine's models runs it (Engine::find_model)
+  // Adaptive serving (BlockLLM §5.3; Engine::add_adaptive_chain): whether the request may run
+  // through equivalent blocks of another model; unset = the engine's default (off unless set).
+  std::optional<bool> adaptive_blocks;
 };
 
 struct GenerationResult {

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <tuple>
 
 #include "backend/registry.h"
 #include "core/error.h"
@@ -193,6 +194,31 @@ void Engine::init_kv_and_scheduler() {
   stats_.kv_capacity_bytes = num_pages * page_bytes;
 }
 
+ModelId Engine::add_adaptive_chain(ModelId model, const ChainSpec& chain, ModelId beside) {
+  auto check = [&](ModelId m, const char* what) {
+    if (m < 0 || m >= num_models())
+      throw Error(std::string("adaptive chain: ") + what + " " + std::to_string(m) +
+                  " is not a model of this engine");
+  };
+  check(model, "model");
+  check(beside, "model");
+  if (adaptive_chain(model))
+    throw Error("adaptive chain: model '" + model_name(model) + "' has one already");
+  if (next_id_ != 1) throw Error("adaptive chain: added after requests were submitted");
+  const auto expected = static_cast<ModelId>(num_models() + static_cast<int32_t>(chains_.size()));
+  const ModelId id = backend_->add_chain(chain);
+  if (id != expected)
+    throw Error("internal: the backend numbered an adaptive chain " + std::to_string(id) +
+                ", the engine expected " + std::to_string(expected));
+  adaptive_chain_.resize(static_cast<size_t>(num_models()), -1);
+  adaptive_chain_[static_cast<size_t>(model)] = id;
+  int32_t own = 0;
+  for (const auto* blocks : {&chain.attention, &chain.ffn})
+    for (ModelId m : *blocks) own += m != beside ? 1 : 0;
+  chains_.push_back({model, beside, own});
+  return id;
+}
+
 Engine::~Engine() {
   if (in_flight_) {
     try {
@@ -248,6 +274,11 @@ SeqId Engine::submit(GenerationRequest request, Callback on_done, TokenCallback 
   auto a = std::make_unique<Active>();
   a->seq.id = next_id_++;
   a->seq.model = request.model;
+  if (request.adaptive_blocks.value_or(options_.adaptive_by_default))
+    if (const std::optional<ModelId> chain = adaptive_chain(request.model)) {
+      a->seq.model = *chain;
+      ++stats_.adaptive_requests;
+    }
   a->seq.prompt_len = static_cast<int32_t>(prompt_len);
   a->seq.tokens = std::move(request.prompt);
   a->seq.params = p;
@@ -314,7 +345,7 @@ bool Engine::accept_token(Active& a, const SampledToken& sampled) {
   if (p.logprobs) a.logprobs.push_back(sampled);
   // Under a constraint EOS is only allowed once the value is complete, and it ends the
   // sequence even with ignore_eos (nothing else could follow).
-  const std::vector<int32_t>& eos = models_[seq.model].config.eos_token_ids;
+  const std::vector<int32_t>& eos = models_[text_model(seq.model)].config.eos_token_ids;
   const bool is_eos =
       (!p.ignore_eos || a.matcher) && std::find(eos.begin(), eos.end(), sampled.token) != eos.end();
   const bool is_stop_id = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(),
@@ -383,10 +414,18 @@ StepInput Engine::build_step(const StepPlan& plan) const {
   // contiguous run of rows per model using it (the backend merges neighbours sharing it).
   std::vector<const ScheduledChunk*> order;
   for (const ScheduledChunk& c : plan.chunks) order.push_back(&c);
+  // An adaptive chain's rows go right after the rows of the model it borrows blocks from, those
+  // borrowing most first: at each layer the rows running `beside`'s block are then one run as
+  // far as possible (all of them, where the chains borrow nested sets of blocks).
+  auto row_order = [this](ModelId id) {
+    if (id < num_models()) return std::tuple<ModelId, int32_t, ModelId>(id, -1, id);
+    const ChainModel& c = chains_[static_cast<size_t>(id - num_models())];
+    return std::tuple<ModelId, int32_t, ModelId>(c.beside, c.own_blocks, id);
+  };
   if (num_models() > 1)
     std::stable_sort(order.begin(), order.end(),
-                     [](const ScheduledChunk* a, const ScheduledChunk* b) {
-                       return a->seq->model < b->seq->model;
+                     [&](const ScheduledChunk* a, const ScheduledChunk* b) {
+                       return row_order(a->seq->model) < row_order(b->seq->model);
                      });
   int32_t offset = 0;
   for (const ScheduledChunk* scheduled : order) {

@@ -54,6 +54,9 @@ struct EngineOptions {
   uint64_t seed = 0;  // mixed into the seed of requests that bring none
   // Latency targets of real-time requests that bring none (BROS's defaults).
   double ttft_slo = 0.4, tpot_slo = 0.2;
+  // Adaptive serving (BlockLLM §5.3, add_adaptive_chain): whether a request that does not say
+  // (GenerationRequest::adaptive_blocks unset) allows it. Off by default: it may change outputs.
+  bool adaptive_by_default = false;
 };
 
 struct EngineStats {
@@ -94,6 +97,8 @@ struct EngineStats {
   // Sampled rows whose logits held no finite value (NaN weights, a broken checkpoint): the
   // sampler survives them, and this says it happened.
   int64_t invalid_logit_rows = 0;
+  // Requests run on an adaptive chain (add_adaptive_chain) instead of their model's own.
+  int64_t adaptive_requests = 0;
 };
 
 class Engine {
@@ -144,6 +149,19 @@ class Engine {
   bool models_share_tokenizer() const {
     return std::all_of(tokenizer_owner_.begin(), tokenizer_owner_.end(),
                        [](ModelId owner) { return owner == 0; });
+  }
+  // Adaptive serving (BlockLLM §5.3; blocks/adaptive.h chooses the chains): requests of `model`
+  // that allow it (GenerationRequest::adaptive_blocks, else EngineOptions::adaptive_by_default)
+  // run on `chain` (Backend::add_chain) for their whole life, with their own KV (the prefix cache
+  // keeps it apart from the model's). In a step their rows sit right after `beside`'s, the model
+  // whose blocks the chain borrows, so the backend runs each borrowed block once over both.
+  // Returns the chain's id. Throws blend::Error for an unknown model or `beside`, a model that
+  // has a chain already, a request already submitted, or a backend that cannot assemble chains.
+  ModelId add_adaptive_chain(ModelId model, const ChainSpec& chain, ModelId beside);
+  // The chain requests of `model` may run on, if it has one.
+  std::optional<ModelId> adaptive_chain(ModelId model) const {
+    const ModelId c = adaptive_chain_.empty() ? -1 : adaptive_chain_.at(model);
+    return c < 0 ? std::nullopt : std::optional<ModelId>(c);
   }
   // The backend's weights: bytes in memory, and what models sharing no block would take.
   WeightStats weight_stats() const { return backend_->weight_stats(); }
@@ -237,6 +255,18 @@ class Engine {
   std::vector<Model> models_;  // never empty; the backend holds &models_[0].config
   std::unique_ptr<Backend> backend_;
   std::vector<ModelId> tokenizer_owner_;  // per model (tokenizer_owner)
+  // Adaptive serving: per model, its chain's id or -1 (empty: none); per chain (ids from
+  // num_models() on), the model whose requests run it and the model its rows sit beside.
+  std::vector<ModelId> adaptive_chain_;
+  struct ChainModel {
+    ModelId model = 0, beside = 0;
+    int32_t own_blocks = 0;  // attention and FFN blocks not named as `beside`'s
+  };
+  std::vector<ChainModel> chains_;
+  // The model whose tokenizer, EOS ids and config a sequence's model id (a chain's too) uses.
+  ModelId text_model(ModelId id) const {
+    return id < num_models() ? id : chains_.at(static_cast<size_t>(id - num_models())).model;
+  }
   std::unique_ptr<PagePool> pool_;
   std::unique_ptr<KvTiers> tiers_;  // null without --kv-host-memory / --kv-disk
   std::unique_ptr<KvPageIo> page_io_;

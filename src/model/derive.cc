@@ -1,5 +1,6 @@
 #include "model/derive.h"
 
+#include <cmath>
 #include <cstring>
 #include <set>
 #include <string>
@@ -19,6 +20,8 @@ void derive_full_finetune(const std::filesystem::path& base, const std::filesyst
   const TensorStore store = TensorStore::open_dir(base);
   check_tensors(config, store);
   if (options.layers.empty()) throw Error("model derive: name the layers to change (--layers)");
+  if (!(options.scale > 0 && std::isfinite(options.scale)))
+    throw Error("model derive: --scale must be positive and finite");
   std::set<int64_t> layers;
   for (int64_t l : options.layers) {
     if (l < 0 || l >= config.num_layers)
@@ -52,7 +55,7 @@ void derive_full_finetune(const std::filesystem::path& base, const std::filesyst
     t.dtype = view.dtype;
     t.shape = view.shape;
     const size_t esize = dtype_size(view.dtype);
-    t.fill = [&view, spec, &config, changed, esize, seed = options.seed](
+    t.fill = [&view, spec, &config, changed, esize, seed = options.seed, scale = options.scale](
                  size_t offset, std::span<std::byte> bytes) {
       if (!changed) {
         std::memcpy(bytes.data(), view.data + offset, bytes.size());
@@ -61,8 +64,9 @@ void derive_full_finetune(const std::filesystem::path& base, const std::filesyst
       const auto first = static_cast<int64_t>(offset / esize);
       for (size_t i = 0; i < bytes.size() / esize; ++i) {
         const int64_t index = first + static_cast<int64_t>(i);
-        store_float(view.at(index) + random_init_value(spec, config, seed, index), view.dtype,
-                    bytes.data() + i * esize);
+        store_float(view.at(index) +
+                        static_cast<float>(scale) * random_init_value(spec, config, seed, index),
+                    view.dtype, bytes.data() + i * esize);
       }
     };
     tensors.push_back(std::move(t));

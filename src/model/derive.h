@@ -15,12 +15,16 @@ struct DeriveOptions {
   // Layers whose tensors (attention, FFN and their norms) change; the embedding, final norm and
   // lm_head stay the base's.
   std::vector<int64_t> layers;
+  // How large the change is: each element moves by scale x a fresh weight's draw (1: as large
+  // as a weight; a real fine-tune moves far less, which is what keeps blocks equivalent, §4.1).
+  double scale = 1;
 };
 
-// Writes OUT as BASE with the listed layers perturbed: each element w becomes w + d, d drawn as
-// `blend model init` draws a fresh weight (a pure function of seed, tensor name and index), in
+// Writes OUT as BASE with the listed layers perturbed: each element w becomes w + scale d, d drawn
+// as `blend model init` draws a fresh weight (a pure function of seed, tensor name and index), in
 // the base's dtype. The other files of BASE (config, tokenizer, chat template) are copied.
-// Throws blend::Error for a layer outside the model, no layer, or OUT equal to BASE.
+// Throws blend::Error for a layer outside the model, no layer, a scale that is not positive and
+// finite, or OUT equal to BASE.
 void derive_full_finetune(const std::filesystem::path& base, const std::filesystem::path& out,
                           const DeriveOptions& options);
 

@@ -215,6 +215,7 @@ nlohmann::json batch_run_stats(const Engine& engine, const BatchJobStats& job,
     stats["weight_bytes_unshared"] = w.unshared_bytes;
     stats["blocks_unique"] = w.unique_blocks;
     stats["blocks"] = w.blocks;
+    stats["adaptive_requests"] = s.adaptive_requests;
   }
   if (job.plan) {
     stats["sampled_requests"] = job.plan->sampled_requests;

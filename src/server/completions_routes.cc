@@ -45,6 +45,7 @@ std::shared_ptr<Pending> Server::Impl::submit(const ApiRequest& request, Request
                         request.ttft_slo, request.tpot_slo};
   gen.index = index;
   gen.model = request.model_id;
+  gen.adaptive_blocks = request.adaptive_blocks;
   loop->post([this, p, gen = std::move(gen)](Engine& engine) mutable {
     metrics.on_queued(p->cls);
     auto on_token = [this, p](const SampledToken& token, std::string_view delta) {

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <thread>
 
+#include "blocks/adaptive.h"
 #include "model/weights.h"
 #include "model/zoo.h"
 #include "server/server_impl.h"
@@ -145,6 +146,11 @@ Server::Impl::Impl(const ServerOptions& o) : options(o) {
   if (!(options.batch_sample_fraction >= 0 && options.batch_sample_fraction <= 1))
     throw Error("the batch sample fraction must be in [0, 1]");
   auto engine = std::make_unique<Engine>(folders, options.engine);
+  if (!options.adaptive_blocks.empty()) {
+    const auto chains =
+        enable_adaptive_serving(*engine, options.adaptive_blocks, options.adaptive_threshold);
+    if (!options.quiet) std::fputs(describe_adaptive_chains(*engine, chains).c_str(), stderr);
+  }
   for (ModelId m = 0; m < engine->num_models(); ++m) {
     const auto& chat_template = chat_templates[static_cast<size_t>(m)];
     const ModelFolder& folder = folders[static_cast<size_t>(m)];

@@ -27,6 +27,10 @@ struct ServerOptions {
   // (model/zoo.h); requests pick one with "model".
   std::filesystem::path zoo;
   std::vector<std::string> lora_modules;  // vLLM's --lora-modules NAME=DIR (model/zoo.h)
+  // BlockLLM adaptive serving (blocks/adaptive.h): a `blend zoo analyze --out` file and the
+  // similarity a block needs (0: the file's); which requests allow it: engine.adaptive_by_default.
+  std::filesystem::path adaptive_blocks;
+  double adaptive_threshold = 0;
   std::string host = "127.0.0.1";
   int port = 8000;              // 0 = any free port (see Server::port())
   std::string api_key;          // when set, /v1/* and /metrics need "Authorization: Bearer <key>"

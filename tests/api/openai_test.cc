@@ -95,6 +95,19 @@ TEST_F(OpenAiTest, LatencyTargetsAreAnExtensionField) {
   EXPECT_FALSE(d.tpot_slo);
 }
 
+TEST_F(OpenAiTest, AdaptiveBlocksIsAnExtensionField) {
+  auto parsed = [&](const char* body) {
+    return parse_api_request(Endpoint::kCompletions, json::parse(body), *tokenizer_, template_)
+        .adaptive_blocks;
+  };
+  EXPECT_EQ(parsed(R"({"prompt":"x","adaptive_blocks":true})"), true);
+  EXPECT_EQ(parsed(R"({"prompt":"x","adaptive_blocks":false})"), false);
+  EXPECT_FALSE(parsed(R"({"prompt":"x"})"));
+  EXPECT_FALSE(parsed(R"({"prompt":"x","adaptive_blocks":null})"));
+  EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","adaptive_blocks":1})"),
+            "adaptive_blocks");
+}
+
 TEST_F(OpenAiTest, ChatRendersTheTemplate) {
   ApiRequest r = parse(Endpoint::kChatCompletions,
                        R"({"messages":[{"role":"user","content":"Hi"}],"max_completion_tokens":7,)"

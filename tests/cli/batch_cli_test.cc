@@ -224,6 +224,80 @@ TEST_F(BatchCli, AZooRunsEachLineOnTheModelItNames) {
   EXPECT_NE(refused.output.find("is for 'org/missing'"), std::string::npos) << refused.output;
 }
 
+// BlockLLM's adaptive serving from the command line: `zoo analyze --out` records the blocks and
+// what borrowing them costs; `batch --adaptive-blocks` runs the lines that allow it through the
+// borrowed blocks (beta changed only layer 1, and both of its blocks are borrowed at this
+// threshold: those lines answer as alpha), the others through their own.
+TEST_F(BatchCli, AdaptiveServingRunsTheLinesThatAllowItThroughBorrowedBlocks) {
+  testing::TempDir work;
+  const auto zoo = work / "zoo";
+  std::filesystem::create_directories(zoo);
+  std::filesystem::copy(model(), zoo / "alpha");
+  const std::string blend = std::string("'") + BLEND_BINARY + "' ";
+  ASSERT_EQ(
+      testing::run_command(blend + "model derive --base " + (zoo / "alpha").string() + " --out " +
+                           (zoo / "beta").string() + " --full --layers 1 --seed 4 --scale 0.5")
+          .exit_code,
+      0);
+  const auto analysis = work / "eq.json";
+  const auto analyzed =
+      testing::run_command(blend + "zoo analyze --threads 2 --threshold 0.01 --zoo " +
+                           zoo.string() + " --out " + analysis.string() + " 2>&1");
+  ASSERT_EQ(analyzed.exit_code, 0) << analyzed.output;
+  const json report = json::parse(testing::read_file(analysis));
+  ASSERT_EQ(report["models"].size(), 1u);
+  const json& adaptive = report["models"][0]["adaptive"];
+  EXPECT_EQ(adaptive["replaced"], 2);
+  EXPECT_GE(adaptive["top_token_agreement"].get<double>(), 0.0);
+  EXPECT_LE(adaptive["top_token_agreement"].get<double>(), 1.0);
+  EXPECT_GT(adaptive["kl_nats"].get<double>(), 0.0);
+
+  auto line = [](const std::string& id, const std::string& model, int seed,
+                 const std::string& extra = "") {
+    return R"({"custom_id":")" + id +
+           R"(","method":"POST","url":"/v1/completions","body":{"model":")" + model +
+           R"(","prompt":"Once upon a time )" + std::to_string(seed) +
+           R"(","max_tokens":8,"temperature":0)" + extra + "}}\n";
+  };
+  std::string lines;
+  for (int i = 0; i < 3; ++i) {
+    const std::string k = std::to_string(i);
+    lines += line("alpha" + k, "alpha", i) + line("own" + k, "beta", i) +
+             line("adaptive" + k, "beta", i, R"(,"adaptive_blocks":true)");
+  }
+  lines += line("bad", "beta", 0, R"(,"adaptive_blocks":"yes")");
+  testing::write_file(work / "in.jsonl", lines);
+  const std::string common = blend + "batch --threads 2 --kv-memory 0.05 --deterministic --zoo " +
+                             zoo.string() + " --input " + (work / "in.jsonl").string() + " ";
+  const auto out = work / "out.jsonl";
+  const auto ran = testing::run_command(common + "--output " + out.string() +
+                                        " --adaptive-blocks " + analysis.string() + " --stats " +
+                                        (work / "stats.json").string() + " 2>&1");
+  ASSERT_EQ(ran.exit_code, 0) << ran.output;
+  EXPECT_NE(ran.output.find("'beta' may run 2 blocks of 'alpha'"), std::string::npos) << ran.output;
+  std::map<std::string, json> by_id;
+  for (const json& r : read_jsonl(out)) by_id[r["custom_id"]] = r["response"];
+  ASSERT_EQ(by_id.size(), 10u);
+  EXPECT_EQ(by_id["bad"]["status_code"], 400);
+  int differ = 0;
+  for (int i = 0; i < 3; ++i) {
+    const std::string k = std::to_string(i);
+    auto text = [&](const std::string& id) {
+      return by_id[id]["body"]["choices"][0]["text"].get<std::string>();
+    };
+    EXPECT_EQ(text("adaptive" + k), text("alpha" + k)) << i;
+    EXPECT_EQ(by_id["adaptive" + k]["body"]["model"], "beta");
+    differ += text("own" + k) != text("alpha" + k) ? 1 : 0;
+  }
+  EXPECT_GT(differ, 0) << "beta answers as alpha: the test cannot tell the chains apart";
+  EXPECT_EQ(json::parse(testing::read_file(work / "stats.json"))["adaptive_requests"], 3);
+
+  const auto orphan = testing::run_command(common + "--output " + (work / "x.jsonl").string() +
+                                           " --adaptive-serving all 2>&1");
+  EXPECT_NE(orphan.exit_code, 0);
+  EXPECT_NE(orphan.output.find("need --adaptive-blocks"), std::string::npos) << orphan.output;
+}
+
 // OpenAI's n in a batch line: one result line with n choices, choice i the sample a line with
 // seed + i and n = 1 gives (the server's n samples are seeded the same way), under fcfs and a
 // planned order.

@@ -346,6 +346,39 @@ TEST_F(ServerTest, AZooServesEachModelByItsName) {
   EXPECT_EQ(missing["error"]["code"], "model_not_found");
   server.reset();
 
+  // Adaptive serving (BlockLLM §5.3): beta borrows all four of its changed blocks from alpha, so
+  // a request that allows it answers as alpha; one that does not, as beta.
+  const auto analysis = *dir_ / "zoo-eq.json";
+  json blocks = json::array();
+  for (int layer : {0, 1})
+    for (const char* block : {"attention", "ffn"})
+      blocks.push_back({{"layer", layer}, {"block", block}, {"similarity", 0.99}});
+  testing::write_file(analysis, json({{"against", "alpha"},
+                                      {"threshold", 0.98},
+                                      {"models", {{{"model", "beta"}, {"blocks", blocks}}}}})
+                                    .dump());
+  ServerOptions adaptive_options = options("zoo-adaptive-data");
+  adaptive_options.model.clear();
+  adaptive_options.zoo = zoo;
+  adaptive_options.adaptive_blocks = analysis;
+  {
+    auto adaptive_server = start(adaptive_options);
+    auto ac = client(*adaptive_server);
+    const json borrowed = post(ac, "/v1/completions",
+                               {{"model", "beta"},
+                                {"prompt", "The capital of France"},
+                                {"max_tokens", 12},
+                                {"temperature", 0},
+                                {"ignore_eos", true},
+                                {"adaptive_blocks", true}},
+                               &status);
+    ASSERT_EQ(status, 200) << borrowed.dump();
+    EXPECT_EQ(borrowed["model"], "beta");
+    EXPECT_EQ(borrowed["choices"][0]["text"], text["alpha"]);
+    const json own = complete(ac, "beta", &status);
+    EXPECT_EQ(own["choices"][0]["text"], text["beta"]);
+  }
+
   // A fine-tune whose tokenizer gives a reserved token a name, as chat fine-tunes do: each model
   // reads and writes text with its own tokenizer.
   const auto mixed = *dir_ / "zoo-mixed";

@@ -54,7 +54,7 @@ struct HeadBlock {
 };
 
 // One model: its blocks in order. attention and ffn may hold fewer blocks than the model has
-// layers (CpuBackend::add_chain): rows of such a chain skip the layers past them.
+// layers (Backend::add_chain): rows of such a chain skip the layers past them.
 struct Chain {
   Embedding* embed = nullptr;
   std::vector<AttentionBlock*> attention;

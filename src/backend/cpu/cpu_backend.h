@@ -56,16 +56,6 @@ struct CpuOpTimes {
 // Which library runs the f32 GEMMs (bf16 GEMMs always use oneDNN).
 enum class CpuGemmLib { kOneDnn, kOpenBlas };
 
-// A chain assembled from the blocks of the models a backend holds (BlockLLM: a chain is data):
-// the embedding and head of `base`, and layer i's attention from model attention[i] and FFN
-// from model ffn[i]. The chain ends after its last block, where the head reads the residual
-// stream: with fewer blocks than the model has, that is a logit lens at that depth. ffn holds
-// as many entries as attention, or one fewer (the lens after an attention block).
-struct ChainSpec {
-  ModelId base = 0;
-  std::vector<ModelId> attention, ffn;
-};
-
 // The blocks of a layer, as ChainSpec and shares_block name them.
 enum class LayerBlock { kAttention, kFfn };
 
@@ -75,10 +65,6 @@ class CpuBackend : public Backend {
   virtual void reset_op_times() = 0;
   // What runs the GEMMs, e.g. "onednn bf16 brg:avx512_core_bf16, row tile 16".
   virtual std::string gemm_info() const = 0;
-  // Adds `spec` as a model of its own and returns its id (for SeqChunk::model); it holds no
-  // weights of its own and no prefix cache knows it. Throws blend::Error for an unknown model
-  // id or a malformed spec.
-  virtual ModelId add_chain(const ChainSpec& spec) = 0;
   // Whether models a and b run the same block (byte-identical weights) at `layer`.
   virtual bool shares_block(ModelId a, ModelId b, int64_t layer, LayerBlock block) const = 0;
 };
