@@ -6,7 +6,10 @@
 #   ps         parameter sharing as S-LoRA does it (BlockLLM's PS baseline): one server for the
 #              base and its LoRA tenants (one base GEMM, each adapter's delta on its rows), and
 #              one server per full fine-tune;
-#   per-model  one server per tenant (per-model provisioning: nothing shared between tenants).
+#   per-model  one server per tenant (per-model provisioning: nothing shared between tenants);
+#   zoo-adaptive  the zoo with BlockLLM's adaptive serving for every request (`--adaptive-blocks`
+#              from `blend zoo analyze --threshold THRESHOLD`, `--adaptive-serving all`): outputs
+#              change (bench/zoo_adaptive.sh measures how much).
 # Each server gets THREADS compute threads (the machine's cores are shared by all of a
 # deployment's servers, as a GPU is shared by its tenants' instances) and the KV memory is split
 # evenly: KV_GB in all per deployment. For each RATE the load is `blend bench serve --url ...
@@ -24,7 +27,9 @@
 # DTYPE (bf16), KIND (mix | full | lora), TENANTS (20), LAYERS ("0 1 2 3"), RANK (8), TARGETS
 # (q_proj,v_proj), RATES ("0.5 1 2"), DURATION (60), LENGTH_SCALE (0.25), ZIPF (1), THREADS (2),
 # KV_GB (2), DEPLOYMENTS ("zoo ps per-model"), SERVE_ARGS (more flags for every server, e.g.
-# "--policy fcfs"; the default policy is hybrid).
+# "--policy fcfs"; the default policy is hybrid), THRESHOLD (0.98, zoo-adaptive), SCALE (1: the
+# full fine-tunes' `derive --scale`), INIT_ARGS (more `model init` flags for the base, e.g.
+# --untie-embeddings, which zoo-adaptive needs: a random tied head makes every block equivalent).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -89,6 +94,13 @@ for deployment in $DEPLOYMENTS; do
   rm -rf "$OUT_DIR"/data-*
   case $deployment in
     zoo) serve zoo "$KV_GB" --zoo "$zoo" ;;
+    zoo-adaptive)
+      "$BLEND" zoo analyze --zoo "$zoo" --threads "$THREADS" --threshold "${THRESHOLD:-0.98}" \
+        --out "$OUT_DIR/eq.json" >"$OUT_DIR/analyze.txt" 2>&1 ||
+        die "blend zoo analyze failed; see $OUT_DIR/analyze.txt"
+      serve zoo-adaptive "$KV_GB" --zoo "$zoo" --adaptive-blocks "$OUT_DIR/eq.json" \
+        --adaptive-serving all
+      ;;
     ps)
       servers=$((1 + ${#full_models[@]}))
       kv=$(python3 -c "print($KV_GB / $servers)")
@@ -99,7 +111,7 @@ for deployment in $DEPLOYMENTS; do
       kv=$(python3 -c "print($KV_GB / ${#tenants[@]})")
       for m in "${tenants[@]}"; do serve "$m" "$kv" --model "$zoo/$m"; done
       ;;
-    *) die "unknown deployment $deployment (zoo, ps, per-model)" ;;
+    *) die "unknown deployment $deployment (zoo, ps, per-model, zoo-adaptive)" ;;
   esac
   main_port=${ports[0]#*=}
   route=()
