@@ -53,8 +53,8 @@ void run_batch(const BatchArgs& given) {
     if (!args.zoo.empty() || !args.lora_modules.empty() || args.model.empty() ||
         !args.adaptive.blocks.empty())
       throw Error(
-          "--zoo and --lora-modules run on one machine for now: data-parallel ranks take one "
-          "--model");
+          "--zoo, --lora-modules and --adaptive-blocks run on one machine for now: "
+          "data-parallel ranks take one --model");
     if (!args.step_timings.empty() || !args.plot.empty())
       throw Error("--step-timings and --plot record one engine's steps: run them without mpirun");
     dist::run_batch({.model = args.model,
