@@ -205,6 +205,11 @@ ModelId Engine::add_adaptive_chain(ModelId model, const ChainSpec& chain, ModelI
   if (adaptive_chain(model))
     throw Error("adaptive chain: model '" + model_name(model) + "' has one already");
   if (next_id_ != 1) throw Error("adaptive chain: added after requests were submitted");
+  // A shorter chain is a logit lens (Backend::add_chain), not a model to serve.
+  const auto layers = static_cast<size_t>(config().num_layers);
+  if (chain.attention.size() != layers || chain.ffn.size() != layers)
+    throw Error("adaptive chain: a served chain runs every layer (" + std::to_string(layers) +
+                " attention and FFN blocks)");
   const auto expected = static_cast<ModelId>(num_models() + static_cast<int32_t>(chains_.size()));
   const ModelId id = backend_->add_chain(chain);
   if (id != expected)

@@ -156,7 +156,8 @@ class Engine {
   // keeps it apart from the model's). In a step their rows sit right after `beside`'s, the model
   // whose blocks the chain borrows, so the backend runs each borrowed block once over both.
   // Returns the chain's id. Throws blend::Error for an unknown model or `beside`, a model that
-  // has a chain already, a request already submitted, or a backend that cannot assemble chains.
+  // has a chain already, a request already submitted, a chain that does not run every layer, or a
+  // backend that cannot assemble chains.
   ModelId add_adaptive_chain(ModelId model, const ChainSpec& chain, ModelId beside);
   // The chain requests of `model` may run on, if it has one.
   std::optional<ModelId> adaptive_chain(ModelId model) const {

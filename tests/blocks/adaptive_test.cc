@@ -204,7 +204,10 @@ TEST_F(AdaptiveServing, ChainsAreAddedOnceAndBeforeAnyRequest) {
   auto engine = zoo();
   EXPECT_THROW(engine->add_adaptive_chain(3, all_borrowed(), 0), Error);
   EXPECT_THROW(engine->add_adaptive_chain(1, all_borrowed(), 7), Error);
-  EXPECT_THROW(engine->add_adaptive_chain(1, {.base = 9, .attention = {1}, .ffn = {1}}, 0), Error);
+  EXPECT_THROW(engine->add_adaptive_chain(1, {.base = 9, .attention = {1, 1}, .ffn = {1, 1}}, 0),
+               Error);
+  // A chain cut short is a logit lens, not a model.
+  EXPECT_THROW(engine->add_adaptive_chain(1, {.base = 1, .attention = {1}, .ffn = {1}}, 0), Error);
   engine->add_adaptive_chain(1, all_borrowed(), 0);
   EXPECT_THROW(engine->add_adaptive_chain(1, all_borrowed(), 0), Error);
   testing::run_requests(*engine, {request("x", 1, 2)});
