@@ -23,6 +23,13 @@ namespace blend {
 class TensorStore;
 class StepWorker;
 
+// How several models in one backend share weights (BlockLLM §6's three deployments, in one
+// engine so that only the sharing differs): kBlocks, BlockLLM's block zoo (byte-identical
+// blocks across all models loaded and run once); kParameterSharing, S-LoRA-style PS (a LoRA
+// adapter shares its base's weights, nothing else is shared: a full fine-tune is a model of its
+// own); kPerModel (every model its own copy of everything, an adapter's base too).
+enum class Tenancy { kBlocks, kParameterSharing, kPerModel };
+
 struct BackendOptions {
   int threads = 0;             // 0 = all hardware threads
   bool deterministic = false;  // results independent of batch composition (see cpu backend)
@@ -34,6 +41,7 @@ struct BackendOptions {
   // next step while this one computes (NanoFlow §5.3's asynchronous scheduling). Backends that
   // compute on the host thread honour it; the simulator has no work to hide and ignores it.
   bool overlap = false;
+  Tenancy tenancy = Tenancy::kBlocks;  // cpu, several models
 };
 
 // One logits row to turn into a token: which sequence, how to sample, and what the penalties

@@ -105,6 +105,14 @@ void add_engine_flags(CLI::App* cmd, EngineOptions& o) {
                   "Directory for cached KV evicted from host memory (default: none)");
   cmd->add_option("--kv-disk-size", o.kv_disk_gb, "Cap of --kv-disk in GB (default 10)")
       ->check(number_in(1e-9, 1e9, false, "a size in GB above 0"));
+  const std::map<std::string, Tenancy> tenancies = {{"blocks", Tenancy::kBlocks},
+                                                    {"ps", Tenancy::kParameterSharing},
+                                                    {"per-model", Tenancy::kPerModel}};
+  cmd->add_option("--tenancy", o.tenancy,
+                  "With several models, what they share (BlockLLM's deployments): blocks "
+                  "(identical blocks once, the default), ps (a LoRA adapter its base, nothing "
+                  "else), per-model (nothing)")
+      ->transform(CLI::CheckedTransformer(tenancies, CLI::ignore_case));
 }
 
 void add_hybrid_flags(CLI::App* cmd, HybridOptions& h) {

@@ -128,6 +128,7 @@ Engine::Engine(const std::vector<ModelFolder>& models, const EngineOptions& opti
   in.options.deterministic = options.deterministic;
   in.options.page_size = options.page_size;
   in.options.overlap = options.overlap;
+  in.options.tenancy = options.tenancy;
   backend_ = make_backend(options.backend, in);
   init_kv_and_scheduler();
 }

@@ -57,6 +57,8 @@ struct EngineOptions {
   // Adaptive serving (BlockLLM §5.3, add_adaptive_chain): whether a request that does not say
   // (GenerationRequest::adaptive_blocks unset) allows it. Off by default: it may change outputs.
   bool adaptive_by_default = false;
+  // With several models: how they share weights (backend/backend.h Tenancy; cpu backend).
+  Tenancy tenancy = Tenancy::kBlocks;
 };
 
 struct EngineStats {

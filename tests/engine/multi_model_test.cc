@@ -143,6 +143,45 @@ TEST_F(MultiModel, ALoraTenantGetsItsOwnTokensBesideItsBase) {
   EXPECT_LT(with_lora.bytes - without.bytes, base_only.weight_stats().bytes / 20);
 }
 
+// BlockLLM's three deployments in one engine (--tenancy): the same tokens, only the sharing
+// differs. blocks: the fine-tune's 4 unchanged blocks and the adapter's base are shared; ps: only
+// the adapter's base (S-LoRA); per-model: nothing, the adapter's base is a copy of its own.
+TEST_F(MultiModel, TenancyChangesWhatIsSharedNotTheTokens) {
+  const std::vector<ModelFolder> zoo = {
+      {"base", base(), {}}, {"lora", base(), lora()}, {"tuned", tuned(), {}}};
+  std::vector<GenerationRequest> mixed;
+  for (uint32_t i = 0; i < 3; ++i)
+    for (ModelId m = 0; m < 3; ++m)
+      mixed.push_back(request(std::to_string(m) + "-" + std::to_string(i), 300 + i,
+                              5 + 7 * static_cast<int>(i), m));
+  std::map<Tenancy, WeightStats> stats;
+  std::map<Tenancy, std::map<std::string, GenerationResult>> out;
+  for (Tenancy t : {Tenancy::kBlocks, Tenancy::kParameterSharing, Tenancy::kPerModel}) {
+    EngineOptions o = options();
+    o.tenancy = t;
+    Engine engine(zoo, o);
+    stats[t] = engine.weight_stats();
+    out[t] = run(engine, mixed);
+  }
+  for (const auto& [id, r] : out[Tenancy::kBlocks]) {
+    EXPECT_EQ(out[Tenancy::kParameterSharing].at(id).tokens, r.tokens) << id;
+    EXPECT_EQ(out[Tenancy::kPerModel].at(id).tokens, r.tokens) << id;
+  }
+  const Engine base_only({{"base", base()}}, options());
+  const int64_t one = base_only.weight_stats().bytes;
+  const WeightStats &blocks = stats[Tenancy::kBlocks], &ps = stats[Tenancy::kParameterSharing],
+                    &per_model = stats[Tenancy::kPerModel];
+  // 6 blocks a model: blocks shares the tuned model's 4 unchanged ones and the adapter's base
+  // (the adapter adds 4 blocks of factors); ps shares only the adapter's base; per-model nothing.
+  EXPECT_EQ(blocks.unique_blocks, 6 + 4 + 2);
+  EXPECT_EQ(ps.unique_blocks, 6 + 4 + 6);
+  EXPECT_EQ(per_model.unique_blocks, 6 + 6 + 6);
+  EXPECT_LT(blocks.bytes, ps.bytes);
+  EXPECT_LT(ps.bytes, per_model.bytes);
+  EXPECT_GT(per_model.bytes, 3 * one);  // three copies of the base's weights, and the factors
+  EXPECT_LT(ps.bytes, 2 * one + one / 20);
+}
+
 TEST_F(MultiModel, BlocksTheModelsShareAreLoadedOnce) {
   Engine one({{"base", base()}}, options());
   Engine both({{"base", base()}, {"tuned", tuned()}}, options());

@@ -41,6 +41,7 @@ bool same_bytes(const TensorView& a, const TensorView& b) {
 }  // namespace
 
 Chain BlockLoader::load(const TensorStore& store, const LoraAdapter* adapter) {
+  if (per_model_) id_of_view_.clear();  // this model's tensors get ids no other model holds
   const ModelConfig& config = config_;
   auto get = [&](const std::string& name) { return &store.get(name); };
   Chain chain;

@@ -75,13 +75,20 @@ struct BlockSet {
 // Loads models into a BlockSet. Every tensor gets a content id (byte-identical tensors one id:
 // hashed, then compared byte by byte, never trusted to the hash); a block or linear layer is
 // named by its kind and its tensors' ids, and one already built under that name is reused.
-// Without `share` (one model) nothing is hashed.
+// Without `share` (one model, or Tenancy::kParameterSharing) nothing is hashed: only the very
+// same tensors (a LoRA adapter's base store, loaded once) are one. With `per_model`, not even
+// those: each load() names its tensors afresh (Tenancy::kPerModel).
 class BlockLoader {
  public:
   // `blocks` and `gemm` must outlive the loader; file_dtype is the checkpoints' element type.
   BlockLoader(BlockSet& blocks, GemmContext& gemm, const ModelConfig& config, DType file_dtype,
-              bool share)
-      : blocks_(blocks), gemm_(gemm), config_(config), file_dtype_(file_dtype), share_(share) {}
+              bool share, bool per_model = false)
+      : blocks_(blocks),
+        gemm_(gemm),
+        config_(config),
+        file_dtype_(file_dtype),
+        share_(share && !per_model),
+        per_model_(per_model) {}
 
   // The chain of the model in `store` (with `adapter`'s LoRA deltas when not null), its new
   // blocks added to the set. The caller appends it to blocks.chains.
@@ -122,6 +129,7 @@ class BlockLoader {
   const ModelConfig& config_;
   DType file_dtype_;
   bool share_;
+  bool per_model_;
   int64_t next_id_ = 0;
   std::unordered_map<const TensorView*, int64_t> id_of_view_;
   std::unordered_multimap<uint64_t, std::pair<const TensorView*, int64_t>> id_of_hash_;

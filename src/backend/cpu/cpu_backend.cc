@@ -210,7 +210,9 @@ CpuBackendImpl::CpuBackendImpl(const ModelConfig& config,
       kv_budget_(default_kv_budget(stores)) {
   cpu::use_threads(threads_);
   if (options.overlap) compute_steps_on_worker();
-  cpu::BlockLoader loader(blocks_, gemm_, config_, file_dtype_, /*share=*/stores.size() > 1);
+  cpu::BlockLoader loader(blocks_, gemm_, config_, file_dtype_,
+                          /*share=*/stores.size() > 1 && options.tenancy == Tenancy::kBlocks,
+                          /*per_model=*/options.tenancy == Tenancy::kPerModel);
   if (!adapters.empty() && adapters.size() != stores.size())
     throw Error("cpu backend: " + std::to_string(adapters.size()) + " adapter slots for " +
                 std::to_string(stores.size()) + " models");
