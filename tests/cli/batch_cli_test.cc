@@ -296,6 +296,21 @@ TEST_F(BatchCli, AdaptiveServingRunsTheLinesThatAllowItThroughBorrowedBlocks) {
                                            " --adaptive-serving all 2>&1");
   EXPECT_NE(orphan.exit_code, 0);
   EXPECT_NE(orphan.output.find("need --adaptive-blocks"), std::string::npos) << orphan.output;
+  // --tenancy: the same answers with less sharing (without --adaptive-blocks a line that allows
+  // borrowing runs its own chain); an unknown value is refused.
+  const auto ps = work / "ps.jsonl";
+  ASSERT_EQ(testing::run_command(common + "--output " + ps.string() + " --tenancy ps").exit_code,
+            0);
+  std::map<std::string, json> ps_by_id;
+  for (const json& r : read_jsonl(ps)) ps_by_id[r["custom_id"]] = r["response"];
+  for (const std::string id : {"alpha0", "own1", "adaptive2"})
+    EXPECT_EQ(ps_by_id[id]["body"]["choices"][0]["text"],
+              by_id[id.starts_with("adaptive") ? "own2" : id]["body"]["choices"][0]["text"])
+        << id;
+  EXPECT_NE(testing::run_command(common + "--output " + (work / "y.jsonl").string() +
+                                 " --tenancy shared 2>&1")
+                .exit_code,
+            0);
 }
 
 // OpenAI's n in a batch line: one result line with n choices, choice i the sample a line with
