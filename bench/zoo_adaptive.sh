@@ -15,12 +15,15 @@
 # and REPS times, alternating:
 #   zoo        `blend batch --zoo Z` over N_REQ lines naming the base and the tenants in turn;
 #   adaptive   the same with `--adaptive-blocks eq.json --adaptive-serving all`;
-#   one-model  all lines on the base alone (the bound: nothing differs).
+#   one-model  all lines on the base alone (the bound: nothing differs);
+#   TENANCY    optional more columns, e.g. TENANCY="ps per-model": the zoo run with `--tenancy T`
+#              (BlockLLM's baselines in one engine: the same tokens with less sharing).
 # Prints tokens/s per run, medians, adaptive / zoo and zoo / one-model, and how many of the
 # adaptive run's greedy outputs are the zoo run's token for token (and their mean common prefix).
 # Knobs: BLEND, OUT_DIR (build/zoo-adaptive), PRESET (smollm-135m), DTYPE (bf16), KIND (mix),
 # TENANTS (20), LAYERS ("0 1 2 3"), SCALE (0.5), RANK (8), TARGETS (q_proj,v_proj), THRESHOLD
-# (0.98), N_REQ (256), PP (128), TG (128), REPS (3), THREADS (0: all cores), BLEND_BATCH_ARGS.
+# (0.98), N_REQ (256), PP (128), TG (128), REPS (3), THREADS (0: all cores), BLEND_BATCH_ARGS,
+# TENANCY (none).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -80,7 +83,7 @@ print("%.1f" % ((s["input_tokens"] + s["output_tokens"]) / s["wall_seconds"]))' 
 }
 
 printf '%-4s %12s %12s %12s\n' rep zoo adaptive one-model
-rows=()
+rows=() tenancy_rows=()
 for ((i = 0; i < REPS; i++)); do
   z=$(run "zoo-$i" "$OUT_DIR/mixed.jsonl" --zoo "$zoo")
   a=$(run "adaptive-$i" "$OUT_DIR/mixed.jsonl" --zoo "$zoo" --adaptive-blocks "$OUT_DIR/eq.json" \
@@ -88,7 +91,24 @@ for ((i = 0; i < REPS; i++)); do
   o=$(run "one-$i" "$OUT_DIR/all.jsonl" --model "$zoo/base")
   rows+=("$z $a $o")
   printf '%-4s %12s %12s %12s\n' "$i" "$z" "$a" "$o"
+  for t in ${TENANCY:-}; do
+    v=$(run "$t-$i" "$OUT_DIR/mixed.jsonl" --zoo "$zoo" --tenancy "$t")
+    tenancy_rows+=("$t $z $v")
+    printf '%-4s %12s --tenancy %s: %s tok/s\n' "$i" "" "$t" "$v"
+  done
 done
+if [[ -n ${TENANCY:-} ]]; then
+  python3 - "$OUT_DIR" "${tenancy_rows[@]}" <<'PY'
+import json, statistics, sys
+out, rows = sys.argv[1], [r.split() for r in sys.argv[2:]]
+for t in dict.fromkeys(r[0] for r in rows):
+    zoo = statistics.median(float(r[1]) for r in rows if r[0] == t)
+    v = statistics.median(float(r[2]) for r in rows if r[0] == t)
+    s = json.load(open(f"{out}/stats-{t}-0.json"))
+    print(f"--tenancy {t}: median {v:.1f} tokens/s, zoo / {t} = {zoo / v:.3f}; weights "
+          f"{s['weight_bytes'] / (1 << 20):.0f} MiB ({s['blocks_unique']} distinct blocks)")
+PY
+fi
 python3 - "$OUT_DIR" "${rows[@]}" <<'PY'
 import json, statistics, sys
 out = sys.argv[1]
