@@ -105,14 +105,10 @@ std::vector<AdaptiveChain> enable_adaptive_serving(Engine& engine,
   } catch (const json::exception& e) {
     throw Error("--adaptive-blocks " + path.string() + ": not JSON (" + e.what() + ")");
   }
-  auto find = [&](const std::string& name) -> std::optional<ModelId> {
-    for (ModelId m = 0; m < engine.num_models(); ++m)
-      if (engine.model_name(m) == name) return m;
-    return std::nullopt;
-  };
   std::vector<AdaptiveChain> chains;
   try {
-    chains = adaptive_chains(analysis, threshold, engine.config().num_layers, find);
+    chains = adaptive_chains(analysis, threshold, engine.config().num_layers,
+                             [&](const std::string& name) { return engine.find_model(name); });
   } catch (const Error& e) {
     throw Error("--adaptive-blocks " + path.string() + ": " + e.what());
   }

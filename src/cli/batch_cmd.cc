@@ -47,7 +47,7 @@ struct BatchArgs {
 void run_batch(const BatchArgs& given) {
   BatchArgs args = given;
   plan::drop_pacing_rules(args.job.planner.pacing, args.pacing_without);
-  check_adaptive_flags(args.adaptive);
+  check_adaptive_flags(args.adaptive, args.engine);
   // `mpirun -np N blend batch ...`: N data-parallel replicas (dist/data_parallel.h).
   if (dist::launched_by_mpirun()) {
     if (!args.zoo.empty() || !args.lora_modules.empty() || args.model.empty() ||

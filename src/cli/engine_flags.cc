@@ -51,16 +51,14 @@ void add_adaptive_flags(CLI::App* cmd, AdaptiveFlags& flags, EngineOptions& opti
       ->check(CLI::Range(0.0, 1.0));
   cmd->add_option_function<std::string>(
          "--adaptive-serving",
-         [&flags, &options](const std::string& v) {
-           flags.by_default = options.adaptive_by_default = v == "all";
-         },
+         [&options](const std::string& v) { options.adaptive_by_default = v == "all"; },
          "Which requests allow adaptive serving: those that say so (request, the default) or "
          "all that do not refuse it")
       ->check(CLI::IsMember({"request", "all"}));
 }
 
-void check_adaptive_flags(const AdaptiveFlags& flags) {
-  if (flags.blocks.empty() && (flags.threshold != 0 || flags.by_default))
+void check_adaptive_flags(const AdaptiveFlags& flags, const EngineOptions& options) {
+  if (flags.blocks.empty() && (flags.threshold != 0 || options.adaptive_by_default))
     throw Error("--adaptive-threshold and --adaptive-serving need --adaptive-blocks FILE");
 }
 

@@ -24,12 +24,11 @@ void add_engine_flags(CLI::App* cmd, EngineOptions& options);
 struct AdaptiveFlags {
   std::string blocks;
   double threshold = 0;
-  bool by_default = false;
 };
 void add_adaptive_flags(CLI::App* cmd, AdaptiveFlags& flags, EngineOptions& options);
 // Throws blend::Error when --adaptive-threshold or --adaptive-serving all come without
 // --adaptive-blocks (they would change nothing).
-void check_adaptive_flags(const AdaptiveFlags& flags);
+void check_adaptive_flags(const AdaptiveFlags& flags, const EngineOptions& options);
 
 // --hybrid-initial-batch, --hybrid-batch-step, --hybrid-overdue-after (serve, bench serve,
 // simulate-serve).

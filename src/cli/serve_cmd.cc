@@ -127,7 +127,7 @@ void register_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->callback([o, profile, layout, dtype, adaptive] {
     o->dtype = *dtype;
-    check_adaptive_flags(*adaptive);
+    check_adaptive_flags(*adaptive, o->engine);
     o->adaptive_blocks = adaptive->blocks;
     o->adaptive_threshold = adaptive->threshold;
     if (!profile->empty()) {

@@ -58,10 +58,9 @@ void run_analyze(const AnalyzeArgs& a) {
 
   ModelId base = 0;
   if (!a.against.empty()) {
-    base = -1;
-    for (ModelId m = 0; m < engine.num_models(); ++m)
-      if (engine.model_name(m) == a.against) base = m;
-    if (base < 0) throw Error("--against " + a.against + ": no model of that name");
+    const std::optional<ModelId> found = engine.find_model(a.against);
+    if (!found) throw Error("--against " + a.against + ": no model of that name");
+    base = *found;
   }
   int64_t tokens = 0;
   for (const auto& p : prompts) tokens += static_cast<int64_t>(p.size());
@@ -96,13 +95,9 @@ void run_analyze(const AnalyzeArgs& a) {
   }
   // Adaptive serving (BlockLLM §5.3): each model's chain with every block at or above the
   // threshold replaced by the reference's, against the model's own chain on the same prompts.
-  auto find = [&](const std::string& name) -> std::optional<ModelId> {
-    for (ModelId m = 0; m < engine.num_models(); ++m)
-      if (engine.model_name(m) == name) return m;
-    return std::nullopt;
-  };
   const std::vector<AdaptiveChain> chains =
-      adaptive_chains(report, a.threshold, engine.config().num_layers, find);
+      adaptive_chains(report, a.threshold, engine.config().num_layers,
+                      [&](const std::string& name) { return engine.find_model(name); });
   if (!chains.empty())
     std::printf("adaptive chains (equivalent blocks replaced by '%s'), against each model's own:\n",
                 engine.model_name(base).c_str());

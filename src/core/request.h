@@ -26,7 +26,7 @@ struct GenerationRequest {
   // seed + index (or the id's hash + index), so each sample has its own stream and the same
   // request gives the same n samples again.
   int32_t index = 0;
-  ModelId model = 0;  // which of the engine's models runs it (Engine::find_model)
+  ModelId model = 0;  // which of the engine's models runs it (Engine::find_model names them)
   // Adaptive serving (BlockLLM §5.3; Engine::add_adaptive_chain): whether the request may run
   // through equivalent blocks of another model; unset = the engine's default (off unless set).
   std::optional<bool> adaptive_blocks;

@@ -136,6 +136,12 @@ class Engine {
   // The models, by ModelId: name ("" for an engine made from a backend), folder, config.
   int32_t num_models() const { return static_cast<int32_t>(models_.size()); }
   const std::string& model_name(ModelId model) const { return models_.at(model).name; }
+  // The model called `name`, if one is.
+  std::optional<ModelId> find_model(std::string_view name) const {
+    for (ModelId m = 0; m < num_models(); ++m)
+      if (models_[static_cast<size_t>(m)].name == name) return m;
+    return std::nullopt;
+  }
   const std::filesystem::path& model_dir(ModelId model) const { return models_.at(model).dir; }
   // The folders it was made from (name, model folder, LoRA adapter folder or empty).
   ModelFolder model_folder(ModelId model) const {
