@@ -355,7 +355,7 @@ json read_json_file(const std::filesystem::path& path) {
   std::ifstream in = open_regular_file(path, 16u << 20);
   try {
     return json::parse(in);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for 1e999
     throw Error(path.string() + ": invalid JSON: " + e.what());
   }
 }

@@ -107,7 +107,7 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::filesystem::pa
   try {
     header = json::parse(reinterpret_cast<const char*>(base) + 8,
                          reinterpret_cast<const char*>(base) + 8 + header_len);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for 1e999
     fail(path, std::string("corrupted header (invalid JSON): ") + e.what());
   }
   if (!header.is_object()) fail(path, "corrupted header: not a JSON object");
@@ -209,7 +209,7 @@ TensorStore TensorStore::open_dir(const std::filesystem::path& dir) {
     json index;
     try {
       index = json::parse(in);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // parse_error, or out_of_range for 1e999
       fail(index_path, std::string("invalid JSON: ") + e.what());
     }
     if (!index.contains("weight_map") || !index["weight_map"].is_object())

@@ -47,7 +47,7 @@ ChatTemplate ChatTemplate::from_dir(const std::filesystem::path& dir) {
   if (std::filesystem::exists(config_path, ec)) {
     try {
       config = nlohmann::json::parse(read_text(config_path));
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // also out_of_range (1e999)
       throw Error(config_path.string() + ": invalid JSON: " + e.what());
     }
     if (!config.is_object()) throw Error(config_path.string() + ": expected a JSON object");

@@ -450,6 +450,15 @@ TEST(ModelConfig, FromDirPrefersGenerationConfigAndRoundTrips) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("config.json"), std::string::npos) << e.what();
   }
+  // A number too large for a double is JSON's out_of_range, not a parse_error: it used to escape
+  // as an uncaught exception (the safetensors fuzzer found the same in a header).
+  testing::write_file(dir / "config.json", R"({"hidden_size": 1e999})");
+  try {
+    ModelConfig::from_dir(dir.path());
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("number overflow"), std::string::npos) << e.what();
+  }
   EXPECT_THROW(ModelConfig::from_dir(dir / "nowhere"), Error);
 }
 

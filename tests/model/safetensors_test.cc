@@ -204,6 +204,15 @@ TEST(Safetensors, CorruptedHeadersAreErrors) {
   bytes[9] = '#';
   testing::write_file(path, bytes);
   EXPECT_NE(error_of([&] { SafetensorsFile::open(path); }).find("invalid JSON"), std::string::npos);
+  // A number beyond a double (JSON's out_of_range, not a parse_error): found by bench/fuzz.sh,
+  // it escaped SafetensorsFile::open as an uncaught exception and aborted the process.
+  const std::string text = R"({"w":{"dtype":"F32","shape":[],"data_offsets":[0,44e4444]}})";
+  const uint64_t len = text.size();
+  std::string overflow(8, '\0');
+  std::memcpy(overflow.data(), &len, 8);
+  testing::write_file(path, overflow + text + "abcd");
+  EXPECT_NE(error_of([&] { SafetensorsFile::open(path); }).find("number overflow"),
+            std::string::npos);
 }
 
 // Writes a two-tensor file by hand with `pad` spaces after the JSON and `header_len` as the

@@ -264,6 +264,9 @@ TEST(ChatTemplate, FromDirVariants) {
   testing::write_file(empty / "tokenizer_config.json",
                       R"({"chat_template": [{"name": "rag", "template": "x"}]})");
   EXPECT_THROW(ChatTemplate::from_dir(empty.path()), Error);
+  // A number beyond a double is JSON's out_of_range, not a parse_error: still a blend::Error.
+  testing::write_file(empty / "tokenizer_config.json", R"({"model_max_length": 1e999})");
+  EXPECT_THROW(ChatTemplate::from_dir(empty.path()), Error);
   // An unsupported construct names the file.
   testing::write_file(empty / "tokenizer_config.json", R"({"chat_template": "{% include 'a' %}"})");
   try {
