@@ -452,6 +452,9 @@ TEST(TokenizerBpe, MalformedFilesAreErrorsNamingTheFile) {
   j["normalizer"] = nullptr;
   j["added_tokens"] = json::array({{{"id", -3}, {"content", "x"}}});
   expect_error(j.dump(), "id");
+  // One stray id far past the others would size the id tables (bench/fuzz.sh found ~78M: GBs).
+  j["added_tokens"] = json::array({{{"id", 77777777}, {"content", "x"}}});
+  expect_error(j.dump(), "bad token id 77777777");
   EXPECT_THROW(Tokenizer::from_dir(dir / "missing"), Error);
   // A tokenizer_config.json that is not JSON is an error too; a missing one is fine.
   j["added_tokens"] = json::array();
