@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <set>
 #include <unordered_map>
 
 #include "text/jinja_builtins.h"
@@ -25,6 +27,17 @@ class Renderer {
     // A long conversation may take proportionally more work than the fixed budget.
     budget_.add(kStepsPerInputValue * values + bytes / kInputBytesPerStep);
   }
+
+  // `set ns.attr = v` is the only way a template changes an object, so every reference cycle
+  // (a namespace holding itself, or a list or loop that holds it) runs through a namespace
+  // assigned to here. Emptying those when the render ends breaks the cycles that shared
+  // ownership would otherwise leak (bench/fuzz.sh's jinja harness: `set ns.a = (ns, 1)`).
+  ~Renderer() {
+    for (const std::weak_ptr<Dict>& assigned : assigned_namespaces_)
+      if (const std::shared_ptr<Dict> d = assigned.lock()) d->items.clear();
+  }
+  Renderer(const Renderer&) = delete;
+  Renderer& operator=(const Renderer&) = delete;
 
   void render(const Node& root, std::string& out) { exec(root, out); }
 
@@ -181,6 +194,7 @@ class Renderer {
       if (target.kind != Value::kDict || target.dict->type != Dict::kNamespace)
         fail(n.line, "cannot assign attribute on non-namespace object '" + n.targets[0] + "'");
       target.dict->set(n.attr, std::move(v));
+      assigned_namespaces_.insert(target.dict);
       return;
     }
     bind_targets(n, v);
@@ -448,6 +462,9 @@ class Renderer {
   int depth_ = 0;              // macro call depth
   int nesting_ = 0;            // statements and expressions being evaluated, one in another
   Budget budget_{kMaxSteps};   // this render's steps, charged by it and by the builtins
+  // Each namespace assigned to, once (by owner: a later namespace at a freed one's address is
+  // another key).
+  std::set<std::weak_ptr<Dict>, std::owner_less<std::weak_ptr<Dict>>> assigned_namespaces_;
 };
 
 }  // namespace
