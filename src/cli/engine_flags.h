@@ -30,8 +30,8 @@ void add_adaptive_flags(CLI::App* cmd, AdaptiveFlags& flags, EngineOptions& opti
 // --adaptive-blocks (they would change nothing).
 void check_adaptive_flags(const AdaptiveFlags& flags, const EngineOptions& options);
 
-// --hybrid-initial-batch, --hybrid-batch-step, --hybrid-overdue-after (serve, bench serve,
-// simulate-serve).
+// --hybrid-initial-batch, --hybrid-batch-step, --hybrid-overdue-after,
+// --hybrid-preempt-be-pages (serve, bench serve, simulate-serve).
 // The batch size's ceiling is --max-running (the scheduler applies it).
 void add_hybrid_flags(CLI::App* cmd, HybridOptions& hybrid);
 

@@ -97,7 +97,7 @@ int32_t HybridPolicy::chunk_that_fits(const Load& load, const HybridCandidate& c
 
 HybridSelection HybridPolicy::select(std::span<const HybridCandidate> rt,
                                      std::span<const HybridCandidate> be, double now,
-                                     int64_t free_pages) {
+                                     int64_t free_pages, int64_t be_pages) {
   HybridSelection sel;
   Load load;
   constexpr double kNever = std::numeric_limits<double>::infinity();
@@ -139,7 +139,7 @@ HybridSelection HybridPolicy::select(std::span<const HybridCandidate> rt,
     // One that needs a KV page none is free for waits (pages free up as sequences finish); the
     // less urgent ones behind it that need none still run. Stopping here instead left ~10 RT
     // decodes a step idle with their KV held at the knee (OPT-13B, 5 RT/s on the simulator).
-    if (load.pages + rt[i].pages_needed > free_pages) continue;
+    if (load.pages + rt[i].pages_needed > free_pages + be_pages) continue;
     const double limit = lost[i] ? slack : std::min(slack, rt[i].deadline - now);
     load.add(rt[i]);
     if (seconds(load) > limit) {

@@ -82,6 +82,11 @@ struct HybridOptions {
   // at 6 RT/s: 0.83 -> 0.18) while it bounds a closed-loop soak's tail (p99 62 s -> 3 s);
   // docs/BENCHMARKS.md.
   double overdue_after_slos = 0;
+  // Alg. 1 as BROS publishes it: the pages of running BE sequences count as room for an RT
+  // request (it then shares a BE page, FindPreemptBlock, or drops a BE sequence, §5.2). Off by
+  // default: on the simulator it raised TTFT attainment by 0.3-2.8 points and cost 4-33% of the
+  // BE throughput, at the default KV memory and under memory pressure (docs/BENCHMARKS.md).
+  bool preempt_be_pages = false;
 };
 
 struct HybridSelection {
@@ -99,12 +104,11 @@ class HybridPolicy {
   HybridPolicy(HybridOptions options, IterationCostModel cost);
 
   // Alg. 1. `free_pages` counts the empty KV pages; a candidate needing more than are left is
-  // passed over for this iteration, and the ones behind it are still considered. (Counting BE
-  // sequences' pages as free for RT, to be shared or dropped, cost 10-17% of the BE throughput
-  // at 4-5 RT/s on the simulator for at most 1.4 points of TTFT attainment.) Updates the adaptive
-  // batch size.
+  // passed over for this iteration, and the ones behind it are still considered. RT candidates
+  // may also take `be_pages`, the pages BE sequences hold that they could share or free (the
+  // caller passes 0 unless HybridOptions::preempt_be_pages). Updates the adaptive batch size.
   HybridSelection select(std::span<const HybridCandidate> rt, std::span<const HybridCandidate> be,
-                         double now, int64_t free_pages);
+                         double now, int64_t free_pages, int64_t be_pages = 0);
   // Feeds the measured latency of the iteration just run into the moving average.
   void observe_iteration(double seconds);
 

@@ -161,6 +161,25 @@ TEST_F(ServingCli, SimulateServeFitsItsModelUnderNoiseByDefault) {
   EXPECT_NE(bad.output.find("contradicts"), std::string::npos) << bad.output;
 }
 
+// --hybrid-preempt-be-pages (Alg. 1 as published): under memory pressure RT requests take
+// pages of BE sequences, so bidirectional pages get shared; without it only free pages count and
+// none are.
+TEST_F(ServingCli, SimulateServePreemptsBestEffortPagesWhenAsked) {
+  const std::string base =
+      "simulate-serve --rt-rate 2 --duration 60 --policy hybrid --kv-memory 4 --json --traces '" +
+      traces() + "'";
+  const auto off = testing::run_command(blend(base));
+  const auto on = testing::run_command(blend(base + " --hybrid-preempt-be-pages"));
+  ASSERT_EQ(off.exit_code, 0) << off.output;
+  ASSERT_EQ(on.exit_code, 0) << on.output;
+  const auto a = lines(off.output), b = lines(on.output);
+  ASSERT_EQ(a.size(), 1u);
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_EQ(a[0]["kv_shared_pages"], 0) << a[0].dump();
+  EXPECT_GT(b[0]["kv_shared_pages"].get<int64_t>(), 0) << b[0].dump();
+  EXPECT_GT(b[0]["kv_checkpointed_slots"].get<int64_t>(), 0) << b[0].dump();
+}
+
 TEST_F(ServingCli, BadFlagsAreAnErrorNotACrash) {
   const std::string model = (*dir_ / "tiny").string();
   auto r = testing::run_command(

@@ -94,6 +94,23 @@ TEST(HybridPolicy, RealTimeShortOfAPageDoesNotHoldBackTheOthers) {
   EXPECT_EQ(s.rt, (std::vector<size_t>{1, 2}));
 }
 
+// Alg. 1 as published (HybridOptions::preempt_be_pages): pages BE sequences hold count as room
+// for RT requests, not for BE ones.
+TEST(HybridPolicy, BestEffortPagesAreRoomForRealTimeOnly) {
+  HybridPolicy p({.initial_batch = 8, .batch_step = 4, .max_batch = 64}, per_token_cost());
+  const std::vector<HybridCandidate> rts = {rt(1.0, 3), rt(2.0, 3)};
+  const std::vector<HybridCandidate> bes = {be(0, 1)};
+  // 1 free page: neither RT request fits; the BE one does.
+  HybridSelection s = p.select(rts, bes, 0.0, 1);
+  EXPECT_TRUE(s.rt.empty());
+  EXPECT_EQ(s.be, std::vector<size_t>{0});
+  // With 4 BE pages to take, the first RT request (3 pages) fits in 1 + 4; the second would
+  // need 6 > 5 and waits; the BE request finds no free page left.
+  s = p.select(rts, bes, 0.0, 1, 4);
+  EXPECT_EQ(s.rt, std::vector<size_t>{0});
+  EXPECT_TRUE(s.be.empty());
+}
+
 TEST(HybridPolicy, BatchSizeGrowsWithoutRiskAndHalvesOnRisk) {
   HybridPolicy p({.initial_batch = 4, .batch_step = 4, .max_batch = 12}, per_token_cost());
   const std::vector<HybridCandidate> relaxed = {rt(10.0)};
