@@ -134,7 +134,7 @@ void add_hybrid_flags(CLI::App* cmd, HybridOptions& h) {
                 "--policy hybrid: the pages of running best-effort sequences count as room for a "
                 "real-time request, which then shares one (bidirectional KV) or drops its holder "
                 "(Alg. 1 as BROS publishes it; off by default: measured, it trades 4-33% of "
-                "the best-effort throughput for 0.3-2.8 points of TTFT attainment)");
+                "the best-effort throughput for at most 2.8 points of TTFT attainment)");
 }
 
 IterationCostModel read_iteration_model(const std::string& path) {

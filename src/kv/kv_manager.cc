@@ -196,6 +196,18 @@ void KvManager::release_finished(Sequence* seq) {
   seq->reversed_pages.clear();
 }
 
+int64_t KvManager::pages_best_effort_could_yield(const std::vector<Sequence*>& running) const {
+  int64_t pages = 0;
+  for (const Sequence* s : running) {
+    if (s->request_class != RequestClass::kBestEffort) continue;
+    for (PageId p : s->block_table) {
+      if (bidir_ && bidir_->rt_holder(p) != nullptr) continue;
+      if (pool_.refcount(p) - (pool_.is_cached(p) ? 1 : 0) == 1) ++pages;
+    }
+  }
+  return pages;
+}
+
 bool KvManager::needs_restore(const Sequence& seq) const {
   return bidir_ && bidir_->needs_restore(seq);
 }

@@ -72,6 +72,10 @@ class KvManager {
   // The sequence finished: its pages go to the prefix cache (or back to the pool).
   void release_finished(Sequence* seq);
 
+  // BROS Alg. 1's preemptible BE blocks: the pages of the running BE sequences that an RT
+  // request could take, by sharing one (no RT peer yet) or by dropping its holder (nobody else
+  // holds it; a page the prefix cache also holds counts, since the drop leaves it idle there).
+  int64_t pages_best_effort_could_yield(const std::vector<Sequence*>& running) const;
   // BROS: pages of a BE sequence that must be restored before it runs again.
   bool needs_restore(const Sequence& seq) const;
   int64_t pages_to_restore(const Sequence& seq) const;

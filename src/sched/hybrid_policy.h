@@ -84,8 +84,8 @@ struct HybridOptions {
   double overdue_after_slos = 0;
   // Alg. 1 as BROS publishes it: the pages of running BE sequences count as room for an RT
   // request (it then shares a BE page, FindPreemptBlock, or drops a BE sequence, §5.2). Off by
-  // default: on the simulator it raised TTFT attainment by 0.3-2.8 points and cost 4-33% of the
-  // BE throughput, at the default KV memory and under memory pressure (docs/BENCHMARKS.md).
+  // default: on the simulator, at the default KV memory and under memory pressure, it raised TTFT
+  // attainment by at most 2.8 points and cost 4-33% of the BE throughput (docs/BENCHMARKS.md).
   bool preempt_be_pages = false;
 };
 

@@ -3,10 +3,7 @@
 // pages drops BE sequences (§5.2). The iteration model is profiled, derived, or fitted online
 // from the steps the engine reports (sched/iteration_fit).
 #include <algorithm>
-#include <cstdint>
-#include <vector>
 
-#include "kv/kv_manager.h"
 #include "sched/policy.h"
 
 namespace blend {
@@ -19,23 +16,6 @@ HybridOptions bounded_by_running_set(const SchedulerOptions& options) {
   h.max_batch = std::min(h.max_batch, options.max_running);
   h.initial_batch = std::min(h.initial_batch, h.max_batch);
   return h;
-}
-
-// Alg. 1's preemptible BE blocks: the pages of running BE sequences that an RT request could
-// take, by sharing them (no RT peer yet) or by dropping their holder (no one else holds them;
-// a page the prefix cache also holds counts, since dropping leaves it idle in the cache).
-int64_t pages_best_effort_could_yield(const KvManager& kv, const std::vector<Sequence*>& running) {
-  const PagePool& pool = kv.pool();
-  const BidirectionalPages* bidirectional = kv.bidirectional();
-  int64_t pages = 0;
-  for (const Sequence* s : running) {
-    if (s->request_class != RequestClass::kBestEffort) continue;
-    for (PageId p : s->block_table) {
-      if (bidirectional && bidirectional->rt_holder(p) != nullptr) continue;
-      if (pool.refcount(p) - (pool.is_cached(p) ? 1 : 0) == 1) ++pages;
-    }
-  }
-  return pages;
 }
 
 class HybridScheduling : public SchedulingPolicy {
@@ -124,7 +104,7 @@ void HybridScheduling::schedule_hybrid(SchedulerCore& core, StepPlan& plan, int3
   }
   const HybridSelection sel = hybrid_.select(
       rt, be, now, kv.pool().num_available(),
-      options.hybrid.preempt_be_pages ? pages_best_effort_could_yield(kv, running) : 0);
+      options.hybrid.preempt_be_pages ? kv.pages_best_effort_could_yield(running) : 0);
   // An RT request short of KV pages makes room by dropping BE sequences (recompute), those
   // waiting to restore checkpointed pages first (they already lost part of their KV), then
   // the newest (BROS §5.2's drop order: BE before RT).
