@@ -1,6 +1,7 @@
 #include "grammar/grammar.h"
 
 #include <algorithm>
+#include <bit>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -278,6 +279,82 @@ void Grammar::compile_rule(int32_t rule) {
   }
   rules_[rule].start = node_of[0];
   rules_[rule].end = static_cast<int32_t>(nodes_.size());
+  merge_equivalent_nodes(rule);
+}
+
+void Grammar::merge_equivalent_nodes(int32_t rule) {
+  // Nodes that may end the rule alike and whose edges are the same (the same bytes to the same
+  // nodes, the same calls returning to the same nodes) behave alike: each group becomes one
+  // node, and again while merged targets make more nodes alike. Coarser than none, not
+  // always minimal (that would take Moore's rounds, one per character of a bounded string);
+  // enough for the string rule's "between two characters" nodes, one per kind of character.
+  const int32_t start = rules_[rule].start;
+  const size_t count = static_cast<size_t>(rules_[rule].end - start);
+  std::vector<int32_t> rep(count);  // each node's group, as the index of its first node
+  for (size_t i = 0; i < count; ++i) rep[i] = static_cast<int32_t>(i);
+  auto group_of = [&](int32_t node) { return rep[static_cast<size_t>(node - start)]; };
+  for (bool merged = true; merged;) {
+    merged = false;
+    std::map<std::string, int32_t> first_with;
+    for (size_t i = 0; i < count; ++i) {
+      if (rep[i] != static_cast<int32_t>(i)) continue;  // folded into an earlier node
+      const Node& n = nodes_[start + i];
+      std::map<int32_t, ByteSet> bytes_to;  // target group -> the bytes that lead there
+      for (const ByteEdge& e : n.bytes) {
+        ByteSet& u = bytes_to[group_of(e.target)];
+        for (size_t w = 0; w < 4; ++w) u.bits[w] |= e.set.bits[w];
+      }
+      std::vector<std::pair<int32_t, int32_t>> calls;  // (rule, return group)
+      for (const CallEdge& c : n.calls) calls.push_back({c.rule, group_of(c.target)});
+      std::sort(calls.begin(), calls.end());
+      calls.erase(std::unique(calls.begin(), calls.end()), calls.end());
+      std::string signature(1, n.final ? 'f' : 'n');
+      for (const auto& [target, set] : bytes_to) {
+        put(signature, target);
+        put(signature, set.bits);
+      }
+      put(signature, int32_t{-1});
+      for (const auto& call : calls) put(signature, call);
+      const auto [it, added] = first_with.emplace(std::move(signature), static_cast<int32_t>(i));
+      if (!added) {
+        rep[i] = it->second;
+        merged = true;
+      }
+    }
+    // A node folded into one that was itself folded this round points at the final group.
+    for (size_t i = 0; i < count; ++i) rep[i] = rep[static_cast<size_t>(rep[i])];
+  }
+  // One node per group, in the order of their first nodes (the start stays first).
+  std::vector<int32_t> new_index(count, -1);
+  int32_t kept = 0;
+  for (size_t i = 0; i < count; ++i)
+    if (rep[i] == static_cast<int32_t>(i)) new_index[i] = start + kept++;
+  if (static_cast<size_t>(kept) == count) return;
+  auto renumber = [&](int32_t node) { return new_index[static_cast<size_t>(group_of(node))]; };
+  std::vector<Node> folded;
+  for (size_t i = 0; i < count; ++i) {
+    if (rep[i] != static_cast<int32_t>(i)) continue;
+    const Node& n = nodes_[start + i];
+    Node m;
+    m.rule = rule;
+    m.final = n.final;
+    std::map<int32_t, ByteSet> by_target;  // one edge per target, as compile_rule makes them
+    for (const ByteEdge& e : n.bytes) {
+      ByteSet& u = by_target[renumber(e.target)];
+      for (size_t w = 0; w < 4; ++w) u.bits[w] |= e.set.bits[w];
+    }
+    for (const auto& [t, set] : by_target) m.bytes.push_back({set, t});
+    for (const CallEdge& c : n.calls) {
+      const CallEdge r{c.rule, renumber(c.target)};
+      if (std::none_of(m.calls.begin(), m.calls.end(),
+                       [&](const CallEdge& o) { return o.rule == r.rule && o.target == r.target; }))
+        m.calls.push_back(r);
+    }
+    folded.push_back(std::move(m));
+  }
+  nodes_.resize(static_cast<size_t>(start));
+  nodes_.insert(nodes_.end(), folded.begin(), folded.end());
+  rules_[rule].end = static_cast<int32_t>(nodes_.size());
 }
 
 void Grammar::compute_shapes() {
@@ -352,6 +429,75 @@ void Grammar::compile(int32_t root) {
     }
   }
   compute_shapes();
+  index_deterministic_nodes();
+  compute_follow();
+}
+
+void Grammar::compute_follow() {
+  auto unite = [](ByteSet& into, const ByteSet& from) {
+    bool grew = false;
+    for (size_t w = 0; w < 4; ++w) {
+      const uint64_t merged = into.bits[w] | from.bits[w];
+      grew = grew || merged != into.bits[w];
+      into.bits[w] = merged;
+    }
+    return grew;
+  };
+  // first[n]: the bytes a stack topped by n can consume next without popping n's rule: its
+  // byte edges, the first bytes of the rules it calls and, where a called rule can match
+  // nothing, the call's return node's.
+  std::vector<ByteSet> first(nodes_.size());
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (size_t i = 0; i < nodes_.size(); ++i) {
+      const Node& n = nodes_[i];
+      for (const ByteEdge& e : n.bytes) grew = unite(first[i], e.set) || grew;
+      for (const CallEdge& c : n.calls) {
+        const auto start = static_cast<size_t>(rules_[static_cast<size_t>(c.rule)].start);
+        grew = unite(first[i], first[start]) || grew;
+        if (nodes_[start].completes)
+          grew = unite(first[i], first[static_cast<size_t>(c.target)]) || grew;
+      }
+    }
+  }
+  // follow[r]: after a call of r returns to t, what t consumes, and if t can end its rule,
+  // what follows that rule.
+  follow_.assign(rules_.size(), ByteSet{});
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (const Node& n : nodes_)
+      for (const CallEdge& c : n.calls) {
+        ByteSet& f = follow_[static_cast<size_t>(c.rule)];
+        const auto t = static_cast<size_t>(c.target);
+        grew = unite(f, first[t]) || grew;
+        if (nodes_[t].completes) grew = unite(f, follow_[static_cast<size_t>(n.rule)]) || grew;
+      }
+  }
+}
+
+void Grammar::index_deterministic_nodes() {
+  deterministic_slot_.assign(nodes_.size(), -1);
+  edge_of_byte_.clear();
+  std::array<uint8_t, 256> edge_of{};
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    const Node& n = nodes_[i];
+    if (!n.calls.empty() || n.final || n.bytes.size() >= kNoEdgeIndex) continue;
+    edge_of.fill(kNoEdgeIndex);
+    bool deterministic = true;
+    for (size_t e = 0; e < n.bytes.size() && deterministic; ++e)
+      for (size_t w = 0; w < 4 && deterministic; ++w)
+        for (uint64_t bits = n.bytes[e].set.bits[w]; bits; bits &= bits - 1) {
+          const size_t b = w * 64 + static_cast<size_t>(std::countr_zero(bits));
+          if (edge_of[b] != kNoEdgeIndex) {
+            deterministic = false;  // two edges take b: a set of stacks after it
+            break;
+          }
+          edge_of[b] = static_cast<uint8_t>(e);
+        }
+    if (!deterministic) continue;
+    deterministic_slot_[i] = static_cast<int32_t>(edge_of_byte_.size() / 256);
+    edge_of_byte_.insert(edge_of_byte_.end(), edge_of.begin(), edge_of.end());
+  }
 }
 
 void Grammar::step_rec(GrammarStack& s, uint8_t b, std::vector<GrammarStack>& out, size_t& count,

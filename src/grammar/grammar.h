@@ -88,6 +88,25 @@ class Grammar {
   void advance_into(const std::vector<GrammarStack>& state, size_t state_size, uint8_t b,
                     std::vector<GrammarStack>& out, size_t& out_size,
                     bool* outside = nullptr) const;
+  // For hot loops (grammar/token_mask walks the vocabulary a byte at a time): the node a stack
+  // topped by `node` moves to on byte `b`, the rest of the stack unchanged, when `node` makes
+  // no calls, cannot end its rule and has no byte on two of its edges (a string's interior, a
+  // number's digits): the target, or kNoEdge when no edge takes `b`. kNotDeterministic for
+  // any other node: then only step() knows.
+  static constexpr int32_t kNoEdge = -1, kNotDeterministic = -2;
+  int32_t deterministic_step(int32_t node, uint8_t b) const {
+    const int32_t slot = deterministic_slot_[static_cast<size_t>(node)];
+    if (slot < 0) return kNotDeterministic;
+    const uint8_t edge = edge_of_byte_[static_cast<size_t>(slot) * 256 + b];
+    return edge == kNoEdgeIndex ? kNoEdge : nodes_[static_cast<size_t>(node)].bytes[edge].target;
+  }
+  // The bytes that can come right after a match of `rule` anywhere in the grammar (LL
+  // parsing's FOLLOW set, over bytes): what its callers' return nodes can consume next,
+  // through rules that match nothing and callers that end with it. Empty for the root: nothing
+  // follows the output. An over-approximation, never an under-one: a byte outside it cannot
+  // follow the rule in any stack, so token_mask rejects a token that leaves the rule with
+  // such a byte without knowing the callers (a space then a letter, after JSON whitespace).
+  const ByteSet& follow(int32_t rule) const { return follow_[static_cast<size_t>(rule)]; }
   // The stack's input so far is a complete match of the root.
   bool can_finish(const GrammarStack& stack) const;
   // The rule of `node` may end there (possibly after calls to rules that match nothing).
@@ -155,11 +174,22 @@ class Grammar {
   void step_rec(GrammarStack& stack, uint8_t b, std::vector<GrammarStack>& out, size_t& count,
                 bool* outside, int budget) const;
   void compile_rule(int32_t rule);
+  // Folds the rule's nodes that behave alike into one (they would share every table anyway,
+  // but under different node shapes each would be walked on its own).
+  void merge_equivalent_nodes(int32_t rule);
   void compute_shapes();
+  void index_deterministic_nodes();
+  void compute_follow();
 
   std::vector<Rule> rules_;
   std::vector<Node> nodes_;
   std::vector<uint64_t> shapes_;  // per rule
+  std::vector<ByteSet> follow_;   // per rule
+  // deterministic_step's tables: per node, its slot (-1: not deterministic); per slot, which
+  // of the node's byte edges takes each byte (kNoEdgeIndex: none). 256 bytes a node.
+  static constexpr uint8_t kNoEdgeIndex = 0xff;
+  std::vector<int32_t> deterministic_slot_;
+  std::vector<uint8_t> edge_of_byte_;
   int32_t root_ = 0;
 };
 

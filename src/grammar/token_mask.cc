@@ -25,6 +25,18 @@ void append_shape(std::string& key, const Grammar::NodeShape& shape) {
   key.append(reinterpret_cast<const char*>(&shape.index), sizeof shape.index);
 }
 
+// Every byte: the follow set of a table that leaves context-dependent every token that leaves
+// its rule.
+const ByteSet kAnyByte = [] {
+  ByteSet all;
+  all.bits.fill(~uint64_t{0});
+  return all;
+}();
+
+void append_bytes(std::string& key, const ByteSet& set) {
+  key.append(reinterpret_cast<const char*>(set.bits.data()), sizeof set.bits);
+}
+
 std::string state_key(const std::vector<GrammarStack>& state) {
   std::string key;
   for (const GrammarStack& s : state) {
@@ -135,10 +147,26 @@ void TokenVocab::index() {
     if (e < 0 || e >= vocab_size_) throw Error("end-of-sequence id outside the vocabulary");
     bytes_[static_cast<size_t>(e)].clear();  // an EOS token's text is never part of the output
   }
-  for (TokenId t = 0; t < vocab_size_; ++t)
-    if (!bytes_[static_cast<size_t>(t)].empty()) sorted_.push_back(t);
-  std::sort(sorted_.begin(), sorted_.end(),
-            [&](TokenId a, TokenId b) { return bytes(a) < bytes(b); });
+  // Sorted by (first 8 bytes as a big-endian integer, then all bytes): the integers order
+  // them as the strings do, and settle all but the few comparisons between tokens with the
+  // same first 8 bytes without touching the strings.
+  std::vector<std::pair<uint64_t, TokenId>> keyed;
+  for (TokenId t = 0; t < vocab_size_; ++t) {
+    const std::string& b = bytes_[static_cast<size_t>(t)];
+    if (b.empty()) continue;
+    uint64_t key = 0;
+    for (size_t i = 0; i < 8; ++i)
+      key = key << 8 | (i < b.size() ? static_cast<uint8_t>(b[i]) : uint64_t{0});
+    keyed.emplace_back(key, t);
+  }
+  std::sort(keyed.begin(), keyed.end(), [&](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first < b.first : bytes(a.second) < bytes(b.second);
+  });
+  sorted_.reserve(keyed.size());
+  for (const auto& [key, t] : keyed) sorted_.push_back(t);
+  position_.assign(bytes_.size(), 0);
+  for (size_t i = 0; i < sorted_.size(); ++i)
+    position_[static_cast<size_t>(sorted_[i])] = static_cast<uint32_t>(i);
   lcp_.assign(sorted_.size(), 0);
   for (size_t i = 1; i < sorted_.size(); ++i) {
     const std::string& a = bytes(sorted_[i - 1]);
@@ -193,18 +221,16 @@ std::unique_ptr<TokenMatcher> CompiledGrammar::start() const {
 
 namespace {
 
-// The end of the run of tokens after `from` that start with bytes[0, len): they are sorted, so
-// such tokens are neighbours. With the common prefix lengths at hand that is a scan of
-// integers; without, a galloping search, so a short run costs a few comparisons and a long one
-// (every " x..." token under a dead " x") a logarithm.
+// The end of the run of tokens after `from` that start with the same `len` bytes as
+// tokens[from]: they are sorted, so such tokens are neighbours. In the whole sorted vocabulary
+// that is TokenVocab::run_end; `tokens` being in the same order, its run ends before the first
+// token whose position is past that end: a galloping search over integers, so a short run
+// costs a few comparisons and a long one (every " x..." token under a dead " x") a logarithm.
 size_t prefix_run_end(const TokenVocab& v, const std::vector<TokenId>& tokens,
-                      const std::vector<int32_t>* common_prefix, size_t from,
-                      const std::string& bytes, size_t len) {
+                      const std::vector<int32_t>* common_prefix, size_t from, size_t len) {
   if (common_prefix) return v.run_end(from, len);  // `tokens` is the whole sorted vocabulary
-  auto shares = [&](size_t j) {
-    const std::string& b = v.bytes(tokens[j]);
-    return b.size() >= len && b.compare(0, len, bytes, 0, len) == 0;
-  };
+  const uint32_t end = static_cast<uint32_t>(v.run_end(v.position(tokens[from]), len));
+  auto shares = [&](size_t j) { return v.position(tokens[j]) < end; };
   size_t lo = from, step = 1;  // tokens (from, lo] share the prefix
   while (lo + step < tokens.size() && shares(lo + step)) {
     lo += step;
@@ -222,8 +248,8 @@ size_t prefix_run_end(const TokenVocab& v, const std::vector<TokenId>& tokens,
 
 template <typename OnAccept>
 void CompiledGrammar::classify(const GrammarStack& start, const std::vector<TokenId>& tokens,
-                               const std::vector<int32_t>* common_prefix, OnAccept on_accept,
-                               std::vector<TokenId>& context_dependent) const {
+                               const std::vector<int32_t>* common_prefix, const ByteSet& follow,
+                               OnAccept on_accept, std::vector<TokenId>& context_dependent) const {
   const TokenVocab& v = *vocab_;
   // levels[k]: the stacks after the first k bytes of the current token; outside[k]: some way
   // popped onto kOutside on the way (the rest of the token is for callers not known here).
@@ -259,12 +285,32 @@ void CompiledGrammar::classify(const GrammarStack& start, const std::vector<Toke
     for (; k < len; ++k) {
       const size_t at = static_cast<size_t>(k);
       if (sizes[at] == 0) break;
+      const auto byte = static_cast<uint8_t>(bytes[at]);
+      if (sizes[at] == 1) {
+        // One stack whose top node has one way at most per byte (a string's interior): only
+        // the top changes, with nothing to sort or pop. Most of a string table's walk.
+        const GrammarStack& from = levels[at][0];
+        const int32_t next = grammar_->deterministic_step(from.back(), byte);
+        if (next != Grammar::kNotDeterministic) {
+          std::vector<GrammarStack>& to = levels[at + 1];
+          if (next == Grammar::kNoEdge) {
+            sizes[at + 1] = 0;
+          } else {
+            if (to.empty()) to.emplace_back();
+            to[0].assign(from.begin(), from.end());
+            to[0].back() = next;
+            sizes[at + 1] = 1;
+          }
+          outside[at + 1] = outside[at];
+          continue;
+        }
+      }
       bool out = false;
-      grammar_->advance_into(levels[at], sizes[at], static_cast<uint8_t>(bytes[at]), levels[at + 1],
-                             sizes[at + 1], &out);
+      grammar_->advance_into(levels[at], sizes[at], byte, levels[at + 1], sizes[at + 1], &out);
       // A pop before the token's first byte is not context: mask_for() adds the popped stack
-      // to the state it masks, and that stack's own tables decide such tokens.
-      outside[at + 1] = outside[at] || (out && at > 0);
+      // to the state it masks, and that stack's own tables decide such tokens. A pop with a
+      // byte that nothing after the rule takes is a dead way, whatever the callers.
+      outside[at + 1] = outside[at] || (out && at > 0 && follow.has(byte));
     }
     valid = k;
     const size_t at = static_cast<size_t>(k);
@@ -275,7 +321,7 @@ void CompiledGrammar::classify(const GrammarStack& start, const std::vector<Toke
     // Every token under this prefix ends the same way (no stack left to tell them apart):
     // decided as a run, which is what makes whitespace-like nodes (tens of thousands of
     // " word" tokens that leave the rule after one byte) and dead prefixes cheap.
-    const size_t end = prefix_run_end(v, tokens, common_prefix, i, bytes, at);
+    const size_t end = prefix_run_end(v, tokens, common_prefix, i, at);
     if (outside[at]) {
       context_dependent.insert(context_dependent.end(), tokens.begin() + static_cast<ptrdiff_t>(i),
                                tokens.begin() + static_cast<ptrdiff_t>(end));
@@ -292,22 +338,39 @@ const NodeTokenTable& CompiledGrammar::node_table(int32_t node) const {
     std::lock_guard lock(mu_);
     if (tables_[static_cast<size_t>(node)]) return *tables_[static_cast<size_t>(node)];
   }
-  std::string key;
-  append_shape(key, grammar_->node_shape(node));
-  std::shared_ptr<const NodeTokenTable> table = vocab_->node_tables.find(key);
-  if (!table) {
-    auto built = std::make_shared<NodeTokenTable>();
-    built->accepted.assign((static_cast<size_t>(vocab_->vocab_size()) + 63) / 64, 0);
-    if (!counted_string_table(node, *built))
-      classify(
-          {Grammar::kOutside, node}, vocab_->sorted(), &vocab_->common_prefix(),
-          [&](TokenId t) { set_bit(built->accepted, t); }, built->context_dependent);
-    table = vocab_->node_tables.keep(std::move(key), std::move(built));
-  }
+  std::shared_ptr<const NodeTokenTable> table =
+      shared_node_table(node, grammar_->follow(grammar_->node_rule(node)));
   std::lock_guard lock(mu_);
   auto& slot = tables_[static_cast<size_t>(node)];
   if (!slot) slot = std::move(table);  // another thread may have set it meanwhile
   return *slot;
+}
+
+std::shared_ptr<const NodeTokenTable> CompiledGrammar::shared_node_table(
+    int32_t node, const ByteSet& follow) const {
+  std::string key;
+  append_shape(key, grammar_->node_shape(node));
+  append_bytes(key, follow);
+  if (auto table = vocab_->node_tables.find(key)) return table;
+  auto built = std::make_shared<NodeTokenTable>();
+  if (follow == kAnyByte) {
+    // The walk of the whole vocabulary, once per node shape.
+    built->accepted.assign((static_cast<size_t>(vocab_->vocab_size()) + 63) / 64, 0);
+    if (!counted_string_table(node, *built))
+      classify(
+          {Grammar::kOutside, node}, vocab_->sorted(), &vocab_->common_prefix(), kAnyByte,
+          [&](TokenId t) { set_bit(built->accepted, t); }, built->context_dependent);
+  } else {
+    // The follow set changes only which tokens that leave the rule stay context-dependent
+    // (the accepted ones never leave it): the unfiltered table's few, walked again. Rules
+    // shared by grammars whose follow sets differ (a string before ',' or '}') share the walk.
+    const std::shared_ptr<const NodeTokenTable> any = shared_node_table(node, kAnyByte);
+    built->accepted = any->accepted;
+    classify(
+        {Grammar::kOutside, node}, any->context_dependent, nullptr, follow,
+        [&](TokenId t) { set_bit(built->accepted, t); }, built->context_dependent);
+  }
+  return vocab_->node_tables.keep(std::move(key), std::move(built));
 }
 
 bool CompiledGrammar::counted_string_table(int32_t node, NodeTokenTable& out) const {
@@ -331,7 +394,8 @@ bool CompiledGrammar::counted_string_table(int32_t node, NodeTokenTable& out) co
   key += static_cast<char>(at.escape);
   std::shared_ptr<const CountedStringPlace> place = vocab_->counted_places.find(key);
   if (!place) {
-    const NodeTokenTable& from = node_table(same);
+    const std::shared_ptr<const NodeTokenTable> from_table = shared_node_table(same, kAnyByte);
+    const NodeTokenTable& from = *from_table;
     auto fresh = std::make_shared<CountedStringPlace>();
     auto lex = [&](TokenId t) {
       StringLexer lx = at;
@@ -374,15 +438,19 @@ std::shared_ptr<const SuffixTokenTable> CompiledGrammar::suffix_table(
     const GrammarStack& stack, size_t k, const std::vector<TokenId>& candidates) const {
   GrammarStack start{Grammar::kOutside};
   start.insert(start.end(), stack.end() - static_cast<ptrdiff_t>(k), stack.end());
-  // The candidates are the k - 1 top nodes' context-dependent tokens, so the k shapes are key
-  // enough.
+  // The candidates are the k - 1 top nodes' context-dependent tokens, each table's filtered by
+  // its bottom rule's follow set: the k shapes and follow sets are key enough.
   std::string key;
-  for (size_t i = 1; i < start.size(); ++i) append_shape(key, grammar_->node_shape(start[i]));
+  for (size_t i = 1; i < start.size(); ++i) {
+    append_shape(key, grammar_->node_shape(start[i]));
+    append_bytes(key, grammar_->follow(grammar_->node_rule(start[i])));
+  }
   if (auto table = vocab_->suffix_tables.find(key)) return table;
   auto table = std::make_shared<SuffixTokenTable>();
+  // Popping onto kOutside leaves the rule of the bottom frame (start[1]).
   classify(
-      start, candidates, nullptr, [&](TokenId t) { table->accepted.push_back(t); },
-      table->context_dependent);
+      start, candidates, nullptr, grammar_->follow(grammar_->node_rule(start[1])),
+      [&](TokenId t) { table->accepted.push_back(t); }, table->context_dependent);
   return vocab_->suffix_tables.keep(std::move(key), std::move(table));
 }
 

@@ -107,6 +107,8 @@ class TokenVocab {
   // (i's bytes must be that long). Runs of one and two bytes are indexed (a rejected first
   // byte skips its whole group at once), longer ones found by jumps over next_shorter_.
   size_t run_end(size_t i, size_t len) const;
+  // Token t's position in sorted() (usable tokens only).
+  uint32_t position(TokenId t) const { return position_[static_cast<size_t>(t)]; }
 
   // Token tables shared by every grammar over this vocabulary, keyed by node shapes
   // (Grammar::node_shape): a rule that two schemas have in common (whitespace, strings,
@@ -122,6 +124,7 @@ class TokenVocab {
   std::vector<std::string> bytes_;
   std::vector<TokenId> eos_, sorted_;
   std::vector<int32_t> lcp_;
+  std::vector<uint32_t> position_;    // per token id
   std::vector<uint32_t> run_end_[2];  // for lengths 1 and 2
   // Position j's next position with a shorter common prefix (lcp_[k] < lcp_[j]; the end if
   // none): the tokens between share at least lcp_[j] bytes with their neighbours.
@@ -146,17 +149,25 @@ class CompiledGrammar : public TokenConstraint,
 
  private:
   const NodeTokenTable& node_table(int32_t node) const;
+  // The table of `node` where a token that leaves its rule is context-dependent only when it
+  // leaves with a byte of `follow` (the rule's Grammar::follow; every byte: the walk of the
+  // vocabulary that the others filter), shared through the vocabulary by node shape and
+  // follow set.
+  std::shared_ptr<const NodeTokenTable> shared_node_table(int32_t node,
+                                                          const ByteSet& follow) const;
   // The table of a counted string's node (Grammar::CountedString), derived from the unbounded
-  // string's node in the same place; false (nothing done) for any other node.
+  // string's node in the same place (follow sets not applied); false (nothing done) for any
+  // other node.
   bool counted_string_table(int32_t node, NodeTokenTable& out) const;
   std::shared_ptr<const SuffixTokenTable> suffix_table(
       const GrammarStack& stack, size_t k, const std::vector<TokenId>& candidates) const;
   // Runs `tokens` (in byte order) from `start` (kOutside at its bottom): accepted ones to
-  // on_accept, those that pop onto kOutside to context_dependent, the rest are rejected.
+  // on_accept, those that pop onto kOutside with a byte of `follow` to context_dependent, the
+  // rest are rejected.
   template <typename OnAccept>
   void classify(const GrammarStack& start, const std::vector<TokenId>& tokens,
-                const std::vector<int32_t>* common_prefix, OnAccept on_accept,
-                std::vector<TokenId>& context_dependent) const;
+                const std::vector<int32_t>* common_prefix, const ByteSet& follow,
+                OnAccept on_accept, std::vector<TokenId>& context_dependent) const;
 
   std::shared_ptr<const Grammar> grammar_;
   std::shared_ptr<const TokenVocab> vocab_;

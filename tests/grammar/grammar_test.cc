@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -51,6 +52,55 @@ TEST(GrammarTest, JsonObjectAcceptsObjectsOnly) {
   EXPECT_FALSE(g->matches("{\"a\": \"\xed\xa0\x80\"}"));  // encoded surrogate
   EXPECT_FALSE(g->matches("{\"a\" : 1,}"));
   EXPECT_TRUE(g->matches_prefix("{\"a\": [1, {\"b"));
+}
+
+// FOLLOW sets over bytes: what can come right after JSON whitespace is structure or the first
+// byte of a value, never another letter; nothing follows the root.
+TEST(GrammarTest, FollowSetsHoldWhatCanComeAfterARule) {
+  auto g = json_object_grammar();
+  int32_t ws = -1, root = -1;
+  for (int32_t r = 0; r < g->num_rules(); ++r) {
+    if (g->rule_name(r) == "ws") ws = r;
+    if (g->node_rule(g->initial()[0][0]) == r) root = r;
+  }
+  ASSERT_GE(ws, 0);
+  for (char c : std::string("\"{}[],:-0123456789tfn")) EXPECT_TRUE(g->follow(ws).has(c)) << c;
+  for (char c : std::string("axyz ")) EXPECT_FALSE(g->follow(ws).has(c)) << c;
+  EXPECT_EQ(g->follow(root), ByteSet{});
+  // Every byte that really follows ws somewhere in a text is in its set.
+  const std::string text = "{ \"a\" : [ 1 , -2 , \"x\" , { } , [ ] , true , false , null ] }";
+  for (size_t i = 0; i + 1 < text.size(); ++i)
+    if (text[i] == ' ') {
+      EXPECT_TRUE(g->follow(ws).has(static_cast<uint8_t>(text[i + 1]))) << i;
+    }
+}
+
+// The one-node step table agrees with step() wherever it claims to know (a string's interior
+// is such a node), and refuses nodes that call, can end, or have a byte on two edges.
+TEST(GrammarTest, DeterministicStepsAgreeWithStep) {
+  auto g = json_object_grammar();
+  int deterministic = 0;
+  for (int32_t n = 0; n < g->num_nodes(); ++n)
+    for (int b = 0; b < 256; ++b) {
+      const int32_t next = g->deterministic_step(n, static_cast<uint8_t>(b));
+      if (next == Grammar::kNotDeterministic) continue;
+      deterministic += b == 0;
+      std::vector<GrammarStack> out;
+      g->step({n}, static_cast<uint8_t>(b), out);
+      if (next == Grammar::kNoEdge) {
+        EXPECT_TRUE(out.empty()) << n << " " << b;
+      } else {
+        ASSERT_EQ(out.size(), 1u) << n << " " << b;
+        EXPECT_EQ(out[0], GrammarStack{next});
+      }
+    }
+  EXPECT_GT(deterministic, 5);  // the string's interior, escapes and UTF-8 continuations
+  // The string's interior node: after an opening quote.
+  std::vector<GrammarStack> state = g->initial();
+  for (char c : std::string("{\"")) state = g->advance(state, static_cast<uint8_t>(c));
+  ASSERT_EQ(state.size(), 1u);
+  EXPECT_NE(g->deterministic_step(state[0].back(), 'a'), Grammar::kNotDeterministic);
+  EXPECT_EQ(g->deterministic_step(state[0].back(), 0x01), Grammar::kNoEdge);
 }
 
 TEST(GrammarTest, SchemaObjectsRequiredOptionalAndEnums) {
@@ -129,8 +179,19 @@ std::vector<std::string> small_vocab() {
   return v;
 }
 
+// The same with tokens that leave a rule mid-token: whitespace then a word (refused after
+// JSON whitespace by its follow set), the start of a literal that may follow it, or structure;
+// a string closed and continued.
+std::vector<std::string> small_vocab_with_words() {
+  std::vector<std::string> v = small_vocab();
+  for (const char* t : {" x", " the", " t", " tr", " true", " n", " null", " ,", " }", "\n\n}",
+                        "  \"", " 1", " -", "x\"", "\" ,", "\"x", " :", "\n]"})
+    v.push_back(t);
+  return v;
+}
+
 void expect_masks_match_brute_force(const std::shared_ptr<Grammar>& g, uint64_t seed) {
-  auto vocab = std::make_shared<TokenVocab>(small_vocab(), std::vector<TokenId>{0});
+  auto vocab = std::make_shared<TokenVocab>(small_vocab_with_words(), std::vector<TokenId>{0});
   auto cg = std::make_shared<CompiledGrammar>(g, vocab);
   std::mt19937_64 rng(seed);
   for (int walk = 0; walk < 20; ++walk) {
@@ -307,6 +368,28 @@ TEST(TokenMaskTest, Llama3VocabularyMasksEqualBruteForce) {
         << "before " << piece;
     for (const char* c = piece; *c; ++c) state = gb->advance(state, static_cast<uint8_t>(*c));
     ASSERT_FALSE(state.empty()) << piece;
+  }
+  // Random walks over the benchmark's schemas (tests/grammar/data/schemas.json: nested objects,
+  // enums, bounded strings, anyOf, a recursive $ref) on the real vocabulary, where tens of
+  // thousands of " word" tokens leave whitespace and strings close mid-token.
+  std::ifstream in(BLEND_SOURCE_DIR "/tests/grammar/data/schemas.json");
+  const json schemas = json::parse(in);
+  std::mt19937_64 rng(11);
+  for (size_t i = 0; i < schemas.size(); ++i) {
+    auto gs = json_schema_grammar(schemas[i]);
+    auto cgs = std::make_shared<CompiledGrammar>(gs, vocab);
+    state = gs->initial();
+    for (int step = 0; step < 6; ++step) {
+      const TokenMask slow = cgs->brute_force_mask(state);
+      ASSERT_EQ(cgs->mask_for(state)->words, slow.words) << "schema " << i << " step " << step;
+      std::vector<TokenId> allowed;
+      for (TokenId t = 0; t < vocab->vocab_size(); ++t)
+        if (slow.allows(t) && t != eos) allowed.push_back(t);
+      if (allowed.empty()) break;
+      for (char c : vocab->bytes(allowed[rng() % allowed.size()]))
+        state = gs->advance(state, static_cast<uint8_t>(c));
+      ASSERT_FALSE(state.empty());
+    }
   }
   // The finished value allows nothing but EOS.
   auto m = cg->start();
