@@ -285,15 +285,18 @@ void Grammar::compile_rule(int32_t rule) {
 void Grammar::merge_equivalent_nodes(int32_t rule) {
   // Nodes that may end the rule alike and whose edges are the same (the same bytes to the same
   // nodes, the same calls returning to the same nodes) behave alike: each group becomes one
-  // node, and again while merged targets make more nodes alike. Coarser than none, not
-  // always minimal (that would take Moore's rounds, one per character of a bounded string);
-  // enough for the string rule's "between two characters" nodes, one per kind of character.
+  // node, and again while merged targets make more nodes alike, for kMergeRounds rounds at
+  // most (a merge is right after any round; two literals with a long common suffix would
+  // otherwise take a round per byte). Coarser than none, not always minimal; enough for the
+  // string rule's "between two characters" nodes, one per kind of character (one round).
+  constexpr int kMergeRounds = 4;
   const int32_t start = rules_[rule].start;
   const size_t count = static_cast<size_t>(rules_[rule].end - start);
   std::vector<int32_t> rep(count);  // each node's group, as the index of its first node
   for (size_t i = 0; i < count; ++i) rep[i] = static_cast<int32_t>(i);
   auto group_of = [&](int32_t node) { return rep[static_cast<size_t>(node - start)]; };
-  for (bool merged = true; merged;) {
+  bool merged = true;
+  for (int round = 0; merged && round < kMergeRounds; ++round) {
     merged = false;
     std::map<std::string, int32_t> first_with;
     for (size_t i = 0; i < count; ++i) {
@@ -449,7 +452,9 @@ void Grammar::compute_follow() {
   std::vector<ByteSet> first(nodes_.size());
   for (bool grew = true; grew;) {
     grew = false;
-    for (size_t i = 0; i < nodes_.size(); ++i) {
+    // Last node first: a call's return node comes after the calling node, so one pass
+    // carries most of what flows back through rules that match nothing.
+    for (size_t i = nodes_.size(); i-- > 0;) {
       const Node& n = nodes_[i];
       for (const ByteEdge& e : n.bytes) grew = unite(first[i], e.set) || grew;
       for (const CallEdge& c : n.calls) {
