@@ -1,5 +1,6 @@
-// Helpers the forward-pass benchmarks share (cpu_forward_bench, gpu/cuda_forward_bench): the
-// clock, the median of repeated runs after a warm-up, comma lists, JSON lines on stdout.
+// Helpers the benchmarks share (cpu_forward_bench, gpu/cuda_forward_bench, tokenizer_bench,
+// grammar_bench): the clock, medians, the median of repeated runs after a warm-up, comma lists,
+// JSON lines on stdout.
 #pragma once
 
 #include <algorithm>
@@ -16,6 +17,18 @@ namespace blend::bench {
 
 inline double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Seconds since `start`, a value of now().
+inline double seconds_since(double start) {
+  return now() - start;
+}
+
+// The median of `v` (the mean of the middle two for an even count); v must not be empty.
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 // Runs f once to warm up (kernel creation, first touch of buffers), then `reps` times; returns

@@ -14,7 +14,6 @@
 // tokens every round, so `valgrind --tool=callgrind` counts are repeatable.
 #include <algorithm>
 #include <bit>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -25,23 +24,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench_util.h"
 #include "grammar/json_schema.h"
 #include "grammar/token_mask.h"
 #include "text/tokenizer.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
+using blend::bench::median;
+using blend::bench::now;
+using blend::bench::seconds_since;
 
 // std::popcount without the popcnt instruction is a library call per word; this is a few
 // instructions, whatever the build's target.
@@ -76,17 +68,17 @@ Round run_round(const blend::Tokenizer& tok, const std::vector<blend::TokenId>& 
                 const nlohmann::json& schemas, int requests, int max_tokens, uint64_t seed,
                 std::shared_ptr<const blend::TokenVocab>* vocab) {
   Round r;
-  auto t = Clock::now();
+  auto t = now();
   if (!*vocab) *vocab = std::make_shared<blend::TokenVocab>(tok, tok.vocab_size(), eos);
   r.index = seconds_since(t);
-  t = Clock::now();
+  t = now();
   blend::GrammarCompiler compiler(*vocab);
   std::vector<std::unique_ptr<blend::TokenMatcher>> matchers;
   for (int i = 0; i < requests; ++i)
     matchers.push_back(
         compiler.json_schema(schemas[static_cast<size_t>(i) % schemas.size()])->start());
   r.compile = seconds_since(t);
-  t = Clock::now();
+  t = now();
   std::vector<std::mt19937_64> rngs;
   for (int i = 0; i < requests; ++i) rngs.emplace_back(seed + static_cast<uint64_t>(i));
   std::vector<bool> done(static_cast<size_t>(requests), false);

@@ -24,21 +24,14 @@
 #include <string_view>
 #include <vector>
 
+#include "bench_util.h"
 #include "text/tokenizer.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
+using blend::bench::median;
+using blend::bench::now;
+using blend::bench::seconds_since;
 
 class TextGenerator {
  public:
@@ -205,7 +198,7 @@ int main(int argc, char** argv) {
   if (positional.size() > 1) text_file = positional[1];
 
   try {
-    auto t0 = Clock::now();
+    auto t0 = now();
     auto tok = std::make_unique<blend::Tokenizer>(blend::Tokenizer::from_dir(dir));
     const double load_s = seconds_since(t0);
 
@@ -227,19 +220,19 @@ int main(int argc, char** argv) {
     size_t tokens = 0;
     for (int r = 0; r < std::min(runs, 3); ++r) {
       if (r > 0) tok = std::make_unique<blend::Tokenizer>(blend::Tokenizer::from_dir(dir));
-      t0 = Clock::now();
+      t0 = now();
       tokens = tok->encode(text).size();
       cold.push_back(text_mb / seconds_since(t0));
     }
     std::vector<int32_t> ids;
     for (int r = 0; r < runs; ++r) {
-      t0 = Clock::now();
+      t0 = now();
       ids = tok->encode(text);
       warm.push_back(text_mb / seconds_since(t0));
     }
     std::vector<double> dec;
     for (int r = 0; r < runs; ++r) {
-      t0 = Clock::now();
+      t0 = now();
       const std::string back = tok->decode(ids);
       dec.push_back(static_cast<double>(back.size()) / 1e6 / seconds_since(t0));
       if (back.size() != text.size()) throw std::runtime_error("decode(encode(text)) != text");
