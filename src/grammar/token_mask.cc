@@ -5,6 +5,7 @@
 #include <climits>
 #include <cstring>
 #include <numeric>
+#include <utility>
 
 #include "core/error.h"
 #include "text/tokenizer.h"
@@ -159,9 +160,27 @@ void TokenVocab::index() {
       key = key << 8 | (i < b.size() ? static_cast<uint8_t>(b[i]) : uint64_t{0});
     keyed.emplace_back(key, t);
   }
-  std::sort(keyed.begin(), keyed.end(), [&](const auto& a, const auto& b) {
-    return a.first != b.first ? a.first < b.first : bytes(a.second) < bytes(b.second);
-  });
+  // A radix sort on the integers (four passes of 16 bits, least significant first: stable),
+  // then each run of equal integers by its strings (tokens longer than 8 bytes, or with zeros).
+  std::vector<std::pair<uint64_t, TokenId>> scratch(keyed.size());
+  std::vector<uint32_t> counts(size_t{1} << 16);
+  for (int shift = 0; shift < 64; shift += 16) {
+    std::fill(counts.begin(), counts.end(), 0);
+    for (const auto& [key, t] : keyed) ++counts[(key >> shift) & 0xffff];
+    uint32_t at = 0;
+    for (uint32_t& c : counts) at += std::exchange(c, at);
+    for (const auto& e : keyed) scratch[counts[(e.first >> shift) & 0xffff]++] = e;
+    keyed.swap(scratch);
+  }
+  for (size_t i = 0; i < keyed.size();) {
+    size_t j = i + 1;
+    while (j < keyed.size() && keyed[j].first == keyed[i].first) ++j;
+    if (j - i > 1)
+      std::sort(keyed.begin() + static_cast<ptrdiff_t>(i),
+                keyed.begin() + static_cast<ptrdiff_t>(j),
+                [&](const auto& a, const auto& b) { return bytes(a.second) < bytes(b.second); });
+    i = j;
+  }
   sorted_.reserve(keyed.size());
   for (const auto& [key, t] : keyed) sorted_.push_back(t);
   position_.assign(bytes_.size(), 0);

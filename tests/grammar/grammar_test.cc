@@ -219,12 +219,17 @@ TEST(TokenMaskTest, PrefixRunsEndWhereAScanEndsThem) {
   std::vector<std::string> bytes{""};  // token 0: the end of sequence
   for (int t = 1; t < 3000; ++t) {
     std::string b;
-    const int len = 1 + static_cast<int>(rng() % 7);
-    for (int k = 0; k < len; ++k) b.push_back("ab c"[rng() % 4]);  // few letters: long runs
+    // Few distinct bytes (long runs; 0 and 0xff at the ends of the order), up to 12 of them
+    // (the sort orders on the first 8 first).
+    const int len = 1 + static_cast<int>(rng() % 12);
+    for (int k = 0; k < len; ++k) b.push_back(std::string("ab c\0\xff", 6)[rng() % 6]);
     bytes.push_back(b);
   }
   const TokenVocab vocab(bytes, {0});
   const std::vector<TokenId>& sorted = vocab.sorted();
+  ASSERT_EQ(sorted.size(), bytes.size() - 1);
+  for (size_t i = 1; i < sorted.size(); ++i)
+    ASSERT_LE(vocab.bytes(sorted[i - 1]), vocab.bytes(sorted[i])) << "position " << i;
   for (size_t i = 0; i < sorted.size(); ++i) {
     const std::string& b = vocab.bytes(sorted[i]);
     for (size_t len = 1; len <= b.size(); ++len) {
