@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "grammar/token_mask.h"
 
 namespace blend {
 namespace {
@@ -86,6 +87,31 @@ TEST(ToolCallGrammar, ErrorsNameTheSchema) {
   EXPECT_THROW(tool_call_grammar(ToolCallFormat::kHermes, {}, false), Error);
   EXPECT_NE(tool_call_grammar_key(ToolCallFormat::kHermes, functions(), false),
             tool_call_grammar_key(ToolCallFormat::kHermes, functions(), true));
+}
+
+// Token masks over the wrapper text and the JSON inside it, exact at every byte of two
+// parallel calls: tokens that cross from the arguments' JSON into the literal text around them
+// ("}}\n", "\"}}\n</") leave the JSON rules with bytes their follow sets must hold.
+TEST(ToolCallGrammar, MasksEqualBruteForceAcrossTheWrapper) {
+  std::vector<std::string> bytes = {"<eos>"};
+  for (int c = 0x20; c < 0x7f; ++c) bytes.push_back(std::string(1, static_cast<char>(c)));
+  for (const char* t : {"\n",     "<tool_call>", "<tool_call>\n{", "</tool_call>", "\n</", "}}",
+                        "}}\n",   "\"}}\n</",    "\"}}",           "\n<",          " \"",  "\": \"",
+                        "\", \"", "{}",          " {}}",           "\"c\"}}\n",    " the", " c",
+                        "\n\n",   "name",        "arguments",      "Paris"})
+    bytes.push_back(t);
+  auto vocab = std::make_shared<TokenVocab>(bytes, std::vector<TokenId>{0});
+  const auto g = tool_call_grammar(ToolCallFormat::kHermes, functions(), /*parallel=*/true);
+  auto cg = std::make_shared<CompiledGrammar>(g, vocab);
+  std::vector<GrammarStack> state = g->initial();
+  const std::string text = kWeather + "\n" + kNoop;
+  for (char c : text) {
+    ASSERT_EQ(cg->mask_for(state)->words, cg->brute_force_mask(state).words)
+        << "before byte " << static_cast<int>(c);
+    state = g->advance(state, static_cast<uint8_t>(c));
+    ASSERT_FALSE(state.empty());
+  }
+  ASSERT_EQ(cg->mask_for(state)->words, cg->brute_force_mask(state).words);
 }
 
 }  // namespace
