@@ -90,9 +90,9 @@ class Grammar {
                     bool* outside = nullptr) const;
   // For hot loops (grammar/token_mask walks the vocabulary a byte at a time): the node a stack
   // topped by `node` moves to on byte `b`, the rest of the stack unchanged, when `node` makes
-  // no calls, cannot end its rule and has no byte on two of its edges (a string's interior, a
-  // number's digits): the target, or kNoEdge when no edge takes `b`. kNotDeterministic for
-  // any other node: then only step() knows.
+  // no calls, cannot end its rule and has no byte on two of its edges (a string's interior,
+  // an escape, a UTF-8 sequence): the target, or kNoEdge when no edge takes `b`.
+  // kNotDeterministic for any other node: then only step() knows.
   static constexpr int32_t kNoEdge = -1, kNotDeterministic = -2;
   int32_t deterministic_step(int32_t node, uint8_t b) const {
     const int32_t slot = deterministic_slot_[static_cast<size_t>(node)];
