@@ -383,7 +383,9 @@ std::shared_ptr<const NodeTokenTable> CompiledGrammar::shared_node_table(
     // The follow set changes only which tokens that leave the rule stay context-dependent
     // (the accepted ones never leave it): the unfiltered table's few, walked again. Rules
     // shared by grammars whose follow sets differ (a string before ',' or '}') share the walk.
-    const std::shared_ptr<const NodeTokenTable> any = shared_node_table(node, kAnyByte);
+    std::shared_ptr<const NodeTokenTable> any = shared_node_table(node, kAnyByte);
+    if (any->context_dependent.empty())  // nothing leaves the rule: the same table
+      return vocab_->node_tables.keep(std::move(key), std::move(any));
     built->accepted = any->accepted;
     classify(
         {Grammar::kOutside, node}, any->context_dependent, nullptr, follow,
