@@ -262,17 +262,9 @@ void Grammar::compile_rule(int32_t rule) {
     std::map<int32_t, ByteSet> by_target;  // one edge per target: the union of its byte sets
     for (int x : closure) {
       if (x == accept) n.final = true;
-      for (const auto& [set, t] : ns[static_cast<size_t>(x)].bytes) {
-        ByteSet& u = by_target[node_for(t)];
-        for (size_t w = 0; w < 4; ++w) u.bits[w] |= set.bits[w];
-      }
-      for (const auto& [r, t] : ns[static_cast<size_t>(x)].calls) {
-        const CallEdge c{r, node_for(t)};
-        if (std::find_if(n.calls.begin(), n.calls.end(), [&](const CallEdge& o) {
-              return o.rule == c.rule && o.target == c.target;
-            }) == n.calls.end())
-          n.calls.push_back(c);
-      }
+      for (const auto& [set, t] : ns[static_cast<size_t>(x)].bytes)
+        by_target[node_for(t)].add_all(set);
+      for (const auto& [r, t] : ns[static_cast<size_t>(x)].calls) n.add_call({r, node_for(t)});
     }
     for (const auto& [t, set] : by_target) n.bytes.push_back({set, t});
     nodes_[static_cast<size_t>(node_of[s])] = std::move(n);
@@ -303,10 +295,7 @@ void Grammar::merge_equivalent_nodes(int32_t rule) {
       if (rep[i] != static_cast<int32_t>(i)) continue;  // folded into an earlier node
       const Node& n = nodes_[start + i];
       std::map<int32_t, ByteSet> bytes_to;  // target group -> the bytes that lead there
-      for (const ByteEdge& e : n.bytes) {
-        ByteSet& u = bytes_to[group_of(e.target)];
-        for (size_t w = 0; w < 4; ++w) u.bits[w] |= e.set.bits[w];
-      }
+      for (const ByteEdge& e : n.bytes) bytes_to[group_of(e.target)].add_all(e.set);
       std::vector<std::pair<int32_t, int32_t>> calls;  // (rule, return group)
       for (const CallEdge& c : n.calls) calls.push_back({c.rule, group_of(c.target)});
       std::sort(calls.begin(), calls.end());
@@ -342,17 +331,9 @@ void Grammar::merge_equivalent_nodes(int32_t rule) {
     m.rule = rule;
     m.final = n.final;
     std::map<int32_t, ByteSet> by_target;  // one edge per target, as compile_rule makes them
-    for (const ByteEdge& e : n.bytes) {
-      ByteSet& u = by_target[renumber(e.target)];
-      for (size_t w = 0; w < 4; ++w) u.bits[w] |= e.set.bits[w];
-    }
+    for (const ByteEdge& e : n.bytes) by_target[renumber(e.target)].add_all(e.set);
     for (const auto& [t, set] : by_target) m.bytes.push_back({set, t});
-    for (const CallEdge& c : n.calls) {
-      const CallEdge r{c.rule, renumber(c.target)};
-      if (std::none_of(m.calls.begin(), m.calls.end(),
-                       [&](const CallEdge& o) { return o.rule == r.rule && o.target == r.target; }))
-        m.calls.push_back(r);
-    }
+    for (const CallEdge& c : n.calls) m.add_call({c.rule, renumber(c.target)});
     folded.push_back(std::move(m));
   }
   nodes_.resize(static_cast<size_t>(start));
@@ -437,15 +418,6 @@ void Grammar::compile(int32_t root) {
 }
 
 void Grammar::compute_follow() {
-  auto unite = [](ByteSet& into, const ByteSet& from) {
-    bool grew = false;
-    for (size_t w = 0; w < 4; ++w) {
-      const uint64_t merged = into.bits[w] | from.bits[w];
-      grew = grew || merged != into.bits[w];
-      into.bits[w] = merged;
-    }
-    return grew;
-  };
   // first[n]: the bytes a stack topped by n can consume next without popping n's rule: its
   // byte edges, the first bytes of the rules it calls and, where a called rule can match
   // nothing, the call's return node's.
@@ -456,12 +428,12 @@ void Grammar::compute_follow() {
     // carries most of what flows back through rules that match nothing.
     for (size_t i = nodes_.size(); i-- > 0;) {
       const Node& n = nodes_[i];
-      for (const ByteEdge& e : n.bytes) grew = unite(first[i], e.set) || grew;
+      for (const ByteEdge& e : n.bytes) grew = first[i].add_all(e.set) || grew;
       for (const CallEdge& c : n.calls) {
         const auto start = static_cast<size_t>(rules_[static_cast<size_t>(c.rule)].start);
-        grew = unite(first[i], first[start]) || grew;
+        grew = first[i].add_all(first[start]) || grew;
         if (nodes_[start].completes)
-          grew = unite(first[i], first[static_cast<size_t>(c.target)]) || grew;
+          grew = first[i].add_all(first[static_cast<size_t>(c.target)]) || grew;
       }
     }
   }
@@ -474,8 +446,8 @@ void Grammar::compute_follow() {
       for (const CallEdge& c : n.calls) {
         ByteSet& f = follow_[static_cast<size_t>(c.rule)];
         const auto t = static_cast<size_t>(c.target);
-        grew = unite(f, first[t]) || grew;
-        if (nodes_[t].completes) grew = unite(f, follow_[static_cast<size_t>(n.rule)]) || grew;
+        grew = f.add_all(first[t]) || grew;
+        if (nodes_[t].completes) grew = f.add_all(follow_[static_cast<size_t>(n.rule)]) || grew;
       }
   }
 }

@@ -10,6 +10,7 @@
 // matched exactly.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <memory>
@@ -25,6 +26,15 @@ struct ByteSet {
   void add(uint8_t b) { bits[b >> 6] |= uint64_t{1} << (b & 63); }
   void add_range(uint8_t lo, uint8_t hi) {
     for (int b = lo; b <= hi; ++b) add(static_cast<uint8_t>(b));
+  }
+  // Adds every byte of `other`; whether any was new.
+  bool add_all(const ByteSet& other) {
+    bool grew = false;
+    for (size_t w = 0; w < bits.size(); ++w) {
+      grew = grew || (other.bits[w] & ~bits[w]) != 0;
+      bits[w] |= other.bits[w];
+    }
+    return grew;
   }
   bool operator==(const ByteSet&) const = default;
 };
@@ -157,6 +167,7 @@ class Grammar {
   };
   struct CallEdge {
     int32_t rule, target;
+    bool operator==(const CallEdge&) const = default;
   };
   struct Node {
     int32_t rule = 0;
@@ -164,6 +175,9 @@ class Grammar {
     bool completes = false;  // ... possibly after calls to rules that match nothing
     std::vector<ByteEdge> bytes;
     std::vector<CallEdge> calls;
+    void add_call(const CallEdge& c) {  // once
+      if (std::find(calls.begin(), calls.end(), c) == calls.end()) calls.push_back(c);
+    }
   };
   struct Rule {
     std::string name;

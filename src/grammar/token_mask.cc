@@ -148,9 +148,9 @@ void TokenVocab::index() {
     if (e < 0 || e >= vocab_size_) throw Error("end-of-sequence id outside the vocabulary");
     bytes_[static_cast<size_t>(e)].clear();  // an EOS token's text is never part of the output
   }
-  // Sorted by (first 8 bytes as a big-endian integer, then all bytes): the integers order
-  // them as the strings do, and settle all but the few comparisons between tokens with the
-  // same first 8 bytes without touching the strings.
+  // Sorted by (first 8 bytes as a big-endian integer, zero-padded, then all bytes): the
+  // integers order the tokens as their strings do, so only tokens with the same first 8
+  // bytes (or a shorter token and one padded with zeros) need their strings compared.
   std::vector<std::pair<uint64_t, TokenId>> keyed;
   for (TokenId t = 0; t < vocab_size_; ++t) {
     const std::string& b = bytes_[static_cast<size_t>(t)];
