@@ -9,10 +9,6 @@
 #include "core/forward_batch.h"
 
 namespace blend {
-namespace {
-
-// Cosine similarity of softmax(x) and softmax(y): exponentials in float (cpu::exp_approx, about
-// 1 ulp), sums in double. `scratch` holds n floats.
 double probability_cosine(const float* x, const float* y, int64_t n, float* scratch) {
   const float mx = *std::max_element(x, x + n), my = *std::max_element(y, y + n);
   // The softmax normalisers cancel in the cosine: cos(exp(x - mx), exp(y - my)) is the answer.
@@ -27,7 +23,24 @@ double probability_cosine(const float* x, const float* y, int64_t n, float* scra
   return dot / std::sqrt(nx * ny);
 }
 
-}  // namespace
+TopTokenAndKl top_token_and_kl(const float* lp, const float* lq, int64_t n) {
+  // KL(P || Q) = sum_i P_i (log P_i - log Q_i), from both rows' log-softmax (sums in double);
+  // the top token of each is its first maximum, as greedy sampling picks it.
+  const int64_t ip = std::max_element(lp, lp + n) - lp, iq = std::max_element(lq, lq + n) - lq;
+  const double mp = lp[ip], mq = lq[iq];
+  double zp = 0, zq = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    zp += std::exp(static_cast<double>(lp[i]) - mp);
+    zq += std::exp(static_cast<double>(lq[i]) - mq);
+  }
+  const double lsp = mp + std::log(zp), lsq = mq + std::log(zq);
+  double kl = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double log_p = lp[i] - lsp;
+    kl += std::exp(log_p) * (log_p - (lq[i] - lsq));
+  }
+  return {ip == iq, std::max(0.0, kl)};
+}
 
 const char* layer_block_name(LayerBlock block) {
   return block == LayerBlock::kAttention ? "attention" : "ffn";
@@ -141,35 +154,14 @@ ChainDivergence chain_divergence(CpuBackend& backend, int64_t page_size, ModelId
                                  ModelId other, const std::vector<std::vector<TokenId>>& prompts) {
   check_prompts(backend, page_size, prompts, "chain divergence");
   const int64_t vocab = backend.config().vocab_size;
-  struct Position {
-    bool same_top = false;
-    double kl = 0;
-  };
-  const std::vector<Position> positions =
-      paired_positions<Position>(backend, page_size, original, other, prompts,
-                                 [vocab](const float* lp, const float* lq, float*) {
-                                   // KL(P || Q) = sum_i P_i (log P_i - log Q_i), from both rows'
-                                   // log-softmax (sums in double); the top token of each is its
-                                   // first maximum, as greedy sampling picks it.
-                                   const int64_t ip = std::max_element(lp, lp + vocab) - lp,
-                                                 iq = std::max_element(lq, lq + vocab) - lq;
-                                   const double mp = lp[ip], mq = lq[iq];
-                                   double zp = 0, zq = 0;
-                                   for (int64_t i = 0; i < vocab; ++i) {
-                                     zp += std::exp(static_cast<double>(lp[i]) - mp);
-                                     zq += std::exp(static_cast<double>(lq[i]) - mq);
-                                   }
-                                   const double lsp = mp + std::log(zp), lsq = mq + std::log(zq);
-                                   double kl = 0;
-                                   for (int64_t i = 0; i < vocab; ++i) {
-                                     const double log_p = lp[i] - lsp;
-                                     kl += std::exp(log_p) * (log_p - (lq[i] - lsq));
-                                   }
-                                   return Position{ip == iq, std::max(0.0, kl)};
-                                 });
+  const std::vector<TopTokenAndKl> positions =
+      paired_positions<TopTokenAndKl>(backend, page_size, original, other, prompts,
+                                      [vocab](const float* lp, const float* lq, float*) {
+                                        return top_token_and_kl(lp, lq, vocab);
+                                      });
   ChainDivergence d;
   d.positions = static_cast<int64_t>(positions.size());
-  for (const Position& p : positions) {
+  for (const TopTokenAndKl& p : positions) {
     d.agreement += p.same_top ? 1 : 0;
     d.kl += p.kl;
   }

@@ -51,6 +51,18 @@ std::vector<BlockSimilarity> compare_blocks(CpuBackend& backend, int64_t page_si
 // KV pages block_similarity needs for `prompts`.
 int64_t similarity_pages(const std::vector<std::vector<TokenId>>& prompts, int64_t page_size);
 
+// Cosine similarity of softmax(x) and softmax(y) over n logits (exponentials in float, sums in
+// double); `scratch` holds n floats.
+double probability_cosine(const float* x, const float* y, int64_t n, float* scratch);
+
+// Whether two rows of n logits have the same top token (the first maximum, as greedy sampling
+// picks it), and KL(softmax(lp) || softmax(lq)) in nats.
+struct TopTokenAndKl {
+  bool same_top = false;
+  double kl = 0;
+};
+TopTokenAndKl top_token_and_kl(const float* lp, const float* lq, int64_t n);
+
 const char* layer_block_name(LayerBlock block);  // "attention" | "ffn"
 
 // A small built-in calibration set: varied English prose, code and dialogue (used when the user

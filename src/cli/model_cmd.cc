@@ -140,6 +140,7 @@ void run_export_gguf(const ExportGgufArgs& a) {
 struct DeriveArgs {
   std::string base, out;
   bool full = false, lora = false;
+  int64_t widen = 0;  // > 0: a wider model computing the same function
   DeriveOptions options;
   int64_t rank = 8;
   double alpha = 16;
@@ -147,8 +148,18 @@ struct DeriveArgs {
 };
 
 void run_derive(const DeriveArgs& a) {
+  if (a.widen != 0) {
+    if (a.full || a.lora || !a.options.layers.empty() || a.options.scale != 1)
+      throw Error("model derive --widen: takes only --base, --out and --seed");
+    derive_widened(a.base, a.out, a.widen, a.options.seed);
+    std::printf("wrote %s: %s widened to hidden size %lld (seed %llu)\n", a.out.c_str(),
+                a.base.c_str(), static_cast<long long>(a.widen),
+                static_cast<unsigned long long>(a.options.seed));
+    return;
+  }
   if (a.full == a.lora)
-    throw Error("model derive: say what to derive: --full --layers LIST, or --lora [--rank R]");
+    throw Error(
+        "model derive: say what to derive: --full --layers LIST, --lora [--rank R], or --widen N");
   if (a.lora) {
     if (!a.options.layers.empty())
       throw Error("model derive --lora: --layers is for --full (the adapter covers every layer)");
@@ -215,6 +226,9 @@ void register_model_commands(CLI::App& app) {
   derive->add_flag(
       "--lora", derive_args->lora,
       "A LoRA adapter in PEFT layout (adapter_config.json, adapter_model.safetensors)");
+  derive->add_option("--widen", derive_args->widen,
+                     "A model of this hidden size computing what the base computes (stitching "
+                     "tests)");
   derive->add_option("--rank", derive_args->rank, "LoRA rank r (with --lora; default 8)")
       ->check(CLI::Range(int64_t{1}, int64_t{4096}));
   derive->add_option("--alpha", derive_args->alpha, "LoRA alpha (with --lora; default 16)");

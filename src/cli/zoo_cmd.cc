@@ -1,5 +1,7 @@
 // `blend zoo analyze`: which blocks of a zoo's models are equivalent to the base's (BlockLLM
 // §4.1), measured with the logit lens on a calibration prompt set (blocks/equivalence.h).
+// `blend zoo stitch`: a stitching block between two models of different widths (§4.4,
+// blocks/stitch.h), trained and evaluated on held-out prompts.
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -11,9 +13,11 @@
 
 #include "blocks/adaptive.h"
 #include "blocks/equivalence.h"
+#include "blocks/stitch.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "engine/engine.h"
+#include "model/safetensors.h"
 #include "model/zoo.h"
 
 namespace blend::cli {
@@ -24,6 +28,18 @@ struct AnalyzeArgs {
   double threshold = 0.98;
   int threads = 0;
 };
+
+// The calibration texts: one per line of `path`, or the built-in set when it is empty.
+std::vector<std::string> calibration_texts(const std::string& path) {
+  if (path.empty()) return default_calibration_prompts();
+  std::vector<std::string> texts;
+  std::ifstream in(path);
+  if (!in) throw Error("--prompts " + path + ": cannot read");
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) texts.push_back(line);
+  if (texts.empty()) throw Error("--prompts " + path + ": no prompt (one per line)");
+  return texts;
+}
 
 void run_analyze(const AnalyzeArgs& a) {
   if (!(a.threshold > 0 && a.threshold <= 1)) throw Error("--threshold must be in (0, 1]");
@@ -39,18 +55,9 @@ void run_analyze(const AnalyzeArgs& a) {
         "zoo analyze: the models' tokenizers differ; calibration text would mean "
         "different tokens to each");
 
-  std::vector<std::string> texts;
-  if (a.prompts.empty()) {
-    texts = default_calibration_prompts();
-  } else {
-    std::ifstream in(a.prompts);
-    if (!in) throw Error("--prompts " + a.prompts + ": cannot read");
-    for (std::string line; std::getline(in, line);)
-      if (!line.empty()) texts.push_back(line);
-    if (texts.empty()) throw Error("--prompts " + a.prompts + ": no prompt (one per line)");
-  }
   std::vector<std::vector<TokenId>> prompts;
-  for (const std::string& t : texts) prompts.push_back(engine.tokenizer().encode(t));
+  for (const std::string& t : calibration_texts(a.prompts))
+    prompts.push_back(engine.tokenizer().encode(t));
   const int64_t page_size = options.page_size;
   if (similarity_pages(prompts, page_size) > backend->num_pages())
     throw Error("zoo analyze: the calibration prompts are too long for the KV cache (" +
@@ -121,6 +128,101 @@ void run_analyze(const AnalyzeArgs& a) {
   }
 }
 
+struct StitchArgs {
+  std::string head, tail, prompts, out, json;
+  int64_t points = 4;
+  StitchOptions options;
+  int threads = 0;
+};
+
+void run_stitch(const StitchArgs& a) {
+  EngineOptions options;
+  options.threads = a.threads;
+  options.kv_memory_gb = 0.25;
+  Engine head(a.head, options), tail(a.tail, options);
+  auto* head_backend = dynamic_cast<CpuBackend*>(&head.backend());
+  auto* tail_backend = dynamic_cast<CpuBackend*>(&tail.backend());
+  if (!head_backend || !tail_backend) throw Error("zoo stitch needs the cpu backend");
+  const TensorStore tail_weights = TensorStore::open_dir(a.tail);
+  // Even-numbered prompts train the block, odd-numbered ones evaluate it (held out).
+  std::vector<std::vector<TokenId>> train, held_out;
+  const std::vector<std::string> texts = calibration_texts(a.prompts);
+  if (texts.size() < 2) throw Error("zoo stitch: at least 2 prompts (one to train, one to test)");
+  for (size_t i = 0; i < texts.size(); ++i) {
+    std::vector<TokenId> ids = head.tokenizer().encode(texts[i]);
+    if (tail.tokenizer().encode(texts[i]) != ids)
+      throw Error("zoo stitch: the two models tokenize prompt " + std::to_string(i + 1) +
+                  " differently; a stitch needs one vocabulary");
+    (i % 2 == 0 ? train : held_out).push_back(std::move(ids));
+  }
+  StitchOptions o = a.options;
+  o.points =
+      proportional_stitch_points(head.config().num_layers, tail.config().num_layers, a.points);
+  const StitchModels models{.head = head_backend,
+                            .tail = tail_backend,
+                            .tail_weights = &tail_weights,
+                            .page_size = options.page_size};
+  std::printf("stitching %s (width %lld, %lld layers) -> %s (width %lld, %lld layers)\n",
+              a.head.c_str(), static_cast<long long>(head.config().hidden_size),
+              static_cast<long long>(head.config().num_layers), a.tail.c_str(),
+              static_cast<long long>(tail.config().hidden_size),
+              static_cast<long long>(tail.config().num_layers));
+  StitchOptions least_squares = o;
+  least_squares.steps_per_stage = 0;
+  const StitchBlock initial = train_stitch(models, train, least_squares);
+  std::vector<StitchStage> stages;
+  const StitchBlock trained =
+      o.steps_per_stage > 0 ? train_stitch(models, train, o, &stages) : initial;
+  nlohmann::json report = {{"head", a.head},
+                           {"tail", a.tail},
+                           {"steps_per_stage", o.steps_per_stage},
+                           {"learning_rate", o.learning_rate},
+                           {"ridge", o.ridge},
+                           {"train_prompts", train.size()},
+                           {"held_out_prompts", held_out.size()},
+                           {"stages", nlohmann::json::array()},
+                           {"points", nlohmann::json::array()}};
+  for (const StitchStage& s : stages) {
+    std::printf("  stage at head layer %lld -> tail layer %lld: lens KL %.5f -> %.5f nats\n",
+                static_cast<long long>(s.point.head_layer),
+                static_cast<long long>(s.point.tail_layer), s.kl_before, s.kl_after);
+    report["stages"].push_back({{"head_layer", s.point.head_layer},
+                                {"tail_layer", s.point.tail_layer},
+                                {"kl_before", s.kl_before},
+                                {"kl_after", s.kl_after}});
+  }
+  std::printf("held-out prompts (%zu), stitched chain against the tail model:\n", held_out.size());
+  std::printf("  %-22s %-15s %8s %9s %9s\n", "point (head -> tail)", "stitch", "cosine", "top-1",
+              "KL nats");
+  for (const StitchPoint& p : o.points) {
+    nlohmann::json entry = {{"head_layer", p.head_layer}, {"tail_layer", p.tail_layer}};
+    for (const auto& [name, block] :
+         {std::pair<const char*, const StitchBlock*>{"least squares", &initial},
+          {"trained", &trained}}) {
+      if (block == &trained && o.steps_per_stage == 0) continue;
+      const StitchQuality q = evaluate_stitch(models, *block, p, held_out);
+      std::printf("  %-22s %-15s %8.4f %9.4f %9.5f\n",
+                  (std::to_string(p.head_layer) + " -> " + std::to_string(p.tail_layer)).c_str(),
+                  name, q.cosine, q.agreement, q.kl);
+      entry[name] = {{"cosine", q.cosine},
+                     {"top_token_agreement", q.agreement},
+                     {"kl_nats", q.kl},
+                     {"positions", q.positions}};
+    }
+    report["points"].push_back(entry);
+  }
+  if (!a.out.empty()) {
+    trained.save(a.out);
+    std::printf("wrote %s (stitch.weight f32 [%lld, %lld])\n", a.out.c_str(),
+                static_cast<long long>(trained.out), static_cast<long long>(trained.in + 2));
+  }
+  if (!a.json.empty()) {
+    std::ofstream out(a.json);
+    out << report.dump(2) << "\n";
+    if (!out) throw Error("--json " + a.json + ": cannot write");
+  }
+}
+
 }  // namespace
 
 void register_zoo_command(CLI::App& app) {
@@ -140,6 +242,27 @@ void register_zoo_command(CLI::App& app) {
   analyze->add_option("--out", args->out, "Write every block's similarity as JSON");
   analyze->add_option("--threads", args->threads, "Compute threads (default: all)");
   analyze->callback([args] { run_analyze(*args); });
+
+  auto st = std::make_shared<StitchArgs>();
+  CLI::App* stitch = zoo->add_subcommand(
+      "stitch", "Train a stitching block between two models of different widths (BlockLLM 4.4)");
+  stitch->add_option("--head", st->head, "Model whose first layers run (the narrower one, say)")
+      ->required();
+  stitch->add_option("--tail", st->tail, "Model whose last layers and head run")->required();
+  stitch->add_option("--points", st->points,
+                     "Stitching points, at evenly spaced depths (default 4)");
+  stitch->add_option("--steps", st->options.steps_per_stage,
+                     "Adam steps per point, shallow to deep (default 40; 0: least squares only)");
+  stitch->add_option("--lr", st->options.learning_rate, "Adam step size (default 1e-3)");
+  stitch->add_option("--ridge", st->options.ridge,
+                     "Least-squares ridge, relative to the mean squared input (default 1e-4)");
+  stitch->add_option(
+      "--prompts", st->prompts,
+      "Prompts, one per line; even lines train, odd ones test (default: built-in 8)");
+  stitch->add_option("--out", st->out, "Write the trained block (safetensors)");
+  stitch->add_option("--json", st->json, "Write the stages and the evaluation as JSON");
+  stitch->add_option("--threads", st->threads, "Compute threads (default: all)");
+  stitch->callback([st] { run_stitch(*st); });
 }
 
 }  // namespace blend::cli

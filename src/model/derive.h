@@ -28,4 +28,17 @@ struct DeriveOptions {
 void derive_full_finetune(const std::filesystem::path& base, const std::filesystem::path& out,
                           const DeriveOptions& options);
 
+// Writes OUT as a model of hidden size `hidden` (greater than BASE's) that computes what BASE
+// computes: BASE's residual stream x becomes Q x, Q a random [hidden x base hidden] matrix with
+// orthonormal columns drawn from `seed`. The embedding and the projections writing into the
+// stream (o_proj, down_proj) are multiplied by Q; the projections reading a normed stream
+// (q/k/v, gate/up, lm_head) by diag(g) Q^T, g the base's norm weight before them; the norm weights
+// become sqrt(base hidden / hidden), which undoes the RMS's change of width. Heads, head_dim and
+// the FFN width stay the base's; the lm_head is written untied. In f32 the output equals BASE's up
+// to rounding (and the norms' epsilon); in bf16 up to bf16 rounding of the new weights. For tests
+// of stitching blocks between models of different widths (BlockLLM §4.4): the exact stitch from
+// BASE to OUT is Q. Throws blend::Error for a width not above BASE's, or OUT equal to BASE.
+void derive_widened(const std::filesystem::path& base, const std::filesystem::path& out,
+                    int64_t hidden, uint64_t seed);
+
 }  // namespace blend

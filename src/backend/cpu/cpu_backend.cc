@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <span>
 #include <unordered_map>
@@ -74,6 +75,9 @@ class CpuBackendImpl final : public CpuBackend {
   int64_t kv_memory_budget() const override { return kv_budget_; }
   void allocate_kv(int64_t num_pages) override;
   void forward(const ForwardBatch& batch, std::span<float> logits) override;
+  void forward_layers(const ForwardBatch& batch, int64_t first, int64_t last,
+                      std::span<const float> hidden_in, std::span<float> hidden_out,
+                      std::span<float> logits) override;
   void copy_page(PageId src, PageId dst) override { kv_.copy_page(src, dst); }
   void read_pages(std::span<const PageId> pages, std::byte* out) const override {
     for (PageId p : pages) kv_.read_page(p, out), out += kv_.bytes_per_page();
@@ -110,6 +114,12 @@ class CpuBackendImpl final : public CpuBackend {
     ModelId model = 0;
   };
   void embed(const ForwardBatch& batch, const std::vector<RowRun>& runs, float* x) const;
+  // Layers [first, last) of the batch (forward() runs them all). The stream enters from
+  // hidden_in or, when empty, the embedding; leaves into hidden_out unless empty. Logits: the
+  // last token of each chunk that wants them, or every row when `all_rows`.
+  void run_layers(const ForwardBatch& batch, int64_t first, int64_t last,
+                  std::span<const float> hidden_in, std::span<float> hidden_out,
+                  std::span<float> logits, bool all_rows);
   // Consecutive chunks of one model as row runs, and those runs merged where consecutive models
   // share the block `pick` chooses: each block computes once over all its rows (BlockLLM §5.1).
   static std::vector<RowRun> model_runs(const ForwardBatch& batch);
@@ -353,14 +363,45 @@ void CpuBackendImpl::embed(const ForwardBatch& batch, const std::vector<RowRun>&
 }
 
 void CpuBackendImpl::forward(const ForwardBatch& batch, std::span<float> logits) {
+  check_forward_batch(batch, config_, kv_.page_size(), kv_.num_pages(), logits.size(), "cpu",
+                      num_models());
+  run_layers(batch, 0, config_.num_layers, {}, {}, logits, /*all_rows=*/false);
+}
+
+void CpuBackendImpl::forward_layers(const ForwardBatch& batch, int64_t first, int64_t last,
+                                    std::span<const float> hidden_in, std::span<float> hidden_out,
+                                    std::span<float> logits) {
+  // Logit rows are every row here, checked below (not the chunks' wants_logits).
+  check_forward_batch(batch, config_, kv_.page_size(), kv_.num_pages(),
+                      std::numeric_limits<size_t>::max(), "cpu", num_models());
+  const auto m = static_cast<size_t>(batch.num_tokens());
+  const auto h = static_cast<size_t>(config_.hidden_size);
+  auto fail = [](const std::string& what) { throw Error("cpu backend: forward_layers: " + what); };
+  if (first < 0 || first > last || last > config_.num_layers)
+    fail("layers [" + std::to_string(first) + ", " + std::to_string(last) + ") outside 0.." +
+         std::to_string(config_.num_layers));
+  if (hidden_in.empty() ? first != 0 : hidden_in.size() != m * h)
+    fail(hidden_in.empty() ? "no input states for a range that does not start at layer 0"
+                           : "hidden_in holds " + std::to_string(hidden_in.size()) +
+                                 " floats, the batch needs " + std::to_string(m * h));
+  if (!hidden_out.empty() && hidden_out.size() != m * h)
+    fail("hidden_out holds " + std::to_string(hidden_out.size()) + " floats, the batch needs " +
+         std::to_string(m * h));
+  if (!logits.empty() && logits.size() != m * static_cast<size_t>(config_.vocab_size))
+    fail("logits hold " + std::to_string(logits.size()) + " floats, the batch needs " +
+         std::to_string(m * static_cast<size_t>(config_.vocab_size)));
+  run_layers(batch, first, last, hidden_in, hidden_out, logits, /*all_rows=*/true);
+}
+
+void CpuBackendImpl::run_layers(const ForwardBatch& batch, int64_t first, int64_t last,
+                                std::span<const float> hidden_in, std::span<float> hidden_out,
+                                std::span<float> logits, bool all_rows) {
   double t = now();
   auto lap = [&](double& slot) {
     const double t1 = now();
     slot += t1 - t;
     t = t1;
   };
-  check_forward_batch(batch, config_, kv_.page_size(), kv_.num_pages(), logits.size(), "cpu",
-                      num_models());
   const int64_t m = batch.num_tokens();
   if (m == 0) return;
   omp_set_num_threads(threads_);  // oneDNN and OpenBLAS follow the calling thread's setting
@@ -386,7 +427,10 @@ void CpuBackendImpl::forward(const ForwardBatch& batch, std::span<float> logits)
   };
 
   const std::vector<RowRun> runs = model_runs(batch);
-  embed(batch, runs, x);
+  if (hidden_in.empty())
+    embed(batch, runs, x);
+  else
+    std::memcpy(x, hidden_in.data(), m * h * 4);
   std::memset(x + m * h, 0, (mp - m) * h * 4);
   zero_rows(xn, m, mp, h);
   zero_rows(attn, m, mp, qd);
@@ -395,7 +439,7 @@ void CpuBackendImpl::forward(const ForwardBatch& batch, std::span<float> logits)
   const auto items = cpu::plan_attention(batch, shape_);
   lap(times_.embed);
 
-  for (int64_t li = 0; li < config_.num_layers; ++li) {
+  for (int64_t li = first; li < last; ++li) {
     const auto size_li = static_cast<size_t>(li);
     auto has_attention = [&](const Chain& c) { return size_li < c.attention.size(); };
     auto has_ffn = [&](const Chain& c) { return size_li < c.ffn.size(); };
@@ -456,21 +500,26 @@ void CpuBackendImpl::forward(const ForwardBatch& batch, std::span<float> logits)
     lap(times_.down);
   }
 
-  // Final norm and lm_head only for the last token of each chunk that wants logits; logit row i
-  // is the i-th such chunk's, and runs of them share a head.
+  if (!hidden_out.empty()) std::memcpy(hidden_out.data(), x, m * h * 4);
+
+  // Final norm and lm_head only for the last token of each chunk that wants logits (every row
+  // when `all_rows`); logit row i is the i-th such row, and runs of them share a head.
   std::vector<int64_t> rows;
   std::vector<RowRun> logit_runs;
   for (const SeqChunk& c : batch.chunks) {
-    if (!c.wants_logits) continue;
-    const auto i = static_cast<int64_t>(rows.size());
-    rows.push_back(c.token_offset + c.num_tokens - 1);
-    if (!logit_runs.empty() &&
-        blocks_.chains[logit_runs.back().model].head == blocks_.chains[c.model].head)
-      logit_runs.back().end = i + 1;
-    else
-      logit_runs.push_back({i, i + 1, c.model});
+    if (!all_rows && !c.wants_logits) continue;
+    const int64_t end = c.token_offset + c.num_tokens;
+    for (int64_t row = all_rows ? c.token_offset : end - 1; row < end; ++row) {
+      const auto i = static_cast<int64_t>(rows.size());
+      rows.push_back(row);
+      if (!logit_runs.empty() &&
+          blocks_.chains[logit_runs.back().model].head == blocks_.chains[c.model].head)
+        logit_runs.back().end = i + 1;
+      else
+        logit_runs.push_back({i, i + 1, c.model});
+    }
   }
-  const int64_t r = static_cast<int64_t>(rows.size());
+  const int64_t r = logits.empty() ? 0 : static_cast<int64_t>(rows.size());
   if (r > 0) {
     float* lx = logit_rows_.get<float>(r * h * 4);
     for (int64_t i = 0; i < r; ++i) std::memcpy(lx + i * h, x + rows[i] * h, h * 4);

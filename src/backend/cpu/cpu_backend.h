@@ -67,6 +67,17 @@ class CpuBackend : public Backend {
   virtual std::string gemm_info() const = 0;
   // Whether models a and b run the same block (byte-identical weights) at `layer`.
   virtual bool shares_block(ModelId a, ModelId b, int64_t layer, LayerBlock block) const = 0;
+  // The model's inner states, for studies of its blocks (BlockLLM §4.4 stitching); forward() is
+  // the serving path. Runs layers [first, last) of every chunk's model over every row of the
+  // batch: the residual stream enters from `hidden_in` (num_tokens x hidden_size f32 rows), or
+  // from the embedding when `hidden_in` is empty (then first must be 0), and leaves into
+  // `hidden_out` (num_tokens x hidden_size, or empty). When `logits` is not empty (num_tokens x
+  // vocab_size) the head (final norm, lm_head) is applied to every row of the result, whatever
+  // the chunks' wants_logits. Writes K/V of layers [first, last) only. Throws blend::Error on a
+  // bad range, span size or batch.
+  virtual void forward_layers(const ForwardBatch& batch, int64_t first, int64_t last,
+                              std::span<const float> hidden_in, std::span<float> hidden_out,
+                              std::span<float> logits) = 0;
 };
 
 // The compute dtype (Backend::compute_dtype) the cpu backend picks for a checkpoint whose tensors
