@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <random>
 #include <set>
 
 #include "backend/cpu/gemm.h"
@@ -196,12 +197,21 @@ std::vector<double> solve_normal_equations(std::vector<double> a, const std::vec
   return w;
 }
 
-// One point's calibration data: the head's stream (rows x in) and the tail's lens log-probabilities
-// on its own stream (rows x vocab).
+// One point's calibration data: the head's stream (rows x in) and the tail's (rows x out).
 struct PointData {
   StitchPoint point;
-  std::vector<float> x, target;
+  std::vector<float> x, y;
 };
+
+// Rows `picked` of a [rows x width] matrix, in that order.
+std::vector<float> gather_rows(const std::vector<float>& m, int64_t width,
+                               const std::vector<int64_t>& picked) {
+  std::vector<float> out(picked.size() * static_cast<size_t>(width));
+  for (size_t i = 0; i < picked.size(); ++i)
+    std::memcpy(out.data() + i * static_cast<size_t>(width), m.data() + picked[i] * width,
+                static_cast<size_t>(width) * 4);
+  return out;
+}
 
 void check_points(const StitchModels& models, const std::vector<StitchPoint>& points) {
   if (points.empty()) throw Error("stitch: no stitching point");
@@ -303,6 +313,7 @@ StitchBlock train_stitch(const StitchModels& models,
   check_models(models, prompts);
   check_points(models, options.points);
   if (options.steps_per_stage < 0) throw Error("stitch: --steps must not be negative");
+  if (options.rows_per_step < 1) throw Error("stitch: --rows-per-step must be at least 1");
   if (!(options.learning_rate > 0 && std::isfinite(options.learning_rate)))
     throw Error("stitch: the learning rate must be positive and finite");
   if (!(options.ridge >= 0 && std::isfinite(options.ridge)))
@@ -360,54 +371,57 @@ StitchBlock train_stitch(const StitchModels& models,
   if (options.steps_per_stage == 0) return stitch;
 
   // Adam on the tail's lens KL, shallow point first, each stage adding the next deeper point.
+  // Each step takes rows_per_step random rows of every point trained so far; the stages' losses
+  // are measured on fixed rows (the first up to kReportRows).
   Lens lens(models.tail->config(), *models.tail_weights);
   const int64_t vocab = lens.vocab();
   std::vector<PointData> data;
-  for (const StitchPoint& p : points) {
-    PointData d{.point = p, .x = std::move(head_streams.at(p.head_layer + 1)), .target = {}};
-    std::vector<float> normed, inv;
-    lens.forward(tail_streams.at(p.tail_layer).data(), rows, normed, inv, d.target);
-    d.target.resize(static_cast<size_t>(rows * vocab));
-    log_softmax_rows(d.target.data(), rows, vocab);
-    data.push_back(std::move(d));
-  }
+  for (const StitchPoint& p : points)
+    data.push_back({.point = p,
+                    .x = std::move(head_streams.at(p.head_layer + 1)),
+                    .y = tail_streams.at(p.tail_layer)});
   std::vector<float> m(stitch.weight.size()), v(stitch.weight.size()), grad(stitch.weight.size());
-  std::vector<float> s(static_cast<size_t>(rows * out)), normed, inv, logits, grad_s;
-  int64_t t = 0;
-  // Mean KL over the points [0, active), and (when `backprop`) its gradient in `grad`.
-  auto loss = [&](size_t active, bool backprop) {
+  std::vector<float> s, normed, inv, logits, target, grad_s;
+  // Mean KL over rows `picked` of the points [0, active), and (when `backprop`) its gradient in
+  // `grad`.
+  auto loss = [&](size_t active, const std::vector<int64_t>& picked, bool backprop) {
+    const auto n = static_cast<int64_t>(picked.size());
     double kl = 0;
     if (backprop) std::fill(grad.begin(), grad.end(), 0.0f);
-    const double scale = 1.0 / static_cast<double>(rows * static_cast<int64_t>(active));
+    const double scale = 1.0 / static_cast<double>(n * static_cast<int64_t>(active));
+    s.resize(static_cast<size_t>(n * out));
     for (size_t i = 0; i < active; ++i) {
       const PointData& d = data[i];
-      stitch.apply(d.x, d.point.position(), s);
-      lens.forward(s.data(), rows, normed, inv, logits);
+      const std::vector<float> x = gather_rows(d.x, in, picked), y = gather_rows(d.y, out, picked);
+      lens.forward(y.data(), n, normed, inv, target);
+      log_softmax_rows(target.data(), n, vocab);
+      stitch.apply(x, d.point.position(), s);
+      lens.forward(s.data(), n, normed, inv, logits);
       double point_kl = 0;
 #pragma omp parallel for schedule(static) reduction(+ : point_kl)
-      for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t r = 0; r < n; ++r) {
         float* row = logits.data() + r * vocab;
-        const float* target = d.target.data() + r * vocab;
+        const float* log_p = target.data() + r * vocab;
         const float mx = *std::max_element(row, row + vocab);
         double z = 0;
         for (int64_t k = 0; k < vocab; ++k) z += std::exp(static_cast<double>(row[k] - mx));
         const double shift = mx + std::log(z);
         for (int64_t k = 0; k < vocab; ++k) {
-          const double log_q = row[k] - shift, p = std::exp(static_cast<double>(target[k]));
-          point_kl += p * (target[k] - log_q);
+          const double log_q = row[k] - shift, p = std::exp(static_cast<double>(log_p[k]));
+          point_kl += p * (log_p[k] - log_q);
           row[k] = static_cast<float>((std::exp(log_q) - p) * scale);  // dKL/dlogit
         }
       }
       kl += point_kl * scale;
       if (!backprop) continue;
-      lens.backward(logits, normed, inv, rows, grad_s);
+      lens.backward(logits, normed, inv, n, grad_s);
 #pragma omp parallel for schedule(static)
       for (int64_t o = 0; o < out; ++o) {
         float* g = grad.data() + o * cols;
-        for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t r = 0; r < n; ++r) {
           const float gs = grad_s[static_cast<size_t>(r * out + o)];
-          const float* x = d.x.data() + r * in;
-          for (int64_t a = 0; a < in; ++a) g[a] += gs * x[a];
+          const float* xr = x.data() + r * in;
+          for (int64_t a = 0; a < in; ++a) g[a] += gs * xr[a];
           g[in] += gs * static_cast<float>(d.point.position());
           g[in + 1] += gs;
         }
@@ -415,11 +429,28 @@ StitchBlock train_stitch(const StitchModels& models,
     }
     return kl;
   };
+  constexpr int64_t kReportRows = 512;
+  std::vector<int64_t> report_rows(static_cast<size_t>(std::min(rows, kReportRows)));
+  for (size_t i = 0; i < report_rows.size(); ++i) report_rows[i] = static_cast<int64_t>(i);
+  std::vector<int64_t> all(static_cast<size_t>(rows)), picked;
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int64_t>(i);
+  std::mt19937_64 rng(options.seed);
   constexpr double kBeta1 = 0.9, kBeta2 = 0.999, kEpsilon = 1e-8;  // Adam's defaults
+  int64_t t = 0;
   for (size_t stage = 0; stage < data.size(); ++stage) {
-    StitchStage report{.point = data[stage].point, .kl_before = loss(stage + 1, false)};
+    StitchStage report{.point = data[stage].point,
+                       .kl_before = loss(stage + 1, report_rows, false)};
     for (int64_t step = 0; step < options.steps_per_stage; ++step) {
-      loss(stage + 1, true);
+      if (options.rows_per_step >= rows) {
+        picked = all;
+      } else {  // a partial Fisher-Yates shuffle: rows_per_step distinct rows
+        for (int64_t i = 0; i < options.rows_per_step; ++i)
+          std::swap(all[static_cast<size_t>(i)],
+                    all[static_cast<size_t>(
+                        i + static_cast<int64_t>(rng() % static_cast<uint64_t>(rows - i)))]);
+        picked.assign(all.begin(), all.begin() + options.rows_per_step);
+      }
+      loss(stage + 1, picked, true);
       ++t;
       const double c1 = 1 - std::pow(kBeta1, static_cast<double>(t)),
                    c2 = 1 - std::pow(kBeta2, static_cast<double>(t));
@@ -430,7 +461,7 @@ StitchBlock train_stitch(const StitchModels& models,
                                                (std::sqrt(v[i] / c2) + kEpsilon));
       }
     }
-    report.kl_after = loss(stage + 1, false);
+    report.kl_after = loss(stage + 1, report_rows, false);
     if (stages) stages->push_back(report);
   }
   return stitch;

@@ -7,7 +7,7 @@
 // block's layer indices in their own models), and training starts at the shallowest point and
 // moves deeper.
 //
-// What is built here: least squares on calibration states initialises the block (the paper
+// What is built here: least squares on calibration states initialises the block (the issue
 // allows it), then Adam on the tail model's own reading of the stitched stream: the KL divergence
 // between the tail's logit lens (final norm and lm_head) on its true stream and on the stitched
 // one, at each point, stage by stage from shallow to deep (each stage keeps the shallower points
@@ -66,17 +66,24 @@ struct StitchBlock {
 struct StitchOptions {
   std::vector<StitchPoint> points;  // at least one, each inside both models
   int64_t steps_per_stage = 40;     // Adam steps at each point (0: least squares only)
-  double learning_rate = 1e-3;      // Adam's step size
+  // Adam's step size, relative to the RMS of the least-squares weights.
+  double learning_rate = 1e-3;
+  // Rows (positions) of each trained point per step, drawn at random from `seed`: the lens runs
+  // over the whole vocabulary for each, so the step's cost grows with them.
+  int64_t rows_per_step = 128;
+  uint64_t seed = 1;
   // Ridge term of the least squares, relative to the mean squared input: keeps the fit defined
   // when states are collinear (a narrow model's stream spans few directions).
   double ridge = 1e-4;
 };
 
-// The training's progress: the mean lens KL over every point trained so far, before and after
-// each stage.
+// The training's progress: the mean lens KL over every point trained so far (on the first 512
+// positions at most), before and after each stage. A stage whose steps did not lower it is undone
+// (kept false, kl_after = kl_before).
 struct StitchStage {
   StitchPoint point;
   double kl_before = 0, kl_after = 0;
+  bool kept = true;
 };
 
 // The two models of a stitch, each in its own cpu backend (one model each; both with the same

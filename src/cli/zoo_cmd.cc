@@ -167,6 +167,14 @@ void run_stitch(const StitchArgs& a) {
               static_cast<long long>(head.config().num_layers), a.tail.c_str(),
               static_cast<long long>(tail.config().hidden_size),
               static_cast<long long>(tail.config().num_layers));
+  int64_t train_positions = 0;
+  for (const auto& p : train) train_positions += static_cast<int64_t>(p.size());
+  if (train_positions * static_cast<int64_t>(o.points.size()) < head.config().hidden_size + 2)
+    std::printf(
+        "note: %lld training positions at %zu points for %lld inputs: the least squares "
+        "is underdetermined and the ridge term picks the fit (give more --prompts)\n",
+        static_cast<long long>(train_positions), o.points.size(),
+        static_cast<long long>(head.config().hidden_size + 2));
   StitchOptions least_squares = o;
   least_squares.steps_per_stage = 0;
   const StitchBlock initial = train_stitch(models, train, least_squares);
@@ -183,13 +191,15 @@ void run_stitch(const StitchArgs& a) {
                            {"stages", nlohmann::json::array()},
                            {"points", nlohmann::json::array()}};
   for (const StitchStage& s : stages) {
-    std::printf("  stage at head layer %lld -> tail layer %lld: lens KL %.5f -> %.5f nats\n",
+    std::printf("  stage at head layer %lld -> tail layer %lld: lens KL %.5f -> %.5f nats%s\n",
                 static_cast<long long>(s.point.head_layer),
-                static_cast<long long>(s.point.tail_layer), s.kl_before, s.kl_after);
+                static_cast<long long>(s.point.tail_layer), s.kl_before, s.kl_after,
+                s.kept ? "" : " (steps undone: the loss rose)");
     report["stages"].push_back({{"head_layer", s.point.head_layer},
                                 {"tail_layer", s.point.tail_layer},
                                 {"kl_before", s.kl_before},
-                                {"kl_after", s.kl_after}});
+                                {"kl_after", s.kl_after},
+                                {"kept", s.kept}});
   }
   std::printf("held-out prompts (%zu), stitched chain against the tail model:\n", held_out.size());
   std::printf("  %-22s %-15s %8s %9s %9s\n", "point (head -> tail)", "stitch", "cosine", "top-1",
@@ -253,7 +263,11 @@ void register_zoo_command(CLI::App& app) {
                      "Stitching points, at evenly spaced depths (default 4)");
   stitch->add_option("--steps", st->options.steps_per_stage,
                      "Adam steps per point, shallow to deep (default 40; 0: least squares only)");
-  stitch->add_option("--lr", st->options.learning_rate, "Adam step size (default 1e-3)");
+  stitch->add_option("--lr", st->options.learning_rate,
+                     "Adam step size, relative to the weights' RMS (default 1e-3)");
+  stitch->add_option("--rows-per-step", st->options.rows_per_step,
+                     "Positions of each point per Adam step (default 128)");
+  stitch->add_option("--seed", st->options.seed, "Seed of the steps' row draws (default 1)");
   stitch->add_option("--ridge", st->options.ridge,
                      "Least-squares ridge, relative to the mean squared input (default 1e-4)");
   stitch->add_option(

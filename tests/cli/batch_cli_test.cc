@@ -224,6 +224,41 @@ TEST_F(BatchCli, AZooRunsEachLineOnTheModelItNames) {
   EXPECT_NE(refused.output.find("is for 'org/missing'"), std::string::npos) << refused.output;
 }
 
+// BlockLLM's stitching block from the command line: a widened copy of the model is the same
+// function in a wider stream, so the block `zoo stitch` fits carries the stream across exactly
+// (up to bf16 rounding); a bad request is refused with a message.
+TEST_F(BatchCli, ZooStitchCarriesAStreamIntoAWiderCopy) {
+  testing::TempDir work;
+  const std::string blend = std::string("'") + BLEND_BINARY + "' ";
+  const auto wide = work / "wide";
+  const auto derived = testing::run_command(blend + "model derive --base " + model() + " --out " +
+                                            wide.string() + " --widen 80 --seed 2 2>&1");
+  ASSERT_EQ(derived.exit_code, 0) << derived.output;
+  const auto report = work / "stitch.json", block = work / "stitch.safetensors";
+  const auto stitched = testing::run_command(
+      blend + "zoo stitch --threads 2 --points 1 --steps 1 --head " + model() + " --tail " +
+      wide.string() + " --json " + report.string() + " --out " + block.string() + " 2>&1");
+  ASSERT_EQ(stitched.exit_code, 0) << stitched.output;
+  const json r = json::parse(testing::read_file(report));
+  ASSERT_EQ(r["points"].size(), 1u);
+  EXPECT_EQ(r["points"][0]["head_layer"], 0);
+  EXPECT_EQ(r["points"][0]["tail_layer"], 1);
+  EXPECT_GT(r["points"][0]["least squares"]["cosine"].get<double>(), 0.999);
+  EXPECT_GT(r["points"][0]["trained"]["cosine"].get<double>(), 0.99);
+  EXPECT_TRUE(std::filesystem::exists(block));
+
+  const auto narrower = testing::run_command(blend + "model derive --base " + model() + " --out " +
+                                             (work / "narrow").string() + " --widen 32 2>&1");
+  EXPECT_NE(narrower.exit_code, 0);
+  EXPECT_NE(narrower.output.find("must exceed the base's 64"), std::string::npos)
+      << narrower.output;
+  const auto no_points = testing::run_command(blend + "zoo stitch --points 0 --head " + model() +
+                                              " --tail " + wide.string() + " 2>&1");
+  EXPECT_NE(no_points.exit_code, 0);
+  EXPECT_NE(no_points.output.find("at least one stitching point"), std::string::npos)
+      << no_points.output;
+}
+
 // BlockLLM's adaptive serving from the command line: `zoo analyze --out` records the blocks and
 // what borrowing them costs; `batch --adaptive-blocks` runs the lines that allow it through the
 // borrowed blocks (beta changed only layer 1, and both of its blocks are borrowed at this
