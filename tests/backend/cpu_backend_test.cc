@@ -520,6 +520,31 @@ TEST(CpuBackend, BatchInvariantInDeterministicModeBF16) {
 }
 
 // The kernels used where AVX-512 is absent: same reference, same determinism guarantees.
+// A pass's thread count (what CoreShare lowers beside a busy neighbour) does not change a
+// deterministic result: the same prompt and decodes on all threads and on one give the same bits.
+TEST(CpuBackend, DeterministicResultsDoNotDependOnThePassThreadCount) {
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    auto backend = make_backend(model("base", dtype), true, 16, 64);
+    if (backend->threads() < 2) GTEST_SKIP() << "one core: no other thread count to compare";
+    Pages pages(64);
+    const auto tokens = random_tokens(40, 17);
+    auto run = [&](uint32_t id) {
+      Seq s = pages.seq(id, tokens, 16);
+      std::vector<std::vector<float>> rows{Step().add(s, 37).run(*backend)[0]};
+      for (int i = 0; i < 3; ++i) rows.push_back(Step().add(s, 1).run(*backend)[0]);
+      return rows;
+    };
+    const auto all = run(0);
+    backend->set_threads(1);
+    EXPECT_EQ(backend->threads(), 1);
+    const auto one = run(1);
+    for (size_t i = 0; i < all.size(); ++i)
+      EXPECT_TRUE(Bitwise(all[i], one[i])) << dtype_name(dtype) << " step " << i;
+    backend->set_threads(1000);  // clamped to the count at construction
+    EXPECT_GE(backend->threads(), 2);
+  }
+}
+
 TEST(CpuBackend, PortableAttentionKernel) {
   cpu::set_force_portable_kernels(true);
   check_against_reference(model("llama"), 1e-5, true);

@@ -3,10 +3,13 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <unistd.h>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -62,6 +65,55 @@ TEST(Threads, TheEnvironmentIsTheUsersAgain) {
   EXPECT_NE(thread_policy().find(spin_count_set_by_blend() ? "(blend)" : "(environment)"),
             std::string::npos)
       << thread_policy();
+}
+
+// CoreShare's arithmetic: /proc/stat's busy ticks leave out idle and iowait; a process's own
+// ticks are fields 14 and 15 counted after the command name, which may hold spaces and ')'.
+TEST(CoreShare, ParsesProcFiles) {
+  int64_t busy = 0, total = 0;
+  ASSERT_TRUE(parse_proc_stat_cpu("cpu  100 5 50 1000 20 3 2 1 0 0", busy, total));
+  EXPECT_EQ(total, 1181);
+  EXPECT_EQ(busy, 161);
+  EXPECT_FALSE(parse_proc_stat_cpu("cpu0 1 2 3 4", busy, total));
+  EXPECT_FALSE(parse_proc_stat_cpu("cpu  1 2", busy, total));
+  EXPECT_EQ(parse_proc_self_ticks("4242 (odd) name)) R 1 4242 4242 0 -1 4194560 100 0 0 0 "
+                                  "250 75 0 0 20 0 3 0 1234"),
+            325);
+  EXPECT_EQ(parse_proc_self_ticks("4242 (short) R 1 2"), -1);
+  EXPECT_EQ(parse_proc_self_ticks("no parenthesis"), -1);
+}
+
+TEST(CoreShare, RunsOnTheCoresOthersLeaveFree) {
+  EXPECT_EQ(threads_beside(0.0, 2, 2), 2);
+  EXPECT_EQ(threads_beside(1.0, 2, 2), 1);   // one busy neighbour on two cores
+  EXPECT_EQ(threads_beside(0.4, 2, 2), 2);   // a light one does not cost a thread
+  EXPECT_EQ(threads_beside(5.0, 2, 2), 1);   // never fewer than one
+  EXPECT_EQ(threads_beside(2.0, 16, 8), 8);  // never more than the model was laid out for
+  EXPECT_EQ(threads_beside(-0.3, 4, 4), 4);  // accounting noise below zero
+}
+
+// CoreShare over a sequence of measurements (100 ticks a second, 2 cores): a neighbour that
+// keeps one core busy takes a thread away; when it stops, the thread comes back. This process's
+// own ticks are not a neighbour's.
+TEST(CoreShare, FollowsOtherProcessesNotItsOwn) {
+  CoreShare share(2, 1.0);
+  auto ticks = [](double wall, int64_t busy, int64_t self) {
+    return CoreShare::Ticks{.wall = wall, .busy = busy, .self = self, .ok = true};
+  };
+  share.observe(ticks(0, 0, 0), 2, 100);
+  EXPECT_EQ(share.observe(ticks(1, 200, 200), 2, 100), 2);   // both cores busy, all of it ours
+  EXPECT_EQ(share.observe(ticks(2, 400, 300), 2, 100), 1);   // a neighbour took a core
+  EXPECT_EQ(share.observe(ticks(3, 500, 400), 2, 100), 2);   // and left
+  EXPECT_EQ(share.observe(CoreShare::Ticks{}, 2, 100), 2);   // /proc unreadable: unchanged
+  EXPECT_EQ(share.observe(ticks(5, 800, 500), 2, 100), 2);   // no previous reading: unchanged
+  EXPECT_EQ(share.observe(ticks(6, 1000, 550), 2, 100), 1);  // 1.5 cores of others
+  // The real /proc: readable here, and the counters only grow.
+  const CoreShare::Ticks a = CoreShare::read_proc();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const CoreShare::Ticks b = CoreShare::read_proc();
+  ASSERT_TRUE(a.ok && b.ok);
+  EXPECT_GE(b.busy, a.busy);
+  EXPECT_GE(b.self, a.self);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <span>
 #include <unordered_map>
 
@@ -99,6 +100,11 @@ class CpuBackendImpl final : public CpuBackend {
   std::string gemm_info() const override;
   ModelId add_chain(const ChainSpec& spec) override;
   bool shares_block(ModelId a, ModelId b, int64_t layer, LayerBlock block) const override;
+  void set_threads(int threads) override {
+    core_share_.reset();
+    threads_ = std::clamp(threads, 1, max_threads_);
+  }
+  int threads() const override { return threads_; }
 
  private:
   using Embedding = cpu::Embedding;
@@ -140,7 +146,11 @@ class CpuBackendImpl final : public CpuBackend {
   }
 
   ModelConfig config_;
-  int threads_ = 1;
+  int max_threads_ = 1;  // at construction (what the weights were laid out for)
+  int threads_ = 1;      // this pass's OpenMP threads: all of max_threads, or what core_share_ says
+  // Set when the user left the thread count to blend (BackendOptions::threads 0): each pass runs
+  // on the cores other processes leave free (threads.h).
+  std::optional<cpu::CoreShare> core_share_;
   DType file_dtype_ = DType::kBF16;  // of the checkpoint's tensors
   DType compute_ = DType::kBF16;     // GEMM inputs and packed weights: F32 or BF16
   GemmContext gemm_;
@@ -219,6 +229,8 @@ CpuBackendImpl::CpuBackendImpl(const ModelConfig& config,
           options.num_pages, compute_),
       kv_budget_(default_kv_budget(stores)) {
   cpu::use_threads(threads_);
+  max_threads_ = threads_;
+  if (options.threads == 0 && threads_ > 1) core_share_.emplace(threads_);
   if (options.overlap) compute_steps_on_worker();
   cpu::BlockLoader loader(blocks_, gemm_, config_, file_dtype_,
                           /*share=*/stores.size() > 1 && options.tenancy == Tenancy::kBlocks,
@@ -404,6 +416,7 @@ void CpuBackendImpl::run_layers(const ForwardBatch& batch, int64_t first, int64_
   };
   const int64_t m = batch.num_tokens();
   if (m == 0) return;
+  if (core_share_) threads_ = core_share_->threads();
   omp_set_num_threads(threads_);  // oneDNN and OpenBLAS follow the calling thread's setting
 
   const int64_t h = config_.hidden_size, qd = config_.q_dim(), kvd = config_.kv_dim();

@@ -15,9 +15,11 @@
 // The guarantee holds for one backend configuration (thread count, page size, machine); the
 // default mode is close to it (same math, GEMM blocking may vary with the batch size).
 //
-// Threads: BackendOptions::threads OpenMP threads (0 = all) for GEMMs, attention and the
-// element-wise ops; the constructor and forward() set the calling thread's OpenMP thread count
-// to it. forward() may be called from any one thread at a time.
+// Threads: BackendOptions::threads OpenMP threads for GEMMs, attention and the element-wise ops;
+// the constructor and forward() set the calling thread's OpenMP thread count to it. With 0 (the
+// default: blend chooses), the model loads for all cores and each pass runs on the cores other
+// processes leave free (cpu::CoreShare, threads.h). A pass's thread count does not change its
+// results in deterministic mode. forward() may be called from any one thread at a time.
 #pragma once
 
 #include <memory>
@@ -65,6 +67,12 @@ class CpuBackend : public Backend {
   virtual void reset_op_times() = 0;
   // What runs the GEMMs, e.g. "onednn bf16 brg:avx512_core_bf16, row tile 16".
   virtual std::string gemm_info() const = 0;
+  // Runs the following passes on `threads` threads (clamped to [1, the count at construction])
+  // and stops following the core share; what CoreShare does by itself under BackendOptions::threads
+  // 0.
+  virtual void set_threads(int threads) = 0;
+  // The thread count of the last pass (or the next, before any).
+  virtual int threads() const = 0;
   // Whether models a and b run the same block (byte-identical weights) at `layer`.
   virtual bool shares_block(ModelId a, ModelId b, int64_t layer, LayerBlock block) const = 0;
   // The model's inner states, for studies of its blocks (BlockLLM §4.4 stitching); forward() is

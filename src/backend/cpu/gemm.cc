@@ -189,7 +189,7 @@ int64_t GemmContext::padded_rows(int64_t m) const {
 
 GemmContext::Kernel& GemmContext::kernel(int64_t m, int64_t k, int64_t n, int64_t ldy, bool bias,
                                          bool accumulate, const memory::desc& weights) {
-  const Key key{m, k, n, ldy, bias, accumulate};
+  const Key key{m, k, n, ldy, bias, accumulate, omp_in_parallel() ? 1 : omp_get_max_threads()};
   auto it = cache_.find(key);
   if (it != cache_.end()) return it->second;
   const auto dt = dnnl_type(options_.compute);

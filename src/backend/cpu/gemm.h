@@ -68,8 +68,10 @@ class GemmContext {
 
  private:
   friend class Linear;
-  // m, k, n, leading dimension of y, bias, accumulate
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool>;
+  // m, k, n, leading dimension of y, bias, accumulate, and the OpenMP threads the kernel was made
+  // for: oneDNN fixes a kernel's thread count when it is created, so a pass on fewer threads
+  // (CoreShare) needs kernels of its own.
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, int>;
   struct Kernel {
     dnnl::matmul matmul;
     dnnl::memory::desc scratchpad;  // user scratchpad (deterministic mode), else empty

@@ -5,9 +5,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 namespace blend::cpu {
 namespace {
@@ -86,6 +91,83 @@ std::string thread_policy() {
                   : g_user_policy[0] != '\0' ? std::string(g_user_policy) + " (environment)"
                                              : "OpenMP runtime default";
   return s + ", OpenBLAS threads " + std::to_string(openblas_get_num_threads());
+}
+
+bool parse_proc_stat_cpu(std::string_view line, int64_t& busy, int64_t& total) {
+  if (!line.starts_with("cpu ")) return false;
+  std::istringstream in{std::string(line.substr(4))};
+  int64_t v[8] = {};
+  int n = 0;
+  while (n < 8 && in >> v[n]) ++n;
+  if (n < 4) return false;
+  total = 0;
+  for (int i = 0; i < n; ++i) total += v[i];
+  busy = total - v[3] - (n > 4 ? v[4] : 0);  // idle, iowait
+  return true;
+}
+
+int64_t parse_proc_self_ticks(std::string_view stat) {
+  // The command name (field 2) is in parentheses and may hold spaces: count from its end.
+  const size_t close = stat.rfind(')');
+  if (close == std::string_view::npos) return -1;
+  std::istringstream in{std::string(stat.substr(close + 1))};
+  std::string field;
+  int64_t utime = -1, stime = -1;
+  for (int i = 3; i <= 15 && in >> field; ++i) {
+    if (i == 14) utime = std::strtoll(field.c_str(), nullptr, 10);
+    if (i == 15) stime = std::strtoll(field.c_str(), nullptr, 10);
+  }
+  return utime < 0 || stime < 0 ? -1 : utime + stime;
+}
+
+int threads_beside(double others, int online, int max_threads) {
+  const double free_cores = static_cast<double>(online) - std::max(0.0, others);
+  return std::clamp(static_cast<int>(std::lround(free_cores)), 1, std::max(1, max_threads));
+}
+
+namespace {
+
+double wall_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+CoreShare::CoreShare(int max_threads, double interval_seconds)
+    : max_(std::max(1, max_threads)),
+      current_(max_),
+      interval_(interval_seconds),
+      last_(read_proc()) {}
+
+CoreShare::Ticks CoreShare::read_proc() {
+  Ticks t;
+  t.wall = wall_seconds();
+  std::ifstream stat("/proc/stat"), self("/proc/self/stat");
+  std::string line, self_line;
+  int64_t total = 0;
+  if (!std::getline(stat, line) || !parse_proc_stat_cpu(line, t.busy, total) ||
+      !std::getline(self, self_line))
+    return t;
+  t.self = parse_proc_self_ticks(self_line);
+  t.ok = t.self >= 0;
+  return t;
+}
+
+int CoreShare::observe(const Ticks& now, int online_cores, double ticks_per_second) {
+  if (now.ok && last_.ok && now.wall > last_.wall) {
+    const auto others = static_cast<double>((now.busy - last_.busy) - (now.self - last_.self));
+    current_ =
+        threads_beside(others / ticks_per_second / (now.wall - last_.wall), online_cores, max_);
+  }
+  last_ = now;
+  return current_;
+}
+
+int CoreShare::threads() {
+  if (max_ == 1 || wall_seconds() - last_.wall < interval_) return current_;
+  static const int online = std::max(1, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
+  static const auto ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
+  return observe(read_proc(), online, ticks);
 }
 
 }  // namespace blend::cpu

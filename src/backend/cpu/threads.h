@@ -16,7 +16,9 @@
 // setting always wins (and costs no second start). See threads.cc.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace blend::cpu {
 
@@ -39,5 +41,47 @@ std::string thread_policy();
 // Whether blend set GOMP_SPINCOUNT (libgomp) or KMP_BLOCKTIME (LLVM's libomp, clang builds) at
 // start-up: the user had set neither it nor OMP_WAIT_POLICY.
 bool spin_count_set_by_blend();
+
+// How many threads a forward pass should use when the user left the count to blend (--threads
+// 0), given the cores other processes keep busy. Why: every parallel region waits for its slowest
+// thread, and a thread on a core another process also runs gets about half of it; beside one busy
+// core a 2-thread smollm-135m batch ran at 0.62x of one thread (docs/BENCHMARKS.md, "Beside a
+// busy neighbour"). So the pass runs on the cores the others leave free.
+//
+// How: at most once per interval, the busy time of all CPUs (/proc/stat) minus this process's own
+// CPU time (/proc/self/stat) over the interval is what other processes used, in cores; the count
+// is the online cores minus that, rounded, within [1, max]. Without /proc it stays at max.
+class CoreShare {
+ public:
+  // CPU time at one moment: all CPUs' busy ticks and this process's, in clock ticks.
+  struct Ticks {
+    double wall = 0;  // seconds, steady clock
+    int64_t busy = 0, self = 0;
+    bool ok = false;  // false where /proc could not be read
+  };
+  static Ticks read_proc();
+
+  explicit CoreShare(int max_threads, double interval_seconds = 1.0);
+  // The thread count for the next pass (re-measured when the interval has passed).
+  int threads();
+  // Takes a measurement (read_proc() in threads(); tests pass their own) and returns the new
+  // count: online cores minus other processes' busy cores since the previous one.
+  int observe(const Ticks& now, int online_cores, double ticks_per_second);
+  int max_threads() const { return max_; }
+
+ private:
+  int max_, current_;
+  double interval_;
+  Ticks last_;
+};
+
+// Pure parts of CoreShare, for tests:
+// Busy and total clock ticks of all CPUs from /proc/stat's first line ("cpu  user nice system idle
+// iowait irq softirq steal ..."): busy excludes idle and iowait. False when it is not such a line.
+bool parse_proc_stat_cpu(std::string_view line, int64_t& busy, int64_t& total);
+// utime + stime (fields 14 and 15) of a /proc/<pid>/stat line, in clock ticks; -1 when malformed.
+int64_t parse_proc_self_ticks(std::string_view stat);
+// The thread count for `others` cores' worth of other processes' work on `online` cores.
+int threads_beside(double others, int online, int max_threads);
 
 }  // namespace blend::cpu
