@@ -14,6 +14,9 @@
 # variants: "before" = libgomp's default spin (GOMP_SPINCOUNT=300000, OpenBLAS's own pool: what
 # blend ran before issue 25), "after" = no environment (blend's own choice), "passive" =
 # OMP_WAIT_POLICY=passive.
+# A variant's comma-separated words that start with -- are `blend batch` flags instead, e.g.
+# VARIANTS="auto= two=--threads=2 one=--threads=1" compares blend's own thread count (CoreShare:
+# the cores other processes leave free) with fixed ones.
 # Knobs (environment): BLEND (default build/blend), MODELS_DIR (build/bench_models), OUT_DIR
 # (build/contention), MODELS ("tiny-f32 smollm-135m-bf16"), VARIANTS, N_REQ (4), PP (32), TG (32),
 # REPS (3), HOG_CPU (0).
@@ -58,13 +61,16 @@ echo "== machine: $(cpu_model), $NPROC cores," \
 req=$OUT_DIR/requests.jsonl
 write_requests "$req" "$N_REQ" "$PP" "$TG"
 
-# run MODEL_DIR TAG ENV: one blend batch run under ENV (comma-separated NAME=VALUE); prints its
-# throughput.
+# run MODEL_DIR TAG WORDS: one blend batch run under WORDS (comma-separated NAME=VALUE environment
+# settings and --flag=value flags); prints its throughput.
 run() {
-  local model=$1 tag=$2 envs=$3
-  local -a BATCH_ENV=()
-  if [[ -n "$envs" ]]; then IFS=',' read -r -a BATCH_ENV <<<"$envs"; fi
-  run_batch "$model" "$tag" throughput_tokens_per_s
+  local model=$1 tag=$2 words=$3
+  local -a BATCH_ENV=() flags=() all=()
+  if [[ -n "$words" ]]; then IFS=',' read -r -a all <<<"$words"; fi
+  for w in "${all[@]}"; do
+    if [[ $w == --* ]]; then flags+=("$w"); else BATCH_ENV+=("$w"); fi
+  done
+  run_batch "$model" "$tag" throughput_tokens_per_s ${flags[@]+"${flags[@]}"}
 }
 
 results=$OUT_DIR/results.txt

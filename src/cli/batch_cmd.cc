@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "api/batch_file.h"
+#include "backend/cpu/cpu_backend.h"
 #include "blocks/adaptive.h"
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
@@ -127,6 +128,10 @@ void run_batch(const BatchArgs& given) {
   stats["policy"] = args.job.policy;
   stats["deterministic"] = args.engine.deterministic;
   stats["threads"] = args.engine.threads;
+  if (const auto* cpu = dynamic_cast<const CpuBackend*>(&engine.backend());
+      cpu && cpu->op_times().steps > 0)  // below --threads when CoreShare lowered passes
+    stats["pass_threads_mean"] = static_cast<double>(cpu->op_times().thread_steps) /
+                                 static_cast<double>(cpu->op_times().steps);
   if (!args.quiet)
     std::fprintf(stderr,
                  "blend batch: %lld requests (%lld failed, %lld already done), %lld in + %lld out "

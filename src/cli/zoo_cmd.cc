@@ -202,16 +202,22 @@ void run_stitch(const StitchArgs& a) {
                                 {"kept", s.kept}});
   }
   std::printf("held-out prompts (%zu), stitched chain against the tail model:\n", held_out.size());
-  std::printf("  %-22s %-15s %8s %9s %9s\n", "point (head -> tail)", "stitch", "cosine", "top-1",
+  std::printf("  %-22s %-17s %8s %9s %9s\n", "point (head -> tail)", "stitch", "cosine", "top-1",
               "KL nats");
   for (const StitchPoint& p : o.points) {
     nlohmann::json entry = {{"head_layer", p.head_layer}, {"tail_layer", p.tail_layer}};
+    // The one block for every point (least squares, then trained), against a block fitted to this
+    // point alone: what generalising across points costs.
+    StitchOptions alone = least_squares;
+    alone.points = {p};
+    const StitchBlock own = train_stitch(models, train, alone);
     for (const auto& [name, block] :
          {std::pair<const char*, const StitchBlock*>{"least squares", &initial},
-          {"trained", &trained}}) {
+          {"trained", &trained},
+          {"this point alone", &own}}) {
       if (block == &trained && o.steps_per_stage == 0) continue;
       const StitchQuality q = evaluate_stitch(models, *block, p, held_out);
-      std::printf("  %-22s %-15s %8.4f %9.4f %9.5f\n",
+      std::printf("  %-22s %-17s %8.4f %9.4f %9.5f\n",
                   (std::to_string(p.head_layer) + " -> " + std::to_string(p.tail_layer)).c_str(),
                   name, q.cosine, q.agreement, q.kl);
       entry[name] = {{"cosine", q.cosine},

@@ -245,6 +245,7 @@ TEST_F(BatchCli, ZooStitchCarriesAStreamIntoAWiderCopy) {
   EXPECT_EQ(r["points"][0]["tail_layer"], 1);
   EXPECT_GT(r["points"][0]["least squares"]["cosine"].get<double>(), 0.999);
   EXPECT_GT(r["points"][0]["trained"]["cosine"].get<double>(), 0.99);
+  EXPECT_GT(r["points"][0]["this point alone"]["cosine"].get<double>(), 0.999);
   EXPECT_TRUE(std::filesystem::exists(block));
 
   const auto narrower = testing::run_command(blend + "model derive --base " + model() + " --out " +

@@ -562,6 +562,7 @@ void CpuBackendImpl::run_layers(const ForwardBatch& batch, int64_t first, int64_
   lap(times_.lm_head);
   times_.steps += 1;
   times_.tokens += m;
+  times_.thread_steps += threads_;
 }
 
 }  // namespace

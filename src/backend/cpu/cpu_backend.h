@@ -48,6 +48,7 @@ struct CpuOpTimes {
   double lm_head = 0;    // final norm of the logit rows and the lm_head GEMM
   int64_t steps = 0;
   int64_t tokens = 0;
+  int64_t thread_steps = 0;  // each step's OpenMP threads, summed (CoreShare may lower them)
 
   double layer_gemms() const { return qkv + o_proj + gate_up + down; }
   double total() const {
