@@ -61,7 +61,7 @@ class CoreShare {
   };
   static Ticks read_proc();
 
-  explicit CoreShare(int max_threads, double interval_seconds = 0.5);
+  explicit CoreShare(int max_threads, double interval_seconds = 0.1);
   // The thread count for the next pass (re-measured when the interval has passed).
   int threads();
   // Takes a measurement (read_proc() in threads(); tests pass their own) and returns the new
