@@ -436,10 +436,17 @@ StitchBlock train_stitch(const StitchModels& models,
   for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int64_t>(i);
   std::mt19937_64 rng(options.seed);
   constexpr double kBeta1 = 0.9, kBeta2 = 0.999, kEpsilon = 1e-8;  // Adam's defaults
+  // Adam moves every weight by about its step size whatever the gradient's size, so the step is
+  // set relative to the least-squares weights' RMS (a width-free scale).
+  double sum_squares = 0;
+  for (float w : stitch.weight) sum_squares += static_cast<double>(w) * w;
+  const double step_size =
+      options.learning_rate * std::sqrt(sum_squares / static_cast<double>(stitch.weight.size()));
   int64_t t = 0;
   for (size_t stage = 0; stage < data.size(); ++stage) {
     StitchStage report{.point = data[stage].point,
                        .kl_before = loss(stage + 1, report_rows, false)};
+    const std::vector<float> start = stitch.weight;
     for (int64_t step = 0; step < options.steps_per_stage; ++step) {
       if (options.rows_per_step >= rows) {
         picked = all;
@@ -457,11 +464,18 @@ StitchBlock train_stitch(const StitchModels& models,
       for (size_t i = 0; i < grad.size(); ++i) {
         m[i] = static_cast<float>(kBeta1 * m[i] + (1 - kBeta1) * grad[i]);
         v[i] = static_cast<float>(kBeta2 * v[i] + (1 - kBeta2) * grad[i] * grad[i]);
-        stitch.weight[i] -= static_cast<float>(options.learning_rate * (m[i] / c1) /
-                                               (std::sqrt(v[i] / c2) + kEpsilon));
+        stitch.weight[i] -=
+            static_cast<float>(step_size * (m[i] / c1) / (std::sqrt(v[i] / c2) + kEpsilon));
       }
     }
     report.kl_after = loss(stage + 1, report_rows, false);
+    // A stage that did not lower the loss it follows is undone: near an exact stitch Adam's
+    // normalised steps are noise.
+    report.kept = report.kl_after < report.kl_before;
+    if (!report.kept) {
+      stitch.weight = start;
+      report.kl_after = report.kl_before;
+    }
     if (stages) stages->push_back(report);
   }
   return stitch;

@@ -156,15 +156,22 @@ TEST_F(Stitch, LeastSquaresFindsTheExactStitch) {
     EXPECT_EQ(q.agreement, 1.0) << p.head_layer;
     EXPECT_LT(q.kl, 1e-5) << p.head_layer;
   }
-  // Training from the exact stitch cannot lower the loss; its stages are undone, not kept.
+  // Training from the exact stitch cannot lower the loss: its first stage is undone, and every
+  // stage that is undone reports the loss it started from.
   std::vector<StitchStage> stages;
   const StitchBlock trained =
       train_stitch(models, train(), {.points = points, .steps_per_stage = 3}, &stages);
   ASSERT_EQ(stages.size(), 2u);
-  for (const StitchStage& s : stages)
+  EXPECT_FALSE(stages[0].kept);
+  EXPECT_EQ(block.weight.size(), trained.weight.size());
+  for (const StitchStage& s : stages) {
     if (!s.kept) {
       EXPECT_EQ(s.kl_after, s.kl_before);
     }
+  }
+  if (!stages[1].kept) {
+    EXPECT_EQ(trained.weight, block.weight);  // both stages undone: the least-squares block
+  }
   EXPECT_GT(evaluate_stitch(models, trained, points[1], held_out()).cosine, 0.9999);
 }
 
