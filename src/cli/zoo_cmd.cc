@@ -186,7 +186,9 @@ void run_stitch(const StitchArgs& a) {
                            {"steps_per_stage", o.steps_per_stage},
                            {"learning_rate", o.learning_rate},
                            {"ridge", o.ridge},
+                           {"rows_per_step", o.rows_per_step},
                            {"train_prompts", train.size()},
+                           {"train_positions", train_positions},
                            {"held_out_prompts", held_out.size()},
                            {"stages", nlohmann::json::array()},
                            {"points", nlohmann::json::array()}};

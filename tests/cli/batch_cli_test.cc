@@ -241,6 +241,7 @@ TEST_F(BatchCli, ZooStitchCarriesAStreamIntoAWiderCopy) {
   ASSERT_EQ(stitched.exit_code, 0) << stitched.output;
   const json r = json::parse(testing::read_file(report));
   ASSERT_EQ(r["points"].size(), 1u);
+  EXPECT_GT(r["train_positions"].get<int>(), 66);  // the built-in prompts' even half
   EXPECT_EQ(r["points"][0]["head_layer"], 0);
   EXPECT_EQ(r["points"][0]["tail_layer"], 1);
   EXPECT_GT(r["points"][0]["least squares"]["cosine"].get<double>(), 0.999);
