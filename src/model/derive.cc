@@ -59,7 +59,8 @@ std::vector<float> matmul(const std::vector<float>& a, const std::vector<float>&
 }
 
 // A [rows x cols] matrix (rows >= cols) with orthonormal columns: Gaussian draws from `seed`
-// (splitmix64 and Box-Muller, the same on every platform), then modified Gram-Schmidt in double.
+// (splitmix64 and Box-Muller: a function of the seed, up to the last bits of libm's log and
+// cos), then modified Gram-Schmidt in double.
 std::vector<double> orthonormal_columns(int64_t rows, int64_t cols, uint64_t seed) {
   uint64_t state = seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
   auto uniform = [&state] {
