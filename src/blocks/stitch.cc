@@ -90,7 +90,8 @@ class Lens {
   }
 
   // logits [padded(rows) x vocab] of the stream s [rows x width]; normed [padded x width] keeps
-  // the norm's output and inv_rms [rows] its scale, for backward().
+  // the norm's output and inv_rms [rows] its scale, for backward() (why this is not
+  // cpu::rmsnorm, which keeps no scale).
   void forward(const float* s, int64_t rows, std::vector<float>& normed,
                std::vector<float>& inv_rms, std::vector<float>& logits) {
     normed.assign(static_cast<size_t>(padded(rows) * width_), 0.0f);
@@ -397,19 +398,17 @@ StitchBlock train_stitch(const StitchModels& models,
       log_softmax_rows(target.data(), n, vocab);
       stitch.apply(x, d.point.position(), s);
       lens.forward(s.data(), n, normed, inv, logits);
+      log_softmax_rows(logits.data(), n, vocab);
       double point_kl = 0;
 #pragma omp parallel for schedule(static) reduction(+ : point_kl)
       for (int64_t r = 0; r < n; ++r) {
-        float* row = logits.data() + r * vocab;
+        float* log_q = logits.data() + r * vocab;
         const float* log_p = target.data() + r * vocab;
-        const float mx = *std::max_element(row, row + vocab);
-        double z = 0;
-        for (int64_t k = 0; k < vocab; ++k) z += std::exp(static_cast<double>(row[k] - mx));
-        const double shift = mx + std::log(z);
         for (int64_t k = 0; k < vocab; ++k) {
-          const double log_q = row[k] - shift, p = std::exp(static_cast<double>(log_p[k]));
-          point_kl += p * (log_p[k] - log_q);
-          row[k] = static_cast<float>((std::exp(log_q) - p) * scale);  // dKL/dlogit
+          const double p = std::exp(static_cast<double>(log_p[k]));
+          point_kl += p * (log_p[k] - log_q[k]);
+          log_q[k] = static_cast<float>((std::exp(static_cast<double>(log_q[k])) - p) *
+                                        scale);  // now dKL/dlogit
         }
       }
       kl += point_kl * scale;
@@ -481,47 +480,61 @@ StitchBlock train_stitch(const StitchModels& models,
   return stitch;
 }
 
+std::vector<StitchQuality> evaluate_stitches(const StitchModels& models,
+                                             std::span<const StitchCase> cases,
+                                             const std::vector<std::vector<TokenId>>& prompts) {
+  check_models(models, prompts);
+  std::set<int64_t> head_ends;
+  for (const StitchCase& c : cases) {
+    check_points(models, {c.point});
+    if (c.block->in != models.head->config().hidden_size ||
+        c.block->out != models.tail->config().hidden_size)
+      throw Error("stitch: the block maps width " + std::to_string(c.block->in) + " to " +
+                  std::to_string(c.block->out) + ", the models are " +
+                  std::to_string(models.head->config().hidden_size) + " and " +
+                  std::to_string(models.tail->config().hidden_size) + " wide");
+    head_ends.insert(c.point.head_layer + 1);
+  }
+  const ForwardBatch batch = prompt_batch(prompts, models.page_size);
+  const int64_t rows = batch.num_tokens(), vocab = models.tail->config().vocab_size;
+  const int64_t layers = models.tail->config().num_layers;
+  // The tail's own distributions and the head's streams, once for every case.
+  std::vector<float> own(static_cast<size_t>(rows * vocab)), stitched(own.size()),
+      scratch(own.size()), s(static_cast<size_t>(rows * models.tail->config().hidden_size));
+  models.tail->forward_layers(batch, 0, layers, {}, {}, own);
+  const auto head_streams = streams(*models.head, batch, head_ends);
+
+  std::vector<StitchQuality> out;
+  std::vector<double> cosines(static_cast<size_t>(rows));
+  std::vector<TopTokenAndKl> gaps(static_cast<size_t>(rows));
+  for (const StitchCase& c : cases) {
+    c.block->apply(head_streams.at(c.point.head_layer + 1), c.point.position(), s);
+    models.tail->forward_layers(batch, c.point.tail_layer, layers, s, {}, stitched);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const float *a = own.data() + r * vocab, *b = stitched.data() + r * vocab;
+      cosines[static_cast<size_t>(r)] = probability_cosine(a, b, vocab, scratch.data() + r * vocab);
+      gaps[static_cast<size_t>(r)] = top_token_and_kl(a, b, vocab);
+    }
+    StitchQuality q{.point = c.point, .positions = rows};
+    for (int64_t r = 0; r < rows; ++r) {
+      q.cosine += cosines[static_cast<size_t>(r)];
+      q.agreement += gaps[static_cast<size_t>(r)].same_top ? 1 : 0;
+      q.kl += gaps[static_cast<size_t>(r)].kl;
+    }
+    q.cosine /= static_cast<double>(rows);
+    q.agreement /= static_cast<double>(rows);
+    q.kl /= static_cast<double>(rows);
+    out.push_back(q);
+  }
+  return out;
+}
+
 StitchQuality evaluate_stitch(const StitchModels& models, const StitchBlock& stitch,
                               const StitchPoint& point,
                               const std::vector<std::vector<TokenId>>& prompts) {
-  check_models(models, prompts);
-  check_points(models, {point});
-  if (stitch.in != models.head->config().hidden_size ||
-      stitch.out != models.tail->config().hidden_size)
-    throw Error("stitch: the block maps width " + std::to_string(stitch.in) + " to " +
-                std::to_string(stitch.out) + ", the models are " +
-                std::to_string(models.head->config().hidden_size) + " and " +
-                std::to_string(models.tail->config().hidden_size) + " wide");
-  const ForwardBatch batch = prompt_batch(prompts, models.page_size);
-  const int64_t rows = batch.num_tokens(), vocab = models.tail->config().vocab_size;
-  std::vector<float> x(static_cast<size_t>(rows * stitch.in)),
-      s(static_cast<size_t>(rows * stitch.out)), stitched(static_cast<size_t>(rows * vocab)),
-      own(stitched.size());
-  models.head->forward_layers(batch, 0, point.head_layer + 1, {}, x, {});
-  stitch.apply(x, point.position(), s);
-  models.tail->forward_layers(batch, point.tail_layer, models.tail->config().num_layers, s, {},
-                              stitched);
-  models.tail->forward_layers(batch, 0, models.tail->config().num_layers, {}, {}, own);
-
-  std::vector<double> cosines(static_cast<size_t>(rows));
-  std::vector<TopTokenAndKl> gaps(static_cast<size_t>(rows));
-  std::vector<float> scratch(static_cast<size_t>(rows * vocab));
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    const float *a = own.data() + r * vocab, *b = stitched.data() + r * vocab;
-    cosines[static_cast<size_t>(r)] = probability_cosine(a, b, vocab, scratch.data() + r * vocab);
-    gaps[static_cast<size_t>(r)] = top_token_and_kl(a, b, vocab);
-  }
-  StitchQuality q{.point = point, .positions = rows};
-  for (int64_t r = 0; r < rows; ++r) {
-    q.cosine += cosines[static_cast<size_t>(r)];
-    q.agreement += gaps[static_cast<size_t>(r)].same_top ? 1 : 0;
-    q.kl += gaps[static_cast<size_t>(r)].kl;
-  }
-  q.cosine /= static_cast<double>(rows);
-  q.agreement /= static_cast<double>(rows);
-  q.kl /= static_cast<double>(rows);
-  return q;
+  const StitchCase one{.block = &stitch, .point = point};
+  return evaluate_stitches(models, {&one, 1}, prompts).front();
 }
 
 }  // namespace blend

@@ -110,6 +110,14 @@ struct StitchQuality {
   double kl = 0;         // KL(tail || stitched), nats
   int64_t positions = 0;
 };
+// Several blocks and points at once: the tail's own run and each head depth are computed once.
+struct StitchCase {
+  const StitchBlock* block = nullptr;
+  StitchPoint point;
+};
+std::vector<StitchQuality> evaluate_stitches(const StitchModels& models,
+                                             std::span<const StitchCase> cases,
+                                             const std::vector<std::vector<TokenId>>& prompts);
 StitchQuality evaluate_stitch(const StitchModels& models, const StitchBlock& stitch,
                               const StitchPoint& point,
                               const std::vector<std::vector<TokenId>>& prompts);

@@ -206,26 +206,38 @@ void run_stitch(const StitchArgs& a) {
   std::printf("held-out prompts (%zu), stitched chain against the tail model:\n", held_out.size());
   std::printf("  %-22s %-17s %8s %9s %9s\n", "point (head -> tail)", "stitch", "cosine", "top-1",
               "KL nats");
+  // The one block for every point (least squares, then trained), against a block fitted to each
+  // point alone: what generalising across points costs. All evaluated in one pass.
+  std::vector<StitchBlock> own;
   for (const StitchPoint& p : o.points) {
-    nlohmann::json entry = {{"head_layer", p.head_layer}, {"tail_layer", p.tail_layer}};
-    // The one block for every point (least squares, then trained), against a block fitted to this
-    // point alone: what generalising across points costs.
     StitchOptions alone = least_squares;
     alone.points = {p};
-    const StitchBlock own = train_stitch(models, train, alone);
+    own.push_back(train_stitch(models, train, alone));
+  }
+  std::vector<StitchCase> cases;
+  std::vector<const char*> names;
+  for (size_t i = 0; i < o.points.size(); ++i)
     for (const auto& [name, block] :
          {std::pair<const char*, const StitchBlock*>{"least squares", &initial},
           {"trained", &trained},
-          {"this point alone", &own}}) {
+          {"this point alone", &own[i]}}) {
       if (block == &trained && o.steps_per_stage == 0) continue;
-      const StitchQuality q = evaluate_stitch(models, *block, p, held_out);
+      cases.push_back({.block = block, .point = o.points[i]});
+      names.push_back(name);
+    }
+  const std::vector<StitchQuality> quality = evaluate_stitches(models, cases, held_out);
+  for (const StitchPoint& p : o.points) {
+    nlohmann::json entry = {{"head_layer", p.head_layer}, {"tail_layer", p.tail_layer}};
+    for (size_t c = 0; c < cases.size(); ++c) {
+      if (cases[c].point.head_layer != p.head_layer) continue;
+      const StitchQuality& q = quality[c];
       std::printf("  %-22s %-17s %8.4f %9.4f %9.5f\n",
                   (std::to_string(p.head_layer) + " -> " + std::to_string(p.tail_layer)).c_str(),
-                  name, q.cosine, q.agreement, q.kl);
-      entry[name] = {{"cosine", q.cosine},
-                     {"top_token_agreement", q.agreement},
-                     {"kl_nats", q.kl},
-                     {"positions", q.positions}};
+                  names[c], q.cosine, q.agreement, q.kl);
+      entry[names[c]] = {{"cosine", q.cosine},
+                         {"top_token_agreement", q.agreement},
+                         {"kl_nats", q.kl},
+                         {"positions", q.positions}};
     }
     report["points"].push_back(entry);
   }

@@ -156,6 +156,15 @@ TEST_F(Stitch, LeastSquaresFindsTheExactStitch) {
     EXPECT_EQ(q.agreement, 1.0) << p.head_layer;
     EXPECT_LT(q.kl, 1e-5) << p.head_layer;
   }
+  // Evaluated together (the tail's own run shared), each case is what it is alone.
+  const std::vector<StitchCase> cases = {{&block, points[0]}, {&block, points[1]}};
+  const std::vector<StitchQuality> together = evaluate_stitches(models, cases, held_out());
+  ASSERT_EQ(together.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const StitchQuality alone = evaluate_stitch(models, block, points[i], held_out());
+    EXPECT_NEAR(together[i].kl, alone.kl, 1e-9) << i;
+    EXPECT_EQ(together[i].agreement, alone.agreement) << i;
+  }
   // Training from the exact stitch cannot lower the loss: its first stage is undone, and every
   // stage that is undone reports the loss it started from.
   std::vector<StitchStage> stages;
