@@ -27,6 +27,9 @@ struct SimulateServeArgs {
   std::string rates = "1,2,4";
   double duration = 600;
   double kv_memory_gb = 0;  // per device; 0 = 90% of device memory minus the weights' share
+  // Host memory per device for KV the device cache evicts (a dropped BE request's pages among
+  // them), over the preset's host link; 0 = none (a dropped request recomputes).
+  double kv_host_memory_gb = 0;
   int32_t max_batch_tokens = 2048;
   int32_t max_running = 256;
   int32_t max_context = 2048;
@@ -67,6 +70,12 @@ void run(const SimulateServeArgs& args) {
       eo.scheduler.bidirectional_kv = bidirectional_kv_for(args.kv_layout, eo.scheduler.policy);
       eo.scheduler.iteration_cost = iteration_model_of(cost, page_tokens);
       const double swap_per_page = eo.scheduler.iteration_cost.swap_per_page;
+      // Swap out or recompute (kv/radix_cache): the same swap line the backend charges, and a
+      // prompt token's marginal time in the cost model's prefill.
+      eo.kv_host_memory_gb = args.kv_host_memory_gb;
+      if (swap_per_page > 0)
+        eo.kv_host_link_bytes_per_s = static_cast<double>(page_bytes) / swap_per_page;
+      eo.kv_recompute_seconds_per_token = eo.scheduler.iteration_cost.prefill_per_token;
       if (args.iteration_model == "fit") {  // what serve does without a profile: from nothing
         eo.scheduler.fit_iteration_cost = true;
         eo.scheduler.iteration_cost = {};
@@ -117,6 +126,8 @@ void run(const SimulateServeArgs& args) {
           {"kv_shared_pages", s.kv_shared_pages},
           {"kv_checkpointed_slots", s.kv_checkpointed_slots},
           {"kv_transfer_seconds", sim.totals().transfer},
+          {"kv_offloaded_pages", s.kv_offloaded_pages},
+          {"kv_loaded_pages", s.kv_loaded_pages},
           {"iteration_model", args.iteration_model},
           {"step_noise", args.step_noise}};
       if (args.json) {
@@ -162,6 +173,12 @@ void register_simulate_serve_command(CLI::App& app) {
   cmd->add_option("--ttft-slo", a->workload.ttft_slo, "Seconds")->capture_default_str();
   cmd->add_option("--tpot-slo", a->workload.tpot_slo, "Seconds")->capture_default_str();
   cmd->add_option("--kv-memory", a->kv_memory_gb, "KV memory per device in GB");
+  cmd->add_option("--kv-host-memory", a->kv_host_memory_gb,
+                  "Host memory per device in GB for evicted KV, dropped BE requests' among it: "
+                  "brought back over the host link where that is cheaper than recomputing "
+                  "(0: none)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   add_hybrid_flags(cmd, a->hybrid);
   cmd->add_option("--iteration-model", a->iteration_model,
                   "hybrid's iteration model: fit (from the simulated steps, as `blend serve` fits "

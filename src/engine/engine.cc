@@ -178,14 +178,18 @@ void Engine::init_kv_and_scheduler() {
       to.host_bytes = static_cast<int64_t>(options.kv_host_memory_gb * 1e9);
       to.disk_dir = options.kv_disk_dir;
       to.disk_bytes = static_cast<int64_t>(options.kv_disk_gb * 1e9);
-      tiers_ = std::make_unique<KvTiers>(to, page_bytes);
+      if (options.kv_host_link_bytes_per_s > 0)
+        to.host_bytes_per_s = options.kv_host_link_bytes_per_s;
+      tiers_ = std::make_unique<KvTiers>(to, page_bytes, backend_->kv_page_buffer_bytes());
       page_io_ = std::make_unique<BackendPageIo>(*backend_);
       t.tiers = tiers_.get();
       t.io = page_io_.get();
       // A miss costs a forward pass over the token: 2 FLOPs per matmul parameter at an assumed
       // 2e11 FLOP/s (below what the cpu backend measures: loading must clearly win to be chosen).
       t.recompute_seconds_per_token =
-          2.0 * static_cast<double>(config().num_matmul_parameters()) / 2e11;
+          options.kv_recompute_seconds_per_token > 0
+              ? options.kv_recompute_seconds_per_token
+              : 2.0 * static_cast<double>(config().num_matmul_parameters()) / 2e11;
     }
     cache_ = std::make_unique<RadixCache>(*pool_, t);
   }

@@ -50,6 +50,11 @@ struct EngineOptions {
   double kv_host_memory_gb = 0;  // 0 = no host tier
   std::string kv_disk_dir;       // empty = no disk tier
   double kv_disk_gb = 10;        // cap of the disk tier
+  // What "load it back or recompute it" weighs (kv/radix_cache): the host link's rate and a
+  // token's recomputation. 0 = the cpu host's assumed figures (KvTierOptions; 2e11 FLOP/s);
+  // simulate-serve sets them from its cost model, the same swap line its backend charges.
+  double kv_host_link_bytes_per_s = 0;
+  double kv_recompute_seconds_per_token = 0;
   SchedulerOptions scheduler;
   uint64_t seed = 0;  // mixed into the seed of requests that bring none
   // Latency targets of real-time requests that bring none (BROS's defaults).

@@ -10,8 +10,10 @@
 
 namespace blend {
 
-KvTiers::KvTiers(KvTierOptions options, int64_t page_bytes)
-    : options_(std::move(options)), page_bytes_(page_bytes) {
+KvTiers::KvTiers(KvTierOptions options, int64_t page_bytes, int64_t buffer_bytes)
+    : options_(std::move(options)),
+      page_bytes_(page_bytes),
+      buffer_bytes_(buffer_bytes < 0 ? page_bytes : buffer_bytes) {
   if (!options_.disk_dir.empty()) {
     if (options_.disk_bytes <= 0) throw Error("--kv-disk needs a positive size cap");
     static std::atomic<int> instance{0};
@@ -44,7 +46,8 @@ bool KvTiers::to_disk(EntryId id, Entry& e, std::vector<EntryId>& dropped) {
   if (disk_path_.empty() || e.bytes > options_.disk_bytes) return false;
   make_room_on_disk(e.bytes, dropped);
   std::ofstream out(file_of(id), std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(e.data.data()), static_cast<std::streamsize>(e.bytes));
+  out.write(reinterpret_cast<const char*>(e.data.data()),
+            static_cast<std::streamsize>(e.data.size()));
   if (!out) return false;  // a full disk costs recomputation, never a wrong result
   host_lru_.erase(e.lru);
   host_used_ -= e.bytes;
@@ -73,9 +76,10 @@ KvTiers::EntryId KvTiers::put(std::vector<std::byte> blob, int32_t num_pages,
                               std::vector<EntryId>& dropped) {
   const EntryId id = next_id_++;
   Entry e;
-  e.bytes = static_cast<int64_t>(blob.size());
-  if (e.bytes != int64_t{num_pages} * page_bytes_)
+  if (static_cast<int64_t>(blob.size()) != int64_t{num_pages} * buffer_bytes_)
     throw Error("internal: KV tier entry of the wrong size");
+  e.bytes = int64_t{num_pages} * page_bytes_;
+  e.num_pages = num_pages;
   if (e.bytes <= options_.host_bytes) {
     make_room_on_host(e.bytes, dropped);
     e.data = std::move(blob);
@@ -102,9 +106,9 @@ std::optional<std::vector<std::byte>> KvTiers::read(EntryId id) {
     return e.data;
   }
   disk_lru_.splice(disk_lru_.end(), disk_lru_, e.lru);
-  std::vector<std::byte> data(static_cast<size_t>(e.bytes));
+  std::vector<std::byte> data(static_cast<size_t>(int64_t{e.num_pages} * buffer_bytes_));
   std::ifstream in(file_of(id), std::ios::binary);
-  in.read(reinterpret_cast<char*>(data.data()), static_cast<std::streamsize>(e.bytes));
+  in.read(reinterpret_cast<char*>(data.data()), static_cast<std::streamsize>(data.size()));
   if (!in) return std::nullopt;  // unreadable: the caller recomputes
   return data;
 }

@@ -37,16 +37,21 @@ class KvTiers {
  public:
   using EntryId = uint64_t;
 
-  KvTiers(KvTierOptions options, int64_t page_bytes);
+  // `page_bytes`: what a page weighs on the tiers' books (caps, load times). `buffer_bytes`:
+  // what a page's share of an entry's buffer holds; the default is the page's bytes, and 0
+  // suits a backend whose pages hold nothing (the simulator charges its moves, KvPageIo moves
+  // no bytes), so a simulated host tier of many GB takes no memory here.
+  KvTiers(KvTierOptions options, int64_t page_bytes, int64_t buffer_bytes = -1);
   ~KvTiers();
   KvTiers(const KvTiers&) = delete;
   KvTiers& operator=(const KvTiers&) = delete;
 
   bool enabled() const { return options_.host_bytes > 0 || !disk_path_.empty(); }
   int64_t page_bytes() const { return page_bytes_; }
+  int64_t buffer_bytes() const { return buffer_bytes_; }
 
-  // Stores `blob` (num_pages pages). Appends to `dropped` the entries pushed out of every tier.
-  // An entry larger than every tier is dropped at once (and reported).
+  // Stores `blob` (num_pages pages of buffer_bytes()). Appends to `dropped` the entries pushed out
+  // of every tier. An entry larger than every tier is dropped at once (and reported).
   EntryId put(std::vector<std::byte> blob, int32_t num_pages, std::vector<EntryId>& dropped);
   // The entry's bytes, or nullopt when it is gone.
   std::optional<std::vector<std::byte>> read(EntryId id);
@@ -65,7 +70,8 @@ class KvTiers {
   struct Entry {
     KvTier tier = KvTier::kHost;
     std::vector<std::byte> data;  // host tier only
-    int64_t bytes = 0;
+    int64_t bytes = 0;            // on the books: pages x page_bytes
+    int32_t num_pages = 0;
     std::list<EntryId>::iterator lru;  // in host_lru_ or disk_lru_
   };
   std::filesystem::path file_of(EntryId id) const;
@@ -76,6 +82,7 @@ class KvTiers {
 
   KvTierOptions options_;
   int64_t page_bytes_;
+  int64_t buffer_bytes_;
   std::filesystem::path disk_path_;  // our own subdirectory
   std::unordered_map<EntryId, Entry> entries_;
   std::list<EntryId> host_lru_, disk_lru_;  // front = least recently used

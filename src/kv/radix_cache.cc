@@ -275,7 +275,7 @@ void RadixCache::offload_chain(Node* leaf) {
   std::reverse(chain.begin(), chain.end());  // root-ward first: the entry holds them in order
   std::vector<PageId> pages;
   for (Node* n : chain) pages.push_back(n->page);
-  std::vector<std::byte> blob(pages.size() * static_cast<size_t>(tiers_.tiers->page_bytes()));
+  std::vector<std::byte> blob(pages.size() * static_cast<size_t>(tiers_.tiers->buffer_bytes()));
   tiers_.io->read_pages(pages, blob.data());
   std::vector<KvTiers::EntryId> dropped;
   const KvTiers::EntryId id =
@@ -337,15 +337,18 @@ void RadixCache::load_path(std::vector<Node*>& offloaded, const Allocate& alloca
     offloaded.clear();
     return;
   }
-  const auto page_bytes = static_cast<size_t>(tiers_.tiers->page_bytes());
+  const auto buffer_bytes = static_cast<size_t>(tiers_.tiers->buffer_bytes());
   for (size_t i = 0; i < offloaded.size();) {
     // One write per run of consecutive pages of one entry.
     size_t j = i + 1;
     while (j < offloaded.size() && where[j].first == where[i].first &&
            where[j].second == where[j - 1].second + 1)
       ++j;
+    // A backend whose pages hold nothing moves empty buffers (KvTiers::buffer_bytes 0).
     const std::byte* src =
-        blobs.at(where[i].first).data() + static_cast<size_t>(where[i].second) * page_bytes;
+        buffer_bytes == 0
+            ? nullptr
+            : blobs.at(where[i].first).data() + static_cast<size_t>(where[i].second) * buffer_bytes;
     tiers_.io->write_pages(std::span<const PageId>(pages).subspan(i, j - i), src);
     i = j;
   }

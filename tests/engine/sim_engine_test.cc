@@ -235,5 +235,71 @@ TEST(SimEngine, SharedPrefixesAreComputedOnceInSimulationToo) {
   EXPECT_EQ(engine->stats().cached_prompt_tokens, 9 * 100);
 }
 
+// A preempted sequence's KV stays in the prefix cache; when the device cache evicts it, a host
+// tier keeps it (the swap-out of a dropped request, vLLM's swap preemption), and on resuming it
+// comes back over the host link instead of being recomputed, where the link is the cheaper of
+// the two (BROS §4.1's swap line against a prompt token's time). The simulated tier holds no
+// bytes; every page moved is charged to the step it precedes.
+TEST(SimEngine, APreemptedSequenceComesBackFromTheHostWhereThatIsCheaperThanRecomputing) {
+  constexpr int64_t kPageBytes = 1 << 20;
+  struct Outcome {
+    EngineStats stats;
+    double transfer = 0;
+    size_t finished = 0;
+  };
+  auto run = [&](double host_gb, double link_bytes_per_s) {
+    EngineOptions o;
+    o.scheduler.initial_output_estimate = 1;  // optimistic admission: forces preemption
+    o.scheduler.exact_known_lengths = false;
+    o.kv_host_memory_gb = host_gb;
+    o.kv_host_link_bytes_per_s = link_bytes_per_s;
+    o.kv_recompute_seconds_per_token = 1e-3;  // toy_cost's
+    auto backend = std::make_unique<SimBackend>(
+        *find_model_preset("tiny"),
+        SimBackendOptions{
+            .num_pages = 24,
+            .kv_bytes_per_page = kPageBytes,
+            .swap_seconds_per_page = static_cast<double>(kPageBytes) / link_bytes_per_s},
+        toy_cost);
+    SimBackend* sim = backend.get();
+    Engine engine(std::move(backend), o);
+    Outcome out;
+    for (int i = 0; i < 8; ++i) {
+      GenerationRequest r;
+      r.id = "r" + std::to_string(i);
+      r.prompt.assign(40, static_cast<TokenId>(100 + i));
+      r.params.max_tokens = 30;
+      r.params.ignore_eos = true;
+      engine.submit(std::move(r),
+                    [&](GenerationResult&& g) { out.finished += g.tokens.size() == 30 ? 1 : 0; });
+    }
+    engine.run_until_done();
+    engine.check_invariants();
+    out.stats = engine.stats();
+    out.transfer = sim->totals().transfer;
+    return out;
+  };
+  const Outcome recompute = run(0, 1e10);
+  const Outcome swap = run(1, 1e10);      // 0.1 ms a page back against 16 ms to recompute it
+  const Outcome slow_link = run(1, 1e7);  // 105 ms a page: recomputing is cheaper
+  for (const Outcome* o : {&recompute, &swap, &slow_link}) {
+    EXPECT_EQ(o->finished, 8u);
+    EXPECT_GT(o->stats.preemptions, 0);
+  }
+  EXPECT_EQ(recompute.stats.kv_loaded_pages, 0);
+  EXPECT_EQ(recompute.transfer, 0);
+  // Swapped out and back: fewer tokens through the model, the moves charged.
+  EXPECT_GT(swap.stats.kv_offloaded_pages, 0);
+  EXPECT_GT(swap.stats.kv_loaded_pages, 0);
+  EXPECT_LT(swap.stats.batch_tokens, recompute.stats.batch_tokens);
+  EXPECT_GE(swap.transfer,
+            1e-4 * static_cast<double>(swap.stats.kv_offloaded_pages + swap.stats.kv_loaded_pages) -
+                1e-9);
+  // Over a slow link the pages still leave (eviction cannot know) but are recomputed.
+  EXPECT_GT(slow_link.stats.kv_offloaded_pages, 0);
+  EXPECT_EQ(slow_link.stats.kv_loaded_pages, 0);
+  EXPECT_EQ(slow_link.stats.batch_tokens, recompute.stats.batch_tokens);
+}
+
 }  // namespace
 }  // namespace blend

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include "core/error.h"
 #include "kv/radix_cache.h"
 #include "test_util.h"
 
@@ -23,6 +24,33 @@ size_t files_in(const std::filesystem::path& dir) {
   for (const auto& e : std::filesystem::recursive_directory_iterator(dir))
     n += e.is_regular_file() ? 1 : 0;
   return n;
+}
+
+// A backend whose pages hold nothing (the simulator) hands the tiers empty buffers: entries
+// weigh their pages on the books (caps, eviction order, load times) and hold no bytes, on the
+// host and on disk alike.
+TEST(KvTiers, EmptyBuffersWeighTheirPagesOnTheBooks) {
+  testing::TempDir dir;
+  KvTierOptions o;
+  o.host_bytes = 2 * kPageBytes;
+  o.host_bytes_per_s = 64.0;  // one page a second
+  o.disk_dir = dir.path();
+  o.disk_bytes = 4 * kPageBytes;
+  KvTiers tiers(o, kPageBytes, /*buffer_bytes=*/0);
+  std::vector<KvTiers::EntryId> dropped;
+  const auto a = tiers.put({}, 2, dropped);
+  EXPECT_EQ(tiers.host_used(), 2 * kPageBytes);
+  EXPECT_DOUBLE_EQ(tiers.load_seconds(a, 2), 2.0);
+  const auto b = tiers.put({}, 1, dropped);  // the host is full: a goes to disk
+  EXPECT_EQ(tiers.tier_of(a), KvTier::kDisk);
+  EXPECT_EQ(tiers.tier_of(b), KvTier::kHost);
+  EXPECT_EQ(tiers.host_used(), kPageBytes);
+  EXPECT_EQ(tiers.disk_used(), 2 * kPageBytes);
+  auto from_disk = tiers.read(a);
+  ASSERT_TRUE(from_disk);
+  EXPECT_TRUE(from_disk->empty());
+  EXPECT_TRUE(dropped.empty());
+  EXPECT_THROW(tiers.put(blob(1, 1), 1, dropped), Error);  // bytes where none belong
 }
 
 TEST(KvTiers, HostEntriesMoveToDiskThenDropLeastRecentlyUsedFirst) {

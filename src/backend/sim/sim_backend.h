@@ -87,6 +87,7 @@ class SimBackend : public Backend {
   std::vector<SampledToken> wait() override;
   // Nothing is stored; each move is charged to the next step (SimBackendOptions).
   void copy_page(PageId, PageId) override { ++pending_copies_; }
+  int64_t kv_page_buffer_bytes() const override { return 0; }
   void read_pages(std::span<const PageId> pages, std::byte*) const override {
     pending_swaps_ += static_cast<int64_t>(pages.size());
   }
