@@ -132,11 +132,16 @@ void add_hybrid_flags(CLI::App* cmd, HybridOptions& h) {
                   "it yields to on-time requests for ever, BROS's order)")
       ->check(CLI::Range(0.0, 1e6))
       ->capture_default_str();
-  cmd->add_flag("--hybrid-preempt-be-pages", h.preempt_be_pages,
-                "--policy hybrid: the pages of running best-effort sequences count as room for a "
-                "real-time request, which then shares one (bidirectional KV) or drops its holder "
-                "(Alg. 1 as BROS publishes it; off by default: measured, it trades 4-33% of "
-                "the best-effort throughput for at most 2.8 points of TTFT attainment)");
+  using Preempt = HybridOptions::PreemptBePages;
+  const std::map<std::string, Preempt> preempt = {
+      {"auto", Preempt::kAuto}, {"on", Preempt::kOn}, {"off", Preempt::kOff}};
+  cmd->add_flag("--hybrid-preempt-be-pages{on}", h.preempt_be_pages,
+                "--policy hybrid: whether the pages of running best-effort sequences count as "
+                "room for a real-time request, which then shares one (bidirectional KV) or "
+                "drops its holder (Alg. 1 as BROS publishes it): auto (the default) when a "
+                "dropped sequence's KV swaps out to --kv-host-memory / --kv-disk, on (the flag "
+                "alone), off")
+      ->transform(CLI::CheckedTransformer(preempt, CLI::ignore_case));
 }
 
 IterationCostModel read_iteration_model(const std::string& path) {

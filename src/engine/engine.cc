@@ -195,6 +195,7 @@ void Engine::init_kv_and_scheduler() {
   }
   SchedulerOptions sched = options.scheduler;
   sched.kv_page_bytes = backend_->kv_bytes_per_page();
+  sched.drops_swap_out = tiers_ != nullptr;
   scheduler_ = std::make_unique<Scheduler>(*pool_, sched, cache_.get());
   stats_.kv_capacity_bytes = num_pages * page_bytes;
 }

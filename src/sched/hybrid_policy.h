@@ -83,10 +83,15 @@ struct HybridOptions {
   // docs/BENCHMARKS.md.
   double overdue_after_slos = 0;
   // Alg. 1 as BROS publishes it: the pages of running BE sequences count as room for an RT
-  // request (it then shares a BE page, FindPreemptBlock, or drops a BE sequence, §5.2). Off by
-  // default: on the simulator, at the default KV memory and under memory pressure, it raised TTFT
-  // attainment by at most 2.8 points and cost 4-33% of the BE throughput (docs/BENCHMARKS.md).
-  bool preempt_be_pages = false;
+  // request (it then shares a BE page, FindPreemptBlock, or drops a BE sequence, §5.2).
+  // kAuto: on when a dropped sequence's KV swaps out to a host tier (SchedulerOptions::
+  // drops_swap_out), off when it would be recomputed. Measured on the simulator's tuning seeds
+  // (2 and 3; docs/BENCHMARKS.md "A dropped BE request swaps out"): with recomputed drops it
+  // cost 4-33% of the BE throughput for at most 2.8 points of TTFT attainment; with swapped
+  // ones +0 to +5 points of attainment for -0.4% to -2.6% of BE below the knee, +2.6% to +8%
+  // at it.
+  enum class PreemptBePages { kAuto, kOn, kOff };
+  PreemptBePages preempt_be_pages = PreemptBePages::kAuto;
 };
 
 struct HybridSelection {

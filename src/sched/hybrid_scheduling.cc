@@ -102,9 +102,13 @@ void HybridScheduling::schedule_hybrid(SchedulerCore& core, StepPlan& plan, int3
       ++seen;
     }
   }
-  const HybridSelection sel = hybrid_.select(
-      rt, be, now, kv.pool().num_available(),
-      options.hybrid.preempt_be_pages ? kv.pages_best_effort_could_yield(running) : 0);
+  using Preempt = HybridOptions::PreemptBePages;
+  const Preempt preempt = options.hybrid.preempt_be_pages;
+  const bool count_be_pages =
+      preempt == Preempt::kOn || (preempt == Preempt::kAuto && options.drops_swap_out);
+  const HybridSelection sel =
+      hybrid_.select(rt, be, now, kv.pool().num_available(),
+                     count_be_pages ? kv.pages_best_effort_could_yield(running) : 0);
   // An RT request short of KV pages makes room by dropping BE sequences (recompute), those
   // waiting to restore checkpointed pages first (they already lost part of their KV), then
   // the newest (BROS §5.2's drop order: BE before RT).

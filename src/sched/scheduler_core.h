@@ -46,6 +46,10 @@ struct SchedulerOptions {
   // BROS bidirectional KV pages (§5); `kv_page_bytes` sizes the checkpoint images.
   bool bidirectional_kv = false;
   int64_t kv_page_bytes = 0;
+  // A preempted sequence's pages go to a host (or disk) tier when the device cache evicts them
+  // and come back where that beats recomputing (kv/kv_tiers): dropping one is cheap. The engine
+  // sets it from its KV tiers.
+  bool drops_swap_out = false;
 };
 
 struct ScheduledChunk {

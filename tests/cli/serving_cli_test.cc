@@ -163,7 +163,8 @@ TEST_F(ServingCli, SimulateServeFitsItsModelUnderNoiseByDefault) {
 
 // --hybrid-preempt-be-pages (Alg. 1 as published): under memory pressure RT requests take
 // pages of BE sequences, so bidirectional pages get shared; without it only free pages count and
-// none are.
+// none are. Left at auto it is on when evicted KV goes to a host tier (dropped sequences' KV
+// swaps out); =off turns it off there too.
 TEST_F(ServingCli, SimulateServePreemptsBestEffortPagesWhenAsked) {
   const std::string base =
       "simulate-serve --rt-rate 2 --duration 60 --policy hybrid --kv-memory 4 --json --traces '" +
@@ -178,6 +179,23 @@ TEST_F(ServingCli, SimulateServePreemptsBestEffortPagesWhenAsked) {
   EXPECT_EQ(a[0]["kv_shared_pages"], 0) << a[0].dump();
   EXPECT_GT(b[0]["kv_shared_pages"].get<int64_t>(), 0) << b[0].dump();
   EXPECT_GT(b[0]["kv_checkpointed_slots"].get<int64_t>(), 0) << b[0].dump();
+  EXPECT_EQ(a[0]["kv_loaded_pages"], 0) << a[0].dump();
+
+  const auto swapping = testing::run_command(blend(base + " --kv-host-memory 64"));
+  const auto swapping_off =
+      testing::run_command(blend(base + " --kv-host-memory 64 --hybrid-preempt-be-pages=off"));
+  ASSERT_EQ(swapping.exit_code, 0) << swapping.output;
+  ASSERT_EQ(swapping_off.exit_code, 0) << swapping_off.output;
+  const auto c = lines(swapping.output), d = lines(swapping_off.output);
+  ASSERT_EQ(c.size(), 1u);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_GT(c[0]["kv_shared_pages"].get<int64_t>(), 0) << c[0].dump();
+  EXPECT_GT(c[0]["kv_offloaded_pages"].get<int64_t>(), 0) << c[0].dump();
+  EXPECT_GT(c[0]["kv_transfer_seconds"].get<double>(), 0) << c[0].dump();
+  EXPECT_EQ(d[0]["kv_shared_pages"], 0) << d[0].dump();
+  const auto bad = testing::run_command(blend(base + " --hybrid-preempt-be-pages=maybe 2>&1"));
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("--hybrid-preempt-be-pages"), std::string::npos) << bad.output;
 }
 
 TEST_F(ServingCli, BadFlagsAreAnErrorNotACrash) {
