@@ -17,9 +17,13 @@
 # A variant's comma-separated words that start with -- are `blend batch` flags instead, e.g.
 # VARIANTS="auto= two=--threads=2 one=--threads=1" compares blend's own thread count (CoreShare:
 # the cores other processes leave free) with fixed ones.
+# CONDITIONS ("quiet hog") are the columns; "quota" runs each blend inside the cgroup directory
+# QUOTA_CGROUP (v1 or v2, made beforehand with a CPU quota, e.g. as root: mkdir
+# /sys/fs/cgroup/cpu/q && echo 100000 > /sys/fs/cgroup/cpu/q/cpu.cfs_quota_us: one core), as a
+# container started with --cpus would.
 # Knobs (environment): BLEND (default build/blend), MODELS_DIR (build/bench_models), OUT_DIR
 # (build/contention), MODELS ("tiny-f32 smollm-135m-bf16"), VARIANTS, N_REQ (4), PP (32), TG (32),
-# REPS (3), HOG_CPU (0).
+# REPS (3), HOG_CPU (0), CONDITIONS, QUOTA_CGROUP.
 # Only bash, taskset and python3 (standard library) are used; bench/lib.sh has the shared parts.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -35,6 +39,12 @@ PP=${PP:-32}
 TG=${TG:-32}
 REPS=${REPS:-3}
 HOG_CPU=${HOG_CPU:-0}
+CONDITIONS=${CONDITIONS:-"quiet hog"}
+QUOTA_CGROUP=${QUOTA_CGROUP:-}
+if [[ " $CONDITIONS " == *" quota "* ]]; then
+  [[ -w $QUOTA_CGROUP/cgroup.procs ]] ||
+    die "CONDITIONS has quota: set QUOTA_CGROUP to a cgroup directory whose cgroup.procs you may write"
+fi
 need_blend_and_python
 command -v taskset >/dev/null || die "taskset is required (util-linux)"
 check_reps
@@ -56,7 +66,7 @@ start_hog() {
 
 echo "== machine: $(cpu_model), $NPROC cores," \
   "load average $(cut -d' ' -f1-3 /proc/loadavg); N_REQ=$N_REQ PP=$PP TG=$TG REPS=$REPS," \
-  "hog: a busy loop on cpu $HOG_CPU"
+  "hog: a busy loop on cpu $HOG_CPU; conditions: $CONDITIONS${QUOTA_CGROUP:+ (quota: $QUOTA_CGROUP)}"
 
 req=$OUT_DIR/requests.jsonl
 write_requests "$req" "$N_REQ" "$PP" "$TG"
@@ -82,30 +92,36 @@ for m in $MODELS; do
       die "blend model init --preset ${m%-*} --dtype ${m##*-} failed"
   fi
   for ((i = 0; i < REPS; i++)); do
-    for hog in quiet hog; do
-      [[ $hog == hog ]] && start_hog
+    for cond in $CONDITIONS; do
+      BATCH_PREFIX=()
+      [[ $cond == hog ]] && start_hog
+      # shellcheck disable=SC2016  # $$ and $@ belong to the inner shell
+      [[ $cond == quota ]] && BATCH_PREFIX=(bash -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$QUOTA_CGROUP")
       for v in $VARIANTS; do
         name=${v%%=*}
-        echo "$m $name $hog $(run "$model" "$m-$name-$hog" "${v#*=}")" >>"$results"
+        echo "$m $name $cond $(run "$model" "$m-$name-$cond" "${v#*=}")" >>"$results"
       done
       stop_hog
     done
   done
 done
 
-python3 - "$results" <<'EOF'
+python3 - "$results" $CONDITIONS <<'EOF'
 import collections, statistics, sys
+conds = sys.argv[2:]
 cells = collections.defaultdict(list)
 order = []
 for line in open(sys.argv[1]):
-    m, v, hog, tps = line.split()
-    cells[(m, v, hog)].append(float(tps))
+    m, v, cond, tps = line.split()
+    cells[(m, v, cond)].append(float(tps))
     if (m, v) not in order:
         order.append((m, v))
-print(f"{'model':<18} {'variant':<8} {'quiet tok/s':>12} {'hog tok/s':>10} {'hog/quiet':>9}   runs")
+head = "".join(f" {c + ' tok/s':>12}" for c in conds)
+head += "".join(f" {c + '/' + conds[0]:>12}" for c in conds[1:])
+print(f"{'model':<18} {'variant':<8}{head}   runs")
 for m, v in order:
-    q, h = cells[(m, v, "quiet")], cells[(m, v, "hog")]
-    mq, mh = statistics.median(q), statistics.median(h)
-    runs = " ".join(f"{x:.0f}" for x in q) + " / " + " ".join(f"{x:.0f}" for x in h)
-    print(f"{m:<18} {v:<8} {mq:12.1f} {mh:10.1f} {mh / mq:9.2f}   ({runs})")
+    med = [statistics.median(cells[(m, v, c)]) for c in conds]
+    row = "".join(f" {x:12.1f}" for x in med) + "".join(f" {x / med[0]:12.2f}" for x in med[1:])
+    runs = " / ".join(" ".join(f"{x:.0f}" for x in cells[(m, v, c)]) for c in conds)
+    print(f"{m:<18} {v:<8}{row}   ({runs})")
 EOF

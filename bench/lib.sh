@@ -68,7 +68,7 @@ run_batch() {
   local model=$1 tag=$2 field=$3
   shift 3
   rm -f "$OUT_DIR/out-$tag.jsonl" "$OUT_DIR/stats-$tag.json"
-  env ${BATCH_ENV[@]+"${BATCH_ENV[@]}"} "$BLEND" batch --model "$model" --input "$req" \
+  ${BATCH_PREFIX[@]+"${BATCH_PREFIX[@]}"} env ${BATCH_ENV[@]+"${BATCH_ENV[@]}"} "$BLEND" batch --model "$model" --input "$req" \
     --output "$OUT_DIR/out-$tag.jsonl" --stats "$OUT_DIR/stats-$tag.json" --quiet "$@" \
     >"$OUT_DIR/log-$tag.txt" 2>&1 || die "blend batch failed; see $OUT_DIR/log-$tag.txt"
   stats_field "$OUT_DIR/stats-$tag.json" "$field"

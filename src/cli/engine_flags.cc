@@ -87,8 +87,9 @@ void add_engine_flags(CLI::App* cmd, EngineOptions& o) {
   cmd->add_option("--page-size", o.page_size, "Tokens per KV page")
       ->check(number_in(1, 1 << 20, true, "a page size of 1 to 1048576 tokens"));
   cmd->add_option("--threads", o.threads,
-                  "Compute threads (default 0: all cores other processes leave free, measured "
-                  "every 0.1 s; a number fixes it)")
+                  "Compute threads (default 0: the cores this process may use, its cgroup's CPU "
+                  "quota included, less those other processes keep busy, measured every 0.1 s; "
+                  "a number fixes it)")
       ->check(number_in(0, 65536, true, "a thread count, 0 (blend chooses) or more"));
   cmd->add_flag("--deterministic", o.deterministic,
                 "Same seed, same tokens, whatever the batch or order");

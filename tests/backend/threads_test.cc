@@ -8,6 +8,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
+#include <map>
+#include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -114,6 +117,54 @@ TEST(CoreShare, FollowsOtherProcessesNotItsOwn) {
   ASSERT_TRUE(a.ok && b.ok);
   EXPECT_GE(b.busy, a.busy);
   EXPECT_GE(b.self, a.self);
+}
+
+// The cgroup CPU quota caps --threads 0: v2's cpu.max and v1's cfs quota / period, the smallest
+// on the path from the process's cgroup up to the mount's root, rounded up; no quota is 0.
+TEST(CgroupCpuLimit, TheSmallestQuotaOnThePathRoundedUp) {
+  std::map<std::string, std::string> files;
+  auto read = [&files](const std::string& path) -> std::optional<std::string> {
+    auto it = files.find(path);
+    if (it == files.end()) return std::nullopt;
+    return it->second;
+  };
+  // cgroup v2 at /sys/fs/cgroup, the process in /a/b.
+  const std::string v2_mounts =
+      "25 1 0:22 / /proc rw - proc proc rw\n"
+      "30 25 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n";
+  EXPECT_EQ(cgroup_cpu_limit(v2_mounts, "0::/a/b\n", read), 0);  // nothing to read
+  files["/sys/fs/cgroup/a/b/cpu.max"] = "max 100000\n";
+  EXPECT_EQ(cgroup_cpu_limit(v2_mounts, "0::/a/b\n", read), 0);  // unlimited
+  files["/sys/fs/cgroup/a/cpu.max"] = "150000 100000\n";
+  EXPECT_EQ(cgroup_cpu_limit(v2_mounts, "0::/a/b\n", read), 2);  // 1.5 cores, from the parent
+  files["/sys/fs/cgroup/a/b/cpu.max"] = "50000 100000\n";
+  EXPECT_EQ(cgroup_cpu_limit(v2_mounts, "0::/a/b\n", read), 1);  // the child's is smaller
+  files["/sys/fs/cgroup/a/b/cpu.max"] = "400000 100000\n";
+  EXPECT_EQ(cgroup_cpu_limit(v2_mounts, "0::/a/b\n", read), 2);  // the parent's still applies
+  // A container's view: the mount's root is its own cgroup, shown at the mount point.
+  files.clear();
+  files["/sys/fs/cgroup/cpu.max"] = "300000 100000";
+  const std::string container = "30 25 0:26 /docker/abc /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
+  EXPECT_EQ(cgroup_cpu_limit(container, "0::/docker/abc\n", read), 3);
+  // cgroup v1 with the cpu controller mounted beside cpuacct (and a space in the mount point).
+  files.clear();
+  const std::string v1_mounts =
+      "31 30 0:27 / /sys/fs/cgroup/cpu\\040x rw - cgroup cgroup rw,cpu,cpuacct\n"
+      "32 30 0:28 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n";
+  const std::string v1_self = "4:memory:/m\n3:cpu,cpuacct:/job\n0::/\n";
+  files["/sys/fs/cgroup/cpu x/job/cpu.cfs_quota_us"] = "250000\n";
+  files["/sys/fs/cgroup/cpu x/job/cpu.cfs_period_us"] = "100000\n";
+  files["/sys/fs/cgroup/cpu x/cpu.cfs_quota_us"] = "-1\n";
+  files["/sys/fs/cgroup/cpu x/cpu.cfs_period_us"] = "100000\n";
+  EXPECT_EQ(cgroup_cpu_limit(v1_mounts, v1_self, read), 3);
+  files["/sys/fs/cgroup/cpu x/job/cpu.cfs_quota_us"] = "-1\n";
+  EXPECT_EQ(cgroup_cpu_limit(v1_mounts, v1_self, read), 0);
+  // Garbage is no quota, never a crash.
+  files["/sys/fs/cgroup/a/cpu.max"] = "lots\n";
+  EXPECT_EQ(cgroup_cpu_limit(v2_mounts, "0::/a\n", read), 0);
+  EXPECT_EQ(cgroup_cpu_limit("junk - \n", "::\n", read), 0);
+  // This machine's own files read without error.
+  EXPECT_GE(cgroup_cpu_limit(), 0);
 }
 
 }  // namespace

@@ -164,8 +164,13 @@ class CpuBackendImpl final : public CpuBackend {
   int64_t kv_budget_ = 0;
 };
 
+// The user's count, or the cores this process may run on: its affinity mask (omp_get_num_procs)
+// capped by its cgroup's CPU quota (a container's --cpus).
 int resolve_threads(int threads) {
-  return threads > 0 ? threads : omp_get_num_procs();
+  if (threads > 0) return threads;
+  const int procs = omp_get_num_procs();
+  const int quota = cpu::cgroup_cpu_limit();
+  return quota > 0 ? std::min(procs, quota) : procs;
 }
 
 // MemAvailable from /proc/meminfo, in bytes (0 when unknown).

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 namespace blend::cpu {
 namespace {
@@ -118,6 +120,126 @@ int64_t parse_proc_self_ticks(std::string_view stat) {
     if (i == 15) stime = std::strtoll(field.c_str(), nullptr, 10);
   }
   return utime < 0 || stime < 0 ? -1 : utime + stime;
+}
+
+namespace {
+
+std::vector<std::string_view> split(std::string_view s, char sep) {
+  std::vector<std::string_view> out;
+  for (size_t start = 0;;) {
+    const size_t end = s.find(sep, start);
+    out.push_back(s.substr(start, end == std::string_view::npos ? end : end - start));
+    if (end == std::string_view::npos) return out;
+    start = end + 1;
+  }
+}
+
+// mountinfo escapes spaces, tabs, newlines and backslashes in paths as \ooo (octal).
+std::string unescape_mount_path(std::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    auto octal = [&](size_t j) { return s[j] >= '0' && s[j] <= '7'; };
+    if (s[i] == '\\' && i + 3 < s.size() && octal(i + 1) && octal(i + 2) && octal(i + 3)) {
+      out.push_back(
+          static_cast<char>(std::strtol(std::string(s.substr(i + 1, 3)).c_str(), nullptr, 8)));
+      i += 3;
+    } else {
+      out.push_back(s[i]);
+    }
+  }
+  return out;
+}
+
+// Quota / period in cores from a pair of numbers; 0 for none ("max", -1) or nonsense.
+double quota_cores(std::string_view quota, std::string_view period) {
+  const std::string q(quota), p(period);
+  char* end = nullptr;
+  const double qv = std::strtod(q.c_str(), &end);
+  if (end == q.c_str() || qv <= 0) return 0;
+  const double pv = std::strtod(p.c_str(), &end);
+  if (end == p.c_str() || pv <= 0) return 0;
+  return qv / pv;
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  return s;
+}
+
+}  // namespace
+
+int cgroup_cpu_limit(
+    std::string_view mountinfo, std::string_view self_cgroup,
+    const std::function<std::optional<std::string>(const std::string&)>& read_file) {
+  // This process's cgroup in the v2 hierarchy and in the v1 one that has the cpu controller.
+  std::optional<std::string> v2_path, v1_path;
+  for (std::string_view line : split(self_cgroup, '\n')) {
+    const auto f = split(line, ':');
+    if (f.size() < 3) continue;
+    const size_t colon = line.find(':', line.find(':') + 1);
+    const std::string path(line.substr(colon + 1));
+    if (f[0] == "0" && f[1].empty()) v2_path = path;
+    for (std::string_view c : split(f[1], ','))
+      if (c == "cpu") v1_path = path;
+  }
+  double cores = 0;
+  auto take = [&cores](double c) {
+    if (c > 0 && (cores == 0 || c < cores)) cores = c;
+  };
+  for (std::string_view line : split(mountinfo, '\n')) {
+    const size_t dash = line.find(" - ");
+    if (dash == std::string_view::npos) continue;
+    const auto left = split(line.substr(0, dash), ' ');
+    const auto right = split(line.substr(dash + 3), ' ');
+    if (left.size() < 5 || right.size() < 3) continue;
+    const bool v2 = right[0] == "cgroup2";
+    bool v1_cpu = false;
+    if (right[0] == "cgroup")
+      for (std::string_view o : split(right[2], ',')) v1_cpu = v1_cpu || o == "cpu";
+    const std::optional<std::string>& path = v2 ? v2_path : v1_path;
+    if ((!v2 && !v1_cpu) || !path) continue;
+    // The mount shows the hierarchy from `root` down (a container's own cgroup, say).
+    const std::string root = unescape_mount_path(left[3]);
+    const std::string mount_point = unescape_mount_path(left[4]);
+    std::string rel = *path;
+    if (root != "/") {
+      if (!rel.starts_with(root)) continue;
+      rel = rel.substr(root.size());
+    }
+    // Every cgroup from ours up to the mount's root limits us.
+    for (;;) {
+      const std::string dir = mount_point + (rel == "/" ? "" : rel);
+      if (v2) {
+        if (auto max = read_file(dir + "/cpu.max")) {
+          const auto f = split(trim(*max), ' ');
+          if (f.size() == 2) take(quota_cores(f[0], f[1]));
+        }
+      } else {
+        auto quota = read_file(dir + "/cpu.cfs_quota_us");
+        auto period = read_file(dir + "/cpu.cfs_period_us");
+        if (quota && period) take(quota_cores(trim(*quota), trim(*period)));
+      }
+      if (rel.empty() || rel == "/") break;
+      const size_t slash = rel.rfind('/');
+      rel = slash == 0 || slash == std::string::npos ? "/" : rel.substr(0, slash);
+    }
+  }
+  return cores > 0 ? static_cast<int>(std::ceil(cores - 1e-9)) : 0;
+}
+
+int cgroup_cpu_limit() {
+  auto read = [](const std::string& path) -> std::optional<std::string> {
+    std::ifstream in(path);
+    if (!in) return std::nullopt;
+    std::ostringstream text;
+    text << in.rdbuf();
+    return text.str();
+  };
+  const auto mountinfo = read("/proc/self/mountinfo");
+  const auto cgroup = read("/proc/self/cgroup");
+  if (!mountinfo || !cgroup) return 0;
+  return cgroup_cpu_limit(*mountinfo, *cgroup, read);
 }
 
 int threads_beside(double others, int online, int max_threads) {

@@ -17,6 +17,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -74,6 +76,19 @@ class CoreShare {
   double interval_;
   Ticks last_;
 };
+
+// The CPU cores this process's cgroup lets it use, rounded up: the smallest quota / period of
+// cgroup v2's cpu.max or v1's cpu.cfs_quota_us / cpu.cfs_period_us on the path from its cgroup to
+// the hierarchy's root; 0 when no quota applies or nothing can be read. Why: a container started
+// with `--cpus 2` on a 64-core host sees 64 online cores, and 64 threads there get throttled in
+// every period (each parallel region waits for the slowest), so --threads 0 caps the count
+// here (as the JVM and Go's runtime do). `mountinfo` and `self_cgroup` are the texts of
+// /proc/self/mountinfo and /proc/self/cgroup; `read_file` returns a file's text or nullopt.
+int cgroup_cpu_limit(
+    std::string_view mountinfo, std::string_view self_cgroup,
+    const std::function<std::optional<std::string>(const std::string&)>& read_file);
+// The same from this process's own /proc and cgroup files.
+int cgroup_cpu_limit();
 
 // Pure parts of CoreShare, for tests:
 // Busy and total clock ticks of all CPUs from /proc/stat's first line ("cpu  user nice system idle
