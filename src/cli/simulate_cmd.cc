@@ -50,6 +50,7 @@ struct SimulateArgs {
   int32_t step_trace_every = 1;
   bool json = false;  // one JSON object per run instead of a readable line
   bool capacity_pacing = true;
+  bool baselines_paced = false;             // dfs, random, fcfs with pacing's step budget rule
   std::vector<std::string> pacing_without;  // pacing's rules dropped, for the ablation
   std::optional<double> split_threshold;    // Alg. 2's t, tokens (unset: 99% of s_o kept)
   int32_t data_parallel = 1;  // replicas (BlendServe §5.5): the batch partitioned across them
@@ -222,7 +223,8 @@ void run_simulate(const SimulateArgs& args) {
       *shape, args.planner_hardware.empty() ? hw : resolve_hardware(args.planner_hardware));
   const double kv_memory = simulated_kv_memory_bytes(hw, *shape, args.kv_memory_gb);
   plan::PlannerKnobs planner{.pacing = {.enabled = args.capacity_pacing},
-                             .split_threshold_tokens = args.split_threshold};
+                             .split_threshold_tokens = args.split_threshold,
+                             .baselines_paced = args.baselines_paced};
   if (args.split_threshold && !(*args.split_threshold >= 0))
     throw Error("--split-threshold must be a number of tokens >= 0");
   plan::drop_pacing_rules(planner.pacing, args.pacing_without);
@@ -403,6 +405,10 @@ void register_simulate_command(CLI::App& app) {
                 "blend: the dual scanner without capacity pacing or Alg. 3's prefill budgets "
                 "(memory split by density only, each side filling its M_L / M_R at once; the "
                 "engine's fixed step budget); blend@alg3 adds the budgets");
+  cmd->add_flag("--baselines-paced", args->baselines_paced,
+                "dfs, random and fcfs: each step's token budget from capacity pacing's rule over "
+                "the work left (KV capacity x dense tokens / token-steps, as blend's) instead of "
+                "--max-batch-tokens, which stays its ceiling");
   cmd->add_option("--split-threshold", args->split_threshold,
                   "blend: Alg. 2's split threshold t in recomputed prompt tokens (default: 1% of "
                   "the shared tokens, halved until the plan keeps 99% of the optimal sharing)");

@@ -24,10 +24,12 @@ double kv_reservation_bytes(const CostModel& cost, const PlanRequest& request) {
 }
 
 OrderedStream::OrderedStream(const Plan& plan, const std::vector<PlanRequest>& requests,
-                             const CostModel& cost, double kv_memory_bytes)
+                             const CostModel& cost, double kv_memory_bytes,
+                             std::optional<PacingOptions> pacing, double pacing_memory_bytes)
     : order_(plan.order()), capacity_(kv_memory_bytes) {
   reservation_.reserve(requests.size());
   for (const PlanRequest& r : requests) reservation_.push_back(kv_reservation_bytes(cost, r));
+  if (pacing) paced_.emplace(plan, requests, cost, pacing_memory_bytes, *pacing);
 }
 
 std::optional<int32_t> OrderedStream::next() {
@@ -38,12 +40,135 @@ std::optional<int32_t> OrderedStream::next() {
   used_ += need;
   ++running_;
   ++cursor_;
+  if (paced_) paced_->started(r);
   return r;
 }
 
 void OrderedStream::on_finished(int32_t request) {
   used_ -= reservation_[static_cast<size_t>(request)];
   --running_;
+  if (paced_) paced_->finished(request);
+}
+
+void OrderedStream::on_progress(int32_t request, double generated_tokens) {
+  if (paced_) paced_->progressed(request, generated_tokens);
+}
+
+void OrderedStream::on_step(int64_t step) {
+  if (paced_) paced_->on_step(step);
+}
+
+std::optional<int32_t> OrderedStream::step_token_budget() const {
+  if (!paced_) return std::nullopt;
+  return paced_->step_tokens();
+}
+
+double paced_step_tokens(double capacity_tokens, const WorkLeft& work, double floor,
+                         const PacingOptions& options) {
+  const double max_tokens = options.max_step_tokens;
+  const double g = std::max(1, options.granularity);
+  // KV capacity rounds down (a larger budget would not fit); the longest request's steps round
+  // up: rounded down, the dense tokens would outlast it and lengthen the run (at a 128-token
+  // floor a 4K-request run took up to 1.2x longer; docs/BENCHMARKS.md).
+  double b = work.occupancy > 0 ? std::floor(capacity_tokens * work.dense / work.occupancy / g) * g
+                                : max_tokens;
+  if (work.longest >= 1) b = std::min(b, std::ceil(work.dense / work.longest / g) * g);
+  if (!options.step_budget) b = max_tokens;
+  b = std::max(b, floor);
+  return std::clamp(b, std::min(g, max_tokens), max_tokens);
+}
+
+PacedWork::PacedWork(const Plan& plan, const std::vector<PlanRequest>& requests,
+                     const CostModel& cost, double capacity_bytes, PacingOptions options)
+    : options_(options), capacity_tokens_(capacity_bytes / cost.kv_bytes_per_token_per_device()) {
+  const size_t n = requests.size();
+  prompt_.assign(n, 0);
+  output_ = occupancy_output_ = dense_ = generated_ = prompt_;
+  slot_.assign(n, -1);
+  for (const RequestGroup& group : plan.groups) {
+    const double s = group.stats.sharing_ratio();
+    for (int32_t r : group.requests) {
+      const auto i = static_cast<size_t>(r);
+      const PlanRequest& q = requests[i];
+      prompt_[i] = static_cast<double>(q.prompt.size());
+      output_[i] = q.output_tokens;
+      occupancy_output_[i] = q.output_tokens + kSpreadHeadroom * q.output_spread;
+      dense_[i] = (1 - s) * prompt_[i] + output_[i];
+      waiting_.dense += dense_[i];
+      waiting_.occupancy += token_steps(i, 0);
+      waiting_outputs_.insert(output_[i]);
+    }
+  }
+}
+
+double PacedWork::token_steps(size_t i, double age) const {
+  const double d = occupancy_output_[i], a = std::min(age, d), left = d - a;
+  return (prompt_[i] + a) * left + left * left / 2;
+}
+
+void PacedWork::started(int32_t request) {
+  const auto i = static_cast<size_t>(request);
+  slot_[i] = static_cast<int32_t>(running_.size());
+  running_.push_back(request);
+  waiting_.dense -= dense_[i];
+  waiting_.occupancy -= token_steps(i, 0);
+  waiting_outputs_.erase(waiting_outputs_.find(output_[i]));
+  pending_prompt_tokens_ += unique_prompt_tokens(i);
+}
+
+void PacedWork::progressed(int32_t request, double generated_tokens) {
+  const auto i = static_cast<size_t>(request);
+  if (generated_[i] == 0 && generated_tokens > 0 && slot_[i] >= 0) {
+    pending_prompt_tokens_ = std::max(0.0, pending_prompt_tokens_ - unique_prompt_tokens(i));
+    ++decoding_;
+  }
+  generated_[i] = generated_tokens;
+}
+
+void PacedWork::finished(int32_t request) {
+  const auto i = static_cast<size_t>(request);
+  if (slot_[i] < 0) return;
+  if (generated_[i] > 0)
+    --decoding_;
+  else
+    pending_prompt_tokens_ = std::max(0.0, pending_prompt_tokens_ - unique_prompt_tokens(i));
+  const auto slot = static_cast<size_t>(slot_[i]);
+  running_[slot] = running_.back();
+  slot_[static_cast<size_t>(running_[slot])] = static_cast<int32_t>(slot);
+  running_.pop_back();
+  slot_[i] = -1;
+}
+
+// As DualScanner::admitted_work_floor: a decode token for every running request; on a
+// sequential engine also every admitted prompt's unique tokens.
+double PacedWork::admitted_floor() const {
+  const double g = std::max(1, options_.granularity);
+  const double work = options_.sequential_steps
+                          ? static_cast<double>(decoding_) + pending_prompt_tokens_
+                          : static_cast<double>(running_.size());
+  return std::ceil(work / g) * g;
+}
+
+void PacedWork::on_step(int64_t step) {
+  if (step <= step_) return;
+  step_ = step;
+  WorkLeft work = waiting_;
+  work.longest = waiting_outputs_.empty() ? 0 : *waiting_outputs_.rbegin();
+  for (int32_t r : running_) {
+    const auto i = static_cast<size_t>(r);
+    const double age = generated_[i], left = std::max(0.0, output_[i] - age);
+    work.dense += age > 0 ? left : dense_[i];
+    work.occupancy += token_steps(i, age);
+    work.longest = std::max(work.longest, left);
+  }
+  budget_ = paced_step_tokens(capacity_tokens_, work, admitted_floor(), options_);
+}
+
+int32_t PacedWork::step_tokens() const {
+  if (!options_.sequential_steps) return static_cast<int32_t>(budget_);
+  // Requests admitted since the step was paced count too (DualScanner::step_token_budget).
+  const double max_tokens = options_.max_step_tokens;
+  return static_cast<int32_t>(std::max(budget_, std::min(admitted_floor(), max_tokens)));
 }
 
 MemoryPartition partition_memory(double memory_bytes, double rho_root, double rho_left,
@@ -217,16 +342,8 @@ void DualScanner::repace() {
       if (side == 1) occupancy_right += steps;
       longest = std::max(longest, left);
     }
-  const double max_tokens = pacing_options_.max_step_tokens;
-  const double g = std::max(1, pacing_options_.granularity);
-  // KV capacity rounds down (a larger budget would not fit); the longest request's steps round
-  // up: rounded down, the dense tokens would outlast it and lengthen the run (at a 128-token
-  // floor a 4K-request run took up to 1.2x longer; docs/BENCHMARKS.md).
-  double b = occupancy > 0 ? std::floor(capacity_ / kv * dense / occupancy / g) * g : max_tokens;
-  if (longest >= 1) b = std::min(b, std::ceil(dense / longest / g) * g);
-  if (!pacing_options_.step_budget) b = max_tokens;
-  b = std::max(b, admitted_work_floor());
-  b = std::clamp(b, std::min(g, max_tokens), max_tokens);
+  const double b = paced_step_tokens(capacity_ / kv, {dense, occupancy, longest},
+                                     admitted_work_floor(), pacing_options_);
   pacing_.step_tokens = static_cast<int32_t>(b);
   pacing_.remaining_dense = dense;
   pacing_.remaining_occupancy = occupancy * kv;

@@ -47,24 +47,6 @@ class AdmissionStream {
 // Reservation of one request in bytes on one device.
 double kv_reservation_bytes(const CostModel& cost, const PlanRequest& request);
 
-// dfs / random: the plan's order, admitted while the reservations fit (fcfs: the input order
-// with no memory limit, so the engine's own scheduler admits, as in `blend batch --policy fcfs`).
-class OrderedStream : public AdmissionStream {
- public:
-  OrderedStream(const Plan& plan, const std::vector<PlanRequest>& requests, const CostModel& cost,
-                double kv_memory_bytes);
-  std::optional<int32_t> next() override;
-  void on_finished(int32_t request) override;
-  bool exhausted() const override { return cursor_ >= order_.size(); }
-
- private:
-  std::vector<int32_t> order_;
-  std::vector<double> reservation_;
-  size_t cursor_ = 0;
-  double capacity_, used_ = 0;
-  int64_t running_ = 0;
-};
-
 struct MemoryPartition {
   double rho_root = 0, rho_left = 0, rho_right = 0;
   double memory_left = 0, memory_right = 0;                  // bytes (M_L, M_R)
@@ -146,6 +128,75 @@ struct Pacing {
   double right_end_spacing = 0;    // end spacing of the longest waiting memory-intensive request
   double remaining_dense = 0;      // D
   double remaining_occupancy = 0;  // token-steps x KV bytes per token
+};
+
+// Capacity pacing's step budget b (PacingOptions::step_budget above) from the work left: KV
+// capacity in tokens x dense tokens / token-steps, rounded down to the granularity; at most the
+// dense tokens over the longest remaining output, rounded up; at least `floor` (the admitted
+// work); within [granularity, max_step_tokens]. Its inputs depend on which requests are left,
+// not on their order, so any admission order can run with it (PacedWork).
+struct WorkLeft {
+  double dense = 0;      // tokens still to compute: unique prompt tokens and outputs
+  double occupancy = 0;  // KV token-steps still to hold
+  double longest = 0;    // the longest remaining output, in tokens
+};
+double paced_step_tokens(double capacity_tokens, const WorkLeft& work, double floor,
+                         const PacingOptions& options);
+
+// The work a baseline's admission order leaves, for capacity pacing's step budget alone (issue
+// 27: a baseline gets the budget rule wherever it does not depend on blend's order; the sides,
+// end spacing and floor do). The same accounting as the dual scanner's, without its sides.
+class PacedWork {
+ public:
+  // `capacity_bytes`: the KV memory (per device) the budget spreads the work over.
+  PacedWork(const Plan& plan, const std::vector<PlanRequest>& requests, const CostModel& cost,
+            double capacity_bytes, PacingOptions options);
+  void started(int32_t request);
+  void progressed(int32_t request, double generated_tokens);
+  void finished(int32_t request);
+  void on_step(int64_t step);  // re-paces once per step
+  int32_t step_tokens() const;
+
+ private:
+  double token_steps(size_t i, double age) const;
+  double unique_prompt_tokens(size_t i) const { return dense_[i] - output_[i]; }
+  double admitted_floor() const;
+
+  PacingOptions options_;
+  double capacity_tokens_;
+  std::vector<double> prompt_, output_, occupancy_output_, dense_, generated_;
+  std::vector<int32_t> running_, slot_;
+  std::multiset<double> waiting_outputs_;
+  WorkLeft waiting_;
+  int64_t decoding_ = 0;
+  double pending_prompt_tokens_ = 0;
+  int64_t step_ = -1;
+  double budget_ = 0;
+};
+
+// dfs / random: the plan's order, admitted while the reservations fit (fcfs: the input order
+// with no memory limit, so the engine's own scheduler admits, as in `blend batch --policy fcfs`).
+// With `pacing` set, each step's token budget follows capacity pacing's rule over the work left
+// (PacedWork; `blend simulate --baselines-paced`); otherwise the engine's own.
+class OrderedStream : public AdmissionStream {
+ public:
+  OrderedStream(const Plan& plan, const std::vector<PlanRequest>& requests, const CostModel& cost,
+                double kv_memory_bytes, std::optional<PacingOptions> pacing = std::nullopt,
+                double pacing_memory_bytes = 0);
+  std::optional<int32_t> next() override;
+  void on_finished(int32_t request) override;
+  bool exhausted() const override { return cursor_ >= order_.size(); }
+  void on_progress(int32_t request, double generated_tokens) override;
+  void on_step(int64_t step) override;
+  std::optional<int32_t> step_token_budget() const override;
+
+ private:
+  std::vector<int32_t> order_;
+  std::vector<double> reservation_;
+  size_t cursor_ = 0;
+  double capacity_, used_ = 0;
+  int64_t running_ = 0;
+  std::optional<PacedWork> paced_;
 };
 
 class DualScanner : public AdmissionStream {

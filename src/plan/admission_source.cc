@@ -126,10 +126,16 @@ void AdmissionSource::make_plan() {
                                             pacing);
   } else {  // fcfs: no reservations; the engine's scheduler admits, as `blend batch --policy
     // fcfs` (and vLLM, SGLang) do. dfs and random: the plan's order within reservations.
+    std::optional<PacingOptions> pacing;
+    if (options_.planner.baselines_paced) {
+      pacing = options_.planner.pacing;
+      pacing->max_step_tokens = options_.max_step_tokens;
+    }
     stream_ = std::make_unique<OrderedStream>(*plan_, planned_, cost_,
                                               options_.policy == Policy::kFcfs
                                                   ? std::numeric_limits<double>::infinity()
-                                                  : options_.kv_memory_bytes);
+                                                  : options_.kv_memory_bytes,
+                                              pacing, options_.kv_memory_bytes);
   }
   phase_ = Phase::kStreaming;
 }

@@ -38,6 +38,10 @@ struct SourceRequest {
 struct PlannerKnobs {
   PacingOptions pacing;  // blend's capacity pacing; its max_step_tokens is SourceOptions'
   std::optional<double> split_threshold_tokens;  // Alg. 2's t (PlanOptions; unset: 99% of s_o)
+  // dfs, random and fcfs take each step's token budget from capacity pacing's rule over the work
+  // left (PacedWork, with `pacing`'s switches) instead of the engine's fixed one: the baselines
+  // with the one rule of pacing that does not depend on blend's order (issue 27).
+  bool baselines_paced = false;
 };
 
 // Drops capacity pacing's rules by name, for the ablations (`--pacing-without`): "budget" (the

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <memory>
 #include <set>
 #include <string>
 #include <utility>
@@ -109,6 +110,42 @@ TEST(AdmissionSource, FcfsHandsEverythingToTheEngineInTheGivenOrder) {
   for (int32_t i = 0; i < 10; ++i) expected[static_cast<size_t>(i)] = i;
   EXPECT_EQ(source.admit(), expected);
   EXPECT_TRUE(source.exhausted());
+}
+
+// --baselines-paced: a baseline's step budget follows capacity pacing's rule over the work left
+// (capacity x dense tokens / token-steps, at most dense / longest output, at least a token per
+// running request), here with exact arithmetic (granularity 1): 100 requests of 72 distinct
+// prompt tokens and 100 known output tokens, 1,000 tokens of KV.
+TEST(AdmissionSource, PacedBaselinesTakeTheBudgetRuleFromTheWorkLeft) {
+  const CostModel cost = llama8b_a100();
+  const double memory = 1000 * cost.kv_bytes_per_token_per_device();
+  auto source_with = [&](bool paced, bool step_budget) {
+    PlannerKnobs knobs{.pacing = {.granularity = 1, .step_budget = step_budget},
+                       .baselines_paced = paced};
+    return std::make_unique<AdmissionSource>(
+        interleaved(100, 1, 100, true), cost,
+        SourceOptions{.policy = Policy::kFcfs, .kv_memory_bytes = memory, .planner = knobs});
+  };
+  auto source = source_with(true, true);
+  ASSERT_EQ(source->admit().size(), 100u);  // fcfs hands out everything at once
+  // Step 0, nothing started when paced: dense 100 x 172, token-steps 100 x (72 x 100 + 100^2/2):
+  // floor(1000 x 17,200 / 1,220,000) = 14 (the longest output allows 172).
+  EXPECT_EQ(source->step_token_budget(), 14);
+  for (int32_t r = 0; r < 100; ++r) source->on_progress(r, 50);
+  source->admit();
+  // Halfway: 5,000 dense tokens over 735,000 token-steps gives 6, but 100 requests decode.
+  EXPECT_EQ(source->step_token_budget(), 100);
+  for (int32_t r = 0; r < 96; ++r) source->on_finished(r, 100);
+  source->admit();
+  // Four left: 200 / 29,400 x 1,000 = 6, the longest output's 50 steps allow 4.
+  EXPECT_EQ(source->step_token_budget(), 4);
+  // Unpaced, or with the budget rule dropped (--pacing-without budget): the engine's own.
+  auto unpaced = source_with(false, true);
+  unpaced->admit();
+  EXPECT_EQ(unpaced->step_token_budget(), std::nullopt);
+  auto no_rule = source_with(true, false);
+  no_rule->admit();
+  EXPECT_EQ(no_rule->step_token_budget(), 2048);
 }
 
 TEST(AdmissionSource, TheDualScannerHandsOutEveryRequestExactlyOnce) {
