@@ -149,8 +149,10 @@ double paced_step_tokens(double capacity_tokens, const WorkLeft& work, double fl
 class PacedWork {
  public:
   // `capacity_bytes`: the KV memory (per device) the budget spreads the work over.
+  // `engine_queues`: the stream hands out more than runs (fcfs), so a request counts as running
+  // only once it decodes.
   PacedWork(const Plan& plan, const std::vector<PlanRequest>& requests, const CostModel& cost,
-            double capacity_bytes, PacingOptions options);
+            double capacity_bytes, PacingOptions options, bool engine_queues);
   void started(int32_t request);
   void progressed(int32_t request, double generated_tokens);
   void finished(int32_t request);
@@ -164,6 +166,7 @@ class PacedWork {
 
   PacingOptions options_;
   double capacity_tokens_;
+  bool engine_queues_;
   std::vector<double> prompt_, output_, occupancy_output_, dense_, generated_;
   std::vector<int32_t> running_, slot_;
   std::multiset<double> waiting_outputs_;
