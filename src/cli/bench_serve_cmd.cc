@@ -236,6 +236,10 @@ void register_bench_command(CLI::App& app) {
   cmd->add_option("--seed", a->load.seed, "Arrivals, lengths and prompts")->capture_default_str();
   cmd->add_option("--threads", a->engine.threads, "Server compute threads (default: all)");
   cmd->add_option("--kv-memory", a->engine.kv_memory_gb, "Server KV cache size in GB");
+  cmd->add_option("--kv-host-memory", a->engine.kv_host_memory_gb,
+                  "Server host memory in GB for evicted KV, dropped BE requests' among it "
+                  "(default 0: none)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--max-batch-tokens", a->engine.scheduler.max_batch_tokens,
                   "Server token budget of one step")
       ->capture_default_str();
