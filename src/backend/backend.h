@@ -178,10 +178,10 @@ class Backend {
   // pages.size() * kv_bytes_per_page() bytes, page after page, and scatters such a buffer back.
   // This is how KV leaves for and returns from the host and disk tiers: one run, one buffer.
   virtual void read_pages(std::span<const PageId> pages, std::byte* out) const = 0;
+  virtual void write_pages(std::span<const PageId> pages, const std::byte* in) = 0;
   // The bytes a page takes in those buffers: kv_bytes_per_page(), or 0 for a backend whose
   // pages hold nothing (the simulator charges each move and moves no bytes).
   virtual int64_t kv_page_buffer_bytes() const { return kv_bytes_per_page(); }
-  virtual void write_pages(std::span<const PageId> pages, const std::byte* in) = 0;
   // Slots [first, first + count) of one page's K/V (all layers) into / out of `image`, a
   // kv_bytes_per_page() buffer laid out as read_pages writes one page; the other bytes of the
   // image are left alone. BROS lazy checkpointing (§5.2) saves only the slots a peer sequence

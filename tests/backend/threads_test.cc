@@ -146,6 +146,7 @@ TEST(CgroupCpuLimit, TheSmallestQuotaOnThePathRoundedUp) {
   files["/sys/fs/cgroup/cpu.max"] = "300000 100000";
   const std::string container = "30 25 0:26 /docker/abc /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
   EXPECT_EQ(cgroup_cpu_limit(container, "0::/docker/abc\n", read), 3);
+  EXPECT_EQ(cgroup_cpu_limit(container, "0::/docker/abcdef\n", read), 0);  // not below it
   // cgroup v1 with the cpu controller mounted beside cpuacct (and a space in the mount point).
   files.clear();
   const std::string v1_mounts =

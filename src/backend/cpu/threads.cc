@@ -204,7 +204,9 @@ int cgroup_cpu_limit(
     const std::string mount_point = unescape_mount_path(left[4]);
     std::string rel = *path;
     if (root != "/") {
-      if (!rel.starts_with(root)) continue;
+      // Below the mount's root: the root itself or a path under it, not /docker/abcdef for
+      // /docker/abc.
+      if (!rel.starts_with(root) || (rel.size() > root.size() && rel[root.size()] != '/')) continue;
       rel = rel.substr(root.size());
     }
     // Every cgroup from ours up to the mount's root limits us.
