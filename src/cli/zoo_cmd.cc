@@ -216,6 +216,7 @@ void run_stitch(const StitchArgs& a) {
   }
   std::vector<StitchCase> cases;
   std::vector<const char*> names;
+  std::vector<size_t> point_of;  // each case's index in o.points
   for (size_t i = 0; i < o.points.size(); ++i)
     for (const auto& [name, block] :
          {std::pair<const char*, const StitchBlock*>{"least squares", &initial},
@@ -224,12 +225,14 @@ void run_stitch(const StitchArgs& a) {
       if (block == &trained && o.steps_per_stage == 0) continue;
       cases.push_back({.block = block, .point = o.points[i]});
       names.push_back(name);
+      point_of.push_back(i);
     }
   const std::vector<StitchQuality> quality = evaluate_stitches(models, cases, held_out);
-  for (const StitchPoint& p : o.points) {
+  for (size_t i = 0; i < o.points.size(); ++i) {
+    const StitchPoint& p = o.points[i];
     nlohmann::json entry = {{"head_layer", p.head_layer}, {"tail_layer", p.tail_layer}};
     for (size_t c = 0; c < cases.size(); ++c) {
-      if (cases[c].point.head_layer != p.head_layer) continue;
+      if (point_of[c] != i) continue;
       const StitchQuality& q = quality[c];
       std::printf("  %-22s %-17s %8.4f %9.4f %9.5f\n",
                   (std::to_string(p.head_layer) + " -> " + std::to_string(p.tail_layer)).c_str(),

@@ -16,6 +16,13 @@ double finite_density(double rho) {
   return std::isfinite(rho) ? rho : kMaxDensity;
 }
 
+// Token-steps of KV a request of prompt p and output d still holds from age `age` on (p + k for
+// k = age .. d): capacity pacing's measure of the work left (the dual scanner and PacedWork).
+double remaining_token_steps(double p, double d, double age) {
+  const double a = std::min(age, d), left = d - a;
+  return (p + a) * left + left * left / 2;
+}
+
 }  // namespace
 
 double kv_reservation_bytes(const CostModel& cost, const PlanRequest& request) {
@@ -101,15 +108,10 @@ PacedWork::PacedWork(const Plan& plan, const std::vector<PlanRequest>& requests,
       occupancy_output_[i] = q.output_tokens + kSpreadHeadroom * q.output_spread;
       dense_[i] = (1 - s) * prompt_[i] + output_[i];
       waiting_.dense += dense_[i];
-      waiting_.occupancy += token_steps(i, 0);
+      waiting_.occupancy += remaining_token_steps(prompt_[i], occupancy_output_[i], 0);
       waiting_outputs_.insert(output_[i]);
     }
   }
-}
-
-double PacedWork::token_steps(size_t i, double age) const {
-  const double d = occupancy_output_[i], a = std::min(age, d), left = d - a;
-  return (prompt_[i] + a) * left + left * left / 2;
 }
 
 void PacedWork::started(int32_t request) {
@@ -117,7 +119,7 @@ void PacedWork::started(int32_t request) {
   slot_[i] = static_cast<int32_t>(running_.size());
   running_.push_back(request);
   waiting_.dense -= dense_[i];
-  waiting_.occupancy -= token_steps(i, 0);
+  waiting_.occupancy -= remaining_token_steps(prompt_[i], occupancy_output_[i], 0);
   waiting_outputs_.erase(waiting_outputs_.find(output_[i]));
   pending_prompt_tokens_ += unique_prompt_tokens(i);
 }
@@ -170,7 +172,7 @@ void PacedWork::on_step(int64_t step) {
     const auto i = static_cast<size_t>(r);
     const double age = generated_[i], left = std::max(0.0, output_[i] - age);
     work.dense += age > 0 ? left : dense_[i];
-    work.occupancy += token_steps(i, age);
+    work.occupancy += remaining_token_steps(prompt_[i], occupancy_output_[i], age);
     work.longest = std::max(work.longest, left);
   }
   budget_ = paced_step_tokens(capacity_tokens_, work, admitted_floor(), options_);
@@ -276,11 +278,6 @@ void DualScanner::add_waiting(size_t i, double sign) {
   waiting_.dense += sign * dense_tokens_[i];
   waiting_.occupancy += sign * steps;
   if (memory_intensive_[i]) waiting_.occupancy_right += sign * steps;
-}
-
-double DualScanner::remaining_token_steps(double p, double d, double age) {
-  const double a = std::min(age, d), left = d - a;
-  return (p + a) * left + left * left / 2;
 }
 
 void DualScanner::on_step(int64_t step) {

@@ -161,7 +161,6 @@ class PacedWork {
   int32_t step_tokens() const;
 
  private:
-  double token_steps(size_t i, double age) const;
   double unique_prompt_tokens(size_t i) const { return dense_[i] - output_[i]; }
   double admitted_floor() const;
 
@@ -259,8 +258,6 @@ class DualScanner : public AdmissionStream {
   double unique_prompt_tokens(size_t i) const { return dense_tokens_[i] - estimated_output_[i]; }
   // The least step budget the handed-out requests need, in tokens (see admission.cc).
   double admitted_work_floor() const;
-  // Token-steps of KV a request still holds from age `age` on (p + k for k = age .. d).
-  static double remaining_token_steps(double prompt, double output, double age);
 
   const Plan& plan_;
   const CostModel& cost_;

@@ -88,7 +88,7 @@ struct HybridOptions {
   // drops_swap_out), off when it would be recomputed. Measured on the simulator's tuning seeds
   // (2 and 3; docs/BENCHMARKS.md "A dropped BE request swaps out"): with recomputed drops it
   // cost 4-33% of the BE throughput for at most 2.8 points of TTFT attainment; with swapped
-  // ones +0 to +5 points of attainment for -0.4% to -2.6% of BE below the knee, +2.6% to +8%
+  // ones -0.1 to +5 points of attainment for -0.4% to -2.6% of BE below the knee, +2.6% to +8%
   // at it.
   enum class PreemptBePages { kAuto, kOn, kOff };
   PreemptBePages preempt_be_pages = PreemptBePages::kAuto;
