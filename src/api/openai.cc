@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <string>
 
-#include "api/chat_messages.h"
 #include "api/logprobs.h"
 #include "api/request_fields.h"
 #include "api/tools.h"
@@ -17,6 +17,60 @@ namespace blend {
 namespace {
 
 using nlohmann::json;
+
+// Chat messages as the chat template should see them. Clients (the openai SDKs, LangChain,
+// most frameworks) send `content` as a list of parts, [{"type": "text", "text": ...}]; the
+// template would print that list as a Python repr. Text parts are joined with "\n", as vLLM
+// does (vllm/entrypoints/chat_utils.py, `"\n".join(texts)`); parts this text-only engine
+// cannot read (image_url, input_audio, file, ...) are refused naming the part (issue 25).
+std::string flatten_parts(const json& parts, const std::string& where) {
+  std::string text;
+  bool first = true;
+  for (size_t j = 0; j < parts.size(); ++j) {
+    const json& part = parts[j];
+    const std::string at = where + "[" + std::to_string(j) + "]";
+    if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
+      throw ApiError(400, "'" + at + "' must be a content part object with a 'type'", at);
+    const std::string& type = part["type"].get_ref<const std::string&>();
+    if (type != "text")
+      throw ApiError(400,
+                     "'" + at + "' is a '" + type +
+                         "' content part; this model reads text only (type \"text\")",
+                     at + ".type");
+    auto t = part.find("text");
+    if (t == part.end() || !t->is_string())
+      throw ApiError(400, "'" + at + ".text' must be a string", at + ".text");
+    if (!first) text += '\n';
+    text += t->get_ref<const std::string&>();
+    first = false;
+  }
+  return text;
+}
+
+// A copy of `messages` with every content-part list flattened to a string. Throws ApiError
+// (400, param "messages[i]..." ) for a message that is not an object, has no string role, has
+// content that is neither a string, null nor a list of text parts, or holds invalid UTF-8.
+json flatten_chat_messages(const json& messages) {
+  json out = json::array();
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    const json& m = messages[i];
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+      throw ApiError(400, "each message needs a 'role' (" + where + ")", "messages");
+    json copy = m;
+    if (auto c = copy.find("content"); c != copy.end()) {
+      if (c->is_array()) {
+        *c = flatten_parts(*c, where + ".content");
+      } else if (!c->is_string() && !c->is_null()) {
+        throw ApiError(400, "'" + where + ".content' must be a string or a list of content parts",
+                       where + ".content");
+      }
+      if (c->is_string()) check_utf8(c->get_ref<const std::string&>(), where + ".content");
+    }
+    out.push_back(std::move(copy));
+  }
+  return out;
+}
 
 template <typename T>
 T number_field(const json& body, const char* key, T fallback, T lo, T hi) {
@@ -408,6 +462,48 @@ json make_response(const ApiRequest& request, std::span<const GenerationResult> 
           {"model", model},
           {"choices", std::move(choices)},
           {"usage", make_usage(results)}};
+}
+
+std::optional<ModelId> find_served_model(std::span<const ServedModel> models,
+                                         std::string_view name) {
+  for (size_t i = 0; i < models.size(); ++i)
+    if (models[i].name == name) return static_cast<ModelId>(i);
+  return std::nullopt;
+}
+
+std::vector<std::unique_ptr<GrammarCompiler>> attach_model_text(std::span<ServedModel> served,
+                                                                std::span<const ModelText> text,
+                                                                int64_t max_sequence_tokens) {
+  if (served.size() != text.size()) throw Error("attach_model_text: one text per served model");
+  std::vector<std::unique_ptr<GrammarCompiler>> compilers;
+  for (size_t m = 0; m < served.size(); ++m) {
+    const ModelText& t = text[m];
+    const auto owner = static_cast<size_t>(t.owner);
+    if (owner > m || !t.tokenizer) throw Error("attach_model_text: a model's text is incomplete");
+    served[m].tokenizer = t.tokenizer;
+    if (owner == m) {  // its own tokenizer: a compiler, and one walk of its vocabulary
+      compilers.push_back(std::make_unique<GrammarCompiler>(
+          *t.tokenizer, static_cast<int32_t>(t.vocab_size), t.eos_token_ids));
+      served[m].grammars = compilers.back().get();
+      served[m].max_prompt_bytes = max_prompt_bytes(*t.tokenizer, max_sequence_tokens);
+    } else {  // its owner's
+      served[m].grammars = served[owner].grammars;
+      served[m].max_prompt_bytes = served[owner].max_prompt_bytes;
+    }
+  }
+  return compilers;
+}
+
+ModelId resolve_model(const nlohmann::json& body, std::span<const ServedModel> models,
+                      bool any_name) {
+  if (!body.is_object()) return 0;
+  const auto m = body.find("model");
+  if (m == body.end() || !m->is_string()) return 0;
+  if (any_name && models.size() == 1) return 0;
+  const std::string& name = m->get_ref<const std::string&>();
+  if (const auto model = find_served_model(models, name)) return *model;
+  throw ApiError(404, "The model '" + name + "' does not exist.", "model", "invalid_request_error",
+                 "model_not_found");
 }
 
 }  // namespace blend

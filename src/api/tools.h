@@ -57,7 +57,7 @@ struct ToolRequest {
 // dropped, and calls in a format blend cannot read would come back as text; both are refused.
 ToolRequest parse_tool_request(const nlohmann::json& body, const std::string* template_source);
 
-// `messages` (flattened, api/chat_messages.h) made ready for the template the way vLLM feeds HF
+// `messages` (flattened by api/openai.cc) made ready for the template the way vLLM feeds HF
 // templates: each assistant tool_calls[j].function.arguments, a JSON string on the wire, becomes
 // the object it holds (templates print it with tojson or iterate its items); tool messages need
 // a string tool_call_id. Refused (400 naming the message) when the template renders no tool

@@ -1,9 +1,9 @@
 // One OpenAI Batch API job's lines on one engine: what `blend batch` does in one process and
 // what each data-parallel rank does with its partition (dist/). Each line is checked and
-// tokenized (api/batch_lines), the good ones run in input order (fcfs: all queued at once) or
-// in a BlendServe plan's order (offline/planned_run), and every line's result, success or
-// error, goes to a sink exactly once as the response body a Batch API result line carries
-// (where it is written is the caller's business: a file, or rank 0 over MPI).
+// tokenized (api/batch_file: prepare_batch_line), the good ones run in input order (fcfs: all
+// queued at once) or in a BlendServe plan's order (offline/planned_run), and every line's result,
+// success or error, goes to a sink exactly once as the response body a Batch API result line
+// carries (where it is written is the caller's business: a file, or rank 0 over MPI).
 #pragma once
 
 #include <cstdint>
@@ -17,7 +17,6 @@
 #include <nlohmann/json.hpp>
 
 #include "api/batch_file.h"
-#include "api/batch_lines.h"
 #include "engine/engine.h"
 #include "grammar/json_schema.h"
 #include "offline/planned_run.h"

@@ -1,7 +1,8 @@
 // SchedulingPolicy — who runs in the next step, and how many tokens each computes. A policy
 // fills a StepPlan from the SchedulerCore's queues with the core's tools (admit, grow, preempt,
 // the peak-memory estimate); it never touches KV pages itself. One file per policy:
-//   fcfs_policy.cc           arrival order, decodes and prefill chunks in every step (Sarathi)
+//   scheduler.cc             fcfs: arrival order, decodes and prefill chunks in every step
+//                            (Sarathi); its pass, schedule_fcfs, is the others' fallback
 //   prefill_first_policy.cc  vLLM's scheduler before chunked prefill (BROS §7.1's baseline)
 //   round_robin_policy.cc    RT and BE requests take turns, a step each (BROS §7.1 RR)
 //   hybrid_scheduling.cc     BROS priority packing (§4.2, sched/hybrid_policy's selection)
@@ -15,7 +16,7 @@
 
 #include "sched/hybrid_policy.h"
 #include "sched/iteration_fit.h"
-#include "sched/scheduler_core.h"
+#include "sched/scheduler.h"
 
 namespace blend {
 

@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "api/batch_lines.h"
+#include "api/batch_file.h"
 #include "api/json_limits.h"
 #include "server/server_impl.h"
 
@@ -323,7 +323,8 @@ void Server::Impl::start_job(json batch, bool resume) {
 }
 
 BatchLineContext Server::Impl::line_context(const BatchJob& job) const {
-  // The checks `blend batch` makes too (api/batch_lines.h), against this batch's endpoint.
+  // The checks `blend batch` makes too (api/batch_file.h: prepare_batch_line), against this batch's
+  // endpoint.
   BatchLineContext context;
   context.models = served;
   context.max_sequence_tokens = max_sequence_tokens;

@@ -28,9 +28,7 @@
 
 #include "api/api_error.h"
 #include "api/batch_file.h"
-#include "api/batch_lines.h"
 #include "api/openai.h"
-#include "api/served_models.h"
 #include "cost/cost_model.h"
 #include "grammar/json_schema.h"
 #include "plan/admission_source.h"
@@ -121,7 +119,7 @@ struct Server::Impl {
   // templates they point to.
   std::vector<ServedModel> served;
   std::vector<std::optional<ChatTemplate>> chat_templates;
-  // The served model a body names (api/served_models.h): ApiError 404 for an unknown one.
+  // The served model a body names (api/openai.h): ApiError 404 for an unknown one.
   ModelId model_of(const nlohmann::json& body) const { return resolve_model(body, served); }
   const std::string& model_name(ModelId model) const { return served.at(model).name; }
   const Tokenizer& tokenizer_of(ModelId model) const { return *served.at(model).tokenizer; }

@@ -1,4 +1,4 @@
-#include "api/batch_lines.h"
+#include "api/batch_file.h"
 
 #include <gtest/gtest.h>
 

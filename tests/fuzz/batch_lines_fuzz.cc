@@ -9,7 +9,6 @@
 #include <cstdlib>
 
 #include "api/batch_file.h"
-#include "api/batch_lines.h"
 #include "api/openai.h"
 #include "core/error.h"
 #include "fuzz_file.h"
