@@ -64,4 +64,27 @@ DType check_tensors(const ModelConfig& config, const TensorStore& store) {
   return *dtype;
 }
 
+LlamaTensors bind_llama_tensors(const ModelConfig& config, const TensorStore& store) {
+  auto get = [&](const std::string& name) { return &store.get(name); };
+  LlamaTensors t;
+  t.embedding = get("model.embed_tokens.weight");
+  for (int64_t i = 0; i < config.num_layers; ++i) {
+    auto name = [&](const char* suffix) { return get(layer_tensor_name(i, suffix)); };
+    LlamaLayerTensors& l = t.layers.emplace_back();
+    l.attention_norm = name("input_layernorm.weight");
+    l.qkv = {name("self_attn.q_proj.weight"), name("self_attn.k_proj.weight"),
+             name("self_attn.v_proj.weight")};
+    if (config.attention_bias)
+      l.qkv_bias = {name("self_attn.q_proj.bias"), name("self_attn.k_proj.bias"),
+                    name("self_attn.v_proj.bias")};
+    l.o = name("self_attn.o_proj.weight");
+    l.ffn_norm = name("post_attention_layernorm.weight");
+    l.gate_up = {name("mlp.gate_proj.weight"), name("mlp.up_proj.weight")};
+    l.down = name("mlp.down_proj.weight");
+  }
+  t.final_norm = get("model.norm.weight");
+  t.lm_head = config.tie_word_embeddings ? t.embedding : get("lm_head.weight");
+  return t;
+}
+
 }  // namespace blend

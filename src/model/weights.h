@@ -30,6 +30,30 @@ std::string layer_tensor_name(int64_t layer, const char* suffix);  // model.laye
 namespace blend {
 
 class TensorStore;
+struct TensorView;
+
+// A Llama-family checkpoint's tensors grouped as the forward pass uses them: Q, K and V (and
+// their biases when the config has them) fused into one projection, gate and up into one; the
+// lm_head is the embedding when the config ties them. Every backend binds its weights from
+// this one reading of the names (issue 24: the model described once).
+struct LlamaLayerTensors {
+  const TensorView* attention_norm = nullptr;
+  std::vector<const TensorView*> qkv;       // q_proj, k_proj, v_proj
+  std::vector<const TensorView*> qkv_bias;  // their biases, or empty
+  const TensorView* o = nullptr;
+  const TensorView* ffn_norm = nullptr;
+  std::vector<const TensorView*> gate_up;  // gate_proj, up_proj
+  const TensorView* down = nullptr;
+};
+struct LlamaTensors {
+  const TensorView* embedding = nullptr;
+  std::vector<LlamaLayerTensors> layers;
+  const TensorView* final_norm = nullptr;
+  const TensorView* lm_head = nullptr;
+};
+// The tensors of `store` by the names of `config`'s layout; throws blend::Error (the store's)
+// for a missing one. The views point into `store`.
+LlamaTensors bind_llama_tensors(const ModelConfig& config, const TensorStore& store);
 
 // Checks that `store` holds every tensor of llama_tensor_specs(config) with the right shape and
 // one dtype; throws blend::Error naming the first offender. Returns the dtype. The tensor count

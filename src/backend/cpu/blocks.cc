@@ -43,30 +43,25 @@ bool same_bytes(const TensorView& a, const TensorView& b) {
 Chain BlockLoader::load(const TensorStore& store, const LoraAdapter* adapter) {
   if (per_model_) id_of_view_.clear();  // this model's tensors get ids no other model holds
   const ModelConfig& config = config_;
-  auto get = [&](const std::string& name) { return &store.get(name); };
+  const LlamaTensors tensors = bind_llama_tensors(config, store);
   Chain chain;
-  const TensorView* embed = get("model.embed_tokens.weight");
+  const TensorView* embed = tensors.embedding;
   chain.embed = shared(blocks_.embeddings, Kind::kEmbedding, {embed}, {}, [&] {
     blocks_.stats.bytes += static_cast<int64_t>(embed->nbytes);
     return make_embedding(*embed);
   });
   for (int64_t i = 0; i < config.num_layers; ++i) {
-    auto name = [&](const char* s) { return get(layer_tensor_name(i, s)); };
+    const LlamaLayerTensors& layer = tensors.layers[static_cast<size_t>(i)];
     auto factors = [&](std::initializer_list<LoraModule> modules) {
       std::vector<LoraAdapter::Factors> f;
       for (LoraModule m : modules)
         f.push_back(adapter ? adapter->factors(i, m) : LoraAdapter::Factors{});
       return f;
     };
-    const std::vector<const TensorView*> qkv{name("self_attn.q_proj.weight"),
-                                             name("self_attn.k_proj.weight"),
-                                             name("self_attn.v_proj.weight")};
-    std::vector<const TensorView*> bias;
-    if (config.attention_bias)
-      bias = {name("self_attn.q_proj.bias"), name("self_attn.k_proj.bias"),
-              name("self_attn.v_proj.bias")};
-    const TensorView* norm = name("input_layernorm.weight");
-    const TensorView* o = name("self_attn.o_proj.weight");
+    const std::vector<const TensorView*>& qkv = layer.qkv;
+    const std::vector<const TensorView*>& bias = layer.qkv_bias;
+    const TensorView* norm = layer.attention_norm;
+    const TensorView* o = layer.o;
     std::vector<const TensorView*> parts{norm, o};
     parts.insert(parts.end(), qkv.begin(), qkv.end());
     parts.insert(parts.end(), bias.begin(), bias.end());
@@ -82,10 +77,9 @@ Chain BlockLoader::load(const TensorStore& store, const LoraAdapter* adapter) {
                                        block->o_lora = lora(o_factors, {o}, adapter);
                                        return block;
                                      }));
-    const TensorView* mlp_norm = name("post_attention_layernorm.weight");
-    const std::vector<const TensorView*> gate_up{name("mlp.gate_proj.weight"),
-                                                 name("mlp.up_proj.weight")};
-    const TensorView* down = name("mlp.down_proj.weight");
+    const TensorView* mlp_norm = layer.ffn_norm;
+    const std::vector<const TensorView*>& gate_up = layer.gate_up;
+    const TensorView* down = layer.down;
     const auto gate_up_factors = factors({LoraModule::kGate, LoraModule::kUp});
     const auto down_factors = factors({LoraModule::kDown});
     chain.ffn.push_back(shared(blocks_.ffns, Kind::kFfn, {mlp_norm, gate_up[0], gate_up[1], down},
@@ -99,8 +93,8 @@ Chain BlockLoader::load(const TensorStore& store, const LoraAdapter* adapter) {
                                  return block;
                                }));
   }
-  const TensorView* norm = get("model.norm.weight");
-  const TensorView* lm_head = config.tie_word_embeddings ? embed : get("lm_head.weight");
+  const TensorView* norm = tensors.final_norm;
+  const TensorView* lm_head = tensors.lm_head;
   chain.head = shared(blocks_.heads, Kind::kHead, {norm, lm_head}, {}, [&] {
     auto block = std::make_unique<HeadBlock>();
     block->norm = load_norm(*norm);

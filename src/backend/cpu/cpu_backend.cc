@@ -13,6 +13,7 @@
 #include <optional>
 #include <span>
 #include <unordered_map>
+#include <utility>
 
 #include "backend/cpu/attention.h"
 #include "backend/cpu/blocks.h"
@@ -20,6 +21,7 @@
 #include "backend/cpu/memory.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/threads.h"
+#include "backend/llama_forward.h"
 #include "core/error.h"
 #include "model/lora.h"
 #include "model/rope.h"
@@ -120,6 +122,8 @@ class CpuBackendImpl final : public CpuBackend {
     ModelId model = 0;
   };
   void embed(const ForwardBatch& batch, const std::vector<RowRun>& runs, float* x) const;
+  // One pass's operations, in the order backend/llama_forward.h gives them.
+  struct StepOps;
   // Layers [first, last) of the batch (forward() runs them all). The stream enters from
   // hidden_in or, when empty, the embedding; leaves into hidden_out unless empty. Logits: the
   // last token of each chunk that wants them, or every row when `all_rows`.
@@ -410,116 +414,180 @@ void CpuBackendImpl::forward_layers(const ForwardBatch& batch, int64_t first, in
   run_layers(batch, first, last, hidden_in, hidden_out, logits, /*all_rows=*/true);
 }
 
-void CpuBackendImpl::run_layers(const ForwardBatch& batch, int64_t first, int64_t last,
-                                std::span<const float> hidden_in, std::span<float> hidden_out,
-                                std::span<float> logits, bool all_rows) {
-  double t = now();
-  auto lap = [&](double& slot) {
+// One pass over a batch: its buffers, row runs and attention plan, and the operations that
+// backend/llama_forward.h sequences. A block-level op runs once per run of rows whose chains
+// share the block (BlockLLM §5.1); rows whose chain ends before a layer skip it.
+struct CpuBackendImpl::StepOps {
+  StepOps(CpuBackendImpl& backend, const ForwardBatch& batch, std::span<const float> hidden_in,
+          std::span<float> hidden_out, std::span<float> logits, bool all_rows);
+
+  void embed();
+  void norm(int64_t layer, llama::Norm which);
+  void project(int64_t layer, llama::Projection which);
+  void rope_write_kv(int64_t layer);
+  void attention(int64_t layer);
+  void swiglu();
+  void head();
+
+  CpuBackendImpl& b;
+  const ForwardBatch& batch;
+  std::span<const float> hidden_in;
+  std::span<float> hidden_out, logits;
+  bool all_rows;
+  const ModelConfig& config;
+  const int64_t m, h, qd, kvd, f, nqkv, half, mp;
+  const int64_t group;  // the lm_head of a run of logit rows may read a row group past the last
+  const size_t es;
+  const float eps;
+  float* x;
+  void* xn;
+  float* qkv;
+  void* attn;
+  float* gu;
+  void* act;
+  float* cos;
+  float* sin;
+  std::vector<RowRun> runs;
+  std::vector<cpu::AttentionItem> items;
+  double t;  // when the last op ended (CpuOpTimes)
+
+ private:
+  void lap(double& slot) {
     const double t1 = now();
     slot += t1 - t;
     t = t1;
-  };
-  const int64_t m = batch.num_tokens();
-  if (m == 0) return;
-  if (core_share_) threads_ = core_share_->threads();
-  omp_set_num_threads(threads_);  // oneDNN and OpenBLAS follow the calling thread's setting
-
-  const int64_t h = config_.hidden_size, qd = config_.q_dim(), kvd = config_.kv_dim();
-  const int64_t f = config_.intermediate_size, nqkv = qd + 2 * kvd, half = config_.head_dim / 2;
-  const int64_t mp = gemm_.padded_rows(m);
-  // The lm_head of a run of logit rows may read up to one row group past the last (below).
-  const int64_t group = gemm_.padded_rows(1);
-  const size_t es = gemm_.elem_size();
-  const auto eps = static_cast<float>(config_.rms_norm_eps);
-
-  float* x = x_.get<float>(mp * h * 4);
-  void* xn = xn_.get((mp + group) * h * es);
-  float* qkv = qkv_.get<float>(mp * nqkv * 4);
-  void* attn = attn_.get(mp * qd * es);
-  float* gu = gu_.get<float>(mp * 2 * f * 4);
-  void* act = act_.get(mp * f * es);
-  float* cos = cos_.get<float>(m * half * 4);
-  float* sin = sin_.get<float>(m * half * 4);
-  auto rows_of = [es](void* buf, int64_t row, int64_t cols) {
+  }
+  std::byte* rows_of(void* buf, int64_t row, int64_t cols) const {
     return static_cast<std::byte*>(buf) + row * cols * static_cast<int64_t>(es);
-  };
+  }
+  const Chain& chain(const RowRun& run) const { return b.blocks_.chains[run.model]; }
+};
 
-  const std::vector<RowRun> runs = model_runs(batch);
+CpuBackendImpl::StepOps::StepOps(CpuBackendImpl& backend, const ForwardBatch& step_batch,
+                                 std::span<const float> states_in, std::span<float> states_out,
+                                 std::span<float> logits_out, bool every_row)
+    : b(backend),
+      batch(step_batch),
+      hidden_in(states_in),
+      hidden_out(states_out),
+      logits(logits_out),
+      all_rows(every_row),
+      config(backend.config_),
+      m(step_batch.num_tokens()),
+      h(config.hidden_size),
+      qd(config.q_dim()),
+      kvd(config.kv_dim()),
+      f(config.intermediate_size),
+      nqkv(qd + 2 * kvd),
+      half(config.head_dim / 2),
+      mp(backend.gemm_.padded_rows(m)),
+      group(backend.gemm_.padded_rows(1)),
+      es(backend.gemm_.elem_size()),
+      eps(static_cast<float>(config.rms_norm_eps)),
+      t(now()) {
+  x = b.x_.get<float>(mp * h * 4);
+  xn = b.xn_.get((mp + group) * h * es);
+  qkv = b.qkv_.get<float>(mp * nqkv * 4);
+  attn = b.attn_.get(mp * qd * es);
+  gu = b.gu_.get<float>(mp * 2 * f * 4);
+  act = b.act_.get(mp * f * es);
+  cos = b.cos_.get<float>(m * half * 4);
+  sin = b.sin_.get<float>(m * half * 4);
+  runs = model_runs(step_batch);
+}
+
+void CpuBackendImpl::StepOps::embed() {
   if (hidden_in.empty())
-    embed(batch, runs, x);
+    b.embed(batch, runs, x);
   else
     std::memcpy(x, hidden_in.data(), m * h * 4);
   std::memset(x + m * h, 0, (mp - m) * h * 4);
-  zero_rows(xn, m, mp, h);
-  zero_rows(attn, m, mp, qd);
-  zero_rows(act, m, mp, f);
-  cpu::rope_tables(batch.positions.data(), m, inv_freq_, cos, sin, threads_);
-  const auto items = cpu::plan_attention(batch, shape_);
-  lap(times_.embed);
+  b.zero_rows(xn, m, mp, h);
+  b.zero_rows(attn, m, mp, qd);
+  b.zero_rows(act, m, mp, f);
+  cpu::rope_tables(batch.positions.data(), m, b.inv_freq_, cos, sin, b.threads_);
+  items = cpu::plan_attention(batch, b.shape_);
+  lap(b.times_.embed);
+}
 
-  for (int64_t li = first; li < last; ++li) {
-    const auto size_li = static_cast<size_t>(li);
-    auto has_attention = [&](const Chain& c) { return size_li < c.attention.size(); };
-    auto has_ffn = [&](const Chain& c) { return size_li < c.ffn.size(); };
-    const auto attention_runs =
-        block_runs(runs, has_attention, [&](const Chain& c) { return c.attention[size_li]; });
-    for (const RowRun& run : attention_runs)
-      cpu::rmsnorm(x + run.begin * h, h, run.end - run.begin, h,
-                   blocks_.chains[run.model].attention[size_li]->norm->data(), eps, compute_,
-                   rows_of(xn, run.begin, h), threads_);
-    lap(times_.norm);
-    // Base projections run over the rows of every block sharing them, adapters on their own.
-    auto attention = [&](const RowRun& run) {
-      return blocks_.chains[run.model].attention[size_li];
-    };
-    for (const RowRun& run : block_runs(
-             runs, has_attention, [&](const Chain& c) { return c.attention[size_li]->qkv.get(); }))
-      linear(*attention(run)->qkv, xn, run, m, qkv);
-    for (const RowRun& run : attention_runs)
-      if (attention(run)->qkv_lora) lora(*attention(run)->qkv_lora, xn, run, m, qkv);
-    lap(times_.qkv);
-#pragma omp parallel for num_threads(threads_) schedule(static)
-    for (int64_t i = 0; i < m; ++i) {
-      float* row = qkv + i * nqkv;
-      cpu::rope_apply(row, config_.num_heads, half, cos + i * half, sin + i * half);
-      cpu::rope_apply(row + qd, config_.num_kv_heads, half, cos + i * half, sin + i * half);
-    }
-    cpu::write_kv(batch, qkv, nqkv, qd, qd + kvd, li, kv_, threads_);
-    lap(times_.rope_kv);
-    cpu::paged_attention(batch, items, qkv, nqkv, li, kv_, shape_, compute_, attn, threads_);
-    lap(times_.attention);
-    for (const RowRun& run : block_runs(
-             runs, has_attention, [&](const Chain& c) { return c.attention[size_li]->o.get(); }))
-      linear(*attention(run)->o, attn, run, m, x, /*accumulate=*/true);
-    for (const RowRun& run : attention_runs)
-      if (attention(run)->o_lora) lora(*attention(run)->o_lora, attn, run, m, x);
-    lap(times_.o_proj);
-
-    const auto ffn_runs = block_runs(runs, has_ffn, [&](const Chain& c) { return c.ffn[size_li]; });
-    for (const RowRun& run : ffn_runs)
-      cpu::rmsnorm(x + run.begin * h, h, run.end - run.begin, h,
-                   blocks_.chains[run.model].ffn[size_li]->norm->data(), eps, compute_,
-                   rows_of(xn, run.begin, h), threads_);
-    lap(times_.norm);
-    auto ffn = [&](const RowRun& run) { return blocks_.chains[run.model].ffn[size_li]; };
-    for (const RowRun& run :
-         block_runs(runs, has_ffn, [&](const Chain& c) { return c.ffn[size_li]->gate_up.get(); }))
-      linear(*ffn(run)->gate_up, xn, run, m, gu);
-    for (const RowRun& run : ffn_runs)
-      if (ffn(run)->gate_up_lora) lora(*ffn(run)->gate_up_lora, xn, run, m, gu);
-    lap(times_.gate_up);
-    cpu::swiglu(gu, m, f, compute_, act, threads_);
-    lap(times_.act);
-    for (const RowRun& run :
-         block_runs(runs, has_ffn, [&](const Chain& c) { return c.ffn[size_li]->down.get(); }))
-      linear(*ffn(run)->down, act, run, m, x, /*accumulate=*/true);
-    for (const RowRun& run : ffn_runs)
-      if (ffn(run)->down_lora) lora(*ffn(run)->down_lora, act, run, m, x);
-    lap(times_.down);
+void CpuBackendImpl::StepOps::norm(int64_t layer, llama::Norm which) {
+  const auto l = static_cast<size_t>(layer);
+  const bool attention = which == llama::Norm::kAttention;
+  auto has = [&](const Chain& c) { return l < (attention ? c.attention.size() : c.ffn.size()); };
+  auto block = [&](const Chain& c) -> const void* {
+    return attention ? static_cast<const void*>(c.attention[l]) : c.ffn[l];
+  };
+  for (const RowRun& run : b.block_runs(runs, has, block)) {
+    const Chain& c = chain(run);
+    const float* weight = attention ? c.attention[l]->norm->data() : c.ffn[l]->norm->data();
+    cpu::rmsnorm(x + run.begin * h, h, run.end - run.begin, h, weight, eps, b.compute_,
+                 rows_of(xn, run.begin, h), b.threads_);
   }
+  lap(b.times_.norm);
+}
 
+void CpuBackendImpl::StepOps::project(int64_t layer, llama::Projection which) {
+  using P = llama::Projection;
+  const auto l = static_cast<size_t>(layer);
+  const bool attention = which == P::kQkv || which == P::kO;
+  auto has = [&](const Chain& c) { return l < (attention ? c.attention.size() : c.ffn.size()); };
+  auto block = [&](const Chain& c) -> const void* {
+    return attention ? static_cast<const void*>(c.attention[l]) : c.ffn[l];
+  };
+  // The block's projection and its adapter's delta (null without one).
+  auto parts = [&](const Chain& c) -> std::pair<Linear*, const LoraDelta*> {
+    switch (which) {
+      case P::kQkv:
+        return {c.attention[l]->qkv.get(), c.attention[l]->qkv_lora.get()};
+      case P::kO:
+        return {c.attention[l]->o.get(), c.attention[l]->o_lora.get()};
+      case P::kGateUp:
+        return {c.ffn[l]->gate_up.get(), c.ffn[l]->gate_up_lora.get()};
+      case P::kDown:
+        return {c.ffn[l]->down.get(), c.ffn[l]->down_lora.get()};
+    }
+    return {nullptr, nullptr};
+  };
+  auto weights = [&](const Chain& c) { return parts(c).first; };
+  const void* in = which == P::kO ? attn : which == P::kDown ? act : xn;
+  float* out = which == P::kQkv ? qkv : which == P::kGateUp ? gu : x;
+  const bool residual = which == P::kO || which == P::kDown;
+  // Base projections run over the rows of every block sharing them, adapters on their own.
+  for (const RowRun& run : b.block_runs(runs, has, weights))
+    b.linear(*weights(chain(run)), in, run, m, out, residual);
+  for (const RowRun& run : b.block_runs(runs, has, block))
+    if (const LoraDelta* delta = parts(chain(run)).second) b.lora(*delta, in, run, m, out);
+  CpuOpTimes& times = b.times_;
+  lap(which == P::kQkv      ? times.qkv
+      : which == P::kO      ? times.o_proj
+      : which == P::kGateUp ? times.gate_up
+                            : times.down);
+}
+
+void CpuBackendImpl::StepOps::rope_write_kv(int64_t layer) {
+#pragma omp parallel for num_threads(b.threads_) schedule(static)
+  for (int64_t i = 0; i < m; ++i) {
+    float* row = qkv + i * nqkv;
+    cpu::rope_apply(row, config.num_heads, half, cos + i * half, sin + i * half);
+    cpu::rope_apply(row + qd, config.num_kv_heads, half, cos + i * half, sin + i * half);
+  }
+  cpu::write_kv(batch, qkv, nqkv, qd, qd + kvd, layer, b.kv_, b.threads_);
+  lap(b.times_.rope_kv);
+}
+
+void CpuBackendImpl::StepOps::attention(int64_t layer) {
+  cpu::paged_attention(batch, items, qkv, nqkv, layer, b.kv_, b.shape_, b.compute_, attn,
+                       b.threads_);
+  lap(b.times_.attention);
+}
+
+void CpuBackendImpl::StepOps::swiglu() {
+  cpu::swiglu(gu, m, f, b.compute_, act, b.threads_);
+  lap(b.times_.act);
+}
+
+void CpuBackendImpl::StepOps::head() {
   if (!hidden_out.empty()) std::memcpy(hidden_out.data(), x, m * h * 4);
-
   // Final norm and lm_head only for the last token of each chunk that wants logits (every row
   // when `all_rows`); logit row i is the i-th such row, and runs of them share a head.
   std::vector<int64_t> rows;
@@ -530,8 +598,7 @@ void CpuBackendImpl::run_layers(const ForwardBatch& batch, int64_t first, int64_
     for (int64_t row = all_rows ? c.token_offset : end - 1; row < end; ++row) {
       const auto i = static_cast<int64_t>(rows.size());
       rows.push_back(row);
-      if (!logit_runs.empty() &&
-          blocks_.chains[logit_runs.back().model].head == blocks_.chains[c.model].head)
+      if (!logit_runs.empty() && chain(logit_runs.back()).head == b.blocks_.chains[c.model].head)
         logit_runs.back().end = i + 1;
       else
         logit_runs.push_back({i, i + 1, c.model});
@@ -539,32 +606,43 @@ void CpuBackendImpl::run_layers(const ForwardBatch& batch, int64_t first, int64_
   }
   const int64_t r = logits.empty() ? 0 : static_cast<int64_t>(rows.size());
   if (r > 0) {
-    float* lx = logit_rows_.get<float>(r * h * 4);
+    float* lx = b.logit_rows_.get<float>(r * h * 4);
     for (int64_t i = 0; i < r; ++i) std::memcpy(lx + i * h, x + rows[i] * h, h * 4);
     void* ln = xn;  // r <= m rows (plus a group of padding), so the layers' norm buffer has room
-    zero_rows(ln, r, gemm_.padded_rows(r), h);
-    const int64_t vocab = config_.vocab_size;
+    b.zero_rows(ln, r, b.gemm_.padded_rows(r), h);
+    const int64_t vocab = config.vocab_size;
     for (const RowRun& run : logit_runs) {
-      const Head& head = *blocks_.chains[run.model].head;
+      const Head& head = *chain(run).head;
       const int64_t n = run.end - run.begin;
-      cpu::rmsnorm(lx + run.begin * h, h, n, h, head.norm->data(), eps, compute_,
-                   rows_of(ln, run.begin, h), threads_);
+      cpu::rmsnorm(lx + run.begin * h, h, n, h, head.norm->data(), eps, b.compute_,
+                   rows_of(ln, run.begin, h), b.threads_);
     }
     for (const RowRun& run : logit_runs) {
       // Whole row groups straight into `logits`; the remainder through a small padded buffer
       // (a call writes whole groups, which must not run past `logits` or into the next run's).
-      Linear& lm_head = *blocks_.chains[run.model].head->lm_head;
+      Linear& lm_head = *chain(run).head->lm_head;
       const int64_t n = run.end - run.begin, full = n / group * group;
       if (full > 0)
         lm_head.forward(rows_of(ln, run.begin, h), full, logits.data() + run.begin * vocab);
       if (full < n) {
-        float* tail = logit_tail_.get<float>(group * vocab * 4);
+        float* tail = b.logit_tail_.get<float>(group * vocab * 4);
         lm_head.forward(rows_of(ln, run.begin + full, h), n - full, tail);
         std::memcpy(logits.data() + (run.begin + full) * vocab, tail, (n - full) * vocab * 4);
       }
     }
   }
-  lap(times_.lm_head);
+  lap(b.times_.lm_head);
+}
+
+void CpuBackendImpl::run_layers(const ForwardBatch& batch, int64_t first, int64_t last,
+                                std::span<const float> hidden_in, std::span<float> hidden_out,
+                                std::span<float> logits, bool all_rows) {
+  const int64_t m = batch.num_tokens();
+  if (m == 0) return;
+  if (core_share_) threads_ = core_share_->threads();
+  omp_set_num_threads(threads_);  // oneDNN and OpenBLAS follow the calling thread's setting
+  StepOps ops(*this, batch, hidden_in, hidden_out, logits, all_rows);
+  llama::forward(ops, first, last);
   times_.steps += 1;
   times_.tokens += m;
   times_.thread_steps += threads_;

@@ -119,30 +119,21 @@ CudaBackendImpl::CudaBackendImpl(const ModelConfig& config, const TensorStore& s
   }
   stream_ = lanes_[0].stream;
 
-  auto get = [&](const std::string& name) { return &store.get(name); };
-  for (int64_t i = 0; i < config_.num_layers; ++i) {
-    auto name = [&](const char* s) { return layer_tensor_name(i, s); };
+  const LlamaTensors tensors = bind_llama_tensors(config_, store);
+  for (const LlamaLayerTensors& t : tensors.layers) {
     Layer l;
-    l.attn_norm = upload_f32(*get(name("input_layernorm.weight")));
-    l.mlp_norm = upload_f32(*get(name("post_attention_layernorm.weight")));
-    l.qkv = upload_rows({get(name("self_attn.q_proj.weight")), get(name("self_attn.k_proj.weight")),
-                         get(name("self_attn.v_proj.weight"))},
-                        elem_);
-    if (config_.attention_bias)
-      l.qkv_bias =
-          upload_rows({get(name("self_attn.q_proj.bias")), get(name("self_attn.k_proj.bias")),
-                       get(name("self_attn.v_proj.bias"))},
-                      Elem::kF32);
-    l.o = upload_rows({get(name("self_attn.o_proj.weight"))}, elem_);
-    l.gate_up =
-        upload_rows({get(name("mlp.gate_proj.weight")), get(name("mlp.up_proj.weight"))}, elem_);
-    l.down = upload_rows({get(name("mlp.down_proj.weight"))}, elem_);
+    l.attn_norm = upload_f32(*t.attention_norm);
+    l.mlp_norm = upload_f32(*t.ffn_norm);
+    l.qkv = upload_rows(t.qkv, elem_);
+    if (!t.qkv_bias.empty()) l.qkv_bias = upload_rows(t.qkv_bias, Elem::kF32);
+    l.o = upload_rows({t.o}, elem_);
+    l.gate_up = upload_rows(t.gate_up, elem_);
+    l.down = upload_rows({t.down}, elem_);
     layers_.push_back(std::move(l));
   }
-  final_norm_ = upload_f32(*get("model.norm.weight"));
-  const TensorView& embed = *get("model.embed_tokens.weight");
-  embed_ = upload_rows({&embed}, embed_elem_);
-  lm_head_ = upload_rows({config_.tie_word_embeddings ? &embed : get("lm_head.weight")}, elem_);
+  final_norm_ = upload_f32(*tensors.final_norm);
+  embed_ = upload_rows({tensors.embedding}, embed_elem_);
+  lm_head_ = upload_rows({tensors.lm_head}, elem_);
   const std::vector<double> inv = rope_inv_freq(config_);
   inv_freq_.reserve(inv.size() * sizeof(double));
   check_cuda(
@@ -322,15 +313,8 @@ int64_t CudaBackendImpl::compute_logits(const ForwardBatch& batch, size_t host_l
   }
   const LaneStep s = prepare(lanes_[0], batch, 0, batch.chunks.size());
   mark(nullptr);
-  cuda::embed(s.view, embed_.get(), embed_elem_, config_.hidden_size, s.x, stream_);
-  mark(&CudaOpTimes::embed);
-  for (size_t li = 0; li < layers_.size(); ++li) {
-    pre_attention(s, li);
-    attend(s, li);
-    post_attention(s, li);
-  }
-  head(s, logits);
-  mark(&CudaOpTimes::lm_head);
+  StepOps ops{*this, s, logits};
+  llama::forward(ops, 0, static_cast<int64_t>(layers_.size()));
   return r;
 }
 
@@ -388,53 +372,74 @@ CudaBackendImpl::LaneStep CudaBackendImpl::prepare(Lane& lane, const ForwardBatc
   return s;
 }
 
-void CudaBackendImpl::pre_attention(const LaneStep& s, size_t li) {
-  const Layer& l = layers_[li];
-  cudaStream_t st = s.lane->stream;
-  const int64_t h = config_.hidden_size, nqkv = qkv_width();
-  cuda::rmsnorm(s.x, nullptr, s.m, h, l.attn_norm.get<float>(),
-                static_cast<float>(config_.rms_norm_eps), s.xn, elem_, st);
-  mark(&CudaOpTimes::norm);
-  gemm(s.blas, s.xn, s.m, l.qkv, nqkv, h, s.qkv, false);
-  if (config_.attention_bias) cuda::add_bias(s.qkv, s.m, nqkv, l.qkv_bias.get<float>(), st);
-  mark(&CudaOpTimes::qkv);
-  cuda::rope_write_kv(s.view, s.qkv, nqkv, static_cast<int32_t>(config_.num_heads),
-                      inv_freq_.get<double>(), kv_, static_cast<int32_t>(li), st);
-  mark(&CudaOpTimes::rope_kv);
+void CudaBackendImpl::StepOps::embed() {
+  cuda::embed(s.view, b.embed_.get(), b.embed_elem_, b.config_.hidden_size, s.x, s.lane->stream);
+  b.mark(&CudaOpTimes::embed);
 }
 
-void CudaBackendImpl::attend(const LaneStep& s, size_t li) {
-  const int64_t nqkv = qkv_width();
-  cuda::attention(s.view, s.qkv, nqkv, kv_, static_cast<int32_t>(li),
-                  static_cast<int32_t>(config_.num_heads),
-                  static_cast<int32_t>(config_.sliding_window.value_or(0)), s.attn, elem_,
-                  attention_kernel_, prefill_kernel_, s.scratch, s.lane->stream);
-  mark(&CudaOpTimes::attention);
+void CudaBackendImpl::StepOps::norm(int64_t layer, llama::Norm which) {
+  const Layer& l = b.layers_[static_cast<size_t>(layer)];
+  const DeviceBuffer& weight = which == llama::Norm::kAttention ? l.attn_norm : l.mlp_norm;
+  cuda::rmsnorm(s.x, nullptr, s.m, b.config_.hidden_size, weight.get<float>(),
+                static_cast<float>(b.config_.rms_norm_eps), s.xn, b.elem_, s.lane->stream);
+  b.mark(&CudaOpTimes::norm);
 }
 
-void CudaBackendImpl::post_attention(const LaneStep& s, size_t li) {
-  const Layer& l = layers_[li];
-  cudaStream_t st = s.lane->stream;
-  const int64_t h = config_.hidden_size, qd = config_.q_dim(), f = config_.intermediate_size;
-  gemm(s.blas, s.attn, s.m, l.o, h, qd, s.x, true);
-  mark(&CudaOpTimes::o_proj);
-  cuda::rmsnorm(s.x, nullptr, s.m, h, l.mlp_norm.get<float>(),
-                static_cast<float>(config_.rms_norm_eps), s.xn, elem_, st);
-  mark(&CudaOpTimes::norm);
-  gemm(s.blas, s.xn, s.m, l.gate_up, 2 * f, h, s.gu, false, gate_up_elem_);
-  mark(&CudaOpTimes::gate_up);
-  cuda::swiglu(s.gu, gate_up_elem_, s.m, f, s.act, elem_, st);
-  mark(&CudaOpTimes::act);
-  gemm(s.blas, s.act, s.m, l.down, h, f, s.x, true);
-  mark(&CudaOpTimes::down);
+void CudaBackendImpl::StepOps::project(int64_t layer, llama::Projection which) {
+  const Layer& l = b.layers_[static_cast<size_t>(layer)];
+  const ModelConfig& c = b.config_;
+  const int64_t h = c.hidden_size, f = c.intermediate_size;
+  switch (which) {
+    case llama::Projection::kQkv:
+      b.gemm(s.blas, s.xn, s.m, l.qkv, b.qkv_width(), h, s.qkv, false);
+      if (c.attention_bias)
+        cuda::add_bias(s.qkv, s.m, b.qkv_width(), l.qkv_bias.get<float>(), s.lane->stream);
+      b.mark(&CudaOpTimes::qkv);
+      return;
+    case llama::Projection::kO:
+      b.gemm(s.blas, s.attn, s.m, l.o, h, c.q_dim(), s.x, true);
+      b.mark(&CudaOpTimes::o_proj);
+      return;
+    case llama::Projection::kGateUp:
+      b.gemm(s.blas, s.xn, s.m, l.gate_up, 2 * f, h, s.gu, false, b.gate_up_elem_);
+      b.mark(&CudaOpTimes::gate_up);
+      return;
+    case llama::Projection::kDown:
+      b.gemm(s.blas, s.act, s.m, l.down, h, f, s.x, true);
+      b.mark(&CudaOpTimes::down);
+      return;
+  }
 }
 
-void CudaBackendImpl::head(const LaneStep& s, float* logits) {
+void CudaBackendImpl::StepOps::rope_write_kv(int64_t layer) {
+  cuda::rope_write_kv(s.view, s.qkv, b.qkv_width(), static_cast<int32_t>(b.config_.num_heads),
+                      b.inv_freq_.get<double>(), b.kv_, static_cast<int32_t>(layer),
+                      s.lane->stream);
+  b.mark(&CudaOpTimes::rope_kv);
+}
+
+void CudaBackendImpl::StepOps::attention(int64_t layer) {
+  cuda::attention(s.view, s.qkv, b.qkv_width(), b.kv_, static_cast<int32_t>(layer),
+                  static_cast<int32_t>(b.config_.num_heads),
+                  static_cast<int32_t>(b.config_.sliding_window.value_or(0)), s.attn, b.elem_,
+                  b.attention_kernel_, b.prefill_kernel_, s.scratch, s.lane->stream);
+  b.mark(&CudaOpTimes::attention);
+}
+
+void CudaBackendImpl::StepOps::swiglu() {
+  cuda::swiglu(s.gu, b.gate_up_elem_, s.m, b.config_.intermediate_size, s.act, b.elem_,
+               s.lane->stream);
+  b.mark(&CudaOpTimes::act);
+}
+
+void CudaBackendImpl::StepOps::head() {
   const int64_t r = s.view.num_logit_rows;
-  if (r == 0) return;
-  cuda::rmsnorm(s.x, s.view.logit_rows, r, config_.hidden_size, final_norm_.get<float>(),
-                static_cast<float>(config_.rms_norm_eps), s.xn, elem_, s.lane->stream);
-  gemm(s.blas, s.xn, r, lm_head_, config_.vocab_size, config_.hidden_size, logits, false);
+  if (r > 0) {
+    cuda::rmsnorm(s.x, s.view.logit_rows, r, b.config_.hidden_size, b.final_norm_.get<float>(),
+                  static_cast<float>(b.config_.rms_norm_eps), s.xn, b.elem_, s.lane->stream);
+    b.gemm(s.blas, s.xn, r, b.lm_head_, b.config_.vocab_size, b.config_.hidden_size, logits, false);
+  }
+  b.mark(&CudaOpTimes::lm_head);
 }
 
 void CudaBackendImpl::copy_page(PageId src, PageId dst) {

@@ -17,6 +17,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/knobs.h"
 #include "backend/cuda/nano_split.h"
+#include "backend/llama_forward.h"
 #include "model/weights.h"
 
 namespace blend::cuda {
@@ -95,15 +96,22 @@ class CudaBackendImpl final : public CudaBackend {
   // in chunk order) once stream_ gets there; returns the row count. Does not wait for the GPU.
   int64_t compute_logits(const ForwardBatch& batch, size_t host_logits_size);
   LaneStep prepare(Lane& lane, const ForwardBatch& batch, size_t first, size_t end);
-  // A layer's parts (the pipeline's phases): norm, QKV and RoPE with the KV write; attention;
-  // the O projection and the MLP with their residual adds.
-  void pre_attention(const LaneStep& s, size_t layer);
-  void attend(const LaneStep& s, size_t layer);
-  void post_attention(const LaneStep& s, size_t layer);
+  // The operations backend/llama_forward.h sequences, on one lane's rows; head() writes the
+  // lane's sampling rows' logits to `logits`. Defined in cuda_backend.cc.
+  struct StepOps {
+    CudaBackendImpl& b;
+    const LaneStep& s;
+    float* logits;
+    void embed();
+    void norm(int64_t layer, llama::Norm which);
+    void project(int64_t layer, llama::Projection which);
+    void rope_write_kv(int64_t layer);
+    void attention(int64_t layer);
+    void swiglu();
+    void head();
+  };
   // Columns of the fused QKV projection.
   int64_t qkv_width() const { return config_.q_dim() + 2 * config_.kv_dim(); }
-  // Final norm and lm_head of the lane's sampling rows into `logits`.
-  void head(const LaneStep& s, float* logits);
   // The two lanes' pipeline over chunks [0, cut) and [cut, n) (nano_split.h), joined on stream_.
   void run_nano_batches(const ForwardBatch& batch, size_t cut, float* logits);
   // The cost model's rates on this GPU (nano_split.h), timed on layer 0's gate/up GEMM.

@@ -11,8 +11,8 @@
 namespace blend::cuda {
 
 // NanoFlow §4.3's overlap with two nano-batches X (chunks [0, cut)) and Y (the rest), each on
-// its own lane. Per nano-batch the layers alternate GEMM phases G(l) (post_attention of layer
-// l-1, pre_attention of layer l) and attention phases A(l). Events order the GEMM phases
+// its own lane. Per nano-batch the layers alternate GEMM phases G(l) (llama::gemm_phase: the
+// end of layer l-1, the start of layer l) and attention phases A(l). Events order the GEMM phases
 // X.G(0) < Y.G(0) < X.G(1) < Y.G(1) < ..., so each has the GPU's SMs, and each attention phase
 // runs beside the other nano-batch's GEMM phase. Nothing else is shared: the nano-batches hold
 // different sequences, whose KV writes go to different slots (the radix cache holds only KV
@@ -35,16 +35,8 @@ void CudaBackendImpl::run_nano_batches(const ForwardBatch& batch, size_t cut, fl
   cudaEvent_t* gx = phase_events_.data();               // [layers + 1]: X.G(l) done
   cudaEvent_t* gy = phase_events_.data() + layers + 1;  // [layers + 1]: Y.G(l) done
   cudaEvent_t joined = phase_events_[2 * layers + 2], started = phase_events_[2 * layers + 3];
-  auto gemm_phase = [&](const LaneStep& s, size_t l) {
-    if (l == 0)
-      cuda::embed(s.view, embed_.get(), embed_elem_, config_.hidden_size, s.x, s.lane->stream);
-    else
-      post_attention(s, l - 1);
-    if (l < layers)
-      pre_attention(s, l);
-    else
-      head(s, logits + (&s == &y ? x.view.num_logit_rows * config_.vocab_size : 0));
-  };
+  // Y's logits follow X's rows.
+  StepOps ox{*this, x, logits}, oy{*this, y, logits + x.view.num_logit_rows * config_.vocab_size};
   auto record = [](cudaEvent_t e, cudaStream_t st) {
     check_cuda(cudaEventRecord(e, st), "cudaEventRecord");
   };
@@ -53,15 +45,17 @@ void CudaBackendImpl::run_nano_batches(const ForwardBatch& batch, size_t cut, fl
   };
   record(started, lx.stream);  // Y follows what stream_ had queued before this step
   wait(ly.stream, started);
+  const auto n = static_cast<int64_t>(layers);
   for (size_t l = 0; l <= layers; ++l) {
+    const auto phase = static_cast<int64_t>(l);
     if (l > 0) wait(lx.stream, gy[l - 1]);
-    gemm_phase(x, l);
+    llama::gemm_phase(ox, phase, n);
     record(gx[l], lx.stream);
-    if (l < layers) attend(x, l);
+    if (l < layers) ox.attention(phase);
     wait(ly.stream, gx[l]);
-    gemm_phase(y, l);
+    llama::gemm_phase(oy, phase, n);
     record(gy[l], ly.stream);
-    if (l < layers) attend(y, l);
+    if (l < layers) oy.attention(phase);
   }
   record(joined, ly.stream);
   wait(lx.stream, joined);  // stream_ (lane 0) now follows all of Y's work

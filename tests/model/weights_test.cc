@@ -1,0 +1,55 @@
+#include "model/weights.h"
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "test_models.h"
+
+namespace blend {
+namespace {
+
+using testing::test_model;
+
+TEST(BindLlamaTensors, GroupsEveryLayersTensorsAsTheForwardPassUsesThem) {
+  const auto& m = test_model("base", DType::kBF16);
+  const LlamaTensors t = bind_llama_tensors(m.config, m.store);
+  ASSERT_EQ(static_cast<int64_t>(t.layers.size()), m.config.num_layers);
+  EXPECT_EQ(t.embedding, &m.store.get("model.embed_tokens.weight"));
+  EXPECT_EQ(t.final_norm, &m.store.get("model.norm.weight"));
+  EXPECT_EQ(t.lm_head, &m.store.get("lm_head.weight"));  // untied
+  const LlamaLayerTensors& last = t.layers.back();
+  const int64_t l = m.config.num_layers - 1;
+  auto at = [&](const char* suffix) { return &m.store.get(layer_tensor_name(l, suffix)); };
+  EXPECT_EQ(last.attention_norm, at("input_layernorm.weight"));
+  ASSERT_EQ(last.qkv.size(), 3u);
+  EXPECT_EQ(last.qkv[0], at("self_attn.q_proj.weight"));
+  EXPECT_EQ(last.qkv[1], at("self_attn.k_proj.weight"));
+  EXPECT_EQ(last.qkv[2], at("self_attn.v_proj.weight"));
+  EXPECT_TRUE(last.qkv_bias.empty());
+  EXPECT_EQ(last.o, at("self_attn.o_proj.weight"));
+  EXPECT_EQ(last.ffn_norm, at("post_attention_layernorm.weight"));
+  ASSERT_EQ(last.gate_up.size(), 2u);
+  EXPECT_EQ(last.gate_up[0], at("mlp.gate_proj.weight"));
+  EXPECT_EQ(last.gate_up[1], at("mlp.up_proj.weight"));
+  EXPECT_EQ(last.down, at("mlp.down_proj.weight"));
+}
+
+TEST(BindLlamaTensors, TiedHeadIsTheEmbeddingAndBiasesComeWithTheConfig) {
+  const auto& tied = test_model("llama3", DType::kBF16);
+  const LlamaTensors t = bind_llama_tensors(tied.config, tied.store);
+  EXPECT_EQ(t.lm_head, t.embedding);
+
+  const auto& qwen = test_model("qwen2", DType::kBF16);
+  const LlamaTensors q = bind_llama_tensors(qwen.config, qwen.store);
+  ASSERT_EQ(q.layers[0].qkv_bias.size(), 3u);
+  EXPECT_EQ(q.layers[0].qkv_bias[1],
+            &qwen.store.get(layer_tensor_name(0, "self_attn.k_proj.bias")));
+
+  // A config that asks for biases the checkpoint lacks is refused, not bound to nothing.
+  ModelConfig wants_bias = tied.config;
+  wants_bias.attention_bias = true;
+  EXPECT_THROW(bind_llama_tensors(wants_bias, tied.store), Error);
+}
+
+}  // namespace
+}  // namespace blend
