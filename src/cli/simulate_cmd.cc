@@ -206,6 +206,75 @@ PlannedRunStats run_data_parallel(
   return st;
 }
 
+// One policy's run against BlendServe's bounds (§3.3, §6.2), printed as a line or as JSON.
+void report_run(const SimulateArgs& args, const std::string& entry, const std::string& overlap_name,
+                const Hardware& hw, const ModelShape& shape, double kv_memory,
+                const PlannedRunStats& st, const nlohmann::json& dp_json) {
+  // BlendServe §3.3 / §6.2, at optimal sharing s_o: the ideal T_o overlaps compute and memory
+  // perfectly; the practical T_o ("optimal") pays the same interference the overlapped
+  // simulation pays, so an overlapped run can reach 1.0 of it and no more.
+  const double shared_compute = (1 - st.sharing_optimal) * st.compute_seconds;
+  // N replicas share the work: each bound is 1/N of one device's (§5.5, Table 3).
+  const double replicas = args.data_parallel;
+  const double ideal = std::max(shared_compute, st.memory_seconds) / replicas;
+  auto practical = [&](double memory_seconds) {  // a whole run priced as one overlapped step
+    return StepCost{.compute_seconds = shared_compute,
+                    .memory_seconds = memory_seconds,
+                    .interference = hw.overlap_interference}
+        .overlapped();
+  };
+  const double optimal = practical(st.memory_seconds) / replicas;
+  // T_o leaves out that every step also reads the weights. No step reads more KV than the
+  // KV memory holds, so the run needs at least T_mem BW / M steps and reads the weights that
+  // often: memory time of at least T_mem (1 + W / (tp M)). With that memory time the same
+  // practical optimum is about the most an order can reach under the cost model (not a strict
+  // bound: a run pays the interference step by step, which can add up to less).
+  const double capacity_optimal =
+      practical(st.memory_seconds *
+                (1 + static_cast<double>(shape.weight_bytes) / args.tensor_parallel / kv_memory)) /
+      replicas;
+  nlohmann::json j = {
+      {"policy", entry},
+      {"overlap", overlap_name},
+      {"hardware", hw.name},
+      {"model", shape.name},
+      {"tensor_parallel", args.tensor_parallel},
+      {"requests", st.requests},
+      {"prompt_tokens", st.prompt_tokens},
+      {"output_tokens", st.output_tokens},
+      {"seconds", st.seconds},
+      {"steps", st.steps},
+      {"throughput_tokens_per_s", st.throughput()},
+      {"fraction_of_optimal", st.seconds > 0 ? optimal / st.seconds : 0},
+      {"fraction_of_ideal", st.seconds > 0 ? ideal / st.seconds : 0},
+      {"fraction_of_capacity_optimal", st.seconds > 0 ? capacity_optimal / st.seconds : 0},
+      {"interference", hw.overlap_interference},
+      {"sharing_ratio", st.sharing_ratio},
+      {"sharing_optimal", st.sharing_optimal},
+      {"root_density", st.root_density},
+      {"sampled_requests", st.sampled_requests},
+      {"data_parallel", args.data_parallel}};
+  if (!dp_json.is_null()) j.update(dp_json);
+  if (args.json) {
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf(
+        "%-18s %10.0f tok/s  %.3f of optimal  %.3f of ideal  %.3f of capacity optimal  "
+        "sharing %.3f of %.3f  %.1f s\n",
+        entry.c_str(), st.throughput(), j["fraction_of_optimal"].get<double>(),
+        j["fraction_of_ideal"].get<double>(), j["fraction_of_capacity_optimal"].get<double>(),
+        st.sharing_ratio, st.sharing_optimal, st.seconds);
+    if (args.data_parallel > 1)
+      std::printf(
+          "%-18s dp %d: slowest replica %.1f s, partition keeps %.4f of %.4f sharing "
+          "(loss %.2f%% of s_o), work imbalance %.3f\n",
+          "", args.data_parallel, st.seconds, dp_json["partition_sharing"].get<double>(),
+          st.sharing_optimal, 100 * dp_json["sharing_loss_of_optimal"].get<double>(),
+          dp_json["partition_imbalance"].get<double>());
+  }
+  std::fflush(stdout);
+}
+
 void run_simulate(const SimulateArgs& args) {
   Hardware hw = resolve_hardware(args.hardware);
   if (args.interference >= 0) hw.overlap_interference = args.interference;
@@ -295,69 +364,7 @@ void run_simulate(const SimulateArgs& args) {
       st.compute_seconds = clock_root->compute_seconds;
       st.memory_seconds = clock_root->memory_seconds;
     }
-    // BlendServe §3.3 / §6.2, at optimal sharing s_o: the ideal T_o overlaps compute and memory
-    // perfectly; the practical T_o ("optimal") pays the same interference the overlapped
-    // simulation pays, so an overlapped run can reach 1.0 of it and no more.
-    const double shared_compute = (1 - st.sharing_optimal) * st.compute_seconds;
-    // N replicas share the work: each bound is 1/N of one device's (§5.5, Table 3).
-    const double replicas = args.data_parallel;
-    const double ideal = std::max(shared_compute, st.memory_seconds) / replicas;
-    auto practical = [&](double memory_seconds) {  // a whole run priced as one overlapped step
-      return StepCost{.compute_seconds = shared_compute,
-                      .memory_seconds = memory_seconds,
-                      .interference = hw.overlap_interference}
-          .overlapped();
-    };
-    const double optimal = practical(st.memory_seconds) / replicas;
-    // T_o leaves out that every step also reads the weights. No step reads more KV than the
-    // KV memory holds, so the run needs at least T_mem BW / M steps and reads the weights that
-    // often: memory time of at least T_mem (1 + W / (tp M)). With that memory time the same
-    // practical optimum is about the most an order can reach under the cost model (not a strict
-    // bound: a run pays the interference step by step, which can add up to less).
-    const double capacity_optimal =
-        practical(st.memory_seconds * (1 + static_cast<double>(shape->weight_bytes) /
-                                               args.tensor_parallel / kv_memory)) /
-        replicas;
-    nlohmann::json j = {
-        {"policy", entry},
-        {"overlap", overlap_name},
-        {"hardware", hw.name},
-        {"model", shape->name},
-        {"tensor_parallel", args.tensor_parallel},
-        {"requests", st.requests},
-        {"prompt_tokens", st.prompt_tokens},
-        {"output_tokens", st.output_tokens},
-        {"seconds", st.seconds},
-        {"steps", st.steps},
-        {"throughput_tokens_per_s", st.throughput()},
-        {"fraction_of_optimal", st.seconds > 0 ? optimal / st.seconds : 0},
-        {"fraction_of_ideal", st.seconds > 0 ? ideal / st.seconds : 0},
-        {"fraction_of_capacity_optimal", st.seconds > 0 ? capacity_optimal / st.seconds : 0},
-        {"interference", hw.overlap_interference},
-        {"sharing_ratio", st.sharing_ratio},
-        {"sharing_optimal", st.sharing_optimal},
-        {"root_density", st.root_density},
-        {"sampled_requests", st.sampled_requests},
-        {"data_parallel", args.data_parallel}};
-    if (!dp_json.is_null()) j.update(dp_json);
-    if (args.json) {
-      std::printf("%s\n", j.dump().c_str());
-    } else {
-      std::printf(
-          "%-18s %10.0f tok/s  %.3f of optimal  %.3f of ideal  %.3f of capacity optimal  "
-          "sharing %.3f of %.3f  %.1f s\n",
-          entry.c_str(), st.throughput(), j["fraction_of_optimal"].get<double>(),
-          j["fraction_of_ideal"].get<double>(), j["fraction_of_capacity_optimal"].get<double>(),
-          st.sharing_ratio, st.sharing_optimal, st.seconds);
-      if (args.data_parallel > 1)
-        std::printf(
-            "%-18s dp %d: slowest replica %.1f s, partition keeps %.4f of %.4f sharing "
-            "(loss %.2f%% of s_o), work imbalance %.3f\n",
-            "", args.data_parallel, st.seconds, dp_json["partition_sharing"].get<double>(),
-            st.sharing_optimal, 100 * dp_json["sharing_loss_of_optimal"].get<double>(),
-            dp_json["partition_imbalance"].get<double>());
-    }
-    std::fflush(stdout);
+    report_run(args, entry, overlap_name, hw, *shape, kv_memory, st, dp_json);
   }
 }
 

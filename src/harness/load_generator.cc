@@ -402,9 +402,7 @@ std::string be_job_jsonl(const LoadOptions& o, const std::string& model, int64_t
   return jsonl;
 }
 
-}  // namespace
-
-LoadReport run_load(const LoadOptions& o) {
+void check_load_options(const LoadOptions& o) {
   if (!(o.duration_seconds > 0)) throw Error("the duration must be > 0 seconds");
   if (!(o.rt_rate >= 0)) throw Error("the RT rate must be >= 0 requests/s");
   if (o.rt_rate > 0 && o.rt_lengths.empty()) throw Error("no RT request lengths to draw from");
@@ -422,6 +420,12 @@ LoadReport run_load(const LoadOptions& o) {
       throw Error("a port is given for model '" + name + "', which is not among the models");
     if (port < 1 || port > 65535) throw Error("model '" + name + "': bad port");
   }
+}
+
+}  // namespace
+
+LoadReport run_load(const LoadOptions& o) {
+  check_load_options(o);
   check_loopback(o.host);
 
   httplib::Client control(o.host, o.port);
