@@ -10,10 +10,13 @@ double nano_gemm_seconds(const NanoCost& cost, double tokens) {
   return std::max(tokens * cost.gemm_seconds_per_token, cost.weight_seconds);
 }
 
-double nano_attention_seconds(const NanoCost& cost, const ChunkWork& chunk) {
+double nano_attention_reads(const ChunkWork& chunk, double prefill_kv_tile) {
   const double keys = static_cast<double>(chunk.cached) + chunk.tokens;
-  const double reads = chunk.tokens <= 1 ? 1.0 : std::ceil(chunk.tokens / cost.prefill_kv_tile);
-  return reads * keys * cost.kv_seconds_per_token;
+  return (chunk.tokens <= 1 ? 1.0 : std::ceil(chunk.tokens / prefill_kv_tile)) * keys;
+}
+
+double nano_attention_seconds(const NanoCost& cost, const ChunkWork& chunk) {
+  return nano_attention_reads(chunk, cost.prefill_kv_tile) * cost.kv_seconds_per_token;
 }
 
 double nano_pipeline_seconds(const NanoCost& cost, double gx, double ax, double gy, double ay) {

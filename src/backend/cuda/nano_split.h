@@ -49,7 +49,9 @@ struct NanoSplit {
 
 // GEMM time of `tokens` tokens: compute at gemm_seconds_per_token, never under one weight read.
 double nano_gemm_seconds(const NanoCost& cost, double tokens);
-// Attention time of one chunk: every query tile reads the chunk's keys once.
+// KV tokens one chunk's attention reads: its keys once per query tile (once for a decode).
+double nano_attention_reads(const ChunkWork& chunk, double prefill_kv_tile);
+// Attention time of one chunk: its reads at kv_seconds_per_token.
 double nano_attention_seconds(const NanoCost& cost, const ChunkWork& chunk);
 // The pipeline's time for nano-batches with GEMM times gx, gy and attention times ax, ay.
 double nano_pipeline_seconds(const NanoCost& cost, double gx, double ax, double gy, double ay);

@@ -1,0 +1,92 @@
+// NanoFlow §5.5's automatic parameter search for the two-lane nano-batch pipeline
+// (nano_split.h): where to cut a step, and how many SMs the GEMM phases and the attention
+// phases each get (§5.1's execution-unit scheduling), from offline profiles of each phase's
+// time against its SM count. Pure host code, tested without a GPU.
+//
+// The pipeline's dependencies per layer l (nano_pipeline.cc, NanoFlow Fig. 5/6):
+//   X.G(l) -> X.A(l) -> X.G(l+1) on lane X, the same on lane Y;
+//   X.G(l) -> Y.G(l) -> X.G(l+1): the GEMM phases take turns (one GEMM phase at a time);
+//   X.A(l) -> Y.A(l) -> X.A(l+1): so do the attentions (both read at the memory's bandwidth).
+// So X.A(l) runs beside Y.G(l) and Y.A(l) beside X.G(l+1). With the GEMMs limited to g SMs and
+// the attention to a SMs, g + a <= the GPU's SMs, overlapped kernels never oversubscribe the
+// SMs, and each phase takes its profiled time at its SM count (NanoFlow's premise; whether our
+// kernels keep it is what a GPU run of `blend profile --backend cuda` has to show). A step's
+// time is the critical path of that graph through every layer.
+//
+// The search (§5.5): from an even split of the SMs, move `step` SMs to the phase kind with the
+// most time on the critical path, taking them from the other, while the critical path
+// shortens (and the other way when that way does not: a saturated memory-bound kernel gains
+// nothing from more SMs, yet the GEMMs on the path gain from its spare ones); do this for
+// every cut of the step and keep the shortest. A cut is taken only when it beats the step run
+// whole on every SM.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "backend/cuda/nano_split.h"
+
+namespace blend::cuda {
+
+// One phase kind's seconds per layer, measured at a grid of work sizes and SM counts: GEMM
+// phases by tokens, attention phases by KV tokens read (nano_attention_reads).
+struct PhaseProfile {
+  std::vector<double> work;     // ascending, > 0
+  std::vector<int32_t> sms;     // ascending, >= 1
+  std::vector<double> seconds;  // [work][sms], row-major; finite, >= 0
+
+  // Throws blend::Error naming `what` unless the grid is well formed.
+  void check(const char* what) const;
+  // Linear between measured points in both directions; SM counts outside the grid take the
+  // nearest measured count; work past the last point extends the last two points' line, and
+  // work below the first takes the first point's time (a phase's floor).
+  double seconds_at(double work, int32_t sm_count) const;
+};
+
+struct NanoProfile {
+  int32_t total_sms = 0;  // the GPU's multiprocessors
+  int32_t layers = 0;
+  double prefill_kv_tile = 64;  // as NanoCost::prefill_kv_tile
+  PhaseProfile gemm, attention;
+
+  void check() const;
+};
+
+// The critical path of the pipeline above through `layers` layers, for phases of the given
+// per-layer seconds (GEMM phases: layers + 1 of them per lane; attentions: layers). Also the
+// path's GEMM and attention seconds, which the search reads to choose whom to give SMs.
+struct CriticalPath {
+  double seconds = 0;
+  double gemm_seconds = 0;
+  double attention_seconds = 0;
+};
+CriticalPath nano_critical_path(double gx, double ax, double gy, double ay, int32_t layers);
+
+struct NanoPlan {
+  int32_t cut = 0;            // chunks [0, cut) are X; 0 = run the step whole
+  int32_t gemm_sms = 0;       // the GEMM phases' SM limit (0 when not cut)
+  int32_t attention_sms = 0;  // the attention phases' SM limit (0 when not cut)
+  double seconds = 0;         // the plan's predicted step time
+  double sequential_s = 0;    // the step run whole on every SM
+  int32_t moves = 0;          // SM moves the greedy search accepted for the chosen cut
+};
+
+// The greedy SM split for one cut: X and Y's tokens and attention reads.
+NanoPlan search_sm_split(const NanoProfile& profile, double x_tokens, double x_reads,
+                         double y_tokens, double y_reads, int32_t step);
+
+// §5.5 over every cut of `chunks`: the shortest plan, cut only where it takes at most
+// `min_ratio` of the whole step. `step`: SMs moved at a time (>= 1).
+NanoPlan autosearch(std::span<const ChunkWork> chunks, const NanoProfile& profile, int32_t step = 4,
+                    double min_ratio = 0.95);
+
+// The profile's file form (what `blend profile --backend cuda` is to write, and the backend to
+// read): {"total_sms", "layers", "prefill_kv_tile", "gemm": {"work", "sms", "seconds"},
+// "attention": {...}}. from_json checks it (blend::Error).
+nlohmann::json nano_profile_to_json(const NanoProfile& profile);
+NanoProfile nano_profile_from_json(const nlohmann::json& j);
+
+}  // namespace blend::cuda
