@@ -43,7 +43,11 @@ void PhaseProfile::check(const char* what) const {
 }
 
 double PhaseProfile::seconds_at(double w, int32_t sm_count) const {
-  const auto [s, fs] = bracket(sms, std::clamp<double>(sm_count, sms.front(), sms.back()));
+  // Plain variables, not a structured binding: clang before 16 cannot capture one.
+  const std::pair<size_t, double> at_sms =
+      bracket(sms, std::clamp<double>(sm_count, sms.front(), sms.back()));
+  const size_t s = at_sms.first;
+  const double fs = at_sms.second;
   auto at_work_row = [&](size_t row) {
     const double* r = seconds.data() + row * sms.size();
     return sms.size() == 1 ? r[0] : r[s] + fs * (r[s + 1] - r[s]);
