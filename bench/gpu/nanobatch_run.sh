@@ -24,16 +24,20 @@ run_start nanobatch_run
 run_cuda_tests
 make_8b_folder
 
-# A combination is nano/attention/gemm_sms: BLEND_CUDA_NANO_BATCHES, BLEND_CUDA_ATTENTION and
-# BLEND_CUDA_NANO_GEMM_SMS (the pipelined step's GEMMs on at most that many SMs; 0 = all).
+# A combination is nano/attention/gemm_sms[/split]: BLEND_CUDA_NANO_BATCHES,
+# BLEND_CUDA_ATTENTION, BLEND_CUDA_NANO_GEMM_SMS (the pipelined step's GEMMs on at most that
+# many SMs; 0 = all) and BLEND_CUDA_NANO_SM_SPLIT (cublas, the default: cuBLAS's SM target on
+# the GEMMs alone; green: green contexts, GEMM phases on gemm_sms SMs and attention on the
+# rest), e.g. COMBOS="off/default/0 always/default/0 always/default/96/green always/default/66/green".
 COMBOS="${COMBOS:-off/default/0 auto/default/0 always/default/0}"
 MIXED="${MIXED:-256:512,256:1024,128:1024,64:1024}"
 DECODE="${DECODE:-64,256}"
 run_combo() {  # combination, then the command
   local c="$1"
   shift
-  IFS=/ read -r nano attention sms <<<"$c"
-  BLEND_CUDA_NANO_BATCHES=$nano BLEND_CUDA_ATTENTION=$attention BLEND_CUDA_NANO_GEMM_SMS=${sms:-0} "$@"
+  IFS=/ read -r nano attention sms split <<<"$c"
+  BLEND_CUDA_NANO_BATCHES=$nano BLEND_CUDA_ATTENTION=$attention BLEND_CUDA_NANO_GEMM_SMS=${sms:-0} \
+    BLEND_CUDA_NANO_SM_SPLIT=${split:-cublas} "$@"
 }
 if [ -x /tmp/blend/bin/cuda_forward_bench ] && [ -f "$model/config.json" ]; then
   for c in $COMBOS; do

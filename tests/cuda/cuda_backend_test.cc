@@ -21,6 +21,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/knobs.h"
 #include "backend/cuda/nano_split.h"
+#include "backend/cuda/sm_partition.h"
 #include "core/error.h"
 #include "model/presets.h"
 #include "model/random_init.h"
@@ -320,15 +321,43 @@ class ScopedEnv {
     if (!cuda_device_available(&why)) GTEST_SKIP() << "no GPU: " << why; \
   } while (0)
 
+// Green contexts: on a GPU the SMs split at the asked count (rounded up by the driver) with
+// some left for the other group, and a split that leaves none is refused; without a GPU the
+// partition refuses with the reason.
+TEST(SmPartition, SplitsTheSmsOrRefusesWithTheReason) {
+  std::string why;
+  if (!cuda_device_available(&why)) {
+    EXPECT_THROW(cuda::SmPartition{8}, Error);
+    return;
+  }
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  cuda::SmPartition p(16);
+  EXPECT_GE(p.sms(0), 16);
+  EXPECT_GT(p.sms(1), 0);
+  EXPECT_LE(p.sms(0) + p.sms(1), sms);
+  EXPECT_NE(p.make_stream(0), nullptr);
+  EXPECT_NE(p.make_stream(1), nullptr);
+  EXPECT_THROW(cuda::SmPartition{sms}, Error);
+}
+
 // A value each environment knob refuses (the knob tests, with and without a GPU).
 const std::vector<std::pair<std::string, std::string>>& bad_knob_values() {
   static const std::vector<std::pair<std::string, std::string>> values = {
-      {"BLEND_CUDA_ATTENTION", "fast"},     {"BLEND_CUDA_PREFILL", "flash"},
-      {"BLEND_CUDA_GATE_UP", "f16"},        {"BLEND_CUDA_KV_LAYOUT", "head"},
-      {"BLEND_CUDA_DECODE_SPLITS", "0"},    {"BLEND_CUDA_DECODE_SPLITS", "4x"},
-      {"BLEND_CUDA_DECODE_GRID", "rows"},   {"BLEND_CUDA_NANO_BATCHES", "yes"},
-      {"BLEND_CUDA_NANO_GEMM_SMS", "-1"},   {"BLEND_CUDA_NANO_INTERFERENCE", "high"},
-      {"BLEND_CUDA_NANO_INTERFERENCE", "3"}};
+      {"BLEND_CUDA_ATTENTION", "fast"},
+      {"BLEND_CUDA_PREFILL", "flash"},
+      {"BLEND_CUDA_GATE_UP", "f16"},
+      {"BLEND_CUDA_KV_LAYOUT", "head"},
+      {"BLEND_CUDA_DECODE_SPLITS", "0"},
+      {"BLEND_CUDA_DECODE_SPLITS", "4x"},
+      {"BLEND_CUDA_DECODE_GRID", "rows"},
+      {"BLEND_CUDA_NANO_BATCHES", "yes"},
+      {"BLEND_CUDA_NANO_GEMM_SMS", "-1"},
+      {"BLEND_CUDA_NANO_INTERFERENCE", "high"},
+      {"BLEND_CUDA_NANO_INTERFERENCE", "3"},
+      {"BLEND_CUDA_NANO_SM_SPLIT", "mps"},
+      // green without a pipelined step or without an SM count to split at
+      {"BLEND_CUDA_NANO_SM_SPLIT", "green"}};
   return values;
 }
 
@@ -341,6 +370,7 @@ TEST(CudaKnobs, ReadsKnownValuesAndRefusesUnknownOnes) {
     EXPECT_EQ(k.prefill, cuda::PrefillKernel::kMma);
     EXPECT_FALSE(k.gate_up_bf16);
     EXPECT_EQ(k.nano, cuda::NanoMode::kOff);
+    EXPECT_FALSE(k.nano_green);
     EXPECT_FALSE(k.nano_interference.has_value());
   }
   {
@@ -352,6 +382,7 @@ TEST(CudaKnobs, ReadsKnownValuesAndRefusesUnknownOnes) {
                    {"BLEND_CUDA_DECODE_GRID", "heads"},
                    {"BLEND_CUDA_NANO_BATCHES", "auto"},
                    {"BLEND_CUDA_NANO_GEMM_SMS", "100"},
+                   {"BLEND_CUDA_NANO_SM_SPLIT", "green"},
                    {"BLEND_CUDA_NANO_INTERFERENCE", "0.71"}});
     const cuda::Knobs k = cuda::read_knobs();
     EXPECT_EQ(k.attention, cuda::AttentionKernel::kWarps);
@@ -362,6 +393,7 @@ TEST(CudaKnobs, ReadsKnownValuesAndRefusesUnknownOnes) {
     EXPECT_TRUE(k.decode_heads_fastest);
     EXPECT_EQ(k.nano, cuda::NanoMode::kAuto);
     EXPECT_EQ(k.nano_gemm_sms, 100);
+    EXPECT_TRUE(k.nano_green);
     EXPECT_DOUBLE_EQ(k.nano_interference.value_or(-1), 0.71);
   }
   for (const auto& [name, value] : bad_knob_values()) {
@@ -446,6 +478,7 @@ struct Case {
   std::string nano_sms = "0";         // BLEND_CUDA_NANO_GEMM_SMS
   std::string prefill = "mma";        // BLEND_CUDA_PREFILL
   std::string gate_up = "f32";        // BLEND_CUDA_GATE_UP
+  std::string sm_split = "cublas";    // BLEND_CUDA_NANO_SM_SPLIT
 };
 
 class CudaMatchesCpu : public ::testing::TestWithParam<Case> {};
@@ -466,7 +499,8 @@ TEST_P(CudaMatchesCpu, LogitsOfMixedSteps) {
                    {"BLEND_CUDA_NANO_BATCHES", p.nano},
                    {"BLEND_CUDA_NANO_GEMM_SMS", p.nano_sms},
                    {"BLEND_CUDA_PREFILL", p.prefill},
-                   {"BLEND_CUDA_GATE_UP", p.gate_up}});
+                   {"BLEND_CUDA_GATE_UP", p.gate_up},
+                   {"BLEND_CUDA_NANO_SM_SPLIT", p.sm_split}});
     gpu = make_cuda_backend(m.config, m.store, options());
   }
   EXPECT_EQ(gpu->compute_dtype(), cpu->compute_dtype());
@@ -539,7 +573,12 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"hd128", DType::kBF16, 2e-2, "default", "page", "fill", "tokens", "off", "0", "mma",
              "bf16"},
         Case{"qwen2", DType::kBF16, 2e-2, "default", "page", "fill", "tokens", "always", "0", "mma",
-             "bf16"}),
+             "bf16"},
+        // The pipeline on green contexts: GEMM phases on 64 (or 32) SMs, attention on the rest.
+        Case{"hd128", DType::kBF16, 2e-2, "default", "page", "fill", "tokens", "always", "64",
+             "mma", "f32", "green"},
+        Case{"mistral", DType::kF32, 1e-4, "warps", "page", "fill", "tokens", "always", "32", "mma",
+             "f32", "green"}),
     [](const ::testing::TestParamInfo<Case>& i) {
       std::string name = i.param.variant + (i.param.dtype == DType::kF32 ? "_f32_" : "_bf16_") +
                          i.param.attention + "_" + i.param.layout + "_splits_" + i.param.splits +
@@ -547,7 +586,8 @@ INSTANTIATE_TEST_SUITE_P(
                          (i.param.nano == "off" ? "" : "_nano_" + i.param.nano) +
                          (i.param.nano_sms == "0" ? "" : "_sms_" + i.param.nano_sms) +
                          (i.param.prefill == "mma" ? "" : "_prefill_" + i.param.prefill) +
-                         (i.param.gate_up == "f32" ? "" : "_gate_up_" + i.param.gate_up);
+                         (i.param.gate_up == "f32" ? "" : "_gate_up_" + i.param.gate_up) +
+                         (i.param.sm_split == "cublas" ? "" : "_" + i.param.sm_split);
       std::replace(name.begin(), name.end(), '-', '_');
       return name;
     });

@@ -118,6 +118,15 @@ CudaBackendImpl::CudaBackendImpl(const ModelConfig& config, const TensorStore& s
                    "cublasSetSmCountTarget");
   }
   stream_ = lanes_[0].stream;
+  if (knobs.nano_green) {
+    sm_partition_ = std::make_unique<SmPartition>(nano_gemm_sms_);
+    for (Lane& lane : lanes_) {
+      lane.gemm_stream = sm_partition_->make_stream(0);
+      lane.attention_stream = sm_partition_->make_stream(1);
+      check_cublas(cublasCreate(&lane.green_blas), "cublasCreate");
+      check_cublas(cublasSetStream(lane.green_blas, lane.gemm_stream), "cublasSetStream");
+    }
+  }
 
   const LlamaTensors tensors = bind_llama_tensors(config_, store);
   for (const LlamaLayerTensors& t : tensors.layers) {
@@ -162,7 +171,10 @@ CudaBackendImpl::CudaBackendImpl(const ModelConfig& config, const TensorStore& s
                  knobs.nano_name.c_str(), nano_cost_.gemm_seconds_per_token * 1e6,
                  nano_cost_.weight_seconds * 1e3, nano_cost_.kv_seconds_per_token * 1e9,
                  nano_cost_.interference, nano_gemm_sms_);
-    for (size_t i = 0; i < 2 * (layers_.size() + 1) + 2; ++i) {
+    if (sm_partition_)
+      std::fprintf(stderr, "cuda backend: green contexts: GEMM phases on %d SMs, attention on %d\n",
+                   sm_partition_->sms(0), sm_partition_->sms(1));
+    for (size_t i = 0; i < kPhaseEventKinds * (layers_.size() + 1) + 2; ++i) {
       cudaEvent_t e = nullptr;
       check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
       phase_events_.push_back(e);
@@ -180,6 +192,7 @@ CudaBackendImpl::~CudaBackendImpl() {
   for (Lane& lane : lanes_) {
     if (lane.blas) cublasDestroy(lane.blas);
     if (lane.nano_blas) cublasDestroy(lane.nano_blas);
+    if (lane.green_blas) cublasDestroy(lane.green_blas);
     if (lane.stream) cudaStreamDestroy(lane.stream);
   }
 }
@@ -330,6 +343,8 @@ CudaBackendImpl::LaneStep CudaBackendImpl::prepare(Lane& lane, const ForwardBatc
   LaneStep s;
   s.lane = &lane;
   s.blas = lane.blas;
+  s.stream = lane.stream;
+  s.attention_stream = lane.stream;
   s.view = {.tokens = meta + layout.tokens,
             .positions = meta + layout.positions,
             .token_chunk = meta + layout.token_chunk,
@@ -373,7 +388,7 @@ CudaBackendImpl::LaneStep CudaBackendImpl::prepare(Lane& lane, const ForwardBatc
 }
 
 void CudaBackendImpl::StepOps::embed() {
-  cuda::embed(s.view, b.embed_.get(), b.embed_elem_, b.config_.hidden_size, s.x, s.lane->stream);
+  cuda::embed(s.view, b.embed_.get(), b.embed_elem_, b.config_.hidden_size, s.x, s.stream);
   b.mark(&CudaOpTimes::embed);
 }
 
@@ -381,7 +396,7 @@ void CudaBackendImpl::StepOps::norm(int64_t layer, llama::Norm which) {
   const Layer& l = b.layers_[static_cast<size_t>(layer)];
   const DeviceBuffer& weight = which == llama::Norm::kAttention ? l.attn_norm : l.mlp_norm;
   cuda::rmsnorm(s.x, nullptr, s.m, b.config_.hidden_size, weight.get<float>(),
-                static_cast<float>(b.config_.rms_norm_eps), s.xn, b.elem_, s.lane->stream);
+                static_cast<float>(b.config_.rms_norm_eps), s.xn, b.elem_, s.stream);
   b.mark(&CudaOpTimes::norm);
 }
 
@@ -393,7 +408,7 @@ void CudaBackendImpl::StepOps::project(int64_t layer, llama::Projection which) {
     case llama::Projection::kQkv:
       b.gemm(s.blas, s.xn, s.m, l.qkv, b.qkv_width(), h, s.qkv, false);
       if (c.attention_bias)
-        cuda::add_bias(s.qkv, s.m, b.qkv_width(), l.qkv_bias.get<float>(), s.lane->stream);
+        cuda::add_bias(s.qkv, s.m, b.qkv_width(), l.qkv_bias.get<float>(), s.stream);
       b.mark(&CudaOpTimes::qkv);
       return;
     case llama::Projection::kO:
@@ -413,8 +428,7 @@ void CudaBackendImpl::StepOps::project(int64_t layer, llama::Projection which) {
 
 void CudaBackendImpl::StepOps::rope_write_kv(int64_t layer) {
   cuda::rope_write_kv(s.view, s.qkv, b.qkv_width(), static_cast<int32_t>(b.config_.num_heads),
-                      b.inv_freq_.get<double>(), b.kv_, static_cast<int32_t>(layer),
-                      s.lane->stream);
+                      b.inv_freq_.get<double>(), b.kv_, static_cast<int32_t>(layer), s.stream);
   b.mark(&CudaOpTimes::rope_kv);
 }
 
@@ -422,13 +436,12 @@ void CudaBackendImpl::StepOps::attention(int64_t layer) {
   cuda::attention(s.view, s.qkv, b.qkv_width(), b.kv_, static_cast<int32_t>(layer),
                   static_cast<int32_t>(b.config_.num_heads),
                   static_cast<int32_t>(b.config_.sliding_window.value_or(0)), s.attn, b.elem_,
-                  b.attention_kernel_, b.prefill_kernel_, s.scratch, s.lane->stream);
+                  b.attention_kernel_, b.prefill_kernel_, s.scratch, s.attention_stream);
   b.mark(&CudaOpTimes::attention);
 }
 
 void CudaBackendImpl::StepOps::swiglu() {
-  cuda::swiglu(s.gu, b.gate_up_elem_, s.m, b.config_.intermediate_size, s.act, b.elem_,
-               s.lane->stream);
+  cuda::swiglu(s.gu, b.gate_up_elem_, s.m, b.config_.intermediate_size, s.act, b.elem_, s.stream);
   b.mark(&CudaOpTimes::act);
 }
 
@@ -436,7 +449,7 @@ void CudaBackendImpl::StepOps::head() {
   const int64_t r = s.view.num_logit_rows;
   if (r > 0) {
     cuda::rmsnorm(s.x, s.view.logit_rows, r, b.config_.hidden_size, b.final_norm_.get<float>(),
-                  static_cast<float>(b.config_.rms_norm_eps), s.xn, b.elem_, s.lane->stream);
+                  static_cast<float>(b.config_.rms_norm_eps), s.xn, b.elem_, s.stream);
     b.gemm(s.blas, s.xn, r, b.lm_head_, b.config_.vocab_size, b.config_.hidden_size, logits, false);
   }
   b.mark(&CudaOpTimes::lm_head);

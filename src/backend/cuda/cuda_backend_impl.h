@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/knobs.h"
 #include "backend/cuda/nano_split.h"
+#include "backend/cuda/sm_partition.h"
 #include "backend/llama_forward.h"
 #include "model/weights.h"
 
@@ -75,12 +77,19 @@ class CudaBackendImpl final : public CudaBackend {
     // The GEMMs of a pipelined step: on at most nano_gemm_sms_ SMs (cublasSetSmCountTarget),
     // leaving the rest to the other lane's attention (NanoFlow §4.3's execution-unit split).
     cublasHandle_t nano_blas = nullptr;
+    // With BLEND_CUDA_NANO_SM_SPLIT=green: the lane's GEMM phases on a stream of the GEMMs' SM
+    // group (and a cuBLAS handle on it), its attention on a stream of the other group.
+    cudaStream_t gemm_stream = nullptr, attention_stream = nullptr;
+    cublasHandle_t green_blas = nullptr;
     DeviceBuffer meta, x, xn, qkv, attn, gu, act, decode_scratch;
   };
   // Chunks [first, end) of a step on one lane: the batch uploaded, the buffers reserved.
   struct LaneStep {
     Lane* lane = nullptr;
     cublasHandle_t blas = nullptr;  // lane->blas, or lane->nano_blas in a pipelined step
+    // Where the step's kernels go: the lane's stream, or in a green pipelined step the GEMM
+    // phases (everything but attention) and the attention on their SM groups' streams.
+    cudaStream_t stream = nullptr, attention_stream = nullptr;
     cuda::BatchView view;
     cuda::DecodeScratch scratch;
     int64_t m = 0;
@@ -143,8 +152,13 @@ class CudaBackendImpl final : public CudaBackend {
   // BLEND_CUDA_NANO_BATCHES: off, auto (split where the cost model predicts a gain) or always.
   cuda::NanoMode nano_mode_ = cuda::NanoMode::kOff;
   cuda::NanoCost nano_cost_;
-  int nano_gemm_sms_ = 0;                  // BLEND_CUDA_NANO_GEMM_SMS; 0: every SM
-  std::vector<cudaEvent_t> phase_events_;  // nano-batch phase ends (no timing)
+  int nano_gemm_sms_ = 0;  // BLEND_CUDA_NANO_GEMM_SMS; 0: every SM
+  // Nano-batch phase ends (no timing): per lane its GEMM phases' and attentions' ends, layers + 1
+  // of each kind (nano_pipeline.cc), then two for the step's start and end.
+  static constexpr size_t kPhaseEventKinds = 4;
+  std::vector<cudaEvent_t> phase_events_;
+  // BLEND_CUDA_NANO_SM_SPLIT=green: group 0 the GEMMs' nano_gemm_sms_, group 1 the rest.
+  std::unique_ptr<SmPartition> sm_partition_;
   DeviceBuffer embed_, final_norm_, lm_head_, inv_freq_;
   cuda::KvView kv_;
   cuda::AttentionKernel attention_kernel_ = cuda::AttentionKernel::kDefault;

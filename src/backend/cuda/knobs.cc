@@ -74,6 +74,11 @@ Knobs read_knobs() {
   const auto n = whole_number(sms, 0, 1024);
   if (!n) throw Error("BLEND_CUDA_NANO_GEMM_SMS=" + sms + ": expected a number of SMs (0: all)");
   k.nano_gemm_sms = static_cast<int>(*n);
+  k.nano_green = choose<bool>("BLEND_CUDA_NANO_SM_SPLIT", {{"cublas", false}, {"green", true}});
+  if (k.nano_green && (k.nano == NanoMode::kOff || k.nano_gemm_sms == 0))
+    throw Error(
+        "BLEND_CUDA_NANO_SM_SPLIT=green splits the SMs of pipelined steps: it needs "
+        "BLEND_CUDA_NANO_BATCHES auto or always and BLEND_CUDA_NANO_GEMM_SMS > 0");
   const std::string interference = env_or("BLEND_CUDA_NANO_INTERFERENCE", "");
   if (!interference.empty()) {
     char* end = nullptr;

@@ -36,6 +36,10 @@ struct Knobs {
   NanoMode nano = NanoMode::kOff;
   std::string nano_name = "off";
   int nano_gemm_sms = 0;  // BLEND_CUDA_NANO_GEMM_SMS: a pipelined step's GEMMs on N SMs; 0 all
+  // BLEND_CUDA_NANO_SM_SPLIT: how that limit is held. cublas: cuBLAS's SM count target on the
+  // GEMMs alone (the attention may use every SM); green: green contexts, the GEMM phases on a
+  // group of N SMs and the attention on the rest (NanoFlow §5.1; sm_partition.h).
+  bool nano_green = false;
   std::optional<double> nano_interference;  // BLEND_CUDA_NANO_INTERFERENCE, in [0, 2]
 };
 

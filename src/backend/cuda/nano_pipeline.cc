@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/cuda_backend_impl.h"
@@ -17,6 +18,10 @@ namespace blend::cuda {
 // runs beside the other nano-batch's GEMM phase. Nothing else is shared: the nano-batches hold
 // different sequences, whose KV writes go to different slots (the radix cache holds only KV
 // computed in earlier steps), and each lane has its own activations and cuBLAS handle.
+// With BLEND_CUDA_NANO_SM_SPLIT=green (NanoFlow §5.1), a lane's GEMM phases and its attentions
+// run on two streams of two SM groups (sm_partition.h), ordered by events: X.A(l) after X.G(l),
+// X.G(l+1) after X.A(l), and the same for Y; the GEMM phases still take turns. Then an
+// attention and the other lane's GEMMs never share an SM.
 void CudaBackendImpl::run_nano_batches(const ForwardBatch& batch, size_t cut, float* logits) {
   Lane& lx = lanes_[0];
   Lane& ly = lanes_[1];
@@ -29,12 +34,22 @@ void CudaBackendImpl::run_nano_batches(const ForwardBatch& batch, size_t cut, fl
   timing_ = false;
   LaneStep x = prepare(lx, batch, 0, cut);
   LaneStep y = prepare(ly, batch, cut, batch.chunks.size());
-  x.blas = lx.nano_blas;
-  y.blas = ly.nano_blas;
-  const size_t layers = layers_.size();
-  cudaEvent_t* gx = phase_events_.data();               // [layers + 1]: X.G(l) done
-  cudaEvent_t* gy = phase_events_.data() + layers + 1;  // [layers + 1]: Y.G(l) done
-  cudaEvent_t joined = phase_events_[2 * layers + 2], started = phase_events_[2 * layers + 3];
+  // With green contexts each lane's GEMM phases and attentions go to its two SM groups'
+  // streams; without, everything to the lane's stream, GEMMs under cuBLAS's SM target.
+  const bool green = sm_partition_ != nullptr;
+  for (auto [s, lane] : {std::pair{&x, &lx}, std::pair{&y, &ly}}) {
+    s->blas = green ? lane->green_blas : lane->nano_blas;
+    if (green) {
+      s->stream = lane->gemm_stream;
+      s->attention_stream = lane->attention_stream;
+    }
+  }
+  const size_t layers = layers_.size(), n = layers + 1;
+  cudaEvent_t* gx = phase_events_.data();          // X.G(l) done
+  cudaEvent_t* gy = phase_events_.data() + n;      // Y.G(l) done
+  cudaEvent_t* ax = phase_events_.data() + 2 * n;  // X.A(l) done (green only)
+  cudaEvent_t* ay = phase_events_.data() + 3 * n;  // Y.A(l) done (green only)
+  cudaEvent_t joined = phase_events_[4 * n], started = phase_events_[4 * n + 1];
   // Y's logits follow X's rows.
   StepOps ox{*this, x, logits}, oy{*this, y, logits + x.view.num_logit_rows * config_.vocab_size};
   auto record = [](cudaEvent_t e, cudaStream_t st) {
@@ -45,20 +60,41 @@ void CudaBackendImpl::run_nano_batches(const ForwardBatch& batch, size_t cut, fl
   };
   record(started, lx.stream);  // Y follows what stream_ had queued before this step
   wait(ly.stream, started);
-  const auto n = static_cast<int64_t>(layers);
+  if (green) {  // the group streams follow their lane's stream (its batch upload included)
+    record(joined, ly.stream);  // reused: a wait takes the event as recorded at the call
+    for (cudaStream_t st : {x.stream, x.attention_stream}) wait(st, started);
+    for (cudaStream_t st : {y.stream, y.attention_stream}) wait(st, joined);
+  }
+  const auto last = static_cast<int64_t>(layers);
   for (size_t l = 0; l <= layers; ++l) {
     const auto phase = static_cast<int64_t>(l);
-    if (l > 0) wait(lx.stream, gy[l - 1]);
-    llama::gemm_phase(ox, phase, n);
-    record(gx[l], lx.stream);
-    if (l < layers) ox.attention(phase);
-    wait(ly.stream, gx[l]);
-    llama::gemm_phase(oy, phase, n);
-    record(gy[l], ly.stream);
-    if (l < layers) oy.attention(phase);
+    if (l > 0) {
+      wait(x.stream, gy[l - 1]);
+      if (green) wait(x.stream, ax[l - 1]);
+    }
+    llama::gemm_phase(ox, phase, last);
+    record(gx[l], x.stream);
+    if (l < layers) {
+      if (green) wait(x.attention_stream, gx[l]);
+      ox.attention(phase);
+      if (green) record(ax[l], x.attention_stream);
+    }
+    wait(y.stream, gx[l]);
+    if (green && l > 0) wait(y.stream, ay[l - 1]);
+    llama::gemm_phase(oy, phase, last);
+    record(gy[l], y.stream);
+    if (l < layers) {
+      if (green) wait(y.attention_stream, gy[l]);
+      oy.attention(phase);
+      if (green) record(ay[l], y.attention_stream);
+    }
   }
-  record(joined, ly.stream);
+  record(joined, y.stream);
   wait(lx.stream, joined);  // stream_ (lane 0) now follows all of Y's work
+  if (green) {
+    wait(lx.stream, gx[layers]);  // ... and X's, which ran on its groups' streams
+    wait(ly.stream, joined);      // Y's next batch upload waits for this step's Y
+  }
 }
 
 cuda::NanoCost CudaBackendImpl::measure_nano_cost() {
