@@ -6,7 +6,9 @@
 // The pipeline's dependencies per layer l (nano_pipeline.cc, NanoFlow Fig. 5/6):
 //   X.G(l) -> X.A(l) -> X.G(l+1) on lane X, the same on lane Y;
 //   X.G(l) -> Y.G(l) -> X.G(l+1): the GEMM phases take turns (one GEMM phase at a time);
-//   X.A(l) -> Y.A(l) -> X.A(l+1): so do the attentions (both read at the memory's bandwidth).
+//   X.A(l) -> Y.A(l) -> X.A(l+1): the model lets the attentions take turns too (the pipeline
+//   does not order them, but both read at the memory's bandwidth, so side by side each would
+//   take about twice as long).
 // So X.A(l) runs beside Y.G(l) and Y.A(l) beside X.G(l+1). With the GEMMs limited to g SMs and
 // the attention to a SMs, g + a <= the GPU's SMs, overlapped kernels never oversubscribe the
 // SMs, and each phase takes its profiled time at its SM count (NanoFlow's premise; whether our
