@@ -461,6 +461,21 @@ struct CpuBackendImpl::StepOps {
     return static_cast<std::byte*>(buf) + row * cols * static_cast<int64_t>(es);
   }
   const Chain& chain(const RowRun& run) const { return b.blocks_.chains[run.model]; }
+  // Layer l's attention (or FFN) block of a chain; null when the chain ends before it.
+  static const void* block_of(const Chain& c, size_t l, bool attention) {
+    if (attention) return l < c.attention.size() ? c.attention[l] : nullptr;
+    return l < c.ffn.size() ? c.ffn[l] : nullptr;
+  }
+  // The rows whose chains reach that block, in runs merged where `pick` (by default the block
+  // itself) is the same.
+  template <typename Pick>
+  std::vector<RowRun> runs_of(size_t l, bool attention, Pick pick) const {
+    return b.block_runs(
+        runs, [&](const Chain& c) { return block_of(c, l, attention) != nullptr; }, pick);
+  }
+  std::vector<RowRun> runs_of(size_t l, bool attention) const {
+    return runs_of(l, attention, [&](const Chain& c) { return block_of(c, l, attention); });
+  }
 };
 
 CpuBackendImpl::StepOps::StepOps(CpuBackendImpl& backend, const ForwardBatch& step_batch,
@@ -513,11 +528,7 @@ void CpuBackendImpl::StepOps::embed() {
 void CpuBackendImpl::StepOps::norm(int64_t layer, llama::Norm which) {
   const auto l = static_cast<size_t>(layer);
   const bool attention = which == llama::Norm::kAttention;
-  auto has = [&](const Chain& c) { return l < (attention ? c.attention.size() : c.ffn.size()); };
-  auto block = [&](const Chain& c) -> const void* {
-    return attention ? static_cast<const void*>(c.attention[l]) : c.ffn[l];
-  };
-  for (const RowRun& run : b.block_runs(runs, has, block)) {
+  for (const RowRun& run : runs_of(l, attention)) {
     const Chain& c = chain(run);
     const float* weight = attention ? c.attention[l]->norm->data() : c.ffn[l]->norm->data();
     cpu::rmsnorm(x + run.begin * h, h, run.end - run.begin, h, weight, eps, b.compute_,
@@ -530,10 +541,6 @@ void CpuBackendImpl::StepOps::project(int64_t layer, llama::Projection which) {
   using P = llama::Projection;
   const auto l = static_cast<size_t>(layer);
   const bool attention = which == P::kQkv || which == P::kO;
-  auto has = [&](const Chain& c) { return l < (attention ? c.attention.size() : c.ffn.size()); };
-  auto block = [&](const Chain& c) -> const void* {
-    return attention ? static_cast<const void*>(c.attention[l]) : c.ffn[l];
-  };
   // The block's projection and its adapter's delta (null without one).
   auto parts = [&](const Chain& c) -> std::pair<Linear*, const LoraDelta*> {
     switch (which) {
@@ -553,9 +560,9 @@ void CpuBackendImpl::StepOps::project(int64_t layer, llama::Projection which) {
   float* out = which == P::kQkv ? qkv : which == P::kGateUp ? gu : x;
   const bool residual = which == P::kO || which == P::kDown;
   // Base projections run over the rows of every block sharing them, adapters on their own.
-  for (const RowRun& run : b.block_runs(runs, has, weights))
+  for (const RowRun& run : runs_of(l, attention, weights))
     b.linear(*weights(chain(run)), in, run, m, out, residual);
-  for (const RowRun& run : b.block_runs(runs, has, block))
+  for (const RowRun& run : runs_of(l, attention))
     if (const LoraDelta* delta = parts(chain(run)).second) b.lora(*delta, in, run, m, out);
   CpuOpTimes& times = b.times_;
   lap(which == P::kQkv      ? times.qkv

@@ -66,28 +66,22 @@ void CudaBackendImpl::run_nano_batches(const ForwardBatch& batch, size_t cut, fl
     for (cudaStream_t st : {y.stream, y.attention_stream}) wait(st, joined);
   }
   const auto last = static_cast<int64_t>(layers);
+  // One lane's phase l: its GEMM phase once `turn` (the other lane's GEMM phase before it) and,
+  // green, its own attention l-1 are done; then its attention l.
+  auto lane_phase = [&](StepOps& ops, const LaneStep& s, cudaEvent_t* g, cudaEvent_t* a,
+                        cudaEvent_t turn, size_t l) {
+    if (turn) wait(s.stream, turn);
+    if (green && l > 0) wait(s.stream, a[l - 1]);
+    llama::gemm_phase(ops, static_cast<int64_t>(l), last);
+    record(g[l], s.stream);
+    if (l == layers) return;
+    if (green) wait(s.attention_stream, g[l]);
+    ops.attention(static_cast<int64_t>(l));
+    if (green) record(a[l], s.attention_stream);
+  };
   for (size_t l = 0; l <= layers; ++l) {
-    const auto phase = static_cast<int64_t>(l);
-    if (l > 0) {
-      wait(x.stream, gy[l - 1]);
-      if (green) wait(x.stream, ax[l - 1]);
-    }
-    llama::gemm_phase(ox, phase, last);
-    record(gx[l], x.stream);
-    if (l < layers) {
-      if (green) wait(x.attention_stream, gx[l]);
-      ox.attention(phase);
-      if (green) record(ax[l], x.attention_stream);
-    }
-    wait(y.stream, gx[l]);
-    if (green && l > 0) wait(y.stream, ay[l - 1]);
-    llama::gemm_phase(oy, phase, last);
-    record(gy[l], y.stream);
-    if (l < layers) {
-      if (green) wait(y.attention_stream, gy[l]);
-      oy.attention(phase);
-      if (green) record(ay[l], y.attention_stream);
-    }
+    lane_phase(ox, x, gx, ax, l > 0 ? gy[l - 1] : nullptr, l);
+    lane_phase(oy, y, gy, ay, gx[l], l);
   }
   record(joined, y.stream);
   wait(lx.stream, joined);  // stream_ (lane 0) now follows all of Y's work

@@ -53,8 +53,8 @@ double PhaseProfile::seconds_at(double w, int32_t sm_count) const {
     return sms.size() == 1 ? r[0] : r[s] + fs * (r[s + 1] - r[s]);
   };
   if (w <= work.front()) return at_work_row(0);
+  if (work.size() == 1) return at_work_row(0) * w / work.front();  // one point: proportional
   const auto [i, fw] = bracket(work, w);  // past the last point fw > 1: the line extends
-  if (work.size() == 1) return at_work_row(0) * w / work.front();
   const double lo = at_work_row(i), hi = at_work_row(i + 1);
   return std::max(0.0, lo + fw * (hi - lo));
 }

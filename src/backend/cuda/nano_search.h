@@ -44,7 +44,8 @@ struct PhaseProfile {
   void check(const char* what) const;
   // Linear between measured points in both directions; SM counts outside the grid take the
   // nearest measured count; work past the last point extends the last two points' line, and
-  // work below the first takes the first point's time (a phase's floor).
+  // work below the first takes the first point's time (a phase's floor); with a single work
+  // size, time grows in proportion past it.
   double seconds_at(double work, int32_t sm_count) const;
 };
 
