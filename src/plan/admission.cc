@@ -121,25 +121,20 @@ void PacedWork::started(int32_t request) {
   waiting_.dense -= dense_[i];
   waiting_.occupancy -= remaining_token_steps(prompt_[i], occupancy_output_[i], 0);
   waiting_outputs_.erase(waiting_outputs_.find(output_[i]));
-  pending_prompt_tokens_ += unique_prompt_tokens(i);
+  admitted_.handed_out(unique_prompt_tokens(i));
 }
 
 void PacedWork::progressed(int32_t request, double generated_tokens) {
   const auto i = static_cast<size_t>(request);
-  if (generated_[i] == 0 && generated_tokens > 0 && slot_[i] >= 0) {
-    pending_prompt_tokens_ = std::max(0.0, pending_prompt_tokens_ - unique_prompt_tokens(i));
-    ++decoding_;
-  }
+  if (generated_[i] == 0 && generated_tokens > 0 && slot_[i] >= 0)
+    admitted_.began_decoding(unique_prompt_tokens(i));
   generated_[i] = generated_tokens;
 }
 
 void PacedWork::finished(int32_t request) {
   const auto i = static_cast<size_t>(request);
   if (slot_[i] < 0) return;
-  if (generated_[i] > 0)
-    --decoding_;
-  else
-    pending_prompt_tokens_ = std::max(0.0, pending_prompt_tokens_ - unique_prompt_tokens(i));
+  admitted_.finished(generated_[i] > 0, unique_prompt_tokens(i));
   const auto slot = static_cast<size_t>(slot_[i]);
   running_[slot] = running_.back();
   slot_[static_cast<size_t>(running_[slot])] = static_cast<int32_t>(slot);
@@ -156,10 +151,9 @@ void PacedWork::finished(int32_t request) {
 // on Trace#4; docs/BENCHMARKS.md).
 double PacedWork::admitted_floor() const {
   const double g = std::max(1, options_.granularity);
-  const double running =
-      engine_queues_ ? static_cast<double>(decoding_) : static_cast<double>(running_.size());
-  const double work =
-      options_.sequential_steps ? static_cast<double>(decoding_) + pending_prompt_tokens_ : running;
+  const double running = engine_queues_ ? static_cast<double>(admitted_.decoding)
+                                        : static_cast<double>(running_.size());
+  const double work = options_.sequential_steps ? admitted_.sequential_tokens() : running;
   return std::ceil(work / g) * g;
 }
 
@@ -327,7 +321,7 @@ double DualScanner::admitted_work_floor() const {
   // decodes' memory time, which hides it. The paced b itself rises, and with it the credit the
   // compute-intensive side admits by, so that side admits as fast as the engine computes
   // (raising only the engine's budget left that mix at 783-842 steps).
-  return std::ceil((static_cast<double>(decoding_) + pending_prompt_tokens_) / g) * g;
+  return std::ceil(admitted_.sequential_tokens() / g) * g;
 }
 
 void DualScanner::repace() {
@@ -537,7 +531,7 @@ std::optional<int32_t> DualScanner::next_paced() {
     running_[side].push_back(r);
     add_waiting(i, -1);
     waiting_outputs_.erase(waiting_outputs_.find(estimated_output_[i]));
-    pending_prompt_tokens_ += unique_prompt_tokens(i);
+    admitted_.handed_out(unique_prompt_tokens(i));
     if (side == 0) {
       used_[0] += left_reservation(i);
       left_prompt_credit_ -= unique_prompt_tokens(i);
@@ -609,10 +603,7 @@ void DualScanner::on_finished(int32_t request) {
   const auto i = static_cast<size_t>(request);
   const int s = side_of_[i] == Side::kLeft ? 0 : 1;
   if (pacing_options_.enabled) {
-    if (generated_[i] > 0)
-      --decoding_;
-    else
-      pending_prompt_tokens_ = std::max(0.0, pending_prompt_tokens_ - unique_prompt_tokens(i));
+    admitted_.finished(generated_[i] > 0, unique_prompt_tokens(i));
     if (s == 0)
       used_[0] = std::max(0.0, used_[0] - left_reservation(i));
     else
@@ -639,10 +630,8 @@ void DualScanner::on_finished(int32_t request) {
 void DualScanner::on_progress(int32_t request, double generated_tokens) {
   const size_t r = static_cast<size_t>(request);
   if (pacing_options_.enabled) {  // pacing projects footprints from each request's real age
-    if (generated_[r] == 0 && generated_tokens > 0 && running_slot_[r] >= 0) {
-      pending_prompt_tokens_ = std::max(0.0, pending_prompt_tokens_ - unique_prompt_tokens(r));
-      ++decoding_;
-    }
+    if (generated_[r] == 0 && generated_tokens > 0 && running_slot_[r] >= 0)
+      admitted_.began_decoding(unique_prompt_tokens(r));
     generated_[r] = generated_tokens;
     return;
   }

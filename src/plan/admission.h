@@ -13,6 +13,7 @@
 // [rho(R), rho(L)] all memory goes to the side nearer to it and the partition says so.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -131,6 +132,29 @@ struct Pacing {
   double remaining_occupancy = 0;  // token-steps x KV bytes per token
 };
 
+// The handed-out requests' work that a step budget must cover, kept as requests are handed
+// out, begin to decode and finish (the dual scanner and PacedWork): how many have produced a
+// token, and the unique prompt tokens of those that have not.
+struct AdmittedWork {
+  int64_t decoding = 0;
+  double pending_prompt_tokens = 0;
+
+  void handed_out(double unique_prompt) { pending_prompt_tokens += unique_prompt; }
+  void began_decoding(double unique_prompt) {
+    pending_prompt_tokens = std::max(0.0, pending_prompt_tokens - unique_prompt);
+    ++decoding;
+  }
+  void finished(bool decoded, double unique_prompt) {
+    if (decoded)
+      --decoding;
+    else
+      pending_prompt_tokens = std::max(0.0, pending_prompt_tokens - unique_prompt);
+  }
+  // On a sequential engine every admitted prompt runs at once: a decode token for each request
+  // that decodes and every pending prompt token.
+  double sequential_tokens() const { return static_cast<double>(decoding) + pending_prompt_tokens; }
+};
+
 // Capacity pacing's step budget b (PacingOptions::step_budget above) from the work left: KV
 // capacity in tokens x dense tokens / token-steps, rounded down to the granularity; at most the
 // dense tokens over the longest remaining output, rounded up; at least `floor` (the admitted
@@ -171,8 +195,7 @@ class PacedWork {
   std::vector<int32_t> running_, slot_;
   std::multiset<double> waiting_outputs_;
   WorkLeft waiting_;
-  int64_t decoding_ = 0;
-  double pending_prompt_tokens_ = 0;
+  AdmittedWork admitted_;
   int64_t step_ = -1;
   double budget_ = 0;
 };
@@ -307,10 +330,7 @@ class DualScanner : public AdmissionStream {
   mutable std::vector<double> profile_remaining_, profile_suffix_;
   int64_t step_ = 0, paced_step_ = -1;
   double left_prompt_credit_ = 0;
-  // Handed-out requests that have produced a token, and the unique prompt tokens of those that
-  // have not.
-  int64_t decoding_ = 0;
-  double pending_prompt_tokens_ = 0;
+  AdmittedWork admitted_;  // the handed-out requests' work
 };
 
 }  // namespace blend::plan
