@@ -8,7 +8,8 @@
 #   1. bench/gpu/unpack.sh into /tmp/blend
 #   2. blend_cuda_tests (the nano-batch cases' logits against the cpu backend among them)
 #   3. the llama-3-8b folder (throughput.py's init, reused when present)
-#   4. cuda_forward_bench per COMBOS combination: decode steps of DECODE sequences at 1,024
+#   4. with a profile combination, blend profile --backend cuda --nano -> $OUT/nano_profile.json
+#      cuda_forward_bench per COMBOS combination: decode steps of DECODE sequences at 1,024
 #      cached tokens, a 4 x 512 prefill and MIXED steps (D decodes + a P-token prompt chunk)
 #      -> $OUT/forward_bench.jsonl
 #   5. blend batch --backend cuda at --max-batch-tokens 4096 on each ENGINE_WORK
@@ -28,17 +29,29 @@ make_8b_folder
 # BLEND_CUDA_ATTENTION, BLEND_CUDA_NANO_GEMM_SMS (the pipelined step's GEMMs on at most that
 # many SMs; 0 = all) and BLEND_CUDA_NANO_SM_SPLIT (cublas, the default: cuBLAS's SM target on
 # the GEMMs alone; green: green contexts, GEMM phases on gemm_sms SMs and attention on the
-# rest), e.g. COMBOS="off/default/0 always/default/0 always/default/96/green always/default/66/green".
+# rest; profile: each step's cut and green split from NanoFlow §5.5's autosearch on the phase
+# profile `blend profile --backend cuda --nano` writes first, gemm_sms 0), e.g.
+# COMBOS="off/default/0 always/default/0 always/default/96/green auto/default/0/profile".
 COMBOS="${COMBOS:-off/default/0 auto/default/0 always/default/0}"
 MIXED="${MIXED:-256:512,256:1024,128:1024,64:1024}"
 DECODE="${DECODE:-64,256}"
+NANO_PROFILE="$OUT/nano_profile.json"
 run_combo() {  # combination, then the command
   local c="$1"
   shift
   IFS=/ read -r nano attention sms split <<<"$c"
-  BLEND_CUDA_NANO_BATCHES=$nano BLEND_CUDA_ATTENTION=$attention BLEND_CUDA_NANO_GEMM_SMS=${sms:-0} \
-    BLEND_CUDA_NANO_SM_SPLIT=${split:-cublas} "$@"
+  if [ "${split:-}" = profile ]; then
+    BLEND_CUDA_NANO_BATCHES=$nano BLEND_CUDA_ATTENTION=$attention BLEND_CUDA_NANO_PROFILE="$NANO_PROFILE" "$@"
+  else
+    BLEND_CUDA_NANO_BATCHES=$nano BLEND_CUDA_ATTENTION=$attention BLEND_CUDA_NANO_GEMM_SMS=${sms:-0} \
+      BLEND_CUDA_NANO_SM_SPLIT=${split:-cublas} "$@"
+  fi
 }
+if [[ " $COMBOS ${ENGINE_COMBOS:-} " == */profile[[:space:]]* ]] && [ -f "$model/config.json" ]; then
+  step "blend profile --backend cuda --nano (timeout 120 s)"
+  timeout -k 5 120 "$BLEND" profile --backend cuda --model "$model" --nano "$NANO_PROFILE" 2>&1 | tail -3
+  [ -f "$NANO_PROFILE" ] || echo "no nano-batch profile: the profile combinations will fail"
+fi
 if [ -x /tmp/blend/bin/cuda_forward_bench ] && [ -f "$model/config.json" ]; then
   for c in $COMBOS; do
     [ "$(left)" -lt 150 ] && { echo "forward bench: skipping $c, $(left) s left"; continue; }

@@ -5,10 +5,14 @@
 // timings of real `blend batch` runs) the hardware it writes is fitted on the engine's own steps
 // instead; `--refit PROFILE --steps FILE...` does that fit without timing anything, taking what
 // is measured apart (sampling, swaps, the iteration model) from a profile written earlier.
+// `--backend cuda --nano FILE` (with or without --out) writes NanoFlow §5.5's phase profile,
+// with which BLEND_CUDA_NANO_PROFILE plans pipelined steps (backend/cuda/nano_search.h).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -40,6 +44,7 @@ struct ProfileArgs {
   bool deterministic = false;
   std::vector<std::string> step_timings;  // `blend batch --step-timings` files to fit on
   std::string refit;                      // a profile to refit on step_timings, timing nothing
+  std::string nano;  // cuda: NanoFlow §5.5's phase profile to write (BLEND_CUDA_NANO_PROFILE)
 };
 
 void print_steps_fit(const HardwareFit& fit) {
@@ -98,30 +103,12 @@ void refit_profile(const ProfileArgs& args, const std::vector<MeasuredStep>& ste
   write_json(args.out, j);
 }
 
-void run_profile(const ProfileArgs& args) {
-  std::vector<MeasuredStep> steps;  // read first: a bad file fails before minutes of timing
-  for (const std::string& path : args.step_timings) {
-    const std::vector<MeasuredStep> more = read_step_timings(path);
-    // A run's first step carries the backend's one-time start-up (cuBLAS's first calls: 0.17 s
-    // against 35 ms steps on an H100), which would pull a least-squares fit far off.
-    steps.insert(steps.end(), more.begin() + (more.size() > 1 ? 1 : 0), more.end());
-  }
-  if (!args.refit.empty()) return refit_profile(args, steps);
-  const ModelConfig config = ModelConfig::from_dir(args.model);
-  const TensorStore weights = TensorStore::open_dir(args.model);
-  check_tensors(config, weights);
-  ProfileOptions po;
-  po.reps = args.reps;
-  BackendOptions bo;
-  bo.threads = args.threads;
-  bo.deterministic = args.deterministic;
-  bo.page_size = static_cast<int>(po.page_size);
-  bo.num_pages = po.max_kv_tokens / po.page_size + 256;
-  auto backend =
-      make_backend(args.backend, {.config = &config, .weights = &weights, .options = bo});
+// The cost model's hardware profile (--out) of the backend's forward passes.
+void write_hardware_profile(const ProfileArgs& args, Backend& backend, const ModelConfig& config,
+                            const ProfileOptions& po, const std::vector<MeasuredStep>& steps) {
   const ModelShape shape =
       ModelShape::from_config(config, std::filesystem::path(args.model).filename().string());
-  const BackendProfile p = profile_backend(*backend, shape, po);
+  const BackendProfile p = profile_backend(backend, shape, po);
 
   // With step timings the hardware written is the fit on the engine's own steps (what the
   // simulator must reproduce); the isolated forward passes' fit is kept beside it.
@@ -129,7 +116,7 @@ void run_profile(const ProfileArgs& args) {
   if (!args.step_timings.empty()) {
     steps_fit =
         fit_hardware(shape, steps, p.hardware.per_logit_row_seconds, p.hardware.device_argmax);
-    steps_fit->hardware.name = "profile:" + backend->name() + ":steps";
+    steps_fit->hardware.name = "profile:" + backend.name() + ":steps";
     steps_fit->hardware.memory_bytes = p.hardware.memory_bytes;
   }
   const Hardware& written = steps_fit ? steps_fit->hardware : p.hardware;
@@ -184,6 +171,54 @@ void run_profile(const ProfileArgs& args) {
   write_json(args.out, j);
 }
 
+void run_profile(const ProfileArgs& args) {
+  std::vector<MeasuredStep> steps;  // read first: a bad file fails before minutes of timing
+  for (const std::string& path : args.step_timings) {
+    const std::vector<MeasuredStep> more = read_step_timings(path);
+    // A run's first step carries the backend's one-time start-up (cuBLAS's first calls: 0.17 s
+    // against 35 ms steps on an H100), which would pull a least-squares fit far off.
+    steps.insert(steps.end(), more.begin() + (more.size() > 1 ? 1 : 0), more.end());
+  }
+  if (!args.refit.empty()) return refit_profile(args, steps);
+  const ModelConfig config = ModelConfig::from_dir(args.model);
+  const TensorStore weights = TensorStore::open_dir(args.model);
+  check_tensors(config, weights);
+  ProfileOptions po;
+  po.reps = args.reps;
+  BackendOptions bo;
+  bo.threads = args.threads;
+  bo.deterministic = args.deterministic;
+  bo.page_size = static_cast<int>(po.page_size);
+  auto backend =
+      make_backend(args.backend, {.config = &config, .weights = &weights, .options = bo});
+  int64_t pages = args.out.empty() ? 0 : po.max_kv_tokens / po.page_size + 256;
+#ifdef BLEND_HAVE_CUDA
+  // The nano-batch profile's attention wants up to 1,024 sequences of its own pages: as many
+  // of them as the GPU's KV memory holds.
+  if (!args.nano.empty()) {
+    const int64_t most =
+        cuda::nano_profile_grid(2, 1, std::numeric_limits<int64_t>::max() / 4, bo.page_size)
+            .pages_needed(bo.page_size);
+    pages = std::max(pages, std::min(most, backend->kv_memory_budget() /
+                                               std::max<int64_t>(1, backend->kv_bytes_per_page())));
+  }
+#endif
+  backend->allocate_kv(pages);
+  if (!args.out.empty()) write_hardware_profile(args, *backend, config, po, steps);
+#ifdef BLEND_HAVE_CUDA
+  if (!args.nano.empty()) {
+    auto& cuda_backend = dynamic_cast<CudaBackend&>(*backend);
+    const cuda::NanoProfile nano = cuda_backend.measure_nano_profile(std::max(args.reps, 5));
+    write_json(args.nano, cuda::nano_profile_to_json(nano));
+    std::printf(
+        "nano-batch profile: %zu GEMM and %zu attention SM counts (steps of %d of %d), "
+        "written to %s\n",
+        nano.gemm.sms.size(), nano.attention.sms.size(), nano.sm_step, nano.total_sms,
+        args.nano.c_str());
+  }
+#endif
+}
+
 }  // namespace
 
 void register_profile_command(CLI::App& app) {
@@ -191,7 +226,7 @@ void register_profile_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "profile", "Time this machine's forward passes and write a cost-model hardware profile");
   cmd->add_option("--model", args->model, "Model folder")->required();
-  cmd->add_option("--out", args->out, "Profile JSON to write")->required();
+  cmd->add_option("--out", args->out, "Profile JSON to write (required unless --nano)");
   std::vector<std::string> kinds;  // the real backends of this build
   for (const std::string& k : backend_kinds())
     if (k != "sim") kinds.push_back(k);
@@ -210,7 +245,17 @@ void register_profile_command(CLI::App& app) {
                   "A profile written earlier: refit its hardware on --steps without timing "
                   "anything (no backend runs; --model gives the shape)")
       ->check(CLI::ExistingFile);
-  cmd->callback([args] { run_profile(*args); });
+  cmd->add_option("--nano", args->nano,
+                  "cuda: also time one layer's GEMM phase and attention at each SM split green "
+                  "contexts allow and write NanoFlow's autosearch profile here (for "
+                  "BLEND_CUDA_NANO_PROFILE)");
+  cmd->callback([args] {
+    if (args->out.empty() && args->nano.empty())
+      throw Error("profile: --out is required (the cost model's profile to write), or --nano");
+    if (!args->nano.empty() && (args->backend != "cuda" || !args->refit.empty()))
+      throw Error("--nano times the cuda backend's phases: it needs --backend cuda, not --refit");
+    run_profile(*args);
+  });
 }
 
 }  // namespace blend::cli

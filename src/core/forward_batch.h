@@ -58,4 +58,9 @@ struct ForwardBatch {
   }
 };
 
+// A step of `sequences` chunks of `tokens` tokens each after `cached` cached ones, every chunk
+// wanting logits and each sequence its own pages (page 0 on, in order): the synthetic steps a
+// profile times (KV contents do not matter for timing). Token ids are fixed, not random.
+ForwardBatch synthetic_batch(int64_t sequences, int32_t tokens, int32_t cached, int64_t page_size);
+
 }  // namespace blend

@@ -297,30 +297,14 @@ BackendProfile profile_backend(Backend& backend, const ModelShape& shape,
     if (!device_argmax) device_argmax = forward_once(batch, true);
     return median_seconds([&] { forward_once(batch, *device_argmax); });
   };
-  // Pages are handed out in order; every point starts from page 0 (KV contents do not matter
-  // for timing).
+  // Every point's pages start from page 0 (synthetic_batch).
   BackendProfile out;
-  auto token = [&](int64_t i) { return static_cast<TokenId>(100 + (i * 7919) % 30000); };
   // Prompts of n tokens, one alone and several together: both kinds are needed to tell the
   // GEMMs (tokens) from prefill attention (tokens x prompt length) apart.
   auto prefill_point = [&](int64_t prompts, int64_t n) {
-    ForwardBatch b;
     const int64_t pages_per_prompt = (n + page_size - 1) / page_size;
     if (prompts * pages_per_prompt > backend.num_pages()) return;
-    for (int64_t s = 0; s < prompts; ++s) {
-      SeqChunk c;
-      c.seq = s;
-      c.num_tokens = static_cast<int32_t>(n);
-      c.token_offset = static_cast<int32_t>(s * n);
-      c.wants_logits = true;
-      for (int64_t p = 0; p < pages_per_prompt; ++p)
-        c.block_table.push_back(static_cast<PageId>(s * pages_per_prompt + p));
-      for (int64_t i = 0; i < n; ++i) {
-        b.tokens.push_back(token(s * n + i));
-        b.positions.push_back(static_cast<int32_t>(i));
-      }
-      b.chunks.push_back(std::move(c));
-    }
+    const ForwardBatch b = synthetic_batch(prompts, static_cast<int32_t>(n), 0, page_size);
     out.points.push_back({"prefill", prompts, prompts * n, 0, time_batch(b), 0});
   };
   for (int64_t n : options.prefill_tokens) prefill_point(1, n);
@@ -331,20 +315,7 @@ BackendProfile profile_backend(Backend& backend, const ModelShape& shape,
       const int64_t pages_per_seq = (ctx + 1 + page_size - 1) / page_size;
       if (seqs * (ctx + 1) > options.max_kv_tokens || seqs * pages_per_seq > backend.num_pages())
         continue;
-      ForwardBatch b;
-      for (int64_t s = 0; s < seqs; ++s) {
-        SeqChunk c;
-        c.seq = s;
-        c.num_cached = static_cast<int32_t>(ctx);
-        c.num_tokens = 1;
-        c.token_offset = static_cast<int32_t>(s);
-        c.wants_logits = true;
-        for (int64_t p = 0; p < pages_per_seq; ++p)
-          c.block_table.push_back(static_cast<PageId>(s * pages_per_seq + p));
-        b.tokens.push_back(token(s));
-        b.positions.push_back(static_cast<int32_t>(ctx));
-        b.chunks.push_back(std::move(c));
-      }
+      ForwardBatch b = synthetic_batch(seqs, 1, static_cast<int32_t>(ctx), page_size);
       out.points.push_back({"decode", seqs, seqs, seqs * (ctx + 1), time_batch(b), 0});
       if (b.num_logit_rows() > widest_decode.num_logit_rows()) widest_decode = std::move(b);
     }

@@ -571,6 +571,17 @@ TEST_F(BatchCli, StepTimingsFeedAProfileFit) {
                                         (work / "in.jsonl").string() + " 2>&1");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("step timings"), std::string::npos) << bad.output;
+  // Nothing to write, or the nano-batch profile of a backend that has no nano-batches: refused
+  // before anything is timed.
+  const std::string bare = std::string("'") + BLEND_BINARY + "' profile --model " + model();
+  const auto nothing = testing::run_command(bare + " 2>&1");
+  EXPECT_NE(nothing.exit_code, 0);
+  EXPECT_NE(nothing.output.find("--out is required"), std::string::npos) << nothing.output;
+  const auto cpu_nano =
+      testing::run_command(bare + " --nano " + (work / "n.json").string() + " 2>&1");
+  EXPECT_NE(cpu_nano.exit_code, 0);
+  EXPECT_NE(cpu_nano.output.find("--backend cuda"), std::string::npos) << cpu_nano.output;
+  EXPECT_FALSE(std::filesystem::exists(work / "n.json"));
 }
 
 TEST_F(BatchCli, KillNineThenRerunLosesAndDuplicatesNothing) {

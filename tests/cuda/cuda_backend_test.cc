@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/batch_layout.h"
@@ -357,7 +359,9 @@ const std::vector<std::pair<std::string, std::string>>& bad_knob_values() {
       {"BLEND_CUDA_NANO_INTERFERENCE", "3"},
       {"BLEND_CUDA_NANO_SM_SPLIT", "mps"},
       // green without a pipelined step or without an SM count to split at
-      {"BLEND_CUDA_NANO_SM_SPLIT", "green"}};
+      {"BLEND_CUDA_NANO_SM_SPLIT", "green"},
+      // a profile without a pipelined step
+      {"BLEND_CUDA_NANO_PROFILE", "nano.json"}};
   return values;
 }
 
@@ -395,6 +399,30 @@ TEST(CudaKnobs, ReadsKnownValuesAndRefusesUnknownOnes) {
     EXPECT_EQ(k.nano_gemm_sms, 100);
     EXPECT_TRUE(k.nano_green);
     EXPECT_DOUBLE_EQ(k.nano_interference.value_or(-1), 0.71);
+  }
+  {
+    ScopedEnv env(std::map<std::string, std::string>{{"BLEND_CUDA_NANO_BATCHES", "auto"},
+                                                     {"BLEND_CUDA_NANO_PROFILE", "nano.json"}});
+    const cuda::Knobs k = cuda::read_knobs();
+    EXPECT_EQ(k.nano_profile, "nano.json");
+    EXPECT_TRUE(k.nano_green);  // the profile's plans are held by green contexts
+  }
+  // Beside a profile, what it replaces is refused, naming the profile.
+  for (const auto& [name, value] :
+       std::vector<std::pair<std::string, std::string>>{{"BLEND_CUDA_NANO_GEMM_SMS", "64"},
+                                                        {"BLEND_CUDA_NANO_SM_SPLIT", "cublas"},
+                                                        {"BLEND_CUDA_NANO_INTERFERENCE", "0.5"}}) {
+    ScopedEnv env({{"BLEND_CUDA_NANO_BATCHES", "always"},
+                   {"BLEND_CUDA_NANO_PROFILE", "nano.json"},
+                   {name, value}});
+    try {
+      cuda::read_knobs();
+      ADD_FAILURE() << name << "=" << value << " was accepted beside a profile";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("BLEND_CUDA_NANO_PROFILE"), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    }
   }
   for (const auto& [name, value] : bad_knob_values()) {
     ScopedEnv env(name, value);
@@ -481,30 +509,10 @@ struct Case {
   std::string sm_split = "cublas";    // BLEND_CUDA_NANO_SM_SPLIT
 };
 
-class CudaMatchesCpu : public ::testing::TestWithParam<Case> {};
-
 // Three steps of mixed prefill chunks and decodes over three sequences (one of them on reversed
-// pages, one prompt split into two chunks): every logits row equals the cpu backend's.
-TEST_P(CudaMatchesCpu, LogitsOfMixedSteps) {
-  SKIP_WITHOUT_GPU();
-  const Case& p = GetParam();
-  const TestModel& m = model(p.variant, p.dtype);
-  auto cpu = make_cpu_backend(m.config, m.store, options());
-  std::unique_ptr<Backend> gpu;
-  {
-    ScopedEnv env({{"BLEND_CUDA_ATTENTION", p.attention},
-                   {"BLEND_CUDA_KV_LAYOUT", p.layout},
-                   {"BLEND_CUDA_DECODE_SPLITS", p.splits},
-                   {"BLEND_CUDA_DECODE_GRID", p.grid},
-                   {"BLEND_CUDA_NANO_BATCHES", p.nano},
-                   {"BLEND_CUDA_NANO_GEMM_SMS", p.nano_sms},
-                   {"BLEND_CUDA_PREFILL", p.prefill},
-                   {"BLEND_CUDA_GATE_UP", p.gate_up},
-                   {"BLEND_CUDA_NANO_SM_SPLIT", p.sm_split}});
-    gpu = make_cuda_backend(m.config, m.store, options());
-  }
-  EXPECT_EQ(gpu->compute_dtype(), cpu->compute_dtype());
-  EXPECT_EQ(gpu->kv_bytes_per_token(), cpu->kv_bytes_per_token());
+// pages, one prompt split into two chunks): every logits row of `gpu` equals `cpu`'s within
+// `tolerance` (relative).
+void expect_mixed_steps_match(Backend& cpu, Backend& gpu, const TestModel& m, double tolerance) {
   // d is long enough that attention crosses several key tiles (of 32 and of 64).
   Seq a{.id = 1, .tokens = prompt(11, 1)}, b{.id = 2, .tokens = prompt(17, 2)},
       c{.id = 4, .tokens = prompt(3, 3)}, d{.id = 6, .tokens = prompt(150, 4)};
@@ -512,9 +520,9 @@ TEST_P(CudaMatchesCpu, LogitsOfMixedSteps) {
   const int64_t vocab = m.config.vocab_size;
   auto run = [&](const ForwardBatch& batch, int step) {
     std::vector<float> lc(batch.num_logit_rows() * vocab), lg(lc.size());
-    cpu->forward(batch, lc);
-    gpu->forward(batch, lg);
-    EXPECT_LT(relative_error(lc, lg), p.tolerance) << "step " << step;
+    cpu.forward(batch, lc);
+    gpu.forward(batch, lg);
+    EXPECT_LT(relative_error(lc, lg), tolerance) << "step " << step;
     return lc;
   };
   ForwardBatch s1;
@@ -535,6 +543,31 @@ TEST_P(CudaMatchesCpu, LogitsOfMixedSteps) {
     add_chunk(s3, *s, 1, next);
   }
   run(s3, 3);
+}
+
+class CudaMatchesCpu : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CudaMatchesCpu, LogitsOfMixedSteps) {
+  SKIP_WITHOUT_GPU();
+  const Case& p = GetParam();
+  const TestModel& m = model(p.variant, p.dtype);
+  auto cpu = make_cpu_backend(m.config, m.store, options());
+  std::unique_ptr<Backend> gpu;
+  {
+    ScopedEnv env({{"BLEND_CUDA_ATTENTION", p.attention},
+                   {"BLEND_CUDA_KV_LAYOUT", p.layout},
+                   {"BLEND_CUDA_DECODE_SPLITS", p.splits},
+                   {"BLEND_CUDA_DECODE_GRID", p.grid},
+                   {"BLEND_CUDA_NANO_BATCHES", p.nano},
+                   {"BLEND_CUDA_NANO_GEMM_SMS", p.nano_sms},
+                   {"BLEND_CUDA_PREFILL", p.prefill},
+                   {"BLEND_CUDA_GATE_UP", p.gate_up},
+                   {"BLEND_CUDA_NANO_SM_SPLIT", p.sm_split}});
+    gpu = make_cuda_backend(m.config, m.store, options());
+  }
+  EXPECT_EQ(gpu->compute_dtype(), cpu->compute_dtype());
+  EXPECT_EQ(gpu->kv_bytes_per_token(), cpu->kv_bytes_per_token());
+  expect_mixed_steps_match(*cpu, *gpu, m, p.tolerance);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -591,6 +624,58 @@ INSTANTIATE_TEST_SUITE_P(
       std::replace(name.begin(), name.end(), '-', '_');
       return name;
     });
+
+// NanoFlow §5.5 end to end: the backend times its phases at each green split
+// (measure_nano_profile), the profile file plans its pipelined steps (BLEND_CUDA_NANO_PROFILE),
+// and their logits equal the cpu backend's.
+TEST(CudaBackend, MeasuredNanoProfilePlansStepsWhoseLogitsMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  const TestModel& m = model("hd128", DType::kBF16);
+  BackendOptions o = options();
+  o.num_pages = 0;
+  auto timer = make_cuda_backend(m.config, m.store, o);
+  timer->allocate_kv(16 * ((cuda::NanoGrid{}.decode_context + kPageSize) / kPageSize));
+  const cuda::NanoProfile profile = timer->measure_nano_profile(3);
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  EXPECT_EQ(profile.total_sms, sms);
+  EXPECT_EQ(profile.layers, m.config.num_layers);
+  EXPECT_GE(profile.sm_step, 1);
+  EXPECT_EQ(profile.gemm.sms.back(), sms);  // the whole GPU is a column of both
+  EXPECT_EQ(profile.attention.sms.back(), sms);
+  EXPECT_GE(profile.gemm.sms.size(), 2u);
+  EXPECT_EQ(profile.attention.work.size(), 2u);  // 4 and 16 decodes: what the pages hold
+  // More tokens take longer on the whole GPU, and so do more decodes.
+  const size_t cols = profile.gemm.sms.size();
+  EXPECT_GT(profile.gemm.seconds[(profile.gemm.work.size() - 1) * cols + cols - 1],
+            profile.gemm.seconds[cols - 1]);
+  const size_t acols = profile.attention.sms.size();
+  EXPECT_GT(profile.attention.seconds[acols + acols - 1], profile.attention.seconds[acols - 1]);
+
+  const std::string path = ::testing::TempDir() + "/nano_profile.json";
+  {
+    std::ofstream out(path);
+    out << cuda::nano_profile_to_json(profile).dump();
+  }
+  auto cpu = make_cpu_backend(m.config, m.store, options());
+  std::unique_ptr<Backend> gpu;
+  {
+    ScopedEnv env(std::map<std::string, std::string>{{"BLEND_CUDA_NANO_BATCHES", "always"},
+                                                     {"BLEND_CUDA_NANO_PROFILE", path}});
+    gpu = make_cuda_backend(m.config, m.store, options());
+  }
+  expect_mixed_steps_match(*cpu, *gpu, m, 2e-2);
+  // A profile of another GPU or model is refused at load.
+  nlohmann::json other = cuda::nano_profile_to_json(profile);
+  other["layers"] = profile.layers + 1;
+  {
+    std::ofstream out(path);
+    out << other.dump();
+  }
+  ScopedEnv env(std::map<std::string, std::string>{{"BLEND_CUDA_NANO_BATCHES", "auto"},
+                                                   {"BLEND_CUDA_NANO_PROFILE", path}});
+  EXPECT_THROW(make_cuda_backend(m.config, m.store, options()), Error);
+}
 
 // Greedy decoding for 128 steps on an f32 checkpoint: the same tokens as the cpu backend.
 TEST(CudaBackend, GreedyTokensEqualTheCpuBackendsFor128Steps) {

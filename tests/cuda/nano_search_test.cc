@@ -6,6 +6,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -115,6 +118,80 @@ TEST(NanoSearch, GreedySplitIsTheExhaustiveBestAndTheKnownOne) {
         << g;
 }
 
+// On a GPU that splits its SMs at steps of 8 (green contexts on Hopper), every split the search
+// tries is a multiple of 8 that leaves the attention an SM, and the one it keeps is the best
+// of them.
+TEST(NanoSearch, SplitsAreMultiplesOfTheSmStep) {
+  for (int32_t saturation : {24, 33, 90}) {
+    const cuda::NanoProfile p = h100_like(saturation);
+    const double xt = 512, xr = 512.0 * 8193, yt = 2048, yr = 64.0 * 2048;
+    const cuda::NanoPlan plan = cuda::search_sm_split(p, xt, xr, yt, yr, /*step=*/8);
+    EXPECT_EQ(plan.gemm_sms % 8, 0);
+    EXPECT_EQ(plan.gemm_sms + plan.attention_sms, 132);
+    double best = 1e30;
+    for (int32_t g = 8; g <= 128; g += 8)
+      best = std::min(best, cuda::nano_critical_path(p.gemm.seconds_at(xt, g),
+                                                     p.attention.seconds_at(xr, 132 - g),
+                                                     p.gemm.seconds_at(yt, g),
+                                                     p.attention.seconds_at(yr, 132 - g), p.layers)
+                                .seconds);
+    EXPECT_DOUBLE_EQ(plan.seconds, best) << "saturation " << saturation;
+  }
+  // A step past half the SMs leaves no split to choose.
+  EXPECT_THROW(cuda::search_sm_split(h100_like(33), 1, 1, 1, 1, 67), Error);
+}
+
+// The backend's per-step choice: with a profile, autosearch's cut and split at the profile's
+// SM step; without one, the cost model's cut and the fixed split; one chunk is never cut.
+TEST(NanoSearch, PlanNanoStepTakesTheProfileWhenThereIsOne) {
+  cuda::NanoProfile p = h100_like(33);
+  p.sm_step = 8;
+  const std::vector<cuda::ChunkWork> step = decodes_then_prompt(256, 4096, 4096);
+  const cuda::NanoPlan searched = cuda::autosearch(step, p, 8);
+  ASSERT_GT(searched.cut, 0);
+  const cuda::NanoCost cost{.gemm_seconds_per_token = 2e-5,
+                            .weight_seconds = 7.3e-3,
+                            .kv_seconds_per_token = 5e-8,
+                            .interference = 0.5};
+  const cuda::NanoStepPlan planned = cuda::plan_nano_step(step, &p, cost, 64, false);
+  EXPECT_EQ(planned.cut, searched.cut);
+  EXPECT_EQ(planned.green_gemm_sms, searched.gemm_sms);
+  EXPECT_EQ(planned.green_gemm_sms % 8, 0);
+
+  const cuda::NanoSplit modelled = cuda::choose_nano_split(step, cost);
+  const cuda::NanoStepPlan fixed = cuda::plan_nano_step(step, nullptr, cost, 64, false);
+  EXPECT_EQ(fixed.cut, modelled.cut);
+  EXPECT_EQ(fixed.green_gemm_sms, modelled.cut > 0 ? 64 : 0);
+  EXPECT_EQ(cuda::plan_nano_step(step, nullptr, cost, 0, false).green_gemm_sms, 0);
+
+  // Where no cut pays (every phase in proportion to its SMs), auto runs the step whole and
+  // always cuts it anyway.
+  p.attention = sampled(132, [](double reads, int32_t s) { return reads * 2e-9 * 132 / s; });
+  const std::vector<cuda::ChunkWork> decodes = decodes_then_prompt(64, 2048, 0);
+  EXPECT_EQ(cuda::plan_nano_step(decodes, &p, cost, 0, false).cut, 0);
+  const cuda::NanoStepPlan always = cuda::plan_nano_step(decodes, &p, cost, 0, true);
+  EXPECT_GT(always.cut, 0);
+  EXPECT_GT(always.green_gemm_sms, 0);
+  EXPECT_EQ(cuda::plan_nano_step(decodes_then_prompt(1, 64, 0), &p, cost, 0, true).cut, 0);
+}
+
+// What `blend profile --nano` times: every split at the SM step, and as many decode sizes as
+// the KV cache holds (each sequence its own pages), refused below two.
+TEST(NanoSearch, ProfileGridFollowsTheSmStepAndTheKvCache) {
+  const cuda::NanoGrid grid = cuda::nano_profile_grid(132, 8, 64 * 1040, 16);
+  EXPECT_EQ(grid.gemm_sms.front(), 8);
+  EXPECT_EQ(grid.gemm_sms.back(), 128);
+  EXPECT_EQ(grid.gemm_sms.size(), 16u);
+  EXPECT_EQ(grid.decode_sequences, (std::vector<int32_t>{4, 16, 64}));  // 64 x 65 pages fit
+  EXPECT_EQ(grid.pages_needed(16), 64 * 65);
+  EXPECT_GE(grid.gemm_tokens.size(), 4u);
+  EXPECT_TRUE(std::is_sorted(grid.gemm_tokens.begin(), grid.gemm_tokens.end()));
+  EXPECT_EQ(cuda::nano_profile_grid(132, 8, int64_t{1} << 40, 16).decode_sequences.back(), 1024);
+  EXPECT_THROW(cuda::nano_profile_grid(132, 8, 16 * 1040 - 1, 16), Error);  // 16 x 65 pages
+  EXPECT_THROW(cuda::nano_profile_grid(132, 0, int64_t{1} << 40, 16), Error);
+  EXPECT_THROW(cuda::nano_profile_grid(132, 67, int64_t{1} << 40, 16), Error);
+}
+
 // Over every cut: the decodes and the prompt on different lanes, a pipeline that beats the
 // whole step, and at most min_ratio of it.
 TEST(NanoSearch, AutosearchCutsBetweenDecodesAndPromptForAGain) {
@@ -132,6 +209,8 @@ TEST(NanoSearch, AutosearchCutsBetweenDecodesAndPromptForAGain) {
     }
     EXPECT_GE(cuda::search_sm_split(p, xt, xr, yt, yr, 3).seconds, plan.seconds) << c;
   }
+  // With few cuts tried, the one between the decodes and the prompt is still among them.
+  EXPECT_EQ(cuda::autosearch(step, p, 3, 0.95, /*max_even_cuts=*/4).cut, 256);
   // One chunk cannot be cut.
   EXPECT_EQ(cuda::autosearch(decodes_then_prompt(0, 0, 4096), p, 3).cut, 0);
 }
@@ -171,7 +250,37 @@ TEST(NanoSearch, ProfileFileRoundTripsAndBadOnesAreRefused) {
   refused([](nlohmann::json& b) { b["gemm"]["sms"] = nlohmann::json::array(); });
   refused([](nlohmann::json& b) { b["attention"]["seconds"][3] = -1; });
   refused([](nlohmann::json& b) { b["total_sms"] = "132"; });
+  refused([](nlohmann::json& b) { b["sm_step"] = 0; });
+  refused([](nlohmann::json& b) { b["sm_step"] = 67; });
   EXPECT_THROW(cuda::search_sm_split(p, 1, 1, 1, 1, 0), Error);
+  nlohmann::json stepped = j;
+  stepped["sm_step"] = 8;
+  EXPECT_EQ(cuda::nano_profile_from_json(stepped).sm_step, 8);
+  EXPECT_EQ(back.sm_step, 1);
+}
+
+// A profile file is this GPU's and this model's, or refused naming the file.
+TEST(NanoSearch, LoadNanoProfileRefusesAnotherGpusOrModels) {
+  const std::string path = ::testing::TempDir() + "/nano_profile_test.json";
+  {
+    std::ofstream out(path);
+    out << cuda::nano_profile_to_json(h100_like(33, 32)).dump();
+  }
+  EXPECT_EQ(cuda::load_nano_profile(path, 132, 32).gemm.sms.size(), 132u);
+  for (auto [sms, layers] : {std::pair{114, 32}, std::pair{132, 80}}) {
+    try {
+      cuda::load_nano_profile(path, sms, layers);
+      ADD_FAILURE() << sms << " SMs, " << layers << " layers accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+    }
+  }
+  {
+    std::ofstream out(path);
+    out << "{\"total_sms\": 132,";
+  }
+  EXPECT_THROW(cuda::load_nano_profile(path, 132, 32), Error);
+  EXPECT_THROW(cuda::load_nano_profile(path + ".missing", 132, 32), Error);
 }
 
 }  // namespace

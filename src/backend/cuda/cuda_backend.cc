@@ -118,14 +118,12 @@ CudaBackendImpl::CudaBackendImpl(const ModelConfig& config, const TensorStore& s
                    "cublasSetSmCountTarget");
   }
   stream_ = lanes_[0].stream;
-  if (knobs.nano_green) {
-    sm_partition_ = std::make_unique<SmPartition>(nano_gemm_sms_);
-    for (Lane& lane : lanes_) {
-      lane.gemm_stream = sm_partition_->make_stream(0);
-      lane.attention_stream = sm_partition_->make_stream(1);
-      check_cublas(cublasCreate(&lane.green_blas), "cublasCreate");
-      check_cublas(cublasSetStream(lane.green_blas, lane.gemm_stream), "cublasSetStream");
-    }
+  nano_green_ = knobs.nano_green;
+  if (!knobs.nano_profile.empty()) {
+    nano_profile_ = cuda::load_nano_profile(knobs.nano_profile, multiprocessors_,
+                                            static_cast<int32_t>(config_.num_layers));
+  } else if (nano_green_) {
+    green_split(nano_gemm_sms_);  // refused here, at load, where green contexts cannot split so
   }
 
   const LlamaTensors tensors = bind_llama_tensors(config_, store);
@@ -171,9 +169,14 @@ CudaBackendImpl::CudaBackendImpl(const ModelConfig& config, const TensorStore& s
                  knobs.nano_name.c_str(), nano_cost_.gemm_seconds_per_token * 1e6,
                  nano_cost_.weight_seconds * 1e3, nano_cost_.kv_seconds_per_token * 1e9,
                  nano_cost_.interference, nano_gemm_sms_);
-    if (sm_partition_)
+    if (nano_profile_)
+      std::fprintf(stderr,
+                   "cuda backend: nano-batch plans by autosearch on %s (%d SMs at steps of %d)\n",
+                   knobs.nano_profile.c_str(), nano_profile_->total_sms, nano_profile_->sm_step);
+    else if (nano_green_)
       std::fprintf(stderr, "cuda backend: green contexts: GEMM phases on %d SMs, attention on %d\n",
-                   sm_partition_->sms(0), sm_partition_->sms(1));
+                   green_split(nano_gemm_sms_).partition->sms(0),
+                   green_split(nano_gemm_sms_).partition->sms(1));
     for (size_t i = 0; i < kPhaseEventKinds * (layers_.size() + 1) + 2; ++i) {
       cudaEvent_t e = nullptr;
       check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
@@ -192,9 +195,29 @@ CudaBackendImpl::~CudaBackendImpl() {
   for (Lane& lane : lanes_) {
     if (lane.blas) cublasDestroy(lane.blas);
     if (lane.nano_blas) cublasDestroy(lane.nano_blas);
-    if (lane.green_blas) cublasDestroy(lane.green_blas);
     if (lane.stream) cudaStreamDestroy(lane.stream);
   }
+}
+
+CudaBackendImpl::GreenSplit::~GreenSplit() {
+  for (LaneStreams& l : lanes)
+    if (l.blas) cublasDestroy(l.blas);
+  partition.reset();
+}
+
+CudaBackendImpl::GreenSplit& CudaBackendImpl::green_split(int gemm_sms) {
+  std::unique_ptr<GreenSplit>& split = green_splits_[gemm_sms];
+  if (split) return *split;
+  auto made = std::make_unique<GreenSplit>();
+  made->partition = std::make_unique<SmPartition>(gemm_sms);
+  for (GreenSplit::LaneStreams& l : made->lanes) {
+    l.gemm = made->partition->make_stream(0);
+    l.attention = made->partition->make_stream(1);
+    check_cublas(cublasCreate(&l.blas), "cublasCreate");
+    check_cublas(cublasSetStream(l.blas, l.gemm), "cublasSetStream");
+  }
+  split = std::move(made);
+  return *split;
 }
 
 void CudaBackendImpl::allocate_kv(int64_t num_pages) {
@@ -317,10 +340,12 @@ int64_t CudaBackendImpl::compute_logits(const ForwardBatch& batch, size_t host_l
     std::vector<cuda::ChunkWork> work(batch.chunks.size());
     for (size_t i = 0; i < work.size(); ++i)
       work[i] = {.tokens = batch.chunks[i].num_tokens, .cached = batch.chunks[i].num_cached};
-    const cuda::NanoSplit split = cuda::choose_nano_split(work, nano_cost_, /*min_ratio=*/0.95,
-                                                          nano_mode_ == cuda::NanoMode::kAlways);
-    if (split.cut > 0) {
-      run_nano_batches(batch, static_cast<size_t>(split.cut), logits);
+    const cuda::NanoStepPlan plan = cuda::plan_nano_step(
+        work, nano_profile_ ? &*nano_profile_ : nullptr, nano_cost_,
+        nano_green_ ? nano_gemm_sms_ : 0, nano_mode_ == cuda::NanoMode::kAlways);
+    if (plan.cut > 0) {
+      run_nano_batches(batch, static_cast<size_t>(plan.cut), logits,
+                       plan.green_gemm_sms > 0 ? &green_split(plan.green_gemm_sms) : nullptr);
       return r;
     }
   }

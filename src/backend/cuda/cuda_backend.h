@@ -18,6 +18,7 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "backend/cuda/nano_search.h"
 
 namespace blend {
 
@@ -39,6 +40,11 @@ class CudaBackend : public Backend {
   virtual void set_op_timing(bool on) = 0;
   virtual const CudaOpTimes& op_times() const = 0;
   virtual void reset_op_times() = 0;
+  // NanoFlow §5.5's offline profile (backend/cuda/nano_search.h, what BLEND_CUDA_NANO_PROFILE
+  // reads): one layer's GEMM phase and attention timed (median of `reps`) at each SM count a
+  // green split gives them and on the whole GPU (nano_profile_grid). Needs the KV pages the
+  // grid names (NanoGrid::pages_needed) and green contexts; throws blend::Error otherwise.
+  virtual cuda::NanoProfile measure_nano_profile(int reps) = 0;
 };
 
 // Whether a CUDA device can be used; when not, `why` says what the runtime answered (no

@@ -8,7 +8,9 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -17,6 +19,7 @@
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/knobs.h"
+#include "backend/cuda/nano_search.h"
 #include "backend/cuda/nano_split.h"
 #include "backend/cuda/sm_partition.h"
 #include "backend/llama_forward.h"
@@ -48,6 +51,7 @@ class CudaBackendImpl final : public CudaBackend {
   void set_op_timing(bool on) override { timing_ = on; }
   const CudaOpTimes& op_times() const override { return times_; }
   void reset_op_times() override { times_ = {}; }
+  cuda::NanoProfile measure_nano_profile(int reps) override;
   void copy_page(PageId src, PageId dst) override;
   void read_pages(std::span<const PageId> pages, std::byte* out) const override;
   void write_pages(std::span<const PageId> pages, const std::byte* in) override;
@@ -77,12 +81,27 @@ class CudaBackendImpl final : public CudaBackend {
     // The GEMMs of a pipelined step: on at most nano_gemm_sms_ SMs (cublasSetSmCountTarget),
     // leaving the rest to the other lane's attention (NanoFlow §4.3's execution-unit split).
     cublasHandle_t nano_blas = nullptr;
-    // With BLEND_CUDA_NANO_SM_SPLIT=green: the lane's GEMM phases on a stream of the GEMMs' SM
-    // group (and a cuBLAS handle on it), its attention on a stream of the other group.
-    cudaStream_t gemm_stream = nullptr, attention_stream = nullptr;
-    cublasHandle_t green_blas = nullptr;
     DeviceBuffer meta, x, xn, qkv, attn, gu, act, decode_scratch;
   };
+  // The GPU's SMs split with green contexts (NanoFlow §5.1, sm_partition.h): a pipelined step's
+  // GEMM phases on group 0, its attentions on group 1. Per lane a stream in each group and a
+  // cuBLAS handle on the GEMM one.
+  struct GreenSplit {
+    std::unique_ptr<SmPartition> partition;
+    struct LaneStreams {
+      cudaStream_t gemm = nullptr, attention = nullptr;
+      cublasHandle_t blas = nullptr;
+    };
+    LaneStreams lanes[2];
+    GreenSplit() = default;
+    GreenSplit(const GreenSplit&) = delete;
+    GreenSplit& operator=(const GreenSplit&) = delete;
+    ~GreenSplit();  // the handles, then the partition (its streams and contexts)
+  };
+  // The split whose GEMM group has at least `gemm_sms` SMs, made at its first use (a few
+  // milliseconds) and kept: BLEND_CUDA_NANO_GEMM_SMS's one, or each that autosearch chose.
+  GreenSplit& green_split(int gemm_sms);
+
   // Chunks [first, end) of a step on one lane: the batch uploaded, the buffers reserved.
   struct LaneStep {
     Lane* lane = nullptr;
@@ -121,8 +140,9 @@ class CudaBackendImpl final : public CudaBackend {
   };
   // Columns of the fused QKV projection.
   int64_t qkv_width() const { return config_.q_dim() + 2 * config_.kv_dim(); }
-  // The two lanes' pipeline over chunks [0, cut) and [cut, n) (nano_split.h), joined on stream_.
-  void run_nano_batches(const ForwardBatch& batch, size_t cut, float* logits);
+  // The two lanes' pipeline over chunks [0, cut) and [cut, n) (nano_split.h), joined on stream_;
+  // with `green`, each lane's GEMM phases and attentions on that split's SM groups.
+  void run_nano_batches(const ForwardBatch& batch, size_t cut, float* logits, GreenSplit* green);
   // The cost model's rates on this GPU (nano_split.h), timed on layer 0's gate/up GEMM.
   cuda::NanoCost measure_nano_cost();
   // y[m][n] (f32, or y_elem) = x[m][k] (elem_) * w[n][k]^T, added to y when `accumulate`.
@@ -152,13 +172,16 @@ class CudaBackendImpl final : public CudaBackend {
   // BLEND_CUDA_NANO_BATCHES: off, auto (split where the cost model predicts a gain) or always.
   cuda::NanoMode nano_mode_ = cuda::NanoMode::kOff;
   cuda::NanoCost nano_cost_;
-  int nano_gemm_sms_ = 0;  // BLEND_CUDA_NANO_GEMM_SMS; 0: every SM
+  int nano_gemm_sms_ = 0;    // BLEND_CUDA_NANO_GEMM_SMS; 0: every SM
+  bool nano_green_ = false;  // BLEND_CUDA_NANO_SM_SPLIT=green (or a profile's plans)
+  // BLEND_CUDA_NANO_PROFILE: each step's cut and split from autosearch on it (nano_search.h).
+  std::optional<cuda::NanoProfile> nano_profile_;
   // Nano-batch phase ends (no timing): per lane its GEMM phases' and attentions' ends, layers + 1
   // of each kind (nano_pipeline.cc), then two for the step's start and end.
   static constexpr size_t kPhaseEventKinds = 4;
   std::vector<cudaEvent_t> phase_events_;
-  // BLEND_CUDA_NANO_SM_SPLIT=green: group 0 the GEMMs' nano_gemm_sms_, group 1 the rest.
-  std::unique_ptr<SmPartition> sm_partition_;
+  // Green splits by the GEMM SMs asked for (green_split).
+  std::map<int, std::unique_ptr<GreenSplit>> green_splits_;
   DeviceBuffer embed_, final_norm_, lm_head_, inv_freq_;
   cuda::KvView kv_;
   cuda::AttentionKernel attention_kernel_ = cuda::AttentionKernel::kDefault;

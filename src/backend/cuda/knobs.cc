@@ -74,11 +74,25 @@ Knobs read_knobs() {
   const auto n = whole_number(sms, 0, 1024);
   if (!n) throw Error("BLEND_CUDA_NANO_GEMM_SMS=" + sms + ": expected a number of SMs (0: all)");
   k.nano_gemm_sms = static_cast<int>(*n);
+  k.nano_profile = env_or("BLEND_CUDA_NANO_PROFILE", "");
+  const std::string split = env_or("BLEND_CUDA_NANO_SM_SPLIT", "");
   k.nano_green = choose<bool>("BLEND_CUDA_NANO_SM_SPLIT", {{"cublas", false}, {"green", true}});
-  if (k.nano_green && (k.nano == NanoMode::kOff || k.nano_gemm_sms == 0))
+  if (!k.nano_profile.empty()) {
+    if (k.nano == NanoMode::kOff)
+      throw Error(
+          "BLEND_CUDA_NANO_PROFILE plans pipelined steps: it needs "
+          "BLEND_CUDA_NANO_BATCHES auto or always");
+    if (k.nano_gemm_sms > 0 || split == "cublas")
+      throw Error(
+          "BLEND_CUDA_NANO_PROFILE chooses each step's SM split (green contexts): unset "
+          "BLEND_CUDA_NANO_GEMM_SMS and BLEND_CUDA_NANO_SM_SPLIT=cublas");
+    k.nano_green = true;
+  } else if (k.nano_green && (k.nano == NanoMode::kOff || k.nano_gemm_sms == 0)) {
     throw Error(
         "BLEND_CUDA_NANO_SM_SPLIT=green splits the SMs of pipelined steps: it needs "
-        "BLEND_CUDA_NANO_BATCHES auto or always and BLEND_CUDA_NANO_GEMM_SMS > 0");
+        "BLEND_CUDA_NANO_BATCHES auto or always and BLEND_CUDA_NANO_GEMM_SMS > 0 (or "
+        "BLEND_CUDA_NANO_PROFILE)");
+  }
   const std::string interference = env_or("BLEND_CUDA_NANO_INTERFERENCE", "");
   if (!interference.empty()) {
     char* end = nullptr;
@@ -87,6 +101,10 @@ Knobs read_knobs() {
       throw Error("BLEND_CUDA_NANO_INTERFERENCE=" + interference +
                   ": expected a number from 0 to 2");
     k.nano_interference = x;
+    if (!k.nano_profile.empty())
+      throw Error(
+          "BLEND_CUDA_NANO_INTERFERENCE is the cost model's; BLEND_CUDA_NANO_PROFILE's "
+          "plans come from measured phase times: set one of them");
   }
   return k;
 }

@@ -41,6 +41,11 @@ struct Knobs {
   // group of N SMs and the attention on the rest (NanoFlow §5.1; sm_partition.h).
   bool nano_green = false;
   std::optional<double> nano_interference;  // BLEND_CUDA_NANO_INTERFERENCE, in [0, 2]
+  // BLEND_CUDA_NANO_PROFILE: a file `blend profile --backend cuda --nano` wrote. Each step's
+  // cut and SM split then come from NanoFlow §5.5's autosearch on it (nano_search.h), held by
+  // green contexts; it needs BLEND_CUDA_NANO_BATCHES auto or always, and takes the place of
+  // BLEND_CUDA_NANO_GEMM_SMS and BLEND_CUDA_NANO_INTERFERENCE (refused beside it).
+  std::string nano_profile;
 };
 
 // Reads the knobs from the environment; unset or empty means the default. Throws blend::Error

@@ -8,8 +8,27 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend_impl.h"
+#include "core/error.h"
+#include "core/forward_batch.h"
 
 namespace blend::cuda {
+namespace {
+
+// Per-op timing off for a scope: its events record on stream_ alone, and a pipelined step or a
+// profiled phase runs on other streams.
+class NoOpTiming {
+ public:
+  explicit NoOpTiming(bool& on) : on_(on), saved_(on) { on = false; }
+  ~NoOpTiming() { on_ = saved_; }
+  NoOpTiming(const NoOpTiming&) = delete;
+  NoOpTiming& operator=(const NoOpTiming&) = delete;
+
+ private:
+  bool& on_;
+  bool saved_;
+};
+
+}  // namespace
 
 // NanoFlow §4.3's overlap with two nano-batches X (chunks [0, cut)) and Y (the rest), each on
 // its own lane. Per nano-batch the layers alternate GEMM phases G(l) (llama::gemm_phase: the
@@ -22,27 +41,27 @@ namespace blend::cuda {
 // run on two streams of two SM groups (sm_partition.h), ordered by events: X.A(l) after X.G(l),
 // X.G(l+1) after X.A(l), and the same for Y; the GEMM phases still take turns. Then an
 // attention and the other lane's GEMMs never share an SM.
-void CudaBackendImpl::run_nano_batches(const ForwardBatch& batch, size_t cut, float* logits) {
+void CudaBackendImpl::run_nano_batches(const ForwardBatch& batch, size_t cut, float* logits,
+                                       GreenSplit* green_split) {
   Lane& lx = lanes_[0];
   Lane& ly = lanes_[1];
-  // Per-op timing records events on stream_ alone: a pipelined step has no per-op times.
-  struct NoMarks {
-    bool& on;
-    bool saved;
-    ~NoMarks() { on = saved; }
-  } no_marks{timing_, timing_};
-  timing_ = false;
+  const NoOpTiming no_op_timing(timing_);  // a pipelined step has no per-op times
   LaneStep x = prepare(lx, batch, 0, cut);
   LaneStep y = prepare(ly, batch, cut, batch.chunks.size());
   // With green contexts each lane's GEMM phases and attentions go to its two SM groups'
-  // streams; without, everything to the lane's stream, GEMMs under cuBLAS's SM target.
-  const bool green = sm_partition_ != nullptr;
-  for (auto [s, lane] : {std::pair{&x, &lx}, std::pair{&y, &ly}}) {
-    s->blas = green ? lane->green_blas : lane->nano_blas;
-    if (green) {
-      s->stream = lane->gemm_stream;
-      s->attention_stream = lane->attention_stream;
+  // streams, and the decode kernel sizes its splits by its group's SMs; without, everything to
+  // the lane's stream, GEMMs under cuBLAS's SM target.
+  const bool green = green_split != nullptr;
+  for (int i = 0; i < 2; ++i) {
+    LaneStep& s = i == 0 ? x : y;
+    if (!green) {
+      s.blas = s.lane->nano_blas;
+      continue;
     }
+    s.blas = green_split->lanes[i].blas;
+    s.stream = green_split->lanes[i].gemm;
+    s.attention_stream = green_split->lanes[i].attention;
+    s.scratch.multiprocessors = green_split->partition->sms(1);
   }
   const size_t layers = layers_.size(), n = layers + 1;
   cudaEvent_t* gx = phase_events_.data();          // X.G(l) done
@@ -131,6 +150,103 @@ cuda::NanoCost CudaBackendImpl::measure_nano_cost() {
   cost.weight_seconds = small_s * scale;
   cost.kv_seconds_per_token = static_cast<double>(kv_bytes_per_token()) / weight_bytes_per_s;
   return cost;
+}
+
+NanoProfile CudaBackendImpl::measure_nano_profile(int reps) {
+  if (reps < 1) throw Error("nano-batch profile: reps must be at least 1");
+  if (layers_.size() < 2)
+    throw Error("nano-batch profile: a layer's GEMM phase needs a model of two layers or more");
+  const int32_t page_size = kv_.page_size;
+  const cuda::NanoGrid grid = cuda::nano_profile_grid(multiprocessors_, SmPartition::sm_step(),
+                                                      num_pages_ * page_size, page_size);
+  cuda::NanoProfile p;
+  p.total_sms = multiprocessors_;
+  p.layers = static_cast<int32_t>(layers_.size());
+  p.prefill_kv_tile = nano_cost_.prefill_kv_tile;
+  p.sm_step = grid.gemm_sms.front();
+  // The columns: each split's two groups (the driver may round a count up; a count met twice
+  // is timed once), then the whole GPU.
+  struct Column {
+    GreenSplit* split = nullptr;  // null: the whole GPU on lane 0's own stream
+    int32_t sms = 0;
+  };
+  std::vector<Column> gemm_columns, attention_columns;
+  for (int32_t g : grid.gemm_sms) {
+    GreenSplit& split = green_split(g);
+    gemm_columns.push_back({&split, split.partition->sms(0)});
+    attention_columns.push_back({&split, split.partition->sms(1)});
+  }
+  gemm_columns.push_back({nullptr, multiprocessors_});
+  attention_columns.push_back({nullptr, multiprocessors_});
+  for (std::vector<Column>* columns : {&gemm_columns, &attention_columns}) {
+    std::stable_sort(columns->begin(), columns->end(),
+                     [](const Column& a, const Column& b) { return a.sms < b.sms; });
+    columns->erase(std::unique(columns->begin(), columns->end(),
+                               [](const Column& a, const Column& b) { return a.sms == b.sms; }),
+                   columns->end());
+  }
+  for (const Column& c : gemm_columns) p.gemm.sms.push_back(c.sms);
+  for (const Column& c : attention_columns) p.attention.sms.push_back(c.sms);
+
+  Lane& lane = lanes_[0];
+  cudaEvent_t start = nullptr, stop = nullptr, uploaded = nullptr;
+  check_cuda(cudaEventCreate(&start), "cudaEventCreate");
+  check_cuda(cudaEventCreate(&stop), "cudaEventCreate");
+  check_cuda(cudaEventCreate(&uploaded), "cudaEventCreate");
+  struct Events {
+    cudaEvent_t* e[3];
+    ~Events() {
+      for (cudaEvent_t* x : e) cudaEventDestroy(*x);
+    }
+  } events{{&start, &stop, &uploaded}};
+  // Median GPU seconds of `run` on `stream` once it follows the batch upload on lane 0.
+  auto timed = [&](cudaStream_t stream, auto run) {
+    check_cuda(cudaEventRecord(uploaded, lane.stream), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(stream, uploaded, 0), "cudaStreamWaitEvent");
+    run();  // warm-up (cuBLAS picks its kernels at a shape's first call)
+    std::vector<float> ms(static_cast<size_t>(reps));
+    for (float& t : ms) {
+      check_cuda(cudaEventRecord(start, stream), "cudaEventRecord");
+      run();
+      check_cuda(cudaEventRecord(stop, stream), "cudaEventRecord");
+      check_cuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
+      check_cuda(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime");
+    }
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2] * 1e-3;
+  };
+  const NoOpTiming no_op_timing(timing_);
+  // Layer 1's GEMM phase (the end of layer 0 and the start of layer 1) and layer 0's
+  // attention: one layer's worth of each (llama::gemm_phase).
+  const int64_t last = static_cast<int64_t>(layers_.size());
+  for (int32_t tokens : grid.gemm_tokens) {
+    p.gemm.work.push_back(tokens);
+    ForwardBatch batch = synthetic_batch(1, tokens, 0, page_size);
+    batch.chunks[0].wants_logits = false;
+    LaneStep s = prepare(lane, batch, 0, 1);
+    for (const Column& c : gemm_columns) {
+      s.stream = c.split ? c.split->lanes[0].gemm : lane.stream;
+      s.blas = c.split ? c.split->lanes[0].blas : lane.blas;
+      StepOps ops{*this, s, nullptr};
+      p.gemm.seconds.push_back(timed(s.stream, [&] { llama::gemm_phase(ops, 1, last); }));
+    }
+  }
+  for (int32_t sequences : grid.decode_sequences) {
+    const ForwardBatch batch = synthetic_batch(sequences, 1, grid.decode_context, page_size);
+    p.attention.work.push_back(
+        sequences * cuda::nano_attention_reads({.tokens = 1, .cached = grid.decode_context},
+                                               p.prefill_kv_tile));
+    LaneStep s = prepare(lane, batch, 0, batch.chunks.size());
+    for (const Column& c : attention_columns) {
+      s.attention_stream = c.split ? c.split->lanes[0].attention : lane.stream;
+      s.scratch.multiprocessors = c.sms;
+      StepOps ops{*this, s, nullptr};
+      p.attention.seconds.push_back(timed(s.attention_stream, [&] { ops.attention(0); }));
+    }
+  }
+  check_cuda(cudaDeviceSynchronize(), "nano-batch profile");
+  p.check();
+  return p;
 }
 
 }  // namespace blend::cuda

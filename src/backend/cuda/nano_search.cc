@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <limits>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -63,6 +65,8 @@ void NanoProfile::check() const {
   if (total_sms < 2) throw Error("nano-batch profile: total_sms must be at least 2");
   if (layers < 1) throw Error("nano-batch profile: layers must be at least 1");
   if (!(prefill_kv_tile >= 1)) throw Error("nano-batch profile: prefill_kv_tile must be >= 1");
+  if (sm_step < 1 || 2 * sm_step > total_sms)
+    throw Error("nano-batch profile: sm_step must be from 1 to half of total_sms");
   gemm.check("gemm");
   attention.check("attention");
 }
@@ -95,15 +99,17 @@ CriticalPath nano_critical_path(double gx, double ax, double gy, double ay, int3
 
 NanoPlan search_sm_split(const NanoProfile& p, double x_tokens, double x_reads, double y_tokens,
                          double y_reads, int32_t step) {
-  if (step < 1) throw Error("nano-batch search: the SM step must be >= 1");
+  if (step < 1 || 2 * step > p.total_sms)
+    throw Error("nano-batch search: the SM step must be from 1 to half the SMs");
   auto evaluate = [&](int32_t g) {
     const int32_t a = p.total_sms - g;
     return nano_critical_path(p.gemm.seconds_at(x_tokens, g), p.attention.seconds_at(x_reads, a),
                               p.gemm.seconds_at(y_tokens, g), p.attention.seconds_at(y_reads, a),
                               p.layers);
   };
-  const int32_t lowest = std::min(step, p.total_sms / 2), highest = p.total_sms - lowest;
-  int32_t g = p.total_sms / 2;
+  // Multiples of step, each leaving the attention at least one SM.
+  const int32_t lowest = step, highest = (p.total_sms - 1) / step * step;
+  int32_t g = std::max(lowest, p.total_sms / 2 / step * step);
   CriticalPath path = evaluate(g);
   NanoPlan plan;
   for (;;) {
@@ -133,7 +139,7 @@ NanoPlan search_sm_split(const NanoProfile& p, double x_tokens, double x_reads, 
 }
 
 NanoPlan autosearch(std::span<const ChunkWork> chunks, const NanoProfile& p, int32_t step,
-                    double min_ratio) {
+                    double min_ratio, int32_t max_even_cuts) {
   p.check();
   const size_t n = chunks.size();
   std::vector<double> tokens(n + 1, 0), reads(n + 1, 0);  // prefix sums
@@ -148,7 +154,10 @@ NanoPlan autosearch(std::span<const ChunkWork> chunks, const NanoProfile& p, int
                        p.layers * p.attention.seconds_at(reads[n], p.total_sms);
   whole.seconds = whole.sequential_s;
   NanoPlan best;
+  const size_t stride = std::max<size_t>(1, (n + max_even_cuts - 1) / std::max(max_even_cuts, 1));
   for (size_t c = 1; c < n; ++c) {
+    const bool kind_changes = (chunks[c - 1].tokens <= 1) != (chunks[c].tokens <= 1);
+    if (c % stride != 0 && !kind_changes) continue;
     NanoPlan plan =
         search_sm_split(p, tokens[c], reads[c], tokens[n] - tokens[c], reads[n] - reads[c], step);
     plan.cut = static_cast<int32_t>(c);
@@ -159,15 +168,26 @@ NanoPlan autosearch(std::span<const ChunkWork> chunks, const NanoProfile& p, int
   return best;
 }
 
+NanoStepPlan plan_nano_step(std::span<const ChunkWork> chunks, const NanoProfile* profile,
+                            const NanoCost& cost, int32_t fixed_green_sms, bool always) {
+  if (chunks.size() < 2) return {};
+  constexpr double kMinRatio = 0.95;  // a cut must save 5% of the whole step
+  if (profile) {
+    const double min_ratio = always ? std::numeric_limits<double>::infinity() : kMinRatio;
+    const NanoPlan plan = autosearch(chunks, *profile, profile->sm_step, min_ratio);
+    return {.cut = plan.cut, .green_gemm_sms = plan.cut > 0 ? plan.gemm_sms : 0};
+  }
+  const NanoSplit split = choose_nano_split(chunks, cost, kMinRatio, always);
+  return {.cut = split.cut, .green_gemm_sms = split.cut > 0 ? fixed_green_sms : 0};
+}
+
 nlohmann::json nano_profile_to_json(const NanoProfile& p) {
   auto phase = [](const PhaseProfile& ph) {
     return nlohmann::json{{"work", ph.work}, {"sms", ph.sms}, {"seconds", ph.seconds}};
   };
-  return {{"total_sms", p.total_sms},
-          {"layers", p.layers},
-          {"prefill_kv_tile", p.prefill_kv_tile},
-          {"gemm", phase(p.gemm)},
-          {"attention", phase(p.attention)}};
+  return {
+      {"total_sms", p.total_sms}, {"layers", p.layers},    {"prefill_kv_tile", p.prefill_kv_tile},
+      {"sm_step", p.sm_step},     {"gemm", phase(p.gemm)}, {"attention", phase(p.attention)}};
 }
 
 NanoProfile nano_profile_from_json(const nlohmann::json& j) {
@@ -176,6 +196,7 @@ NanoProfile nano_profile_from_json(const nlohmann::json& j) {
     p.total_sms = j.at("total_sms").get<int32_t>();
     p.layers = j.at("layers").get<int32_t>();
     p.prefill_kv_tile = j.value("prefill_kv_tile", 64.0);
+    p.sm_step = j.value("sm_step", 1);
     for (auto [name, phase] : {std::pair{"gemm", &p.gemm}, std::pair{"attention", &p.attention}}) {
       const nlohmann::json& ph = j.at(name);
       phase->work = ph.at("work").get<std::vector<double>>();
@@ -187,6 +208,56 @@ NanoProfile nano_profile_from_json(const nlohmann::json& j) {
   }
   p.check();
   return p;
+}
+
+NanoProfile load_nano_profile(const std::string& path, int32_t total_sms, int32_t layers) {
+  std::ifstream in(path);
+  if (!in) throw Error("nano-batch profile " + path + ": cannot read it");
+  NanoProfile p;
+  try {
+    p = nano_profile_from_json(nlohmann::json::parse(in));
+  } catch (const nlohmann::json::exception& e) {
+    throw Error("nano-batch profile " + path + ": " + e.what());
+  } catch (const Error& e) {
+    throw Error(path + ": " + e.what());
+  }
+  if (p.total_sms != total_sms || p.layers != layers)
+    throw Error("nano-batch profile " + path + " was measured on " + std::to_string(p.total_sms) +
+                " SMs and " + std::to_string(p.layers) + " layers; this GPU has " +
+                std::to_string(total_sms) + " SMs and the model " + std::to_string(layers) +
+                " layers (run `blend profile --backend cuda --nano` here)");
+  return p;
+}
+
+int64_t NanoGrid::pages_needed(int32_t page_size) const {
+  const int64_t per_decode = (int64_t{decode_context} + 1 + page_size - 1) / page_size;
+  int64_t most = decode_sequences.empty() ? 0 : decode_sequences.back() * per_decode;
+  for (int32_t t : gemm_tokens) most = std::max<int64_t>(most, (t + page_size - 1) / page_size);
+  return most;
+}
+
+NanoGrid nano_profile_grid(int32_t total_sms, int32_t sm_step, int64_t kv_tokens,
+                           int32_t page_size) {
+  if (sm_step < 1 || 2 * sm_step > total_sms || page_size < 1)
+    throw Error("nano-batch profile grid: " + std::to_string(total_sms) +
+                " SMs cannot be split at steps of " + std::to_string(sm_step));
+  NanoGrid grid;
+  for (int32_t g = sm_step; g < total_sms; g += sm_step) grid.gemm_sms.push_back(g);
+  grid.gemm_tokens = {16, 64, 256, 512, 1024, 2048, 4096};
+  for (int32_t n = 4; n <= 1024; n *= 4) {
+    grid.decode_sequences.push_back(n);
+    if (grid.pages_needed(page_size) * page_size > kv_tokens) {
+      grid.decode_sequences.pop_back();
+      break;
+    }
+  }
+  if (grid.decode_sequences.size() < 2) {
+    grid.decode_sequences = {4, 16};
+    throw Error("nano-batch profile grid: the KV cache holds " + std::to_string(kv_tokens) +
+                " tokens; timing attention needs " +
+                std::to_string(grid.pages_needed(page_size) * page_size));
+  }
+  return grid;
 }
 
 }  // namespace blend::cuda

@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -53,6 +54,9 @@ struct NanoProfile {
   int32_t total_sms = 0;  // the GPU's multiprocessors
   int32_t layers = 0;
   double prefill_kv_tile = 64;  // as NanoCost::prefill_kv_tile
+  // The GEMM phases' SM counts a split can give are the multiples of sm_step (green contexts
+  // split at the GPU's SM alignment, sm_partition.h); the attention gets the rest.
+  int32_t sm_step = 1;
   PhaseProfile gemm, attention;
 
   void check() const;
@@ -77,19 +81,62 @@ struct NanoPlan {
   int32_t moves = 0;          // SM moves the greedy search accepted for the chosen cut
 };
 
-// The greedy SM split for one cut: X and Y's tokens and attention reads.
+// The greedy SM split for one cut: X and Y's tokens and attention reads. The GEMM phases'
+// SM counts it tries are the multiples of `step` that leave the attention an SM, from the one
+// nearest half the SMs.
 NanoPlan search_sm_split(const NanoProfile& profile, double x_tokens, double x_reads,
                          double y_tokens, double y_reads, int32_t step);
 
-// §5.5 over every cut of `chunks`: the shortest plan, cut only where it takes at most
-// `min_ratio` of the whole step. `step`: SMs moved at a time (>= 1).
+// §5.5 over the cuts of `chunks`: the shortest plan, cut only where it takes at most
+// `min_ratio` of the whole step. `step`: SMs moved at a time (>= 1). The cuts tried are every
+// one between a decode and a longer chunk and `max_even_cuts` more spread evenly over the
+// chunks: a step runs its search on the host before every launch (about 3 us a cut for a
+// 32-layer model), and neighbouring cuts among alike chunks give nearly equal plans.
 NanoPlan autosearch(std::span<const ChunkWork> chunks, const NanoProfile& profile, int32_t step = 4,
-                    double min_ratio = 0.95);
+                    double min_ratio = 0.95, int32_t max_even_cuts = 64);
 
-// The profile's file form (what `blend profile --backend cuda` is to write, and the backend to
-// read): {"total_sms", "layers", "prefill_kv_tile", "gemm": {"work", "sms", "seconds"},
-// "attention": {...}}. from_json checks it (blend::Error).
+// How the backend runs one step (CudaBackendImpl::compute_logits): whole (cut 0), or as two
+// nano-batches cut at `cut`, with the GEMM phases on a green split of `green_gemm_sms` SMs
+// (0: no green split, every kernel may use every SM).
+struct NanoStepPlan {
+  int32_t cut = 0;
+  int32_t green_gemm_sms = 0;
+};
+// With a measured profile, autosearch's plan at the profile's SM step; without, the cost
+// model's cut (choose_nano_split) and the fixed split `fixed_green_sms` (0: none). `always`
+// cuts wherever the step has two chunks (BLEND_CUDA_NANO_BATCHES=always, for tests).
+NanoStepPlan plan_nano_step(std::span<const ChunkWork> chunks, const NanoProfile* profile,
+                            const NanoCost& cost, int32_t fixed_green_sms, bool always);
+
+// The profile's file form (what `blend profile --backend cuda --nano FILE` writes and
+// BLEND_CUDA_NANO_PROFILE reads): {"total_sms", "layers", "prefill_kv_tile", "sm_step",
+// "gemm": {"work", "sms", "seconds"}, "attention": {...}}. from_json checks it (blend::Error).
 nlohmann::json nano_profile_to_json(const NanoProfile& profile);
 NanoProfile nano_profile_from_json(const nlohmann::json& j);
+// The profile in file `path`, refused (blend::Error naming the file) unless it is one of a GPU
+// with `total_sms` SMs and a model of `layers` layers: a profile of another GPU or model would
+// plan steps from times that are not this one's.
+NanoProfile load_nano_profile(const std::string& path, int32_t total_sms, int32_t layers);
+
+// What `blend profile --backend cuda --nano` times (the backend: CudaBackend::
+// measure_nano_profile): one layer's GEMM phase of each `gemm_tokens` (one prompt chunk) and
+// one layer's attention of `decode_sequences` decodes at `decode_context` cached tokens each,
+// on the GEMM group of a green split at each of `gemm_sms` and on the attention group (the
+// rest), and both on the whole GPU.
+struct NanoGrid {
+  std::vector<int32_t> gemm_sms;
+  std::vector<int32_t> gemm_tokens;
+  std::vector<int32_t> decode_sequences;
+  int32_t decode_context = 1024;
+  // KV pages the timed batches use at once (each sequence its own, as in a real step: shared
+  // pages would be read from L2), at `page_size` tokens a page.
+  int64_t pages_needed(int32_t page_size) const;
+};
+// The grid for a GPU of `total_sms` SMs split at multiples of `sm_step`, whose KV cache holds
+// `kv_tokens` tokens: every split the search may choose, GEMM phases of 16 to 4,096 tokens,
+// and 4 to 1,024 decodes (as many powers of four as the cache holds, at least two; else
+// blend::Error saying how many tokens it needs).
+NanoGrid nano_profile_grid(int32_t total_sms, int32_t sm_step, int64_t kv_tokens,
+                           int32_t page_size);
 
 }  // namespace blend::cuda

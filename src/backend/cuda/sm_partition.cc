@@ -56,6 +56,23 @@ void check(CUresult r, const char* what) {
 
 }  // namespace
 
+int SmPartition::sm_step() {
+  const Driver driver;
+  int ordinal = 0;
+  if (cudaGetDevice(&ordinal) != cudaSuccess)
+    throw Error("cuda backend: SM partition: no current device");
+  CUdevice device = 0;
+  check(driver.device_get(&device, ordinal), "cuDeviceGet");
+  CUdevResource all{};
+  check(driver.get_dev_resource(device, &all, CU_DEV_RESOURCE_TYPE_SM), "cuDeviceGetDevResource");
+  CUdevResource smallest{}, rest{};
+  unsigned int count = 1;
+  check(driver.split_by_count(&smallest, &count, &all, &rest, 0, 1), "cuDevSmResourceSplitByCount");
+  if (count != 1 || smallest.sm.smCount == 0)
+    throw Error("cuda backend: SM partition: the driver makes no group of this GPU's SMs");
+  return static_cast<int>(smallest.sm.smCount);
+}
+
 SmPartition::SmPartition(int first_sms) {
   if (first_sms < 1) throw Error("cuda backend: SM partition: the first group needs an SM");
   driver_ = std::make_unique<Driver>();

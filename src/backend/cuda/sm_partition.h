@@ -23,6 +23,10 @@ class SmPartition {
   SmPartition(const SmPartition&) = delete;
   SmPartition& operator=(const SmPartition&) = delete;
 
+  // The SM counts the driver splits this GPU at: the smallest first group it makes (every
+  // count a split may be asked for is then a multiple of it). Throws as the constructor.
+  static int sm_step();
+
   int sms(int group) const { return sms_[group]; }
   // A new non-blocking stream whose kernels run on `group`'s SMs; the partition owns it.
   cudaStream_t make_stream(int group);
