@@ -25,33 +25,12 @@ run_start nanobatch_run
 run_cuda_tests
 make_8b_folder
 
-# A combination is nano/attention/gemm_sms[/split]: BLEND_CUDA_NANO_BATCHES,
-# BLEND_CUDA_ATTENTION, BLEND_CUDA_NANO_GEMM_SMS (the pipelined step's GEMMs on at most that
-# many SMs; 0 = all) and BLEND_CUDA_NANO_SM_SPLIT (cublas, the default: cuBLAS's SM target on
-# the GEMMs alone; green: green contexts, GEMM phases on gemm_sms SMs and attention on the
-# rest; profile: each step's cut and green split from NanoFlow §5.5's autosearch on the phase
-# profile `blend profile --backend cuda --nano` writes first, gemm_sms 0), e.g.
+# A combination is nano/attention/gemm_sms[/split] (run_lib.sh's run_combo), e.g.
 # COMBOS="off/default/0 always/default/0 always/default/96/green auto/default/0/profile".
 COMBOS="${COMBOS:-off/default/0 auto/default/0 always/default/0}"
 MIXED="${MIXED:-256:512,256:1024,128:1024,64:1024}"
 DECODE="${DECODE:-64,256}"
-NANO_PROFILE="$OUT/nano_profile.json"
-run_combo() {  # combination, then the command
-  local c="$1"
-  shift
-  IFS=/ read -r nano attention sms split <<<"$c"
-  if [ "${split:-}" = profile ]; then
-    BLEND_CUDA_NANO_BATCHES=$nano BLEND_CUDA_ATTENTION=$attention BLEND_CUDA_NANO_PROFILE="$NANO_PROFILE" "$@"
-  else
-    BLEND_CUDA_NANO_BATCHES=$nano BLEND_CUDA_ATTENTION=$attention BLEND_CUDA_NANO_GEMM_SMS=${sms:-0} \
-      BLEND_CUDA_NANO_SM_SPLIT=${split:-cublas} "$@"
-  fi
-}
-if [[ " $COMBOS ${ENGINE_COMBOS:-} " == */profile[[:space:]]* ]] && [ -f "$model/config.json" ]; then
-  step "blend profile --backend cuda --nano (timeout 120 s)"
-  timeout -k 5 120 "$BLEND" profile --backend cuda --model "$model" --nano "$NANO_PROFILE" 2>&1 | tail -3
-  [ -f "$NANO_PROFILE" ] || echo "no nano-batch profile: the profile combinations will fail"
-fi
+nano_profile_for "$COMBOS ${ENGINE_COMBOS:-}"
 if [ -x /tmp/blend/bin/cuda_forward_bench ] && [ -f "$model/config.json" ]; then
   for c in $COMBOS; do
     [ "$(left)" -lt 150 ] && { echo "forward bench: skipping $c, $(left) s left"; continue; }

@@ -4,7 +4,8 @@
 # .gpu/blend-bundle.tar.xz into /tmp/blend (BLEND is its wrapper; a BLEND already set is used
 # instead, for dry runs without a bundle) and records the GPU and the build. run_cuda_tests runs blend_cuda_tests (CUDA_TESTS=0 skips; CUDA_TESTS_TIMEOUT, default 90
 # s; CUDA_TESTS_FILTER). make_8b_folder makes throughput.py's llama-3-8b folder (reused when
-# present) and sets `model`.
+# present) and sets `model`. run_combo runs a command under one nano-batch combination, and
+# nano_profile_for writes the phase profile the combinations of a list need.
 run_start() {
   OUT="${OUT:-$PWD/device-out}"
   mkdir -p "$OUT"
@@ -40,4 +41,34 @@ make_8b_folder() {
   step "llama-3-8b folder"
   timeout -k 5 300 python3 "$here/throughput.py" "$BLEND" "$OUT/init" --no-torch --no-blend
   model=/tmp/blend-throughput/model
+}
+
+# A combination is nano/attention/gemm_sms[/split]: BLEND_CUDA_NANO_BATCHES (off, auto,
+# always), BLEND_CUDA_ATTENTION, BLEND_CUDA_NANO_GEMM_SMS (the pipelined step's GEMMs on at
+# most that many SMs; 0 = all) and BLEND_CUDA_NANO_SM_SPLIT (cublas, the default: cuBLAS's SM
+# target on the GEMMs alone; green: green contexts, GEMM phases on gemm_sms SMs and attention
+# on the rest; profile: each step's cut and green split from NanoFlow §5.5's autosearch on the
+# phase profile nano_profile_for wrote, BLEND_CUDA_NANO_PROFILE).
+NANO_PROFILE="${OUT:-$PWD/device-out}/nano_profile.json"
+run_combo() {  # combination, then the command
+  local c="$1" nano attention sms split
+  shift
+  IFS=/ read -r nano attention sms split <<<"$c"
+  if [ "${split:-}" = profile ]; then
+    BLEND_CUDA_NANO_BATCHES=$nano BLEND_CUDA_ATTENTION=$attention \
+      BLEND_CUDA_NANO_PROFILE="$NANO_PROFILE" "$@"
+  else
+    BLEND_CUDA_NANO_BATCHES=$nano BLEND_CUDA_ATTENTION=$attention \
+      BLEND_CUDA_NANO_GEMM_SMS=${sms:-0} BLEND_CUDA_NANO_SM_SPLIT=${split:-cublas} "$@"
+  fi
+}
+# `blend profile --backend cuda --nano` into NANO_PROFILE when a combination of the list ($1)
+# plans by profile (needs `model`).
+nano_profile_for() {
+  [[ " $1 " == */profile[[:space:]]* ]] && [ -f "$model/config.json" ] || return 0
+  NANO_PROFILE="$OUT/nano_profile.json"
+  step "blend profile --backend cuda --nano (timeout 120 s)"
+  timeout -k 5 120 "$BLEND" profile --backend cuda --model "$model" --nano "$NANO_PROFILE" 2>&1 |
+    tail -3
+  [ -f "$NANO_PROFILE" ] || echo "no nano-batch profile: the profile combinations will fail"
 }
