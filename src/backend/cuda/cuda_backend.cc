@@ -71,6 +71,17 @@ const ModelConfig& validated(const ModelConfig& config) {
 CudaBackendImpl::CudaBackendImpl(const ModelConfig& config, const TensorStore& store,
                                  const BackendOptions& options)
     : config_(validated(config)) {
+  // The streams, handles and events the body makes are not RAII: a throw part-way (a missing
+  // tensor, a GPU out of memory) releases what it made before it leaves.
+  try {
+    load(store, options);
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+void CudaBackendImpl::load(const TensorStore& store, const BackendOptions& options) {
   std::string why;
   if (!cuda_device_available(&why)) throw Error("the cuda backend found no usable GPU: " + why);
   if (options.deterministic)
@@ -188,15 +199,25 @@ CudaBackendImpl::CudaBackendImpl(const ModelConfig& config, const TensorStore& s
 }
 
 CudaBackendImpl::~CudaBackendImpl() {
+  release();
+}
+
+void CudaBackendImpl::release() {
   for (Lane& lane : lanes_)
     if (lane.stream) cudaStreamSynchronize(lane.stream);
   for (cudaEvent_t e : events_) cudaEventDestroy(e);
+  events_.clear();
   for (cudaEvent_t e : phase_events_) cudaEventDestroy(e);
+  phase_events_.clear();
+  green_splits_.clear();
   for (Lane& lane : lanes_) {
     if (lane.blas) cublasDestroy(lane.blas);
     if (lane.nano_blas) cublasDestroy(lane.nano_blas);
     if (lane.stream) cudaStreamDestroy(lane.stream);
+    lane.blas = lane.nano_blas = nullptr;
+    lane.stream = nullptr;
   }
+  stream_ = nullptr;
 }
 
 CudaBackendImpl::GreenSplit::~GreenSplit() {

@@ -64,6 +64,10 @@ class CudaBackendImpl final : public CudaBackend {
   }
 
  private:
+  // The constructor's work: the weights, lanes, knobs and KV cache (release() undoes it).
+  void load(const TensorStore& store, const BackendOptions& options);
+  // Streams, cuBLAS handles, events and green splits, once the lanes are idle; idempotent.
+  void release();
   // forward_argmax (no draws) and forward_draw (one per row, the vocabulary fitting draw_rows):
   // the step's tokens drawn where the logits are; false where the host must decide.
   bool tokens_on_device(const ForwardBatch& batch, std::span<const PlainDraw> draws,
