@@ -11,7 +11,8 @@
 #   4. with a profile combination, blend profile --backend cuda --nano -> $OUT/nano_profile.json
 #      cuda_forward_bench per COMBOS combination: decode steps of DECODE sequences at 1,024
 #      cached tokens, a 4 x 512 prefill and MIXED steps (D decodes + a P-token prompt chunk)
-#      -> $OUT/forward_bench.jsonl
+#      -> $OUT/forward_bench.jsonl, and nanobatch_report.py's table of each combination's steps
+#      against the sequential one, with the interference each implies -> $OUT/nanobatch.md
 #   5. blend batch --backend cuda at --max-batch-tokens 4096 on each ENGINE_WORK
 #      (prompt:output:requests:repetitions), each repetition the first combination and the one
 #      with the fastest BEST_BY mixed step (or ENGINE_COMBOS), interleaved, while time is left
@@ -41,6 +42,9 @@ if [ -x /tmp/blend/bin/cuda_forward_bench ] && [ -f "$model/config.json" ]; then
     echo "cuda_forward_bench: exit ${PIPESTATUS[0]}"
   done
 fi
+
+step "nano-batch steps against the sequential step"
+python3 "$here/nanobatch_report.py" "$OUT/forward_bench.jsonl" "$OUT/nanobatch.md"
 
 # The combination with the fastest step of the mixed kind BEST_BY (decodes:prompt), for the
 # engine runs beside the first combination.
