@@ -189,16 +189,15 @@ NanoProfile CudaBackendImpl::measure_nano_profile(int reps) {
   for (const Column& c : attention_columns) p.attention.sms.push_back(c.sms);
 
   Lane& lane = lanes_[0];
-  cudaEvent_t start = nullptr, stop = nullptr, uploaded = nullptr;
-  check_cuda(cudaEventCreate(&start), "cudaEventCreate");
-  check_cuda(cudaEventCreate(&stop), "cudaEventCreate");
-  check_cuda(cudaEventCreate(&uploaded), "cudaEventCreate");
-  struct Events {
-    cudaEvent_t* e[3];
+  struct Events {  // destroyed however the profile ends
+    cudaEvent_t e[3] = {nullptr, nullptr, nullptr};
     ~Events() {
-      for (cudaEvent_t* x : e) cudaEventDestroy(*x);
+      for (cudaEvent_t x : e)
+        if (x) cudaEventDestroy(x);
     }
-  } events{{&start, &stop, &uploaded}};
+  } events;
+  for (cudaEvent_t& e : events.e) check_cuda(cudaEventCreate(&e), "cudaEventCreate");
+  const cudaEvent_t start = events.e[0], stop = events.e[1], uploaded = events.e[2];
   // Median GPU seconds of `run` on `stream` once it follows the batch upload on lane 0.
   auto timed = [&](cudaStream_t stream, auto run) {
     check_cuda(cudaEventRecord(uploaded, lane.stream), "cudaEventRecord");
