@@ -90,8 +90,9 @@ NanoPlan search_sm_split(const NanoProfile& profile, double x_tokens, double x_r
 // §5.5 over the cuts of `chunks`: the shortest plan, cut only where it takes at most
 // `min_ratio` of the whole step. `step`: SMs moved at a time (>= 1). The cuts tried are every
 // one between a decode and a longer chunk and `max_even_cuts` more spread evenly over the
-// chunks: a step runs its search on the host before every launch (about 3 us a cut for a
-// 32-layer model), and neighbouring cuts among alike chunks give nearly equal plans.
+// chunks: a step runs its search on the host before every launch (2-3 us a cut for a
+// 32-layer model; bench/gpu/nano_search_bench), and neighbouring cuts among alike chunks give
+// nearly equal plans.
 NanoPlan autosearch(std::span<const ChunkWork> chunks, const NanoProfile& profile, int32_t step = 4,
                     double min_ratio = 0.95, int32_t max_even_cuts = 64);
 
