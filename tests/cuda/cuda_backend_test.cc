@@ -653,10 +653,8 @@ TEST(CudaBackend, MeasuredNanoProfilePlansStepsWhoseLogitsMatchTheCpu) {
   EXPECT_GT(profile.attention.seconds[acols + acols - 1], profile.attention.seconds[acols - 1]);
 
   const std::string path = ::testing::TempDir() + "/nano_profile.json";
-  {
-    std::ofstream out(path);
-    out << cuda::nano_profile_to_json(profile).dump();
-  }
+  auto write_profile = [&](const nlohmann::json& j) { std::ofstream(path) << j.dump(); };
+  write_profile(cuda::nano_profile_to_json(profile));
   auto cpu = make_cpu_backend(m.config, m.store, options());
   std::unique_ptr<Backend> gpu;
   {
@@ -668,10 +666,7 @@ TEST(CudaBackend, MeasuredNanoProfilePlansStepsWhoseLogitsMatchTheCpu) {
   // A profile of another GPU or model is refused at load.
   nlohmann::json other = cuda::nano_profile_to_json(profile);
   other["layers"] = profile.layers + 1;
-  {
-    std::ofstream out(path);
-    out << other.dump();
-  }
+  write_profile(other);
   ScopedEnv env(std::map<std::string, std::string>{{"BLEND_CUDA_NANO_BATCHES", "auto"},
                                                    {"BLEND_CUDA_NANO_PROFILE", path}});
   EXPECT_THROW(make_cuda_backend(m.config, m.store, options()), Error);
