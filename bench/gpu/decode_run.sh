@@ -28,16 +28,18 @@ run_start decode_run
 run_cuda_tests
 make_8b_folder
 
-# Variants: layout/attention/splits[/grid[/prefill[/gate_up]]] (BLEND_CUDA_DECODE_GRID, default
-# tokens; BLEND_CUDA_PREFILL, default mma; BLEND_CUDA_GATE_UP, default f32).
+# Variants: layout/attention/splits[/grid[/prefill[/gate_up[/graphs]]]] (BLEND_CUDA_DECODE_GRID,
+# default tokens; BLEND_CUDA_PREFILL, default mma; BLEND_CUDA_GATE_UP, default f32;
+# BLEND_CUDA_GRAPHS, default off: decode replays each decode step's CUDA graph), e.g.
+# VARIANTS="page/default/fill page/default/fill/tokens/mma/f32/decode".
 VARIANTS="${VARIANTS:-page/default/fill layer/default/fill page/pipelined3/fill page/default/waves layer/pipelined3/waves layer/default/waves}"
 run_variant() {  # variant, then the command
   local v="$1"
   shift
-  IFS=/ read -r layout attention splits grid prefill gate_up <<<"$v"
+  IFS=/ read -r layout attention splits grid prefill gate_up graphs <<<"$v"
   BLEND_CUDA_KV_LAYOUT=$layout BLEND_CUDA_ATTENTION=$attention BLEND_CUDA_DECODE_SPLITS=$splits \
     BLEND_CUDA_DECODE_GRID=${grid:-tokens} BLEND_CUDA_PREFILL=${prefill:-mma} \
-    BLEND_CUDA_GATE_UP=${gate_up:-f32} "$@"
+    BLEND_CUDA_GATE_UP=${gate_up:-f32} BLEND_CUDA_GRAPHS=${graphs:-off} "$@"
 }
 if [ -x /tmp/blend/bin/cuda_forward_bench ] && [ -f "$model/config.json" ]; then
   for v in $VARIANTS; do

@@ -75,7 +75,52 @@ TEST(BatchLayout, PacksTokensTablesDirectionsAndLogitRows) {
   EXPECT_EQ(l.num_prefill_tiles, 0);
   EXPECT_EQ(at(l.single_tokens, 5), (std::vector<int32_t>{0, 1, 2, 3, 4}));
   EXPECT_EQ(l.max_single_context, 6);  // chunk a's last token is at position 5
-  EXPECT_EQ(static_cast<int64_t>(l.data.size()), l.single_tokens + 5);
+  EXPECT_EQ(l.table_capacity, 4);
+  EXPECT_EQ(static_cast<int64_t>(l.data.size()), l.reversed + 4);  // the tables come last
+}
+
+// A CUDA graph of a decode step (BLEND_CUDA_GRAPHS) replays the kernels' arguments: two decode
+// steps of the same count whose sequences reach different numbers of pages keep every offset
+// when the tables' capacity holds both; the tables hold each step's own pages, zeros after.
+TEST(BatchLayout, DecodeStepsOfOneCountKeepTheirOffsetsWithinTheTableCapacity) {
+  auto decodes = [](std::vector<int32_t> contexts) {
+    ForwardBatch b;
+    for (size_t i = 0; i < contexts.size(); ++i) {
+      SeqChunk c{.seq = static_cast<SeqId>(i),
+                 .num_cached = contexts[i],
+                 .num_tokens = 1,
+                 .token_offset = static_cast<int32_t>(i),
+                 .block_table = {},
+                 .wants_logits = true};
+      for (int32_t p = 0; p <= contexts[i] / 4; ++p)
+        c.block_table.push_back(static_cast<PageId>(100 * i + p));
+      b.tokens.push_back(7);
+      b.positions.push_back(contexts[i]);
+      b.chunks.push_back(c);
+    }
+    return b;
+  };
+  const ForwardBatch early = decodes({3, 9, 14}), later = decodes({4, 12, 15});
+  const cuda::BatchLayout a = cuda::layout_batch(early, 4, 16, 8, /*table_capacity=*/16);
+  const cuda::BatchLayout b = cuda::layout_batch(later, 4, 16, 8, 16);
+  for (auto offset :
+       {&cuda::BatchLayout::tokens, &cuda::BatchLayout::positions, &cuda::BatchLayout::token_chunk,
+        &cuda::BatchLayout::chunk_table, &cuda::BatchLayout::logit_rows,
+        &cuda::BatchLayout::prefill_tiles, &cuda::BatchLayout::single_tokens,
+        &cuda::BatchLayout::tables, &cuda::BatchLayout::reversed})
+    EXPECT_EQ(a.*offset, b.*offset);
+  EXPECT_EQ(a.data.size(), b.data.size());
+  EXPECT_EQ(a.table_capacity, 16);
+  // 1 + 3 + 4 pages before, 2 + 4 + 4 after.
+  EXPECT_EQ(std::vector<int32_t>(a.data.begin() + a.tables, a.data.begin() + a.tables + 9),
+            (std::vector<int32_t>{0, 100, 101, 102, 200, 201, 202, 203, 0}));
+  EXPECT_EQ(std::vector<int32_t>(b.data.begin() + b.tables, b.data.begin() + b.tables + 11),
+            (std::vector<int32_t>{0, 1, 100, 101, 102, 103, 200, 201, 202, 203, 0}));
+  // Past the capacity the tables grow, and the offsets after them move.
+  const cuda::BatchLayout small = cuda::layout_batch(later, 4, 16, 8, 4);
+  EXPECT_EQ(small.table_capacity, 10);
+  EXPECT_EQ(small.tables, b.tables);
+  EXPECT_NE(small.reversed, b.reversed);
 }
 
 TEST(BatchLayout, CutsLongChunksIntoPrefillTilesAndLeavesTheRestSingle) {
@@ -361,7 +406,8 @@ const std::vector<std::pair<std::string, std::string>>& bad_knob_values() {
       // green without a pipelined step or without an SM count to split at
       {"BLEND_CUDA_NANO_SM_SPLIT", "green"},
       // a profile without a pipelined step
-      {"BLEND_CUDA_NANO_PROFILE", "nano.json"}};
+      {"BLEND_CUDA_NANO_PROFILE", "nano.json"},
+      {"BLEND_CUDA_GRAPHS", "always"}};
   return values;
 }
 
@@ -376,6 +422,11 @@ TEST(CudaKnobs, ReadsKnownValuesAndRefusesUnknownOnes) {
     EXPECT_EQ(k.nano, cuda::NanoMode::kOff);
     EXPECT_FALSE(k.nano_green);
     EXPECT_FALSE(k.nano_interference.has_value());
+    EXPECT_FALSE(k.graphs);
+  }
+  {
+    ScopedEnv env("BLEND_CUDA_GRAPHS", "decode");
+    EXPECT_TRUE(cuda::read_knobs().graphs);
   }
   {
     ScopedEnv env({{"BLEND_CUDA_ATTENTION", "warps"},
@@ -670,6 +721,46 @@ TEST(CudaBackend, MeasuredNanoProfilePlansStepsWhoseLogitsMatchTheCpu) {
   ScopedEnv env(std::map<std::string, std::string>{{"BLEND_CUDA_NANO_BATCHES", "auto"},
                                                    {"BLEND_CUDA_NANO_PROFILE", path}});
   EXPECT_THROW(make_cuda_backend(m.config, m.store, options()), Error);
+}
+
+// BLEND_CUDA_GRAPHS=decode: four sequences decoding together for 40 steps share one graph
+// (their step's counts, context bucket and buffers repeat), captured once and replayed; every
+// step's logits equal the cpu backend's. A mixed step runs uncaptured.
+TEST(CudaBackend, DecodeStepsReplayOneGraphWithTheCpuBackendsLogits) {
+  SKIP_WITHOUT_GPU();
+  const TestModel& m = model("hd128", DType::kBF16);
+  auto cpu = make_cpu_backend(m.config, m.store, options());
+  std::unique_ptr<CudaBackend> gpu;
+  {
+    ScopedEnv env("BLEND_CUDA_GRAPHS", "decode");
+    gpu = make_cuda_backend(m.config, m.store, options());
+  }
+  std::vector<Seq> seqs;
+  for (int i = 0; i < 4; ++i) seqs.push_back({.id = 10 + i, .tokens = prompt(5 + 3 * i, i)});
+  PageId next = 0;
+  const int64_t vocab = m.config.vocab_size;
+  auto run = [&](const ForwardBatch& batch, int step) {
+    std::vector<float> lc(batch.num_logit_rows() * vocab), lg(lc.size());
+    cpu->forward(batch, lc);
+    gpu->forward(batch, lg);
+    EXPECT_LT(relative_error(lc, lg), 2e-2) << "step " << step;
+    return lc;
+  };
+  ForwardBatch prefill;
+  for (Seq& q : seqs) add_chunk(prefill, q, static_cast<int32_t>(q.tokens.size()), next);
+  run(prefill, 0);
+  EXPECT_EQ(gpu->graph_stats().captured, 0);  // not a decode step
+  for (int step = 1; step <= 40; ++step) {
+    ForwardBatch decode;
+    for (Seq& q : seqs) {
+      q.tokens.push_back(static_cast<TokenId>((step * 31 + q.id) % 4000));
+      add_chunk(decode, q, 1, next);
+    }
+    run(decode, step);
+  }
+  EXPECT_EQ(gpu->graph_stats().failed, 0);
+  EXPECT_EQ(gpu->graph_stats().captured, 1);
+  EXPECT_EQ(gpu->graph_stats().replayed, 39);
 }
 
 // Greedy decoding for 128 steps on an f32 checkpoint: the same tokens as the cpu backend.

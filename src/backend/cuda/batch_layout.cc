@@ -5,12 +5,13 @@
 namespace blend::cuda {
 
 BatchLayout layout_batch(const ForwardBatch& batch, int64_t page_size, int32_t tile_tokens,
-                         int32_t min_tile_chunk) {
-  return layout_chunks(batch, 0, batch.chunks.size(), page_size, tile_tokens, min_tile_chunk);
+                         int32_t min_tile_chunk, int64_t table_capacity) {
+  return layout_chunks(batch, 0, batch.chunks.size(), page_size, tile_tokens, min_tile_chunk,
+                       table_capacity);
 }
 
 BatchLayout layout_chunks(const ForwardBatch& batch, size_t first, size_t end, int64_t page_size,
-                          int32_t tile_tokens, int32_t min_tile_chunk) {
+                          int32_t tile_tokens, int32_t min_tile_chunk, int64_t table_capacity) {
   BatchLayout l;
   l.num_chunks = static_cast<int32_t>(end - first);
   // Chunks hold consecutive tokens in chunk order: the range's tokens are one slice.
@@ -58,11 +59,14 @@ BatchLayout layout_chunks(const ForwardBatch& batch, size_t first, size_t end, i
   append_slice(l.positions, batch.positions);
   append(l.token_chunk, token_chunk);
   append(l.chunk_table, table_start);
-  append(l.tables, tables);
-  append(l.reversed, reversed);
   append(l.logit_rows, logit_rows);
   append(l.prefill_tiles, tiles);
   append(l.single_tokens, singles);
+  l.table_capacity = std::max<int64_t>(table_capacity, static_cast<int64_t>(tables.size()));
+  tables.resize(static_cast<size_t>(l.table_capacity), 0);
+  reversed.resize(static_cast<size_t>(l.table_capacity), 0);
+  append(l.tables, tables);
+  append(l.reversed, reversed);
   return l;
 }
 

@@ -15,13 +15,14 @@ struct BatchLayout {
   int32_t num_tokens = 0;
   int32_t num_chunks = 0;
   int32_t num_logit_rows = 0;
-  // Offsets, in int32 elements, of each array inside `data`.
+  // Offsets, in int32 elements, of each array inside `data`, in this order: the arrays whose
+  // sizes the batch's counts fix first, the block tables last (so a step of the same counts
+  // has the same offsets whatever its sequences' lengths, up to the tables' capacity: what a
+  // CUDA graph of the step needs).
   int64_t tokens = 0;       // [num_tokens] token ids
   int64_t positions = 0;    // [num_tokens] position of each token in its sequence
   int64_t token_chunk = 0;  // [num_tokens] index of the chunk each token belongs to
   int64_t chunk_table = 0;  // [num_chunks] where each chunk's pages start in `tables`
-  int64_t tables = 0;       // the chunks' block tables, the pages their tokens reach only
-  int64_t reversed = 0;     // parallel to `tables`: 1 where the page fills from its last slot
   int64_t logit_rows = 0;   // [num_logit_rows] the token rows whose logits are wanted
   // Attention's two kernels split the tokens: prefill tiles (up to tile_tokens consecutive
   // tokens of one chunk, [first token, count] pairs) and single tokens (decodes, short chunks).
@@ -30,17 +31,22 @@ struct BatchLayout {
   int32_t max_single_context = 0;  // the most keys a single token attends to (its position + 1)
   int64_t prefill_tiles = 0;       // [num_prefill_tiles][2]
   int64_t single_tokens = 0;       // [num_single_tokens] token indices
+  int64_t tables = 0;              // the chunks' block tables, the pages their tokens reach only
+  int64_t reversed = 0;        // parallel to `tables`: 1 where the page fills from its last slot
+  int64_t table_capacity = 0;  // entries `tables` and `reversed` each take (zeros past the used)
   std::vector<int32_t> data;
 };
 
 // Packs `batch` (checked beforehand with check_forward_batch) for pages of `page_size` tokens.
 // Chunks of at least `min_tile_chunk` tokens are cut into prefill tiles of `tile_tokens`
-// tokens; tile_tokens 0 makes every token a single token.
+// tokens; tile_tokens 0 makes every token a single token. The block tables take at least
+// `table_capacity` entries.
 BatchLayout layout_batch(const ForwardBatch& batch, int64_t page_size, int32_t tile_tokens = 0,
-                         int32_t min_tile_chunk = 8);
+                         int32_t min_tile_chunk = 8, int64_t table_capacity = 0);
 // The same for chunks [first, end) alone (a nano-batch, nano_split.h): token indices, chunk
 // indices and logit rows count from the range's first token and chunk.
 BatchLayout layout_chunks(const ForwardBatch& batch, size_t first, size_t end, int64_t page_size,
-                          int32_t tile_tokens = 0, int32_t min_tile_chunk = 8);
+                          int32_t tile_tokens = 0, int32_t min_tile_chunk = 8,
+                          int64_t table_capacity = 0);
 
 }  // namespace blend::cuda

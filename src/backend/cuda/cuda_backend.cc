@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <vector>
 
 #include "backend/cuda/batch_layout.h"
@@ -129,6 +130,12 @@ void CudaBackendImpl::load(const TensorStore& store, const BackendOptions& optio
                    "cublasSetSmCountTarget");
   }
   stream_ = lanes_[0].stream;
+  graphs_ = knobs.graphs;
+  if (graphs_) {  // cuBLAS's workspace set, so that a capture allocates none (32 MiB: Hopper's)
+    const size_t bytes = size_t{32} << 20;
+    check_cublas(cublasSetWorkspace(lanes_[0].blas, graph_workspace_.reserve(bytes), bytes),
+                 "cublasSetWorkspace");
+  }
   nano_green_ = knobs.nano_green;
   if (!knobs.nano_profile.empty()) {
     nano_profile_ = cuda::load_nano_profile(knobs.nano_profile, multiprocessors_,
@@ -207,6 +214,8 @@ void CudaBackendImpl::release() {
     if (lane.stream) cudaStreamSynchronize(lane.stream);
   for (cudaEvent_t e : events_) cudaEventDestroy(e);
   events_.clear();
+  for (auto& [key, exec] : graph_cache_) cudaGraphExecDestroy(exec);
+  graph_cache_.clear();
   for (cudaEvent_t e : phase_events_) cudaEventDestroy(e);
   phase_events_.clear();
   green_splits_.clear();
@@ -370,17 +379,108 @@ int64_t CudaBackendImpl::compute_logits(const ForwardBatch& batch, size_t host_l
       return r;
     }
   }
-  const LaneStep s = prepare(lanes_[0], batch, 0, batch.chunks.size());
+  // A decode-only step may replay a CUDA graph (BLEND_CUDA_GRAPHS): its shape repeats while
+  // the same sequences decode. Per-op timing records events a graph would not.
+  const bool decode_only =
+      std::all_of(batch.chunks.begin(), batch.chunks.end(),
+                  [](const SeqChunk& c) { return c.num_tokens == 1 && c.num_cached > 0; });
+  const bool graph = graphs_ && decode_only && !timing_;
+  const LaneStep s = prepare(lanes_[0], batch, 0, batch.chunks.size(), graph);
+  if (graph && run_graph(s, logits)) return r;
   mark(nullptr);
   StepOps ops{*this, s, logits};
   llama::forward(ops, 0, static_cast<int64_t>(layers_.size()));
   return r;
 }
 
+std::string CudaBackendImpl::graph_key(const LaneStep& s, const float* logits) {
+  std::string key;
+  auto put = [&key](const auto& v) { key.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  const cuda::BatchView& v = s.view;
+  for (const int32_t* p : {v.tokens, v.positions, v.token_chunk, v.chunk_table, v.tables,
+                           v.reversed, v.logit_rows, v.prefill_tiles, v.single_tokens})
+    put(p);
+  for (int32_t n : {v.num_tokens, v.num_logit_rows, v.num_prefill_tiles, v.num_single_tokens,
+                    v.max_single_context})
+    put(n);
+  const cuda::DecodeScratch& d = s.scratch;
+  put(d.data);
+  put(d.floats);
+  put(d.multiprocessors);
+  put(d.splits);
+  put(d.min_splits);
+  put(d.heads_fastest);
+  put(s.m);
+  for (const void* p :
+       std::initializer_list<const void*>{s.x, s.xn, s.qkv, s.attn, s.gu, s.act, logits})
+    put(p);
+  put(s.blas);
+  put(s.stream);
+  put(s.attention_stream);
+  return key;
+}
+
+bool CudaBackendImpl::run_graph(const LaneStep& s, float* logits) {
+  std::string key = graph_key(s, logits);
+  if (auto it = graph_cache_.find(key); it != graph_cache_.end()) {
+    check_cuda(cudaGraphLaunch(it->second, stream_), "cudaGraphLaunch");
+    ++graph_stats_.replayed;
+    return true;
+  }
+  if (graph_cache_.size() >= kMaxGraphs) {
+    for (auto& [k, exec] : graph_cache_) cudaGraphExecDestroy(exec);
+    graph_cache_.clear();
+  }
+  // A refused capture (an operation the runtime does not capture) leaves the step to run
+  // uncaptured, and graphs off: every later capture would fail the same way.
+  auto refuse = [&](const char* why) {
+    cudaGetLastError();  // the capture's error is not the step's
+    ++graph_stats_.failed;
+    graphs_ = false;
+    std::fprintf(stderr, "cuda backend: CUDA graphs off: %s\n", why);
+    return false;
+  };
+  if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+    return refuse("cudaStreamBeginCapture failed");
+  cudaGraph_t graph = nullptr;
+  try {
+    StepOps ops{*this, s, logits};
+    llama::forward(ops, 0, static_cast<int64_t>(layers_.size()));
+  } catch (const Error& e) {
+    cudaStreamEndCapture(stream_, &graph);
+    if (graph) cudaGraphDestroy(graph);
+    return refuse(e.what());
+  }
+  if (cudaStreamEndCapture(stream_, &graph) != cudaSuccess || !graph)
+    return refuse("cudaStreamEndCapture failed");
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (made != cudaSuccess) return refuse("cudaGraphInstantiate failed");
+  graph_cache_.emplace(std::move(key), exec);
+  ++graph_stats_.captured;
+  check_cuda(cudaGraphLaunch(exec, stream_), "cudaGraphLaunch");
+  return true;
+}
+
 CudaBackendImpl::LaneStep CudaBackendImpl::prepare(Lane& lane, const ForwardBatch& batch,
-                                                   size_t first, size_t end) {
-  const cuda::BatchLayout layout =
-      cuda::layout_chunks(batch, first, end, kv_.page_size, prefill_tile_tokens_);
+                                                   size_t first, size_t end, bool for_graph) {
+  // For a graph: the tables' capacity the next power of two of their pages (at least 256), and
+  // the longest context rounded up to 256 keys. The context only sizes the decode kernel's
+  // splits (a split past a token's keys is empty, as for any token shorter than the longest).
+  int64_t table_capacity = 0;
+  if (for_graph) {
+    int64_t pages = 0;
+    for (size_t i = first; i < end; ++i)
+      pages +=
+          (int64_t{batch.chunks[i].num_cached} + batch.chunks[i].num_tokens + kv_.page_size - 1) /
+          kv_.page_size;
+    table_capacity = 256;
+    while (table_capacity < pages) table_capacity *= 2;
+  }
+  cuda::BatchLayout layout = cuda::layout_chunks(batch, first, end, kv_.page_size,
+                                                 prefill_tile_tokens_, 8, table_capacity);
+  if (for_graph) layout.max_single_context = (layout.max_single_context + 255) / 256 * 256;
   auto* meta = static_cast<int32_t*>(lane.meta.reserve(layout.data.size() * sizeof(int32_t)));
   // From pageable memory: the copy is staged before the call returns, so `layout` may go.
   check_cuda(cudaMemcpyAsync(meta, layout.data.data(), layout.data.size() * sizeof(int32_t),

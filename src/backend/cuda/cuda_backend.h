@@ -10,7 +10,8 @@
 // as two overlapped nano-batches (NanoFlow §4.3, nano_split.h; BLEND_CUDA_NANO_BATCHES, off by
 // default: it measured no gain with these kernels).
 //
-// Not yet: sampling other than greedy on the GPU, CUDA graphs; `--deterministic` is refused
+// Decode steps may run as CUDA graphs (BLEND_CUDA_GRAPHS=decode, off by default: not yet run
+// on a GPU). Not yet: top-k / top-p / min-p sampling on the GPU; `--deterministic` is refused
 // (cuBLAS picks its algorithm by shape, so a row's result may depend on the batch).
 #pragma once
 
@@ -35,11 +36,20 @@ struct CudaOpTimes {
   }
 };
 
+// BLEND_CUDA_GRAPHS=decode: decode steps whose kernels' arguments were seen before replay the
+// graph captured then; a capture the runtime refuses turns graphs off for the backend's life.
+struct CudaGraphStats {
+  int64_t captured = 0;  // graphs captured (each a step shape: rows, context bucket, buffers)
+  int64_t replayed = 0;  // steps that replayed one
+  int64_t failed = 0;    // captures refused (then graphs stay off)
+};
+
 class CudaBackend : public Backend {
  public:
   virtual void set_op_timing(bool on) = 0;
   virtual const CudaOpTimes& op_times() const = 0;
   virtual void reset_op_times() = 0;
+  virtual const CudaGraphStats& graph_stats() const = 0;
   // NanoFlow §5.5's offline profile (backend/cuda/nano_search.h, what BLEND_CUDA_NANO_PROFILE
   // reads): one layer's GEMM phase and attention timed (median of `reps`) at each SM count a
   // green split gives them and on the whole GPU (nano_profile_grid). Needs the KV pages the

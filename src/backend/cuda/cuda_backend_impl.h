@@ -51,6 +51,7 @@ class CudaBackendImpl final : public CudaBackend {
   void set_op_timing(bool on) override { timing_ = on; }
   const CudaOpTimes& op_times() const override { return times_; }
   void reset_op_times() override { times_ = {}; }
+  const CudaGraphStats& graph_stats() const override { return graph_stats_; }
   cuda::NanoProfile measure_nano_profile(int reps) override;
   void copy_page(PageId src, PageId dst) override;
   void read_pages(std::span<const PageId> pages, std::byte* out) const override;
@@ -127,7 +128,17 @@ class CudaBackendImpl final : public CudaBackend {
   // Runs the layers and the lm_head of the sampling rows, leaving their logits in logits_ (rows
   // in chunk order) once stream_ gets there; returns the row count. Does not wait for the GPU.
   int64_t compute_logits(const ForwardBatch& batch, size_t host_logits_size);
-  LaneStep prepare(Lane& lane, const ForwardBatch& batch, size_t first, size_t end);
+  // `for_graph`: the layout of a step a CUDA graph will replay (graph_key): the block tables'
+  // capacity and the longest context rounded up, so steps of one count share a graph.
+  LaneStep prepare(Lane& lane, const ForwardBatch& batch, size_t first, size_t end,
+                   bool for_graph = false);
+  // BLEND_CUDA_GRAPHS: runs the layers and the head of `s` (a whole step on lane 0) as the
+  // graph captured for its key, capturing it first when new; false (nothing queued) when
+  // graphs are off or the capture was refused: then the caller runs the layers itself.
+  bool run_graph(const LaneStep& s, float* logits);
+  // Every argument the step's kernels and GEMMs take that varies between steps: equal keys
+  // launch the same kernels with the same arguments (the batch's contents are re-uploaded).
+  static std::string graph_key(const LaneStep& s, const float* logits);
   // The operations backend/llama_forward.h sequences, on one lane's rows; head() writes the
   // lane's sampling rows' logits to `logits`. Defined in cuda_backend.cc.
   struct StepOps {
@@ -207,6 +218,13 @@ class CudaBackendImpl final : public CudaBackend {
   std::vector<cudaEvent_t> events_;
   std::vector<double CudaOpTimes::*> event_slots_;
   size_t events_used_ = 0;
+  // BLEND_CUDA_GRAPHS=decode: the graphs by key (at most kMaxGraphs, all dropped when full),
+  // and cuBLAS's workspace on lane 0 set by us, so a capture allocates nothing.
+  bool graphs_ = false;
+  static constexpr size_t kMaxGraphs = 64;
+  std::map<std::string, cudaGraphExec_t> graph_cache_;
+  CudaGraphStats graph_stats_;
+  DeviceBuffer graph_workspace_;
   // Per-step buffers, grown to the largest batch seen (the lanes hold the activations).
   DeviceBuffer logits_, draw_scratch_;
   int32_t multiprocessors_ = 1;

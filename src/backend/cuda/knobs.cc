@@ -106,6 +106,7 @@ Knobs read_knobs() {
           "BLEND_CUDA_NANO_INTERFERENCE is the cost model's; BLEND_CUDA_NANO_PROFILE's "
           "plans come from measured phase times: set one of them");
   }
+  k.graphs = choose<bool>("BLEND_CUDA_GRAPHS", {{"off", false}, {"decode", true}});
   return k;
 }
 

@@ -46,6 +46,9 @@ struct Knobs {
   // green contexts; it needs BLEND_CUDA_NANO_BATCHES auto or always, and takes the place of
   // BLEND_CUDA_NANO_GEMM_SMS and BLEND_CUDA_NANO_INTERFERENCE (refused beside it).
   std::string nano_profile;
+  // BLEND_CUDA_GRAPHS: off, or decode (a decode-only step's layers run as a CUDA graph, captured
+  // once per shape and replayed: one launch instead of one per kernel; cuda_backend.h).
+  bool graphs = false;
 };
 
 // Reads the knobs from the environment; unset or empty means the default. Throws blend::Error
