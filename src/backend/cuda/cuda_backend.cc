@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <initializer_list>
 #include <vector>
 
@@ -446,7 +447,7 @@ bool CudaBackendImpl::run_graph(const LaneStep& s, float* logits) {
   try {
     StepOps ops{*this, s, logits};
     llama::forward(ops, 0, static_cast<int64_t>(layers_.size()));
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // the stream must leave capture mode whatever failed
     cudaStreamEndCapture(stream_, &graph);
     if (graph) cudaGraphDestroy(graph);
     return refuse(e.what());
