@@ -43,23 +43,25 @@ make_8b_folder() {
   model=/tmp/blend-throughput/model
 }
 
-# A combination is nano/attention/gemm_sms[/split]: BLEND_CUDA_NANO_BATCHES (off, auto,
-# always), BLEND_CUDA_ATTENTION, BLEND_CUDA_NANO_GEMM_SMS (the pipelined step's GEMMs on at
-# most that many SMs; 0 = all) and BLEND_CUDA_NANO_SM_SPLIT (cublas, the default: cuBLAS's SM
+# A combination is nano/attention/gemm_sms[/split[/graphs]]: BLEND_CUDA_NANO_BATCHES (off,
+# auto, always), BLEND_CUDA_ATTENTION, BLEND_CUDA_NANO_GEMM_SMS (the pipelined step's GEMMs on
+# at most that many SMs; 0 = all), BLEND_CUDA_NANO_SM_SPLIT (cublas, the default: cuBLAS's SM
 # target on the GEMMs alone; green: green contexts, GEMM phases on gemm_sms SMs and attention
 # on the rest; profile: each step's cut and green split from NanoFlow §5.5's autosearch on the
-# phase profile nano_profile_for wrote, BLEND_CUDA_NANO_PROFILE).
+# phase profile nano_profile_for wrote, BLEND_CUDA_NANO_PROFILE) and BLEND_CUDA_GRAPHS (off, or
+# decode: decode steps replay CUDA graphs), e.g. off/default/0/cublas/decode.
 NANO_PROFILE="${OUT:-$PWD/device-out}/nano_profile.json"
 run_combo() {  # combination, then the command
-  local c="$1" nano attention sms split
+  local c="$1" nano attention sms split graphs
   shift
-  IFS=/ read -r nano attention sms split <<<"$c"
+  IFS=/ read -r nano attention sms split graphs <<<"$c"
   if [ "${split:-}" = profile ]; then
     BLEND_CUDA_NANO_BATCHES=$nano BLEND_CUDA_ATTENTION=$attention \
-      BLEND_CUDA_NANO_PROFILE="$NANO_PROFILE" "$@"
+      BLEND_CUDA_NANO_PROFILE="$NANO_PROFILE" BLEND_CUDA_GRAPHS=${graphs:-off} "$@"
   else
     BLEND_CUDA_NANO_BATCHES=$nano BLEND_CUDA_ATTENTION=$attention \
-      BLEND_CUDA_NANO_GEMM_SMS=${sms:-0} BLEND_CUDA_NANO_SM_SPLIT=${split:-cublas} "$@"
+      BLEND_CUDA_NANO_GEMM_SMS=${sms:-0} BLEND_CUDA_NANO_SM_SPLIT=${split:-cublas} \
+      BLEND_CUDA_GRAPHS=${graphs:-off} "$@"
   fi
 }
 # `blend profile --backend cuda --nano` into NANO_PROFILE when a combination of the list ($1)
