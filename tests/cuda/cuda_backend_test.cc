@@ -383,8 +383,23 @@ TEST(SmPartition, SplitsTheSmsOrRefusesWithTheReason) {
   EXPECT_GE(p.sms(0), 16);
   EXPECT_GT(p.sms(1), 0);
   EXPECT_LE(p.sms(0) + p.sms(1), sms);
-  EXPECT_NE(p.make_stream(0), nullptr);
+  cudaStream_t first = p.make_stream(0);
+  ASSERT_NE(first, nullptr);
   EXPECT_NE(p.make_stream(1), nullptr);
+  // An event of the group's context records on the group's stream, and a primary-context
+  // stream can wait on it.
+  cudaEvent_t done = p.make_event(0, /*timing=*/false);
+  EXPECT_EQ(cudaEventRecord(done, first), cudaSuccess);
+  cudaStream_t primary = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&primary, cudaStreamNonBlocking), cudaSuccess);
+  EXPECT_EQ(cudaStreamWaitEvent(primary, done, 0), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(primary), cudaSuccess);
+  cudaStreamDestroy(primary);
+  {
+    const cuda::SmPartition::Current in_group(p, 1);  // pushed and popped again
+  }
+  int device = -1;
+  EXPECT_EQ(cudaGetDevice(&device), cudaSuccess);
   EXPECT_THROW(cuda::SmPartition{sms}, Error);
 }
 

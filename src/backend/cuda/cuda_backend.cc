@@ -232,8 +232,11 @@ void CudaBackendImpl::release() {
 
 CudaBackendImpl::GreenSplit::~GreenSplit() {
   for (LaneStreams& l : lanes)
-    if (l.blas) cublasDestroy(l.blas);
-  partition.reset();
+    if (l.blas) {
+      const SmPartition::Current in_gemm_group(*partition, 0);
+      cublasDestroy(l.blas);
+    }
+  partition.reset();  // its streams, events and contexts
 }
 
 CudaBackendImpl::GreenSplit& CudaBackendImpl::green_split(int gemm_sms) {
@@ -241,11 +244,19 @@ CudaBackendImpl::GreenSplit& CudaBackendImpl::green_split(int gemm_sms) {
   if (split) return *split;
   auto made = std::make_unique<GreenSplit>();
   made->partition = std::make_unique<SmPartition>(gemm_sms);
+  SmPartition& partition = *made->partition;
   for (GreenSplit::LaneStreams& l : made->lanes) {
-    l.gemm = made->partition->make_stream(0);
-    l.attention = made->partition->make_stream(1);
-    check_cublas(cublasCreate(&l.blas), "cublasCreate");
+    l.gemm = partition.make_stream(0);
+    l.attention = partition.make_stream(1);
+    {
+      const SmPartition::Current in_gemm_group(partition, 0);
+      check_cublas(cublasCreate(&l.blas), "cublasCreate");
+    }
     check_cublas(cublasSetStream(l.blas, l.gemm), "cublasSetStream");
+    for (int64_t i = 0; i <= config_.num_layers; ++i) {  // layers_ may not be loaded yet
+      l.gemm_done.push_back(partition.make_event(0, /*timing=*/false));
+      l.attention_done.push_back(partition.make_event(1, false));
+    }
   }
   split = std::move(made);
   return *split;

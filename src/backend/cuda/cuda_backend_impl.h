@@ -89,13 +89,15 @@ class CudaBackendImpl final : public CudaBackend {
     DeviceBuffer meta, x, xn, qkv, attn, gu, act, decode_scratch;
   };
   // The GPU's SMs split with green contexts (NanoFlow §5.1, sm_partition.h): a pipelined step's
-  // GEMM phases on group 0, its attentions on group 1. Per lane a stream in each group and a
-  // cuBLAS handle on the GEMM one.
+  // GEMM phases on group 0, its attentions on group 1. Per lane a stream in each group, a cuBLAS
+  // handle of group 0's context on the GEMM one, and the events its phases' ends record (layers
+  // + 1 of each, made in the context of the stream that records them).
   struct GreenSplit {
     std::unique_ptr<SmPartition> partition;
     struct LaneStreams {
       cudaStream_t gemm = nullptr, attention = nullptr;
       cublasHandle_t blas = nullptr;
+      std::vector<cudaEvent_t> gemm_done, attention_done;
     };
     LaneStreams lanes[2];
     GreenSplit() = default;
@@ -191,9 +193,9 @@ class CudaBackendImpl final : public CudaBackend {
   bool nano_green_ = false;  // BLEND_CUDA_NANO_SM_SPLIT=green (or a profile's plans)
   // BLEND_CUDA_NANO_PROFILE: each step's cut and split from autosearch on it (nano_search.h).
   std::optional<cuda::NanoProfile> nano_profile_;
-  // Nano-batch phase ends (no timing): per lane its GEMM phases' and attentions' ends, layers + 1
-  // of each kind (nano_pipeline.cc), then two for the step's start and end.
-  static constexpr size_t kPhaseEventKinds = 4;
+  // Nano-batch phase ends (no timing) without green contexts: per lane its GEMM phases' ends,
+  // layers + 1 of them (nano_pipeline.cc), then two for the step's start and end.
+  static constexpr size_t kPhaseEventKinds = 2;
   std::vector<cudaEvent_t> phase_events_;
   // Green splits by the GEMM SMs asked for (green_split).
   std::map<int, std::unique_ptr<GreenSplit>> green_splits_;

@@ -63,12 +63,15 @@ void CudaBackendImpl::run_nano_batches(const ForwardBatch& batch, size_t cut, fl
     s.attention_stream = green_split->lanes[i].attention;
     s.scratch.multiprocessors = green_split->partition->sms(1);
   }
+  // Phase ends. Green, the split's: an event is recorded on a stream of its own context, and
+  // each group's streams are of the group's green context (any stream may wait on any event).
   const size_t layers = layers_.size(), n = layers + 1;
-  cudaEvent_t* gx = phase_events_.data();          // X.G(l) done
-  cudaEvent_t* gy = phase_events_.data() + n;      // Y.G(l) done
-  cudaEvent_t* ax = phase_events_.data() + 2 * n;  // X.A(l) done (green only)
-  cudaEvent_t* ay = phase_events_.data() + 3 * n;  // Y.A(l) done (green only)
-  cudaEvent_t joined = phase_events_[4 * n], started = phase_events_[4 * n + 1];
+  cudaEvent_t* gx = green ? green_split->lanes[0].gemm_done.data() : phase_events_.data();
+  cudaEvent_t* gy = green ? green_split->lanes[1].gemm_done.data() : phase_events_.data() + n;
+  cudaEvent_t* ax = green ? green_split->lanes[0].attention_done.data() : nullptr;
+  cudaEvent_t* ay = green ? green_split->lanes[1].attention_done.data() : nullptr;
+  // Recorded on the lanes' own streams only (the primary context's).
+  cudaEvent_t joined = phase_events_[2 * n], started = phase_events_[2 * n + 1];
   // Y's logits follow X's rows.
   StepOps ox{*this, x, logits}, oy{*this, y, logits + x.view.num_logit_rows * config_.vocab_size};
   auto record = [](cudaEvent_t e, cudaStream_t st) {
@@ -102,12 +105,16 @@ void CudaBackendImpl::run_nano_batches(const ForwardBatch& batch, size_t cut, fl
     lane_phase(ox, x, gx, ax, l > 0 ? gy[l - 1] : nullptr, l);
     lane_phase(oy, y, gy, ay, gx[l], l);
   }
-  record(joined, y.stream);
-  wait(lx.stream, joined);  // stream_ (lane 0) now follows all of Y's work
-  if (green) {
-    wait(lx.stream, gx[layers]);  // ... and X's, which ran on its groups' streams
-    wait(ly.stream, joined);      // Y's next batch upload waits for this step's Y
+  if (!green) {
+    record(joined, y.stream);
+    wait(lx.stream, joined);  // stream_ (lane 0) now follows all of Y's work
+    return;
   }
+  // Each lane's last GEMM phase (the head) follows all its work: stream_ waits for both, and
+  // Y's next batch upload for this step's Y.
+  wait(lx.stream, gx[layers]);
+  wait(lx.stream, gy[layers]);
+  wait(ly.stream, gy[layers]);
 }
 
 cuda::NanoCost CudaBackendImpl::measure_nano_cost() {
@@ -164,20 +171,35 @@ NanoProfile CudaBackendImpl::measure_nano_profile(int reps) {
   p.layers = static_cast<int32_t>(layers_.size());
   p.prefill_kv_tile = nano_cost_.prefill_kv_tile;
   p.sm_step = grid.gemm_sms.front();
+  Lane& lane = lanes_[0];
+  struct Events {  // the whole GPU's timing events, destroyed however the profile ends
+    cudaEvent_t e[3] = {nullptr, nullptr, nullptr};
+    ~Events() {
+      for (cudaEvent_t x : e)
+        if (x) cudaEventDestroy(x);
+    }
+  } events;
+  for (cudaEvent_t& e : events.e) check_cuda(cudaEventCreate(&e), "cudaEventCreate");
+  const cudaEvent_t uploaded = events.e[2];
   // The columns: each split's two groups (the driver may round a count up; a count met twice
-  // is timed once), then the whole GPU.
+  // is timed once), then the whole GPU. A column's timing events are of its stream's context.
   struct Column {
-    GreenSplit* split = nullptr;  // null: the whole GPU on lane 0's own stream
     int32_t sms = 0;
+    cudaStream_t stream = nullptr;
+    cublasHandle_t blas = nullptr;  // GEMM columns
+    cudaEvent_t start = nullptr, stop = nullptr;
   };
   std::vector<Column> gemm_columns, attention_columns;
   for (int32_t g : grid.gemm_sms) {
     GreenSplit& split = green_split(g);
-    gemm_columns.push_back({&split, split.partition->sms(0)});
-    attention_columns.push_back({&split, split.partition->sms(1)});
+    SmPartition& partition = *split.partition;
+    gemm_columns.push_back({partition.sms(0), split.lanes[0].gemm, split.lanes[0].blas,
+                            partition.make_event(0, true), partition.make_event(0, true)});
+    attention_columns.push_back({partition.sms(1), split.lanes[0].attention, nullptr,
+                                 partition.make_event(1, true), partition.make_event(1, true)});
   }
-  gemm_columns.push_back({nullptr, multiprocessors_});
-  attention_columns.push_back({nullptr, multiprocessors_});
+  gemm_columns.push_back({multiprocessors_, lane.stream, lane.blas, events.e[0], events.e[1]});
+  attention_columns.push_back({multiprocessors_, lane.stream, nullptr, events.e[0], events.e[1]});
   for (std::vector<Column>* columns : {&gemm_columns, &attention_columns}) {
     std::stable_sort(columns->begin(), columns->end(),
                      [](const Column& a, const Column& b) { return a.sms < b.sms; });
@@ -188,28 +210,19 @@ NanoProfile CudaBackendImpl::measure_nano_profile(int reps) {
   for (const Column& c : gemm_columns) p.gemm.sms.push_back(c.sms);
   for (const Column& c : attention_columns) p.attention.sms.push_back(c.sms);
 
-  Lane& lane = lanes_[0];
-  struct Events {  // destroyed however the profile ends
-    cudaEvent_t e[3] = {nullptr, nullptr, nullptr};
-    ~Events() {
-      for (cudaEvent_t x : e)
-        if (x) cudaEventDestroy(x);
-    }
-  } events;
-  for (cudaEvent_t& e : events.e) check_cuda(cudaEventCreate(&e), "cudaEventCreate");
-  const cudaEvent_t start = events.e[0], stop = events.e[1], uploaded = events.e[2];
-  // Median GPU seconds of `run` on `stream` once it follows the batch upload on lane 0.
-  auto timed = [&](cudaStream_t stream, auto run) {
+  // Median GPU seconds of `run` on column c's stream once it follows the batch upload on
+  // lane 0.
+  auto timed = [&](const Column& c, auto run) {
     check_cuda(cudaEventRecord(uploaded, lane.stream), "cudaEventRecord");
-    check_cuda(cudaStreamWaitEvent(stream, uploaded, 0), "cudaStreamWaitEvent");
+    check_cuda(cudaStreamWaitEvent(c.stream, uploaded, 0), "cudaStreamWaitEvent");
     run();  // warm-up (cuBLAS picks its kernels at a shape's first call)
     std::vector<float> ms(static_cast<size_t>(reps));
     for (float& t : ms) {
-      check_cuda(cudaEventRecord(start, stream), "cudaEventRecord");
+      check_cuda(cudaEventRecord(c.start, c.stream), "cudaEventRecord");
       run();
-      check_cuda(cudaEventRecord(stop, stream), "cudaEventRecord");
-      check_cuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
-      check_cuda(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime");
+      check_cuda(cudaEventRecord(c.stop, c.stream), "cudaEventRecord");
+      check_cuda(cudaEventSynchronize(c.stop), "cudaEventSynchronize");
+      check_cuda(cudaEventElapsedTime(&t, c.start, c.stop), "cudaEventElapsedTime");
     }
     std::sort(ms.begin(), ms.end());
     return ms[ms.size() / 2] * 1e-3;
@@ -224,10 +237,10 @@ NanoProfile CudaBackendImpl::measure_nano_profile(int reps) {
     batch.chunks[0].wants_logits = false;
     LaneStep s = prepare(lane, batch, 0, 1);
     for (const Column& c : gemm_columns) {
-      s.stream = c.split ? c.split->lanes[0].gemm : lane.stream;
-      s.blas = c.split ? c.split->lanes[0].blas : lane.blas;
+      s.stream = c.stream;
+      s.blas = c.blas;
       StepOps ops{*this, s, nullptr};
-      p.gemm.seconds.push_back(timed(s.stream, [&] { llama::gemm_phase(ops, 1, last); }));
+      p.gemm.seconds.push_back(timed(c, [&] { llama::gemm_phase(ops, 1, last); }));
     }
   }
   for (int32_t sequences : grid.decode_sequences) {
@@ -237,10 +250,10 @@ NanoProfile CudaBackendImpl::measure_nano_profile(int reps) {
                                                p.prefill_kv_tile));
     LaneStep s = prepare(lane, batch, 0, batch.chunks.size());
     for (const Column& c : attention_columns) {
-      s.attention_stream = c.split ? c.split->lanes[0].attention : lane.stream;
+      s.attention_stream = c.stream;
       s.scratch.multiprocessors = c.sms;
       StepOps ops{*this, s, nullptr};
-      p.attention.seconds.push_back(timed(s.attention_stream, [&] { ops.attention(0); }));
+      p.attention.seconds.push_back(timed(c, [&] { ops.attention(0); }));
     }
   }
   check_cuda(cudaDeviceSynchronize(), "nano-batch profile");

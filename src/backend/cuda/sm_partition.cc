@@ -19,6 +19,11 @@ struct SmPartition::Driver {
   CUresult (*green_ctx_destroy)(CUgreenCtx) = nullptr;
   CUresult (*green_stream_create)(CUstream*, CUgreenCtx, unsigned int, int) = nullptr;
   CUresult (*stream_destroy)(CUstream) = nullptr;
+  CUresult (*ctx_from_green)(CUcontext*, CUgreenCtx) = nullptr;
+  CUresult (*ctx_push)(CUcontext) = nullptr;
+  CUresult (*ctx_pop)(CUcontext*) = nullptr;
+  CUresult (*event_create)(CUevent*, unsigned int) = nullptr;
+  CUresult (*event_destroy)(CUevent) = nullptr;
 
   Driver() {
     load(device_get, "cuDeviceGet");
@@ -29,6 +34,11 @@ struct SmPartition::Driver {
     load(green_ctx_destroy, "cuGreenCtxDestroy");
     load(green_stream_create, "cuGreenCtxStreamCreate");
     load(stream_destroy, "cuStreamDestroy");
+    load(ctx_from_green, "cuCtxFromGreenCtx");
+    load(ctx_push, "cuCtxPushCurrent");
+    load(ctx_pop, "cuCtxPopCurrent");
+    load(event_create, "cuEventCreate");
+    load(event_destroy, "cuEventDestroy");
   }
   template <typename F>
   static void load(F& fn, const char* symbol) {
@@ -122,8 +132,32 @@ void SmPartition::release() {
     driver_->stream_destroy(reinterpret_cast<CUstream>(s));
   }
   streams_.clear();
+  for (cudaEvent_t e : events_) driver_->event_destroy(reinterpret_cast<CUevent>(e));
+  events_.clear();
   for (void*& ctx : contexts_)
     if (ctx) driver_->green_ctx_destroy(static_cast<CUgreenCtx>(ctx)), ctx = nullptr;
+}
+
+SmPartition::Current::Current(const SmPartition& partition, int group) : partition_(partition) {
+  CUcontext ctx = nullptr;
+  check(
+      partition.driver_->ctx_from_green(&ctx, static_cast<CUgreenCtx>(partition.contexts_[group])),
+      "cuCtxFromGreenCtx");
+  check(partition.driver_->ctx_push(ctx), "cuCtxPushCurrent");
+}
+
+SmPartition::Current::~Current() {
+  CUcontext popped = nullptr;
+  partition_.driver_->ctx_pop(&popped);
+}
+
+cudaEvent_t SmPartition::make_event(int group, bool timing) {
+  const Current current(*this, group);
+  CUevent e = nullptr;
+  check(driver_->event_create(&e, timing ? CU_EVENT_DEFAULT : CU_EVENT_DISABLE_TIMING),
+        "cuEventCreate");
+  events_.push_back(reinterpret_cast<cudaEvent_t>(e));
+  return events_.back();
 }
 
 cudaStream_t SmPartition::make_stream(int group) {

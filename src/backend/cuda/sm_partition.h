@@ -30,14 +30,32 @@ class SmPartition {
   int sms(int group) const { return sms_[group]; }
   // A new non-blocking stream whose kernels run on `group`'s SMs; the partition owns it.
   cudaStream_t make_stream(int group);
+  // A new event of `group`'s context, the partition's to destroy: an event is recorded on a
+  // stream of its own context (cuEventRecord), so what a group's streams record is made here.
+  // Any stream may wait on it. Without `timing`, cudaEventDisableTiming.
+  cudaEvent_t make_event(int group, bool timing);
+
+  // `group`'s context current on this thread for the scope (pushed, then popped), so that what
+  // is made meanwhile (a cuBLAS handle for the group's streams) belongs to it.
+  class Current {
+   public:
+    Current(const SmPartition& partition, int group);
+    ~Current();
+    Current(const Current&) = delete;
+    Current& operator=(const Current&) = delete;
+
+   private:
+    const SmPartition& partition_;
+  };
 
  private:
   struct Driver;
-  void release();  // streams, then contexts
+  void release();  // events and streams, then contexts
   std::unique_ptr<Driver> driver_;
   void* contexts_[2] = {nullptr, nullptr};  // CUgreenCtx
   int sms_[2] = {0, 0};
   std::vector<cudaStream_t> streams_;
+  std::vector<cudaEvent_t> events_;
 };
 
 }  // namespace blend::cuda
