@@ -38,7 +38,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from steplog import StepLog  # noqa: E402
-from throughput import last_json, write_workload  # noqa: E402
+from throughput import gemm_peak, last_json, write_workload  # noqa: E402
 
 STEPS = StepLog("online")
 log, attempt = STEPS.log, STEPS.attempt
@@ -135,28 +135,22 @@ def timeline_run(a, out):
 
 
 def child_peaks():
-    """The GPU's bf16 GEMM peak (8192^3) and copy bandwidth (1 GiB device to device)."""
+    """The GPU's bf16 GEMM peak (throughput.py's) and copy bandwidth (1 GiB device to device,
+    bytes read + written per second, 10 timed copies after 3 warm-ups)."""
     import torch
-    n = 8192
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    flops, _ = gemm_peak()
     src = torch.empty(1 << 29, device="cuda", dtype=torch.bfloat16)
     dst = torch.empty_like(src)
-
-    def timed(fn, reps):
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(reps):
-            fn()
-        e.record()
-        torch.cuda.synchronize()
-        return s.elapsed_time(e) / 1000.0 / reps
-
-    flops = 2.0 * n ** 3 / timed(lambda: torch.matmul(a, b), 10)
-    bandwidth = 2.0 * src.numel() * 2 / timed(lambda: dst.copy_(src), 10)  # read + write
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(10):
+        dst.copy_(src)
+    e.record()
+    torch.cuda.synchronize()
+    bandwidth = 2.0 * src.numel() * 2 * 10 / (s.elapsed_time(e) / 1000.0)
     print(json.dumps({"device": torch.cuda.get_device_name(0), "peak_flops": flops,
                       "bandwidth": bandwidth}))
 

@@ -50,27 +50,25 @@ make_8b_folder() {
 # on the rest; profile: each step's cut and green split from NanoFlow §5.5's autosearch on the
 # phase profile nano_profile_for wrote, BLEND_CUDA_NANO_PROFILE) and BLEND_CUDA_GRAPHS (off, or
 # decode: decode steps replay CUDA graphs), e.g. off/default/0/cublas/decode.
-NANO_PROFILE="${OUT:-$PWD/device-out}/nano_profile.json"
 run_combo() {  # combination, then the command
   local c="$1" nano attention sms split graphs
   shift
   IFS=/ read -r nano attention sms split graphs <<<"$c"
   if [ "${split:-}" = profile ]; then
     BLEND_CUDA_NANO_BATCHES=$nano BLEND_CUDA_ATTENTION=$attention \
-      BLEND_CUDA_NANO_PROFILE="$NANO_PROFILE" BLEND_CUDA_GRAPHS=${graphs:-off} "$@"
+      BLEND_CUDA_NANO_PROFILE="$OUT/nano_profile.json" BLEND_CUDA_GRAPHS=${graphs:-off} "$@"
   else
     BLEND_CUDA_NANO_BATCHES=$nano BLEND_CUDA_ATTENTION=$attention \
       BLEND_CUDA_NANO_GEMM_SMS=${sms:-0} BLEND_CUDA_NANO_SM_SPLIT=${split:-cublas} \
       BLEND_CUDA_GRAPHS=${graphs:-off} "$@"
   fi
 }
-# `blend profile --backend cuda --nano` into NANO_PROFILE when a combination of the list ($1)
-# plans by profile (needs `model`).
+# `blend profile --backend cuda --nano` into $OUT/nano_profile.json (what run_combo's profile
+# split reads) when a combination of the list ($1) plans by profile (needs `model`).
 nano_profile_for() {
   [[ " $1 " == */profile[[:space:]]* ]] && [ -f "$model/config.json" ] || return 0
-  NANO_PROFILE="$OUT/nano_profile.json"
   step "blend profile --backend cuda --nano (timeout 120 s)"
-  timeout -k 5 120 "$BLEND" profile --backend cuda --model "$model" --nano "$NANO_PROFILE" 2>&1 |
-    tail -3
-  [ -f "$NANO_PROFILE" ] || echo "no nano-batch profile: the profile combinations will fail"
+  timeout -k 5 120 "$BLEND" profile --backend cuda --model "$model" \
+    --nano "$OUT/nano_profile.json" 2>&1 | tail -3
+  [ -f "$OUT/nano_profile.json" ] || echo "no nano-batch profile: the profile combinations will fail"
 }

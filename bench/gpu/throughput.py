@@ -91,7 +91,9 @@ def last_json(text):
 # Children (torch)
 
 
-def child_gemm():
+def gemm_peak():
+    """The GPU's dense bf16 GEMM rate: 10 timed 8192^3 matmuls after 3 warm-ups (in a child:
+    torch holds GPU memory). Returns (FLOP/s, seconds of the 10)."""
     import torch
     n = 8192
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
@@ -107,7 +109,13 @@ def child_gemm():
     end.record()
     torch.cuda.synchronize()
     seconds = start.elapsed_time(end) / 1000.0
-    flops = 2.0 * n ** 3 * 10 / seconds
+    return 2.0 * n ** 3 * 10 / seconds, seconds
+
+
+def child_gemm():
+    import torch
+    n = 8192
+    flops, seconds = gemm_peak()
     name = torch.cuda.get_device_name(0)
     print(f"{name}: 10 x {n}^3 bf16 matmul in {seconds * 1000:.1f} ms = {flops / 1e12:.1f} TFLOP/s")
     print(json.dumps({"device": name, "peak_flops": flops, "seconds": seconds, "torch": torch.__version__}))

@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
-#include <limits>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -196,9 +195,7 @@ void run_profile(const ProfileArgs& args) {
   // The nano-batch profile's attention wants up to 1,024 sequences of its own pages: as many
   // of them as the GPU's KV memory holds.
   if (!args.nano.empty()) {
-    const int64_t most =
-        cuda::nano_profile_grid(2, 1, std::numeric_limits<int64_t>::max() / 4, bo.page_size)
-            .pages_needed(bo.page_size);
+    const int64_t most = cuda::NanoGrid{}.pages_needed(bo.page_size);  // every size
     pages = std::max(pages, std::min(most, backend->kv_memory_budget() /
                                                std::max<int64_t>(1, backend->kv_bytes_per_page())));
   }

@@ -575,21 +575,25 @@ struct Case {
   std::string sm_split = "cublas";    // BLEND_CUDA_NANO_SM_SPLIT
 };
 
+// One step on both backends: every logits row of `gpu` equals `cpu`'s within `tolerance`
+// (relative).
+void expect_step_matches(Backend& cpu, Backend& gpu, const ForwardBatch& batch, int64_t vocab,
+                         double tolerance, int step) {
+  std::vector<float> lc(batch.num_logit_rows() * vocab), lg(lc.size());
+  cpu.forward(batch, lc);
+  gpu.forward(batch, lg);
+  EXPECT_LT(relative_error(lc, lg), tolerance) << "step " << step;
+}
+
 // Three steps of mixed prefill chunks and decodes over three sequences (one of them on reversed
-// pages, one prompt split into two chunks): every logits row of `gpu` equals `cpu`'s within
-// `tolerance` (relative).
+// pages, one prompt split into two chunks), each matching (expect_step_matches).
 void expect_mixed_steps_match(Backend& cpu, Backend& gpu, const TestModel& m, double tolerance) {
   // d is long enough that attention crosses several key tiles (of 32 and of 64).
   Seq a{.id = 1, .tokens = prompt(11, 1)}, b{.id = 2, .tokens = prompt(17, 2)},
       c{.id = 4, .tokens = prompt(3, 3)}, d{.id = 6, .tokens = prompt(150, 4)};
   PageId next = 0;
-  const int64_t vocab = m.config.vocab_size;
   auto run = [&](const ForwardBatch& batch, int step) {
-    std::vector<float> lc(batch.num_logit_rows() * vocab), lg(lc.size());
-    cpu.forward(batch, lc);
-    gpu.forward(batch, lg);
-    EXPECT_LT(relative_error(lc, lg), tolerance) << "step " << step;
-    return lc;
+    expect_step_matches(cpu, gpu, batch, m.config.vocab_size, tolerance, step);
   };
   ForwardBatch s1;
   add_chunk(s1, a, 11, next);
@@ -700,7 +704,7 @@ TEST(CudaBackend, MeasuredNanoProfilePlansStepsWhoseLogitsMatchTheCpu) {
   BackendOptions o = options();
   o.num_pages = 0;
   auto timer = make_cuda_backend(m.config, m.store, o);
-  timer->allocate_kv(16 * ((cuda::NanoGrid{}.decode_context + kPageSize) / kPageSize));
+  timer->allocate_kv(cuda::NanoGrid{.decode_sequences = {4, 16}}.pages_needed(kPageSize));
   const cuda::NanoProfile profile = timer->measure_nano_profile(3);
   int sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
@@ -753,13 +757,8 @@ TEST(CudaBackend, DecodeStepsReplayOneGraphWithTheCpuBackendsLogits) {
   std::vector<Seq> seqs;
   for (int i = 0; i < 4; ++i) seqs.push_back({.id = 10 + i, .tokens = prompt(5 + 3 * i, i)});
   PageId next = 0;
-  const int64_t vocab = m.config.vocab_size;
   auto run = [&](const ForwardBatch& batch, int step) {
-    std::vector<float> lc(batch.num_logit_rows() * vocab), lg(lc.size());
-    cpu->forward(batch, lc);
-    gpu->forward(batch, lg);
-    EXPECT_LT(relative_error(lc, lg), 2e-2) << "step " << step;
-    return lc;
+    expect_step_matches(*cpu, *gpu, batch, m.config.vocab_size, 2e-2, step);
   };
   ForwardBatch prefill;
   for (Seq& q : seqs) add_chunk(prefill, q, static_cast<int32_t>(q.tokens.size()), next);

@@ -393,10 +393,10 @@ int64_t CudaBackendImpl::compute_logits(const ForwardBatch& batch, size_t host_l
   }
   // A decode-only step may replay a CUDA graph (BLEND_CUDA_GRAPHS): its shape repeats while
   // the same sequences decode. Per-op timing records events a graph would not.
-  const bool decode_only =
-      std::all_of(batch.chunks.begin(), batch.chunks.end(),
-                  [](const SeqChunk& c) { return c.num_tokens == 1 && c.num_cached > 0; });
-  const bool graph = graphs_ && decode_only && !timing_;
+  const bool graph = graphs_ && !timing_ &&
+                     std::all_of(batch.chunks.begin(), batch.chunks.end(), [](const SeqChunk& c) {
+                       return c.num_tokens == 1 && c.num_cached > 0;
+                     });
   const LaneStep s = prepare(lanes_[0], batch, 0, batch.chunks.size(), graph);
   if (graph && run_graph(s, logits)) return r;
   mark(nullptr);

@@ -112,7 +112,8 @@ class CudaBackendImpl final : public CudaBackend {
   // Chunks [first, end) of a step on one lane: the batch uploaded, the buffers reserved.
   struct LaneStep {
     Lane* lane = nullptr;
-    cublasHandle_t blas = nullptr;  // lane->blas, or lane->nano_blas in a pipelined step
+    // lane->blas; in a pipelined step lane->nano_blas, or with green contexts the split's.
+    cublasHandle_t blas = nullptr;
     // Where the step's kernels go: the lane's stream, or in a green pipelined step the GEMM
     // phases (everything but attention) and the attention on their SM groups' streams.
     cudaStream_t stream = nullptr, attention_stream = nullptr;

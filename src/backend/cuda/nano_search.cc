@@ -243,19 +243,14 @@ NanoGrid nano_profile_grid(int32_t total_sms, int32_t sm_step, int64_t kv_tokens
                 " SMs cannot be split at steps of " + std::to_string(sm_step));
   NanoGrid grid;
   for (int32_t g = sm_step; g < total_sms; g += sm_step) grid.gemm_sms.push_back(g);
-  grid.gemm_tokens = {16, 64, 256, 512, 1024, 2048, 4096};
-  for (int32_t n = 4; n <= 1024; n *= 4) {
-    grid.decode_sequences.push_back(n);
-    if (grid.pages_needed(page_size) * page_size > kv_tokens) {
-      grid.decode_sequences.pop_back();
-      break;
-    }
-  }
+  while (!grid.decode_sequences.empty() && grid.pages_needed(page_size) * page_size > kv_tokens)
+    grid.decode_sequences.pop_back();
   if (grid.decode_sequences.size() < 2) {
-    grid.decode_sequences = {4, 16};
+    NanoGrid least;
+    least.decode_sequences.resize(2);  // the two smallest sizes
     throw Error("nano-batch profile grid: the KV cache holds " + std::to_string(kv_tokens) +
                 " tokens; timing attention needs " +
-                std::to_string(grid.pages_needed(page_size) * page_size));
+                std::to_string(least.pages_needed(page_size) * page_size));
   }
   return grid;
 }

@@ -90,8 +90,8 @@ NanoPlan search_sm_split(const NanoProfile& profile, double x_tokens, double x_r
 // §5.5 over the cuts of `chunks`: the shortest plan, cut only where it takes at most
 // `min_ratio` of the whole step. `step`: SMs moved at a time (>= 1). The cuts tried are every
 // one between a decode and a longer chunk and `max_even_cuts` more spread evenly over the
-// chunks: a step runs its search on the host before every launch (2-3 us a cut for a
-// 32-layer model; bench/gpu/nano_search_bench), and neighbouring cuts among alike chunks give
+// chunks: a step runs its search on the host before every launch (about 1.6 us a cut for
+// a 32-layer model; bench/gpu/nano_search_bench), and neighbouring cuts among alike chunks give
 // nearly equal plans.
 NanoPlan autosearch(std::span<const ChunkWork> chunks, const NanoProfile& profile, int32_t step = 4,
                     double min_ratio = 0.95, int32_t max_even_cuts = 64);
@@ -123,20 +123,20 @@ NanoProfile load_nano_profile(const std::string& path, int32_t total_sms, int32_
 // measure_nano_profile): one layer's GEMM phase of each `gemm_tokens` (one prompt chunk) and
 // one layer's attention of `decode_sequences` decodes at `decode_context` cached tokens each,
 // on the GEMM group of a green split at each of `gemm_sms` and on the attention group (the
-// rest), and both on the whole GPU.
+// rest), and both on the whole GPU. A NanoGrid as made holds every size; nano_profile_grid
+// keeps the decode sizes the KV cache holds.
 struct NanoGrid {
   std::vector<int32_t> gemm_sms;
-  std::vector<int32_t> gemm_tokens;
-  std::vector<int32_t> decode_sequences;
+  std::vector<int32_t> gemm_tokens = {16, 64, 256, 512, 1024, 2048, 4096};
+  std::vector<int32_t> decode_sequences = {4, 16, 64, 256, 1024};
   int32_t decode_context = 1024;
   // KV pages the timed batches use at once (each sequence its own, as in a real step: shared
   // pages would be read from L2), at `page_size` tokens a page.
   int64_t pages_needed(int32_t page_size) const;
 };
 // The grid for a GPU of `total_sms` SMs split at multiples of `sm_step`, whose KV cache holds
-// `kv_tokens` tokens: every split the search may choose, GEMM phases of 16 to 4,096 tokens,
-// and 4 to 1,024 decodes (as many powers of four as the cache holds, at least two; else
-// blend::Error saying how many tokens it needs).
+// `kv_tokens` tokens: every split the search may choose, every GEMM size, and the decode sizes
+// the cache holds (at least two; else blend::Error saying how many tokens it needs).
 NanoGrid nano_profile_grid(int32_t total_sms, int32_t sm_step, int64_t kv_tokens,
                            int32_t page_size);
 
