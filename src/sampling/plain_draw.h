@@ -1,5 +1,6 @@
 // The sampler's plain temperature draw, written once for the host and the GPU: a row's token at
-// temperature T with no top-k / top-p / min-p, penalties, bias, mask or logprobs. sample_token
+// temperature T with no top-k / top-p / min-p, penalties, bias, mask or logprobs (a row with cuts
+// is drawn the same way over the tokens cut_select.h keeps, the others weighing 0). sample_token
 // (sampler.cc) computes its weights with draw_weight in vector loops; the cuda backend's draw
 // kernel (backend/cuda/draw.cu) computes the same sums and walk with these functions, so a row
 // drawn on the GPU gets the token the host would have drawn from the same logits (tests/sampling
@@ -58,19 +59,32 @@ BLEND_HOST_DEVICE inline float draw_weight(float logit, float max, float inv_t) 
   return logit < -3.402823466e38f ? 0.0f : draw_exp((logit - max) * inv_t);
 }
 
-// Lane `lane` of block `block`'s sum over a row of `vocab` logits: the weights of tokens
-// first + lane, first + lane + 8, ... in order, and on lane 0 the block's tail past its last
-// whole group of eight.
-BLEND_HOST_DEVICE inline float draw_lane_sum(const float* row, int64_t vocab, int64_t block,
-                                             int lane, float max, float inv_t) {
+// Token i's plain-draw weight, as a functor: the draw below also runs over other weights (the
+// cut draw of cut_select.h weighs the tokens a cut drops 0).
+struct PlainWeight {
+  const float* row;
+  float max, inv_t;
+  BLEND_HOST_DEVICE float operator()(int64_t i) const { return draw_weight(row[i], max, inv_t); }
+};
+
+// Lane `lane` of block `block`'s sum over a row of `vocab` tokens weighing weight(i): the weights
+// of tokens first + lane, first + lane + 8, ... in order, and on lane 0 the block's tail past
+// its last whole group of eight.
+template <class Weight>
+BLEND_HOST_DEVICE inline float draw_lane_sum(const Weight& weight, int64_t vocab, int64_t block,
+                                             int lane) {
   const int64_t first = block * kDrawBlock;
   const int64_t end = vocab < first + kDrawBlock ? vocab : first + kDrawBlock;
   const int64_t whole = first + (end - first) / kDrawLanes * kDrawLanes;
   float sum = 0.0f;
-  for (int64_t i = first + lane; i < whole; i += kDrawLanes) sum += draw_weight(row[i], max, inv_t);
+  for (int64_t i = first + lane; i < whole; i += kDrawLanes) sum += weight(i);
   if (lane == 0)
-    for (int64_t i = whole; i < end; ++i) sum += draw_weight(row[i], max, inv_t);
+    for (int64_t i = whole; i < end; ++i) sum += weight(i);
   return sum;
+}
+BLEND_HOST_DEVICE inline float draw_lane_sum(const float* row, int64_t vocab, int64_t block,
+                                             int lane, float max, float inv_t) {
+  return draw_lane_sum(PlainWeight{row, max, inv_t}, vocab, block, lane);
 }
 
 // A block's sum from its eight lane sums.
@@ -80,15 +94,21 @@ BLEND_HOST_DEVICE inline float draw_block_sum(const float* lanes) {
   return sum;
 }
 
+// The row's total from its block sums, added in order in double (the host's blocked_total).
+BLEND_HOST_DEVICE inline double draw_total(const float* sums, int64_t num_blocks) {
+  double total = 0;
+  for (int64_t b = 0; b < num_blocks; ++b) total += sums[b];
+  return total;
+}
+
 // The token a draw at u01 (sampling_uniform of the row's seed and output index) picks, from the
 // row's `num_blocks` block sums: blocks are skipped whole by their sums and the block the draw
 // falls in is walked; the running sum rounds differently from the lane sums, so a draw past a
 // block's end takes its last token of weight, and one past the total (rounding) the row's last.
-BLEND_HOST_DEVICE inline int64_t draw_pick(const float* row, int64_t vocab, const float* sums,
-                                           int64_t num_blocks, float max, float inv_t, double u01) {
-  double total = 0;
-  for (int64_t b = 0; b < num_blocks; ++b) total += sums[b];
-  const double u = u01 * total;
+template <class Weight>
+BLEND_HOST_DEVICE inline int64_t draw_pick(const Weight& weight, int64_t vocab, const float* sums,
+                                           int64_t num_blocks, double u01) {
+  const double u = u01 * draw_total(sums, num_blocks);
   double acc = 0;
   for (int64_t b = 0; b < num_blocks; ++b) {
     if (u >= acc + sums[b]) {
@@ -99,16 +119,20 @@ BLEND_HOST_DEVICE inline int64_t draw_pick(const float* row, int64_t vocab, cons
     const int64_t end = vocab < first + kDrawBlock ? vocab : first + kDrawBlock;
     double run = acc;
     for (int64_t i = first; i < end; ++i) {
-      const float w = draw_weight(row[i], max, inv_t);
+      const float w = weight(i);
       run += w;
       if (u < run && w > 0.0f) return i;
     }
     for (int64_t i = end; i-- > first;)
-      if (draw_weight(row[i], max, inv_t) > 0.0f) return i;
+      if (weight(i) > 0.0f) return i;
   }
   for (int64_t i = vocab; i-- > 0;)
-    if (draw_weight(row[i], max, inv_t) > 0.0f) return i;
+    if (weight(i) > 0.0f) return i;
   return vocab;  // no token of weight: not reached for a row with a finite maximum
+}
+BLEND_HOST_DEVICE inline int64_t draw_pick(const float* row, int64_t vocab, const float* sums,
+                                           int64_t num_blocks, float max, float inv_t, double u01) {
+  return draw_pick(PlainWeight{row, max, inv_t}, vocab, sums, num_blocks, u01);
 }
 
 }  // namespace blend

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "core/multiversion.h"
+#include "sampling/cut_select.h"
 #include "sampling/plain_draw.h"
 
 namespace blend {
@@ -196,6 +197,122 @@ std::span<const float> processed_logits(std::span<const float> logits, const Sam
   return buf;
 }
 
+// The dense draw's token (plain_draw.h) over a row whose only tokens of weight are `ids`
+// (ascending) with weights w: each non-empty block's sum as block_sums adds it (lane j holds the
+// block's tokens j, j + 8, ... and lane 0 its tail past the last group of eight, in id order;
+// a token of weight 0 adds exactly 0), the total and the walk as the dense path's. Some w > 0.
+TokenId draw_sparse(std::span<const TokenId> ids, std::span<const float> w, size_t vocab,
+                    double u01) {
+  struct Block {
+    size_t first_id, end_id;  // its tokens: ids[first_id, end_id)
+    float sum;
+  };
+  thread_local std::vector<Block> blocks;
+  blocks.clear();
+  double total = 0;
+  for (size_t k = 0; k < ids.size();) {
+    const size_t first = static_cast<size_t>(ids[k]) / kBlock * kBlock;
+    const size_t end = std::min(vocab, first + kBlock);
+    const size_t whole = first + (end - first) / kLanes * kLanes;
+    float lane[kLanes] = {};
+    const size_t begin = k;
+    for (; k < ids.size() && static_cast<size_t>(ids[k]) < end; ++k) {
+      const auto t = static_cast<size_t>(ids[k]);
+      lane[t < whole ? (t - first) % kLanes : 0] += w[k];
+    }
+    float sum = 0;
+    for (size_t j = 0; j < kLanes; ++j) sum += lane[j];
+    blocks.push_back({begin, k, sum});
+    total += sum;
+  }
+  const double u = u01 * total;
+  double acc = 0;
+  for (const Block& b : blocks) {
+    if (u >= acc + b.sum) {
+      acc += b.sum;
+      continue;
+    }
+    double run = acc;
+    for (size_t k = b.first_id; k < b.end_id; ++k) {
+      run += w[k];
+      if (u < run && w[k] > 0.0f) return ids[k];
+    }
+    for (size_t k = b.end_id; k-- > b.first_id;)
+      if (w[k] > 0.0f) return ids[k];
+  }
+  for (size_t k = ids.size(); k-- > 0;)  // u past the total by rounding
+    if (w[k] > 0.0f) return ids[k];
+  return ids.empty() ? 0 : ids.back();  // not reached: some token weighs more than 0
+}
+
+// keys[i] = rank_key(logits[i]), in a loop that vectorises: adding +0 makes -0 +0, and the sign
+// decides between flipping every bit and setting the top one.
+BLEND_MULTIVERSION
+void rank_keys(const float* logits, uint32_t* keys, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t u = std::bit_cast<uint32_t>(logits[i] + 0.0f);
+    keys[i] = u ^ (static_cast<uint32_t>(static_cast<int32_t>(u) >> 31) | 0x80000000u);
+  }
+}
+
+// The candidates `ids` (ascending; keys[t] the rank key of token t) that the cut of
+// sampling/cut_select.h keeps: the most-likely prefix, by logit and then id, whose weight before
+// each kept token is below `budget` (weight(t) is token t's). Writes them, ascending, to `kept`.
+// After the first radix pass only the tokens at or above its chosen bin can be kept: they are
+// collected once, and the later passes and the final filter look at them alone.
+template <class Weight>
+void select_ranked(std::span<const TokenId> ids, const uint32_t* keys, Weight weight,
+                   uint64_t budget, std::vector<TokenId>& kept) {
+  // A row's logits fall in a few dozen first-pass bins, so one histogram would be a chain of
+  // increments of the same few counters; four copies, one per index mod 4, break it.
+  constexpr size_t kCopies = 4;
+  thread_local std::vector<TokenId> live;
+  thread_local std::vector<uint32_t> count, count_copies;
+  thread_local std::vector<uint64_t> mass, mass_copies;
+  auto key = [&](TokenId t) { return keys[static_cast<size_t>(t)]; };
+  uint32_t prefix = 0;
+  uint64_t above = 0;
+  for (int pass = 0; pass < kRadixPasses; ++pass) {
+    const std::span<const TokenId> scan = pass == 0 ? ids : std::span<const TokenId>(live);
+    const auto bins = size_t{1} << radix_bits(pass);
+    const size_t mask = scan.size() >= 16 * bins ? kCopies - 1 : 0;
+    count_copies.assign((mask + 1) * bins, 0);
+    mass_copies.assign((mask + 1) * bins, 0);
+    for (size_t i = 0; i < scan.size(); ++i) {
+      const size_t d = (i & mask) * bins + static_cast<size_t>(radix_digit(key(scan[i]), pass));
+      ++count_copies[d];
+      mass_copies[d] += weight(scan[i]);
+    }
+    count.assign(count_copies.begin(), count_copies.begin() + static_cast<ptrdiff_t>(bins));
+    mass.assign(mass_copies.begin(), mass_copies.begin() + static_cast<ptrdiff_t>(bins));
+    for (size_t c = 1; c <= mask; ++c)
+      for (size_t b = 0; b < bins; ++b) {
+        count[b] += count_copies[c * bins + b];
+        mass[b] += mass_copies[c * bins + b];
+      }
+    const int bin = radix_choose(count.data(), mass.data(), static_cast<int>(bins), budget, &above);
+    prefix |= static_cast<uint32_t>(bin) << radix_shift(pass);
+    if (pass == 0) {  // every token the cut can keep, then the bin's tokens among them
+      kept.clear();
+      for (TokenId t : ids)
+        if (radix_digit(key(t), 0) >= bin) kept.push_back(t);
+      live.clear();
+      for (TokenId t : kept)
+        if (radix_digit(key(t), 0) == bin) live.push_back(t);
+    } else {
+      std::erase_if(live, [&](TokenId t) { return radix_digit(key(t), pass) != bin; });
+    }
+  }
+  RankCut cut{.key = prefix};
+  if (live.size() > 1)  // tied on the key, in id order (one token alone there is kept)
+    for (TokenId t : live) {
+      if (above >= budget) break;
+      cut.last_id = t;
+      above += weight(t);
+    }
+  std::erase_if(kept, [&](TokenId t) { return !rank_kept(cut, key(t), t); });
+}
+
 // The unrestricted temperature draw or the argmax of a masked row over its allowed tokens only
 // (structured output allows a few dozen of a 128K vocabulary). A disallowed token's logit is
 // -inf in the dense path and weighs exactly 0 there: it adds exactly 0 to its lane, its block
@@ -240,57 +357,8 @@ std::optional<SampledToken> sample_masked_sparse(std::span<const float> logits,
   thread_local std::vector<float> w;
   w.resize(ids.size());
   exp_gather(logits.data(), ids.data(), w.data(), ids.size(), max, 1.0f / params.temperature);
-  // Each non-empty block's sum, as block_sums adds it: lane j holds the block's tokens j, j + 8,
-  // ... (its tail past the last group of eight in lane 0), in id order; lanes added in order.
-  struct Block {
-    size_t first_id, end_id;  // its allowed tokens: ids[first_id, end_id)
-    float sum;
-  };
-  thread_local std::vector<Block> blocks;
-  blocks.clear();
-  double total = 0;
-  for (size_t k = 0; k < ids.size();) {
-    const size_t first = static_cast<size_t>(ids[k]) / kBlock * kBlock;
-    const size_t end = std::min(vocab, first + kBlock);
-    const size_t whole = first + (end - first) / kLanes * kLanes;
-    float lane[kLanes] = {};
-    const size_t begin = k;
-    for (; k < ids.size() && static_cast<size_t>(ids[k]) < end; ++k) {
-      const auto t = static_cast<size_t>(ids[k]);
-      lane[t < whole ? (t - first) % kLanes : 0] += w[k];
-    }
-    float sum = 0;
-    for (size_t j = 0; j < kLanes; ++j) sum += lane[j];
-    blocks.push_back({begin, k, sum});
-    total += sum;
-  }
-  const double u = sampling_uniform(seed, step) * total;
-  double acc = 0;
-  for (const Block& b : blocks) {
-    if (u >= acc + b.sum) {
-      acc += b.sum;
-      continue;
-    }
-    double run = acc;
-    for (size_t k = b.first_id; k < b.end_id; ++k) {
-      run += w[k];
-      if (u < run && w[k] > 0.0f) {
-        out.token = ids[k];
-        return out;
-      }
-    }
-    for (size_t k = b.end_id; k-- > b.first_id;)
-      if (w[k] > 0.0f) {
-        out.token = ids[k];
-        return out;
-      }
-  }
-  for (size_t k = ids.size(); k-- > 0;)  // u past the total by rounding
-    if (w[k] > 0.0f) {
-      out.token = ids[k];
-      return out;
-    }
-  return std::nullopt;  // not reached: the maximum weighs 1
+  out.token = draw_sparse(ids, w, vocab, sampling_uniform(seed, step));
+  return out;
 }
 
 }  // namespace
@@ -298,6 +366,11 @@ std::optional<SampledToken> sample_masked_sparse(std::span<const float> logits,
 double sampling_uniform(uint64_t seed, int64_t step) {
   const uint64_t r = mix(mix(seed) ^ static_cast<uint64_t>(step));
   return static_cast<double>(r >> 11) * (1.0 / 9007199254740992.0);  // 53 bits
+}
+
+float row_logprob(float logit, float max, double total) {
+  const double lse = max + std::log(total);
+  return static_cast<float>(logit - lse);
 }
 
 void temperature_weights(std::span<const float> logits, float max, float inv_t,
@@ -337,77 +410,42 @@ SampledToken sample_token(std::span<const float> raw_logits, const SamplingParam
     const bool restrict = params.top_k > 0 || params.min_p > 0.0f || params.top_p < 1.0f;
     ids.clear();
     if (restrict) {
-      // min-p first (it is a plain threshold), then top-k by logit.
-      const float floor = params.min_p;  // the top token has weight 1
+      // The cuts of sampling/cut_select.h, so that the GPU keeps the same tokens: min-p (a
+      // threshold on the weight; the top token weighs 1), then top-k and top-p as selections in
+      // rank order. The draw is then the dense draw over the kept tokens alone.
+      const float floor = std::min(params.min_p, 1.0f);
       for (size_t i = 0; i < vocab; ++i)
         if (weight[i] >= floor && weight[i] > 0.0f) ids.push_back(static_cast<TokenId>(i));
-      auto by_logit = [&](TokenId a, TokenId b) { return more_likely(logits, a, b); };
+      thread_local std::vector<uint32_t> keys;
+      thread_local std::vector<TokenId> cut;
+      if (params.top_k > 0 || params.top_p < 1.0f) {
+        keys.resize(vocab);
+        rank_keys(logits.data(), keys.data(), vocab);
+      }
       if (params.top_k > 0 && ids.size() > static_cast<size_t>(params.top_k)) {
-        std::nth_element(ids.begin(), ids.begin() + params.top_k - 1, ids.end(), by_logit);
-        ids.resize(static_cast<size_t>(params.top_k));
+        select_ranked(
+            ids, keys.data(), [](TokenId) { return uint64_t{1}; },
+            static_cast<uint64_t>(params.top_k), cut);
+        ids.swap(cut);
       }
       if (params.top_p < 1.0f) {
-        // The smallest most-likely set holding top_p of the mass, without sorting the whole
-        // vocabulary: bucket the weights by their float bits (monotonic for positive floats),
-        // take every bucket above the one where the mass crosses top_p, and sort only that one.
-        constexpr int kShift = 19;  // 8 exponent + 4 mantissa bits: 4096 buckets
-        thread_local std::vector<double> bucket_mass;
-        bucket_mass.assign(size_t{1} << (32 - kShift), 0.0);
-        auto bucket = [&](TokenId t) {
-          return std::bit_cast<uint32_t>(weight[static_cast<size_t>(t)]) >> kShift;
-        };
-        double total = 0;
-        for (TokenId t : ids) {
-          bucket_mass[bucket(t)] += weight[static_cast<size_t>(t)];
-          total += weight[static_cast<size_t>(t)];
-        }
-        const double target = params.top_p * total;
-        double above = 0;  // mass of the buckets strictly above the crossing one
-        size_t cross = bucket_mass.size();
-        while (cross-- > 0) {
-          if (above + bucket_mass[cross] >= target) break;
-          above += bucket_mass[cross];
-        }
-        std::vector<TokenId> kept, edge;
-        for (TokenId t : ids) {
-          const uint32_t b = bucket(t);
-          if (b > cross) kept.push_back(t);
-          if (b == cross) edge.push_back(t);
-        }
-        std::sort(edge.begin(), edge.end(), by_logit);
-        double cum = above;
-        for (TokenId t : edge) {
-          if (cum >= target && !kept.empty()) break;
-          kept.push_back(t);
-          cum += weight[static_cast<size_t>(t)];
-        }
-        ids = std::move(kept);
+        auto mass = [&](TokenId t) { return fixed_mass(weight[static_cast<size_t>(t)]); };
+        uint64_t total = 0;
+        for (TokenId t : ids) total += mass(t);
+        select_ranked(ids, keys.data(), mass, top_p_budget(params.top_p, total), cut);
+        ids.swap(cut);
       }
-    }
-    // Inverse-CDF draw in a fixed order (token id order, or the filtered order).
-    thread_local std::vector<float> sums;
-    double total;
-    if (restrict) {
-      total = 0;
-      for (TokenId t : ids) total += weight[static_cast<size_t>(t)];
+      thread_local std::vector<float> kept;
+      kept.resize(ids.size());
+      for (size_t k = 0; k < ids.size(); ++k) kept[k] = weight[static_cast<size_t>(ids[k])];
+      out.token = draw_sparse(ids, kept, vocab, sampling_uniform(seed, step));
     } else {
-      total = blocked_total(weight.data(), vocab, sums);
-    }
-    const double u = sampling_uniform(seed, step) * total;
-    if (restrict) {
-      double acc = 0;
-      out.token = ids.back();
-      for (TokenId t : ids) {
-        acc += weight[static_cast<size_t>(t)];
-        if (u < acc) {
-          out.token = t;
-          break;
-        }
-      }
-    } else {
-      // Skip whole blocks by their sums, then walk the block the draw falls in. Its running sum
+      // The inverse-CDF draw in token id order: skip whole blocks by their sums, then walk the
+      // block the draw falls in. Its running sum
       // rounds differently from its lane sum, so the draw may pass its end: then the block's
       // last token with weight (never a token of weight 0, such as one a grammar forbids).
+      thread_local std::vector<float> sums;
+      const double u = sampling_uniform(seed, step) * blocked_total(weight.data(), vocab, sums);
       const float* w = weight.data();
       size_t pick = vocab;
       double acc = 0;
@@ -439,8 +477,8 @@ SampledToken sample_token(std::span<const float> raw_logits, const SamplingParam
     weight.resize(vocab);
     exp_row(logits.data(), weight.data(), vocab, max_logit, 1.0f);
     thread_local std::vector<float> sums;
-    const double lse = max_logit + std::log(blocked_total(weight.data(), vocab, sums));
-    out.logprob = static_cast<float>(logits[static_cast<size_t>(out.token)] - lse);
+    const double total = blocked_total(weight.data(), vocab, sums);
+    out.logprob = row_logprob(logits[static_cast<size_t>(out.token)], max_logit, total);
     const size_t n = std::min<size_t>(vocab, static_cast<size_t>(std::max(0, *params.logprobs)));
     if (n > 0) {
       ids.resize(vocab);
@@ -448,7 +486,8 @@ SampledToken sample_token(std::span<const float> raw_logits, const SamplingParam
       std::partial_sort(ids.begin(), ids.begin() + static_cast<ptrdiff_t>(n), ids.end(),
                         [&](TokenId a, TokenId b) { return more_likely(logits, a, b); });
       for (size_t i = 0; i < n; ++i)
-        out.top.push_back({ids[i], static_cast<float>(logits[static_cast<size_t>(ids[i])] - lse)});
+        out.top.push_back(
+            {ids[i], row_logprob(logits[static_cast<size_t>(ids[i])], max_logit, total)});
     }
   }
   return out;

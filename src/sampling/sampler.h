@@ -22,6 +22,12 @@ double sampling_uniform(uint64_t seed, int64_t step);
 void temperature_weights(std::span<const float> logits, float max, float inv_t,
                          std::span<float> out);
 
+// The logprob sample_token reports for a token of logit `logit` in a row whose largest logit is
+// `max` and whose temperature-1 weights (temperature_weights at inv_t 1) add up, block sum by
+// block sum in order as plain_draw.h adds them, to `total`: log-softmax, logit - (max + log total).
+// A backend that adds the weights where the logits are reports the same floats through it.
+float row_logprob(float logit, float max, double total);
+
 // Temperatures below this sample greedily (as vLLM does): 1/T overflows long before T = 0, and
 // a draw at T = 1e-40 would otherwise read NaN weights.
 constexpr float kGreedyTemperature = 1e-5f;

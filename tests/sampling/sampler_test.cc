@@ -397,3 +397,105 @@ TEST(SamplerMaskTest, TheSparseDrawIsTheDenseDrawsToken) {
 
 }  // namespace
 }  // namespace blend
+
+// The top-k / top-p / min-p cuts are defined once (sampling/cut_select.h) so that the GPU keeps
+// the tokens the host keeps. Here the sampler against that definition computed by sorting: the
+// kept set is the most-likely prefix by (logit, then id) under each budget, and the draw over
+// it is the plain draw over a row where every other token is -inf.
+#include "sampling/cut_select.h"
+
+namespace blend {
+namespace {
+
+// The tokens the cuts keep, by their definition: candidates of weight >= min_p (and > 0), ranked
+// by logit then id; top-k keeps the first k; top-p the first tokens whose fixed-point weight
+// before them is below top_p x the candidates' total.
+std::vector<bool> kept_by_definition(const std::vector<float>& row, const SamplingParams& p) {
+  float max = -std::numeric_limits<float>::infinity();
+  for (float x : row) max = std::max(max, x);
+  const float inv_t = 1.0f / p.temperature;
+  std::vector<TokenId> ranked;
+  std::vector<float> w(row.size());
+  for (size_t i = 0; i < row.size(); ++i) {
+    w[i] = draw_weight(row[i], max, inv_t);
+    if (w[i] >= std::min(p.min_p, 1.0f) && w[i] > 0.0f) ranked.push_back(static_cast<TokenId>(i));
+  }
+  std::sort(ranked.begin(), ranked.end(), [&](TokenId a, TokenId b) {
+    const float la = row[static_cast<size_t>(a)], lb = row[static_cast<size_t>(b)];
+    return la > lb || (la == lb && a < b);
+  });
+  if (p.top_k > 0 && ranked.size() > static_cast<size_t>(p.top_k))
+    ranked.resize(static_cast<size_t>(p.top_k));
+  if (p.top_p < 1.0f) {
+    uint64_t total = 0;
+    for (TokenId t : ranked) total += fixed_mass(w[static_cast<size_t>(t)]);
+    const uint64_t budget = top_p_budget(p.top_p, total);
+    uint64_t before = 0;
+    size_t n = 0;
+    while (n < ranked.size() && before < budget) before += fixed_mass(w[ranked[n++]]);
+    ranked.resize(n);
+  }
+  std::vector<bool> kept(row.size(), false);
+  for (TokenId t : ranked) kept[static_cast<size_t>(t)] = true;
+  return kept;
+}
+
+TEST(SamplerCuts, TheDrawIsThePlainDrawOverTheRankedPrefix) {
+  std::mt19937 rng(21);
+  int64_t rows = 0, cut_rows = 0, ties_at_the_cut = 0;
+  for (const size_t vocab : {size_t{5}, size_t{300}, size_t{4093}, size_t{40000}}) {
+    for (int r = 0; r < 60; ++r) {
+      std::vector<float> row = model_like_row(static_cast<int64_t>(vocab), std::ref(rng));
+      // Coarse logits tie often (the cut must break ties by id), with -0, +0 and -inf among them.
+      if (r % 3 == 0)
+        for (float& x : row) x = static_cast<float>(rng() % 6);
+      if (r % 5 == 0) {
+        row[0] = -0.0f;
+        row[vocab / 2] = 0.0f;
+        row[vocab - 1] = -std::numeric_limits<float>::infinity();
+      }
+      SamplingParams p;
+      p.temperature = 0.5f + 0.25f * static_cast<float>(r % 4);
+      p.top_k = r % 4 == 1 ? 0 : 1 + r % 60;
+      p.top_p = r % 3 == 2 ? 1.0f : 0.3f + 0.1f * static_cast<float>(r % 7);
+      p.min_p = r % 5 == 3 ? 0.02f : 0.0f;
+      if (p.top_k == 1) p.top_k = 2;  // top_k 1 is greedy, not a cut
+      const std::vector<bool> kept = kept_by_definition(row, p);
+      std::vector<float> masked = row;
+      size_t kept_count = 0;
+      for (size_t i = 0; i < vocab; ++i) {
+        if (!kept[i]) masked[i] = -std::numeric_limits<float>::infinity();
+        kept_count += kept[i] ? 1 : 0;
+      }
+      ASSERT_GT(kept_count, 0u);
+      cut_rows += kept_count < vocab ? 1 : 0;
+      SamplingParams plain;
+      plain.temperature = p.temperature;
+      for (int64_t step = 0; step < 8; ++step) {
+        const uint64_t seed = 900 + static_cast<uint64_t>(r);
+        const SampledToken got = sample_token(row, p, seed, step);
+        ASSERT_FALSE(got.invalid);
+        ASSERT_TRUE(kept[static_cast<size_t>(got.token)])
+            << "vocab " << vocab << " row " << r << " token " << got.token;
+        EXPECT_EQ(got.token, sample_token(masked, plain, seed, step).token)
+            << "vocab " << vocab << " row " << r << " step " << step;
+      }
+      // A tie at the cut: a dropped token with the logit of a kept one.
+      float lowest_kept = std::numeric_limits<float>::infinity();
+      for (size_t i = 0; i < vocab; ++i)
+        if (kept[i]) lowest_kept = std::min(lowest_kept, row[i]);
+      for (size_t i = 0; i < vocab; ++i)
+        if (!kept[i] && row[i] == lowest_kept) {
+          ++ties_at_the_cut;
+          break;
+        }
+      ++rows;
+    }
+  }
+  EXPECT_EQ(rows, 240);
+  EXPECT_GT(cut_rows, 150);        // the cuts cut
+  EXPECT_GT(ties_at_the_cut, 10);  // and ties at the cut were broken by id
+}
+
+}  // namespace
+}  // namespace blend
