@@ -106,26 +106,28 @@ bool Backend::forward_argmax(const ForwardBatch&, std::span<TokenId>) {
 
 namespace {
 
-// Whether sampling this row reads nothing but its raw logits: no logprobs, penalties, bias or
-// mask (what a backend may then sample where the logits are).
-bool reads_raw_logits_only(const SampleRow& row) {
+// Whether sampling this row reads nothing but its raw logits and its sampling parameters: no
+// penalties, bias or mask.
+bool reads_raw_logits(const SampleRow& row) {
   const SamplingParams& p = *row.params;
-  return !p.logprobs && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
+  return p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
          p.repetition_penalty == 1.0f && p.logit_bias.empty() && row.allowed == nullptr;
 }
 
 // Whether the host sampler would take the plain argmax of this row's raw logits.
 bool plain_greedy(const SampleRow& row) {
   const SamplingParams& p = *row.params;
-  return (p.temperature < kGreedyTemperature || p.top_k == 1) && reads_raw_logits_only(row);
+  return (p.temperature < kGreedyTemperature || p.top_k == 1) && !p.logprobs &&
+         reads_raw_logits(row);
 }
 
-// ... or sample_token's unrestricted temperature draw (no top-k, min-p or top-p cut) at a
-// finite temperature (1 / T = 0 would read as the argmax).
-bool plain_draw(const SampleRow& row) {
+// Whether a backend may sample this row where its logits are: greedy or at a finite
+// temperature (1 / T = 0 would read as the argmax), at most kMaxDeviceLogprobs logprobs.
+bool device_draw(const SampleRow& row) {
   const SamplingParams& p = *row.params;
-  return plain_greedy(row) || (p.top_k <= 0 && p.min_p <= 0.0f && p.top_p >= 1.0f &&
-                               1.0f / p.temperature > 0.0f && reads_raw_logits_only(row));
+  const bool greedy = p.temperature < kGreedyTemperature || p.top_k == 1;
+  return reads_raw_logits(row) && (greedy || 1.0f / p.temperature > 0.0f) &&
+         (!p.logprobs || *p.logprobs <= kMaxDeviceLogprobs);
 }
 
 }  // namespace
@@ -134,39 +136,45 @@ bool all_plain_greedy(std::span<const SampleRow> rows) {
   return !rows.empty() && std::all_of(rows.begin(), rows.end(), plain_greedy);
 }
 
-bool all_plain_draws(std::span<const SampleRow> rows) {
-  return !rows.empty() && std::all_of(rows.begin(), rows.end(), plain_draw);
+bool all_device_draws(std::span<const SampleRow> rows) {
+  return !rows.empty() && std::all_of(rows.begin(), rows.end(), device_draw);
 }
 
-std::optional<std::vector<PlainDraw>> plain_draws(std::span<const SampleRow> rows) {
-  if (!all_plain_draws(rows)) return std::nullopt;
-  std::vector<PlainDraw> draws(rows.size());
+std::optional<std::vector<DeviceDraw>> device_draws(std::span<const SampleRow> rows) {
+  if (!all_device_draws(rows)) return std::nullopt;
+  std::vector<DeviceDraw> draws(rows.size());
   for (size_t r = 0; r < rows.size(); ++r) {
     const SampleRow& row = rows[r];
-    if (plain_greedy(row)) continue;  // {0, 0}: the argmax
-    draws[r].inv_temperature = 1.0f / row.params->temperature;
-    draws[r].uniform =
-        sampling_uniform(row.rng_seed, static_cast<int64_t>(row.history.output.size()));
+    const SamplingParams& p = *row.params;
+    DeviceDraw& d = draws[r];
+    d.logprobs = p.logprobs ? std::max(0, *p.logprobs) : -1;
+    if (p.temperature < kGreedyTemperature || p.top_k == 1) continue;  // the argmax
+    d.inv_temperature = 1.0f / p.temperature;
+    d.uniform = sampling_uniform(row.rng_seed, static_cast<int64_t>(row.history.output.size()));
+    d.top_k = p.top_k;
+    d.top_p = p.top_p;
+    d.min_p = p.min_p;
   }
   return draws;
 }
 
-bool Backend::forward_draw(const ForwardBatch& batch, std::span<const PlainDraw> draws,
-                           std::span<TokenId> tokens) {
-  const bool argmax_only = std::all_of(draws.begin(), draws.end(),
-                                       [](const PlainDraw& d) { return d.inv_temperature == 0; });
-  return argmax_only && forward_argmax(batch, tokens);
+bool Backend::forward_draw(const ForwardBatch& batch, std::span<const DeviceDraw> draws,
+                           std::span<SampledToken> out) {
+  const bool argmax_only = std::all_of(draws.begin(), draws.end(), [](const DeviceDraw& d) {
+    return d.inv_temperature == 0 && d.logprobs < 0;
+  });
+  if (!argmax_only) return false;
+  std::vector<TokenId> tokens(out.size());
+  if (!forward_argmax(batch, tokens)) return false;
+  for (size_t r = 0; r < out.size(); ++r) out[r] = SampledToken{.token = tokens[r]};
+  return true;
 }
 
 void Backend::compute_step() {
   const std::vector<SampleRow>& rows = pending_.rows;
-  if (const std::optional<std::vector<PlainDraw>> draws = plain_draws(rows)) {
-    std::vector<TokenId> tokens(rows.size());
-    if (forward_draw(pending_.batch, *draws, tokens)) {
-      sampled_.assign(rows.size(), SampledToken{});
-      for (size_t r = 0; r < rows.size(); ++r) sampled_[r].token = tokens[r];
-      return;
-    }
+  if (const std::optional<std::vector<DeviceDraw>> draws = device_draws(rows)) {
+    sampled_.assign(rows.size(), SampledToken{});
+    if (forward_draw(pending_.batch, *draws, sampled_)) return;
   }
   const size_t vocab = static_cast<size_t>(config().vocab_size);
   logits_.resize(static_cast<size_t>(pending_.batch.num_logit_rows()) * vocab);

@@ -61,17 +61,24 @@ struct SampleRow {
 // logits are (Backend::forward_argmax). False for no rows.
 bool all_plain_greedy(std::span<const SampleRow> rows);
 
-// A row the host sampler would draw from its raw logits alone: greedy, or at a temperature with
-// no top-k, top-p or min-p (and no penalties, bias, logprobs or mask). A backend may draw such
-// rows where the logits are (Backend::forward_draw), with sampling/plain_draw.h's arithmetic.
-struct PlainDraw {
+// A row a backend may sample where its logits are (Backend::forward_draw): one whose sampling
+// reads nothing but its raw logits (no penalties, bias or mask) and asks for at most
+// kMaxDeviceLogprobs top logprobs. It is greedy, or a temperature draw with or without the
+// top-k / top-p / min-p cuts (defined once for host and GPU in sampling/cut_select.h), and the
+// token's logprobs where asked: the backend gives what sample_token would give on those logits.
+inline constexpr int32_t kMaxDeviceLogprobs = 20;  // OpenAI's most top_logprobs
+struct DeviceDraw {
   float inv_temperature = 0;  // 1 / temperature as the sampler rounds it; 0 = the argmax
   double uniform = 0;         // sampling_uniform(rng_seed, output index)
+  int32_t top_k = 0;          // the cuts, read at a temperature only (SamplingParams' values)
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  int32_t logprobs = -1;  // -1: none; n >= 0: the token's logprob and the n most likely tokens'
 };
-// Whether every row is a plain draw (false for no rows).
-bool all_plain_draws(std::span<const SampleRow> rows);
-// Every row's plain draw, or nothing unless all_plain_draws.
-std::optional<std::vector<PlainDraw>> plain_draws(std::span<const SampleRow> rows);
+// Whether every row is a device draw (false for no rows).
+bool all_device_draws(std::span<const SampleRow> rows);
+// Every row's device draw, or nothing unless all_device_draws.
+std::optional<std::vector<DeviceDraw>> device_draws(std::span<const SampleRow> rows);
 
 // What one engine step hands a backend: the batch to compute and the rows to sample. The
 // spans in `rows` point into the engine's sequences and stay valid until wait() returns.
@@ -164,12 +171,13 @@ class Backend {
   // the caller can use, where the host sampler must decide (a NaN or +inf in a row). The
   // default computes nothing and returns false.
   virtual bool forward_argmax(const ForwardBatch& batch, std::span<TokenId> tokens);
-  // forward() for a step whose rows are all plain draws (plain_draws): writes each row's token,
-  // the one sample_token would draw from the row's logits, to `tokens`. Like forward_argmax it
-  // returns false where the host must decide. The default takes forward_argmax when every draw
-  // is an argmax, and declines otherwise; a GPU backend draws there (backend/cuda/draw.cu).
-  virtual bool forward_draw(const ForwardBatch& batch, std::span<const PlainDraw> draws,
-                            std::span<TokenId> tokens);
+  // forward() for a step whose rows are all device draws (device_draws): writes to `out` each
+  // row's token and logprobs, those sample_token would give on the row's logits. Like
+  // forward_argmax it returns false where the host must decide. The default takes forward_argmax
+  // when every draw is an argmax without logprobs, and declines otherwise; a GPU backend draws
+  // every kind (backend/cuda/draw.cu).
+  virtual bool forward_draw(const ForwardBatch& batch, std::span<const DeviceDraw> draws,
+                            std::span<SampledToken> out);
 
   // Copies one page's K/V (all layers) to another page (copy-on-write of a shared last page).
   virtual void copy_page(PageId src, PageId dst) = 0;

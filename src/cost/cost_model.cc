@@ -135,7 +135,7 @@ StepCost CostModel::estimate_step(const StepShape& step) const {
   if (shape_.tensor_parallel > 1)  // NanoFlow eq. 7: two AllGathers and one AllReduce per layer
     cost.network_seconds = 4 * dense_tokens * hl * 2 / hardware_.network_bandwidth;
   if (dense_tokens > 0) {
-    const bool rows_on_device = step.plain_draws && hardware_.device_argmax;
+    const bool rows_on_device = step.device_draws && hardware_.device_argmax;
     cost.overhead_seconds = hardware_.step_overhead_seconds +
                             (rows_on_device ? 0.0 : rows * hardware_.per_logit_row_seconds) +
                             static_cast<double>(step.decode_tokens) * hardware_.per_decode_seconds;

@@ -60,10 +60,10 @@ struct StepShape {
   // Rows that go through the lm_head (engines skip it for prompt tokens that sample nothing);
   // -1 = every dense token, as the papers count.
   int64_t logit_rows = -1;
-  // Every sampled row is a plain draw, an argmax or an unrestricted temperature draw
-  // (all_plain_draws: a backend with Hardware::device_argmax draws it on the device, and the rows
-  // cost no host work).
-  bool plain_draws = false;
+  // Every sampled row is a device draw, an argmax or a temperature draw with no penalty, bias
+  // or mask (all_device_draws: a backend with Hardware::device_argmax draws it on the device, and
+  // the rows cost no host work).
+  bool device_draws = false;
 };
 
 // The shape of the step a backend is asked to compute: a one-token chunk with context is a

@@ -49,9 +49,9 @@ struct Hardware {
   bool gemm_roofline = false;
   double kv_bandwidth = 0.0;
   double per_decode_seconds = 0.0;
-  // Steps whose rows are all plain draws (argmax or unrestricted temperature) are drawn on the
-  // device (the cuda backend's forward_draw): no logits leave it and per_logit_row_seconds is
-  // not paid. The JSON name is older than the temperature draws.
+  // Steps whose rows are all device draws (argmax or temperature, with or without cuts and
+  // logprobs) are drawn on the device (the cuda backend's forward_draw): no logits leave it and
+  // per_logit_row_seconds is not paid. The JSON name is older than the temperature draws.
   bool device_argmax = false;
 
   double effective_compute() const { return compute_flops * compute_efficiency; }

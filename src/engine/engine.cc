@@ -547,7 +547,7 @@ void Engine::launch_step(const StepPlan& plan) {
   // The observer sees the batch after the step; the backend takes its own copy of it.
   if (!step_observers_.empty()) {
     f.observed = in.batch;
-    f.plain_draws = all_plain_draws(in.rows);
+    f.device_draws = all_device_draws(in.rows);
   }
   const WallClock::time_point launch0 = WallClock::now();
   backend_->launch(std::move(in));
@@ -644,7 +644,7 @@ void Engine::step() {
   apply_tokens(done, sampled);  // while `next` computes
   if (done.measure_cost) scheduler_->observe_step_cost(done.cost);
   for (const StepObserver& observe : step_observers_)
-    observe(done.observed, done.started, done.plain_draws);
+    observe(done.observed, done.started, done.device_draws);
 #ifdef BLEND_CHECK_INVARIANTS
   if (!in_flight_)
     check_invariants();  // leaks, double frees, a stale tree: abort at the step that caused them

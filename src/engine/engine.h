@@ -211,10 +211,10 @@ class Engine {
 
   // Called, in the order added, at the end of every step that ran a forward pass, with the
   // batch it ran, when the step began on the engine's clock, and whether every row it sampled
-  // was a plain draw (all_plain_draws). Step timings (`blend batch --step-timings`) fit the
+  // was a device draw (all_device_draws). Step timings (`blend batch --step-timings`) fit the
   // cost model on them; `--plot` draws the run's timeline.
   using StepObserver =
-      std::function<void(const ForwardBatch& batch, double started, bool plain_draws)>;
+      std::function<void(const ForwardBatch& batch, double started, bool device_draws)>;
   void add_step_observer(StepObserver observer) { step_observers_.push_back(std::move(observer)); }
 
   EngineStats stats() const;
@@ -238,7 +238,7 @@ class Engine {
     bool measure_cost = false;
     IterationSample cost;
     ForwardBatch observed;  // for the step observer
-    bool plain_draws = false;
+    bool device_draws = false;
     // Token masks of the constrained rows: the backend reads them until the step is collected.
     std::vector<std::shared_ptr<const TokenMask>> masks;
   };

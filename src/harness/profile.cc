@@ -36,9 +36,9 @@ StepShape shape_of(const ProfilePoint& p) {
 }  // namespace
 
 StepRecorder::StepRecorder(Engine& engine) {
-  engine.add_step_observer([this](const ForwardBatch& batch, double started, bool plain_draws) {
+  engine.add_step_observer([this](const ForwardBatch& batch, double started, bool device_draws) {
     StepShape shape = step_shape(batch);
-    shape.plain_draws = plain_draws;
+    shape.device_draws = device_draws;
     started_.emplace_back(shape, started);
   });
 }
@@ -60,7 +60,7 @@ void write_step_timings(const std::string& path, const std::vector<MeasuredStep>
                           {"decode_context_tokens", m.shape.decode_context_tokens},
                           {"prefill_attention_pairs", m.shape.prefill_attention_pairs},
                           {"logit_rows", m.shape.logit_rows},
-                          {"plain_draws", m.shape.plain_draws},
+                          {"plain_draws", m.shape.device_draws},
                           {"seconds", m.seconds}}
                .dump()
         << "\n";
@@ -82,7 +82,7 @@ std::vector<MeasuredStep> read_step_timings(const std::string& path) {
       m.shape.decode_context_tokens = j.at("decode_context_tokens").get<int64_t>();
       m.shape.prefill_attention_pairs = j.at("prefill_attention_pairs").get<int64_t>();
       m.shape.logit_rows = j.at("logit_rows").get<int64_t>();
-      m.shape.plain_draws =  // "plain_greedy" in older files, absent in the oldest
+      m.shape.device_draws =  // "plain_greedy" in older files, absent in the oldest
           j.contains("plain_draws") ? j.at("plain_draws").get<bool>()
                                     : j.value("plain_greedy", false);
       m.seconds = j.at("seconds").get<double>();
@@ -229,7 +229,7 @@ HardwareFit fit_hardware(const ModelShape& shape, const std::vector<MeasuredStep
     const double rows = m.shape.logit_rows < 0
                             ? static_cast<double>(m.shape.prefill_tokens + m.shape.decode_tokens)
                             : static_cast<double>(m.shape.logit_rows);
-    const bool rows_on_device = m.shape.plain_draws && device_argmax;
+    const bool rows_on_device = m.shape.device_draws && device_argmax;
     terms.push_back({.gemm = gemm,
                      .attention = all.compute_seconds - gemm,
                      .weights = weights,

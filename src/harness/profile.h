@@ -72,8 +72,8 @@ class StepRecorder {
 
 // A step timings file: one JSON object per step and line, the StepShape's fields
 // (prefill_tokens, decode_tokens, decode_context_tokens, prefill_attention_pairs, logit_rows,
-// plain_draws) and "seconds". read_step_timings throws blend::Error naming the file and line of a
-// bad one.
+// device_draws, named "plain_draws" in the file) and "seconds". read_step_timings throws
+// blend::Error naming the file and line of a bad one.
 void write_step_timings(const std::string& path, const std::vector<MeasuredStep>& steps);
 std::vector<MeasuredStep> read_step_timings(const std::string& path);
 

@@ -14,9 +14,9 @@
 namespace blend {
 
 SimStepCost simulate_step_cost(const CostModel& cost, Overlap overlap) {
-  return [&cost, overlap](const ForwardBatch& batch, bool plain_draws) {
+  return [&cost, overlap](const ForwardBatch& batch, bool device_draws) {
     StepShape shape = step_shape(batch);
-    shape.plain_draws = plain_draws;
+    shape.device_draws = device_draws;
     const StepCost s = cost.estimate_step(shape);
     SimStepTime t;
     t.compute = s.compute_seconds;

@@ -37,13 +37,13 @@ class FakeBackend final : public Backend {
     return true;
   }
   // With `draws_on_device`, a backend that draws on its device: answers 200 + r.
-  bool forward_draw(const ForwardBatch& b, std::span<const PlainDraw> d,
-                    std::span<TokenId> tokens) override {
-    if (!draws_on_device) return Backend::forward_draw(b, d, tokens);
+  bool forward_draw(const ForwardBatch& b, std::span<const DeviceDraw> d,
+                    std::span<SampledToken> out) override {
+    if (!draws_on_device) return Backend::forward_draw(b, d, out);
     ++draw_calls;
     seen_draws.assign(d.begin(), d.end());
     if (draw_declines) return false;
-    for (size_t r = 0; r < tokens.size(); ++r) tokens[r] = static_cast<TokenId>(200 + r);
+    for (size_t r = 0; r < out.size(); ++r) out[r].token = static_cast<TokenId>(200 + r);
     return true;
   }
   void copy_page(PageId, PageId) override {}
@@ -55,7 +55,7 @@ class FakeBackend final : public Backend {
   ModelConfig config_;
   int forwards = 0, argmaxes = 0, draw_calls = 0;
   bool argmax_declines = false, draws_on_device = false, draw_declines = false;
-  std::vector<PlainDraw> seen_draws;
+  std::vector<DeviceDraw> seen_draws;
 };
 
 StepInput two_rows(const SamplingParams& first, const SamplingParams& second,
@@ -139,31 +139,52 @@ TEST(BackendDefaults, PlainTemperatureRowsAreDrawnWhereTheLogitsAre) {
   EXPECT_EQ(host.forwards, 1);
 }
 
-TEST(BackendDefaults, CutsAndPenaltiesKeepTheDrawOnTheHost) {
+TEST(BackendDefaults, CutsAndLogprobsAreDrawnWhereTheLogitsArePenaltiesOnTheHost) {
   SamplingParams warm;
   warm.temperature = 0.9f;
-  for (int variant = 0; variant < 6; ++variant) {
+  for (int variant = 0; variant < 8; ++variant) {
     FakeBackend b;
     b.draws_on_device = true;
     SamplingParams other = warm;
     if (variant == 0) other.top_p = 0.95f;
     if (variant == 1) other.top_k = 40;
     if (variant == 2) other.min_p = 0.05f;
-    if (variant == 3) other.logprobs = 2;
+    if (variant == 3) other.logprobs = kMaxDeviceLogprobs;
     if (variant == 4) other.frequency_penalty = 0.2f;
     if (variant == 5) other.temperature = std::numeric_limits<float>::infinity();
+    if (variant == 6) other.logprobs = kMaxDeviceLogprobs + 1;
+    if (variant == 7) other.logit_bias = {{5, 1.0f}};
     step(b, two_rows(warm, other));
-    EXPECT_EQ(b.draw_calls, 0) << "variant " << variant;
-    EXPECT_EQ(b.forwards, 1) << "variant " << variant;
+    const bool on_device = variant <= 3;
+    EXPECT_EQ(b.draw_calls, on_device ? 1 : 0) << "variant " << variant;
+    EXPECT_EQ(b.forwards, on_device ? 0 : 1) << "variant " << variant;
+    if (!on_device) continue;
+    const DeviceDraw& d = b.seen_draws[1];  // the parameters reach the backend as they are
+    EXPECT_EQ(d.inv_temperature, 1.0f / 0.9f);
+    EXPECT_EQ(d.top_p, other.top_p);
+    EXPECT_EQ(d.top_k, other.top_k);
+    EXPECT_EQ(d.min_p, other.min_p);
+    EXPECT_EQ(d.logprobs, variant == 3 ? kMaxDeviceLogprobs : -1);
+    EXPECT_EQ(b.seen_draws[0].logprobs, -1);
   }
-  // top_k = 1 is the argmax, whatever the temperature.
+  // top_k = 1 is the argmax, whatever the temperature; its logprobs are still asked for.
   FakeBackend b;
   b.draws_on_device = true;
   SamplingParams top1 = warm;
   top1.top_k = 1;
+  top1.logprobs = 3;
   step(b, two_rows(warm, top1));
   EXPECT_EQ(b.draw_calls, 1);
   EXPECT_EQ(b.seen_draws[1].inv_temperature, 0.0f);
+  EXPECT_EQ(b.seen_draws[1].logprobs, 3);
+  // The default backend takes only argmaxes without logprobs to its forward_argmax.
+  FakeBackend host;
+  SamplingParams greedy_logprobs;
+  greedy_logprobs.temperature = 0;
+  greedy_logprobs.logprobs = 0;
+  EXPECT_EQ(step(host, two_rows(greedy_logprobs, greedy_logprobs)), (std::vector<TokenId>{3, 4}));
+  EXPECT_EQ(host.argmaxes, 0);
+  EXPECT_EQ(host.forwards, 1);
 }
 
 TEST(BackendDefaults, ADeclinedDrawFallsBackToTheHostSampler) {

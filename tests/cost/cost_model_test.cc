@@ -194,13 +194,13 @@ TEST(CostModel, RooflineStepsAndRowsSampledOnTheDevice) {
   EXPECT_NEAR(roof_model.estimate_step(decode).sequential(),
               weights + kv_bytes / 1e12 + 16 * 10e-6 + rows, 1e-12);
   // Plain greedy: the rows' host cost is gone only where the machine takes the argmax itself.
-  decode.plain_draws = true;
+  decode.device_draws = true;
   EXPECT_NEAR(roof_model.estimate_step(decode).sequential(), weights + kv_bytes / 1e12 + 16 * 10e-6,
               1e-12);
   EXPECT_NEAR(sum_model.estimate_step(decode).sequential(),
               16 * (dense_per_token + lm_head_row) + weights + kv_bytes / 2e12 + rows, 1e-12);
   // 4,096 prompt tokens: compute-bound; the roofline hides the weight read under the GEMMs.
-  const StepShape prefill{.prefill_tokens = 4096, .logit_rows = 1, .plain_draws = true};
+  const StepShape prefill{.prefill_tokens = 4096, .logit_rows = 1, .device_draws = true};
   const StepCost s = sum_model.estimate_step(prefill), r = roof_model.estimate_step(prefill);
   EXPECT_DOUBLE_EQ(r.compute_seconds, s.compute_seconds);
   EXPECT_NEAR(r.sequential(), 4096 * dense_per_token + lm_head_row, 1e-12);

@@ -888,13 +888,14 @@ TEST(CudaBackend, ArgmaxOnTheGpuEqualsTheArgmaxOfTheLogits) {
                   (logits.begin() + r * vocab));
 }
 
-// forward_draw: each row's token is the host sampler's on forward()'s logits, at temperatures
-// as at the argmax (backend/cuda/draw.cu).
+// forward_draw: each row's token and logprobs are the host sampler's on forward()'s logits, at
+// temperatures with and without the top-k / top-p / min-p cuts as at the argmax
+// (backend/cuda/draw.cu).
 TEST(CudaBackend, DrawsOnTheGpuAsTheHostSamplerDrawsFromTheLogits) {
   SKIP_WITHOUT_GPU();
   const TestModel& m = model("hd128", DType::kBF16);
   auto gpu = make_cuda_backend(m.config, m.store, options());
-  constexpr int kSeqs = 6;
+  constexpr int kSeqs = 12;
   std::vector<Seq> seqs;
   for (int s = 0; s < kSeqs; ++s)
     seqs.push_back(Seq{.id = s + 1, .tokens = prompt(3 + 2 * s, 20 + s)});
@@ -905,18 +906,30 @@ TEST(CudaBackend, DrawsOnTheGpuAsTheHostSamplerDrawsFromTheLogits) {
   std::vector<float> logits(kSeqs * vocab);
   gpu->forward(batch, logits);
   std::vector<SamplingParams> params(kSeqs);
-  std::vector<PlainDraw> draws(kSeqs);
+  std::vector<SampleRow> rows(kSeqs);
   for (int s = 0; s < kSeqs; ++s) {
-    params[s].temperature = s == 0 ? 0.0f : 0.6f + 0.3f * static_cast<float>(s);
-    draws[s] = {s == 0 ? 0.0f : 1.0f / params[s].temperature,
-                sampling_uniform(900 + static_cast<uint64_t>(s), 4)};
+    SamplingParams& p = params[s];
+    p.temperature = s == 0 ? 0.0f : 0.6f + 0.3f * static_cast<float>(s % 4);
+    if (s % 3 == 1) p.top_k = 2 + s;
+    if (s % 4 == 2) p.top_p = 0.5f + 0.05f * static_cast<float>(s);
+    if (s == 5 || s == 11) p.min_p = 0.1f;
+    if (s % 2 == 0) p.logprobs = s == 0 ? 0 : s;
+    rows[s] = {.seq = s + 1, .params = &p, .rng_seed = 900 + static_cast<uint64_t>(s)};
   }
-  std::vector<TokenId> tokens(kSeqs);
-  ASSERT_TRUE(gpu->forward_draw(batch, draws, tokens));
+  const std::optional<std::vector<DeviceDraw>> draws = device_draws(rows);
+  ASSERT_TRUE(draws.has_value());
+  std::vector<SampledToken> out(kSeqs);
+  ASSERT_TRUE(gpu->forward_draw(batch, *draws, out));
   for (int s = 0; s < kSeqs; ++s) {
     const std::span<const float> row(logits.data() + s * vocab, static_cast<size_t>(vocab));
-    EXPECT_EQ(tokens[s], sample_token(row, params[s], 900 + static_cast<uint64_t>(s), 4).token)
-        << "row " << s;
+    const SampledToken host = sample_token(row, params[s], 900 + static_cast<uint64_t>(s), 0);
+    EXPECT_EQ(out[s].token, host.token) << "row " << s;
+    EXPECT_EQ(out[s].logprob, host.logprob) << "row " << s;
+    ASSERT_EQ(out[s].top.size(), host.top.size()) << "row " << s;
+    for (size_t j = 0; j < host.top.size(); ++j) {
+      EXPECT_EQ(out[s].top[j].token, host.top[j].token) << "row " << s << " top " << j;
+      EXPECT_EQ(out[s].top[j].logprob, host.top[j].logprob) << "row " << s << " top " << j;
+    }
   }
 }
 

@@ -29,33 +29,62 @@ void check(cudaError_t e) {
   ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e);
 }
 
+// draw_rows over host rows (row r = logits[r * vocab, (r + 1) * vocab)) with parameters
+// `params` (empty: every row's argmax).
 struct DeviceRows {
-  std::vector<int32_t> tokens, flags;
+  std::vector<cuda::DrawResult> results;
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_logits;
 };
-
-// draw_rows over host rows (row r = logits[r * vocab, (r + 1) * vocab)).
 DeviceRows draw_on_gpu(const std::vector<float>& logits, int64_t vocab,
-                       const std::vector<float>& inv_t, const std::vector<double>& uniforms) {
-  const auto rows = static_cast<int64_t>(inv_t.size());
-  float *d_logits = nullptr, *d_inv = nullptr;
-  double* d_u = nullptr;
-  int32_t* d_out = nullptr;
+                       const std::vector<cuda::DrawRow>& params, int64_t rows) {
+  float* d_logits = nullptr;
+  cuda::DrawRow* d_params = nullptr;
+  cuda::DrawResult* d_results = nullptr;
+  int32_t* d_top_ids = nullptr;
+  float* d_top_logits = nullptr;
+  const size_t top = static_cast<size_t>(rows * cuda::kDrawTopMax);
   check(cudaMalloc(reinterpret_cast<void**>(&d_logits), logits.size() * sizeof(float)));
-  check(cudaMalloc(reinterpret_cast<void**>(&d_inv), inv_t.size() * sizeof(float)));
-  check(cudaMalloc(reinterpret_cast<void**>(&d_u), uniforms.size() * sizeof(double)));
-  check(cudaMalloc(reinterpret_cast<void**>(&d_out), 2 * rows * sizeof(int32_t)));
+  check(cudaMalloc(reinterpret_cast<void**>(&d_results), rows * sizeof(cuda::DrawResult)));
+  check(cudaMalloc(reinterpret_cast<void**>(&d_top_ids), top * sizeof(int32_t)));
+  check(cudaMalloc(reinterpret_cast<void**>(&d_top_logits), top * sizeof(float)));
   check(cudaMemcpy(d_logits, logits.data(), logits.size() * sizeof(float), cudaMemcpyHostToDevice));
-  check(cudaMemcpy(d_inv, inv_t.data(), inv_t.size() * sizeof(float), cudaMemcpyHostToDevice));
-  check(cudaMemcpy(d_u, uniforms.data(), uniforms.size() * sizeof(double), cudaMemcpyHostToDevice));
-  cuda::draw_rows(d_logits, rows, vocab, d_inv, d_u, d_out, d_out + rows, nullptr);
+  bool full = false;
+  if (!params.empty()) {
+    check(cudaMalloc(reinterpret_cast<void**>(&d_params), params.size() * sizeof(cuda::DrawRow)));
+    check(cudaMemcpy(d_params, params.data(), params.size() * sizeof(cuda::DrawRow),
+                     cudaMemcpyHostToDevice));
+    for (const cuda::DrawRow& p : params)
+      full |= p.logprobs >= 0 || p.top_k > 0 || p.top_p < 1.0f || p.min_p > 0.0f;
+  }
+  cuda::draw_rows(d_logits, rows, vocab, d_params, full, d_results, d_top_ids, d_top_logits,
+                  nullptr);
   check(cudaDeviceSynchronize());
-  std::vector<int32_t> host(2 * rows);
-  check(cudaMemcpy(host.data(), d_out, host.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
-  for (void* p : {static_cast<void*>(d_logits), static_cast<void*>(d_inv), static_cast<void*>(d_u),
-                  static_cast<void*>(d_out)})
+  DeviceRows out{std::vector<cuda::DrawResult>(static_cast<size_t>(rows)),
+                 std::vector<int32_t>(top), std::vector<float>(top)};
+  check(cudaMemcpy(out.results.data(), d_results, rows * sizeof(cuda::DrawResult),
+                   cudaMemcpyDeviceToHost));
+  check(cudaMemcpy(out.top_ids.data(), d_top_ids, top * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  check(
+      cudaMemcpy(out.top_logits.data(), d_top_logits, top * sizeof(float), cudaMemcpyDeviceToHost));
+  for (void* p :
+       {static_cast<void*>(d_logits), static_cast<void*>(d_params), static_cast<void*>(d_results),
+        static_cast<void*>(d_top_ids), static_cast<void*>(d_top_logits)})
     cudaFree(p);
-  return {std::vector<int32_t>(host.begin(), host.begin() + rows),
-          std::vector<int32_t>(host.begin() + rows, host.end())};
+  return out;
+}
+
+// The GPU's parameters for a row the host samples with `p` at (seed, step).
+cuda::DrawRow row_params(const SamplingParams& p, uint64_t seed, int64_t step) {
+  cuda::DrawRow d;
+  d.logprobs = p.logprobs ? *p.logprobs : -1;
+  if (p.temperature < kGreedyTemperature || p.top_k == 1) return d;
+  d.inv_temperature = 1.0f / p.temperature;
+  d.uniform = sampling_uniform(seed, step);
+  d.top_k = p.top_k;
+  d.top_p = p.top_p;
+  d.min_p = p.min_p;
+  return d;
 }
 
 TEST(CudaDraw, EveryRowIsTheHostSamplersToken) {
@@ -71,24 +100,22 @@ TEST(CudaDraw, EveryRowIsTheHostSamplersToken) {
     std::normal_distribution<float> noise(-4.0f, 3.0f);
     std::uniform_int_distribution<int64_t> pick(0, vocab - 1);
     for (float& x : logits) x = noise(rng);
-    std::vector<float> inv_t(kRows);
-    std::vector<double> uniforms(kRows);
+    std::vector<cuda::DrawRow> draws(kRows);
     std::vector<SamplingParams> params(kRows);
     for (int r = 0; r < kRows; ++r) {
       float* row = logits.data() + r * vocab;
       for (int k = 0; k < 5; ++k) row[pick(rng)] = 6.0f + static_cast<float>(k % 3);  // ties too
       params[r].temperature = r % 4 == 0 ? 0.0f : 0.5f + 0.25f * static_cast<float>(r % 5);
-      inv_t[r] = r % 4 == 0 ? 0.0f : 1.0f / params[r].temperature;
-      uniforms[r] = sampling_uniform(77 + static_cast<uint64_t>(r), r);
+      draws[r] = row_params(params[r], 77 + static_cast<uint64_t>(r), r);
     }
-    const DeviceRows gpu = draw_on_gpu(logits, vocab, inv_t, uniforms);
+    const DeviceRows gpu = draw_on_gpu(logits, vocab, draws, kRows);
     for (int r = 0; r < kRows; ++r) {
       const std::span<const float> row(logits.data() + r * vocab, static_cast<size_t>(vocab));
       const SampledToken host = sample_token(row, params[r], 77 + static_cast<uint64_t>(r), r);
-      EXPECT_EQ(gpu.flags[r], 0) << "vocab " << vocab << " row " << r;
-      EXPECT_EQ(gpu.tokens[r], host.token) << "vocab " << vocab << " row " << r;
+      EXPECT_EQ(gpu.results[r].flag, 0) << "vocab " << vocab << " row " << r;
+      EXPECT_EQ(gpu.results[r].token, host.token) << "vocab " << vocab << " row " << r;
       ++compared;
-      if (inv_t[r] != 0) {
+      if (draws[r].inv_temperature != 0) {
         ++temperature_rows;
         const auto argmax = std::max_element(row.begin(), row.end()) - row.begin();
         off_argmax += host.token != argmax ? 1 : 0;
@@ -108,14 +135,67 @@ TEST(CudaDraw, RowsTheHostMustDecideAreFlagged) {
   std::fill(logits.begin() + 2 * kVocab, logits.begin() + 3 * kVocab,  // row 2: no maximum
             -std::numeric_limits<float>::infinity());
   logits[3 * kVocab + 999] = 2.0f;  // row 3: fine
-  const DeviceRows gpu = draw_on_gpu(logits, kVocab, {1.0f, 0.0f, 1.0f, 1.0f},
-                                     {0.5, 0.5, 0.5, sampling_uniform(1, 0)});
-  EXPECT_EQ(gpu.flags, (std::vector<int32_t>{1, 1, 1, 0}));
   SamplingParams p;
   p.temperature = 1.0f;
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  const DeviceRows gpu = draw_on_gpu(
+      logits, kVocab,
+      {row_params(p, 1, 0), row_params(greedy, 1, 0), row_params(p, 1, 0), row_params(p, 1, 0)}, 4);
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(gpu.results[r].flag, r < 3 ? 1 : 0) << "row " << r;
   EXPECT_EQ(
-      gpu.tokens[3],
+      gpu.results[3].token,
       sample_token(std::span<const float>(logits.data() + 3 * kVocab, kVocab), p, 1, 0).token);
+}
+
+// Rows with the cuts and logprobs: the token, its logprob and the top logprobs are the host
+// sampler's, bit for bit, on rows with many ties (the cuts break them by id) and model-like rows.
+TEST(CudaDraw, CutsAndLogprobsAreTheHostSamplers) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(9);
+  int64_t compared = 0, cut_rows = 0;
+  for (const int64_t vocab : {int64_t{7}, int64_t{300}, int64_t{4093}, int64_t{128256}}) {
+    ASSERT_TRUE(cuda::draw_fits(vocab));
+    constexpr int kRows = 40;
+    std::vector<float> logits(static_cast<size_t>(kRows * vocab));
+    std::normal_distribution<float> noise(-4.0f, 3.0f);
+    std::vector<cuda::DrawRow> draws(kRows);
+    std::vector<SamplingParams> params(kRows);
+    for (int r = 0; r < kRows; ++r) {
+      float* row = logits.data() + r * vocab;
+      for (int64_t i = 0; i < vocab; ++i)
+        row[i] = r % 3 == 0 ? static_cast<float>(rng() % 6) : noise(rng);  // ties, or a tail
+      if (r % 5 == 0) row[0] = -0.0f;
+      SamplingParams& p = params[r];
+      p.temperature = r % 8 == 0 ? 0.0f : 0.5f + 0.25f * static_cast<float>(r % 4);
+      p.top_k = r % 4 == 1 ? 0 : 2 + r % 50;
+      p.top_p = r % 3 == 2 ? 1.0f : 0.3f + 0.1f * static_cast<float>(r % 7);
+      p.min_p = r % 5 == 3 ? 0.02f : 0.0f;
+      if (r % 2 == 0) p.logprobs = r % 21;
+      draws[r] = row_params(p, 300 + static_cast<uint64_t>(r), r);
+      cut_rows += draws[r].inv_temperature != 0 && (p.top_k > 0 || p.top_p < 1.0f) ? 1 : 0;
+    }
+    const DeviceRows gpu = draw_on_gpu(logits, vocab, draws, kRows);
+    for (int r = 0; r < kRows; ++r) {
+      const std::span<const float> row(logits.data() + r * vocab, static_cast<size_t>(vocab));
+      const SampledToken host = sample_token(row, params[r], 300 + static_cast<uint64_t>(r), r);
+      const cuda::DrawResult& g = gpu.results[r];
+      const std::string where = "vocab " + std::to_string(vocab) + " row " + std::to_string(r);
+      ASSERT_EQ(g.flag, 0) << where;
+      EXPECT_EQ(g.token, host.token) << where;
+      if (!params[r].logprobs) continue;
+      EXPECT_EQ(row_logprob(g.token_logit, g.max, g.total), host.logprob) << where;
+      for (size_t j = 0; j < host.top.size(); ++j) {
+        const size_t k = static_cast<size_t>(r * cuda::kDrawTopMax) + j;
+        EXPECT_EQ(gpu.top_ids[k], host.top[j].token) << where << " top " << j;
+        EXPECT_EQ(row_logprob(gpu.top_logits[k], g.max, g.total), host.top[j].logprob)
+            << where << " top " << j;
+      }
+      ++compared;
+    }
+  }
+  EXPECT_GT(compared, 60);
+  EXPECT_GT(cut_rows, 80);
 }
 
 }  // namespace

@@ -13,7 +13,7 @@ namespace blend {
 namespace {
 
 // 1 ms per computed token plus 5 ms per step.
-SimStepTime toy_cost(const ForwardBatch& b, bool /*plain_draws*/) {
+SimStepTime toy_cost(const ForwardBatch& b, bool /*device_draws*/) {
   int64_t tokens = 0;
   for (const SeqChunk& c : b.chunks) tokens += c.num_tokens;
   SimStepTime t;
@@ -65,20 +65,20 @@ TEST(SimEngine, KvMovesOverlapTheStepTheyPrecede) {
   EXPECT_NEAR(sim.totals().transfer, 5 * 2e-3 + 1e-4 + 20e-3, 1e-12);
 }
 
-// The step cost learns whether every row the step samples is a plain draw, greedy or at a
-// temperature without cuts (what a device-sampling backend draws without the host); forward(),
-// which hands logits out, never is.
-TEST(SimEngine, TheStepCostSeesWhetherTheRowsArePlainDraws) {
+// The step cost learns whether every row the step samples is a device draw, greedy or at a
+// temperature, with or without cuts, but without penalties (what a device-sampling backend
+// draws without the host); forward(), which hands logits out, never is.
+TEST(SimEngine, TheStepCostSeesWhetherTheRowsAreDeviceDraws) {
   std::vector<bool> seen;
   auto backend = std::make_unique<SimBackend>(
       *find_model_preset("tiny"), SimBackendOptions{.num_pages = 256, .kv_bytes_per_page = 4096},
-      [&seen](const ForwardBatch& b, bool plain_draws) {
-        seen.push_back(plain_draws);
-        return toy_cost(b, plain_draws);
+      [&seen](const ForwardBatch& b, bool device_draws) {
+        seen.push_back(device_draws);
+        return toy_cost(b, device_draws);
       });
   SimBackend* sim = backend.get();
   Engine engine(std::move(backend), EngineOptions{});
-  auto run = [&](float temperature, float top_p = 1.0f) {
+  auto run = [&](float temperature, float top_p = 1.0f, float frequency_penalty = 0.0f) {
     seen.clear();
     GenerationRequest r;
     r.id = "t" + std::to_string(temperature);
@@ -86,6 +86,7 @@ TEST(SimEngine, TheStepCostSeesWhetherTheRowsArePlainDraws) {
     r.params.max_tokens = 3;
     r.params.temperature = temperature;
     r.params.top_p = top_p;
+    r.params.frequency_penalty = frequency_penalty;
     r.params.ignore_eos = true;
     engine.submit(std::move(r), [](GenerationResult&&) {});
     engine.run_until_done();
@@ -93,7 +94,8 @@ TEST(SimEngine, TheStepCostSeesWhetherTheRowsArePlainDraws) {
   };
   EXPECT_EQ(run(0.0f), std::vector<bool>(3, true));
   EXPECT_EQ(run(0.8f), std::vector<bool>(3, true));
-  EXPECT_EQ(run(0.8f, 0.9f), std::vector<bool>(3, false));  // a top-p cut is drawn on the host
+  EXPECT_EQ(run(0.8f, 0.9f), std::vector<bool>(3, true));         // a top-p cut too
+  EXPECT_EQ(run(0.8f, 1.0f, 0.5f), std::vector<bool>(3, false));  // a penalty is the host's
   seen.clear();
   ForwardBatch batch;
   batch.chunks.push_back(SeqChunk{});

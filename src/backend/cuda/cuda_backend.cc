@@ -320,54 +320,90 @@ void CudaBackendImpl::forward(const ForwardBatch& batch, std::span<float> logits
 }
 
 bool CudaBackendImpl::forward_argmax(const ForwardBatch& batch, std::span<TokenId> tokens) {
-  return tokens_on_device(batch, {}, tokens);
+  std::vector<SampledToken> out(tokens.size());
+  if (!draw_on_device(batch, {}, out)) return false;
+  for (size_t r = 0; r < out.size(); ++r) tokens[r] = out[r].token;
+  return true;
 }
 
-bool CudaBackendImpl::forward_draw(const ForwardBatch& batch, std::span<const PlainDraw> draws,
-                                   std::span<TokenId> tokens) {
-  if (!cuda::draw_fits(config_.vocab_size) || tokens.size() != draws.size())
-    return Backend::forward_draw(batch, draws, tokens);
-  return tokens_on_device(batch, draws, tokens);
+bool CudaBackendImpl::forward_draw(const ForwardBatch& batch, std::span<const DeviceDraw> draws,
+                                   std::span<SampledToken> out) {
+  if (!cuda::draw_fits(config_.vocab_size) || out.size() != draws.size())
+    return Backend::forward_draw(batch, draws, out);
+  return draw_on_device(batch, draws, out);
 }
 
-bool CudaBackendImpl::tokens_on_device(const ForwardBatch& batch, std::span<const PlainDraw> draws,
-                                       std::span<TokenId> tokens) {
-  const auto r = static_cast<int64_t>(tokens.size());
+bool CudaBackendImpl::draw_on_device(const ForwardBatch& batch, std::span<const DeviceDraw> draws,
+                                     std::span<SampledToken> out) {
+  static_assert(cuda::kDrawTopMax == kMaxDeviceLogprobs);
+  const auto r = static_cast<int64_t>(out.size());
   const size_t vocab = static_cast<size_t>(config_.vocab_size);
-  const int64_t rows = compute_logits(batch, tokens.size() * vocab);
+  const int64_t rows = compute_logits(batch, out.size() * vocab);
   if (rows != r)
     throw Error("internal: cuda backend: " + std::to_string(r) + " token slots for " +
                 std::to_string(rows) + " logit rows");
-  // Draws: one upload, the uniforms (8-byte aligned first) then the inverse temperatures; none
-  // for argmaxes. The tokens and flags come back in one download.
-  const size_t up_bytes = draws.empty() ? 0 : r * (sizeof(double) + sizeof(float));
-  auto* buf = static_cast<std::byte*>(draw_scratch_.reserve(up_bytes + 2 * r * sizeof(int32_t)));
-  auto* out = reinterpret_cast<int32_t*>(buf + up_bytes);
-  const double* uniforms = nullptr;
-  const float* inv_t = nullptr;
-  if (!draws.empty()) {
-    std::vector<std::byte> up(up_bytes);
-    for (int64_t i = 0; i < r; ++i) {
-      std::memcpy(up.data() + i * sizeof(double), &draws[i].uniform, sizeof(double));
-      std::memcpy(up.data() + r * sizeof(double) + i * sizeof(float), &draws[i].inv_temperature,
-                  sizeof(float));
-    }
-    check_cuda(cudaMemcpyAsync(buf, up.data(), up_bytes, cudaMemcpyHostToDevice, stream_),
-               "draw upload");
-    uniforms = reinterpret_cast<const double*>(buf);
-    inv_t = reinterpret_cast<const float*>(buf + r * sizeof(double));
+  // One upload of the rows' parameters (none for argmaxes); the results come back in one
+  // download, and the top logprobs in a second where a row asked for them.
+  std::vector<cuda::DrawRow> params(draws.size());
+  bool full = false;
+  int32_t most_top = 0;
+  for (size_t i = 0; i < draws.size(); ++i) {
+    const DeviceDraw& d = draws[i];
+    params[i] = {.uniform = d.uniform,
+                 .inv_temperature = d.inv_temperature,
+                 .top_k = d.top_k,
+                 .top_p = d.top_p,
+                 .min_p = d.min_p,
+                 .logprobs = d.logprobs};
+    full |= d.logprobs >= 0 ||
+            (d.inv_temperature != 0 && (d.top_k > 0 || d.top_p < 1.0f || d.min_p > 0.0f));
+    most_top = std::max(most_top, d.logprobs);
   }
-  cuda::draw_rows(logits_.get<float>(), r, config_.vocab_size, inv_t, uniforms, out, out + r,
-                  stream_);
-  std::vector<int32_t> host(2 * r);
-  check_cuda(cudaMemcpyAsync(host.data(), out, host.size() * sizeof(int32_t),
-                             cudaMemcpyDeviceToHost, stream_),
-             "token download");
+  const size_t params_bytes = params.size() * sizeof(cuda::DrawRow);
+  const size_t results_bytes = r * sizeof(cuda::DrawResult);
+  const size_t top_bytes = most_top > 0 ? r * cuda::kDrawTopMax * sizeof(int32_t) : 0;
+  auto* buf = static_cast<std::byte*>(
+      draw_scratch_.reserve(params_bytes + results_bytes + 2 * std::max<size_t>(top_bytes, 4)));
+  auto* d_params = params.empty() ? nullptr : reinterpret_cast<cuda::DrawRow*>(buf);
+  auto* d_results = reinterpret_cast<cuda::DrawResult*>(buf + params_bytes);
+  auto* d_top_ids = reinterpret_cast<int32_t*>(buf + params_bytes + results_bytes);
+  auto* d_top_logits = reinterpret_cast<float*>(buf + params_bytes + results_bytes + top_bytes);
+  if (d_params)
+    check_cuda(
+        cudaMemcpyAsync(d_params, params.data(), params_bytes, cudaMemcpyHostToDevice, stream_),
+        "draw upload");
+  cuda::draw_rows(logits_.get<float>(), r, config_.vocab_size, d_params, full, d_results, d_top_ids,
+                  d_top_logits, stream_);
+  std::vector<cuda::DrawResult> results(static_cast<size_t>(r));
+  check_cuda(
+      cudaMemcpyAsync(results.data(), d_results, results_bytes, cudaMemcpyDeviceToHost, stream_),
+      "token download");
+  std::vector<int32_t> top_ids(top_bytes / sizeof(int32_t));
+  std::vector<float> top_logits(top_ids.size());
+  if (top_bytes > 0) {
+    check_cuda(
+        cudaMemcpyAsync(top_ids.data(), d_top_ids, top_bytes, cudaMemcpyDeviceToHost, stream_),
+        "top logprobs download");
+    check_cuda(cudaMemcpyAsync(top_logits.data(), d_top_logits, top_bytes, cudaMemcpyDeviceToHost,
+                               stream_),
+               "top logprobs download");
+  }
   check_cuda(cudaStreamSynchronize(stream_), "forward");
   collect_op_times();
-  for (int64_t i = 0; i < r; ++i)
-    if (host[r + i]) return false;  // a NaN or +inf: the host sampler decides
-  std::copy(host.begin(), host.begin() + r, tokens.begin());
+  for (const cuda::DrawResult& res : results)
+    if (res.flag) return false;  // a NaN or +inf: the host sampler decides
+  for (int64_t i = 0; i < r; ++i) {
+    const cuda::DrawResult& res = results[static_cast<size_t>(i)];
+    SampledToken& t = out[static_cast<size_t>(i)];
+    t = SampledToken{.token = res.token};
+    const int32_t n = draws.empty() ? -1 : draws[static_cast<size_t>(i)].logprobs;
+    if (n < 0) continue;
+    t.logprob = row_logprob(res.token_logit, res.max, res.total);
+    for (int32_t j = 0; j < n && j < config_.vocab_size; ++j) {
+      const size_t k = static_cast<size_t>(i * cuda::kDrawTopMax + j);
+      t.top.push_back({top_ids[k], row_logprob(top_logits[k], res.max, res.total)});
+    }
+  }
   return true;
 }
 

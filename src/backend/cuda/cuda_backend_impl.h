@@ -46,8 +46,8 @@ class CudaBackendImpl final : public CudaBackend {
   void allocate_kv(int64_t num_pages) override;
   void forward(const ForwardBatch& batch, std::span<float> logits) override;
   bool forward_argmax(const ForwardBatch& batch, std::span<TokenId> tokens) override;
-  bool forward_draw(const ForwardBatch& batch, std::span<const PlainDraw> draws,
-                    std::span<TokenId> tokens) override;
+  bool forward_draw(const ForwardBatch& batch, std::span<const DeviceDraw> draws,
+                    std::span<SampledToken> out) override;
   void set_op_timing(bool on) override { timing_ = on; }
   const CudaOpTimes& op_times() const override { return times_; }
   void reset_op_times() override { times_ = {}; }
@@ -70,9 +70,9 @@ class CudaBackendImpl final : public CudaBackend {
   // Streams, cuBLAS handles, events and green splits, once the lanes are idle; idempotent.
   void release();
   // forward_argmax (no draws) and forward_draw (one per row, the vocabulary fitting draw_rows):
-  // the step's tokens drawn where the logits are; false where the host must decide.
-  bool tokens_on_device(const ForwardBatch& batch, std::span<const PlainDraw> draws,
-                        std::span<TokenId> tokens);
+  // the step's tokens and logprobs drawn where the logits are; false where the host must decide.
+  bool draw_on_device(const ForwardBatch& batch, std::span<const DeviceDraw> draws,
+                      std::span<SampledToken> out);
   struct Layer {
     DeviceBuffer attn_norm, mlp_norm, qkv_bias;  // f32
     DeviceBuffer qkv, o, gate_up, down;          // elem_, rows of the fused outputs

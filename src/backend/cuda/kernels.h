@@ -167,16 +167,34 @@ bool attention_supports(int32_t num_heads, int32_t num_kv_heads, int32_t head_di
 void swiglu(const void* gate_up, Elem in_elem, int64_t rows, int64_t f, void* out, Elem out_elem,
             cudaStream_t stream);
 
-// Sampling where the logits are (draw.cu): row r with inv_temperatures[r] == 0 takes its argmax
-// (the lowest id holding the row's maximum, the host sampler's tie rule); any other row takes
-// the host sampler's plain temperature draw at uniforms[r] (sampling_uniform of its seed and
-// output index), bit for bit (sampling/plain_draw.h). flags[r] = 1 where the host must decide (a
-// NaN or +inf in the row). Null inv_temperatures and uniforms: every row's argmax (any
-// vocabulary); with temperatures, only for a vocabulary draw_fits.
-void draw_rows(const float* logits, int64_t rows, int64_t vocab, const float* inv_temperatures,
-               const double* uniforms, int32_t* tokens, int32_t* flags, cudaStream_t stream);
-// Whether draw_rows' block sums for a row of `vocab` logits fit a block's shared memory on the
-// current device.
+// Sampling where the logits are (draw.cu), bit for bit as the host sampler would on the same
+// logits (sampling/plain_draw.h, sampling/cut_select.h). One row's parameters, as uploaded (the
+// backend's DeviceDraw):
+inline constexpr int kDrawTopMax = 20;  // top logprobs a row may ask for
+struct DrawRow {
+  double uniform = 0;         // sampling_uniform of the row's seed and output index
+  float inv_temperature = 0;  // 0: the argmax (the lowest id holding the maximum)
+  int32_t top_k = 0;          // the cuts, read at a temperature only
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  int32_t logprobs = -1;  // -1: none; n in [0, kDrawTopMax]: total, token logit and n top tokens
+  int32_t unused = 0;
+};
+// What a row gives back. The host finishes its logprobs (row_logprob of a logit, max, total).
+struct DrawResult {
+  int32_t token = 0;
+  int32_t flag = 0;  // 1: the host must decide (a NaN or +inf in the row)
+  float token_logit = 0;
+  float max = 0;     // the row's largest logit
+  double total = 0;  // its temperature-1 weights' total, block sums added in order
+};
+// Samples `rows` rows of `vocab` logits by params[r] (null: every row's argmax, any vocabulary;
+// otherwise only for a vocabulary draw_fits). `full`: some row has a cut or logprobs; then row
+// r's top tokens go to top_ids / top_logits[r * kDrawTopMax ...], most likely first.
+void draw_rows(const float* logits, int64_t rows, int64_t vocab, const DrawRow* params, bool full,
+               DrawResult* results, int32_t* top_ids, float* top_logits, cudaStream_t stream);
+// Whether draw_rows' block sums (and radix bins) for a row of `vocab` logits fit a block's
+// shared memory on the current device.
 bool draw_fits(int64_t vocab);
 
 // Throws blend::Error naming `what` when the last launch failed.

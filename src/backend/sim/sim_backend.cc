@@ -43,7 +43,7 @@ void SimBackend::allocate_kv(int64_t num_pages) {
 }
 
 void SimBackend::launch(StepInput step) {
-  this->step(step.batch, all_plain_draws(step.rows));
+  this->step(step.batch, all_device_draws(step.rows));
   sampled_.assign(step.rows.size(), SampledToken{});
   for (size_t r = 0; r < step.rows.size(); ++r)
     sampled_[r].token =
@@ -55,12 +55,12 @@ std::vector<SampledToken> SimBackend::wait() {
 }
 
 void SimBackend::forward(const ForwardBatch& batch, std::span<float>) {
-  step(batch, /*plain_draws=*/false);
+  step(batch, /*device_draws=*/false);
 }
 
-void SimBackend::step(const ForwardBatch& batch, bool plain_draws) {
+void SimBackend::step(const ForwardBatch& batch, bool device_draws) {
   if (options_.num_pages <= 0) throw Error("sim backend: the KV cache must hold at least a page");
-  SimStepTime t = cost_(batch, plain_draws);
+  SimStepTime t = cost_(batch, device_draws);
   if (!(t.total >= 0)) throw Error("sim backend: the cost model gave a negative step time");
   if (options_.step_noise > 0) {
     const double sigma = options_.step_noise;

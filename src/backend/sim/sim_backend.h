@@ -31,9 +31,9 @@ struct SimStepTime {
   int64_t prefill_tokens = 0, decode_tokens = 0, decode_context_tokens = 0;
 };
 
-// The step's cost; `plain_draws`: every sampled row is a plain draw (all_plain_draws), which a
+// The step's cost; `device_draws`: every sampled row is a device draw (all_device_draws), which a
 // device-sampling backend draws without the host (false for a forward() that wants logits).
-using SimStepCost = std::function<SimStepTime(const ForwardBatch&, bool plain_draws)>;
+using SimStepCost = std::function<SimStepTime(const ForwardBatch&, bool device_draws)>;
 
 struct SimBackendOptions {
   int64_t num_pages = 0;
@@ -106,7 +106,7 @@ class SimBackend : public Backend {
   void advance_to(double seconds) { clock_ = std::max(clock_, seconds); }
 
  private:
-  void step(const ForwardBatch& batch, bool plain_draws);
+  void step(const ForwardBatch& batch, bool device_draws);
 
   ModelConfig config_;
   SimBackendOptions options_;
