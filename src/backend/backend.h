@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <memory_resource>
 #include <optional>
 #include <span>
 #include <string>
@@ -190,6 +191,11 @@ class Backend {
   // The bytes a page takes in those buffers: kv_bytes_per_page(), or 0 for a backend whose
   // pages hold nothing (the simulator charges each move and moves no bytes).
   virtual int64_t kv_page_buffer_bytes() const { return kv_bytes_per_page(); }
+  // The host memory those buffers should live in when they are kept (the KV host tier,
+  // kv/kv_tiers.h): the default heap, or memory this backend's copies run fastest from (the
+  // cuda backend's is page-locked). It outlives every buffer taken from it while the backend
+  // lives.
+  virtual std::pmr::memory_resource* host_memory() { return std::pmr::new_delete_resource(); }
   // Slots [first, first + count) of one page's K/V (all layers) into / out of `image`, a
   // kv_bytes_per_page() buffer laid out as read_pages writes one page; the other bytes of the
   // image are left alone. BROS lazy checkpointing (§5.2) saves only the slots a peer sequence

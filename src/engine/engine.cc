@@ -180,6 +180,7 @@ void Engine::init_kv_and_scheduler() {
       to.disk_bytes = static_cast<int64_t>(options.kv_disk_gb * 1e9);
       if (options.kv_host_link_bytes_per_s > 0)
         to.host_bytes_per_s = options.kv_host_link_bytes_per_s;
+      to.host_memory = backend_->host_memory();
       tiers_ = std::make_unique<KvTiers>(to, page_bytes, backend_->kv_page_buffer_bytes());
       page_io_ = std::make_unique<BackendPageIo>(*backend_);
       t.tiers = tiers_.get();

@@ -12,6 +12,7 @@ namespace blend {
 
 KvTiers::KvTiers(KvTierOptions options, int64_t page_bytes, int64_t buffer_bytes)
     : options_(std::move(options)),
+      host_memory_(options_.host_memory ? options_.host_memory : std::pmr::get_default_resource()),
       page_bytes_(page_bytes),
       buffer_bytes_(buffer_bytes < 0 ? page_bytes : buffer_bytes) {
   if (!options_.disk_dir.empty()) {
@@ -46,13 +47,12 @@ bool KvTiers::to_disk(EntryId id, Entry& e, std::vector<EntryId>& dropped) {
   if (disk_path_.empty() || e.bytes > options_.disk_bytes) return false;
   make_room_on_disk(e.bytes, dropped);
   std::ofstream out(file_of(id), std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(e.data.data()),
-            static_cast<std::streamsize>(e.data.size()));
+  out.write(reinterpret_cast<const char*>(e.data->data()),
+            static_cast<std::streamsize>(e.data->size()));
   if (!out) return false;  // a full disk costs recomputation, never a wrong result
   host_lru_.erase(e.lru);
   host_used_ -= e.bytes;
-  e.data = {};
-  e.data.shrink_to_fit();
+  e.data.reset();
   e.tier = KvTier::kDisk;
   disk_used_ += e.bytes;
   e.lru = disk_lru_.insert(disk_lru_.end(), id);
@@ -72,8 +72,11 @@ void KvTiers::make_room_on_host(int64_t bytes, std::vector<EntryId>& dropped) {
   }
 }
 
-KvTiers::EntryId KvTiers::put(std::vector<std::byte> blob, int32_t num_pages,
-                              std::vector<EntryId>& dropped) {
+KvTiers::Blob KvTiers::make_blob(size_t bytes) const {
+  return Blob(bytes, std::byte{0}, host_memory_);
+}
+
+KvTiers::EntryId KvTiers::put(Blob blob, int32_t num_pages, std::vector<EntryId>& dropped) {
   const EntryId id = next_id_++;
   Entry e;
   if (static_cast<int64_t>(blob.size()) != int64_t{num_pages} * buffer_bytes_)
@@ -82,14 +85,14 @@ KvTiers::EntryId KvTiers::put(std::vector<std::byte> blob, int32_t num_pages,
   e.num_pages = num_pages;
   if (e.bytes <= options_.host_bytes) {
     make_room_on_host(e.bytes, dropped);
-    e.data = std::move(blob);
+    e.data = std::make_shared<const Blob>(std::move(blob));
     host_used_ += e.bytes;
     e.lru = host_lru_.insert(host_lru_.end(), id);
     entries_.emplace(id, std::move(e));
     return id;
   }
   // Too big for the host tier (or none): straight to disk.
-  e.data = std::move(blob);
+  e.data = std::make_shared<const Blob>(std::move(blob));
   host_used_ += e.bytes;  // to_disk() moves it off the host tier's books
   e.lru = host_lru_.insert(host_lru_.end(), id);
   Entry& stored = entries_.emplace(id, std::move(e)).first->second;
@@ -97,19 +100,20 @@ KvTiers::EntryId KvTiers::put(std::vector<std::byte> blob, int32_t num_pages,
   return id;
 }
 
-std::optional<std::vector<std::byte>> KvTiers::read(EntryId id) {
+std::shared_ptr<const KvTiers::Blob> KvTiers::read(EntryId id) {
   auto it = entries_.find(id);
-  if (it == entries_.end()) return std::nullopt;
+  if (it == entries_.end()) return nullptr;
   Entry& e = it->second;
   if (e.tier == KvTier::kHost) {
     host_lru_.splice(host_lru_.end(), host_lru_, e.lru);
     return e.data;
   }
   disk_lru_.splice(disk_lru_.end(), disk_lru_, e.lru);
-  std::vector<std::byte> data(static_cast<size_t>(int64_t{e.num_pages} * buffer_bytes_));
+  auto data =
+      std::make_shared<Blob>(make_blob(static_cast<size_t>(int64_t{e.num_pages} * buffer_bytes_)));
   std::ifstream in(file_of(id), std::ios::binary);
-  in.read(reinterpret_cast<char*>(data.data()), static_cast<std::streamsize>(data.size()));
-  if (!in) return std::nullopt;  // unreadable: the caller recomputes
+  in.read(reinterpret_cast<char*>(data->data()), static_cast<std::streamsize>(data->size()));
+  if (!in) return nullptr;  // unreadable: the caller recomputes
   return data;
 }
 

@@ -7,7 +7,11 @@
 //  - put() never fails: it makes room by demoting or dropping older entries and reports the
 //    entries it dropped, so their owner (the prefix cache) can forget them.
 //  - read() returns a whole entry from whichever tier holds it and marks it recently used; a
-//    dropped or erased entry reads as absent.
+//    dropped or erased entry reads as absent. A host entry is shared, not copied, and stays
+//    valid for whoever holds it after the tiers move or drop it.
+//  - Host entries, and entries read back from disk, live in the memory the options name (the
+//    backend's host_memory(): pinned on a GPU, so copies to and from the device run at the
+//    link's full speed).
 //  - The disk tier lives in a fresh subdirectory of the given directory, removed with the object.
 #pragma once
 
@@ -15,6 +19,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <list>
+#include <memory>
+#include <memory_resource>
 #include <optional>
 #include <unordered_map>
 #include <vector>
@@ -29,6 +35,8 @@ struct KvTierOptions {
   // bandwidth, FLOPs / throughput). Defaults are conservative figures for a CPU host.
   double host_bytes_per_s = 5e9;
   double disk_bytes_per_s = 0.5e9;
+  // Where host entries and entries read back from disk live; null = the default heap.
+  std::pmr::memory_resource* host_memory = nullptr;
 };
 
 enum class KvTier { kHost, kDisk };
@@ -36,6 +44,7 @@ enum class KvTier { kHost, kDisk };
 class KvTiers {
  public:
   using EntryId = uint64_t;
+  using Blob = std::pmr::vector<std::byte>;
 
   // `page_bytes`: what a page weighs on the tiers' books (caps, load times). `buffer_bytes`:
   // what a page's share of an entry's buffer holds; the default is the page's bytes, and 0
@@ -50,11 +59,13 @@ class KvTiers {
   int64_t page_bytes() const { return page_bytes_; }
   int64_t buffer_bytes() const { return buffer_bytes_; }
 
+  // A zeroed buffer of `bytes` in the tiers' host memory, to fill and put().
+  Blob make_blob(size_t bytes) const;
   // Stores `blob` (num_pages pages of buffer_bytes()). Appends to `dropped` the entries pushed out
   // of every tier. An entry larger than every tier is dropped at once (and reported).
-  EntryId put(std::vector<std::byte> blob, int32_t num_pages, std::vector<EntryId>& dropped);
-  // The entry's bytes, or nullopt when it is gone.
-  std::optional<std::vector<std::byte>> read(EntryId id);
+  EntryId put(Blob blob, int32_t num_pages, std::vector<EntryId>& dropped);
+  // The entry's bytes, or null when it is gone.
+  std::shared_ptr<const Blob> read(EntryId id);
   void erase(EntryId id);
   // Which tier holds the entry (nullopt when gone) and the seconds to bring `pages` of it back.
   std::optional<KvTier> tier_of(EntryId id) const;
@@ -69,8 +80,8 @@ class KvTiers {
  private:
   struct Entry {
     KvTier tier = KvTier::kHost;
-    std::vector<std::byte> data;  // host tier only
-    int64_t bytes = 0;            // on the books: pages x page_bytes
+    std::shared_ptr<const Blob> data;  // host tier only
+    int64_t bytes = 0;                 // on the books: pages x page_bytes
     int32_t num_pages = 0;
     std::list<EntryId>::iterator lru;  // in host_lru_ or disk_lru_
   };
@@ -81,6 +92,7 @@ class KvTiers {
   bool to_disk(EntryId id, Entry& e, std::vector<EntryId>& dropped);
 
   KvTierOptions options_;
+  std::pmr::memory_resource* host_memory_;
   int64_t page_bytes_;
   int64_t buffer_bytes_;
   std::filesystem::path disk_path_;  // our own subdirectory

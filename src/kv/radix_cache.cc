@@ -275,7 +275,8 @@ void RadixCache::offload_chain(Node* leaf) {
   std::reverse(chain.begin(), chain.end());  // root-ward first: the entry holds them in order
   std::vector<PageId> pages;
   for (Node* n : chain) pages.push_back(n->page);
-  std::vector<std::byte> blob(pages.size() * static_cast<size_t>(tiers_.tiers->buffer_bytes()));
+  KvTiers::Blob blob =
+      tiers_.tiers->make_blob(pages.size() * static_cast<size_t>(tiers_.tiers->buffer_bytes()));
   tiers_.io->read_pages(pages, blob.data());
   std::vector<KvTiers::EntryId> dropped;
   const KvTiers::EntryId id =
@@ -318,7 +319,8 @@ void RadixCache::load_path(std::vector<Node*>& offloaded, const Allocate& alloca
     offloaded.clear();
     return;
   }
-  std::map<KvTiers::EntryId, std::vector<std::byte>> blobs;
+  // Held, not copied: allocating below may evict and move or drop these entries.
+  std::map<KvTiers::EntryId, std::shared_ptr<const KvTiers::Blob>> blobs;
   for (size_t i = 0; i < offloaded.size(); ++i) {
     const KvTiers::EntryId id = offloaded[i]->entry;
     if (blobs.count(id)) continue;
@@ -327,7 +329,7 @@ void RadixCache::load_path(std::vector<Node*>& offloaded, const Allocate& alloca
       offloaded.resize(i);
       break;
     }
-    blobs.emplace(id, std::move(*data));
+    blobs.emplace(id, std::move(data));
   }
   // Entry ids are remembered now: allocating may evict, and dropped entries reset node->entry.
   std::vector<std::pair<KvTiers::EntryId, int32_t>> where;
@@ -345,10 +347,10 @@ void RadixCache::load_path(std::vector<Node*>& offloaded, const Allocate& alloca
            where[j].second == where[j - 1].second + 1)
       ++j;
     // A backend whose pages hold nothing moves empty buffers (KvTiers::buffer_bytes 0).
-    const std::byte* src =
-        buffer_bytes == 0
-            ? nullptr
-            : blobs.at(where[i].first).data() + static_cast<size_t>(where[i].second) * buffer_bytes;
+    const std::byte* src = buffer_bytes == 0
+                               ? nullptr
+                               : blobs.at(where[i].first)->data() +
+                                     static_cast<size_t>(where[i].second) * buffer_bytes;
     tiers_.io->write_pages(std::span<const PageId>(pages).subspan(i, j - i), src);
     i = j;
   }

@@ -3,12 +3,15 @@
 // run on the GPU machine, bench/gpu/README.md).
 #include "backend/cuda/cuda_backend.h"
 
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <memory_resource>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -23,6 +26,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/knobs.h"
 #include "backend/cuda/nano_split.h"
+#include "backend/cuda/pinned_memory.h"
 #include "backend/cuda/sm_partition.h"
 #include "core/error.h"
 #include "model/presets.h"
@@ -857,6 +861,61 @@ TEST_P(PageImages, RoundTrip) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, PageImages, ::testing::Values("page", "layer"));
+
+// The host tier's memory works with or without a GPU: pinned where the driver pins, heap memory
+// where it refuses (here, without a GPU), and freed blocks are kept by size for reuse either way
+// only when pinned.
+TEST(PinnedHostMemory, GivesUsableMemoryWithOrWithoutAGpu) {
+  cuda::PinnedHostMemory memory(/*cache_bytes=*/1 << 20);
+  std::string why;
+  const bool gpu = cuda_device_available(&why);
+  for (int round = 0; round < 3; ++round) {
+    std::pmr::vector<std::byte> block(4096 + static_cast<size_t>(round), std::byte{1}, &memory);
+    for (size_t i = 0; i < block.size(); i += 512) block[i] = std::byte{static_cast<uint8_t>(i)};
+    EXPECT_EQ(block[512], std::byte{static_cast<uint8_t>(512)});
+  }
+  std::pmr::vector<std::byte> again(4096, std::byte{2}, &memory);  // round 0's size
+  EXPECT_EQ(memory.pinned_blocks() + memory.pageable_blocks(), gpu ? 3u : 4u);
+  EXPECT_EQ(memory.reused_blocks(), gpu ? 1u : 0u);
+  EXPECT_EQ(memory.pageable_blocks(), gpu ? 0u : 4u) << (gpu ? "" : "no GPU: " + why);
+}
+
+// The KV host tier's memory (Backend::host_memory) is page-locked, pages round-trip through it,
+// and a freed block is reused rather than pinned again.
+TEST(CudaBackend, HostTierMemoryIsPinnedAndReused) {
+  SKIP_WITHOUT_GPU();
+  const TestModel& m = model("base", DType::kBF16);
+  auto gpu = make_cuda_backend(m.config, m.store, options());
+  Seq a{.id = 1, .tokens = prompt(8, 5)};
+  PageId next = 0;
+  ForwardBatch batch;
+  add_chunk(batch, a, 8, next);
+  std::vector<float> logits(m.config.vocab_size);
+  gpu->forward(batch, logits);
+  const auto bytes = static_cast<size_t>(gpu->kv_bytes_per_page());
+  std::pmr::memory_resource* memory = gpu->host_memory();
+  ASSERT_NE(memory, std::pmr::new_delete_resource());
+  std::vector<std::byte> pageable(bytes);
+  gpu->read_pages(std::vector<PageId>{0}, pageable.data());
+  const void* first = nullptr;
+  for (int round = 0; round < 2; ++round) {
+    std::pmr::vector<std::byte> pinned(bytes, std::byte{0}, memory);
+    cudaPointerAttributes attributes{};
+    ASSERT_EQ(cudaPointerGetAttributes(&attributes, pinned.data()), cudaSuccess);
+    EXPECT_EQ(attributes.type, cudaMemoryTypeHost) << "round " << round;
+    if (round == 0) {
+      first = pinned.data();
+    } else {
+      EXPECT_EQ(pinned.data(), first) << "the freed block is reused";
+    }
+    gpu->read_pages(std::vector<PageId>{0}, pinned.data());
+    EXPECT_TRUE(std::equal(pinned.begin(), pinned.end(), pageable.begin()));
+    gpu->write_pages(std::vector<PageId>{50}, pinned.data());
+  }
+  std::vector<std::byte> back(bytes);
+  gpu->read_pages(std::vector<PageId>{50}, back.data());
+  EXPECT_EQ(back, pageable);
+}
 
 TEST(CudaBackend, RefusesUnknownKernelKnobs) {
   SKIP_WITHOUT_GPU();

@@ -15,8 +15,8 @@ namespace {
 
 constexpr int64_t kPageBytes = 64;
 
-std::vector<std::byte> blob(int32_t pages, uint8_t fill) {
-  return std::vector<std::byte>(static_cast<size_t>(pages * kPageBytes), std::byte{fill});
+KvTiers::Blob blob(int32_t pages, uint8_t fill) {
+  return KvTiers::Blob(static_cast<size_t>(pages * kPageBytes), std::byte{fill});
 }
 
 size_t files_in(const std::filesystem::path& dir) {
@@ -90,6 +90,63 @@ TEST(KvTiers, HostEntriesMoveToDiskThenDropLeastRecentlyUsedFirst) {
     EXPECT_FALSE(tiers.tier_of(a));
   }
   EXPECT_EQ(files_in(dir.path()), 0u);  // the disk tier goes with the object
+}
+
+// Memory that counts what it hands out (a backend's host_memory(): pinned on a GPU).
+class CountingMemory : public std::pmr::memory_resource {
+ public:
+  int64_t live_bytes = 0, allocations = 0;
+
+ private:
+  void* do_allocate(size_t bytes, size_t align) override {
+    live_bytes += static_cast<int64_t>(bytes);
+    ++allocations;
+    return std::pmr::new_delete_resource()->allocate(bytes, align);
+  }
+  void do_deallocate(void* p, size_t bytes, size_t align) override {
+    live_bytes -= static_cast<int64_t>(bytes);
+    std::pmr::new_delete_resource()->deallocate(p, bytes, align);
+  }
+  bool do_is_equal(const std::pmr::memory_resource& other) const noexcept override {
+    return this == &other;
+  }
+};
+
+// Host entries and entries read back from disk live in the memory the options name; a host
+// entry is read without a copy, and one held by a reader stays whole after the tiers demote it.
+TEST(KvTiers, EntriesLiveInTheGivenHostMemoryAndReadsShareThem) {
+  testing::TempDir dir;
+  CountingMemory memory;
+  KvTierOptions o;
+  o.host_bytes = 2 * kPageBytes;
+  o.disk_dir = dir.path();
+  o.disk_bytes = 8 * kPageBytes;
+  o.host_memory = &memory;
+  std::vector<KvTiers::EntryId> dropped;
+  {
+    KvTiers tiers(o, kPageBytes);
+    KvTiers::Blob a_bytes = tiers.make_blob(2 * kPageBytes);
+    EXPECT_EQ(a_bytes.get_allocator().resource(), &memory);
+    EXPECT_EQ(memory.live_bytes, 2 * kPageBytes);
+    std::fill(a_bytes.begin(), a_bytes.end(), std::byte{7});
+    const auto a = tiers.put(std::move(a_bytes), 2, dropped);
+    const std::shared_ptr<const KvTiers::Blob> first = tiers.read(a), second = tiers.read(a);
+    ASSERT_TRUE(first);
+    EXPECT_EQ(first.get(), second.get());  // shared, not copied
+    EXPECT_EQ(memory.live_bytes, 2 * kPageBytes);
+    tiers.put(tiers.make_blob(2 * kPageBytes), 2, dropped);  // a goes to disk
+    ASSERT_EQ(tiers.tier_of(a), KvTier::kDisk);
+    EXPECT_EQ(*first, KvTiers::Blob(2 * kPageBytes, std::byte{7}));  // the reader's copy stays
+    const std::shared_ptr<const KvTiers::Blob> from_disk = tiers.read(a);
+    ASSERT_TRUE(from_disk);
+    EXPECT_EQ(from_disk->get_allocator().resource(), &memory);
+    EXPECT_EQ(*from_disk, *first);
+    EXPECT_TRUE(dropped.empty());
+    // a as first read (held here), the second entry on the host, a as read back from disk.
+    EXPECT_EQ(memory.live_bytes, 6 * kPageBytes);
+    EXPECT_EQ(memory.allocations, 3);
+  }
+  EXPECT_EQ(memory.live_bytes, 0);  // all of it goes back to the memory it came from
 }
 
 // Device pages as plain memory: a page's content records which tokens it holds, so a test can

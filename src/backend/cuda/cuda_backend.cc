@@ -131,6 +131,7 @@ void CudaBackendImpl::load(const TensorStore& store, const BackendOptions& optio
                    "cublasSetSmCountTarget");
   }
   stream_ = lanes_[0].stream;
+  check_cuda(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   graphs_ = knobs.graphs;
   if (graphs_) {  // cuBLAS's workspace set, so that a capture allocates none (32 MiB: Hopper's)
     const size_t bytes = size_t{32} << 20;
@@ -228,6 +229,11 @@ void CudaBackendImpl::release() {
     lane.stream = nullptr;
   }
   stream_ = nullptr;
+  if (copy_stream_) {
+    cudaStreamSynchronize(copy_stream_);
+    cudaStreamDestroy(copy_stream_);
+  }
+  copy_stream_ = nullptr;
 }
 
 CudaBackendImpl::GreenSplit::~GreenSplit() {
@@ -665,11 +671,11 @@ void CudaBackendImpl::read_pages(std::span<const PageId> pages, std::byte* out) 
     check_page(p, "read_pages");
     // The image is page-major whatever the layout: its layers are back to back.
     check_cuda(cudaMemcpy2DAsync(out, layer_bytes(), page_ptr(p), layer_pitch(), layer_bytes(),
-                                 kv_.num_layers, cudaMemcpyDeviceToHost, stream_),
+                                 kv_.num_layers, cudaMemcpyDeviceToHost, copy_stream_),
                "read_pages");
     out += bytes;
   }
-  check_cuda(cudaStreamSynchronize(stream_), "read_pages");
+  check_cuda(cudaStreamSynchronize(copy_stream_), "read_pages");
 }
 
 void CudaBackendImpl::write_pages(std::span<const PageId> pages, const std::byte* in) {
@@ -677,11 +683,11 @@ void CudaBackendImpl::write_pages(std::span<const PageId> pages, const std::byte
   for (PageId p : pages) {
     check_page(p, "write_pages");
     check_cuda(cudaMemcpy2DAsync(page_ptr(p), layer_pitch(), in, layer_bytes(), layer_bytes(),
-                                 kv_.num_layers, cudaMemcpyHostToDevice, stream_),
+                                 kv_.num_layers, cudaMemcpyHostToDevice, copy_stream_),
                "write_pages");
     in += bytes;
   }
-  check_cuda(cudaStreamSynchronize(stream_), "write_pages");
+  check_cuda(cudaStreamSynchronize(copy_stream_), "write_pages");
 }
 
 // A layer of a page is 2 * num_kv_heads runs of page_size slots, each slot head_dim elements:
@@ -703,12 +709,12 @@ void CudaBackendImpl::copy_slots(PageId page, int32_t first, int32_t count, std:
     std::byte* device = page_ptr(page, l) + first * slot;
     std::byte* image = host + l * layer_bytes() + first * slot;
     check_cuda(to_host ? cudaMemcpy2DAsync(image, pitch, device, pitch, count * slot, runs,
-                                           cudaMemcpyDeviceToHost, stream_)
+                                           cudaMemcpyDeviceToHost, copy_stream_)
                        : cudaMemcpy2DAsync(device, pitch, image, pitch, count * slot, runs,
-                                           cudaMemcpyHostToDevice, stream_),
+                                           cudaMemcpyHostToDevice, copy_stream_),
                what);
   }
-  check_cuda(cudaStreamSynchronize(stream_), what);
+  check_cuda(cudaStreamSynchronize(copy_stream_), what);
 }
 
 }  // namespace blend::cuda

@@ -21,6 +21,7 @@
 #include "backend/cuda/knobs.h"
 #include "backend/cuda/nano_search.h"
 #include "backend/cuda/nano_split.h"
+#include "backend/cuda/pinned_memory.h"
 #include "backend/cuda/sm_partition.h"
 #include "backend/llama_forward.h"
 #include "model/weights.h"
@@ -56,6 +57,7 @@ class CudaBackendImpl final : public CudaBackend {
   void copy_page(PageId src, PageId dst) override;
   void read_pages(std::span<const PageId> pages, std::byte* out) const override;
   void write_pages(std::span<const PageId> pages, const std::byte* in) override;
+  std::pmr::memory_resource* host_memory() override { return &host_memory_; }
   void read_slots(PageId page, int32_t first, int32_t count, std::byte* image) const override {
     copy_slots(page, first, count, image, /*to_host=*/true);
   }
@@ -186,6 +188,12 @@ class CudaBackendImpl final : public CudaBackend {
   Elem embed_elem_ = Elem::kBF16;
   Lane lanes_[2];
   cudaStream_t stream_ = nullptr;  // lanes_[0].stream
+  // Page I/O with the host (read/write_pages, the slot copies) runs on a stream of its own, from
+  // and to page-locked tier memory. The engine issues it between steps (Backend::synchronize),
+  // and each call waits for its copies, so no ordering with the compute stream is needed; a
+  // stream of its own is what lets a later engine overlap offload with a step.
+  cudaStream_t copy_stream_ = nullptr;
+  cuda::PinnedHostMemory host_memory_;
   std::vector<Layer> layers_;
   // BLEND_CUDA_NANO_BATCHES: off, auto (split where the cost model predicts a gain) or always.
   cuda::NanoMode nano_mode_ = cuda::NanoMode::kOff;
