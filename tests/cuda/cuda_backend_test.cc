@@ -426,7 +426,8 @@ const std::vector<std::pair<std::string, std::string>>& bad_knob_values() {
       {"BLEND_CUDA_NANO_SM_SPLIT", "green"},
       // a profile without a pipelined step
       {"BLEND_CUDA_NANO_PROFILE", "nano.json"},
-      {"BLEND_CUDA_GRAPHS", "always"}};
+      {"BLEND_CUDA_GRAPHS", "always"},
+      {"BLEND_CUDA_DRAW", "cuts"}};
   return values;
 }
 
@@ -442,10 +443,15 @@ TEST(CudaKnobs, ReadsKnownValuesAndRefusesUnknownOnes) {
     EXPECT_FALSE(k.nano_green);
     EXPECT_FALSE(k.nano_interference.has_value());
     EXPECT_FALSE(k.graphs);
+    EXPECT_FALSE(k.draw_cuts);
   }
   {
     ScopedEnv env("BLEND_CUDA_GRAPHS", "decode");
     EXPECT_TRUE(cuda::read_knobs().graphs);
+  }
+  {
+    ScopedEnv env("BLEND_CUDA_DRAW", "all");
+    EXPECT_TRUE(cuda::read_knobs().draw_cuts);
   }
   {
     ScopedEnv env({{"BLEND_CUDA_ATTENTION", "warps"},
@@ -953,7 +959,10 @@ TEST(CudaBackend, ArgmaxOnTheGpuEqualsTheArgmaxOfTheLogits) {
 TEST(CudaBackend, DrawsOnTheGpuAsTheHostSamplerDrawsFromTheLogits) {
   SKIP_WITHOUT_GPU();
   const TestModel& m = model("hd128", DType::kBF16);
-  auto gpu = make_cuda_backend(m.config, m.store, options());
+  auto gpu = [&] {  // the knob is read when the backend is made
+    ScopedEnv env("BLEND_CUDA_DRAW", "all");
+    return make_cuda_backend(m.config, m.store, options());
+  }();
   constexpr int kSeqs = 12;
   std::vector<Seq> seqs;
   for (int s = 0; s < kSeqs; ++s)
@@ -990,6 +999,9 @@ TEST(CudaBackend, DrawsOnTheGpuAsTheHostSamplerDrawsFromTheLogits) {
       EXPECT_EQ(out[s].top[j].logprob, host.top[j].logprob) << "row " << s << " top " << j;
     }
   }
+  // Without BLEND_CUDA_DRAW=all the cuts and logprobs are the host's: the backend declines.
+  auto plain = make_cuda_backend(m.config, m.store, options());
+  EXPECT_FALSE(plain->forward_draw(batch, *draws, out));
 }
 
 TEST(CudaBackend, RefusesDeterministicMode) {

@@ -133,6 +133,7 @@ void CudaBackendImpl::load(const TensorStore& store, const BackendOptions& optio
   stream_ = lanes_[0].stream;
   check_cuda(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   graphs_ = knobs.graphs;
+  draw_cuts_ = knobs.draw_cuts;
   if (graphs_) {  // cuBLAS's workspace set, so that a capture allocates none (32 MiB: Hopper's)
     const size_t bytes = size_t{32} << 20;
     check_cublas(cublasSetWorkspace(lanes_[0].blas, graph_workspace_.reserve(bytes), bytes),
@@ -334,7 +335,11 @@ bool CudaBackendImpl::forward_argmax(const ForwardBatch& batch, std::span<TokenI
 
 bool CudaBackendImpl::forward_draw(const ForwardBatch& batch, std::span<const DeviceDraw> draws,
                                    std::span<SampledToken> out) {
-  if (!cuda::draw_fits(config_.vocab_size) || out.size() != draws.size())
+  const bool host_decides = std::any_of(draws.begin(), draws.end(), [&](const DeviceDraw& d) {
+    const bool cut = d.top_k > 0 || d.top_p < 1.0f || d.min_p > 0.0f;
+    return !draw_cuts_ && (d.logprobs >= 0 || (d.inv_temperature != 0 && cut));
+  });
+  if (host_decides || !cuda::draw_fits(config_.vocab_size) || out.size() != draws.size())
     return Backend::forward_draw(batch, draws, out);
   return draw_on_device(batch, draws, out);
 }

@@ -232,6 +232,7 @@ class CudaBackendImpl final : public CudaBackend {
   // BLEND_CUDA_GRAPHS=decode: the graphs by key (at most kMaxGraphs, all dropped when full),
   // and cuBLAS's workspace on lane 0 set by us, so a capture allocates nothing.
   bool graphs_ = false;
+  bool draw_cuts_ = false;  // BLEND_CUDA_DRAW=all
   static constexpr size_t kMaxGraphs = 64;
   std::map<std::string, cudaGraphExec_t> graph_cache_;
   CudaGraphStats graph_stats_;

@@ -107,6 +107,7 @@ Knobs read_knobs() {
           "plans come from measured phase times: set one of them");
   }
   k.graphs = choose<bool>("BLEND_CUDA_GRAPHS", {{"off", false}, {"decode", true}});
+  k.draw_cuts = choose<bool>("BLEND_CUDA_DRAW", {{"plain", false}, {"all", true}});
   return k;
 }
 

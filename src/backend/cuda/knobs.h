@@ -49,6 +49,10 @@ struct Knobs {
   // BLEND_CUDA_GRAPHS: off, or decode (a decode-only step's layers run as a CUDA graph, captured
   // once per shape and replayed: one launch instead of one per kernel; cuda_backend.h).
   bool graphs = false;
+  // BLEND_CUDA_DRAW: plain (argmaxes and temperature draws without cuts on the GPU; cuts and
+  // logprobs on the host) or all (top-k / top-p / min-p and logprobs on the GPU too, draw.cu).
+  // plain until the GPU tests have run the cut kernel (written without a GPU, session 37).
+  bool draw_cuts = false;
 };
 
 // Reads the knobs from the environment; unset or empty means the default. Throws blend::Error
