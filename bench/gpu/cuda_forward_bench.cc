@@ -11,9 +11,14 @@
 //   {"kind":"mixed", ...}    D decodes at C cached tokens and one P-token prompt chunk after
 //                            them (the engine's chunked-prefill step), against the larger of the
 //                            GEMM bound and the weight + KV read bound
+//   {"kind":"draw", ...}     with --draw: sampling R rows of the model's vocabulary where the
+//                            logits are (draw.cu) for each kind of row (argmax, temperature, the
+//                            top-k / top-p / min-p cuts, logprobs), the logits' bytes / time
+//                            against the read bandwidth, and the host sampler's time for the same
+//                            rows on one thread (sample_token; the logits' copy not counted)
 //
 //   cuda_forward_bench --model DIR [--decode 1,64,256] [--context 1024] [--prefill 4x512]
-//                      [--mixed D:P,...] [--reps 5]
+//                      [--mixed D:P,...] [--draw 64,256] [--reps 5]
 // BLEND_CUDA_NANO_BATCHES (cuda_backend.cc) runs the steps as two overlapped nano-batches;
 // per-op times are then not recorded (zeros), the step time is.
 // The KV pages a decode step reads are zeros (the step's time does not depend on their values);
@@ -24,6 +29,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -31,8 +37,10 @@
 
 #include "../bench_util.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/kernels.h"
 #include "core/error.h"
 #include "model/safetensors.h"
+#include "sampling/sampler.h"
 
 namespace blend {
 namespace {
@@ -112,9 +120,104 @@ json op_json(const CudaOpTimes& t, int64_t steps) {
           {"total_ms", t.total() * k}};
 }
 
+// Times draw_rows on `rows` model-like rows (normal(-4, 3) logits, six high ones) of `vocab`
+// logits for each kind of row, and the host sampler on the same rows.
+void bench_draws(int64_t rows, int64_t vocab, int reps, double read_bw) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> noise(-4.0f, 3.0f);
+  std::vector<float> logits(static_cast<size_t>(rows * vocab));
+  for (float& x : logits) x = noise(rng);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int k = 0; k < 6; ++k) logits[r * vocab + rng() % vocab] = 8.0f + static_cast<float>(k);
+  float* d_logits = nullptr;
+  void* d_scratch = nullptr;
+  const size_t top = static_cast<size_t>(rows * cuda::kDrawTopMax);
+  const size_t scratch_bytes = rows * (sizeof(cuda::DrawRow) + sizeof(cuda::DrawResult)) +
+                               top * (sizeof(int32_t) + sizeof(float));
+  check(cudaMalloc(reinterpret_cast<void**>(&d_logits), logits.size() * sizeof(float)),
+        "cudaMalloc");
+  check(cudaMalloc(&d_scratch, scratch_bytes), "cudaMalloc");
+  check(cudaMemcpy(d_logits, logits.data(), logits.size() * sizeof(float), cudaMemcpyHostToDevice),
+        "cudaMemcpy");
+  auto* d_params = static_cast<cuda::DrawRow*>(d_scratch);
+  auto* d_results = reinterpret_cast<cuda::DrawResult*>(d_params + rows);
+  auto* d_top_ids = reinterpret_cast<int32_t*>(d_results + rows);
+  auto* d_top_logits = reinterpret_cast<float*>(d_top_ids + top);
+  struct Kind {
+    const char* name;
+    SamplingParams params;
+  };
+  std::vector<Kind> kinds(6);
+  kinds[0] = {"argmax", {}};
+  kinds[0].params.temperature = 0.0f;
+  kinds[1] = {"temperature 0.7", {}};
+  kinds[2] = {"top_k 50", {}};
+  kinds[2].params.top_k = 50;
+  kinds[3] = {"top_p 0.9", {}};
+  kinds[3].params.top_p = 0.9f;
+  kinds[4] = {"top_k 50 + top_p 0.9 + min_p 0.02", {}};
+  kinds[4].params.top_k = 50;
+  kinds[4].params.top_p = 0.9f;
+  kinds[4].params.min_p = 0.02f;
+  kinds[5] = {"logprobs 5", {}};
+  kinds[5].params.logprobs = 5;
+  for (size_t k = 1; k < kinds.size(); ++k) kinds[k].params.temperature = 0.7f;
+  for (const Kind& kind : kinds) {
+    const SamplingParams& p = kind.params;
+    std::vector<cuda::DrawRow> params(static_cast<size_t>(rows));
+    bool full = false;
+    for (int64_t r = 0; r < rows; ++r) {
+      cuda::DrawRow& d = params[static_cast<size_t>(r)];
+      d.logprobs = p.logprobs ? *p.logprobs : -1;
+      if (p.temperature > 0.0f) {
+        d.inv_temperature = 1.0f / p.temperature;
+        d.uniform = sampling_uniform(static_cast<uint64_t>(r), 0);
+        d.top_k = p.top_k;
+        d.top_p = p.top_p;
+        d.min_p = p.min_p;
+      }
+      full |= d.logprobs >= 0 || d.top_k > 0 || d.top_p < 1.0f || d.min_p > 0.0f;
+    }
+    check(cudaMemcpy(d_params, params.data(), params.size() * sizeof(cuda::DrawRow),
+                     cudaMemcpyHostToDevice),
+          "cudaMemcpy");
+    constexpr int kLaunches = 10;
+    const double s =
+        median_seconds(reps,
+                       [&] {
+                         for (int i = 0; i < kLaunches; ++i)
+                           cuda::draw_rows(d_logits, rows, vocab, d_params, full, d_results,
+                                           d_top_ids, d_top_logits, nullptr);
+                         check(cudaDeviceSynchronize(), "draw_rows");
+                       }) /
+        kLaunches;
+    const double host =
+        median_seconds(3,
+                       [&] {
+                         for (int64_t r = 0; r < std::min<int64_t>(rows, 16); ++r)
+                           sample_token(std::span<const float>(logits.data() + r * vocab,
+                                                               static_cast<size_t>(vocab)),
+                                        p, static_cast<uint64_t>(r), 0);
+                       }) /
+        static_cast<double>(std::min<int64_t>(rows, 16));
+    const double bytes = static_cast<double>(rows * vocab) * sizeof(float);
+    emit({{"kind", "draw"},
+          {"rows", rows},
+          {"vocab", vocab},
+          {"setting", kind.name},
+          {"ms", s * 1e3},
+          {"logits_bytes_per_s", bytes / s},
+          {"fraction_of_read", bytes / s / read_bw},
+          {"host_ms_per_row", host * 1e3},
+          {"host_ms_for_the_rows", host * 1e3 * static_cast<double>(rows)}});
+  }
+  cudaFree(d_logits);
+  cudaFree(d_scratch);
+}
+
 int run(int argc, char** argv) {
   std::string model_dir, prefill_arg = "4x512";
-  std::vector<int64_t> decode = {1, 64, 256};
+  std::vector<int64_t> decode = {1, 64, 256}, draw_rows_list;
   std::vector<std::pair<int64_t, int64_t>> mixed;  // (decodes, prompt tokens)
   int64_t context = 1024;
   int reps = 5;
@@ -142,7 +245,9 @@ int run(int argc, char** argv) {
         mixed.emplace_back(std::stoll(item.substr(0, colon)), std::stoll(item.substr(colon + 1)));
         pos = comma + 1;
       }
-    } else if (a == "--reps")
+    } else if (a == "--draw")
+      draw_rows_list = parse_list(next());
+    else if (a == "--reps")
       reps = std::stoi(next());
     else
       throw Error("unknown option " + a);
@@ -267,6 +372,7 @@ int run(int argc, char** argv) {
           {"fraction_of_step_bound", bound / s},
           {"ops", op_json(ops, 1)}});
   }
+  for (int64_t rows : draw_rows_list) bench_draws(rows, config.vocab_size, reps, read_bw);
   return 0;
 }
 

@@ -12,7 +12,9 @@
 #      cuda_forward_bench per COMBOS combination: decode steps of DECODE sequences at 1,024
 #      cached tokens, a 4 x 512 prefill and MIXED steps (D decodes + a P-token prompt chunk)
 #      -> $OUT/forward_bench.jsonl, and nanobatch_report.py's table of each combination's steps
-#      against the sequential one, with the interference each implies -> $OUT/nanobatch.md
+#      against the sequential one, with the interference each implies -> $OUT/nanobatch.md;
+#      the first combination also times sampling on the GPU (DRAW rows, default 256: draw.cu's
+#      argmax, temperature, cut and logprob rows against the read bandwidth and the host sampler)
 #   5. blend batch --backend cuda at --max-batch-tokens 4096 on each ENGINE_WORK
 #      (prompt:output:requests:repetitions), each repetition the first combination and the one
 #      with the fastest BEST_BY mixed step (or ENGINE_COMBOS), interleaved, while time is left
@@ -33,13 +35,19 @@ MIXED="${MIXED:-256:512,256:1024,128:1024,64:1024}"
 DECODE="${DECODE:-64,256}"
 nano_profile_for "$COMBOS ${ENGINE_COMBOS:-}"
 if [ -x /tmp/blend/bin/cuda_forward_bench ] && [ -f "$model/config.json" ]; then
+  # The first combination also times sampling on the GPU (DRAW rows of each kind; empty: none),
+  # with the cut kernel on (BLEND_CUDA_DRAW only gates the engine's use of it).
+  draw_arg=(--draw "${DRAW-256}")
+  [ -z "${DRAW-256}" ] && draw_arg=()
   for c in $COMBOS; do
     [ "$(left)" -lt 150 ] && { echo "forward bench: skipping $c, $(left) s left"; continue; }
     step "cuda_forward_bench $c (timeout 90 s)"
     run_combo "$c" timeout -k 5 90 /tmp/blend/bin/cuda_forward_bench \
       --model "$model" --decode "$DECODE" --context 1024 --prefill 4x512 --mixed "$MIXED" --reps 5 \
+      "${draw_arg[@]}" \
       | sed "s|^{|{\"combo\":\"$c\",|" | tee -a "$OUT/forward_bench.jsonl"
     echo "cuda_forward_bench: exit ${PIPESTATUS[0]}"
+    draw_arg=()
   done
 fi
 

@@ -245,14 +245,10 @@ TokenId draw_sparse(std::span<const TokenId> ids, std::span<const float> w, size
   return ids.empty() ? 0 : ids.back();  // not reached: some token weighs more than 0
 }
 
-// keys[i] = rank_key(logits[i]), in a loop that vectorises: adding +0 makes -0 +0, and the sign
-// decides between flipping every bit and setting the top one.
+// keys[i] = rank_key(logits[i]), compiled per ISA.
 BLEND_MULTIVERSION
 void rank_keys(const float* logits, uint32_t* keys, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    const uint32_t u = std::bit_cast<uint32_t>(logits[i] + 0.0f);
-    keys[i] = u ^ (static_cast<uint32_t>(static_cast<int32_t>(u) >> 31) | 0x80000000u);
-  }
+  for (size_t i = 0; i < n; ++i) keys[i] = rank_key(logits[i]);
 }
 
 // The candidates `ids` (ascending; keys[t] the rank key of token t) that the cut of
