@@ -814,6 +814,16 @@ TEST(CudaBackend, GreedyTokensEqualTheCpuBackendsFor128Steps) {
   EXPECT_EQ(decode(*cpu), decode(*gpu));
 }
 
+// Forwards one 8-token prompt, so that KV pages 0 and 1 hold its K/V (page size 4).
+void fill_first_pages(Backend& b, const TestModel& m) {
+  Seq a{.id = 1, .tokens = prompt(8, 5)};
+  PageId next = 0;
+  ForwardBatch batch;
+  add_chunk(batch, a, 8, next);
+  std::vector<float> logits(m.config.vocab_size);
+  b.forward(batch, logits);
+}
+
 class PageImages : public ::testing::TestWithParam<std::string> {};
 
 // Page images: read_pages / write_pages / copy_page / the slot copies move exactly the bytes
@@ -828,13 +838,8 @@ TEST_P(PageImages, RoundTrip) {
   };
   auto gpu = make(GetParam());
   auto other = make(GetParam() == "page" ? "layer" : "page");
-  Seq a{.id = 1, .tokens = prompt(8, 5)};
-  PageId next = 0;
-  ForwardBatch batch;
-  add_chunk(batch, a, 8, next);
-  std::vector<float> logits(m.config.vocab_size);
-  gpu->forward(batch, logits);
-  other->forward(batch, logits);
+  fill_first_pages(*gpu, m);
+  fill_first_pages(*other, m);
   const auto bytes = static_cast<size_t>(gpu->kv_bytes_per_page());
   std::vector<std::byte> p0(bytes), p1(bytes), back(bytes);
   const std::vector<PageId> first{0}, second{1}, far{100};
@@ -892,12 +897,7 @@ TEST(CudaBackend, HostTierMemoryIsPinnedAndReused) {
   SKIP_WITHOUT_GPU();
   const TestModel& m = model("base", DType::kBF16);
   auto gpu = make_cuda_backend(m.config, m.store, options());
-  Seq a{.id = 1, .tokens = prompt(8, 5)};
-  PageId next = 0;
-  ForwardBatch batch;
-  add_chunk(batch, a, 8, next);
-  std::vector<float> logits(m.config.vocab_size);
-  gpu->forward(batch, logits);
+  fill_first_pages(*gpu, m);
   const auto bytes = static_cast<size_t>(gpu->kv_bytes_per_page());
   std::pmr::memory_resource* memory = gpu->host_memory();
   ASSERT_NE(memory, std::pmr::new_delete_resource());
