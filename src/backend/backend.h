@@ -179,6 +179,12 @@ class Backend {
   // every kind (backend/cuda/draw.cu).
   virtual bool forward_draw(const ForwardBatch& batch, std::span<const DeviceDraw> draws,
                             std::span<SampledToken> out);
+  // Whether a step sampling `rows` has them sampled where the logits are, with no vocabulary
+  // rows for the host (what step timings record for the cost model): by default whether they are
+  // all device draws; a backend that takes only some kinds of draw says which.
+  virtual bool samples_on_device(std::span<const SampleRow> rows) const {
+    return all_device_draws(rows);
+  }
 
   // Copies one page's K/V (all layers) to another page (copy-on-write of a shared last page).
   virtual void copy_page(PageId src, PageId dst) = 0;

@@ -548,7 +548,7 @@ void Engine::launch_step(const StepPlan& plan) {
   // The observer sees the batch after the step; the backend takes its own copy of it.
   if (!step_observers_.empty()) {
     f.observed = in.batch;
-    f.device_draws = all_device_draws(in.rows);
+    f.device_draws = backend_->samples_on_device(in.rows);
   }
   const WallClock::time_point launch0 = WallClock::now();
   backend_->launch(std::move(in));

@@ -211,8 +211,8 @@ class Engine {
 
   // Called, in the order added, at the end of every step that ran a forward pass, with the
   // batch it ran, when the step began on the engine's clock, and whether every row it sampled
-  // was a device draw (all_device_draws). Step timings (`blend batch --step-timings`) fit the
-  // cost model on them; `--plot` draws the run's timeline.
+  // was sampled on the device (Backend::samples_on_device). Step timings (`blend batch
+  // --step-timings`) fit the cost model on them; `--plot` draws the run's timeline.
   using StepObserver =
       std::function<void(const ForwardBatch& batch, double started, bool device_draws)>;
   void add_step_observer(StepObserver observer) { step_observers_.push_back(std::move(observer)); }

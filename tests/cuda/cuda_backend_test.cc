@@ -1002,6 +1002,13 @@ TEST(CudaBackend, DrawsOnTheGpuAsTheHostSamplerDrawsFromTheLogits) {
   // Without BLEND_CUDA_DRAW=all the cuts and logprobs are the host's: the backend declines.
   auto plain = make_cuda_backend(m.config, m.store, options());
   EXPECT_FALSE(plain->forward_draw(batch, *draws, out));
+  // What the step timings record follows: these rows are sampled on the device only with all.
+  EXPECT_TRUE(gpu->samples_on_device(rows));
+  EXPECT_FALSE(plain->samples_on_device(rows));
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  const std::vector<SampleRow> greedy_rows{{.seq = 1, .params = &greedy}};
+  EXPECT_TRUE(plain->samples_on_device(greedy_rows));
 }
 
 TEST(CudaBackend, RefusesDeterministicMode) {

@@ -333,13 +333,27 @@ bool CudaBackendImpl::forward_argmax(const ForwardBatch& batch, std::span<TokenI
   return true;
 }
 
+bool CudaBackendImpl::draws_fit(std::span<const DeviceDraw> draws) const {
+  const bool cuts_or_logprobs = std::any_of(draws.begin(), draws.end(), [](const DeviceDraw& d) {
+    const bool cut = d.top_k > 0 || d.top_p < 1.0f || d.min_p > 0.0f;
+    return d.logprobs >= 0 || (d.inv_temperature != 0 && cut);
+  });
+  return (draw_cuts_ || !cuts_or_logprobs) && cuda::draw_fits(config_.vocab_size);
+}
+
+bool CudaBackendImpl::samples_on_device(std::span<const SampleRow> rows) const {
+  const std::optional<std::vector<DeviceDraw>> draws = device_draws(rows);
+  if (!draws) return false;
+  // Greedy rows without logprobs take the argmax kernel, which fits any vocabulary.
+  const bool argmaxes = std::all_of(draws->begin(), draws->end(), [](const DeviceDraw& d) {
+    return d.inv_temperature == 0 && d.logprobs < 0;
+  });
+  return argmaxes || draws_fit(*draws);
+}
+
 bool CudaBackendImpl::forward_draw(const ForwardBatch& batch, std::span<const DeviceDraw> draws,
                                    std::span<SampledToken> out) {
-  const bool host_decides = std::any_of(draws.begin(), draws.end(), [&](const DeviceDraw& d) {
-    const bool cut = d.top_k > 0 || d.top_p < 1.0f || d.min_p > 0.0f;
-    return !draw_cuts_ && (d.logprobs >= 0 || (d.inv_temperature != 0 && cut));
-  });
-  if (host_decides || !cuda::draw_fits(config_.vocab_size) || out.size() != draws.size())
+  if (!draws_fit(draws) || out.size() != draws.size())
     return Backend::forward_draw(batch, draws, out);
   return draw_on_device(batch, draws, out);
 }

@@ -49,6 +49,7 @@ class CudaBackendImpl final : public CudaBackend {
   bool forward_argmax(const ForwardBatch& batch, std::span<TokenId> tokens) override;
   bool forward_draw(const ForwardBatch& batch, std::span<const DeviceDraw> draws,
                     std::span<SampledToken> out) override;
+  bool samples_on_device(std::span<const SampleRow> rows) const override;
   void set_op_timing(bool on) override { timing_ = on; }
   const CudaOpTimes& op_times() const override { return times_; }
   void reset_op_times() override { times_ = {}; }
@@ -75,6 +76,9 @@ class CudaBackendImpl final : public CudaBackend {
   // the step's tokens and logprobs drawn where the logits are; false where the host must decide.
   bool draw_on_device(const ForwardBatch& batch, std::span<const DeviceDraw> draws,
                       std::span<SampledToken> out);
+  // Whether draw_rows takes these draws: the vocabulary fits, and cuts and logprobs only with
+  // BLEND_CUDA_DRAW=all.
+  bool draws_fit(std::span<const DeviceDraw> draws) const;
   struct Layer {
     DeviceBuffer attn_norm, mlp_norm, qkv_bias;  // f32
     DeviceBuffer qkv, o, gate_up, down;          // elem_, rows of the fused outputs
