@@ -78,6 +78,12 @@ void add_engine_flags(CLI::App* cmd, EngineOptions& o) {
   cmd->add_option("--max-batch-tokens", o.scheduler.max_batch_tokens,
                   "Token budget of one step (prefill chunks + decodes)")
       ->check(number_in(1, int_max, true, "a token count of at least 1"));
+  cmd->add_option("--dense-batch-sizes", o.scheduler.dense_batch_sizes,
+                  "NanoFlow's discrete batching: step sizes in tokens the GEMMs run fastest at "
+                  "(e.g. 1024,2048,4096); a step whose work fills one is cut to the largest under "
+                  "--max-batch-tokens, keeping every decode (default: any size)")
+      ->delimiter(',')
+      ->check(number_in(1, int_max, true, "a token count of at least 1"));
   cmd->add_option("--max-running", o.scheduler.max_running, "Most sequences decoding at once")
       ->check(number_in(1, int_max, true, "a sequence count of at least 1"));
   cmd->add_option("--kv-memory", o.kv_memory_gb,

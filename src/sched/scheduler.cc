@@ -259,9 +259,29 @@ const IterationCostModel& Scheduler::iteration_cost() const {
   return cost ? *cost : core_.options().iteration_cost;
 }
 
+int32_t Scheduler::dense_budget() const {
+  const SchedulerOptions& o = core_.options();
+  if (o.dense_batch_sizes.empty()) return o.max_batch_tokens;
+  int64_t work = 0, decodes = 0;
+  for (const Sequence* s : core_.running()) {
+    if (s->generation_complete()) continue;
+    work += s->num_uncomputed();
+    decodes += s->num_uncomputed() == 1 ? 1 : 0;
+  }
+  for (const Sequence* s : core_.waiting())
+    if (!s->generation_complete()) work += s->num_uncomputed();
+  work = std::min<int64_t>(work, o.max_batch_tokens);
+  // A size must leave room for a prompt token when prompts wait: one the decodes alone fill
+  // would hold the prompts back for as long as those decodes run.
+  int32_t budget = 0;
+  for (int32_t size : o.dense_batch_sizes)
+    if (size <= work && (size > decodes || size == work)) budget = std::max(budget, size);
+  return budget > 0 ? budget : o.max_batch_tokens;
+}
+
 StepPlan Scheduler::schedule(double now) {
   StepPlan plan;
-  const int32_t budget_start = core_.options().max_batch_tokens;
+  const int32_t budget_start = dense_budget();
   int32_t budget = budget_start;
   policy_->schedule(core_, plan, budget, now);
   plan.num_tokens = budget_start - budget;

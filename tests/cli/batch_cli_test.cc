@@ -843,6 +843,48 @@ TEST_F(BatchCli, BadLinesFailAloneAndTheOthersRun) {
   EXPECT_EQ(error("huge")["param"], "prompt");
 }
 
+// --dense-batch-sizes (NanoFlow §4.2's discrete batching): while the prompts fill a fast size,
+// steps are cut to the largest one under the budget; the tokens are those of a run without it.
+TEST_F(BatchCli, DiscreteBatchingCutsStepsAndKeepsTheTokens) {
+  testing::TempDir work;
+  std::string input;
+  for (int i = 0; i < 10; ++i) {
+    std::string prompt;
+    for (int k = 0; k < 40 + 9 * i; ++k) prompt += std::to_string(700 + i * 97 + k) + ",";
+    prompt.pop_back();
+    input += R"({"custom_id":"d)" + std::to_string(i) +
+             R"(","method":"POST","url":"/v1/completions","body":{"prompt":[)" + prompt +
+             R"(],"max_tokens":6,"ignore_eos":true,"temperature":0}})" + "\n";
+  }
+  testing::write_file(work / "in.jsonl", input);
+  auto run = [&](const std::string& name, const std::string& flags) {
+    const auto r = testing::run_command(
+        batch_cmd((work / "in.jsonl").string(), (work / (name + ".jsonl")).string(),
+                  "--deterministic --max-batch-tokens 200 --step-timings " +
+                      (work / (name + "-steps.jsonl")).string() + " " + flags) +
+        " 2>&1");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    std::vector<int64_t> sizes;
+    for (const json& s : read_jsonl(work / (name + "-steps.jsonl")))
+      sizes.push_back(s["prefill_tokens"].get<int64_t>() + s["decode_tokens"].get<int64_t>());
+    return sizes;
+  };
+  const std::vector<int64_t> plain = run("plain", ""),
+                             cut = run("cut", "--dense-batch-sizes 64,128");
+  // 805 prompt tokens: 200-token steps without the sizes, 128-token steps with them.
+  ASSERT_FALSE(plain.empty());
+  EXPECT_EQ(plain[0], 200);
+  EXPECT_EQ(std::count(cut.begin(), cut.begin() + 6, 128), 6);
+  EXPECT_GT(cut.size(), plain.size());
+  EXPECT_EQ(read_jsonl(work / "cut.jsonl").size(), 10u);
+  std::map<std::string, std::string> plain_text, cut_text;
+  for (const json& j : read_jsonl(work / "plain.jsonl"))
+    plain_text[j["custom_id"]] = j["response"]["body"]["choices"][0]["text"];
+  for (const json& j : read_jsonl(work / "cut.jsonl"))
+    cut_text[j["custom_id"]] = j["response"]["body"]["choices"][0]["text"];
+  EXPECT_EQ(cut_text, plain_text);
+}
+
 // Nonsense engine flags are refused naming the flag, before any model is loaded.
 TEST_F(BatchCli, EngineFlagsAreValidated) {
   testing::TempDir work;
@@ -850,7 +892,8 @@ TEST_F(BatchCli, EngineFlagsAreValidated) {
   for (const std::string flag :
        {"--max-batch-tokens 0", "--max-batch-tokens -5", "--max-running 0", "--kv-memory -1",
         "--kv-memory nan", "--kv-memory 1e999", "--threads -1", "--page-size 0",
-        "--kv-host-memory -2", "--kv-disk-size 0"}) {
+        "--kv-host-memory -2", "--kv-disk-size 0", "--dense-batch-sizes 512,0",
+        "--dense-batch-sizes 1k"}) {
     const auto r =
         testing::run_command(std::string("'") + BLEND_BINARY + "' batch --model " + model() +
                              " --input " + (work / "in.jsonl").string() + " --output " +

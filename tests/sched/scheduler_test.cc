@@ -412,3 +412,72 @@ TEST(Scheduler, PrefillFirstOverAdmitsAndRecoversByPreemption) {
 
 }  // namespace
 }  // namespace blend
+
+// NanoFlow §4.2's discrete batching: a step whose work fills a fast size is cut to the largest
+// one under the budget; every decode stays in the step; a step whose work fills none runs as it
+// would without the sizes.
+namespace blend {
+namespace {
+
+std::vector<int32_t> prefill_steps(const std::vector<int32_t>& sizes) {
+  PagePool pool(200, 16);
+  SchedulerOptions o;
+  o.max_batch_tokens = 300;
+  o.dense_batch_sizes = sizes;
+  Scheduler sched(pool, o);
+  auto a = make_seq(1, 1000, 2);
+  sched.add(a.get());
+  std::vector<int32_t> steps;
+  while (a->num_computed < a->prompt_len) {
+    StepPlan p = sched.schedule();
+    steps.push_back(p.num_tokens);
+    apply(sched, p);
+  }
+  return steps;
+}
+
+TEST(Scheduler, DiscreteBatchingCutsStepsToTheFastSizes) {
+  // 1,000 prompt tokens: 256 three times (not 300), then 232 left -> 128, 104 left -> 64, and
+  // the last 40 fill no size: they run as they are.
+  EXPECT_EQ(prefill_steps({256, 64, 128}), (std::vector<int32_t>{256, 256, 256, 128, 64, 40}));
+  EXPECT_EQ(prefill_steps({}), (std::vector<int32_t>{300, 300, 300, 100}));
+
+  // Five sequences decoding and a long prompt waiting: 256 = the five decodes + 251 prompt
+  // tokens; with a fast size no larger than the decodes, every decode still runs and the prompt
+  // gets the rest of the whole budget. (Before the prompts finish, size 4 cuts steps only while
+  // fewer than 4 sequences decode: a size the decodes alone fill would hold the last prompt back
+  // until they end.)
+  for (const std::vector<int32_t>& sizes :
+       {std::vector<int32_t>{256}, std::vector<int32_t>{4}, std::vector<int32_t>{}}) {
+    PagePool pool(200, 16);
+    SchedulerOptions o;
+    o.max_batch_tokens = 300;
+    o.dense_batch_sizes = sizes;
+    Scheduler sched(pool, o);
+    std::vector<std::unique_ptr<Sequence>> seqs;
+    for (int i = 0; i < 5; ++i) {
+      seqs.push_back(make_seq(i + 1, 10, 50));
+      sched.add(seqs.back().get());
+    }
+    auto prefilling = [&] {
+      for (const auto& s : seqs)
+        if (s->num_computed < s->prompt_len) return true;
+      return false;
+    };
+    while (prefilling()) apply(sched, sched.schedule());  // the five prompts
+    for (const auto& s : seqs)  // none ran to its end while another's prompt waited
+      EXPECT_FALSE(s->generation_complete()) << "a prompt was held back";
+    auto b = make_seq(9, 500, 2);
+    sched.add(b.get());
+    const StepPlan p = sched.schedule();
+    const int32_t expect = sizes == std::vector<int32_t>{256} ? 256 : 300;
+    EXPECT_EQ(p.num_tokens, expect) << sizes.size();
+    int32_t decodes = 0, prompt = 0;
+    for (const ScheduledChunk& c : p.chunks) (c.seq == b.get() ? prompt : decodes) += c.num_tokens;
+    EXPECT_EQ(decodes, 5);
+    EXPECT_EQ(prompt, expect - 5);
+  }
+}
+
+}  // namespace
+}  // namespace blend
