@@ -160,10 +160,8 @@ std::optional<std::vector<DeviceDraw>> device_draws(std::span<const SampleRow> r
 
 bool Backend::forward_draw(const ForwardBatch& batch, std::span<const DeviceDraw> draws,
                            std::span<SampledToken> out) {
-  const bool argmax_only = std::all_of(draws.begin(), draws.end(), [](const DeviceDraw& d) {
-    return d.inv_temperature == 0 && d.logprobs < 0;
-  });
-  if (!argmax_only) return false;
+  if (!std::all_of(draws.begin(), draws.end(), [](const DeviceDraw& d) { return d.argmax_only(); }))
+    return false;
   std::vector<TokenId> tokens(out.size());
   if (!forward_argmax(batch, tokens)) return false;
   for (size_t r = 0; r < out.size(); ++r) out[r] = SampledToken{.token = tokens[r]};

@@ -75,6 +75,12 @@ struct DeviceDraw {
   float top_p = 1.0f;
   float min_p = 0.0f;
   int32_t logprobs = -1;  // -1: none; n >= 0: the token's logprob and the n most likely tokens'
+  // Whether it is a bare argmax (what forward_argmax gives), and whether it asks for more than
+  // an argmax or a plain temperature draw.
+  bool argmax_only() const { return inv_temperature == 0 && logprobs < 0; }
+  bool cuts_or_logprobs() const {
+    return logprobs >= 0 || (inv_temperature != 0 && (top_k > 0 || top_p < 1.0f || min_p > 0.0f));
+  }
 };
 // Whether every row is a device draw (false for no rows).
 bool all_device_draws(std::span<const SampleRow> rows);

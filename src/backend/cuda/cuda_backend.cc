@@ -334,10 +334,8 @@ bool CudaBackendImpl::forward_argmax(const ForwardBatch& batch, std::span<TokenI
 }
 
 bool CudaBackendImpl::draws_fit(std::span<const DeviceDraw> draws) const {
-  const bool cuts_or_logprobs = std::any_of(draws.begin(), draws.end(), [](const DeviceDraw& d) {
-    const bool cut = d.top_k > 0 || d.top_p < 1.0f || d.min_p > 0.0f;
-    return d.logprobs >= 0 || (d.inv_temperature != 0 && cut);
-  });
+  const bool cuts_or_logprobs = std::any_of(
+      draws.begin(), draws.end(), [](const DeviceDraw& d) { return d.cuts_or_logprobs(); });
   return (draw_cuts_ || !cuts_or_logprobs) && cuda::draw_fits(config_.vocab_size);
 }
 
@@ -345,9 +343,8 @@ bool CudaBackendImpl::samples_on_device(std::span<const SampleRow> rows) const {
   const std::optional<std::vector<DeviceDraw>> draws = device_draws(rows);
   if (!draws) return false;
   // Greedy rows without logprobs take the argmax kernel, which fits any vocabulary.
-  const bool argmaxes = std::all_of(draws->begin(), draws->end(), [](const DeviceDraw& d) {
-    return d.inv_temperature == 0 && d.logprobs < 0;
-  });
+  const bool argmaxes = std::all_of(draws->begin(), draws->end(),
+                                    [](const DeviceDraw& d) { return d.argmax_only(); });
   return argmaxes || draws_fit(*draws);
 }
 
@@ -380,8 +377,7 @@ bool CudaBackendImpl::draw_on_device(const ForwardBatch& batch, std::span<const 
                  .top_p = d.top_p,
                  .min_p = d.min_p,
                  .logprobs = d.logprobs};
-    full |= d.logprobs >= 0 ||
-            (d.inv_temperature != 0 && (d.top_k > 0 || d.top_p < 1.0f || d.min_p > 0.0f));
+    full |= d.cuts_or_logprobs();
     most_top = std::max(most_top, d.logprobs);
   }
   const size_t params_bytes = params.size() * sizeof(cuda::DrawRow);
