@@ -131,15 +131,15 @@ void bench_draws(int64_t rows, int64_t vocab, int reps, double read_bw) {
     for (int k = 0; k < 6; ++k) logits[r * vocab + rng() % vocab] = 8.0f + static_cast<float>(k);
   float* d_logits = nullptr;
   void* d_scratch = nullptr;
-  const size_t top = static_cast<size_t>(rows * cuda::kDrawTopMax);
-  const size_t scratch_bytes = rows * (sizeof(cuda::DrawRow) + sizeof(cuda::DrawResult)) +
+  const size_t top = static_cast<size_t>(rows * kMaxDeviceLogprobs);
+  const size_t scratch_bytes = rows * (sizeof(DeviceDraw) + sizeof(cuda::DrawResult)) +
                                top * (sizeof(int32_t) + sizeof(float));
   check(cudaMalloc(reinterpret_cast<void**>(&d_logits), logits.size() * sizeof(float)),
         "cudaMalloc");
   check(cudaMalloc(&d_scratch, scratch_bytes), "cudaMalloc");
   check(cudaMemcpy(d_logits, logits.data(), logits.size() * sizeof(float), cudaMemcpyHostToDevice),
         "cudaMemcpy");
-  auto* d_params = static_cast<cuda::DrawRow*>(d_scratch);
+  auto* d_params = static_cast<DeviceDraw*>(d_scratch);
   auto* d_results = reinterpret_cast<cuda::DrawResult*>(d_params + rows);
   auto* d_top_ids = reinterpret_cast<int32_t*>(d_results + rows);
   auto* d_top_logits = reinterpret_cast<float*>(d_top_ids + top);
@@ -164,21 +164,13 @@ void bench_draws(int64_t rows, int64_t vocab, int reps, double read_bw) {
   for (size_t k = 1; k < kinds.size(); ++k) kinds[k].params.temperature = 0.7f;
   for (const Kind& kind : kinds) {
     const SamplingParams& p = kind.params;
-    std::vector<cuda::DrawRow> params(static_cast<size_t>(rows));
+    std::vector<DeviceDraw> params;
     bool full = false;
     for (int64_t r = 0; r < rows; ++r) {
-      cuda::DrawRow& d = params[static_cast<size_t>(r)];
-      d.logprobs = p.logprobs ? *p.logprobs : -1;
-      if (p.temperature > 0.0f) {
-        d.inv_temperature = 1.0f / p.temperature;
-        d.uniform = sampling_uniform(static_cast<uint64_t>(r), 0);
-        d.top_k = p.top_k;
-        d.top_p = p.top_p;
-        d.min_p = p.min_p;
-      }
-      full |= d.logprobs >= 0 || d.top_k > 0 || d.top_p < 1.0f || d.min_p > 0.0f;
+      params.push_back(device_draw_of(p, static_cast<uint64_t>(r), 0));
+      full |= params.back().cuts_or_logprobs();
     }
-    check(cudaMemcpy(d_params, params.data(), params.size() * sizeof(cuda::DrawRow),
+    check(cudaMemcpy(d_params, params.data(), params.size() * sizeof(DeviceDraw),
                      cudaMemcpyHostToDevice),
           "cudaMemcpy");
     constexpr int kLaunches = 10;

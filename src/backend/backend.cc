@@ -142,19 +142,11 @@ bool all_device_draws(std::span<const SampleRow> rows) {
 
 std::optional<std::vector<DeviceDraw>> device_draws(std::span<const SampleRow> rows) {
   if (!all_device_draws(rows)) return std::nullopt;
-  std::vector<DeviceDraw> draws(rows.size());
-  for (size_t r = 0; r < rows.size(); ++r) {
-    const SampleRow& row = rows[r];
-    const SamplingParams& p = *row.params;
-    DeviceDraw& d = draws[r];
-    d.logprobs = p.logprobs ? std::max(0, *p.logprobs) : -1;
-    if (p.temperature < kGreedyTemperature || p.top_k == 1) continue;  // the argmax
-    d.inv_temperature = 1.0f / p.temperature;
-    d.uniform = sampling_uniform(row.rng_seed, static_cast<int64_t>(row.history.output.size()));
-    d.top_k = p.top_k;
-    d.top_p = p.top_p;
-    d.min_p = p.min_p;
-  }
+  std::vector<DeviceDraw> draws;
+  draws.reserve(rows.size());
+  for (const SampleRow& row : rows)
+    draws.push_back(
+        device_draw_of(*row.params, row.rng_seed, static_cast<int64_t>(row.history.output.size())));
   return draws;
 }
 

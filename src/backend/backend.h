@@ -17,6 +17,7 @@
 #include "core/dtype.h"
 #include "core/forward_batch.h"
 #include "model/config.h"
+#include "sampling/device_draw.h"
 #include "sampling/sampler.h"
 
 namespace blend {
@@ -62,26 +63,10 @@ struct SampleRow {
 // logits are (Backend::forward_argmax). False for no rows.
 bool all_plain_greedy(std::span<const SampleRow> rows);
 
-// A row a backend may sample where its logits are (Backend::forward_draw): one whose sampling
-// reads nothing but its raw logits (no penalties, bias or mask) and asks for at most
-// kMaxDeviceLogprobs top logprobs. It is greedy, or a temperature draw with or without the
-// top-k / top-p / min-p cuts (defined once for host and GPU in sampling/cut_select.h), and the
-// token's logprobs where asked: the backend gives what sample_token would give on those logits.
-inline constexpr int32_t kMaxDeviceLogprobs = 20;  // OpenAI's most top_logprobs
-struct DeviceDraw {
-  float inv_temperature = 0;  // 1 / temperature as the sampler rounds it; 0 = the argmax
-  double uniform = 0;         // sampling_uniform(rng_seed, output index)
-  int32_t top_k = 0;          // the cuts, read at a temperature only (SamplingParams' values)
-  float top_p = 1.0f;
-  float min_p = 0.0f;
-  int32_t logprobs = -1;  // -1: none; n >= 0: the token's logprob and the n most likely tokens'
-  // Whether it is a bare argmax (what forward_argmax gives), and whether it asks for more than
-  // an argmax or a plain temperature draw.
-  bool argmax_only() const { return inv_temperature == 0 && logprobs < 0; }
-  bool cuts_or_logprobs() const {
-    return logprobs >= 0 || (inv_temperature != 0 && (top_k > 0 || top_p < 1.0f || min_p > 0.0f));
-  }
-};
+// A row a backend may sample where its logits are (Backend::forward_draw, a DeviceDraw): one
+// whose sampling reads nothing but its raw logits (no penalties, bias or mask) and asks for at
+// most kMaxDeviceLogprobs top logprobs; the backend gives what sample_token would give on
+// those logits.
 // Whether every row is a device draw (false for no rows).
 bool all_device_draws(std::span<const SampleRow> rows);
 // Every row's device draw, or nothing unless all_device_draws.

@@ -364,6 +364,18 @@ double sampling_uniform(uint64_t seed, int64_t step) {
   return static_cast<double>(r >> 11) * (1.0 / 9007199254740992.0);  // 53 bits
 }
 
+DeviceDraw device_draw_of(const SamplingParams& p, uint64_t seed, int64_t step) {
+  DeviceDraw d;
+  d.logprobs = p.logprobs ? std::max(0, *p.logprobs) : -1;
+  if (p.temperature < kGreedyTemperature || p.top_k == 1) return d;  // the argmax
+  d.inv_temperature = 1.0f / p.temperature;
+  d.uniform = sampling_uniform(seed, step);
+  d.top_k = p.top_k;
+  d.top_p = p.top_p;
+  d.min_p = p.min_p;
+  return d;
+}
+
 float row_logprob(float logit, float max, double total) {
   const double lse = max + std::log(total);
   return static_cast<float>(logit - lse);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/types.h"
+#include "sampling/device_draw.h"
 
 namespace blend {
 
@@ -27,6 +28,11 @@ void temperature_weights(std::span<const float> logits, float max, float inv_t,
 // block sum in order as plain_draw.h adds them, to `total`: log-softmax, logit - (max + log total).
 // A backend that adds the weights where the logits are reports the same floats through it.
 float row_logprob(float logit, float max, double total);
+
+// The DeviceDraw of output index `step` of a sequence seeded with `seed` and sampled with
+// `params` (an argmax below kGreedyTemperature or at top_k 1; the cuts only at a temperature).
+// Whether a backend may run it is the caller's question: penalties, bias and masks are not in it.
+DeviceDraw device_draw_of(const SamplingParams& params, uint64_t seed, int64_t step);
 
 // Temperatures below this sample greedily (as vLLM does): 1/T overflows long before T = 0, and
 // a draw at T = 1e-40 would otherwise read NaN weights.

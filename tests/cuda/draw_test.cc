@@ -37,13 +37,13 @@ struct DeviceRows {
   std::vector<float> top_logits;
 };
 DeviceRows draw_on_gpu(const std::vector<float>& logits, int64_t vocab,
-                       const std::vector<cuda::DrawRow>& params, int64_t rows) {
+                       const std::vector<DeviceDraw>& params, int64_t rows) {
   float* d_logits = nullptr;
-  cuda::DrawRow* d_params = nullptr;
+  DeviceDraw* d_params = nullptr;
   cuda::DrawResult* d_results = nullptr;
   int32_t* d_top_ids = nullptr;
   float* d_top_logits = nullptr;
-  const size_t top = static_cast<size_t>(rows * cuda::kDrawTopMax);
+  const size_t top = static_cast<size_t>(rows * kMaxDeviceLogprobs);
   check(cudaMalloc(reinterpret_cast<void**>(&d_logits), logits.size() * sizeof(float)));
   check(cudaMalloc(reinterpret_cast<void**>(&d_results), rows * sizeof(cuda::DrawResult)));
   check(cudaMalloc(reinterpret_cast<void**>(&d_top_ids), top * sizeof(int32_t)));
@@ -51,11 +51,10 @@ DeviceRows draw_on_gpu(const std::vector<float>& logits, int64_t vocab,
   check(cudaMemcpy(d_logits, logits.data(), logits.size() * sizeof(float), cudaMemcpyHostToDevice));
   bool full = false;
   if (!params.empty()) {
-    check(cudaMalloc(reinterpret_cast<void**>(&d_params), params.size() * sizeof(cuda::DrawRow)));
-    check(cudaMemcpy(d_params, params.data(), params.size() * sizeof(cuda::DrawRow),
+    check(cudaMalloc(reinterpret_cast<void**>(&d_params), params.size() * sizeof(DeviceDraw)));
+    check(cudaMemcpy(d_params, params.data(), params.size() * sizeof(DeviceDraw),
                      cudaMemcpyHostToDevice));
-    for (const cuda::DrawRow& p : params)
-      full |= p.logprobs >= 0 || p.top_k > 0 || p.top_p < 1.0f || p.min_p > 0.0f;
+    for (const DeviceDraw& p : params) full |= p.cuts_or_logprobs();
   }
   cuda::draw_rows(d_logits, rows, vocab, d_params, full, d_results, d_top_ids, d_top_logits,
                   nullptr);
@@ -74,19 +73,6 @@ DeviceRows draw_on_gpu(const std::vector<float>& logits, int64_t vocab,
   return out;
 }
 
-// The GPU's parameters for a row the host samples with `p` at (seed, step).
-cuda::DrawRow row_params(const SamplingParams& p, uint64_t seed, int64_t step) {
-  cuda::DrawRow d;
-  d.logprobs = p.logprobs ? *p.logprobs : -1;
-  if (p.temperature < kGreedyTemperature || p.top_k == 1) return d;
-  d.inv_temperature = 1.0f / p.temperature;
-  d.uniform = sampling_uniform(seed, step);
-  d.top_k = p.top_k;
-  d.top_p = p.top_p;
-  d.min_p = p.min_p;
-  return d;
-}
-
 TEST(CudaDraw, EveryRowIsTheHostSamplersToken) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(5);
@@ -100,13 +86,13 @@ TEST(CudaDraw, EveryRowIsTheHostSamplersToken) {
     std::normal_distribution<float> noise(-4.0f, 3.0f);
     std::uniform_int_distribution<int64_t> pick(0, vocab - 1);
     for (float& x : logits) x = noise(rng);
-    std::vector<cuda::DrawRow> draws(kRows);
+    std::vector<DeviceDraw> draws(kRows);
     std::vector<SamplingParams> params(kRows);
     for (int r = 0; r < kRows; ++r) {
       float* row = logits.data() + r * vocab;
       for (int k = 0; k < 5; ++k) row[pick(rng)] = 6.0f + static_cast<float>(k % 3);  // ties too
       params[r].temperature = r % 4 == 0 ? 0.0f : 0.5f + 0.25f * static_cast<float>(r % 5);
-      draws[r] = row_params(params[r], 77 + static_cast<uint64_t>(r), r);
+      draws[r] = device_draw_of(params[r], 77 + static_cast<uint64_t>(r), r);
     }
     const DeviceRows gpu = draw_on_gpu(logits, vocab, draws, kRows);
     for (int r = 0; r < kRows; ++r) {
@@ -139,9 +125,10 @@ TEST(CudaDraw, RowsTheHostMustDecideAreFlagged) {
   p.temperature = 1.0f;
   SamplingParams greedy;
   greedy.temperature = 0.0f;
-  const DeviceRows gpu = draw_on_gpu(
-      logits, kVocab,
-      {row_params(p, 1, 0), row_params(greedy, 1, 0), row_params(p, 1, 0), row_params(p, 1, 0)}, 4);
+  const DeviceRows gpu = draw_on_gpu(logits, kVocab,
+                                     {device_draw_of(p, 1, 0), device_draw_of(greedy, 1, 0),
+                                      device_draw_of(p, 1, 0), device_draw_of(p, 1, 0)},
+                                     4);
   for (int r = 0; r < 4; ++r) EXPECT_EQ(gpu.results[r].flag, r < 3 ? 1 : 0) << "row " << r;
   EXPECT_EQ(
       gpu.results[3].token,
@@ -159,7 +146,7 @@ TEST(CudaDraw, CutsAndLogprobsAreTheHostSamplers) {
     constexpr int kRows = 40;
     std::vector<float> logits(static_cast<size_t>(kRows * vocab));
     std::normal_distribution<float> noise(-4.0f, 3.0f);
-    std::vector<cuda::DrawRow> draws(kRows);
+    std::vector<DeviceDraw> draws(kRows);
     std::vector<SamplingParams> params(kRows);
     for (int r = 0; r < kRows; ++r) {
       float* row = logits.data() + r * vocab;
@@ -172,7 +159,7 @@ TEST(CudaDraw, CutsAndLogprobsAreTheHostSamplers) {
       p.top_p = r % 3 == 2 ? 1.0f : 0.3f + 0.1f * static_cast<float>(r % 7);
       p.min_p = r % 5 == 3 ? 0.02f : 0.0f;
       if (r % 2 == 0) p.logprobs = r % 21;
-      draws[r] = row_params(p, 300 + static_cast<uint64_t>(r), r);
+      draws[r] = device_draw_of(p, 300 + static_cast<uint64_t>(r), r);
       cut_rows += draws[r].inv_temperature != 0 && (p.top_k > 0 || p.top_p < 1.0f) ? 1 : 0;
     }
     const DeviceRows gpu = draw_on_gpu(logits, vocab, draws, kRows);
@@ -186,7 +173,7 @@ TEST(CudaDraw, CutsAndLogprobsAreTheHostSamplers) {
       if (!params[r].logprobs) continue;
       EXPECT_EQ(row_logprob(g.token_logit, g.max, g.total), host.logprob) << where;
       for (size_t j = 0; j < host.top.size(); ++j) {
-        const size_t k = static_cast<size_t>(r * cuda::kDrawTopMax) + j;
+        const size_t k = static_cast<size_t>(r * kMaxDeviceLogprobs) + j;
         EXPECT_EQ(gpu.top_ids[k], host.top[j].token) << where << " top " << j;
         EXPECT_EQ(row_logprob(gpu.top_logits[k], g.max, g.total), host.top[j].logprob)
             << where << " top " << j;

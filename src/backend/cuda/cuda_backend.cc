@@ -357,41 +357,32 @@ bool CudaBackendImpl::forward_draw(const ForwardBatch& batch, std::span<const De
 
 bool CudaBackendImpl::draw_on_device(const ForwardBatch& batch, std::span<const DeviceDraw> draws,
                                      std::span<SampledToken> out) {
-  static_assert(cuda::kDrawTopMax == kMaxDeviceLogprobs);
   const auto r = static_cast<int64_t>(out.size());
   const size_t vocab = static_cast<size_t>(config_.vocab_size);
   const int64_t rows = compute_logits(batch, out.size() * vocab);
   if (rows != r)
     throw Error("internal: cuda backend: " + std::to_string(r) + " token slots for " +
                 std::to_string(rows) + " logit rows");
-  // One upload of the rows' parameters (none for argmaxes); the results come back in one
+  // One upload of the rows' draws as they are (none for argmaxes); the results come back in one
   // download, and the top logprobs in a second where a row asked for them.
-  std::vector<cuda::DrawRow> params(draws.size());
   bool full = false;
   int32_t most_top = 0;
-  for (size_t i = 0; i < draws.size(); ++i) {
-    const DeviceDraw& d = draws[i];
-    params[i] = {.uniform = d.uniform,
-                 .inv_temperature = d.inv_temperature,
-                 .top_k = d.top_k,
-                 .top_p = d.top_p,
-                 .min_p = d.min_p,
-                 .logprobs = d.logprobs};
+  for (const DeviceDraw& d : draws) {
     full |= d.cuts_or_logprobs();
     most_top = std::max(most_top, d.logprobs);
   }
-  const size_t params_bytes = params.size() * sizeof(cuda::DrawRow);
+  const size_t params_bytes = draws.size() * sizeof(DeviceDraw);
   const size_t results_bytes = r * sizeof(cuda::DrawResult);
-  const size_t top_bytes = most_top > 0 ? r * cuda::kDrawTopMax * sizeof(int32_t) : 0;
+  const size_t top_bytes = most_top > 0 ? r * kMaxDeviceLogprobs * sizeof(int32_t) : 0;
   auto* buf = static_cast<std::byte*>(
       draw_scratch_.reserve(params_bytes + results_bytes + 2 * std::max<size_t>(top_bytes, 4)));
-  auto* d_params = params.empty() ? nullptr : reinterpret_cast<cuda::DrawRow*>(buf);
+  auto* d_params = draws.empty() ? nullptr : reinterpret_cast<DeviceDraw*>(buf);
   auto* d_results = reinterpret_cast<cuda::DrawResult*>(buf + params_bytes);
   auto* d_top_ids = reinterpret_cast<int32_t*>(buf + params_bytes + results_bytes);
   auto* d_top_logits = reinterpret_cast<float*>(buf + params_bytes + results_bytes + top_bytes);
   if (d_params)
     check_cuda(
-        cudaMemcpyAsync(d_params, params.data(), params_bytes, cudaMemcpyHostToDevice, stream_),
+        cudaMemcpyAsync(d_params, draws.data(), params_bytes, cudaMemcpyHostToDevice, stream_),
         "draw upload");
   cuda::draw_rows(logits_.get<float>(), r, config_.vocab_size, d_params, full, d_results, d_top_ids,
                   d_top_logits, stream_);
@@ -421,7 +412,7 @@ bool CudaBackendImpl::draw_on_device(const ForwardBatch& batch, std::span<const 
     if (n < 0) continue;
     t.logprob = row_logprob(res.token_logit, res.max, res.total);
     for (int32_t j = 0; j < n && j < config_.vocab_size; ++j) {
-      const size_t k = static_cast<size_t>(i * cuda::kDrawTopMax + j);
+      const size_t k = static_cast<size_t>(i * kMaxDeviceLogprobs + j);
       t.top.push_back({top_ids[k], row_logprob(top_logits[k], res.max, res.total)});
     }
   }

@@ -39,8 +39,8 @@ struct RowShared {
   unsigned long long above;
   long long last;
   int32_t top_count;
-  int32_t top_id[kDrawTopMax];
-  float top_logit[kDrawTopMax];
+  int32_t top_id[kMaxDeviceLogprobs];
+  float top_logit[kMaxDeviceLogprobs];
 };
 
 // Sum over the block; every thread gets it.
@@ -193,12 +193,12 @@ __device__ uint64_t count_candidates(int64_t vocab, const Candidate& candidate, 
 // lane sums); otherwise argmaxes and plain draws only.
 template <bool kFull>
 __global__ void __launch_bounds__(kThreads)
-    draw_kernel(const float* logits, int64_t vocab, const DrawRow* params, DrawResult* results,
+    draw_kernel(const float* logits, int64_t vocab, const DeviceDraw* params, DrawResult* results,
                 int32_t* top_ids, float* top_logits) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ RowShared sh;
   const float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
-  const DrawRow p = params ? params[blockIdx.x] : DrawRow{};
+  const DeviceDraw p = params ? params[blockIdx.x] : DeviceDraw{};
   DrawResult* result = results + blockIdx.x;
   if (threadIdx.x == 0) sh.bad = 0;
   __syncthreads();
@@ -265,14 +265,14 @@ __global__ void __launch_bounds__(kThreads)
       for (int64_t i = threadIdx.x; i < vocab; i += kThreads)
         if (rank_kept(cut, rank_key(row[i]), i)) {
           const int slot = atomicAdd(&sh.top_count, 1);
-          if (slot < kDrawTopMax) {
+          if (slot < kMaxDeviceLogprobs) {
             sh.top_id[slot] = static_cast<int32_t>(i);
             sh.top_logit[slot] = row[i];
           }
         }
       __syncthreads();
       if (threadIdx.x == 0) {  // at most 20: sorted by rank, as the host's partial_sort
-        const int kept = sh.top_count < kDrawTopMax ? sh.top_count : kDrawTopMax;
+        const int kept = sh.top_count < kMaxDeviceLogprobs ? sh.top_count : kMaxDeviceLogprobs;
         for (int a = 1; a < kept; ++a)
           for (int b = a; b > 0; --b) {
             const float lb = sh.top_logit[b], la = sh.top_logit[b - 1];
@@ -284,8 +284,8 @@ __global__ void __launch_bounds__(kThreads)
             sh.top_id[b - 1] = t;
           }
         for (int j = 0; j < kept; ++j) {
-          top_ids[blockIdx.x * kDrawTopMax + j] = sh.top_id[j];
-          top_logits[blockIdx.x * kDrawTopMax + j] = sh.top_logit[j];
+          top_ids[blockIdx.x * kMaxDeviceLogprobs + j] = sh.top_id[j];
+          top_logits[blockIdx.x * kMaxDeviceLogprobs + j] = sh.top_logit[j];
         }
         if (sh.top_count != n) result->flag = 1;  // not reached: the keys rank strictly
       }
@@ -348,8 +348,9 @@ bool draw_fits(int64_t vocab) {
   return shared_bytes(vocab, true) + sizeof(RowShared) <= static_cast<size_t>(optin);
 }
 
-void draw_rows(const float* logits, int64_t rows, int64_t vocab, const DrawRow* params, bool full,
-               DrawResult* results, int32_t* top_ids, float* top_logits, cudaStream_t stream) {
+void draw_rows(const float* logits, int64_t rows, int64_t vocab, const DeviceDraw* params,
+               bool full, DrawResult* results, int32_t* top_ids, float* top_logits,
+               cudaStream_t stream) {
   if (rows == 0) return;
   const size_t smem = params ? shared_bytes(vocab, full) : 0;  // argmaxes need none
   auto launch = [&](auto kernel) {

@@ -11,6 +11,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "sampling/device_draw.h"
+
 // Functions both the host and the kernels call.
 #ifdef __CUDACC__
 #define BLEND_HOST_DEVICE __host__ __device__
@@ -168,19 +170,8 @@ void swiglu(const void* gate_up, Elem in_elem, int64_t rows, int64_t f, void* ou
             cudaStream_t stream);
 
 // Sampling where the logits are (draw.cu), bit for bit as the host sampler would on the same
-// logits (sampling/plain_draw.h, sampling/cut_select.h). One row's parameters, as uploaded (the
-// backend's DeviceDraw):
-inline constexpr int kDrawTopMax = 20;  // top logprobs a row may ask for
-struct DrawRow {
-  double uniform = 0;         // sampling_uniform of the row's seed and output index
-  float inv_temperature = 0;  // 0: the argmax (the lowest id holding the maximum)
-  int32_t top_k = 0;          // the cuts, read at a temperature only
-  float top_p = 1.0f;
-  float min_p = 0.0f;
-  int32_t logprobs = -1;  // -1: none; n in [0, kDrawTopMax]: total, token logit and n top tokens
-  int32_t unused = 0;
-};
-// What a row gives back. The host finishes its logprobs (row_logprob of a logit, max, total).
+// logits (sampling/plain_draw.h, sampling/cut_select.h), each row by its DeviceDraw. What a row
+// gives back. The host finishes its logprobs (row_logprob of a logit, max, total).
 struct DrawResult {
   int32_t token = 0;
   int32_t flag = 0;  // 1: the host must decide (a NaN or +inf in the row)
@@ -190,9 +181,10 @@ struct DrawResult {
 };
 // Samples `rows` rows of `vocab` logits by params[r] (null: every row's argmax, any vocabulary;
 // otherwise only for a vocabulary draw_fits). `full`: some row has a cut or logprobs; then row
-// r's top tokens go to top_ids / top_logits[r * kDrawTopMax ...], most likely first.
-void draw_rows(const float* logits, int64_t rows, int64_t vocab, const DrawRow* params, bool full,
-               DrawResult* results, int32_t* top_ids, float* top_logits, cudaStream_t stream);
+// r's top tokens go to top_ids / top_logits[r * kMaxDeviceLogprobs ...], most likely first.
+void draw_rows(const float* logits, int64_t rows, int64_t vocab, const DeviceDraw* params,
+               bool full, DrawResult* results, int32_t* top_ids, float* top_logits,
+               cudaStream_t stream);
 // Whether draw_rows' block sums (and radix bins) for a row of `vocab` logits fit a block's
 // shared memory on the current device.
 bool draw_fits(int64_t vocab);
