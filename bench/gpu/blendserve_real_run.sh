@@ -33,7 +33,9 @@ ROUNDS="${ROUNDS:-1}"
 TEMPERATURES="${TEMPERATURES:-default}"  # each mix run's temperature ("default": the file's, 1.0)
 # MIX_RUNS: "policy:temperature[:ENV=V,...[:--flag,value,...]] ..." to run instead of every
 # POLICIES x TEMPERATURES pair (the temperatures must be in TEMPERATURES); the third field sets
-# environment knobs for that run (BLEND_CUDA_*), the fourth adds `blend batch` flags.
+# environment knobs for that run (BLEND_CUDA_*), the fourth adds `blend batch` flags ({profile}
+# in them names step 3's profile, e.g. "fcfs:default::--dense-batch-sizes,{profile}" for
+# discrete batching at the GEMM row tile the profile found).
 RUN_TIMEOUT="${RUN_TIMEOUT:-90}"
 engine=(--max-batch-tokens 4096 --max-running 512 --kv-memory "${KV_MEMORY:-59.6}")
 if command -v nvidia-smi > /dev/null; then
@@ -111,7 +113,7 @@ for round in $(seq "$ROUNDS"); do
       for kv in ${envs//,/ }; do export "${kv?}"; done
       # shellcheck disable=SC2046  # the flags split on purpose
       batch "mix-$policy-t$t${tag:+-$tag}-$round" /tmp/mix-t$t.jsonl --policy "$policy" \
-        --hardware "$OUT/profile.json" $(echo "$flags" | tr ',' ' ')
+        --hardware "$OUT/profile.json" $(echo "$flags" | tr ',' ' ' | sed "s|{profile}|$OUT/profile.json|g")
     )
   done
 done

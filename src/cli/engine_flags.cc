@@ -1,8 +1,12 @@
 #include "cli/engine_flags.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -41,6 +45,59 @@ CLI::Validator number_in(double lo, double hi, bool integer, const std::string& 
 
 }  // namespace
 
+void set_dense_batch_sizes(const std::string& value, SchedulerOptions& scheduler) {
+  scheduler.dense_batch_sizes.clear();
+  scheduler.dense_batch_tile = 0;
+  const std::vector<std::string> items = split_list(value);
+  auto token_count = [](const std::string& item) -> std::optional<int32_t> {
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+    if (used != item.size() || v < 1 || v > std::numeric_limits<int32_t>::max())
+      return std::nullopt;
+    return static_cast<int32_t>(v);
+  };
+  bool all_counts = !items.empty();
+  for (const std::string& item : items) all_counts = all_counts && token_count(item).has_value();
+  if (all_counts) {
+    for (const std::string& item : items) scheduler.dense_batch_sizes.push_back(*token_count(item));
+    std::sort(scheduler.dense_batch_sizes.begin(), scheduler.dense_batch_sizes.end());
+    return;
+  }
+  if (items.size() != 1 || !std::filesystem::is_regular_file(value))
+    throw Error("--dense-batch-sizes: '" + value +
+                "' is neither a list of token counts of at least 1 (e.g. 1024,2048) nor a "
+                "readable `blend profile` file");
+  Hardware profile;
+  try {
+    profile = resolve_hardware(value);
+  } catch (const Error& e) {
+    throw Error(std::string("--dense-batch-sizes: ") + e.what());
+  }
+  if (profile.dense_row_tile > 1) {
+    scheduler.dense_batch_tile = static_cast<int32_t>(profile.dense_row_tile);
+  } else {
+    std::fprintf(stderr,
+                 "blend: --dense-batch-sizes: %s saw no GEMM row tile (every step size is as "
+                 "fast), so no step is cut\n",
+                 value.c_str());
+  }
+}
+
+void add_dense_batch_sizes_flag(CLI::App* cmd, SchedulerOptions& scheduler) {
+  cmd->add_option_function<std::string>(
+      "--dense-batch-sizes",
+      [&scheduler](const std::string& v) { set_dense_batch_sizes(v, scheduler); },
+      "NanoFlow's discrete batching: step sizes in tokens the GEMMs run fastest at (e.g. "
+      "1024,2048,4096), or a `blend profile` file (the multiples of the GEMM row tile it "
+      "measured); a step whose work fills one is cut to the largest under --max-batch-tokens, "
+      "keeping every decode (default: any size)");
+}
+
 void add_adaptive_flags(CLI::App* cmd, AdaptiveFlags& flags, EngineOptions& options) {
   cmd->add_option("--adaptive-blocks", flags.blocks,
                   "BlockLLM adaptive serving: a `blend zoo analyze --out` file; requests that "
@@ -78,12 +135,7 @@ void add_engine_flags(CLI::App* cmd, EngineOptions& o) {
   cmd->add_option("--max-batch-tokens", o.scheduler.max_batch_tokens,
                   "Token budget of one step (prefill chunks + decodes)")
       ->check(number_in(1, int_max, true, "a token count of at least 1"));
-  cmd->add_option("--dense-batch-sizes", o.scheduler.dense_batch_sizes,
-                  "NanoFlow's discrete batching: step sizes in tokens the GEMMs run fastest at "
-                  "(e.g. 1024,2048,4096); a step whose work fills one is cut to the largest under "
-                  "--max-batch-tokens, keeping every decode (default: any size)")
-      ->delimiter(',')
-      ->check(number_in(1, int_max, true, "a token count of at least 1"));
+  add_dense_batch_sizes_flag(cmd, o.scheduler);
   cmd->add_option("--max-running", o.scheduler.max_running, "Most sequences decoding at once")
       ->check(number_in(1, int_max, true, "a sequence count of at least 1"));
   cmd->add_option("--kv-memory", o.kv_memory_gb,

@@ -17,6 +17,13 @@ namespace blend::cli {
 
 void add_engine_flags(CLI::App* cmd, EngineOptions& options);
 
+// --dense-batch-sizes (NanoFlow §4.2's discrete batching; batch, serve, simulate): a comma list
+// of token counts, or a `blend profile` file whose GEMM row tile's multiples are the sizes
+// (none when it saw no tile: a note says so). set_dense_batch_sizes throws blend::Error naming
+// the flag for anything else.
+void add_dense_batch_sizes_flag(CLI::App* cmd, SchedulerOptions& scheduler);
+void set_dense_batch_sizes(const std::string& value, SchedulerOptions& scheduler);
+
 // BlockLLM's adaptive serving (blocks/adaptive.h; batch, serve): --adaptive-blocks FILE (what
 // `blend zoo analyze --out` wrote), --adaptive-threshold T (default: the file's), and
 // --adaptive-serving request|all (whether requests that do not say allow it; sets

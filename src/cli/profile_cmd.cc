@@ -7,6 +7,8 @@
 // is measured apart (sampling, swaps, the iteration model) from a profile written earlier.
 // `--backend cuda --nano FILE` (with or without --out) writes NanoFlow §5.5's phase profile,
 // with which BLEND_CUDA_NANO_PROFILE plans pipelined steps (backend/cuda/nano_search.h).
+// The profile scans step sizes for the GEMMs' row tile (NanoFlow §4.2) unless --no-dense-scan;
+// `--dense-batch-sizes PROFILE` on batch, serve and simulate cuts steps to its multiples.
 #include <unistd.h>
 
 #include <algorithm>
@@ -40,6 +42,7 @@ struct ProfileArgs {
   std::string out;
   int threads = 0;
   int reps = 3;
+  bool dense_scan = true;  // time the step sizes that show the GEMMs' row tile
   bool deterministic = false;
   std::vector<std::string> step_timings;  // `blend batch --step-timings` files to fit on
   std::string refit;                      // a profile to refit on step_timings, timing nothing
@@ -50,13 +53,14 @@ void print_steps_fit(const HardwareFit& fit) {
   const Hardware& h = fit.hardware;
   std::printf(
       "fit on the engine's steps (%s form): %.1f GFLOP/s (prefill attention %.1f), %.1f GB/s "
-      "(KV %.1f), %.2f ms per step, %.1f us per decode; error mean %.1f%%, max %.1f%%, total "
-      "%+.2f%%\n",
+      "(KV %.1f), %.2f ms per step, %.1f us per decode, GEMM row tile %lld; error mean %.1f%%, "
+      "max %.1f%%, total %+.2f%%\n",
       h.gemm_roofline ? "roofline" : "sum", h.compute_flops / 1e9,
       h.compute_flops * h.attention_efficiency / 1e9, h.memory_bandwidth / 1e9,
       (h.kv_bandwidth > 0 ? h.kv_bandwidth : h.memory_bandwidth) / 1e9,
-      h.step_overhead_seconds * 1e3, h.per_decode_seconds * 1e6, fit.mean_abs_error * 100,
-      fit.max_abs_error * 100, fit.total_error * 100);
+      h.step_overhead_seconds * 1e3, h.per_decode_seconds * 1e6,
+      static_cast<long long>(h.dense_row_tile), fit.mean_abs_error * 100, fit.max_abs_error * 100,
+      fit.total_error * 100);
 }
 
 nlohmann::json steps_fit_json(const std::vector<std::string>& files, const HardwareFit& fit) {
@@ -87,8 +91,8 @@ void refit_profile(const ProfileArgs& args, const std::vector<MeasuredStep>& ste
   const ModelConfig config = ModelConfig::from_dir(args.model);
   const ModelShape shape =
       ModelShape::from_config(config, std::filesystem::path(args.model).filename().string());
-  HardwareFit fit =
-      fit_hardware(shape, steps, earlier.per_logit_row_seconds, earlier.device_argmax);
+  HardwareFit fit = fit_hardware(shape, steps, earlier.per_logit_row_seconds, earlier.device_argmax,
+                                 earlier.dense_row_tile);
   fit.hardware.name = earlier.name + ":steps";
   fit.hardware.memory_bytes = earlier.memory_bytes;
   fit.hardware.host_bandwidth = earlier.host_bandwidth;
@@ -113,8 +117,8 @@ void write_hardware_profile(const ProfileArgs& args, Backend& backend, const Mod
   // simulator must reproduce); the isolated forward passes' fit is kept beside it.
   std::optional<HardwareFit> steps_fit;
   if (!args.step_timings.empty()) {
-    steps_fit =
-        fit_hardware(shape, steps, p.hardware.per_logit_row_seconds, p.hardware.device_argmax);
+    steps_fit = fit_hardware(shape, steps, p.hardware.per_logit_row_seconds,
+                             p.hardware.device_argmax, p.hardware.dense_row_tile);
     steps_fit->hardware.name = "profile:" + backend.name() + ":steps";
     steps_fit->hardware.memory_bytes = p.hardware.memory_bytes;
   }
@@ -161,6 +165,14 @@ void write_hardware_profile(const ProfileArgs& args, Backend& backend, const Mod
       p.hardware.compute_flops * p.hardware.attention_efficiency / 1e9,
       p.hardware.memory_bandwidth / 1e9, p.hardware.step_overhead_seconds * 1e3,
       p.mean_abs_error * 100, p.max_abs_error * 100);
+  // NanoFlow §4.2: the step sizes `--dense-batch-sizes profile` takes.
+  if (po.dense_scan_anchors.empty())
+    std::printf("GEMM row tile: not scanned (--no-dense-scan); the profile says none\n");
+  else if (p.hardware.dense_row_tile > 1)
+    std::printf("GEMM row tile: %lld (the fast step sizes are its multiples)\n",
+                static_cast<long long>(p.hardware.dense_row_tile));
+  else
+    std::printf("GEMM row tile: none seen (every step size is as fast)\n");
   if (steps_fit) {
     print_steps_fit(*steps_fit);
     j["isolated_fit"] = p.hardware.to_json();
@@ -184,6 +196,7 @@ void run_profile(const ProfileArgs& args) {
   check_tensors(config, weights);
   ProfileOptions po;
   po.reps = args.reps;
+  if (!args.dense_scan) po.dense_scan_anchors.clear();
   BackendOptions bo;
   bo.threads = args.threads;
   bo.deterministic = args.deterministic;
@@ -233,6 +246,10 @@ void register_profile_command(CLI::App& app) {
   cmd->add_option("--threads", args->threads, "Compute threads (default: all)");
   cmd->add_option("--reps", args->reps, "Timed repetitions per step (median)");
   cmd->add_flag("--deterministic", args->deterministic, "Profile the deterministic kernels");
+  cmd->add_flag("!--no-dense-scan", args->dense_scan,
+                "Skip the scan of step sizes that finds the GEMMs' row tile (NanoFlow's "
+                "discrete batching; about as long again as the rest of a CPU profile, cheap on a "
+                "GPU); the profile then says no tile");
   cmd->add_option("--steps", args->step_timings,
                   "Step timings of real runs (`blend batch --step-timings`): fit the written "
                   "hardware on those steps instead of on the isolated forward passes")

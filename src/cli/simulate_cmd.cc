@@ -44,6 +44,7 @@ struct SimulateArgs {
   int32_t page_size = 16;
   int32_t max_batch_tokens = 2048;
   int32_t max_running = 1024;
+  SchedulerOptions discrete;  // --dense-batch-sizes: its two fields only
   SamplingOptions sampling{.fraction = 0.01, .seed = 1};
   double interference = -1;  // < 0: the hardware's own
   std::string step_trace;    // CSV per policy ({policy} in the path is replaced)
@@ -342,6 +343,8 @@ void run_simulate(const SimulateArgs& args) {
       eo.page_size = args.page_size;
       eo.scheduler.max_batch_tokens = args.max_batch_tokens;
       eo.scheduler.max_running = args.max_running;
+      eo.scheduler.dense_batch_sizes = args.discrete.dense_batch_sizes;
+      eo.scheduler.dense_batch_tile = args.discrete.dense_batch_tile;
       auto backend = make_sim_backend(config, so, cost, overlap);
       SimBackend& sim = *backend;
       Engine engine(std::move(backend), eo);
@@ -392,6 +395,7 @@ void register_simulate_command(CLI::App& app) {
   cmd->add_option("--page-size", args->page_size, "Tokens per KV page");
   cmd->add_option("--max-batch-tokens", args->max_batch_tokens, "Token budget of one step");
   cmd->add_option("--max-running", args->max_running, "Sequences running at once");
+  add_dense_batch_sizes_flag(cmd, args->discrete);
   cmd->add_option("--sample-fraction", args->sampling.fraction,
                   "Output-length sampling (BlendServe §5.1): this fraction of the requests "
                   "without ignore_eos runs first; their lengths estimate the others' (0.01)")

@@ -81,6 +81,8 @@ void Hardware::validate() const {
   if (!(kv_bandwidth >= 0)) throw Error("hardware profile: fit.kv_bandwidth_gb_s must be >= 0");
   if (!(per_decode_seconds >= 0))
     throw Error("hardware profile: fit.per_decode_seconds must be >= 0");
+  if (dense_row_tile < 1 || dense_row_tile > (int64_t{1} << 20))
+    throw Error("hardware profile: fit.dense_row_tile must be a row count of 1 to 1048576");
 }
 
 Hardware Hardware::from_json(const nlohmann::json& j) {
@@ -106,6 +108,11 @@ Hardware Hardware::from_json(const nlohmann::json& j) {
     h.kv_bandwidth = fit.value("kv_bandwidth_gb_s", 0.0) * kGiga;
     h.per_decode_seconds = fit.value("per_decode_seconds", 0.0);
     h.device_argmax = fit.value("device_argmax", false);
+    if (fit.contains("dense_row_tile")) {
+      if (!fit["dense_row_tile"].is_number_integer())
+        throw Error("hardware profile: fit.dense_row_tile must be a whole number of rows");
+      h.dense_row_tile = fit["dense_row_tile"].get<int64_t>();
+    }
   }
   h.validate();
   return h;
@@ -128,7 +135,8 @@ nlohmann::json Hardware::to_json() const {
             {"gemm_roofline", gemm_roofline},
             {"kv_bandwidth_gb_s", kv_bandwidth / kGiga},
             {"per_decode_seconds", per_decode_seconds},
-            {"device_argmax", device_argmax}}}};
+            {"device_argmax", device_argmax},
+            {"dense_row_tile", dense_row_tile}}}};
 }
 
 std::optional<Hardware> find_hardware_preset(std::string_view name) {

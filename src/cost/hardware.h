@@ -53,6 +53,15 @@ struct Hardware {
   // logprobs) are drawn on the device (the cuda backend's forward_draw): no logits leave it and
   // per_logit_row_seconds is not paid. The JSON name is older than the temperature draws.
   bool device_argmax = false;
+  // NanoFlow §4.2: a GEMM of more rows than a tile computes them in whole tiles, so a step that
+  // is not a multiple of the tile pays for the whole last one (CUTLASS loses 7% at 2,049 rows
+  // against 2,048; oneDNN on a 2-core Zen 4 takes as long for 513 rows of the tiny preset as for
+  // 768, docs/BENCHMARKS.md). Fewer rows than a tile run as a smaller one, as the libraries pick
+  // it. The cost model charges the dense layers and the lm_head for rows n as n up to the tile
+  // and n rounded up to whole tiles past it; 1 = no tile seen. `blend profile` fits it
+  // (harness/profile.h); discrete batching's fast sizes are its multiples
+  // (`--dense-batch-sizes PROFILE`).
+  int64_t dense_row_tile = 1;
 
   double effective_compute() const { return compute_flops * compute_efficiency; }
   double effective_bandwidth() const { return memory_bandwidth * bandwidth_efficiency; }
@@ -64,7 +73,8 @@ struct Hardware {
   //  "memory_gb", optional "host_bandwidth_gb_s", optional "fit": {"compute_efficiency",
   //  "attention_efficiency", "bandwidth_efficiency", "step_overhead_seconds",
   //  "per_logit_row_seconds", "overlap_interference", optional "gemm_roofline",
-  //  "kv_bandwidth_gb_s", "per_decode_seconds", "device_argmax"}} with GB = 1e9 bytes.
+  //  "kv_bandwidth_gb_s", "per_decode_seconds", "device_argmax", "dense_row_tile"}} with
+  //  GB = 1e9 bytes.
   static Hardware from_json(const nlohmann::json& j);
   nlohmann::json to_json() const;
 };

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <fstream>
 #include <optional>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -19,18 +20,27 @@ double seconds_now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-StepShape shape_of(const ProfilePoint& p) {
-  StepShape s;
-  if (p.kind == "prefill") {  // `sequences` prompts of tokens / sequences each
-    s.prefill_tokens = p.tokens;
-    s.prefill_attention_pairs = p.tokens * (p.tokens / p.sequences);
-    s.logit_rows = p.sequences;
-  } else {
-    s.decode_tokens = p.tokens;
-    s.decode_context_tokens = p.context;
-    s.logit_rows = p.sequences;
+// A prefill step of `tokens` tokens in prompts of kScanPrompt tokens (the last one shorter),
+// each on pages of its own: the dense layers' work grows by the token while the lm_head's rows
+// (one a prompt) stay few. With prompts of one page the lm_head's rows, padded to the GEMM's
+// row bucket, made a staircase of their own (the tiny preset's 128K-row lm_head: 513 tokens
+// took as long as 768).
+constexpr int64_t kScanPrompt = 128;
+ForwardBatch scan_prompts(int64_t tokens, int64_t page_size) {
+  ForwardBatch b;
+  PageId next_page = 0;
+  for (int64_t start = 0; start < tokens; start += kScanPrompt) {
+    const auto n = static_cast<int32_t>(std::min(kScanPrompt, tokens - start));
+    ForwardBatch one = synthetic_batch(1, n, 0, page_size);
+    SeqChunk c = std::move(one.chunks[0]);
+    c.seq = static_cast<SeqId>(b.chunks.size());
+    c.token_offset = b.num_tokens();
+    for (PageId& page : c.block_table) page = next_page++;
+    b.tokens.insert(b.tokens.end(), one.tokens.begin(), one.tokens.end());
+    b.positions.insert(b.positions.end(), one.positions.begin(), one.positions.end());
+    b.chunks.push_back(std::move(c));
   }
-  return s;
+  return b;
 }
 
 }  // namespace
@@ -212,11 +222,12 @@ std::optional<Hardware> fit_roofline_from(const std::vector<StepTerms>& terms,
 }  // namespace
 
 HardwareFit fit_hardware(const ModelShape& shape, const std::vector<MeasuredStep>& steps,
-                         double per_logit_row_seconds, bool device_argmax) {
+                         double per_logit_row_seconds, bool device_argmax, int64_t dense_row_tile) {
   if (steps.size() < 4) throw Error("profile: at least 4 steps are needed to fit the cost model");
   Hardware unit;
   unit.name = "unit";
   unit.compute_flops = unit.memory_bandwidth = unit.network_bandwidth = unit.memory_bytes = 1;
+  unit.dense_row_tile = dense_row_tile;
   const CostModel unit_model(shape, unit);  // compute/memory seconds at 1 FLOP/s, 1 B/s
   const double weights =
       static_cast<double>(shape.weight_bytes) / static_cast<double>(shape.tensor_parallel);
@@ -243,6 +254,7 @@ HardwareFit fit_hardware(const ModelShape& shape, const std::vector<MeasuredStep
   Hardware sum = fit_sum(terms);
   sum.per_logit_row_seconds = per_logit_row_seconds;
   sum.device_argmax = device_argmax;
+  sum.dense_row_tile = dense_row_tile;
   FormFit best = finish_fit(shape, steps, sum, 4);
   // The roofline's labels start from the sum's rates, and apart from every step compute-bound
   // (the alternation finds a local optimum): the better of the two competes.
@@ -254,10 +266,54 @@ HardwareFit fit_hardware(const ModelShape& shape, const std::vector<MeasuredStep
     if (!roofline) continue;
     roofline->per_logit_row_seconds = per_logit_row_seconds;
     roofline->device_argmax = device_argmax;
+    roofline->dense_row_tile = dense_row_tile;
     const FormFit candidate = finish_fit(shape, steps, *roofline, 6);
     if (candidate.bic < best.bic) best = candidate;
   }
   return best.fit;
+}
+
+int64_t fit_row_tile(const std::vector<std::pair<int64_t, double>>& sizes,
+                     std::span<const int64_t> candidates) {
+  if (sizes.size() < 4) return 1;
+  // Least squares of t = a + b tiled(n) per tile, and its information criterion: n ln(RSS / n)
+  // + parameters x ln n, the tile a parameter, and - 2 ln(prior) with half the prior on no tile
+  // and half spread over the candidates (2 ln K more for a tile). Without that prior the pick
+  // among 7 tiles found one in a line under 3% noise in 13 draws of 200 over two anchors' sizes
+  // (3 with it; 4 over the one anchor profiles scan, profile_test).
+  const double tile_prior =
+      2 * std::log(static_cast<double>(std::max<size_t>(1, candidates.size())));
+  auto score = [&](int64_t tile) {
+    std::vector<std::vector<double>> x;
+    std::vector<double> y;
+    double mean = 0;
+    for (const auto& [tokens, seconds] : sizes) {
+      const int64_t rows = tokens <= tile ? tokens : (tokens + tile - 1) / tile * tile;
+      x.push_back({1.0, static_cast<double>(rows)});
+      y.push_back(seconds);
+      mean += seconds / static_cast<double>(sizes.size());
+    }
+    const std::vector<double> beta = least_squares(x, y);
+    double squares = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double r = beta[0] + beta[1] * x[i][1] - y[i];
+      squares += r * r;
+    }
+    const double n = static_cast<double>(sizes.size());
+    const double floor = n * std::pow(1e-9 * mean, 2);  // exact to rounding scores as exact
+    return n * std::log(std::max(squares, floor) / n) +
+           (tile > 1 ? 3 * std::log(n) + tile_prior : 2 * std::log(n));
+  };
+  int64_t best = 1;
+  double best_score = score(1);
+  for (const int64_t tile : candidates) {
+    if (tile <= 1) continue;
+    if (const double s = score(tile); s < best_score) {
+      best = tile;
+      best_score = s;
+    }
+  }
+  return best;
 }
 
 BackendProfile profile_backend(Backend& backend, const ModelShape& shape,
@@ -305,7 +361,7 @@ BackendProfile profile_backend(Backend& backend, const ModelShape& shape,
     const int64_t pages_per_prompt = (n + page_size - 1) / page_size;
     if (prompts * pages_per_prompt > backend.num_pages()) return;
     const ForwardBatch b = synthetic_batch(prompts, static_cast<int32_t>(n), 0, page_size);
-    out.points.push_back({"prefill", prompts, prompts * n, 0, time_batch(b), 0});
+    out.points.push_back({"prefill", prompts, prompts * n, 0, step_shape(b), time_batch(b), 0});
   };
   for (int64_t n : options.prefill_tokens) prefill_point(1, n);
   for (const auto& [prompts, n] : options.prefill_batches) prefill_point(prompts, n);
@@ -316,15 +372,35 @@ BackendProfile profile_backend(Backend& backend, const ModelShape& shape,
       if (seqs * (ctx + 1) > options.max_kv_tokens || seqs * pages_per_seq > backend.num_pages())
         continue;
       ForwardBatch b = synthetic_batch(seqs, 1, static_cast<int32_t>(ctx), page_size);
-      out.points.push_back({"decode", seqs, seqs, seqs * (ctx + 1), time_batch(b), 0});
+      out.points.push_back(
+          {"decode", seqs, seqs, seqs * (ctx + 1), step_shape(b), time_batch(b), 0});
       if (b.num_logit_rows() > widest_decode.num_logit_rows()) widest_decode = std::move(b);
     }
   if (out.points.size() < 4) throw Error("profile: too few steps fit in the KV memory");
+  // The scan of step sizes (ProfileOptions::dense_scan_anchors): anchor + c and anchor + c + 1,
+  // its row tile fitted on the scan alone (steps of one kind, so that nothing else the cost
+  // model gets wrong is taken for a tile). The rates are fitted on the other points with that
+  // tile, as they were before the scan; the scan's points are estimated beside them, out of
+  // sample.
+  std::set<int64_t> scan;
+  for (const int64_t anchor : options.dense_scan_anchors)
+    for (const int64_t c : options.row_tile_candidates)
+      for (const int64_t size : {anchor, anchor + 1, anchor + c, anchor + c + 1}) scan.insert(size);
+  std::vector<std::pair<int64_t, double>> scanned;
+  for (const int64_t tokens : scan) {
+    const ForwardBatch b = scan_prompts(tokens, page_size);
+    if (b.chunks.back().block_table.back() >= backend.num_pages()) continue;
+    out.points.push_back({"dense", static_cast<int64_t>(b.chunks.size()), tokens, 0, step_shape(b),
+                          time_batch(b), 0});
+    scanned.emplace_back(tokens, out.points.back().measured_seconds);
+  }
+  const int64_t row_tile = fit_row_tile(scanned, options.row_tile_candidates);
 
   std::vector<MeasuredStep> measured;
-  for (const ProfilePoint& p : out.points) measured.push_back({shape_of(p), p.measured_seconds});
+  for (const ProfilePoint& p : out.points)
+    if (p.kind != "dense") measured.push_back({p.shape, p.measured_seconds});
   // Forward passes only: the sampler's time is measured below, apart.
-  const HardwareFit fit = fit_hardware(shape, measured, 0.0);
+  const HardwareFit fit = fit_hardware(shape, measured, 0.0, false, row_tile);
   out.hardware = fit.hardware;
   out.hardware.device_argmax = device_argmax.value_or(false);
   out.hardware.name = "profile:" + backend.name();
@@ -336,7 +412,7 @@ BackendProfile profile_backend(Backend& backend, const ModelShape& shape,
     return h;
   }());
   for (ProfilePoint& p : out.points)
-    p.estimated_seconds = fitted.estimate_step(shape_of(p)).sequential();
+    p.estimated_seconds = fitted.estimate_step(p.shape).sequential();
 
   // Host work per sampled row (the sampler over the whole vocabulary): paid by the engine
   // outside the forward pass, on every step.
@@ -389,7 +465,7 @@ BackendProfile profile_backend(Backend& backend, const ModelShape& shape,
     if (p.kind == "prefill") {
       xp.push_back({1.0, static_cast<double>(p.tokens), static_cast<double>(p.tokens * p.tokens)});
       yp.push_back(p.measured_seconds);
-    } else {
+    } else if (p.kind == "decode") {
       xd.push_back({1.0, static_cast<double>(p.tokens), static_cast<double>(p.context)});
       yd.push_back(p.measured_seconds);
     }

@@ -5,6 +5,8 @@
 //    FLOPs / attention compute + bytes / bandwidth + overhead, the four coefficients by least
 //    squares, none negative (a CPU runs GEMMs and attention one after the other, so the terms
 //    add up);
+//  - the GEMMs' row tile (NanoFlow §4.2's discrete batching), from a scan of step sizes around
+//    multiples of every candidate tile;
 //  - BROS's iteration model (§4.1): prefill t = a + b x tokens; decode t = a + b x sequences +
 //    c x context tokens;
 // and reports, per measured step, the estimate against the measurement (the cost model's
@@ -12,6 +14,7 @@
 #pragma once
 
 #include <functional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,8 +27,9 @@
 namespace blend {
 
 struct ProfilePoint {
-  std::string kind;                                // "prefill" or "decode"
+  std::string kind;  // "prefill", "decode" or "dense" (the scan of step sizes)
   int64_t sequences = 0, tokens = 0, context = 0;  // context: KV tokens read (decode)
+  StepShape shape;                                 // what the cost model prices
   double measured_seconds = 0;
   double estimated_seconds = 0;  // by the fitted cost model
 };
@@ -42,6 +46,11 @@ struct ProfileOptions {
   std::vector<std::pair<int64_t, int64_t>> prefill_batches = {{4, 256}, {4, 512}};  // (n, tokens)
   std::vector<int64_t> decode_sequences = {8, 32, 64, 128};
   std::vector<int64_t> decode_contexts = {64, 256, 1024};
+  // NanoFlow §4.2's fast sizes: steps of anchor + c and anchor + c + 1 tokens for every
+  // candidate tile c (and c = 0), in prompts of 128 tokens, so that a GEMM tile of c rows shows
+  // as a jump between the two. The anchors are multiples of every candidate.
+  std::vector<int64_t> dense_scan_anchors = {512};
+  std::vector<int64_t> row_tile_candidates = {8, 16, 32, 64, 128, 256, 512};
   int64_t max_kv_tokens = 64 * 1024;  // decode points above this are skipped
   int reps = 3;                       // median of
   int64_t page_size = 16;             // the backend's
@@ -90,13 +99,22 @@ struct HardwareFit {
 // GPU's roofline form (Hardware::gemm_roofline: GEMMs at max(compute, weight read), KV at its
 // own rate, a cost per decode sequence), keeping the roofline where the Bayesian information
 // criterion prefers it to the sum.
+// The GEMMs' rows are charged in whole tiles of `dense_row_tile` past one (fit_row_tile's).
 // Sampling is not fitted: `per_logit_row_seconds` (measured apart) is charged per logit row
 // and taken out of each step's time first, except in steps whose rows are all plain greedy
 // when `device_argmax` (the backend took their argmax on the device). With the overhead kept,
 // a linear fit's residuals sum to zero, so the steps' total time, which is what a simulated
 // throughput rests on, is exact in the sum form and close in the roofline's.
 HardwareFit fit_hardware(const ModelShape& shape, const std::vector<MeasuredStep>& steps,
-                         double per_logit_row_seconds, bool device_argmax = false);
+                         double per_logit_row_seconds, bool device_argmax = false,
+                         int64_t dense_row_tile = 1);
+
+// NanoFlow §4.2: the GEMMs' row tile (Hardware::dense_row_tile) that best explains the times of
+// steps of one kind at the given sizes (tokens, seconds): t = a + b x the rows charged, by least
+// squares for each candidate and for none (1), kept where the information criterion prefers it
+// to none with the tile counted as a parameter. 1 with fewer than 4 sizes.
+int64_t fit_row_tile(const std::vector<std::pair<int64_t, double>>& sizes,
+                     std::span<const int64_t> candidates);
 
 // `backend` needs max_kv_tokens of KV pages; `shape` is the same model's shape.
 BackendProfile profile_backend(Backend& backend, const ModelShape& shape,

@@ -261,7 +261,7 @@ const IterationCostModel& Scheduler::iteration_cost() const {
 
 int32_t Scheduler::dense_budget() const {
   const SchedulerOptions& o = core_.options();
-  if (o.dense_batch_sizes.empty()) return o.max_batch_tokens;
+  if (o.dense_batch_sizes.empty() && o.dense_batch_tile <= 0) return o.max_batch_tokens;
   int64_t work = 0, decodes = 0;
   for (const Sequence* s : core_.running()) {
     if (s->generation_complete()) continue;
@@ -273,10 +273,14 @@ int32_t Scheduler::dense_budget() const {
   work = std::min<int64_t>(work, o.max_batch_tokens);
   // A size must leave room for a prompt token when prompts wait: one the decodes alone fill
   // would hold the prompts back for as long as those decodes run.
-  int32_t budget = 0;
+  auto allowed = [&](int64_t size) { return size <= work && (size > decodes || size == work); };
+  int64_t budget = 0;
   for (int32_t size : o.dense_batch_sizes)
-    if (size <= work && (size > decodes || size == work)) budget = std::max(budget, size);
-  return budget > 0 ? budget : o.max_batch_tokens;
+    if (allowed(size)) budget = std::max<int64_t>(budget, size);
+  // The largest multiple of the tile under the work; a smaller one leaves less room still.
+  if (const int64_t tile = o.dense_batch_tile; tile > 0 && allowed(work / tile * tile))
+    budget = std::max(budget, work / tile * tile);
+  return budget > 0 ? static_cast<int32_t>(budget) : o.max_batch_tokens;
 }
 
 StepPlan Scheduler::schedule(double now) {

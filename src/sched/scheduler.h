@@ -64,6 +64,9 @@ struct SchedulerOptions {
   // fits under max_batch_tokens and keeps every decode; the prompt tokens past it wait a step
   // (Scheduler::dense_budget).
   std::vector<int32_t> dense_batch_sizes;
+  // The same with the sizes every multiple of this (a profile's GEMM row tile,
+  // Hardware::dense_row_tile); 0 = only the listed sizes.
+  int32_t dense_batch_tile = 0;
   int32_t max_running = 256;  // sequences in the running set at once
   // Expected output length used by peak-memory admission before any request has finished
   // (capped by each request's max_tokens); afterwards the mean of finished requests is used.
@@ -168,12 +171,12 @@ class Scheduler {
   void add(Sequence* seq) { core_.add(seq); }  // joins the waiting queue (FCFS order of arrival)
   // `now` (seconds, the engine's clock) drives the hybrid policy's deadlines.
   StepPlan schedule(double now = 0);
-  // The coming step's token budget: max_batch_tokens, or with dense_batch_sizes the largest of
-  // them under it that the running and waiting sequences' uncomputed tokens fill and that leaves
-  // room for every decode and, when prompts wait, a prompt token (max_batch_tokens when none
-  // does). The work is an upper bound (a
-  // waiting prompt's cached prefix, admission limits and a policy's choices may leave the step
-  // short of it), so discrete batching is a best effort, never a wait for more work.
+  // The coming step's token budget: max_batch_tokens, or with dense_batch_sizes (or the
+  // multiples of dense_batch_tile) the largest of them under it that the running and waiting
+  // sequences' uncomputed tokens fill and that leaves room for every decode and, when prompts wait,
+  // a prompt token (max_batch_tokens when none does). The work is an upper bound (a waiting
+  // prompt's cached prefix, admission limits and a policy's choices may leave the step short of
+  // it), so discrete batching is a best effort, never a wait for more work.
   int32_t dense_budget() const;
   // The measured duration of the step just run (the hybrid policy's moving average).
   void observe_iteration(double seconds);

@@ -538,7 +538,11 @@ TEST_F(BatchCli, StepTimingsFeedAProfileFit) {
                                       trace.string() + " 2>&1");
   ASSERT_EQ(p.exit_code, 0) << p.output;
   EXPECT_NE(p.output.find("fit on the engine's steps"), std::string::npos) << p.output;
+  // The scan of step sizes ran (NanoFlow §4.2): its points are in the table, its tile in the fit.
+  EXPECT_NE(p.output.find("GEMM row tile: "), std::string::npos) << p.output;
+  EXPECT_NE(p.output.find("dense "), std::string::npos) << p.output;
   const json fitted = json::parse(testing::read_file(work / "p.json"));
+  EXPECT_GE(fitted["fit"]["dense_row_tile"].get<int64_t>(), 1);
   EXPECT_EQ(fitted["steps_fit"]["files"][0], trace.string());
   EXPECT_LT(std::abs(fitted["steps_fit"]["total_error"].get<double>()), 0.5);
   EXPECT_TRUE(fitted.contains("isolated_fit"));
@@ -562,9 +566,11 @@ TEST_F(BatchCli, StepTimingsFeedAProfileFit) {
   std::filesystem::remove(work / "out.jsonl");
   const auto again =
       testing::run_command(batch_cmd((work / "in.jsonl").string(), (work / "out.jsonl").string(),
-                                     "--policy blend --hardware " + (work / "p.json").string()) +
+                                     "--policy blend --hardware " + (work / "p.json").string() +
+                                         " --dense-batch-sizes " + (work / "p.json").string()) +
                            " 2>&1");
   EXPECT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_EQ(read_jsonl(work / "out.jsonl").size(), 12u);
 
   // Not a step timings file: a clear message and a non-zero exit.
   const auto bad = testing::run_command(profile + (work / "q.json").string() + " --steps " +
@@ -869,31 +875,50 @@ TEST_F(BatchCli, DiscreteBatchingCutsStepsAndKeepsTheTokens) {
       sizes.push_back(s["prefill_tokens"].get<int64_t>() + s["decode_tokens"].get<int64_t>());
     return sizes;
   };
+  // A `blend profile` file: the multiples of its GEMM row tile are the sizes.
+  const std::string profile = R"({"name":"p","compute_tflops":1,"memory_bandwidth_gb_s":20,)"
+                              R"("network_bandwidth_gb_s":1,"memory_gb":16,"fit":{)";
+  testing::write_file(work / "tile96.json", profile + R"("dense_row_tile":96}})");
+  testing::write_file(work / "notile.json", profile + R"("dense_row_tile":1}})");
   const std::vector<int64_t> plain = run("plain", ""),
-                             cut = run("cut", "--dense-batch-sizes 64,128");
-  // 805 prompt tokens: 200-token steps without the sizes, 128-token steps with them.
+                             cut = run("cut", "--dense-batch-sizes 64,128"),
+                             tiled = run("tiled",
+                                         "--dense-batch-sizes " + (work / "tile96.json").string()),
+                             untiled = run("untiled", "--dense-batch-sizes " +
+                                                          (work / "notile.json").string());
+  // 805 prompt tokens: 200-token steps without the sizes, 128-token steps with them, 192 with
+  // the profile's tile of 96, 200 with a profile that saw no tile.
   ASSERT_FALSE(plain.empty());
   EXPECT_EQ(plain[0], 200);
   EXPECT_EQ(std::count(cut.begin(), cut.begin() + 6, 128), 6);
+  EXPECT_EQ(std::count(tiled.begin(), tiled.begin() + 4, 192), 4);
+  EXPECT_EQ(untiled, plain);
   EXPECT_GT(cut.size(), plain.size());
   EXPECT_EQ(read_jsonl(work / "cut.jsonl").size(), 10u);
-  std::map<std::string, std::string> plain_text, cut_text;
-  for (const json& j : read_jsonl(work / "plain.jsonl"))
-    plain_text[j["custom_id"]] = j["response"]["body"]["choices"][0]["text"];
-  for (const json& j : read_jsonl(work / "cut.jsonl"))
-    cut_text[j["custom_id"]] = j["response"]["body"]["choices"][0]["text"];
-  EXPECT_EQ(cut_text, plain_text);
+  auto texts = [&](const std::string& name) {
+    std::map<std::string, std::string> text;
+    for (const json& j : read_jsonl(work / (name + ".jsonl")))
+      text[j["custom_id"]] = j["response"]["body"]["choices"][0]["text"];
+    return text;
+  };
+  EXPECT_EQ(texts("cut"), texts("plain"));
+  EXPECT_EQ(texts("tiled"), texts("plain"));
+  EXPECT_EQ(texts("plain").size(), 10u);
 }
 
 // Nonsense engine flags are refused naming the flag, before any model is loaded.
 TEST_F(BatchCli, EngineFlagsAreValidated) {
   testing::TempDir work;
   testing::write_file(work / "in.jsonl", "");
-  for (const std::string flag :
-       {"--max-batch-tokens 0", "--max-batch-tokens -5", "--max-running 0", "--kv-memory -1",
-        "--kv-memory nan", "--kv-memory 1e999", "--threads -1", "--page-size 0",
-        "--kv-host-memory -2", "--kv-disk-size 0", "--dense-batch-sizes 512,0",
-        "--dense-batch-sizes 1k"}) {
+  testing::write_file(work / "bad-tile.json",
+                      R"({"name":"p","compute_tflops":1,"memory_bandwidth_gb_s":20,)"
+                      R"("network_bandwidth_gb_s":1,"memory_gb":16,"fit":{"dense_row_tile":0}})");
+  for (const std::string& flag : std::vector<std::string>{
+           "--max-batch-tokens 0", "--max-batch-tokens -5", "--max-running 0", "--kv-memory -1",
+           "--kv-memory nan", "--kv-memory 1e999", "--threads -1", "--page-size 0",
+           "--kv-host-memory -2", "--kv-disk-size 0", "--dense-batch-sizes 512,0",
+           "--dense-batch-sizes 1k", "--dense-batch-sizes " + (work / "bad-tile.json").string(),
+           "--dense-batch-sizes " + (work / "in.jsonl").string()}) {
     const auto r =
         testing::run_command(std::string("'") + BLEND_BINARY + "' batch --model " + model() +
                              " --input " + (work / "in.jsonl").string() + " --output " +

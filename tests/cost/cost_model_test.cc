@@ -82,6 +82,40 @@ TEST(Hardware, ProfileRoundTripsAndRejectsBadFields) {
   nlohmann::json bad_kv = h.to_json();
   bad_kv["fit"]["kv_bandwidth_gb_s"] = -1;
   EXPECT_THROW(Hardware::from_json(bad_kv), Error);
+  // The GEMMs' row tile: round-trips, 1 when absent, whole and positive or refused.
+  h.dense_row_tile = 128;
+  EXPECT_EQ(Hardware::from_json(h.to_json()).dense_row_tile, 128);
+  EXPECT_EQ(before.dense_row_tile, 1);
+  for (const nlohmann::json& tile :
+       {nlohmann::json(0), nlohmann::json(64.5), nlohmann::json("64")}) {
+    nlohmann::json bad_tile = h.to_json();
+    bad_tile["fit"]["dense_row_tile"] = tile;
+    EXPECT_THROW(Hardware::from_json(bad_tile), Error) << tile;
+  }
+}
+
+// NanoFlow §4.2: past one tile, a GEMM pays for whole tiles of rows; below one it pays for its
+// rows (the library picks a smaller tile).
+TEST(CostModel, GemmRowsPastATileCostWholeTiles) {
+  const ModelShape shape = *find_model_shape_preset("llama-3-8b");
+  Hardware h;
+  h.name = "gpu";
+  h.compute_flops = 800e12;
+  h.memory_bandwidth = 2e12;
+  h.network_bandwidth = h.memory_bytes = 1;
+  Hardware tiled = h;
+  tiled.dense_row_tile = 256;
+  const CostModel plain(shape, h), tiles(shape, tiled);
+  auto compute = [](const CostModel& m, int64_t prompt_tokens, int64_t rows) {
+    return m.estimate_step({.prefill_tokens = prompt_tokens, .logit_rows = rows}).compute_seconds;
+  };
+  EXPECT_DOUBLE_EQ(compute(tiles, 513, 1), compute(plain, 768, 1));
+  EXPECT_DOUBLE_EQ(compute(tiles, 768, 1), compute(plain, 768, 1));
+  EXPECT_DOUBLE_EQ(compute(tiles, 200, 1), compute(plain, 200, 1));
+  EXPECT_GT(compute(tiles, 513, 1), compute(tiles, 512, 1) * 1.4);
+  // The lm_head's rows likewise: 300 rows cost what 512 do.
+  const double head = compute(tiles, 1024, 300) - compute(tiles, 1024, 1);
+  EXPECT_DOUBLE_EQ(head, compute(plain, 1024, 512) - compute(plain, 1024, 1));
 }
 
 TEST(ModelShape, PresetsIncludeShapeOnlyModels) {

@@ -419,11 +419,12 @@ TEST(Scheduler, PrefillFirstOverAdmitsAndRecoversByPreemption) {
 namespace blend {
 namespace {
 
-std::vector<int32_t> prefill_steps(const std::vector<int32_t>& sizes) {
+std::vector<int32_t> prefill_steps(const std::vector<int32_t>& sizes, int32_t tile = 0) {
   PagePool pool(200, 16);
   SchedulerOptions o;
   o.max_batch_tokens = 300;
   o.dense_batch_sizes = sizes;
+  o.dense_batch_tile = tile;
   Scheduler sched(pool, o);
   auto a = make_seq(1, 1000, 2);
   sched.add(a.get());
@@ -441,6 +442,11 @@ TEST(Scheduler, DiscreteBatchingCutsStepsToTheFastSizes) {
   // the last 40 fill no size: they run as they are.
   EXPECT_EQ(prefill_steps({256, 64, 128}), (std::vector<int32_t>{256, 256, 256, 128, 64, 40}));
   EXPECT_EQ(prefill_steps({}), (std::vector<int32_t>{300, 300, 300, 100}));
+  // A profile's GEMM row tile: every multiple of it is a fast size. 1,000 tokens under 300 with
+  // a tile of 96: 288 three times, then 136 left -> 96, and the last 40 fill no tile.
+  EXPECT_EQ(prefill_steps({}, 96), (std::vector<int32_t>{288, 288, 288, 96, 40}));
+  // Listed sizes and the tile's multiples together: the largest that fits.
+  EXPECT_EQ(prefill_steps({299}, 96), (std::vector<int32_t>{299, 299, 299, 96, 7}));
 
   // Five sequences decoding and a long prompt waiting: 256 = the five decodes + 251 prompt
   // tokens; with a fast size no larger than the decodes, every decode still runs and the prompt
