@@ -165,7 +165,7 @@ void write_hardware_profile(const ProfileArgs& args, Backend& backend, const Mod
       p.hardware.compute_flops * p.hardware.attention_efficiency / 1e9,
       p.hardware.memory_bandwidth / 1e9, p.hardware.step_overhead_seconds * 1e3,
       p.mean_abs_error * 100, p.max_abs_error * 100);
-  // NanoFlow §4.2: the step sizes `--dense-batch-sizes profile` takes.
+  // NanoFlow §4.2: the step sizes `--dense-batch-sizes PROFILE` takes.
   if (po.dense_scan_anchors.empty())
     std::printf("GEMM row tile: not scanned (--no-dense-scan); the profile says none\n");
   else if (p.hardware.dense_row_tile > 1)

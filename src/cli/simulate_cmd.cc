@@ -256,6 +256,11 @@ void report_run(const SimulateArgs& args, const std::string& entry, const std::s
       {"sampled_requests", st.sampled_requests},
       {"data_parallel", args.data_parallel}};
   if (!dp_json.is_null()) j.update(dp_json);
+  // NanoFlow §4.2's discrete batching, when asked for, and the tile the clock prices.
+  if (!args.discrete.dense_batch_sizes.empty())
+    j["dense_batch_sizes"] = args.discrete.dense_batch_sizes;
+  if (args.discrete.dense_batch_tile > 0) j["dense_batch_tile"] = args.discrete.dense_batch_tile;
+  j["dense_row_tile"] = hw.dense_row_tile;
   if (args.json) {
     std::printf("%s\n", j.dump().c_str());
   } else {

@@ -55,10 +55,10 @@ struct Hardware {
   bool device_argmax = false;
   // NanoFlow §4.2: a GEMM of more rows than a tile computes them in whole tiles, so a step that
   // is not a multiple of the tile pays for the whole last one (CUTLASS loses 7% at 2,049 rows
-  // against 2,048; oneDNN on a 2-core Zen 4 takes as long for 513 rows of the tiny preset as for
-  // 768, docs/BENCHMARKS.md). Fewer rows than a tile run as a smaller one, as the libraries pick
-  // it. The cost model charges the dense layers and the lm_head for rows n as n up to the tile
-  // and n rounded up to whole tiles past it; 1 = no tile seen. `blend profile` fits it
+  // against 2,048; the cpu backend pads rows to 16, too little to see beside its noise,
+  // docs/BENCHMARKS.md). Fewer rows than a tile run as a smaller one, as the libraries pick it.
+  // The cost model charges the dense layers and the lm_head for rows n as n up to the tile and
+  // n rounded up to whole tiles past it; 1 = no tile seen. `blend profile` fits it
   // (harness/profile.h); discrete batching's fast sizes are its multiples
   // (`--dense-batch-sizes PROFILE`).
   int64_t dense_row_tile = 1;

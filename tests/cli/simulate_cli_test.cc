@@ -264,6 +264,9 @@ TEST(SimulateCli, DiscreteBatchingPaysForItselfOnTiledHardware) {
   ASSERT_EQ(cut.exit_code, 0) << cut.output;
   const json a = json_lines(any.output).at(0), c = json_lines(cut.output).at(0);
   EXPECT_EQ(c["output_tokens"], a["output_tokens"]);
+  EXPECT_EQ(c["dense_batch_tile"], 512);
+  EXPECT_FALSE(a.contains("dense_batch_tile"));
+  EXPECT_EQ(a["dense_row_tile"], 512);
   EXPECT_LT(c["seconds"].get<double>(), 0.95 * a["seconds"].get<double>());
   // The first step (prompts only) is 700 tokens without the sizes and 512 with them.
   auto first_step_tokens = [&](const std::string& file) {
