@@ -94,15 +94,21 @@ TEST(Hardware, ProfileRoundTripsAndRejectsBadFields) {
   }
 }
 
-// NanoFlow §4.2: past one tile, a GEMM pays for whole tiles of rows; below one it pays for its
-// rows (the library picks a smaller tile).
-TEST(CostModel, GemmRowsPastATileCostWholeTiles) {
-  const ModelShape shape = *find_model_shape_preset("llama-3-8b");
+// A GPU-sized machine: 800 TFLOP/s, 2 TB/s, nothing else fitted.
+Hardware gpu_hardware() {
   Hardware h;
   h.name = "gpu";
   h.compute_flops = 800e12;
   h.memory_bandwidth = 2e12;
   h.network_bandwidth = h.memory_bytes = 1;
+  return h;
+}
+
+// NanoFlow §4.2: past one tile, a GEMM pays for whole tiles of rows; below one it pays for its
+// rows (the library picks a smaller tile).
+TEST(CostModel, GemmRowsPastATileCostWholeTiles) {
+  const ModelShape shape = *find_model_shape_preset("llama-3-8b");
+  const Hardware h = gpu_hardware();
   Hardware tiled = h;
   tiled.dense_row_tile = 256;
   const CostModel plain(shape, h), tiles(shape, tiled);
@@ -202,11 +208,7 @@ TEST(CostModel, StepCostAndTensorParallelNetworkTerm) {
 // cost no host time.
 TEST(CostModel, RooflineStepsAndRowsSampledOnTheDevice) {
   const ModelShape shape = *find_model_shape_preset("llama-3-8b");
-  Hardware h;
-  h.name = "gpu";
-  h.compute_flops = 800e12;
-  h.memory_bandwidth = 2e12;
-  h.network_bandwidth = h.memory_bytes = 1;
+  Hardware h = gpu_hardware();
   h.per_logit_row_seconds = 50e-6;
   Hardware roof = h;
   roof.gemm_roofline = true;

@@ -125,9 +125,9 @@ TEST(Profile, RecoversTheRooflineFormAndTheDeviceArgmaxOfAGpu) {
   EXPECT_NEAR(h.per_logit_row_seconds, 30e-6, 1e-10);
 }
 
-// NanoFlow §4.2: a GPU whose GEMMs compute 128-row tiles past one tile. The scan of step sizes
-// must find the tile, and the fit of everything must keep its rates exact with it; a tile the
-// profile did not find would leave steps of 1,025 tokens estimated 11% short.
+// NanoFlow §4.2: a machine whose GEMMs compute tiles of 64, 128 or 512 rows past one tile. The
+// scan of step sizes must find the tile, and the fit of the other points must keep its rates
+// exact with it (a fit without the tile would charge 1,025 tokens as 1,025 rows, not 1,152).
 TEST(Profile, FindsTheGemmRowTile) {
   const ModelConfig config = *find_model_preset("smollm-135m");
   const ModelShape shape = ModelShape::from_config(config, "smollm-135m");
