@@ -63,16 +63,22 @@ Hardware truth_hardware() {
   return h;
 }
 
-TEST(Profile, RecoversComputeAttentionBandwidthAndOverhead) {
+// `blend profile` of smollm-135m's shape on a fake backend whose steps take what `truth_hw`
+// says, on a fake clock; `download_per_row` > 0 gives it a device argmax.
+BackendProfile profile_of(const Hardware& truth_hw, double download_per_row = 0) {
   const ModelConfig config = *find_model_preset("smollm-135m");
   const ModelShape shape = ModelShape::from_config(config, "smollm-135m");
-  const Hardware truth_hw = truth_hardware();
   const CostModel truth(shape, truth_hw);
   double clock = 0;
   TimedFakeBackend backend(config, truth, &clock);
+  backend.set_download_per_row(download_per_row);
   ProfileOptions o;
   o.clock = [&clock] { return clock; };
-  const BackendProfile p = profile_backend(backend, shape, o);
+  return profile_backend(backend, shape, o);
+}
+
+TEST(Profile, RecoversComputeAttentionBandwidthAndOverhead) {
+  const BackendProfile p = profile_of(truth_hardware());
   EXPECT_GE(p.points.size(), 10u);
   EXPECT_NEAR(p.hardware.compute_flops / 700e9, 1.0, 1e-6);
   EXPECT_NEAR(p.hardware.attention_efficiency, 0.4, 1e-6);
@@ -97,20 +103,12 @@ TEST(Profile, RecoversComputeAttentionBandwidthAndOverhead) {
 // roofline form and its rates, time the points the way the engine runs greedy steps, and charge
 // the logits' download to the rows that leave the device.
 TEST(Profile, RecoversTheRooflineFormAndTheDeviceArgmaxOfAGpu) {
-  const ModelConfig config = *find_model_preset("smollm-135m");
-  const ModelShape shape = ModelShape::from_config(config, "smollm-135m");
   Hardware truth_hw = truth_hardware();
   truth_hw.compute_flops = 10e12;  // 64 prompt tokens weight-bound, 1,024 compute-bound
   truth_hw.gemm_roofline = true;
   truth_hw.kv_bandwidth = 40e9;
   truth_hw.per_decode_seconds = 20e-6;
-  const CostModel truth(shape, truth_hw);
-  double clock = 0;
-  TimedFakeBackend backend(config, truth, &clock);
-  backend.set_download_per_row(30e-6);
-  ProfileOptions o;
-  o.clock = [&clock] { return clock; };
-  const BackendProfile p = profile_backend(backend, shape, o);
+  const BackendProfile p = profile_of(truth_hw, 30e-6);
   const Hardware& h = p.hardware;
   EXPECT_TRUE(h.gemm_roofline);
   EXPECT_NEAR(h.compute_flops / 10e12, 1.0, 1e-6);
@@ -129,17 +127,10 @@ TEST(Profile, RecoversTheRooflineFormAndTheDeviceArgmaxOfAGpu) {
 // scan of step sizes must find the tile, and the fit of the other points must keep its rates
 // exact with it (a fit without the tile would charge 1,025 tokens as 1,025 rows, not 1,152).
 TEST(Profile, FindsTheGemmRowTile) {
-  const ModelConfig config = *find_model_preset("smollm-135m");
-  const ModelShape shape = ModelShape::from_config(config, "smollm-135m");
   for (const int64_t tile : {int64_t{64}, int64_t{128}, int64_t{512}}) {
     Hardware truth_hw = truth_hardware();
     truth_hw.dense_row_tile = tile;
-    const CostModel truth(shape, truth_hw);
-    double clock = 0;
-    TimedFakeBackend backend(config, truth, &clock);
-    ProfileOptions o;
-    o.clock = [&clock] { return clock; };
-    const BackendProfile p = profile_backend(backend, shape, o);
+    const BackendProfile p = profile_of(truth_hw);
     EXPECT_EQ(p.hardware.dense_row_tile, tile);
     EXPECT_NEAR(p.hardware.compute_flops / 700e9, 1.0, 1e-6) << tile;
     EXPECT_NEAR(p.hardware.step_overhead_seconds, 0.002, 1e-9) << tile;
