@@ -127,6 +127,62 @@ TEST(BatchLayout, DecodeStepsOfOneCountKeepTheirOffsetsWithinTheTableCapacity) {
   EXPECT_NE(small.reversed, b.reversed);
 }
 
+// Decode graphs are captured for 1, 2, 4 and multiples of 8 rows (as vLLM's); a step of fewer
+// rows is padded to its graph's count with rows of token 0 at position 0 on a scratch page, after
+// its own rows. Padded steps of 5 and 7 rows have the layout offsets of one 8-row graph, and
+// their own rows are packed as they were.
+TEST(BatchLayout, DecodeStepsPaddedToTheirGraphsRowsShareItsOffsets) {
+  for (const auto& [rows, graph] : std::vector<std::pair<int32_t, int32_t>>{
+           {1, 1}, {2, 2}, {3, 4}, {4, 4}, {5, 8}, {8, 8}, {9, 16}, {500, 504}, {512, 512}})
+    EXPECT_EQ(cuda::graph_rows(rows), graph) << rows;
+  EXPECT_EQ(cuda::graph_rows(513), 0);
+  EXPECT_EQ(cuda::graph_rows(0), 0);
+  auto decodes = [](int32_t n) {
+    ForwardBatch b;
+    for (int32_t i = 0; i < n; ++i) {
+      SeqChunk c{.seq = static_cast<SeqId>(i + 1),
+                 .num_cached = 5 + i,
+                 .num_tokens = 1,
+                 .token_offset = i,
+                 .block_table = {100 * i, 100 * i + 1, 100 * i + 2},
+                 .wants_logits = true};
+      b.tokens.push_back(40 + i);
+      b.positions.push_back(5 + i);
+      b.chunks.push_back(c);
+    }
+    return b;
+  };
+  constexpr PageId kScratch = 77;
+  const ForwardBatch five = cuda::pad_decode_batch(decodes(5), 8, kScratch),
+                     seven = cuda::pad_decode_batch(decodes(7), 8, kScratch);
+  ASSERT_EQ(five.num_tokens(), 8);
+  EXPECT_EQ(five.num_logit_rows(), 8);
+  const cuda::BatchLayout a = cuda::layout_batch(five, 4, 16, 8, /*table_capacity=*/256);
+  const cuda::BatchLayout b = cuda::layout_batch(seven, 4, 16, 8, 256);
+  for (auto offset :
+       {&cuda::BatchLayout::tokens, &cuda::BatchLayout::positions, &cuda::BatchLayout::token_chunk,
+        &cuda::BatchLayout::chunk_table, &cuda::BatchLayout::logit_rows,
+        &cuda::BatchLayout::prefill_tiles, &cuda::BatchLayout::single_tokens,
+        &cuda::BatchLayout::tables, &cuda::BatchLayout::reversed})
+    EXPECT_EQ(a.*offset, b.*offset);
+  EXPECT_EQ(a.data.size(), b.data.size());
+  EXPECT_EQ(a.num_single_tokens, 8);
+  EXPECT_EQ(a.max_single_context, 10);  // the batch's own rows decide it, not the padding
+  // The five rows as they were, then three of token 0 at position 0, logit rows 0..7, and each
+  // padding row's table the scratch page alone.
+  EXPECT_EQ(std::vector<int32_t>(a.data.begin() + a.tokens, a.data.begin() + a.tokens + 8),
+            (std::vector<int32_t>{40, 41, 42, 43, 44, 0, 0, 0}));
+  EXPECT_EQ(std::vector<int32_t>(a.data.begin() + a.positions, a.data.begin() + a.positions + 8),
+            (std::vector<int32_t>{5, 6, 7, 8, 9, 0, 0, 0}));
+  EXPECT_EQ(std::vector<int32_t>(a.data.begin() + a.logit_rows, a.data.begin() + a.logit_rows + 8),
+            (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7}));
+  // (Rows 0-2 reach 2 pages each, rows 3-4 three: 12 entries before the padding's.)
+  EXPECT_EQ(std::vector<int32_t>(a.data.begin() + a.tables + 10, a.data.begin() + a.tables + 16),
+            (std::vector<int32_t>{401, 402, kScratch, kScratch, kScratch, 0}));
+  // A step already at its graph's count is unchanged.
+  EXPECT_EQ(cuda::pad_decode_batch(decodes(8), 8, kScratch).chunks.size(), 8u);
+}
+
 TEST(BatchLayout, CutsLongChunksIntoPrefillTilesAndLeavesTheRestSingle) {
   ForwardBatch b;
   auto add = [&](SeqId seq, int32_t cached, int32_t n) {
@@ -785,6 +841,20 @@ TEST(CudaBackend, DecodeStepsReplayOneGraphWithTheCpuBackendsLogits) {
   EXPECT_EQ(gpu->graph_stats().failed, 0);
   EXPECT_EQ(gpu->graph_stats().captured, 1);
   EXPECT_EQ(gpu->graph_stats().replayed, 39);
+  // One sequence ends: three rows, padded to the four-row graph's count (cuda::graph_rows) on the
+  // scratch page, replay the same graph, and the three rows' logits are still the cpu's.
+  seqs.pop_back();
+  for (int step = 41; step <= 50; ++step) {
+    ForwardBatch decode;
+    for (Seq& q : seqs) {
+      q.tokens.push_back(static_cast<TokenId>((step * 31 + q.id) % 4000));
+      add_chunk(decode, q, 1, next);
+    }
+    run(decode, step);
+  }
+  EXPECT_EQ(gpu->graph_stats().failed, 0);
+  EXPECT_EQ(gpu->graph_stats().captured, 1);
+  EXPECT_EQ(gpu->graph_stats().replayed, 49);
 }
 
 // Greedy decoding for 128 steps on an f32 checkpoint: the same tokens as the cpu backend.

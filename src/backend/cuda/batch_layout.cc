@@ -70,4 +70,25 @@ BatchLayout layout_chunks(const ForwardBatch& batch, size_t first, size_t end, i
   return l;
 }
 
+int32_t graph_rows(int32_t rows) {
+  if (rows <= 0 || rows > kMaxGraphRows) return 0;
+  if (rows <= 4) return rows == 3 ? 4 : rows;
+  return (rows + 7) / 8 * 8;
+}
+
+ForwardBatch pad_decode_batch(const ForwardBatch& batch, int32_t rows, PageId scratch_page) {
+  ForwardBatch padded = batch;
+  for (int32_t i = batch.num_tokens(); i < rows; ++i) {
+    padded.chunks.push_back(SeqChunk{.seq = 0,
+                                     .num_cached = 0,
+                                     .num_tokens = 1,
+                                     .token_offset = i,
+                                     .block_table = {scratch_page},
+                                     .wants_logits = true});
+    padded.tokens.push_back(0);
+    padded.positions.push_back(0);
+  }
+  return padded;
+}
+
 }  // namespace blend::cuda

@@ -49,4 +49,16 @@ BatchLayout layout_chunks(const ForwardBatch& batch, size_t first, size_t end, i
                           int32_t tile_tokens = 0, int32_t min_tile_chunk = 8,
                           int64_t table_capacity = 0);
 
+// CUDA graphs of decode steps (BLEND_CUDA_GRAPHS=decode) are captured for a few row counts, as
+// vLLM's are: 1, 2, 4, then the multiples of 8 up to kMaxGraphRows. graph_rows(n) is the
+// smallest of them that holds n rows; 0 past the largest (the step keeps its own count).
+constexpr int32_t kMaxGraphRows = 512;
+int32_t graph_rows(int32_t rows);
+
+// `batch` (decode chunks only) grown to `rows` chunks, so that steps of different counts replay
+// one graph. Each added chunk is token 0 at position 0 on `scratch_page` (a page outside the
+// pool, which every added chunk writes alike: one key, whatever the page size) and wants logits:
+// its rows come after the batch's own, and nothing reads them.
+ForwardBatch pad_decode_batch(const ForwardBatch& batch, int32_t rows, PageId scratch_page);
+
 }  // namespace blend::cuda

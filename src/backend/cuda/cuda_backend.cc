@@ -272,12 +272,16 @@ CudaBackendImpl::GreenSplit& CudaBackendImpl::green_split(int gemm_sms) {
 void CudaBackendImpl::allocate_kv(int64_t num_pages) {
   if (num_pages_ > 0) throw Error("cuda backend: the KV cache is allocated already");
   if (num_pages < 1) throw Error("cuda backend: the KV cache needs at least one page");
-  const size_t bytes = static_cast<size_t>(num_pages) * static_cast<size_t>(kv_bytes_per_page());
+  // With graphs, one page more than the pool's: the scratch page padded decode rows write
+  // (cuda::pad_decode_batch), zeroed like the rest so that nothing they read is NaN.
+  const int64_t pages = num_pages + (graphs_ ? 1 : 0);
+  const size_t bytes = static_cast<size_t>(pages) * static_cast<size_t>(kv_bytes_per_page());
   kv_cache_.reserve(bytes);
   check_cuda(cudaMemset(kv_cache_.get(), 0, bytes), "cudaMemset");
   kv_.base = kv_cache_.get();
-  cuda::set_kv_layout(kv_, kv_layout_, num_pages);
+  cuda::set_kv_layout(kv_, kv_layout_, pages);
   num_pages_ = num_pages;
+  scratch_page_ = static_cast<PageId>(num_pages);
 }
 
 void CudaBackendImpl::mark(double CudaOpTimes::*slot) {
@@ -423,8 +427,16 @@ int64_t CudaBackendImpl::compute_logits(const ForwardBatch& batch, size_t host_l
   check_forward_batch(batch, config_, kv_.page_size, num_pages_, host_logits_size, "cuda");
   if (batch.num_tokens() == 0) return 0;
   const int64_t r = batch.num_logit_rows();
-  auto* logits =
-      static_cast<float*>(logits_.reserve(std::max<int64_t>(r, 1) * config_.vocab_size * 4));
+  // A decode-only step may replay a CUDA graph (BLEND_CUDA_GRAPHS), padded to the row count of
+  // its graph (cuda::graph_rows) so that steps of nearby counts share one. Per-op timing
+  // records events a graph would not.
+  const bool graph = graphs_ && !timing_ &&
+                     std::all_of(batch.chunks.begin(), batch.chunks.end(), [](const SeqChunk& c) {
+                       return c.num_tokens == 1 && c.num_cached > 0;
+                     });
+  const int32_t padded_rows = graph ? cuda::graph_rows(batch.num_tokens()) : 0;
+  auto* logits = static_cast<float*>(
+      logits_.reserve(std::max<int64_t>({r, padded_rows, 1}) * config_.vocab_size * 4));
   events_used_ = 0;  // a step that threw left its events unread
   if (nano_mode_ != cuda::NanoMode::kOff && batch.chunks.size() >= 2) {
     std::vector<cuda::ChunkWork> work(batch.chunks.size());
@@ -439,13 +451,12 @@ int64_t CudaBackendImpl::compute_logits(const ForwardBatch& batch, size_t host_l
       return r;
     }
   }
-  // A decode-only step may replay a CUDA graph (BLEND_CUDA_GRAPHS): its shape repeats while
-  // the same sequences decode. Per-op timing records events a graph would not.
-  const bool graph = graphs_ && !timing_ &&
-                     std::all_of(batch.chunks.begin(), batch.chunks.end(), [](const SeqChunk& c) {
-                       return c.num_tokens == 1 && c.num_cached > 0;
-                     });
-  const LaneStep s = prepare(lanes_[0], batch, 0, batch.chunks.size(), graph);
+  // The padded rows' logits follow the batch's own r rows, which are all anyone reads.
+  const ForwardBatch padded = padded_rows > batch.num_tokens()
+                                  ? cuda::pad_decode_batch(batch, padded_rows, scratch_page_)
+                                  : ForwardBatch{};
+  const ForwardBatch& step = padded.chunks.empty() ? batch : padded;
+  const LaneStep s = prepare(lanes_[0], step, 0, step.chunks.size(), graph);
   if (graph && run_graph(s, logits)) return r;
   mark(nullptr);
   StepOps ops{*this, s, logits};

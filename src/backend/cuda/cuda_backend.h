@@ -11,8 +11,9 @@
 // default: it measured no gain with these kernels).
 //
 // Decode steps may run as CUDA graphs (BLEND_CUDA_GRAPHS=decode, off by default: not yet run
-// on a GPU). Not yet: top-k / top-p / min-p sampling on the GPU; `--deterministic` is refused
-// (cuBLAS picks its algorithm by shape, so a row's result may depend on the batch).
+// on a GPU); rows with top-k / top-p / min-p or logprobs are drawn on the GPU only with
+// BLEND_CUDA_DRAW=all (not yet run on a GPU either). `--deterministic` is refused (cuBLAS picks
+// its algorithm by shape, so a row's result may depend on the batch).
 #pragma once
 
 #include <memory>
@@ -37,9 +38,12 @@ struct CudaOpTimes {
 };
 
 // BLEND_CUDA_GRAPHS=decode: decode steps whose kernels' arguments were seen before replay the
-// graph captured then; a capture the runtime refuses turns graphs off for the backend's life.
+// graph captured then; a step of up to 512 rows is padded to 1, 2, 4 or a multiple of 8 rows
+// first (batch_layout.h's graph_rows), so that nearby counts share a graph. A capture the
+// runtime refuses turns graphs off for the backend's life.
 struct CudaGraphStats {
-  int64_t captured = 0;  // graphs captured (each a step shape: rows, context bucket, buffers)
+  int64_t captured =
+      0;  // graphs captured (each a step shape: padded rows, context bucket, buffers)
   int64_t replayed = 0;  // steps that replayed one
   int64_t failed = 0;    // captures refused (then graphs stay off)
 };

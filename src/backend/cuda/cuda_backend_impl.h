@@ -224,6 +224,7 @@ class CudaBackendImpl final : public CudaBackend {
   int32_t prefill_tile_tokens_ = 0;  // 0: no tensor-core prefill tiles
   DeviceBuffer kv_cache_;
   int64_t num_pages_ = 0;
+  PageId scratch_page_ = 0;  // with graphs: page num_pages_, outside the pool (allocate_kv)
   int64_t kv_budget_ = 0;
   // Op timing: events recorded after each operation of a step, read once the step is done.
   void mark(double CudaOpTimes::*slot);
