@@ -830,28 +830,24 @@ TEST(CudaBackend, DecodeStepsReplayOneGraphWithTheCpuBackendsLogits) {
   for (Seq& q : seqs) add_chunk(prefill, q, static_cast<int32_t>(q.tokens.size()), next);
   run(prefill, 0);
   EXPECT_EQ(gpu->graph_stats().captured, 0);  // not a decode step
-  for (int step = 1; step <= 40; ++step) {
-    ForwardBatch decode;
-    for (Seq& q : seqs) {
-      q.tokens.push_back(static_cast<TokenId>((step * 31 + q.id) % 4000));
-      add_chunk(decode, q, 1, next);
+  auto decode_steps = [&](int first, int last) {
+    for (int step = first; step <= last; ++step) {
+      ForwardBatch decode;
+      for (Seq& q : seqs) {
+        q.tokens.push_back(static_cast<TokenId>((step * 31 + q.id) % 4000));
+        add_chunk(decode, q, 1, next);
+      }
+      run(decode, step);
     }
-    run(decode, step);
-  }
+  };
+  decode_steps(1, 40);
   EXPECT_EQ(gpu->graph_stats().failed, 0);
   EXPECT_EQ(gpu->graph_stats().captured, 1);
   EXPECT_EQ(gpu->graph_stats().replayed, 39);
   // One sequence ends: three rows, padded to the four-row graph's count (cuda::graph_rows) on the
   // scratch page, replay the same graph, and the three rows' logits are still the cpu's.
   seqs.pop_back();
-  for (int step = 41; step <= 50; ++step) {
-    ForwardBatch decode;
-    for (Seq& q : seqs) {
-      q.tokens.push_back(static_cast<TokenId>((step * 31 + q.id) % 4000));
-      add_chunk(decode, q, 1, next);
-    }
-    run(decode, step);
-  }
+  decode_steps(41, 50);
   EXPECT_EQ(gpu->graph_stats().failed, 0);
   EXPECT_EQ(gpu->graph_stats().captured, 1);
   EXPECT_EQ(gpu->graph_stats().replayed, 49);
