@@ -83,6 +83,17 @@ TEST(BatchLayout, PacksTokensTablesDirectionsAndLogitRows) {
   EXPECT_EQ(static_cast<int64_t>(l.data.size()), l.reversed + 4);  // the tables come last
 }
 
+// What a CUDA graph of a step replays: every array's offset in the packed metadata, and its size.
+void expect_same_offsets(const cuda::BatchLayout& a, const cuda::BatchLayout& b) {
+  for (auto offset :
+       {&cuda::BatchLayout::tokens, &cuda::BatchLayout::positions, &cuda::BatchLayout::token_chunk,
+        &cuda::BatchLayout::chunk_table, &cuda::BatchLayout::logit_rows,
+        &cuda::BatchLayout::prefill_tiles, &cuda::BatchLayout::single_tokens,
+        &cuda::BatchLayout::tables, &cuda::BatchLayout::reversed})
+    EXPECT_EQ(a.*offset, b.*offset);
+  EXPECT_EQ(a.data.size(), b.data.size());
+}
+
 // A CUDA graph of a decode step (BLEND_CUDA_GRAPHS) replays the kernels' arguments: two decode
 // steps of the same count whose sequences reach different numbers of pages keep every offset
 // when the tables' capacity holds both; the tables hold each step's own pages, zeros after.
@@ -107,13 +118,7 @@ TEST(BatchLayout, DecodeStepsOfOneCountKeepTheirOffsetsWithinTheTableCapacity) {
   const ForwardBatch early = decodes({3, 9, 14}), later = decodes({4, 12, 15});
   const cuda::BatchLayout a = cuda::layout_batch(early, 4, 16, 8, /*table_capacity=*/16);
   const cuda::BatchLayout b = cuda::layout_batch(later, 4, 16, 8, 16);
-  for (auto offset :
-       {&cuda::BatchLayout::tokens, &cuda::BatchLayout::positions, &cuda::BatchLayout::token_chunk,
-        &cuda::BatchLayout::chunk_table, &cuda::BatchLayout::logit_rows,
-        &cuda::BatchLayout::prefill_tiles, &cuda::BatchLayout::single_tokens,
-        &cuda::BatchLayout::tables, &cuda::BatchLayout::reversed})
-    EXPECT_EQ(a.*offset, b.*offset);
-  EXPECT_EQ(a.data.size(), b.data.size());
+  expect_same_offsets(a, b);
   EXPECT_EQ(a.table_capacity, 16);
   // 1 + 3 + 4 pages before, 2 + 4 + 4 after.
   EXPECT_EQ(std::vector<int32_t>(a.data.begin() + a.tables, a.data.begin() + a.tables + 9),
@@ -159,13 +164,7 @@ TEST(BatchLayout, DecodeStepsPaddedToTheirGraphsRowsShareItsOffsets) {
   EXPECT_EQ(five.num_logit_rows(), 8);
   const cuda::BatchLayout a = cuda::layout_batch(five, 4, 16, 8, /*table_capacity=*/256);
   const cuda::BatchLayout b = cuda::layout_batch(seven, 4, 16, 8, 256);
-  for (auto offset :
-       {&cuda::BatchLayout::tokens, &cuda::BatchLayout::positions, &cuda::BatchLayout::token_chunk,
-        &cuda::BatchLayout::chunk_table, &cuda::BatchLayout::logit_rows,
-        &cuda::BatchLayout::prefill_tiles, &cuda::BatchLayout::single_tokens,
-        &cuda::BatchLayout::tables, &cuda::BatchLayout::reversed})
-    EXPECT_EQ(a.*offset, b.*offset);
-  EXPECT_EQ(a.data.size(), b.data.size());
+  expect_same_offsets(a, b);
   EXPECT_EQ(a.num_single_tokens, 8);
   EXPECT_EQ(a.max_single_context, 10);  // the batch's own rows decide it, not the padding
   // The five rows as they were, then three of token 0 at position 0, logit rows 0..7, and each
