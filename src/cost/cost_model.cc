@@ -1,7 +1,6 @@
 #include "cost/cost_model.h"
 
 #include <algorithm>
-#include <cmath>
 #include <limits>
 
 #include "core/error.h"
@@ -118,12 +117,10 @@ StepCost CostModel::estimate_step(const StepShape& step) const {
   cost.interference = hardware_.overlap_interference;
   const double rows = step.logit_rows < 0 ? dense_tokens : static_cast<double>(step.logit_rows);
   // Past one tile the GEMMs compute whole tiles of rows (Hardware::dense_row_tile).
-  const auto tile = static_cast<double>(hardware_.dense_row_tile);
-  auto tiled = [tile](double n) { return n <= tile ? n : std::ceil(n / tile) * tile; };
   const double dense_flops =
-      2 * tiled(dense_tokens) *
+      2 * hardware_.rows_charged(dense_tokens) *
           static_cast<double>(shape_.matmul_parameters - shape_.lm_head_parameters) +
-      2 * tiled(rows) * static_cast<double>(shape_.lm_head_parameters);
+      2 * hardware_.rows_charged(rows) * static_cast<double>(shape_.lm_head_parameters);
   const double attention_flops =
       4 * static_cast<double>(step.prefill_attention_pairs) * hl / hardware_.attention_efficiency;
   cost.compute_seconds = (dense_flops + attention_flops) / tp / hardware_.effective_compute();

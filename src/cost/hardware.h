@@ -4,6 +4,7 @@
 // coefficients a measurement fit (`blend profile`, later) found for the local machine.
 #pragma once
 
+#include <cmath>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -63,6 +64,11 @@ struct Hardware {
   // (`--dense-batch-sizes PROFILE`).
   int64_t dense_row_tile = 1;
 
+  // The GEMM rows `rows` are charged as under dense_row_tile.
+  double rows_charged(double rows) const {
+    const auto tile = static_cast<double>(dense_row_tile);
+    return rows <= tile ? rows : std::ceil(rows / tile) * tile;
+  }
   double effective_compute() const { return compute_flops * compute_efficiency; }
   double effective_bandwidth() const { return memory_bandwidth * bandwidth_efficiency; }
 

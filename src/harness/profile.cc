@@ -116,8 +116,16 @@ struct StepTerms {
   double gemm = 0, attention = 0, weights = 0, kv = 0, decodes = 0, seconds = 0;
 };
 
+// The Bayesian information criterion of a least-squares fit of n points whose squared residuals
+// sum to `squares`: n ln(RSS / n) + parameters x ln n. A fit exact to rounding (residuals below
+// 1e-9 of the mean point, `mean`) scores as exact.
+double information_criterion(double squares, double n, double mean, double parameters) {
+  const double floor = n * std::pow(1e-9 * mean, 2);
+  return n * std::log(std::max(squares, floor) / n) + parameters * std::log(n);
+}
+
 // The fitted hardware with its errors over the steps, and the Bayesian information criterion of
-// its squared residuals (n ln(RSS / n) + parameters x ln n), which picks between the forms.
+// its squared residuals (information_criterion), which picks between the forms.
 struct FormFit {
   HardwareFit fit;
   double bic = 0;
@@ -144,9 +152,7 @@ FormFit finish_fit(const ModelShape& shape, const std::vector<MeasuredStep>& ste
   }
   fit.total_error = estimated_total / measured_total - 1;
   const double n = static_cast<double>(steps.size());
-  // A fit exact to rounding (residuals below 1e-9 of the mean step) scores as exact.
-  const double floor = n * std::pow(1e-9 * measured_total / n, 2);
-  return {fit, n * std::log(std::max(squares, floor) / n) + parameters * std::log(n)};
+  return {fit, information_criterion(squares, n, measured_total / n, parameters)};
 }
 
 double rate(double seconds_per_unit) {
@@ -276,22 +282,24 @@ HardwareFit fit_hardware(const ModelShape& shape, const std::vector<MeasuredStep
 int64_t fit_row_tile(const std::vector<std::pair<int64_t, double>>& sizes,
                      std::span<const int64_t> candidates) {
   if (sizes.size() < 4) return 1;
-  // Least squares of t = a + b tiled(n) per tile, and its information criterion: n ln(RSS / n)
-  // + parameters x ln n, the tile a parameter, and - 2 ln(prior) with half the prior on no tile
-  // and half spread over the candidates (2 ln K more for a tile). Without that prior the pick
-  // among 7 tiles found one in a line under 3% noise in 18 draws of 200 over the sizes a profile
-  // scans, 4 with it (profile_test).
+  // Least squares of t = a + b x the rows charged (Hardware::rows_charged) per tile, and its
+  // information criterion with the tile a parameter, plus - 2 ln(prior) with half the prior on no
+  // tile and half spread over the candidates (2 ln K more for a tile). Without that prior the
+  // pick among 7 tiles found one in a line under 3% noise in 18 draws of 200 over the sizes a
+  // profile scans, 4 with it (profile_test).
   const double tile_prior =
       2 * std::log(static_cast<double>(std::max<size_t>(1, candidates.size())));
+  const double n = static_cast<double>(sizes.size());
   auto score = [&](int64_t tile) {
+    Hardware tiled;
+    tiled.dense_row_tile = tile;
     std::vector<std::vector<double>> x;
     std::vector<double> y;
     double mean = 0;
     for (const auto& [tokens, seconds] : sizes) {
-      const int64_t rows = tokens <= tile ? tokens : (tokens + tile - 1) / tile * tile;
-      x.push_back({1.0, static_cast<double>(rows)});
+      x.push_back({1.0, tiled.rows_charged(static_cast<double>(tokens))});
       y.push_back(seconds);
-      mean += seconds / static_cast<double>(sizes.size());
+      mean += seconds / n;
     }
     const std::vector<double> beta = least_squares(x, y);
     double squares = 0;
@@ -299,10 +307,8 @@ int64_t fit_row_tile(const std::vector<std::pair<int64_t, double>>& sizes,
       const double r = beta[0] + beta[1] * x[i][1] - y[i];
       squares += r * r;
     }
-    const double n = static_cast<double>(sizes.size());
-    const double floor = n * std::pow(1e-9 * mean, 2);  // exact to rounding scores as exact
-    return n * std::log(std::max(squares, floor) / n) +
-           (tile > 1 ? 3 * std::log(n) + tile_prior : 2 * std::log(n));
+    return tile > 1 ? information_criterion(squares, n, mean, 3) + tile_prior
+                    : information_criterion(squares, n, mean, 2);
   };
   int64_t best = 1;
   double best_score = score(1);

@@ -58,6 +58,22 @@ class BatchCli : public ::testing::Test {
   static testing::TempDir* dir_;
 };
 
+// Token ids first, first + 1, ..., first + n - 1, comma-separated (a JSON array's inside).
+std::string token_run(int first, int n) {
+  std::string ids;
+  for (int k = 0; k < n; ++k) ids += (k ? "," : "") + std::to_string(first + k);
+  return ids;
+}
+
+// A greedy /v1/completions Batch API line that ignores EOS, its prompt the token ids `ids`
+// (token_run's form).
+std::string greedy_token_line(const std::string& id, const std::string& ids, int max_tokens) {
+  return R"({"custom_id":")" + id +
+         R"(","method":"POST","url":"/v1/completions","body":{"prompt":[)" + ids +
+         R"(],"max_tokens":)" + std::to_string(max_tokens) +
+         R"(,"ignore_eos":true,"temperature":0}})" + "\n";
+}
+
 testing::TempDir* BatchCli::dir_ = nullptr;
 
 TEST_F(BatchCli, CompletionsChatAndBadLines) {
@@ -441,16 +457,11 @@ TEST_F(BatchCli, PlannedOrdersGiveTheSameResults) {
   testing::TempDir work;
   std::string input;
   for (int g = 0; g < 3; ++g)
-    for (int i = 0; i < 5; ++i) {
-      std::string prompt;
-      for (int k = 0; k < 20 + 10 * g; ++k) prompt += std::to_string(300 + g * 50 + k) + ",";
-      for (int k = 0; k < 1 + i; ++k) prompt += std::to_string(7000 + i * 13 + k) + ",";
-      prompt.pop_back();
-      input += R"({"custom_id":"g)" + std::to_string(g) + "-" + std::to_string(i) +
-               R"(","method":"POST","url":"/v1/completions","body":{"prompt":[)" + prompt +
-               R"(],"max_tokens":)" + std::to_string(g == 1 ? 12 : 3) +
-               R"(,"ignore_eos":true,"temperature":0}})" + "\n";
-    }
+    for (int i = 0; i < 5; ++i)
+      input += greedy_token_line(
+          "g" + std::to_string(g) + "-" + std::to_string(i),
+          token_run(300 + g * 50, 20 + 10 * g) + "," + token_run(7000 + i * 13, 1 + i),
+          g == 1 ? 12 : 3);
   testing::write_file(work / "in.jsonl", input);
   std::map<std::string, std::map<std::string, std::string>> texts;
   for (const std::string policy : {"fcfs", "blend", "blend@alg3", "dfs", "random"}) {
@@ -501,15 +512,9 @@ TEST_F(BatchCli, PlannedOrdersGiveTheSameResults) {
 TEST_F(BatchCli, StepTimingsFeedAProfileFit) {
   testing::TempDir work;
   std::string input;
-  for (int i = 0; i < 12; ++i) {
-    std::string prompt;
-    for (int k = 0; k < 20 + 15 * i; ++k) prompt += std::to_string(500 + i * 211 + k) + ",";
-    prompt.pop_back();
-    input += R"({"custom_id":"s)" + std::to_string(i) +
-             R"(","method":"POST","url":"/v1/completions","body":{"prompt":[)" + prompt +
-             R"(],"max_tokens":)" + std::to_string(2 + (i * 7) % 19) +
-             R"(,"ignore_eos":true,"temperature":0}})" + "\n";
-  }
+  for (int i = 0; i < 12; ++i)
+    input += greedy_token_line("s" + std::to_string(i), token_run(500 + i * 211, 20 + 15 * i),
+                               2 + (i * 7) % 19);
   testing::write_file(work / "in.jsonl", input);
   const auto trace = work / "steps.jsonl";
   const auto r =
@@ -854,14 +859,8 @@ TEST_F(BatchCli, BadLinesFailAloneAndTheOthersRun) {
 TEST_F(BatchCli, DiscreteBatchingCutsStepsAndKeepsTheTokens) {
   testing::TempDir work;
   std::string input;
-  for (int i = 0; i < 10; ++i) {
-    std::string prompt;
-    for (int k = 0; k < 40 + 9 * i; ++k) prompt += std::to_string(700 + i * 97 + k) + ",";
-    prompt.pop_back();
-    input += R"({"custom_id":"d)" + std::to_string(i) +
-             R"(","method":"POST","url":"/v1/completions","body":{"prompt":[)" + prompt +
-             R"(],"max_tokens":6,"ignore_eos":true,"temperature":0}})" + "\n";
-  }
+  for (int i = 0; i < 10; ++i)
+    input += greedy_token_line("d" + std::to_string(i), token_run(700 + i * 97, 40 + 9 * i), 6);
   testing::write_file(work / "in.jsonl", input);
   auto run = [&](const std::string& name, const std::string& flags) {
     const auto r = testing::run_command(

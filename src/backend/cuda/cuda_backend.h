@@ -42,8 +42,7 @@ struct CudaOpTimes {
 // first (batch_layout.h's graph_rows), so that nearby counts share a graph. A capture the
 // runtime refuses turns graphs off for the backend's life.
 struct CudaGraphStats {
-  int64_t captured =
-      0;  // graphs captured (each a step shape: padded rows, context bucket, buffers)
+  int64_t captured = 0;  // graphs captured (each a shape: padded rows, context bucket, buffers)
   int64_t replayed = 0;  // steps that replayed one
   int64_t failed = 0;    // captures refused (then graphs stay off)
 };
