@@ -46,7 +46,9 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--lora-modules", o->lora_modules,
                   "LoRA adapters on --model, as vLLM: NAME=DIR ... (requests pick them by NAME)");
   cmd->add_option("--host", o->host, "Address to listen on")->capture_default_str();
-  cmd->add_option("--port", o->port, "Port (0 = any free port)")->capture_default_str();
+  cmd->add_option("--port", o->port, "Port (0 = any free port); a port in use is refused")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
   cmd->add_option("--api-key", o->api_key,
                   "Require 'Authorization: Bearer KEY' on /v1/* and /metrics");
   cmd->add_flag("--metrics-public", o->metrics_public,
@@ -55,7 +57,20 @@ void register_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--served-model-name", o->served_model_name,
                   "Model id clients use (default: the model folder's name)");
-  cmd->add_option("--max-body-bytes", o->max_body_bytes, "Largest request body accepted")
+  cmd->add_option("--max-body-bytes", o->max_body_bytes,
+                  "Largest request body accepted (413 past it, chunked bodies included)")
+      ->capture_default_str();
+  cmd->add_option("--max-body-bytes-in-flight", o->max_body_bytes_in_flight,
+                  "Request bodies held at once by all requests (503 + Retry-After past it; "
+                  "parsing costs a few times a body's size)")
+      ->capture_default_str();
+  cmd->add_option("--http-head-timeout", o->http_head_timeout_s,
+                  "Seconds a request's line and headers may take to arrive (408 past it)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--http-request-timeout", o->http_request_timeout_s,
+                  "Seconds a whole request, body included, may take to arrive (408 past it)")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->set_version_flag("--version", kBlendVersion, "Print blend's version and exit");
   cmd->add_option("--max-model-len", o->engine.max_model_len,

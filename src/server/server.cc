@@ -4,8 +4,10 @@
 #include "server/server.h"
 
 #include <signal.h>
+#include <sys/socket.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -93,6 +95,18 @@ ChatTemplate template_from_file(const std::filesystem::path& file,
   }
 }
 
+// The port and the HTTP limits, before anything loads.
+void check_server_limits(const ServerOptions& o) {
+  if (o.port < 0 || o.port > 65535)
+    throw Error("--port must be between 0 (any free port) and 65535, not " +
+                std::to_string(o.port));
+  if (o.max_body_bytes_in_flight < o.max_body_bytes)
+    throw Error("--max-body-bytes-in-flight (" + std::to_string(o.max_body_bytes_in_flight) +
+                ") must be at least --max-body-bytes (" + std::to_string(o.max_body_bytes) + ")");
+  if (!(o.http_head_timeout_s > 0) || !(o.http_request_timeout_s >= o.http_head_timeout_s))
+    throw Error("--http-head-timeout must be positive and --http-request-timeout at least it");
+}
+
 // --dtype: auto, bf16 or f32; checked before the model loads.
 void check_dtype_flag(const std::string& asked) {
   if (asked != "auto" && asked != "bf16" && asked != "f32")
@@ -127,6 +141,7 @@ RequestLog& request_log() {
 }  // namespace server_internal
 
 Server::Impl::Impl(const ServerOptions& o) : options(o) {
+  check_server_limits(options);
   const std::vector<ModelFolder> folders =
       model_folders(options.model, options.served_model_name, options.zoo, options.lora_modules);
   for (const ModelFolder& folder : folders) {
@@ -196,6 +211,14 @@ Server::Impl::Impl(const ServerOptions& o) : options(o) {
     return new httplib::ThreadPool(n);
   };
   http.set_payload_max_length(options.max_body_bytes);
+  http.set_connection_limits({.head_timeout_s = options.http_head_timeout_s,
+                              .request_timeout_s = options.http_request_timeout_s});
+  // httplib's default sets SO_REUSEPORT: a second server on a busy port then bound it too and
+  // the kernel spread requests over both. SO_REUSEADDR alone still refuses a port in use.
+  http.set_socket_options([](socket_t fd) {
+    const int yes = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   routes();
   if (options.port == 0) {
     port = http.bind_to_any_port(options.host);
@@ -205,7 +228,8 @@ Server::Impl::Impl(const ServerOptions& o) : options(o) {
     port = -1;
   }
   if (port < 0)
-    throw Error("cannot listen on " + options.host + ":" + std::to_string(options.port));
+    throw Error("cannot listen on " + options.host + ":" + std::to_string(options.port) +
+                " (another server may be using the port)");
   if (!set_listen_backlog(http, options.listen_backlog))
     throw Error("cannot set the listen backlog of " + options.host + ":" + std::to_string(port));
   for (json& b : store->batches()) {
@@ -232,12 +256,71 @@ void Server::Impl::route(const char* method, const std::string& pattern,
                          httplib::Server::Handler handler) {
   known_routes.emplace_back(std::regex(pattern), method);
   const std::string m = method;
-  if (m == "GET")
-    http.Get(pattern, std::move(handler));
-  else if (m == "POST")
-    http.Post(pattern, std::move(handler));
+  if (m == "GET") return void(http.Get(pattern, std::move(handler)));
+  // httplib reads a body whole into memory before a plain handler runs (chunked ones with no
+  // bound at all): a handler with a content reader reads it here, under the limits, first.
+  auto with_body = [this, handler = std::move(handler)](const httplib::Request& req,
+                                                        httplib::Response& res,
+                                                        const httplib::ContentReader& reader) {
+    // httplib hands handlers its own (non-const) Request as const: the body is ours to fill.
+    auto& request = const_cast<httplib::Request&>(req);
+    BodyReservation held(body_budget);
+    if (auto refused = read_body(request, reader, options.max_body_bytes, held)) {
+      HttpServer::close_connection_after_response(res);  // the rest of the body is unread
+      if (refused->status == 503) res.set_header("Retry-After", "1");
+      return send_error(res, refused->status, refused->message);
+    }
+    handler(req, res);
+    // A stream's response outlives the handler and needs none of the body.
+    std::string().swap(request.body);
+    request.files.clear();
+  };
+  if (m == "POST")
+    http.Post(pattern, std::move(with_body));
   else
-    http.Delete(pattern, std::move(handler));
+    http.Delete(pattern, std::move(with_body));
+}
+
+bool Server::Impl::has_route(const std::string& method, const std::string& path,
+                             std::string* allow) const {
+  allow->clear();
+  for (const auto& [pattern, m] : known_routes) {
+    if (!std::regex_match(path, pattern)) continue;
+    if (m == method) return true;
+    if (allow->find(m) == std::string::npos) *allow += (allow->empty() ? "" : ", ") + m;
+  }
+  return false;
+}
+
+void Server::Impl::send_no_route(const httplib::Request& req, httplib::Response& res) {
+  // httplib routes by method first: a known path asked with another method is a 404 to it.
+  std::string allow;
+  if (has_route(req.method, req.path, &allow) || allow.empty())
+    return send_error(res, 404, default_message(404));
+  res.set_header("Allow", allow);
+  send_error(res, 405, req.method + " is not allowed on " + req.path + " (use " + allow + ")");
+}
+
+bool Server::Impl::refuse_body_before_reading(const httplib::Request& req, httplib::Response& res) {
+  const size_t announced = announced_body_bytes(req);
+  if (announced == 0) return false;
+  std::string allow;
+  const bool reads_body =
+      (req.method == "POST" || req.method == "DELETE") && has_route(req.method, req.path, &allow);
+  if (reads_body && (announced <= options.max_body_bytes || announced == SIZE_MAX)) return false;
+  // Whatever is answered, the body stays unread: the connection cannot carry another request.
+  HttpServer::close_connection_after_response(res);
+  if (reads_body) {
+    send_error(res, 413,
+               "the request body is larger than the server's limit of " +
+                   std::to_string(options.max_body_bytes) + " bytes (--max-body-bytes)");
+    return true;
+  }
+  // httplib reads the body of a route-less POST, PUT, PATCH or DELETE itself, without bound;
+  // GET and the like are routed, the body left alone.
+  if (req.method == "GET" || req.method == "HEAD" || req.method == "OPTIONS") return false;
+  send_no_route(req, res);
+  return true;
 }
 
 void Server::Impl::routes() {
@@ -253,10 +336,12 @@ void Server::Impl::routes() {
                            req.path == "/detokenize" ||
                            (req.path == "/metrics" && !options.metrics_public);
     if (needs_key && !authorized(req)) {
+      if (announced_body_bytes(req) > 0) HttpServer::close_connection_after_response(res);
       send_error(res, 401, "Incorrect API key provided.", "", "invalid_api_key");
       return httplib::Server::HandlerResponse::Handled;
     }
-    return httplib::Server::HandlerResponse::Unhandled;
+    return refuse_body_before_reading(req, res) ? httplib::Server::HandlerResponse::Handled
+                                                : httplib::Server::HandlerResponse::Unhandled;
   });
   // Statuses httplib sets by itself (413 body too large, 404 unknown path, ...) get an OpenAI
   // error body too.
@@ -290,19 +375,7 @@ void Server::Impl::routes() {
       });
   http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
-    // httplib routes by method first: a known path asked with another method is a 404 to it.
-    if (res.status == 404) {
-      std::string allow;
-      for (const auto& [pattern, method] : known_routes)
-        if (method != req.method && std::regex_match(req.path, pattern) &&
-            allow.find(method) == std::string::npos)
-          allow += (allow.empty() ? "" : ", ") + method;
-      if (!allow.empty()) {
-        res.set_header("Allow", allow);
-        return send_error(res, 405,
-                          req.method + " is not allowed on " + req.path + " (use " + allow + ")");
-      }
-    }
+    if (res.status == 404) return send_no_route(req, res);
     send_error(res, res.status, default_message(res.status));
   });
 

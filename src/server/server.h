@@ -45,7 +45,15 @@ struct ServerOptions {
   // stats_interval seconds while there is traffic, the throughput. quiet = neither.
   bool quiet = false;
   double stats_interval = 10;
-  size_t max_body_bytes = 64 << 20;
+  size_t max_body_bytes = 64 << 20;  // one request's body (413 past it, any transfer encoding)
+  // Request bodies held at once by all requests (server/request_body.h): past it a request
+  // gets 503 with Retry-After. Parsing costs a few times a body's size.
+  size_t max_body_bytes_in_flight = 256 << 20;
+  // From a request's first byte, its head (request line and headers) must arrive within
+  // http_head_timeout_s and all of it within http_request_timeout_s (else 408, closed): a
+  // client trickling bytes (slowloris) cannot hold a connection thread.
+  double http_head_timeout_s = 10;
+  double http_request_timeout_s = 120;
   // Connections the kernel may hold for accept() (capped by net.core.somaxconn): httplib's 5
   // reset clients under bursts.
   int listen_backlog = 4096;

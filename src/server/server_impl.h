@@ -36,6 +36,7 @@
 #include "server/connection.h"
 #include "server/engine_loop.h"
 #include "server/metrics.h"
+#include "server/request_body.h"
 #include "server/server.h"
 #include "text/chat_template.h"
 
@@ -130,6 +131,7 @@ struct Server::Impl {
   std::unique_ptr<BatchStore> store;
   std::unique_ptr<EngineLoop> loop;
   HttpServer http;
+  BodyBudget body_budget{options.max_body_bytes_in_flight};
   int port = 0;
   std::atomic<bool> stopping{false};
   std::thread serve_thread;
@@ -151,9 +153,17 @@ struct Server::Impl {
 
   explicit Impl(const ServerOptions& o);
   void routes();
-  // Registers a handler and remembers the route, so that another method on it is a 405.
+  // Registers a handler and remembers the route, so that another method on it is a 405. POST
+  // and DELETE handlers get req.body read under the body limits (server/request_body.h).
   void route(const char* method, const std::string& pattern, httplib::Server::Handler handler);
   std::vector<std::pair<std::regex, std::string>> known_routes;  // (path pattern, method)
+  // Whether `method` is registered on `path`; else the methods that are ("" for none).
+  bool has_route(const std::string& method, const std::string& path, std::string* allow) const;
+  // The 404 or 405 (with Allow) for a request no route takes.
+  void send_no_route(const httplib::Request& req, httplib::Response& res);
+  // Before routing: a body no route will read, or announced past the limit, is refused
+  // without reading it.
+  bool refuse_body_before_reading(const httplib::Request& req, httplib::Response& res);
   // Each route family registers its own handlers (in its own file).
   void info_routes();
   void completions_routes();

@@ -1,0 +1,309 @@
+// What one client can make the HTTP layer spend (issue 54), over raw loopback sockets: bodies
+// past the limit in any transfer encoding, bodies held at once, requests that trickle in,
+// pipelined requests, bodies no route reads, and a second server on a port in use.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "model/presets.h"
+#include "model/random_init.h"
+#include "server/server.h"
+#include "test_util.h"
+
+namespace blend {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+class HttpLimits : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new testing::TempDir();
+    RandomInitOptions o;
+    o.seed = 5;
+    o.tokenizer_dir = BLEND_TEST_TOKENIZER_DIR;
+    write_random_model(*find_model_preset("tiny"), *dir_ / "tiny", o);
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  static ServerOptions options() {
+    ServerOptions o;
+    o.model = *dir_ / "tiny";
+    o.port = 0;
+    o.data_dir = *dir_ / "data";
+    o.quiet = true;
+    o.max_body_bytes = 1 << 20;
+    o.engine.threads = 1;
+    o.engine.kv_memory_gb = 0.02;
+    return o;
+  }
+
+  static std::unique_ptr<Server> start(const ServerOptions& o) {
+    auto server = std::make_unique<Server>(o);
+    server->start();
+    return server;
+  }
+
+  static testing::TempDir* dir_;
+};
+
+testing::TempDir* HttpLimits::dir_ = nullptr;
+
+// A connected loopback socket (blocking, 10 s receive timeout).
+int connect_to(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  timeval tv{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+// Sends all of `data`; false once the peer stops taking it (closed, reset).
+bool send_all(int fd, const std::string& data) {
+  size_t sent = 0;
+  while (sent < data.size()) {
+    const ssize_t n = ::send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) return false;
+    sent += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// What the peer sends until it closes, or until `until` appears `count` times.
+std::string receive(int fd, const std::string& until = "", int count = 1) {
+  std::string got;
+  char buf[4096];
+  for (;;) {
+    if (!until.empty()) {
+      int seen = 0;
+      for (size_t at = got.find(until); at != std::string::npos; at = got.find(until, at + 1))
+        ++seen;
+      if (seen >= count) return got;
+    }
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) return got;
+    got.append(buf, static_cast<size_t>(n));
+  }
+}
+
+// True when the peer closed the connection within `seconds` (reading and dropping the rest).
+bool closed_within(int fd, double seconds) {
+  const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+  char buf[4096];
+  while (Clock::now() < end) {
+    pollfd p{fd, POLLIN, 50};
+    if (::poll(&p, 1, 50) <= 0) continue;
+    if (::recv(fd, buf, sizeof buf, MSG_DONTWAIT) <= 0) return true;
+  }
+  return false;
+}
+
+int health_status(int port) {
+  const int fd = connect_to(port);
+  send_all(fd, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  const std::string got = receive(fd);
+  ::close(fd);
+  return got.rfind("HTTP/1.1 ", 0) == 0 ? std::stoi(got.substr(9, 3)) : -1;
+}
+
+// The JSON body of a raw response (after its head).
+json body_of(const std::string& response) {
+  const size_t at = response.find("\r\n\r\n");
+  return at == std::string::npos ? json() : json::parse(response.substr(at + 4), nullptr, false);
+}
+
+std::string chunk(const std::string& data) {
+  char size[32];
+  std::snprintf(size, sizeof size, "%zx\r\n", data.size());
+  return size + data + "\r\n";
+}
+
+// Regression (issue 54): a chunked body was read whole, whatever --max-body-bytes said (300 MB
+// held in memory, then a 400 about the prompt's length). Now the limit holds while reading: the
+// answer is a 413 that comes before the body ends.
+TEST_F(HttpLimits, AChunkedBodyPastTheLimitIs413BeforeItEnds) {
+  auto server = start(options());
+  const int fd = connect_to(server->port());
+  ASSERT_TRUE(send_all(fd,
+                       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                       "application/json\r\nTransfer-Encoding: chunked\r\n\r\n"));
+  const std::string piece(64 << 10, 'a');
+  for (int i = 0; i < 20; ++i)  // 1.25 MiB, past the 1 MiB limit; the last chunk never comes
+    if (!send_all(fd, chunk(piece))) break;
+  const std::string got = receive(fd, "}}");
+  EXPECT_EQ(got.rfind("HTTP/1.1 413", 0), 0u) << got.substr(0, 200);
+  EXPECT_NE(body_of(got)["error"]["message"].get<std::string>().find("--max-body-bytes"),
+            std::string::npos);
+  EXPECT_NE(got.find("Connection: close"), std::string::npos);
+  EXPECT_TRUE(closed_within(fd, 5));
+  ::close(fd);
+  EXPECT_EQ(health_status(server->port()), 200);
+}
+
+// A chunked body within the limit is read and served as any other.
+TEST_F(HttpLimits, AChunkedBodyWithinTheLimitIsServed) {
+  auto server = start(options());
+  const int fd = connect_to(server->port());
+  const std::string body = R"({"model": "tiny", "prompt": "Hello", "max_tokens": 2})";
+  ASSERT_TRUE(send_all(fd,
+                       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                       "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" +
+                           chunk(body.substr(0, 10)) + chunk(body.substr(10)) + "0\r\n\r\n"));
+  const std::string got = receive(fd);
+  ::close(fd);
+  EXPECT_EQ(got.rfind("HTTP/1.1 200", 0), 0u) << got.substr(0, 300);
+  EXPECT_EQ(body_of(got)["usage"]["completion_tokens"], 2);
+}
+
+// Regression (issue 54): bodies under the limit were held without any bound across requests
+// (8 concurrent 60 MB prompts took 1.8 GB). Past --max-body-bytes-in-flight a request gets 503
+// with Retry-After, without its body being read, and the budget comes back when a body goes.
+TEST_F(HttpLimits, BodiesHeldAtOncePastTheBudgetGet503) {
+  ServerOptions o = options();
+  o.max_body_bytes_in_flight = (1 << 20) + (512 << 10);
+  auto server = start(o);
+  const size_t big = 1 << 20;
+  const std::string head =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+      "application/json\r\nConnection: close\r\nContent-Length: " +
+      std::to_string(big) + "\r\n\r\n";
+  const int holder = connect_to(server->port());  // holds 1 MiB of the budget while it sends
+  ASSERT_TRUE(send_all(holder, head + std::string(big / 2, ' ')));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+
+  const int second = connect_to(server->port());
+  ASSERT_TRUE(send_all(second, head));
+  const std::string refused = receive(second, "}}");
+  ::close(second);
+  EXPECT_EQ(refused.rfind("HTTP/1.1 503", 0), 0u) << refused.substr(0, 200);
+  EXPECT_NE(refused.find("Retry-After: 1"), std::string::npos);
+
+  ASSERT_TRUE(send_all(holder, std::string(big / 2, ' ')));  // all blanks: not JSON
+  const std::string answered = receive(holder);
+  ::close(holder);
+  EXPECT_EQ(answered.rfind("HTTP/1.1 400", 0), 0u) << answered.substr(0, 200);
+
+  const int retry = connect_to(server->port());
+  ASSERT_TRUE(send_all(retry, head + std::string(big, ' ')));
+  const std::string again = receive(retry);
+  ::close(retry);
+  EXPECT_EQ(again.rfind("HTTP/1.1 400", 0), 0u) << "the budget was not given back";
+}
+
+// Regression (issue 54): a client sending one header line every 3 s held its connection
+// thread forever; 40 of them made /health take 52 s. Now a head must arrive within
+// --http-head-timeout: the trickler gets a 408 and is closed, and the server stays responsive.
+TEST_F(HttpLimits, ARequestThatTricklesInGets408) {
+  ServerOptions o = options();
+  o.http_head_timeout_s = 1;
+  o.http_threads = 2;
+  auto server = start(o);
+  std::vector<int> slow;
+  for (int i = 0; i < 2; ++i) {  // as many as there are connection threads
+    slow.push_back(connect_to(server->port()));
+    ASSERT_TRUE(send_all(slow.back(), "GET /health HTTP/1.1\r\n"));
+  }
+  const auto start_time = Clock::now();
+  std::string got;
+  for (int i = 0; i < 20 && got.empty(); ++i) {  // a header line every 250 ms, for 5 s at most
+    for (int fd : slow) send_all(fd, "X-Slow: 1\r\n");
+    pollfd p{slow[0], POLLIN, 0};
+    if (::poll(&p, 1, 250) > 0) got = receive(slow[0]);
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - start_time).count();
+  EXPECT_EQ(got.rfind("HTTP/1.1 408", 0), 0u) << got.substr(0, 200);
+  EXPECT_LT(seconds, 3.0);
+  for (int fd : slow) ::close(fd);
+  const auto health_start = Clock::now();
+  EXPECT_EQ(health_status(server->port()), 200);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - health_start).count(), 2.0);
+}
+
+// Regression (issue 54): requests pipelined in one write were lost after the first (1 of 5
+// answered, the connection closed after 5 s). They are answered in order now.
+TEST_F(HttpLimits, PipelinedRequestsAreAnsweredInOrder) {
+  auto server = start(options());
+  const int fd = connect_to(server->port());
+  const std::string tokenize = R"({"model": "tiny", "prompt": "Hello world"})";
+  ASSERT_TRUE(send_all(fd,
+                       "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+                       "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       "Content-Length: " +
+                           std::to_string(tokenize.size()) + "\r\n\r\n" + tokenize +
+                           "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+                           "GET /version HTTP/1.1\r\nHost: x\r\n\r\n"
+                           "GET /no-such-path HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+  const auto start_time = Clock::now();
+  const std::string got = receive(fd);
+  ::close(fd);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start_time).count(), 3.0);
+  std::vector<std::string> statuses;
+  for (size_t at = got.find("HTTP/1.1 "); at != std::string::npos;
+       at = got.find("HTTP/1.1 ", at + 1))
+    statuses.push_back(got.substr(at + 9, 3));
+  EXPECT_EQ(statuses, (std::vector<std::string>{"200", "200", "200", "200", "404"})) << got;
+  const size_t tokens = got.find("\"tokens\"");
+  const size_t models = got.find("\"object\":\"list\"");
+  EXPECT_TRUE(tokens != std::string::npos && models != std::string::npos && tokens < models);
+}
+
+// A body no route reads (an unknown path, a method without routes) is refused at once, unread:
+// httplib itself would read it whole, without bound.
+TEST_F(HttpLimits, ABodyNoRouteReadsIsRefusedUnread) {
+  auto server = start(options());
+  for (const std::string method : {"POST /v1/nothing-here", "PUT /v1/completions"}) {
+    const int fd = connect_to(server->port());
+    ASSERT_TRUE(send_all(fd, method + " HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" +
+                                 chunk(std::string(1000, 'a'))));
+    const std::string got = receive(fd, "}}");
+    EXPECT_TRUE(got.rfind("HTTP/1.1 404", 0) == 0 || got.rfind("HTTP/1.1 405", 0) == 0)
+        << method << ": " << got.substr(0, 200);
+    EXPECT_TRUE(closed_within(fd, 5)) << method;
+    ::close(fd);
+  }
+  // A Content-Length past the limit: refused before a byte of it is read.
+  const int fd = connect_to(server->port());
+  ASSERT_TRUE(send_all(fd,
+                       "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: "
+                       "300000000\r\n\r\n"));
+  const std::string got = receive(fd, "}}");
+  EXPECT_EQ(got.rfind("HTTP/1.1 413", 0), 0u) << got.substr(0, 200);
+  ::close(fd);
+  EXPECT_EQ(health_status(server->port()), 200);
+}
+
+// Regression (issue 54): httplib sets SO_REUSEPORT, so a second `blend serve` on a busy port
+// started and the kernel spread requests over both; --port 99999 bound a random port.
+TEST_F(HttpLimits, APortInUseOrOutOfRangeIsRefused) {
+  auto first = start(options());
+  ServerOptions second = options();
+  second.port = first->port();
+  second.data_dir = *dir_ / "data-second";
+  try {
+    Server s(second);
+    FAIL() << "a second server bound port " << second.port;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(std::to_string(second.port)), std::string::npos);
+  }
+  second.port = 99999;
+  EXPECT_THROW(Server s(second), Error);
+}
+
+}  // namespace
+}  // namespace blend
