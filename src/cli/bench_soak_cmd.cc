@@ -79,7 +79,12 @@ class ServerProcess {
         data_dir_.string(),
         "--quiet",
         "--threads-http",
-        std::to_string(args.http_threads > 0 ? args.http_threads : args.soak.clients + 64)};
+        std::to_string(args.http_threads > 0 ? args.http_threads
+                                             : args.soak.clients + args.soak.hostile_clients + 64),
+        "--max-body-bytes",
+        std::to_string(args.soak.max_body_bytes),
+        "--http-head-timeout",
+        std::to_string(args.soak.head_timeout_s)};
     if (args.threads > 0) argv.insert(argv.end(), {"--threads", std::to_string(args.threads)});
     if (!args.policy.empty()) argv.insert(argv.end(), {"--policy", args.policy});
     if (args.kv_memory_gb > 0)
@@ -158,6 +163,14 @@ void print(const online::SoakOptions& o, const online::SoakReport& r, bool json)
         r.max_open, static_cast<long long>(r.be_jobs), static_cast<long long>(r.be_requests),
         r.server_finished, r.server_cancelled, r.healthy ? "yes" : "no", r.rss_warm_mib,
         r.rss_end_mib, r.rss_max_mib);
+  }
+  if (!json && !r.hostile.attempts.empty()) {
+    std::string line = "hostile:";
+    for (const auto& [attack, count] : r.hostile.attempts)
+      line += " " + attack + " " + std::to_string(count);
+    int64_t wrong = 0;
+    for (const auto& [what, count] : r.hostile.unexpected) wrong += count;
+    std::printf("%s; %lld answered wrongly\n", line.c_str(), static_cast<long long>(wrong));
   }
   std::fflush(stdout);
   for (const auto& [reason, count] : r.failures)
@@ -242,6 +255,25 @@ void register_bench_soak_command(CLI::App& bench) {
                   "The server's scheduling policy (`blend serve --policy`; default: its own)");
   cmd->add_option("--threads-http", a->http_threads,
                   "Server connections at once (default: clients + 64)");
+  cmd->add_option("--hostile-clients", a->soak.hostile_clients,
+                  "Threads sending hostile requests beside the load (chunked and announced "
+                  "bodies past the limit, slow headers, pipelined requests, never-seen JSON "
+                  "schemas); each must get its clean answer")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--max-body-bytes", a->soak.max_body_bytes,
+                  "The server's --max-body-bytes (passed to the child; with --url, what the "
+                  "server was started with)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--http-head-timeout", a->soak.head_timeout_s,
+                  "The server's --http-head-timeout (passed to the child, as above)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--schema-values", a->soak.schema_values,
+                  "Enum values in each hostile JSON schema (64 bytes each)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->add_flag("--json", a->json, "The report as one JSON object (RSS samples included)");
   cmd->callback([a] { run(*a); });
 }

@@ -70,6 +70,9 @@ json to_json(const SoakOptions& o, const SoakReport& r) {
           {"max_open_streams", r.max_open},
           {"be_jobs", r.be_jobs},
           {"be_requests", r.be_requests},
+          {"hostile_attempts", r.hostile.attempts},
+          {"hostile_unexpected", r.hostile.unexpected},
+          {"hostile_completions", r.hostile.completions},
           {"rss_warm_mib", r.rss_warm_mib},
           {"rss_end_mib", r.rss_end_mib},
           {"rss_max_mib", r.rss_max_mib},
@@ -102,19 +105,23 @@ void judge(SoakReport& report, const SoakOptions& o, const std::string& be_error
   auto problem = [&](const std::string& what) { report.problems.push_back(what); };
   if (report.failed > 0) problem(std::to_string(report.failed) + " requests failed");
   if (!be_error.empty()) problem("BE load: " + be_error);
+  for (const auto& [what, count] : report.hostile.unexpected)
+    problem(std::to_string(count) + " hostile requests answered wrongly (" + what + ")");
   if (!report.healthy) problem("GET /health did not answer 200 at the end");
   if (report.server_running != 0) problem("requests still running at the end");
   if (report.server_kv_used_bytes != 0) problem("KV pages still held by requests at the end");
   // Every stream the clients saw finish was counted finished by the server; every stream they
-  // hung up on was finished (it may have ended before the server noticed) or cancelled.
-  if (report.server_finished < static_cast<double>(report.completed) ||
+  // hung up on was finished (it may have ended before the server noticed) or cancelled. The
+  // hostile schema requests that were answered are finished requests too.
+  const int64_t finished = report.completed + report.hostile.completions;
+  if (report.server_finished < static_cast<double>(finished) ||
       report.server_finished + report.server_cancelled !=
-          static_cast<double>(report.completed + report.hung_up))
+          static_cast<double>(finished + report.hung_up))
     problem("the server's finished + cancelled RT requests (" +
             std::to_string(static_cast<int64_t>(report.server_finished)) + " + " +
             std::to_string(static_cast<int64_t>(report.server_cancelled)) +
             ") do not account for the clients' completed + hung-up ones (" +
-            std::to_string(report.completed) + " + " + std::to_string(report.hung_up) + ")");
+            std::to_string(finished) + " + " + std::to_string(report.hung_up) + ")");
   if (!warm.empty() && !last.empty() &&
       report.rss_end_mib > report.rss_warm_mib * (1 + o.rss_growth_limit))
     problem("RSS grew from " + std::to_string(std::lround(report.rss_warm_mib)) + " MiB after " +
@@ -136,6 +143,7 @@ SoakReport run_soak(const SoakOptions& o) {
     throw Error("bad prompt or output length ranges");
   if (o.be_batch_requests < 0) throw Error("the BE batch size must be >= 0");
   if (o.max_token_id <= 100) throw Error("max_token_id must be > 100");
+  if (o.hostile_clients < 0) throw Error("the hostile client count must be >= 0");
   check_loopback(o.host);
 
   httplib::Client control(o.host, o.port);
@@ -177,6 +185,22 @@ SoakReport run_soak(const SoakOptions& o) {
       } catch (const Error& e) {
         be_error = e.what();
       }
+    });
+  }
+
+  std::thread hostile_thread;
+  if (o.hostile_clients > 0) {
+    hostile_thread = std::thread([&] {
+      HostileOptions h;
+      h.host = o.host;
+      h.port = o.port;
+      h.model = model;
+      h.clients = o.hostile_clients;
+      h.max_body_bytes = o.max_body_bytes;
+      h.head_timeout_s = o.head_timeout_s;
+      h.schema_values = o.schema_values;
+      h.seed = o.seed;
+      report.hostile = run_hostile(h, window_end);  // only this thread writes it until joined
     });
   }
 
@@ -238,6 +262,7 @@ SoakReport run_soak(const SoakOptions& o) {
   }
   for (std::thread& t : clients) t.join();
   if (be_thread.joinable()) be_thread.join();
+  if (hostile_thread.joinable()) hostile_thread.join();
 
   // The server's account, once it has settled: hung-up streams are cancelled between steps,
   // and the BE job still running at the window's end was cancelled by the BE loop.

@@ -12,6 +12,8 @@
 //    `drain_timeout_seconds`.
 //  - Best-effort load: Batch API jobs of `be_batch_requests` lines, one after another, through
 //    load_generator's BE loop (run_load with no RT rate); 0 = none.
+//  - `hostile_clients` threads of harness/hostile.h's attacks beside the load (0 = none), each
+//    of which must get its clean answer.
 //  - Every second, the resident set (VmRSS) of process `server_pid` (when > 0), read from
 //    /proc.
 //  - At the end: GET /health, and the server's own account from /metrics: real-time requests
@@ -31,6 +33,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "harness/hostile.h"
+
 namespace blend::online {
 
 struct SoakOptions {
@@ -48,6 +52,10 @@ struct SoakOptions {
   double rss_growth_limit = 0.10;
   int server_pid = 0;  // whose RSS to sample; 0 = none
   uint64_t seed = 1;
+  int32_t hostile_clients = 0;  // harness/hostile.h; its other settings below
+  int64_t max_body_bytes = 64 << 20;
+  double head_timeout_s = 10;
+  int32_t schema_values = 256;
 };
 
 struct SoakReport {
@@ -60,6 +68,7 @@ struct SoakReport {
   double ttft_p50 = 0, ttft_p99 = 0;        // completed streams, seconds
   int32_t max_open = 0;                     // streams open at once (client side)
   int64_t be_jobs = 0, be_requests = 0;
+  HostileReport hostile;  // empty without hostile clients
   // (seconds since the start, MiB) every second; empty without server_pid.
   std::vector<std::pair<double, double>> rss_mib;
   double rss_warm_mib = 0, rss_end_mib = 0, rss_max_mib = 0;

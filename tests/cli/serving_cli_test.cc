@@ -117,6 +117,28 @@ TEST_F(ServingCli, BenchSoakAnswersOrCancelsEveryRequestAndTheServerStopsCleanly
   EXPECT_EQ(j["server_running_at_end"], 0);
 }
 
+// The soak's hostile clients (issue 54) beside real streams: every attack gets its clean answer
+// (413 before a chunked or announced body past the limit ends, 408 for slow headers, five
+// answers to five pipelined requests, 200 or a named 400 for a never-seen schema), and the
+// server's account of finished requests includes the schema requests it answered.
+TEST_F(ServingCli, BenchSoakHostileClientsGetCleanAnswers) {
+  const auto r = testing::run_command(
+      blend("bench soak --model '" + (*dir_ / "tiny").string() +
+            "' --clients 4 --duration 8 --hostile-clients 3 --http-head-timeout 1 "
+            "--max-body-bytes 2000000 --schema-values 16 --be-batch 0 --threads 1 "
+            "--kv-memory 0.01 --prompt-max 32 --output-max 8 --rss-growth-limit 100 --json 2>&1"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto got = lines(r.output);
+  ASSERT_EQ(got.size(), 1u) << r.output;
+  const nlohmann::json& j = got[0];
+  EXPECT_TRUE(j["ok"].get<bool>()) << j.dump();
+  for (const char* attack :
+       {"chunked-oversize", "length-oversize", "slow-headers", "pipelined", "distinct-schema"})
+    EXPECT_GT(j["hostile_attempts"].value(attack, 0), 0) << attack << ": " << j.dump();
+  EXPECT_TRUE(j["hostile_unexpected"].empty()) << j["hostile_unexpected"].dump();
+  EXPECT_TRUE(j["healthy"].get<bool>());
+}
+
 TEST_F(ServingCli, SimulateServePrintsOneJsonObjectPerRateAndPolicy) {
   const auto r = testing::run_command(
       blend("simulate-serve --rt-rate 1,3 --duration 20 --policy hybrid,fcfs --be-batch 32 "
