@@ -467,7 +467,9 @@ json make_response(const ApiRequest& request, std::span<const GenerationResult> 
 std::optional<ModelId> find_served_model(std::span<const ServedModel> models,
                                          std::string_view name) {
   for (size_t i = 0; i < models.size(); ++i)
-    if (models[i].name == name) return static_cast<ModelId>(i);
+    if (models[i].name == name || std::find(models[i].aliases.begin(), models[i].aliases.end(),
+                                            name) != models[i].aliases.end())
+      return static_cast<ModelId>(i);
   return std::nullopt;
 }
 

@@ -119,6 +119,7 @@ struct ServedModel {
   const SamplingDefaults* sampling_defaults = nullptr;  // its generation_config.json
   std::string root;                   // its folder (a LoRA model's: the adapter's), as vLLM lists
   std::optional<std::string> parent;  // a LoRA model's base model, when that is served too
+  std::vector<std::string> aliases;   // other names "model" may give (--served-model-name A B)
   // Its text (attach_model_text): the tokenizer its requests are read and answered with, the
   // compiler of its response_format schemas, and the longest prompt text it takes before
   // tokenizing (max_prompt_bytes of that tokenizer).

@@ -138,6 +138,20 @@ void add_engine_flags(CLI::App* cmd, EngineOptions& o) {
   add_dense_batch_sizes_flag(cmd, o.scheduler);
   cmd->add_option("--max-running", o.scheduler.max_running, "Most sequences decoding at once")
       ->check(number_in(1, int_max, true, "a sequence count of at least 1"));
+  // vLLM's names for the same two knobs, so that its command lines run unchanged.
+  cmd->add_option("--max-num-batched-tokens", o.scheduler.max_batch_tokens,
+                  "vLLM's name for --max-batch-tokens")
+      ->check(number_in(1, int_max, true, "a token count of at least 1"));
+  cmd->add_option("--max-num-seqs", o.scheduler.max_running, "vLLM's name for --max-running")
+      ->check(number_in(1, int_max, true, "a sequence count of at least 1"));
+  cmd->add_option_function<std::string>(
+      "--gpu-memory-utilization",
+      [](const std::string&) {
+        throw CLI::ValidationError("--gpu-memory-utilization",
+                                   "blend sizes the KV cache in GB, not as a share of device "
+                                   "memory: use --kv-memory GB");
+      },
+      "Refused: blend's KV cache is sized with --kv-memory GB");
   cmd->add_option("--kv-memory", o.kv_memory_gb,
                   "KV cache size in GB (fractions allowed); default: a share of free memory")
       ->check(
@@ -157,6 +171,8 @@ void add_engine_flags(CLI::App* cmd, EngineOptions& o) {
   cmd->add_option("--seed", o.seed, "Seed for requests without one");
   cmd->add_option("--prefix-cache", o.prefix_cache,
                   "Reuse cached prompt prefixes: on|off (default on)");
+  cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o.prefix_cache,
+                "vLLM's names for --prefix-cache on|off");
   cmd->add_option("--kv-host-memory", o.kv_host_memory_gb,
                   "GB of host memory for cached KV evicted from the KV cache (default 0: none)")
       ->check(number_in(0, 1e6, false, "a size in GB, 0 (none) or more"));

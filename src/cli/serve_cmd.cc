@@ -2,7 +2,11 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <map>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -34,12 +38,28 @@ void run_serve(const ServerOptions& options) {
   g_server = nullptr;
 }
 
+// --chat-template as vLLM takes it: a file's path, or the template's text itself.
+void set_chat_template(const std::string& value, ServerOptions& o) {
+  if (value.empty()) return;
+  std::error_code error;
+  if (std::filesystem::is_regular_file(value, error)) {
+    o.chat_template = value;
+  } else if (value.find("{{") != std::string::npos || value.find("{%") != std::string::npos) {
+    o.chat_template_text = value;
+  } else {
+    throw CLI::ValidationError("--chat-template",
+                               "'" + value + "' is neither a file nor a Jinja template");
+  }
+}
+
 }  // namespace
 
 void register_serve_command(CLI::App& app) {
   auto o = std::make_shared<ServerOptions>();
   CLI::App* cmd = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API");
   cmd->add_option("--model", o->model, "Model folder (the first model, with --zoo)");
+  auto positional = std::make_shared<std::filesystem::path>();
+  cmd->add_option("MODEL", *positional, "The model folder, as vLLM's `serve MODEL` (or --model)");
   cmd->add_option("--zoo", o->zoo,
                   "Serve every model folder in this folder too, in one engine: requests pick "
                   "one by folder name (fine-tunes of one architecture and tokenizer)");
@@ -55,8 +75,10 @@ void register_serve_command(CLI::App& app) {
                 "Serve /metrics without the API key (for a Prometheus scraper without one)");
   cmd->add_option("--data-dir", o->data_dir, "Where Batch API files and results are kept")
       ->capture_default_str();
-  cmd->add_option("--served-model-name", o->served_model_name,
-                  "Model id clients use (default: the model folder's name)");
+  auto names = std::make_shared<std::vector<std::string>>();
+  cmd->add_option("--served-model-name", *names,
+                  "Model id clients use (default: the model folder's name); several names: the "
+                  "first is the one answers carry, requests may give any (as vLLM)");
   cmd->add_option("--max-body-bytes", o->max_body_bytes,
                   "Largest request body accepted (413 past it, chunked bodies included)")
       ->capture_default_str();
@@ -77,14 +99,18 @@ void register_serve_command(CLI::App& app) {
                   "Longest prompt + output of a request (default: the model's context; more is "
                   "refused)")
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--chat-template", o->chat_template,
-                  "A Jinja chat template file instead of the model folder's")
-      ->check(CLI::ExistingFile);
+  auto chat_template = std::make_shared<std::string>();
+  cmd->add_option("--chat-template", *chat_template,
+                  "A Jinja chat template instead of the model folder's: a file, or the "
+                  "template itself (as vLLM)");
   auto dtype = std::make_shared<std::string>("auto");
   cmd->add_option("--dtype", *dtype,
                   "Compute dtype: auto (the checkpoint's: bf16 -> bf16, f16/f32 -> f32); bf16 "
-                  "or f32 are checked against what the backend computes for the checkpoint")
-      ->check(CLI::IsMember({"auto", "bf16", "f32"}))
+                  "(bfloat16) or f32 (float32, float) are checked against what the backend "
+                  "computes for the checkpoint; float16/half are refused (no f16 compute)")
+      ->transform(CLI::Transformer(std::map<std::string, std::string>{
+          {"bfloat16", "bf16"}, {"float32", "f32"}, {"float", "f32"}}))
+      ->check(CLI::IsMember({"auto", "bf16", "f32", "float16", "half", "f16"}))
       ->capture_default_str();
   cmd->add_option("--threads-http", o->http_threads,
                   "Connections served at once (a stream holds one until it ends); more wait "
@@ -92,6 +118,8 @@ void register_serve_command(CLI::App& app) {
       ->check(CLI::Range(1, 65536))
       ->capture_default_str();
   cmd->add_flag("--quiet", o->quiet, "No access log and no throughput lines on stderr");
+  cmd->add_flag("--disable-log-requests{false},--enable-log-requests{true}", o->log_requests,
+                "No access log line per request (vLLM's flag; throughput lines stay)");
   cmd->add_option("--stats-interval", o->stats_interval,
                   "Seconds between throughput lines while serving (0 = none)")
       ->check(CLI::NonNegativeNumber)
@@ -140,7 +168,22 @@ void register_serve_command(CLI::App& app) {
                   "--policy hybrid, as BROS; unidirectional for its baselines)")
       ->check(CLI::IsMember({"auto", "bidirectional", "unidirectional"}))
       ->capture_default_str();
-  cmd->callback([o, profile, layout, dtype, adaptive] {
+  cmd->callback([o, profile, layout, dtype, adaptive, positional, names, chat_template] {
+    if (!positional->empty()) {
+      if (!o->model.empty())
+        throw CLI::ValidationError("MODEL", "give the model once: MODEL or --model");
+      o->model = *positional;
+    }
+    if (!names->empty()) {
+      o->served_model_name = names->front();
+      o->served_model_aliases.assign(names->begin() + 1, names->end());
+    }
+    set_chat_template(*chat_template, *o);
+    if (*dtype == "float16" || *dtype == "half" || *dtype == "f16")
+      throw CLI::ValidationError("--dtype",
+                                 "blend computes in bf16 or f32, not float16: use "
+                                 "--dtype auto (a float16 checkpoint runs in f32), "
+                                 "bfloat16 or float32");
     o->dtype = *dtype;
     check_adaptive_flags(*adaptive, o->engine);
     o->adaptive_blocks = adaptive->blocks;

@@ -40,7 +40,13 @@ void Server::Impl::info_routes() {
   });
   route("GET", "/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     json data = json::array();
-    for (const ServedModel& m : served) data.push_back(model_object(m, max_sequence_tokens));
+    for (const ServedModel& m : served) {
+      data.push_back(model_object(m, max_sequence_tokens));
+      for (const std::string& alias : m.aliases) {  // as vLLM lists every served name
+        data.push_back(model_object(m, max_sequence_tokens));
+        data.back()["id"] = alias;
+      }
+    }
     json list = {{"object", "list"}, {"data", std::move(data)}};
     res.set_content(list.dump(), "application/json");
   });

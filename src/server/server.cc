@@ -76,23 +76,35 @@ std::string special_token(const json& config, const char* name) {
   return "";
 }
 
-// --chat-template FILE: its Jinja text, with the model folder's special tokens.
-ChatTemplate template_from_file(const std::filesystem::path& file,
+// --chat-template: its Jinja text (`what` says where it came from), with the model folder's
+// special tokens.
+ChatTemplate template_from_text(const std::string& text, const std::string& what,
                                 const std::filesystem::path& model_dir) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw Error("cannot read the chat template " + file.string());
-  std::ostringstream text;
-  text << in.rdbuf();
   json config = json::object();
   std::ifstream cfg(model_dir / "tokenizer_config.json");
   if (cfg) config = json::parse(cfg, nullptr, /*allow_exceptions=*/false);
   if (!config.is_object()) config = json::object();
   try {
-    return ChatTemplate(text.str(), special_token(config, "bos_token"),
+    return ChatTemplate(text, special_token(config, "bos_token"),
                         special_token(config, "eos_token"));
   } catch (const Error& e) {
-    throw Error("the chat template " + file.string() + ": " + e.what());
+    throw Error(what + ": " + e.what());
   }
+}
+
+// The --chat-template of the options (a file or the text itself), or none.
+std::optional<std::string> chat_template_override(const ServerOptions& o, std::string* what) {
+  if (!o.chat_template_text.empty()) {
+    *what = "the --chat-template text";
+    return o.chat_template_text;
+  }
+  if (o.chat_template.empty()) return std::nullopt;
+  std::ifstream in(o.chat_template, std::ios::binary);
+  if (!in) throw Error("cannot read the chat template " + o.chat_template.string());
+  std::ostringstream text;
+  text << in.rdbuf();
+  *what = "the chat template " + o.chat_template.string();
+  return text.str();
 }
 
 // The port and the HTTP limits, before anything loads.
@@ -144,10 +156,14 @@ Server::Impl::Impl(const ServerOptions& o) : options(o) {
   check_server_limits(options);
   const std::vector<ModelFolder> folders =
       model_folders(options.model, options.served_model_name, options.zoo, options.lora_modules);
+  std::string template_source;
+  const std::optional<std::string> template_text =
+      chat_template_override(options, &template_source);
   for (const ModelFolder& folder : folders) {
     std::optional<ChatTemplate>& chat_template = chat_templates.emplace_back();
-    if (!options.chat_template.empty()) {
-      chat_template = template_from_file(options.chat_template, chat_template_dir(folder));
+    if (template_text) {
+      chat_template =
+          template_from_text(*template_text, template_source, chat_template_dir(folder));
     } else {
       try {
         chat_template = ChatTemplate::from_dir(chat_template_dir(folder));
@@ -174,11 +190,13 @@ Server::Impl::Impl(const ServerOptions& o) : options(o) {
       for (const ModelFolder& other : folders)
         if (other.adapter.empty() && std::filesystem::equivalent(other.dir, folder.dir))
           parent = other.name;
-    served.push_back({.name = engine->model_name(m),
-                      .chat_template = chat_template ? &*chat_template : nullptr,
-                      .sampling_defaults = &engine->config(m).sampling_defaults,
-                      .root = (folder.adapter.empty() ? folder.dir : folder.adapter).string(),
-                      .parent = parent});
+    served.push_back(
+        {.name = engine->model_name(m),
+         .chat_template = chat_template ? &*chat_template : nullptr,
+         .sampling_defaults = &engine->config(m).sampling_defaults,
+         .root = (folder.adapter.empty() ? folder.dir : folder.adapter).string(),
+         .parent = parent,
+         .aliases = m == 0 ? options.served_model_aliases : std::vector<std::string>{}});
   }
   check_compute_dtype(options.dtype, *engine, options.engine.backend, folders[0].dir);
   max_sequence_tokens = engine->max_sequence_tokens();
@@ -345,7 +363,7 @@ void Server::Impl::routes() {
   });
   // Statuses httplib sets by itself (413 body too large, 404 unknown path, ...) get an OpenAI
   // error body too.
-  if (!options.quiet) {
+  if (!options.quiet && options.log_requests) {
     http.set_logger([](const httplib::Request& req, const httplib::Response& res) {
       const auto& log = server_internal::request_log();
       const double seconds =

@@ -36,14 +36,19 @@ struct ServerOptions {
   std::string api_key;          // when set, /v1/* and /metrics need "Authorization: Bearer <key>"
   bool metrics_public = false;  // /metrics without the key even when api_key is set
   std::filesystem::path data_dir = "blend-data";
-  std::string served_model_name;        // of --model; default: the model folder's name
+  std::string served_model_name;  // of --model; default: the model folder's name
+  // More names requests may give for --model's model (vLLM's --served-model-name A B ...);
+  // answers carry served_model_name.
+  std::vector<std::string> served_model_aliases;
   std::filesystem::path chat_template;  // a Jinja file for every model instead of its own
+  std::string chat_template_text;       // or the template itself
   // "auto", "bf16" or "f32": the compute dtype asked for. The cpu backend's is fixed by the
   // checkpoint (and CPU); another is refused at start-up rather than silently not used.
   std::string dtype = "auto";  // a Jinja file instead of the model folder's template
   // On stderr: one line per request (method, path, status, tokens, latency), and every
   // stats_interval seconds while there is traffic, the throughput. quiet = neither.
   bool quiet = false;
+  bool log_requests = true;  // the access log (off: vLLM's --disable-log-requests)
   double stats_interval = 10;
   size_t max_body_bytes = 64 << 20;  // one request's body (413 past it, any transfer encoding)
   // Request bodies held at once by all requests (server/request_body.h): past it a request

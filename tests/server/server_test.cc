@@ -1456,6 +1456,68 @@ class ServeProcess {
   int port_ = 0;
 };
 
+// What a vLLM user types (issue 54): several --served-model-name names (answers carry the
+// first, requests may give any, /v1/models lists all), vLLM's engine flag names, an inline
+// --chat-template, --disable-log-requests; `serve MODEL` positional; flags blend cannot honour
+// refused with blend's own named.
+TEST(ServeCommand, VllmFlagsAndNames) {
+  ServeProcess server(
+      "--served-model-name tiny-a tiny-b --max-num-seqs 4 --max-num-batched-tokens 256 "
+      "--enable-prefix-caching --disable-log-requests --chat-template "
+      "'PROMPT:{% for m in messages %}{{ m.content }}{% endfor %}'");
+  ASSERT_GT(server.port(), 0) << server.log();
+  httplib::Client c("127.0.0.1", server.port());
+  c.set_read_timeout(60, 0);
+  auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models && models->status == 200);
+  std::vector<std::string> ids;
+  const json listed = json::parse(models->body);
+  for (const json& m : listed["data"]) ids.push_back(m["id"]);
+  EXPECT_EQ(ids, (std::vector<std::string>{"tiny-a", "tiny-b"}));
+  const json chat = {{"model", "tiny-b"},
+                     {"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                     {"max_tokens", 2}};
+  auto r = c.Post("/v1/chat/completions", chat.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["model"], "tiny-a");
+  auto tokens =
+      c.Post("/tokenize", json{{"model", "tiny-b"}, {"messages", chat["messages"]}}.dump(),
+             "application/json");
+  ASSERT_TRUE(tokens && tokens->status == 200) << (tokens ? tokens->body : "");
+  auto text =
+      c.Post("/detokenize",
+             json{{"model", "tiny-a"}, {"tokens", json::parse(tokens->body)["tokens"]}}.dump(),
+             "application/json");
+  ASSERT_TRUE(text && text->status == 200);
+  EXPECT_EQ(json::parse(text->body)["prompt"], "PROMPT:Hi");
+  EXPECT_EQ(c.Post("/v1/completions", json{{"model", "tiny-c"}, {"prompt", "x"}}.dump(),
+                   "application/json")
+                ->status,
+            404);
+  EXPECT_EQ(server.log().find("POST /v1/chat/completions"), std::string::npos) << server.log();
+
+  // `serve MODEL`: the positional folder loads (the server gets as far as its port, in use).
+  const std::string serve = std::string("'") + BLEND_BINARY + "' serve ";
+  const std::string model = (server.dir() / "tiny").string();
+  auto busy = testing::run_command(serve + model + " --port " + std::to_string(server.port()) +
+                                   " --data-dir " + (server.dir() / "d2").string() + " 2>&1");
+  EXPECT_NE(busy.exit_code, 0);
+  EXPECT_NE(busy.output.find("cannot listen on 127.0.0.1:" + std::to_string(server.port())),
+            std::string::npos)
+      << busy.output;
+  for (const auto& [flags, says] : std::vector<std::pair<std::string, std::string>>{
+           {"--gpu-memory-utilization 0.9", "--kv-memory"},
+           {"--dtype half", "bfloat16"},
+           {"--chat-template no-such-file", "neither a file nor a Jinja template"},
+           {"--model " + model, "give the model once"},
+           {"--port 99999", "--port"}}) {
+    auto refused = testing::run_command(serve + model + " " + flags + " 2>&1");
+    EXPECT_NE(refused.exit_code, 0) << flags;
+    EXPECT_NE(refused.output.find(says), std::string::npos) << flags << ": " << refused.output;
+  }
+}
+
 // Why a test of the official OpenAI Node client cannot run here ("" when it can).
 std::string missing_openai_client(bool needs_jsonschema) {
   if (!std::filesystem::exists(std::filesystem::path(BLEND_TEST_NODE_MODULES) / "openai" /
