@@ -105,7 +105,10 @@ void run_batch(const BatchArgs& given) {
         writer.write_error(id, status, body);
       }};
   std::vector<PreparedBatchLine> prepared = job.prepare(todo, sink);
-  Progress progress(static_cast<int64_t>(todo.size()), !args.quiet && ::isatty(STDERR_FILENO));
+  Progress progress(static_cast<int64_t>(todo.size()), args.quiet ? ProgressStyle::kOff
+                                                       : ::isatty(STDERR_FILENO)
+                                                           ? ProgressStyle::kBar
+                                                           : ProgressStyle::kLines);
   job.run(std::move(prepared), sink, [&](int64_t answered, int64_t token_bound) {
     const EngineStats st = engine.stats();
     progress.update(answered, st.prompt_tokens + st.output_tokens, token_bound);

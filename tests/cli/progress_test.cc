@@ -1,6 +1,11 @@
 // The progress bar's figures (issue 25): the bar and the ETA follow tokens, not requests.
 #include "cli/progress.h"
 
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <thread>
+
 #include <gtest/gtest.h>
 
 namespace blend::cli {
@@ -24,6 +29,32 @@ TEST(Progress, EtaFollowsTokensNotFinishedRequests) {
   f = progress_figures(0, 100, 0, 5000, 0);
   EXPECT_DOUBLE_EQ(f.eta_seconds, 0);
   EXPECT_DOUBLE_EQ(f.fraction, 0);
+}
+
+// Regression (issue 54): without a terminal `blend batch` printed no progress at all. It prints
+// a plain line every interval (as tqdm does when piped) and a last one at the end; a run over
+// before the first interval prints nothing.
+TEST(Progress, WithoutATerminalALineEveryIntervalAndOneAtTheEnd) {
+  testing::internal::CaptureStderr();
+  {
+    Progress p(10, ProgressStyle::kLines, /*line_interval_s=*/0.05);
+    p.update(1, 100, 1000);  // before the first interval: nothing
+    std::this_thread::sleep_for(std::chrono::milliseconds(80));
+    p.update(2, 200, 1000);
+    p.update(3, 300, 1000);  // within the interval again: nothing
+    p.update(10, 1000, 1000);
+    p.update(10, 1000, 1000);  // the end is said once
+    p.finish();
+  }
+  {
+    Progress quick(5, ProgressStyle::kLines, /*line_interval_s=*/10);
+    quick.update(5, 50, 50);
+    quick.finish();
+  }
+  const std::string out = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(out.rfind("blend batch: 2/10 requests, ", 0), 0u) << out;
+  EXPECT_NE(out.find("\nblend batch: 10/10 requests, "), std::string::npos) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 2) << out;
 }
 
 }  // namespace
