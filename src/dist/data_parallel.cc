@@ -98,7 +98,7 @@ void wait_for(MPI_Request& request, LivenessClient* peer) {
 }
 
 void send_json(const json& message, int dest, Tag tag, LivenessClient* peer) {
-  const std::string text = message.dump();
+  const std::string text = jsonl_dump(message);  // an error message may quote invalid UTF-8
   MPI_Request request;
   check(MPI_Isend(text.data(), static_cast<int>(text.size()), MPI_CHAR, dest, tag, MPI_COMM_WORLD,
                   &request),
@@ -404,6 +404,7 @@ void run_rank0(const BatchRun& run, MpiSession& mpi, LivenessServer& live) {
   const auto t_load = std::chrono::steady_clock::now();
   std::unique_ptr<Engine> engine;
   std::unique_ptr<BatchJob> job;
+  std::unique_ptr<ExclusiveLock> output_lock;  // rank 0 alone writes the output
   std::unique_ptr<BatchResultWriter> writer;
   std::mutex writer_mutex;
   std::vector<BatchInputLine> todo;
@@ -421,6 +422,8 @@ void run_rank0(const BatchRun& run, MpiSession& mpi, LivenessServer& live) {
                                writer->write_error(id, status, body);
                              }};
   try {
+    output_lock = std::make_unique<ExclusiveLock>(output_lock_path(run.output),
+                                                  "the output file " + run.output.string());
     const std::vector<BatchInputLine> lines = read_batch_input(run.input);
     engine = std::make_unique<Engine>(run.model, run.engine);
     BatchJobOptions options = run.job;
