@@ -3,6 +3,8 @@
 // custom_id, every custom_id exactly once, bad lines answered once), the partition's sharing
 // loss is reported, and a rank killed mid-run loses only its unfinished requests, which a rerun
 // with the same output and another rank count completes.
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <map>
@@ -108,7 +110,10 @@ class DataParallel : public ::testing::Test {
       const std::filesystem::path& path) {
     std::map<std::string, std::pair<int, std::string>> out;
     for (const json& line : read_jsonl(path)) {
-      const std::string id = line["custom_id"];
+      // An input line whose custom_id cannot be read is answered by its line number.
+      const std::string id = line["custom_id"].is_string()
+                                 ? line["custom_id"].get<std::string>()
+                                 : "line-" + std::to_string(line["error"]["line"].get<int>());
       const json& response = line["response"];
       std::string text;
       if (response["status_code"] == 200) {
@@ -287,6 +292,32 @@ TEST_F(DataParallel, MissingInputFailsEveryRank) {
   const auto r = testing::run_command(mpirun(2, true, cmd) + " 2>&1");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("cannot read"), std::string::npos) << r.output;
+}
+
+// Only rank 0 writes the output, so only it takes the output's lock (OUTPUT.lock): a job whose
+// output another process holds is refused on rank 0, with the file named, before any rank runs
+// a line; the same job runs once the lock is free (the other ranks never lock it).
+TEST_F(DataParallel, AnOutputInUseIsRefusedAndOnlyRankZeroLocksIt) {
+  testing::TempDir work;
+  const auto out = work / "out.jsonl";
+  const auto stats = work / "stats.json";
+  {
+    const int fd = ::open((out.string() + ".lock").c_str(), O_RDWR | O_CREAT, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+    const auto r =
+        testing::run_command(mpirun(2, true, batch_args(out.string(), stats.string())) + " 2>&1");
+    ::close(fd);
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("another blend process is using the output file " + out.string()),
+              std::string::npos)
+        << r.output;
+    EXPECT_FALSE(std::filesystem::exists(out)) << r.output;
+  }
+  const auto r =
+      testing::run_command(mpirun(2, true, batch_args(out.string(), stats.string())) + " 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(results(out).size(), num_lines_);
 }
 
 }  // namespace
