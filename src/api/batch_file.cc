@@ -182,6 +182,11 @@ std::optional<int64_t> unreadable_line_number(const std::string& key) {
   return number;
 }
 
+std::string batch_line_name(const BatchInputLine& line) {
+  if (unreadable_line_number(line.custom_id)) return "line " + std::to_string(line.line_number);
+  return line.custom_id;
+}
+
 std::string jsonl_dump(const json& j) {
   const std::string text = j.dump(-1, ' ', false, json::error_handler_t::replace);
   // These code points' UTF-8 bytes start with lead bytes (0xC2, 0xE2), so a byte search cannot

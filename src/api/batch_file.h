@@ -37,6 +37,9 @@ std::string unreadable_line_key(int64_t line_number);
 // The line number of such a key; nullopt for a real custom_id.
 std::optional<int64_t> unreadable_line_number(const std::string& key);
 
+// How messages name a line: its custom_id, or "line N" when it has none that can be read.
+std::string batch_line_name(const BatchInputLine& line);
+
 // Reads every non-blank line. Malformed lines (not JSON, nested deeper than
 // kMaxClientJsonDepth, a number out of range, no custom_id/url/body) become entries with
 // `error` set (their custom_id is unreadable_line_key(N) when none can be read). Throws
