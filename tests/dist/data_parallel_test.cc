@@ -294,6 +294,44 @@ TEST_F(DataParallel, MissingInputFailsEveryRank) {
   EXPECT_NE(r.output.find("cannot read"), std::string::npos) << r.output;
 }
 
+// Rank 0 (the writer) killed under --enable-recovery: mpirun ended 0 (as Open MPI 4.1 does
+// whatever the ranks return) with lines lost, no --stats and no word of what. Now rank 1 lists
+// every custom_id the output lacks and writes them to --stats, each worker lists its own, and a
+// rerun completes exactly those.
+TEST_F(DataParallel, KilledRankZeroIsReportedWithTheLostIdsAndRerunCompletesThem) {
+  const auto& ref = reference();
+  testing::TempDir work;
+  const auto out = work / "out.jsonl";
+  const auto stats1 = work / "stats1.json";
+  const auto r = testing::run_command(
+      mpirun(3, false, "-x BLEND_DIST_TEST_KILL=0:3 " + batch_args(out.string(), stats1.string()),
+             /*recovery=*/true) +
+      " 2>&1");
+  EXPECT_NE(r.output.find("rank 1: rank 0, which writes the output, stopped"), std::string::npos)
+      << r.output;
+  ASSERT_TRUE(std::filesystem::exists(stats1)) << r.output;
+  const json first = json::parse(testing::read_file(stats1));
+  std::set<std::string> lost;
+  for (const json& id : first["lost_custom_ids"]) lost.insert(id.get<std::string>());
+  ASSERT_FALSE(lost.empty()) << r.output;
+  EXPECT_EQ(first["lost"], lost.size());
+  EXPECT_EQ(first["failed_ranks"][0]["rank"], 0);
+  for (const std::string& id : lost) EXPECT_NE(r.output.find(" " + id), std::string::npos) << id;
+  const auto written = results(out);
+  for (const auto& [id, result] : written) {
+    EXPECT_FALSE(lost.count(id)) << id;
+    EXPECT_EQ(result, ref.at(id)) << id;
+  }
+  EXPECT_EQ(written.size() + lost.size(), num_lines_);
+
+  const auto stats2 = work / "stats2.json";
+  const auto again =
+      testing::run_command(mpirun(2, true, batch_args(out.string(), stats2.string())) + " 2>&1");
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_EQ(json::parse(testing::read_file(stats2))["requests"], lost.size());
+  EXPECT_EQ(results(out), ref);
+}
+
 // Only rank 0 writes the output, so only it takes the output's lock (OUTPUT.lock): a job whose
 // output another process holds is refused on rank 0, with the file named, before any rank runs
 // a line; the same job runs once the lock is free (the other ranks never lock it).
