@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <tuple>
 
 #include "api/batch_file.h"
@@ -79,40 +80,58 @@ fs::path BatchStore::marker_path(const std::string& id, const std::string& statu
 }
 
 void BatchStore::apply_status_markers() {
+  std::vector<fs::path> markers;
   for (const auto& entry : fs::directory_iterator(dir_ / "batches")) {
     const std::string status = entry.path().extension().string().substr(1);
-    if (std::find(std::begin(kMarkedStatuses), std::end(kMarkedStatuses), status) ==
+    if (std::find(std::begin(kMarkedStatuses), std::end(kMarkedStatuses), status) !=
         std::end(kMarkedStatuses))
-      continue;
-    const std::string id = entry.path().stem().string();
+      markers.push_back(entry.path());
+  }
+  for (const fs::path& marker : markers) {
+    const std::string status = marker.extension().string().substr(1);
+    const std::string id = marker.stem().string();
     const fs::path path = dir_ / "batches" / (id + ".json");
     std::optional<json> record = read_json(path);
-    if (record && record->contains("batch")) {
-      json& batch = (*record)["batch"];
-      std::string reason;
-      {
-        std::ifstream in(entry.path(), std::ios::binary);
-        reason.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-      }
-      struct stat st {};
-      const int64_t when = ::stat(entry.path().c_str(), &st) == 0 ? st.st_mtime : unix_seconds();
-      apply_marker(batch, status, reason, when);
-      std::error_code ec;
-      // What was written before the failure is downloadable (a full disk may have kept the
-      // server from publishing it).
-      for (const auto& [field, key, suffix] :
-           {std::tuple{"output_file_id", "output_id", "_output.jsonl"},
-            std::tuple{"error_file_id", "error_id", "_errors.jsonl"}}) {
-        const std::string file = record->value(key, "");
-        if (status == "cancelling" || file.empty() || !batch[field].is_null()) continue;
-        if (fs::file_size(file_path(file), ec) == 0 || ec) continue;
+    std::error_code ec;
+    if (!record || !record->contains("batch")) {
+      fs::remove(marker, ec);
+      continue;
+    }
+    json& batch = (*record)["batch"];
+    std::string reason;
+    {
+      std::ifstream in(marker, std::ios::binary);
+      reason.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    struct stat st {};
+    apply_marker(batch, status, reason,
+                 ::stat(marker.c_str(), &st) == 0 ? st.st_mtime : unix_seconds());
+    // What was written before the failure is downloadable (a full disk may have kept the
+    // server from publishing it).
+    for (const auto& [field, key, suffix] :
+         {std::tuple{"output_file_id", "output_id", "_output.jsonl"},
+          std::tuple{"error_file_id", "error_id", "_errors.jsonl"}}) {
+      const std::string file = record->value(key, "");
+      if (status == "cancelling" || file.empty() || !batch[field].is_null()) continue;
+      if (fs::file_size(file_path(file), ec) == 0 || ec) continue;
+      try {
         if (!fs::exists(dir_ / "files" / (file + ".json")))
           register_file(file, id + suffix, "batch_output");
         batch[field] = file;
+      } catch (const Error&) {
+        // still no room: a later start publishes it
       }
-      write_file_atomically(path, record->dump());
     }
-    fs::remove(entry.path());
+    try {
+      write_file_atomically(path, jsonl_dump(*record));
+      fs::remove(marker, ec);
+    } catch (const Error& e) {
+      // Still no room: the marker stays, and until a start can fold it in, this store answers
+      // with the marked status (so the batch is not resumed).
+      std::fprintf(stderr, "blend serve: cannot save batch %s yet (%s); it stays %s\n", id.c_str(),
+                   e.what(), status.c_str());
+      marked_[id] = batch;
+    }
   }
 }
 
@@ -246,6 +265,7 @@ void BatchStore::save_batch(const json& batch) {
 std::optional<json> BatchStore::batch(const std::string& id) const {
   if (!safe_id(id)) return std::nullopt;
   std::lock_guard lock(mu_);
+  if (auto marked = marked_.find(id); marked != marked_.end()) return marked->second;
   auto record = read_json(dir_ / "batches" / (id + ".json"));
   if (!record || !record->contains("batch")) return std::nullopt;
   return (*record)["batch"];
@@ -271,6 +291,10 @@ std::vector<json> BatchStore::batches() const {
   std::vector<json> out;
   for (const auto& entry : fs::directory_iterator(dir_ / "batches")) {
     if (entry.path().extension() != ".json") continue;
+    if (auto marked = marked_.find(entry.path().stem().string()); marked != marked_.end()) {
+      out.push_back(marked->second);
+      continue;
+    }
     auto record = read_json(entry.path());
     if (record && record->contains("batch")) out.push_back((*record)["batch"]);
   }

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -63,6 +64,9 @@ class BatchStore {
 
   std::filesystem::path dir_;
   std::unique_ptr<ExclusiveLock> lock_;
+  // Batches whose marker could not be folded into the record yet (the disk still full), as
+  // they are to be answered.
+  std::map<std::string, nlohmann::json> marked_;
   mutable std::mutex mu_;
 };
 

@@ -1650,6 +1650,32 @@ TEST_F(BatchApi, AFailedBatchStaysFailedAfterARestartWithItsPartialOutput) {
     EXPECT_GE(written, 1u);
     EXPECT_LT(written, static_cast<size_t>(n));
   }
+  {
+    // A restart on a disk still full: the record still cannot take the status, and the batch is
+    // not resumed either (the store answers with the marker's status).
+    struct rlimit saved {};
+    ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &saved), 0);
+    struct rlimit small = saved;
+    small.rlim_cur = 3000;
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+    std::unique_ptr<Server> server;
+    try {
+      server = start(options("batch-failed-restart"));
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << e.what();
+    }
+    if (server) {
+      auto c = client(*server);
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      const json batch = get(c, "/v1/batches/" + id);
+      EXPECT_EQ(batch["status"], "failed") << batch.dump().substr(0, 300);
+      EXPECT_EQ(get(c, "/v1/batches")["data"][0]["status"], "failed");
+    }
+    server.reset();
+    ::setrlimit(RLIMIT_FSIZE, &saved);
+    ASSERT_TRUE(
+        std::filesystem::exists(*dir_ / "batch-failed-restart" / "batches" / (id + ".failed")));
+  }
   auto server = start(options("batch-failed-restart"));
   auto c = client(*server);
   const json batch = get(c, "/v1/batches/" + id);
