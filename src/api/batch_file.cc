@@ -265,9 +265,12 @@ BatchResultWriter::BatchResultWriter(const std::filesystem::path& path) : path_(
     const size_t nl = content.rfind('\n');
     keep = nl == std::string::npos ? 0 : nl + 1;
   }
+  // The output without the set-aside lines: `content` itself up to the first one, so `kept` is
+  // only built (a copy of a possibly large file) once a line is set aside.
   std::string kept, set_aside;
   size_t start = 0;
   while (start < keep) {
+    const size_t line_start = start;
     const size_t end = content.find('\n', start);
     const std::string_view line(content.data() + start, end - start);
     start = end + 1;
@@ -276,10 +279,12 @@ BatchResultWriter::BatchResultWriter(const std::filesystem::path& path) : path_(
     std::optional<std::string> key;
     if (json_nesting_depth(line) <= kMaxClientJsonDepth)
       key = result_key(json::parse(line, nullptr, /*allow_exceptions=*/false));
-    std::string& to = key && done_.insert(*key).second ? kept : set_aside;
-    to.append(line);
-    to += '\n';
-    if (&to == &set_aside) ++set_aside_;
+    if (key && done_.insert(*key).second) {
+      if (set_aside_ > 0) kept.append(content, line_start, start - line_start);
+      continue;
+    }
+    if (set_aside_++ == 0) kept = content.substr(0, line_start);
+    set_aside.append(content, line_start, start - line_start);
   }
   if (set_aside_ > 0) {
     // The set-aside bytes are safe on disk before the output drops them.
