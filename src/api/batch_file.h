@@ -95,8 +95,8 @@ class BatchResultWriter {
   // corrupted) or that repeats a custom_id already there is set aside: appended to
   // set_aside_path() and the file rewritten without it, atomically (write_file_atomically). So
   // no good result is lost, the bad line's bytes are kept, and the output stays a file every
-  // reader can parse, each custom_id once; the set-aside ids run again. The custom_ids present
-  // are returned by done_ids().
+  // reader can parse, each custom_id once; a request whose only line was set aside runs again.
+  // The custom_ids present are returned by done_ids().
   explicit BatchResultWriter(const std::filesystem::path& path);
   ~BatchResultWriter();
   BatchResultWriter(const BatchResultWriter&) = delete;

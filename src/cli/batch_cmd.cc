@@ -169,7 +169,8 @@ void register_batch_command(CLI::App& app) {
                   "LoRA adapters on --model, as vLLM: NAME=DIR ... (lines pick them by NAME)");
   cmd->add_option("--input", args->input, "Batch input JSONL")->required();
   cmd->add_option("--output", args->output,
-                  "Result JSONL (appended; custom_ids already there are skipped)")
+                  "Result JSONL (appended; custom_ids already there are skipped; one run at a "
+                  "time: OUTPUT.lock; lines that are no results are moved to OUTPUT.set-aside)")
       ->required();
   cmd->add_option("--stats", args->stats, "Write run statistics as JSON here");
   cmd->add_option("--endpoint", args->job.endpoint,
