@@ -71,6 +71,8 @@ void run_batch(const BatchArgs& given) {
   if (args.dp_recuts != 0)
     throw Error("--dp-recut re-cuts a data-parallel job's partition: run it under mpirun");
   const auto t_load = std::chrono::steady_clock::now();
+  // Before anything runs: a second `blend batch` on this output would run every request again.
+  const ExclusiveLock lock(output_lock_path(args.output), "the output file " + args.output);
   const std::vector<BatchInputLine> lines = read_batch_input(args.input);
   Engine engine(model_folders(args.model, "", args.zoo, args.lora_modules), args.engine);
   if (!args.adaptive.blocks.empty()) {
@@ -81,6 +83,12 @@ void run_batch(const BatchArgs& given) {
   BatchJobOptions job_options = args.job;
   BatchJob job(engine, job_options);
   BatchResultWriter writer(args.output);
+  if (writer.set_aside() > 0 && !args.quiet)
+    std::fprintf(stderr,
+                 "blend batch: %lld lines of %s were not results of this job (not JSON, no "
+                 "custom_id, or a custom_id twice); moved to %s, their requests run again\n",
+                 static_cast<long long>(writer.set_aside()), args.output.c_str(),
+                 writer.set_aside_path().c_str());
   const double load_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
 
@@ -164,7 +172,8 @@ void register_batch_command(CLI::App& app) {
                   "LoRA adapters on --model, as vLLM: NAME=DIR ... (lines pick them by NAME)");
   cmd->add_option("--input", args->input, "Batch input JSONL")->required();
   cmd->add_option("--output", args->output,
-                  "Result JSONL (appended; custom_ids already there are skipped)")
+                  "Result JSONL (appended; custom_ids already there are skipped; one run at a "
+                  "time: OUTPUT.lock; lines that are no results are moved to OUTPUT.set-aside)")
       ->required();
   cmd->add_option("--stats", args->stats, "Write run statistics as JSON here");
   cmd->add_option("--endpoint", args->job.endpoint,

@@ -112,7 +112,8 @@ std::vector<plan::PlanRequest> read_plan_requests(const PlanArgs& args, const To
                                    : std::min(args.assumed_output, static_cast<double>(max_tokens));
       requests.push_back(std::move(r));
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "blend plan: skipping %s: %s\n", line.custom_id.c_str(), e.what());
+      std::fprintf(stderr, "blend plan: skipping %s: %s\n", batch_line_name(line).c_str(),
+                   e.what());
       ++skipped;
     }
   });

@@ -101,7 +101,7 @@ void write_step_trace(const std::string& path, const std::vector<SimStepTime>& s
 std::vector<OfflineRequest> read_workload(const std::string& path) {
   std::vector<OfflineRequest> out;
   for_each_batch_input(path, [&](BatchInputLine&& line) {
-    if (line.error) throw Error(path + ": " + line.custom_id + ": " + *line.error);
+    if (line.error) throw Error(path + ": " + batch_line_name(line) + ": " + *line.error);
     const auto& prompt = line.body.at("prompt");
     if (!prompt.is_array())
       throw Error(path + ": " + line.custom_id + ": the simulator needs token-id prompts");

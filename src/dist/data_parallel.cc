@@ -16,6 +16,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -80,6 +81,12 @@ class MpiSession {
   bool skip_finalize_ = false;
 };
 
+// Rank 0, which writes the output, is gone: what a worker then reports (report_rank0_gone).
+class RankZeroGone : public Error {
+ public:
+  RankZeroGone() : Error("rank 0 is gone; stopping") {}
+};
+
 void check(int rc, const char* what) {
   if (rc != MPI_SUCCESS)
     throw Error(std::string(what) + " failed (MPI error " + std::to_string(rc) + ")");
@@ -92,13 +99,13 @@ void wait_for(MPI_Request& request, LivenessClient* peer) {
     int done = 0;
     check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
     if (done) return;
-    if (peer && peer->peer_gone()) throw Error("rank 0 is gone; stopping");
+    if (peer && peer->peer_gone()) throw RankZeroGone();
     std::this_thread::sleep_for(milliseconds(1));
   }
 }
 
 void send_json(const json& message, int dest, Tag tag, LivenessClient* peer) {
-  const std::string text = message.dump();
+  const std::string text = jsonl_dump(message);  // an error message may quote invalid UTF-8
   MPI_Request request;
   check(MPI_Isend(text.data(), static_cast<int>(text.size()), MPI_CHAR, dest, tag, MPI_COMM_WORLD,
                   &request),
@@ -120,7 +127,7 @@ std::optional<json> receive_json(int source, int tag, bool wait, LivenessClient*
     // What rank 0 sent just before it ended may still be in transit: read on for a while.
     if (peer && !gone_at && peer->peer_gone()) gone_at = std::chrono::steady_clock::now();
     if (gone_at && std::chrono::steady_clock::now() - *gone_at > kDrainAfterDeath)
-      throw Error("rank 0 is gone; stopping");
+      throw RankZeroGone();
     std::this_thread::sleep_for(milliseconds(1));
   }
   int count = 0;
@@ -150,7 +157,8 @@ BatchInputLine line_from_json(const json& j) {
   return line;
 }
 
-// BLEND_DIST_TEST_KILL=RANK:N (tests only): this rank's SIGKILL after its N-th result.
+// BLEND_DIST_TEST_KILL=RANK:N (tests only): this rank's SIGKILL after its N-th result (sent, or
+// for rank 0 written).
 std::optional<int64_t> test_kill_after(int rank) {
   const char* spec = std::getenv("BLEND_DIST_TEST_KILL");
   if (!spec) return std::nullopt;
@@ -160,9 +168,8 @@ std::optional<int64_t> test_kill_after(int rank) {
   return n;
 }
 
-// Rank k > 0: connect, get the partition, run it, stream the results, report.
-void run_worker(const BatchRun& run, MpiSession& mpi, const std::string& address) {
-  LivenessClient rank0(address, mpi.rank());
+// Rank k > 0's job: get the partition (into `work`), run it, stream the results, report.
+void run_worker_partition(const BatchRun& run, MpiSession& mpi, LivenessClient& rank0, json& work) {
   std::unique_ptr<Engine> engine;
   std::unique_ptr<BatchJob> job;
   std::string load_error;
@@ -173,7 +180,7 @@ void run_worker(const BatchRun& run, MpiSession& mpi, const std::string& address
   } catch (const std::exception& e) {
     load_error = e.what();
   }
-  const json work = *receive_json(0, kWork, true, &rank0);
+  work = *receive_json(0, kWork, true, &rank0);
   if (work.contains("error")) return;  // rank 0 stopped before the run; it says why
   json done;
   if (!load_error.empty()) {
@@ -198,6 +205,8 @@ void run_worker(const BatchRun& run, MpiSession& mpi, const std::string& address
       const double wall =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       done = {{"stats", batch_run_stats(*engine, job->stats(), wall)}};
+    } catch (const RankZeroGone&) {
+      throw;
     } catch (const std::exception& e) {
       done = {{"error", e.what()}};
     }
@@ -208,6 +217,70 @@ void run_worker(const BatchRun& run, MpiSession& mpi, const std::string& address
   send_json(done, 0, kDone, &rank0);
   const json release = *receive_json(0, kRelease, true, &rank0);
   if (!release.value("finalize", false)) mpi.skip_finalize();
+}
+
+// The custom_ids of `ids` (a JSON array) that the output file does not hold (all of them when it
+// cannot be read from this host).
+std::vector<std::string> missing_from_output(const json& ids, const std::filesystem::path& output) {
+  std::unordered_set<std::string> written;
+  std::ifstream in(output, std::ios::binary);
+  std::string line;
+  while (std::getline(in, line)) {
+    const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("custom_id") && j["custom_id"].is_string())
+      written.insert(j["custom_id"].get<std::string>());
+  }
+  std::vector<std::string> missing;
+  for (const json& id : ids)
+    if (!written.count(id.get<std::string>())) missing.push_back(id.get<std::string>());
+  return missing;
+}
+
+// A worker after rank 0 died. With --enable-recovery mpirun ends 0 whatever the ranks return
+// (Open MPI 4.1), and rank 0 can no longer say what is lost: this rank lists the custom_ids of
+// its partition that the output lacks, and rank 1, which knows every id of the job, lists all of
+// them and writes them to --stats (where this host can write it). Then it exits 1.
+[[noreturn]] void report_rank0_gone(const BatchRun& run, int rank, const json& work) {
+  std::string text =
+      "blend batch: rank " + std::to_string(rank) +
+      ": rank 0, which writes the output, stopped (killed, crashed, or its host lost)";
+  const char* part = work.contains("job_ids") ? "job_ids" : "ids";
+  if (!work.contains(part)) {
+    text += " before it handed out the work; nothing ran here";
+  } else {
+    const std::vector<std::string> lost = missing_from_output(work[part], run.output);
+    text += "; " + std::to_string(lost.size()) + " of the " + std::to_string(work[part].size()) +
+            " requests of " + (part == std::string("ids") ? "this rank" : "the job") +
+            " are not in " + run.output.string() + ":";
+    for (const std::string& id : lost) text += " " + id;
+    if (part == std::string("job_ids") && !run.stats.empty()) {
+      const json stats = {{"lost", lost.size()},
+                          {"lost_custom_ids", lost},
+                          {"failed_ranks", json::array({{{"rank", 0},
+                                                         {"error",
+                                                          "the process ended before it "
+                                                          "finished"},
+                                                         {"lost", lost.size()}}})},
+                          {"written_by_rank", rank}};
+      std::ofstream(run.stats) << stats.dump(2) << "\n";
+    }
+  }
+  text += "\nblend batch: rerun the same command with the same --output to run what it lacks\n";
+  if (::write(STDERR_FILENO, text.data(), text.size()) < 0) {
+    // the job fails either way
+  }
+  std::_Exit(1);  // not MPI_Finalize: it would wait for rank 0
+}
+
+// Rank k > 0: connect, get the partition, run it, stream the results, report.
+void run_worker(const BatchRun& run, MpiSession& mpi, const std::string& address) {
+  LivenessClient rank0(address, mpi.rank());
+  json work;
+  try {
+    run_worker_partition(run, mpi, rank0, work);
+  } catch (const RankZeroGone&) {
+    report_rank0_gone(run, mpi.rank(), work);
+  }
 }
 
 // Rank 0's view of one worker rank.
@@ -404,6 +477,7 @@ void run_rank0(const BatchRun& run, MpiSession& mpi, LivenessServer& live) {
   const auto t_load = std::chrono::steady_clock::now();
   std::unique_ptr<Engine> engine;
   std::unique_ptr<BatchJob> job;
+  std::unique_ptr<ExclusiveLock> output_lock;  // rank 0 alone writes the output
   std::unique_ptr<BatchResultWriter> writer;
   std::mutex writer_mutex;
   std::vector<BatchInputLine> todo;
@@ -412,15 +486,24 @@ void run_rank0(const BatchRun& run, MpiSession& mpi, LivenessServer& live) {
   int64_t skipped = 0;
   plan::DpPartition partition;
   json recut;  // with --dp-recut: each cut's simulated makespan, the kept one's replica times
+  const std::optional<int64_t> kill_after = test_kill_after(0);
+  int64_t written_own = 0;  // results of rank 0's own lines (for the test hook)
+  const auto written = [&] {
+    if (kill_after && ++written_own >= *kill_after) ::raise(SIGKILL);
+  };
   const BatchResultSink sink{[&](const std::string& id, const json& body) {
                                const std::lock_guard<std::mutex> lock(writer_mutex);
                                writer->write_success(id, body);
+                               written();
                              },
                              [&](const std::string& id, int status, const json& body) {
                                const std::lock_guard<std::mutex> lock(writer_mutex);
                                writer->write_error(id, status, body);
+                               written();
                              }};
   try {
+    output_lock = std::make_unique<ExclusiveLock>(output_lock_path(run.output),
+                                                  "the output file " + run.output.string());
     const std::vector<BatchInputLine> lines = read_batch_input(run.input);
     engine = std::make_unique<Engine>(run.model, run.engine);
     BatchJobOptions options = run.job;
@@ -460,6 +543,10 @@ void run_rank0(const BatchRun& run, MpiSession& mpi, LivenessServer& live) {
                {"simulated_rank_seconds", cuts.rank_seconds}};
     std::unordered_map<std::string, const BatchInputLine*> line_of;
     for (const BatchInputLine& line : todo) line_of.emplace(line.custom_id, &line);
+    // Rank 1 knows every id, to say which are lost if rank 0 dies (report_rank0_gone).
+    json job_ids = json::array();
+    for (const auto& part : partition.parts)
+      for (int32_t r : part) job_ids.push_back(prepared[static_cast<size_t>(r)].custom_id);
     for (int k = 1; k < size; ++k) {
       json part = json::array();
       for (int32_t r : partition.parts[static_cast<size_t>(k)]) {
@@ -469,7 +556,9 @@ void run_rank0(const BatchRun& run, MpiSession& mpi, LivenessServer& live) {
       }
       // Sent without waiting: a rank that died while loading its engine never takes it.
       Worker& w = workers[static_cast<size_t>(k)];
-      w.work = json{{"lines", std::move(part)}}.dump();
+      json message = {{"lines", std::move(part)}, {"ids", w.assigned}};
+      if (k == 1) message["job_ids"] = std::move(job_ids);
+      w.work = jsonl_dump(message);
       check(MPI_Isend(w.work.data(), static_cast<int>(w.work.size()), MPI_CHAR, k, kWork,
                       MPI_COMM_WORLD, &w.work_request),
             "MPI_Isend");

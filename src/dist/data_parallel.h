@@ -17,14 +17,18 @@
 // results, reports the rank and the custom_ids lost with it (stderr and --stats), and exits 1;
 // rerunning with the same --output, with any number of ranks, runs exactly those. Without
 // --enable-recovery mpirun stops the whole job when one rank dies: every result written before
-// stays, and a rerun completes the rest the same way. If rank 0 dies the workers stop too.
+// stays, and a rerun completes the rest the same way. If rank 0 dies the workers stop too:
+// each lists the custom_ids of its partition that the output lacks (rank 1 those of rank 0's
+// partition too; read from the output file where this host can read it, else all of them) and
+// aborts the job, so that mpirun fails even with --enable-recovery (it used to end 0 with lines
+// lost and no word of them). No --stats is written then.
 //
 // Launching: the usual MPI way (a hostfile across hosts; every host needs the model folder at
 // the same path, the input and output live on rank 0's). Rank 0 must be reachable over TCP
 // from the other ranks, as MPI's TCP transport needs anyway (dist/liveness.h).
 //
-// Test hook (not a user option): BLEND_DIST_TEST_KILL=RANK:N makes worker rank RANK kill
-// itself with SIGKILL right after sending its N-th result.
+// Test hook (not a user option): BLEND_DIST_TEST_KILL=RANK:N makes rank RANK kill itself with
+// SIGKILL right after sending (a worker) or writing (rank 0, its own lines) its N-th result.
 #pragma once
 
 #include <filesystem>

@@ -7,12 +7,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "api/batch_file.h"
 #include "api/json_limits.h"
+#include "api/utf8.h"
 #include "server/server_impl.h"
 
 namespace blend {
@@ -22,6 +24,38 @@ using server_internal::BatchJob;
 using server_internal::Clock;
 using server_internal::Pending;
 using server_internal::seconds_between;
+
+namespace {
+
+// Longer names are a way to grow every file listing; filesystems allow 255 bytes.
+constexpr size_t kMaxFilenameBytes = 255;
+
+// Characters of UTF-8 text (JSON strings are valid UTF-8): bytes that start a code point.
+size_t utf8_characters(const std::string& s) {
+  return static_cast<size_t>(std::count_if(
+      s.begin(), s.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
+}
+
+// OpenAI's bounds on a batch's metadata: at most 16 pairs, keys of at most 64 characters,
+// string values of at most 512 (it is stored and returned by every listing). Why it is refused,
+// or nullopt.
+std::optional<std::string> check_batch_metadata(const json& metadata) {
+  constexpr size_t kMaxPairs = 16, kMaxKey = 64, kMaxValue = 512;
+  if (metadata.is_null()) return std::nullopt;
+  if (metadata.size() > kMaxPairs)
+    return "'metadata' has " + std::to_string(metadata.size()) + " pairs; at most " +
+           std::to_string(kMaxPairs) + " are allowed";
+  for (const auto& [key, value] : metadata.items()) {
+    if (utf8_characters(key) > kMaxKey)
+      return "a 'metadata' key is longer than " + std::to_string(kMaxKey) + " characters";
+    if (!value.is_string()) return "'metadata' values must be strings ('" + key + "' is not)";
+    if (utf8_characters(value.get_ref<const std::string&>()) > kMaxValue)
+      return "'metadata." + key + "' is longer than " + std::to_string(kMaxValue) + " characters";
+  }
+  return std::nullopt;
+}
+
+}  // namespace
 
 void Server::Impl::batch_routes() {
   route("POST", "/v1/files",
@@ -61,6 +95,16 @@ void Server::Impl::files_create(const httplib::Request& req, httplib::Response& 
   if (purpose != "batch")
     return send_error(res, 400, "only purpose 'batch' is supported", "purpose");
   const httplib::MultipartFormData file = req.get_file_value("file");
+  // The name is stored in the file object and returned by every listing: it must be JSON text.
+  try {
+    check_utf8(file.filename, "file");
+  } catch (const ApiError&) {
+    return send_error(res, 400, "the file name is not valid UTF-8", "file");
+  }
+  if (file.filename.size() > kMaxFilenameBytes)
+    return send_error(
+        res, 400, "the file name is longer than " + std::to_string(kMaxFilenameBytes) + " bytes",
+        "file");
   // Reject what could never run before storing it: every line must be a JSON object.
   std::istringstream in(file.content);
   std::string line;
@@ -96,6 +140,11 @@ void Server::Impl::batches_create(const httplib::Request& req, httplib::Response
       return send_error(res, 400, std::string("'") + field + "' must be a string", field);
   if (body.contains("metadata") && !body["metadata"].is_object() && !body["metadata"].is_null())
     return send_error(res, 400, "'metadata' must be an object", "metadata");
+  // OpenAI offers one window; another would be a promise we do not keep.
+  if (body.contains("completion_window") && body["completion_window"] != "24h")
+    return send_error(res, 400, "'completion_window' must be '24h'", "completion_window");
+  if (const std::optional<std::string> bad = check_batch_metadata(body.value("metadata", json())))
+    return send_error(res, 400, *bad, "metadata");
   const std::string input = body.value("input_file_id", "");
   const std::string endpoint = body.value("endpoint", "");
   if (!store->file(input)) return send_error(res, 404, "no such file", "input_file_id");
@@ -584,33 +633,37 @@ void Server::Impl::finish_job(const std::shared_ptr<BatchJob>& job) {
     published = false;
     if (!failure) failure = e.what();
   }
-  json snapshot;
+  json b;
   {
     std::lock_guard lock(batches_mu);
-    json& b = job->batch;
-    const int64_t now = unix_seconds();
-    if (failure) {
-      b["status"] = "failed";
-      b["failed_at"] = now;
-      b["errors"] = {{"object", "list"},
-                     {"data", json::array({{{"code", "write_failed"}, {"message", *failure}}})}};
-    } else {
-      const bool cancelled = job->cancelling || b["status"] == "cancelling";
-      b["status"] = cancelled ? "cancelled" : "completed";
-      b[cancelled ? "cancelled_at" : "completed_at"] = now;
-    }
-    b["finalizing_at"] = now;
-    if (published) {
-      b["output_file_id"] = job->output_id;
-      if (any_failed) b["error_file_id"] = job->error_id;
-    }
-    snapshot = b;
+    b = job->batch;
   }
+  const int64_t now = unix_seconds();
+  if (failure) {
+    b["status"] = "failed";
+    b["failed_at"] = now;
+    b["errors"] = {{"object", "list"},
+                   {"data", json::array({{{"code", "write_failed"}, {"message", *failure}}})}};
+  } else {
+    const bool cancelled = job->cancelling || b["status"] == "cancelling";
+    b["status"] = cancelled ? "cancelled" : "completed";
+    b[cancelled ? "cancelled_at" : "completed_at"] = now;
+  }
+  b["finalizing_at"] = now;
+  if (published) {
+    b["output_file_id"] = job->output_id;
+    if (any_failed) b["error_file_id"] = job->error_id;
+  }
+  // Saved before anyone is shown the final status: a client told "failed" must not see the
+  // batch resume after a restart (save_batch keeps a failed status even on a full disk). This
+  // thread is the only one that changes a running job's counts, so none is lost meanwhile.
   try {
-    store->save_batch(snapshot);
+    store->save_batch(b);
   } catch (const Error& e) {
     std::fprintf(stderr, "blend serve: cannot save batch %s: %s\n", id.c_str(), e.what());
   }
+  std::lock_guard lock(batches_mu);
+  job->batch = std::move(b);
 }
 
 }  // namespace blend

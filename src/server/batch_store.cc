@@ -1,13 +1,19 @@
 #include "server/batch_store.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iterator>
+#include <map>
+#include <tuple>
 
 #include "api/batch_file.h"
 #include "core/error.h"
@@ -17,40 +23,6 @@ namespace {
 
 using nlohmann::json;
 namespace fs = std::filesystem;
-
-// Write, fsync, rename, fsync the directory: a reader (or a restart after a crash) sees the
-// old content or the new, never a part. A full disk is a blend::Error naming the file and the
-// reason, and leaves neither a partial file nor the temporary behind (issue 26).
-void write_atomically(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error("cannot write " + tmp.string() + ": " + std::strerror(errno));
-  auto fail = [&](const char* what) {
-    const int error = errno;
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw Error(std::string("cannot ") + what + " " + path.string() + ": " + std::strerror(error));
-  };
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) fail("write");
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) fail("sync");
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int error = errno;
-    ::unlink(tmp.c_str());
-    throw Error("cannot write " + path.string() + ": " + std::strerror(error));
-  }
-  if (const int dir = ::open(path.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-      dir >= 0) {
-    ::fsync(dir);
-    ::close(dir);
-  }
-}
 
 std::optional<json> read_json(const fs::path& path) {
   std::ifstream in(path);
@@ -70,6 +42,23 @@ bool safe_id(const std::string& id) {
   return true;
 }
 
+// Statuses that a restart must not undo by resuming the batch (it would run lines again).
+constexpr const char* kMarkedStatuses[] = {"failed", "cancelled", "cancelling"};
+
+// What a marker's status becomes in the record: its time field, and for a failed batch the
+// reason the marker holds (or a generic one when even that could not be written).
+void apply_marker(json& batch, const std::string& status, const std::string& reason, int64_t when) {
+  batch["status"] = status;
+  batch[status + "_at"] = when;
+  if (status == "failed")
+    batch["errors"] = {
+        {"object", "list"},
+        {"data",
+         json::array({{{"code", "write_failed"},
+                       {"message",
+                        reason.empty() ? "the batch's results could not be written" : reason}}})}};
+}
+
 }  // namespace
 
 int64_t unix_seconds() {
@@ -79,8 +68,71 @@ int64_t unix_seconds() {
 }
 
 BatchStore::BatchStore(fs::path dir) : dir_(std::move(dir)) {
+  fs::create_directories(dir_);
+  lock_ = std::make_unique<ExclusiveLock>(dir_ / "lock", "the data directory " + dir_.string());
   fs::create_directories(dir_ / "files");
   fs::create_directories(dir_ / "batches");
+  apply_status_markers();
+}
+
+fs::path BatchStore::marker_path(const std::string& id, const std::string& status) const {
+  return dir_ / "batches" / (id + "." + status);
+}
+
+void BatchStore::apply_status_markers() {
+  std::vector<fs::path> markers;
+  for (const auto& entry : fs::directory_iterator(dir_ / "batches")) {
+    const std::string status = entry.path().extension().string().substr(1);
+    if (std::find(std::begin(kMarkedStatuses), std::end(kMarkedStatuses), status) !=
+        std::end(kMarkedStatuses))
+      markers.push_back(entry.path());
+  }
+  for (const fs::path& marker : markers) {
+    const std::string status = marker.extension().string().substr(1);
+    const std::string id = marker.stem().string();
+    const fs::path path = dir_ / "batches" / (id + ".json");
+    std::optional<json> record = read_json(path);
+    std::error_code ec;
+    if (!record || !record->contains("batch")) {
+      fs::remove(marker, ec);
+      continue;
+    }
+    json& batch = (*record)["batch"];
+    std::string reason;
+    {
+      std::ifstream in(marker, std::ios::binary);
+      reason.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    struct stat st {};
+    apply_marker(batch, status, reason,
+                 ::stat(marker.c_str(), &st) == 0 ? st.st_mtime : unix_seconds());
+    // What was written before the failure is downloadable (a full disk may have kept the
+    // server from publishing it).
+    for (const auto& [field, key, suffix] :
+         {std::tuple{"output_file_id", "output_id", "_output.jsonl"},
+          std::tuple{"error_file_id", "error_id", "_errors.jsonl"}}) {
+      const std::string file = record->value(key, "");
+      if (status == "cancelling" || file.empty() || !batch[field].is_null()) continue;
+      if (fs::file_size(file_path(file), ec) == 0 || ec) continue;
+      try {
+        if (!fs::exists(dir_ / "files" / (file + ".json")))
+          register_file(file, id + suffix, "batch_output");
+        batch[field] = file;
+      } catch (const Error&) {
+        // still no room: a later start publishes it
+      }
+    }
+    try {
+      write_file_atomically(path, jsonl_dump(*record));
+      fs::remove(marker, ec);
+    } catch (const Error& e) {
+      // Still no room: the marker stays, and until a start can fold it in, this store answers
+      // with the marked status (so the batch is not resumed).
+      std::fprintf(stderr, "blend serve: cannot save batch %s yet (%s); it stays %s\n", id.c_str(),
+                   e.what(), status.c_str());
+      marked_[id] = batch;
+    }
+  }
 }
 
 fs::path BatchStore::file_path(const std::string& id) const {
@@ -90,8 +142,15 @@ fs::path BatchStore::file_path(const std::string& id) const {
 json BatchStore::create_file(const std::string& filename, const std::string& purpose,
                              const std::string& content) {
   const std::string id = make_id("file-");
-  write_atomically(file_path(id), content);
-  return register_file(id, filename, purpose);
+  write_file_atomically(file_path(id), content);
+  try {
+    return register_file(id, filename, purpose);
+  } catch (...) {
+    // Unpublished content would fill the disk unlisted and undeletable.
+    std::error_code ec;
+    fs::remove(file_path(id), ec);
+    throw;
+  }
 }
 
 json BatchStore::register_file(const std::string& id, const std::string& filename,
@@ -107,7 +166,7 @@ json BatchStore::register_file(const std::string& id, const std::string& filenam
             {"status", "processed"},
             {"status_details", nullptr}};
   std::lock_guard lock(mu_);
-  write_atomically(dir_ / "files" / (id + ".json"), f.dump());
+  write_file_atomically(dir_ / "files" / (id + ".json"), jsonl_dump(f));
   return f;
 }
 
@@ -164,7 +223,7 @@ json BatchStore::create_batch(const std::string& input_file_id, const std::strin
             {"metadata", metadata}};
   *output_id = make_id("file-");
   std::lock_guard lock(mu_);
-  write_atomically(
+  write_file_atomically(
       dir_ / "batches" / (b["id"].get<std::string>() + ".json"),
       json{{"batch", b}, {"output_id", *output_id}, {"error_id", make_id("file-")}}.dump());
   return b;
@@ -176,12 +235,37 @@ void BatchStore::save_batch(const json& batch) {
   const fs::path path = dir_ / "batches" / (id + ".json");
   json record = read_json(path).value_or(json::object());
   record["batch"] = batch;
-  write_atomically(path, record.dump());
+  try {
+    write_file_atomically(path, jsonl_dump(record));
+  } catch (const Error& e) {
+    const std::string status = batch.value("status", "");
+    if (std::find(std::begin(kMarkedStatuses), std::end(kMarkedStatuses), status) ==
+        std::end(kMarkedStatuses))
+      throw;
+    // A full disk: the record cannot be replaced, but a restart must not resume the batch.
+    // An empty file costs no data block (and passes a file size limit); its name is the status,
+    // its content the reason if that fits. The constructor folds it into the record.
+    const fs::path marker = marker_path(id, status);
+    const int fd = ::open(marker.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) throw;
+    std::string reason;
+    if (batch.contains("errors") && batch["errors"].is_object() &&
+        batch["errors"].value("data", json::array()).size() > 0)
+      reason = batch["errors"]["data"][0].value("message", "");
+    if (!reason.empty() &&
+        ::write(fd, reason.data(), reason.size()) != static_cast<ssize_t>(reason.size()))
+      (void)::ftruncate(fd, 0);  // no reason rather than a part of one
+    ::fsync(fd);
+    ::close(fd);
+    std::fprintf(stderr, "blend serve: cannot save batch %s (%s); its status '%s' is kept in %s\n",
+                 id.c_str(), e.what(), status.c_str(), marker.c_str());
+  }
 }
 
 std::optional<json> BatchStore::batch(const std::string& id) const {
   if (!safe_id(id)) return std::nullopt;
   std::lock_guard lock(mu_);
+  if (auto marked = marked_.find(id); marked != marked_.end()) return marked->second;
   auto record = read_json(dir_ / "batches" / (id + ".json"));
   if (!record || !record->contains("batch")) return std::nullopt;
   return (*record)["batch"];
@@ -207,6 +291,10 @@ std::vector<json> BatchStore::batches() const {
   std::vector<json> out;
   for (const auto& entry : fs::directory_iterator(dir_ / "batches")) {
     if (entry.path().extension() != ".json") continue;
+    if (auto marked = marked_.find(entry.path().stem().string()); marked != marked_.end()) {
+      out.push_back(marked->second);
+      continue;
+    }
     auto record = read_json(entry.path());
     if (record && record->contains("batch")) out.push_back((*record)["batch"]);
   }

@@ -1,6 +1,12 @@
 #include "api/batch_file.h"
 
+#include <filesystem>
+#include <unordered_set>
+
 #include <gtest/gtest.h>
+
+#include "api/api_error.h"
+#include "core/error.h"
 
 #include "llama3_text_fixture.h"
 #include "test_util.h"
@@ -129,6 +135,125 @@ TEST_F(BatchLinesTest, EachCheckGivesAnErrorResultNamingTheField) {
                          c))
                 .first,
             0);
+}
+
+// ---- Result files: exactly once, whatever bytes they hold (issue 54) ----
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  for (size_t start = 0; start < text.size();) {
+    const size_t end = text.find('\n', start);
+    out.push_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+// An invalid UTF-8 byte in an error message used to throw json type_error 316 out of the
+// writer (and end `blend batch`); U+2028 / U+2029 / U+0085 were written raw, where Python's
+// splitlines() and some JavaScript readers break a line.
+TEST(BatchResultFiles, JsonlDumpNeverThrowsAndEscapesLineBreaks) {
+  const json j = {{"bad",
+                   "a\xff"
+                   "b"},
+                  {"breaks",
+                   "1\u2028"
+                   "2\u2029"
+                   "3\u0085"
+                   "4"},
+                  {"e", "\u00e9"}};
+  const std::string text = jsonl_dump(j);
+  EXPECT_EQ(text, R"({"bad":"a)"
+                  "\xef\xbf\xbd"
+                  R"(b","breaks":"1\u20282\u20293\u00854","e":")"
+                  "\xc3\xa9"
+                  R"("})");
+  const json back = json::parse(text);
+  EXPECT_EQ(back["breaks"], j["breaks"]);
+  EXPECT_EQ(back["e"], j["e"]);
+}
+
+// A line whose custom_id cannot be read is answered with custom_id null and its line number; it
+// used to be "line-N", which a real custom_id "line-2" collided with (one of them was then
+// never run, or its result taken for the other's).
+TEST(BatchResultFiles, UnreadableLinesCannotCollideWithARealCustomIdAndCountAsDone) {
+  testing::TempDir dir;
+  testing::write_file(dir / "in.jsonl",
+                      "{\"custom_id\":\"a\",\"url\":\"/v1/completions\",\"body\":{}}\n"
+                      "not json \xff\n"
+                      "{\"custom_id\":\"line-2\",\"url\":\"/v1/completions\",\"body\":{}}\n");
+  const std::vector<BatchInputLine> lines = read_batch_input(dir / "in.jsonl");
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[1].custom_id, unreadable_line_key(2));
+  EXPECT_NE(lines[1].custom_id, lines[2].custom_id);
+  ASSERT_TRUE(lines[1].error);
+  EXPECT_EQ(unreadable_line_number(lines[1].custom_id), 2);
+  EXPECT_EQ(unreadable_line_number("line-2"), std::nullopt);
+  const auto out = dir / "out.jsonl";
+  {
+    BatchResultWriter w(out);
+    w.write_error(lines[1].custom_id, 400, ApiError(400, *lines[1].error).body());
+    w.write_success("line-2", {{"x", 1}});
+  }
+  const std::vector<std::string> text = lines_of(testing::read_file(out));
+  ASSERT_EQ(text.size(), 2u);
+  const json unreadable = json::parse(text[0]);
+  EXPECT_TRUE(unreadable["custom_id"].is_null());
+  EXPECT_EQ(unreadable["error"]["line"], 2);
+  EXPECT_EQ(unreadable["error"]["code"], "invalid_line");
+  EXPECT_EQ(unreadable["response"]["status_code"], 400);
+  EXPECT_EQ(json::parse(text[1])["custom_id"], "line-2");
+  BatchResultWriter again(out);
+  EXPECT_EQ(again.done_ids(), (std::unordered_set<std::string>{unreadable_line_key(2), "line-2"}));
+  EXPECT_EQ(again.set_aside(), 0);
+}
+
+// A corrupted line in the middle of an output (and a custom_id written twice by an older run)
+// was left in place while its request ran again: the file then held a line no reader parses.
+// Now such lines move to OUTPUT.set-aside, byte for byte, and the output keeps every good one.
+TEST(BatchResultFiles, ACorruptOrRepeatedLineIsSetAsideAndTheGoodOnesKept) {
+  testing::TempDir dir;
+  const auto out = dir / "out.jsonl";
+  {
+    BatchResultWriter w(out);
+    for (const char* id : {"a", "b", "c"}) w.write_success(id, {{"x", id}});
+  }
+  std::vector<std::string> text = lines_of(testing::read_file(out));
+  ASSERT_EQ(text.size(), 3u);
+  const std::string corrupt = text[1].substr(0, text[1].size() / 2) + "\xff garbage";
+  testing::write_file(out, text[0] + "\n" + corrupt + "\n" + text[2] + "\n" + text[0] + "\n" +
+                               "{\"no\":\"custom_id\"}\n");
+  BatchResultWriter w(out);
+  EXPECT_EQ(w.done_ids(), (std::unordered_set<std::string>{"a", "c"}));
+  EXPECT_EQ(w.set_aside(), 3);
+  EXPECT_EQ(testing::read_file(out), text[0] + "\n" + text[2] + "\n");
+  EXPECT_EQ(testing::read_file(w.set_aside_path()),
+            corrupt + "\n" + text[0] + "\n" + "{\"no\":\"custom_id\"}\n");
+  w.write_success("b", {{"x", "b"}});
+  const std::vector<std::string> now = lines_of(testing::read_file(out));
+  ASSERT_EQ(now.size(), 3u);
+  for (const std::string& l : now) EXPECT_TRUE(json::accept(l)) << l;
+  EXPECT_FALSE(std::filesystem::exists(out.string() + ".tmp"));
+}
+
+// Two `blend batch` on one output (or two servers on one data dir) ran everything twice.
+TEST(BatchResultFiles, AnExclusiveLockRefusesASecondOwnerUntilReleased) {
+  testing::TempDir dir;
+  const auto path = dir / "out.jsonl.lock";
+  {
+    const ExclusiveLock first(path, "the output file out.jsonl");
+    try {
+      const ExclusiveLock second(path, "the output file out.jsonl");
+      ADD_FAILURE() << "a second lock was granted";
+    } catch (const Error& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find("another blend process is using the output file out.jsonl"),
+                std::string::npos)
+          << message;
+      EXPECT_NE(message.find(path.string()), std::string::npos) << message;
+    }
+  }
+  EXPECT_NO_THROW(ExclusiveLock(path, "the output file out.jsonl"));  // released
 }
 
 }  // namespace

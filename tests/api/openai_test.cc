@@ -430,7 +430,7 @@ TEST(BatchFile, ReadsLinesAndRejectsDuplicateIds) {
   auto lines = read_batch_input(dir / "in.jsonl");
   ASSERT_EQ(lines.size(), 3u);
   EXPECT_FALSE(lines[0].error.has_value());
-  EXPECT_EQ(lines[1].custom_id, "line-3");
+  EXPECT_EQ(lines[1].custom_id, unreadable_line_key(3));  // no custom_id to read
   EXPECT_TRUE(lines[1].error.has_value());
   EXPECT_EQ(lines[2].custom_id, "b");
   EXPECT_TRUE(lines[2].error.has_value());  // no body

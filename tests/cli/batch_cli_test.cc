@@ -2,9 +2,11 @@
 // killed with SIGKILL then rerun (nothing lost, nothing duplicated, same tokens).
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <set>
@@ -46,6 +48,13 @@ class BatchCli : public ::testing::Test {
     while (std::getline(in, line))
       if (!line.empty()) out.push_back(json::parse(line));
     return out;
+  }
+
+  // A result line's custom_id, or "line-N" for the answer to input line N whose custom_id could
+  // not be read (written with custom_id null and error.line N).
+  static std::string key_of(const json& result) {
+    if (result["custom_id"].is_string()) return result["custom_id"];
+    return "line-" + std::to_string(result["error"]["line"].get<int64_t>());
   }
 
   static std::string batch_cmd(const std::string& input, const std::string& output,
@@ -102,7 +111,7 @@ TEST_F(BatchCli, CompletionsChatAndBadLines) {
                            " 2>&1");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::map<std::string, json> by_id;
-  for (const json& line : read_jsonl(work / "out.jsonl")) by_id[line["custom_id"]] = line;
+  for (const json& line : read_jsonl(work / "out.jsonl")) by_id[key_of(line)] = line;
   ASSERT_EQ(by_id.size(), 6u);
 
   const json& c1 = by_id["c1"]["response"];
@@ -833,7 +842,7 @@ TEST_F(BatchCli, BadLinesFailAloneAndTheOthersRun) {
                            " 2>&1");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::map<std::string, json> by_id;
-  for (const json& line : read_jsonl(work / "out.jsonl")) by_id[line["custom_id"]] = line;
+  for (const json& line : read_jsonl(work / "out.jsonl")) by_id[key_of(line)] = line;
   ASSERT_EQ(by_id.size(), 7u);
   EXPECT_EQ(by_id["ok1"]["response"]["status_code"], 200);
   EXPECT_EQ(by_id["ok2"]["response"]["status_code"], 200);
@@ -928,6 +937,116 @@ TEST_F(BatchCli, EngineFlagsAreValidated) {
     EXPECT_EQ(r.output.find("internal"), std::string::npos) << flag << ": " << r.output;
   }
   EXPECT_FALSE(std::filesystem::exists(work / "out.jsonl"));
+}
+
+// ---- Nothing accepted is lost or duplicated (issue 54) ----
+
+std::string good_line(const std::string& custom_id_json, const std::string& prompt) {
+  return R"({"custom_id":)" + custom_id_json +
+         R"(,"method":"POST","url":"/v1/completions","body":{"prompt":")" + prompt +
+         R"(","max_tokens":3,"temperature":0,"ignore_eos":true}})" + "\n";
+}
+
+// One invalid UTF-8 byte ended the whole run (exit 2, "[json.exception.type_error.316]", no
+// output, every rerun the same): the parse error quoting it could not be written. Now that line
+// alone fails. Its error line has custom_id null and the line number (it was "line-2", which the
+// real custom_id "line-2" collided with); U+2028 in a custom_id is written escaped; a rerun
+// counts every line as done.
+TEST_F(BatchCli, AnInvalidUtf8ByteFailsItsLineAloneAndNothingCollides) {
+  testing::TempDir work;
+  const std::string input = good_line(R"("a")", "first") +
+                            "{\"custom_id\":\"bad\",\"method\":\"POST\",\"url\":\"/v1/"
+                            "completions\",\"body\":{\"prompt\":\"caf\xe9\"}}\n" +
+                            good_line(R"("line-2")", "second") +
+                            good_line(R"("sep\u2028id")", "third");
+  testing::write_file(work / "in.jsonl", input);
+  const std::string in = (work / "in.jsonl").string(), out = (work / "out.jsonl").string();
+  const auto r = testing::run_command(batch_cmd(in, out) + " 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string text = testing::read_file(out);
+  EXPECT_EQ(text.find("\xe2\x80\xa8"), std::string::npos) << "U+2028 written raw";
+  std::map<std::string, json> by_id;
+  std::vector<json> unreadable;  // custom_id null
+  for (const json& line : read_jsonl(out)) {
+    if (line["custom_id"].is_null()) {
+      unreadable.push_back(line);
+      continue;
+    }
+    EXPECT_EQ(by_id.count(line["custom_id"]), 0u) << line["custom_id"];
+    by_id[line["custom_id"]] = line;
+  }
+  ASSERT_EQ(by_id.size(), 3u) << text;
+  EXPECT_EQ(by_id["a"]["response"]["status_code"], 200);
+  EXPECT_EQ(by_id["line-2"]["response"]["status_code"], 200);
+  EXPECT_EQ(by_id["sep\u2028id"]["response"]["status_code"], 200);
+  ASSERT_EQ(unreadable.size(), 1u) << text;
+  EXPECT_EQ(unreadable[0]["error"]["line"], 2);
+  EXPECT_EQ(unreadable[0]["response"]["status_code"], 400);
+  EXPECT_NE(unreadable[0]["response"]["body"]["error"]["message"].get<std::string>().find("UTF-8"),
+            std::string::npos)
+      << unreadable[0].dump();
+  const auto again = testing::run_command(batch_cmd(in, out) + " 2>&1");
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_EQ(testing::read_file(out), text) << "a rerun ran a line again";
+}
+
+// A corrupted line in the middle of an output was kept while its request ran again (201 lines
+// for 200 ids, one not JSON). Now it moves to OUTPUT.set-aside and the output holds each
+// request's result once, every line parseable.
+TEST_F(BatchCli, ACorruptedOutputLineIsSetAsideAndItsRequestRunsAgain) {
+  testing::TempDir work;
+  std::string input;
+  for (int i = 0; i < 4; ++i)
+    input += good_line("\"r" + std::to_string(i) + "\"", "line " + std::to_string(i));
+  testing::write_file(work / "in.jsonl", input);
+  const std::string in = (work / "in.jsonl").string(), out = (work / "out.jsonl").string();
+  ASSERT_EQ(testing::run_command(batch_cmd(in, out)).exit_code, 0);
+  std::map<std::string, std::string> clean;
+  for (const json& l : read_jsonl(out))
+    clean[l["custom_id"]] = l["response"]["body"]["choices"][0]["text"];
+  ASSERT_EQ(clean.size(), 4u);
+  std::string text = testing::read_file(out);
+  const size_t second = text.find('\n') + 1;
+  const size_t third = text.find('\n', second) + 1;
+  const std::string corrupted = text.substr(second, 30) + "#corrupted";
+  const std::string lost_id = json::parse(text.substr(second, third - second - 1))["custom_id"];
+  text.replace(second, third - second - 1, corrupted);
+  testing::write_file(out, text);
+
+  const auto r = testing::run_command(batch_cmd(in, out) + " 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::map<std::string, int> seen;
+  for (const json& l : read_jsonl(out)) {  // read_jsonl throws on a line that does not parse
+    ++seen[l["custom_id"]];
+    EXPECT_EQ(l["response"]["body"]["choices"][0]["text"], clean[l["custom_id"]]);
+  }
+  EXPECT_EQ(seen.size(), 4u);
+  for (const auto& [id, count] : seen) EXPECT_EQ(count, 1) << id;
+  EXPECT_EQ(testing::read_file(out + ".set-aside"), corrupted + "\n") << lost_id;
+}
+
+// Two `blend batch` on one output both ran every request (400 lines for 200 ids). The output's
+// lock (OUTPUT.lock, flock) refuses the second with a clear message, before it writes anything.
+TEST_F(BatchCli, ASecondRunOnTheSameOutputIsRefused) {
+  testing::TempDir work;
+  testing::write_file(work / "in.jsonl", good_line(R"("x")", "locked"));
+  const std::string in = (work / "in.jsonl").string(), out = (work / "out.jsonl").string();
+  {
+    // Another process's lock, as a running `blend batch` holds it.
+    const int fd = ::open((out + ".lock").c_str(), O_RDWR | O_CREAT, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+    const auto r = testing::run_command(batch_cmd(in, out) + " 2>&1");
+    ::close(fd);
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("blend: error: another blend process is using the output file " + out),
+              std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find(out + ".lock"), std::string::npos) << r.output;
+    EXPECT_FALSE(std::filesystem::exists(out)) << "the refused run touched the output";
+  }
+  ASSERT_EQ(testing::run_command(batch_cmd(in, out)).exit_code, 0);
+  EXPECT_EQ(read_jsonl(out).size(), 1u);
 }
 
 }  // namespace

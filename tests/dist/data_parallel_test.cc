@@ -3,6 +3,8 @@
 // custom_id, every custom_id exactly once, bad lines answered once), the partition's sharing
 // loss is reported, and a rank killed mid-run loses only its unfinished requests, which a rerun
 // with the same output and another rank count completes.
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <map>
@@ -108,7 +110,10 @@ class DataParallel : public ::testing::Test {
       const std::filesystem::path& path) {
     std::map<std::string, std::pair<int, std::string>> out;
     for (const json& line : read_jsonl(path)) {
-      const std::string id = line["custom_id"];
+      // An input line whose custom_id cannot be read is answered by its line number.
+      const std::string id = line["custom_id"].is_string()
+                                 ? line["custom_id"].get<std::string>()
+                                 : "line-" + std::to_string(line["error"]["line"].get<int>());
       const json& response = line["response"];
       std::string text;
       if (response["status_code"] == 200) {
@@ -287,6 +292,70 @@ TEST_F(DataParallel, MissingInputFailsEveryRank) {
   const auto r = testing::run_command(mpirun(2, true, cmd) + " 2>&1");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("cannot read"), std::string::npos) << r.output;
+}
+
+// Rank 0 (the writer) killed under --enable-recovery: mpirun ended 0 (as Open MPI 4.1 does
+// whatever the ranks return) with lines lost, no --stats and no word of what. Now rank 1 lists
+// every custom_id the output lacks and writes them to --stats, each worker lists its own, and a
+// rerun completes exactly those.
+TEST_F(DataParallel, KilledRankZeroIsReportedWithTheLostIdsAndRerunCompletesThem) {
+  const auto& ref = reference();
+  testing::TempDir work;
+  const auto out = work / "out.jsonl";
+  const auto stats1 = work / "stats1.json";
+  const auto r = testing::run_command(
+      mpirun(3, false, "-x BLEND_DIST_TEST_KILL=0:3 " + batch_args(out.string(), stats1.string()),
+             /*recovery=*/true) +
+      " 2>&1");
+  EXPECT_NE(r.output.find("rank 1: rank 0, which writes the output, stopped"), std::string::npos)
+      << r.output;
+  ASSERT_TRUE(std::filesystem::exists(stats1)) << r.output;
+  const json first = json::parse(testing::read_file(stats1));
+  std::set<std::string> lost;
+  for (const json& id : first["lost_custom_ids"]) lost.insert(id.get<std::string>());
+  ASSERT_FALSE(lost.empty()) << r.output;
+  EXPECT_EQ(first["lost"], lost.size());
+  EXPECT_EQ(first["failed_ranks"][0]["rank"], 0);
+  for (const std::string& id : lost) EXPECT_NE(r.output.find(" " + id), std::string::npos) << id;
+  const auto written = results(out);
+  for (const auto& [id, result] : written) {
+    EXPECT_FALSE(lost.count(id)) << id;
+    EXPECT_EQ(result, ref.at(id)) << id;
+  }
+  EXPECT_EQ(written.size() + lost.size(), num_lines_);
+
+  const auto stats2 = work / "stats2.json";
+  const auto again =
+      testing::run_command(mpirun(2, true, batch_args(out.string(), stats2.string())) + " 2>&1");
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_EQ(json::parse(testing::read_file(stats2))["requests"], lost.size());
+  EXPECT_EQ(results(out), ref);
+}
+
+// Only rank 0 writes the output, so only it takes the output's lock (OUTPUT.lock): a job whose
+// output another process holds is refused on rank 0, with the file named, before any rank runs
+// a line; the same job runs once the lock is free (the other ranks never lock it).
+TEST_F(DataParallel, AnOutputInUseIsRefusedAndOnlyRankZeroLocksIt) {
+  testing::TempDir work;
+  const auto out = work / "out.jsonl";
+  const auto stats = work / "stats.json";
+  {
+    const int fd = ::open((out.string() + ".lock").c_str(), O_RDWR | O_CREAT, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+    const auto r =
+        testing::run_command(mpirun(2, true, batch_args(out.string(), stats.string())) + " 2>&1");
+    ::close(fd);
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("another blend process is using the output file " + out.string()),
+              std::string::npos)
+        << r.output;
+    EXPECT_FALSE(std::filesystem::exists(out)) << r.output;
+  }
+  const auto r =
+      testing::run_command(mpirun(2, true, batch_args(out.string(), stats.string())) + " 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(results(out).size(), num_lines_);
 }
 
 }  // namespace

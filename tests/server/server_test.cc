@@ -1350,6 +1350,7 @@ TEST_F(ServerTest, MaxModelLenChatTemplateFileAndDtype) {
   ASSERT_EQ(status, 200) << tok.dump();
   const json text = post(c, "/detokenize", {{"tokens", tok["tokens"]}}, &status);
   EXPECT_NE(text["prompt"].get<std::string>().find("[Hi]"), std::string::npos) << text.dump();
+  server.reset();  // the servers below use its data dir, which one server at a time may hold
 
   ServerOptions too_long = options();
   too_long.engine.max_model_len = 1 << 30;
@@ -1587,6 +1588,175 @@ TEST(ServerOpenAiClient, ToolCallsRoundTrip) {
   EXPECT_EQ(v.exit_code, 0) << v.output;
   EXPECT_NE(v.output.find("valid "), std::string::npos) << v.output;
   std::printf("%s", v.output.c_str());
+}
+
+// ============================================================================================
+// The Batch API: nothing accepted is lost or duplicated, errors not surprises (issue 54).
+// ============================================================================================
+
+// Two servers on one --data-dir both resumed the same batch and ran its lines twice (181 ids
+// twice). The data dir's lock (DATA_DIR/lock) refuses the second, naming the directory.
+TEST_F(BatchApi, ASecondServerOnOneDataDirIsRefused) {
+  auto first = start(options("batch-locked"));
+  try {
+    auto second = start(options("batch-locked"));
+    ADD_FAILURE() << "a second server started on the same data dir";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("another blend process is using the data directory " +
+                                         (*dir_ / "batch-locked").string()),
+              std::string::npos)
+        << e.what();
+  }
+  first.reset();
+  EXPECT_NO_THROW(start(options("batch-locked")));  // released with the first server
+}
+
+// An invalid UTF-8 file name was a 500 and left the content in data-dir/files, unlisted and
+// undeletable (a way to fill the disk): now a 400, and nothing stays behind.
+TEST_F(BatchApi, AnUploadWithAnInvalidUtf8NameIsRefusedAndLeavesNothing) {
+  auto server = start(options("batch-badname"));
+  auto c = client(*server);
+  for (const std::string& name : {std::string("in\xff.jsonl"), std::string(300, 'n')}) {
+    httplib::MultipartFormDataItems items = {
+        {"purpose", "batch", "", ""}, {"file", line("x", "hi", 2), name, "application/jsonl"}};
+    auto r = c.Post("/v1/files", items);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << r->body;
+    const json err = json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(err.is_object()) << r->body;
+    EXPECT_EQ(err["error"]["param"], "file") << r->body;
+  }
+  EXPECT_EQ(get(c, "/v1/files")["data"].size(), 0u);
+  EXPECT_TRUE(std::filesystem::is_empty(*dir_ / "batch-badname" / "files"));
+}
+
+// completion_window other than 24h was accepted (and ignored); metadata was unbounded (a 20 MB
+// value stored and returned by every listing). OpenAI's bounds: 16 pairs, keys of 64
+// characters, string values of 512.
+TEST_F(BatchApi, CompletionWindowAndMetadataAreChecked) {
+  auto server = start(options("batch-fields"));
+  auto c = client(*server);
+  const std::string file_id = upload(c, line("m", "meta", 2));
+  const auto create = [&](const json& extra, int* status) {
+    json body = {{"input_file_id", file_id}, {"endpoint", "/v1/completions"}};
+    body.update(extra);
+    return post(c, "/v1/batches", body, status);
+  };
+  json many = json::object(), widest = json::object();
+  for (int i = 0; i < 17; ++i) many["k" + std::to_string(i)] = "v";
+  for (int i = 0; i < 16; ++i)
+    widest[std::to_string(i) + std::string(63 - std::to_string(i).size(), 'k') + "\u00e9"] =
+        std::string(511, 'v') + "\u00e9";  // 64 and 512 characters, more bytes
+  const std::pair<json, std::string> refused[] = {
+      {{{"completion_window", "48h"}}, "completion_window"},
+      {{{"metadata", many}}, "metadata"},
+      {{{"metadata", {{std::string(65, 'k'), "v"}}}}, "metadata"},
+      {{{"metadata", {{"k", std::string(513, 'v')}}}}, "metadata"},
+      {{{"metadata", {{"k", 5}}}}, "metadata"},
+  };
+  for (const auto& [extra, param] : refused) {
+    int status = 0;
+    const json err = create(extra, &status);
+    EXPECT_EQ(status, 400) << extra.dump().substr(0, 200);
+    EXPECT_EQ(err["error"]["param"], param) << err.dump();
+  }
+  EXPECT_EQ(get(c, "/v1/batches")["data"].size(), 0u) << "a refused batch was stored";
+  int status = 0;
+  const json ok = create({{"completion_window", "24h"}, {"metadata", widest}}, &status);
+  ASSERT_EQ(status, 200) << ok.dump().substr(0, 300);
+  EXPECT_EQ(ok["metadata"], widest);
+  json done;
+  EXPECT_TRUE(completed(c, ok["id"], done)) << done.dump().substr(0, 300);
+}
+
+// A full disk failed a batch (write_failed) but the failed status was never saved (the disk
+// had no room for the record either), so a restart resumed and completed it. Simulated with a
+// file size limit below the record's size (its metadata makes it about 9 KB) and above a few
+// result lines: the status now survives the restart (a marker beside the record), with the
+// lines written before the failure downloadable, and nothing runs again.
+TEST_F(BatchApi, AFailedBatchStaysFailedAfterARestartWithItsPartialOutput) {
+  std::string id;
+  size_t written = 0;
+  const int n = 40;
+  std::string jsonl;
+  for (int i = 0; i < n; ++i)
+    jsonl += line("p" + std::to_string(i), "persist " + std::to_string(i), 32);
+  json metadata = json::object();
+  for (int i = 0; i < 16; ++i) metadata["key" + std::to_string(i)] = std::string(512, 'm');
+  {
+    auto server = start(options("batch-failed-restart"));
+    auto c = client(*server);
+    const std::string file_id = upload(c, jsonl);
+    struct rlimit saved {};
+    ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &saved), 0);
+    ::signal(SIGXFSZ, SIG_IGN);
+    int status = 0;
+    const json created =
+        post(c, "/v1/batches",
+             {{"input_file_id", file_id}, {"endpoint", "/v1/completions"}, {"metadata", metadata}},
+             &status);
+    ASSERT_EQ(status, 200) << created.dump().substr(0, 300);
+    id = created["id"];
+    struct rlimit small = saved;
+    small.rlim_cur = 3000;  // a few result lines (about 700 bytes each), not the record
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+    json batch;
+    const bool ended = poll([&] {
+      batch = get(c, "/v1/batches/" + id);
+      return batch.is_object() && batch["status"] != "in_progress";
+    });
+    ::setrlimit(RLIMIT_FSIZE, &saved);
+    ASSERT_TRUE(ended) << batch.dump().substr(0, 300);
+    ASSERT_EQ(batch["status"], "failed") << batch.dump().substr(0, 300);
+    written = static_cast<size_t>(batch["request_counts"]["completed"].get<int64_t>());
+    EXPECT_GE(written, 1u);
+    EXPECT_LT(written, static_cast<size_t>(n));
+  }
+  {
+    // A restart on a disk still full: the record still cannot take the status, and the batch is
+    // not resumed either (the store answers with the marker's status).
+    struct rlimit saved {};
+    ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &saved), 0);
+    struct rlimit small = saved;
+    small.rlim_cur = 3000;
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+    std::unique_ptr<Server> server;
+    try {
+      server = start(options("batch-failed-restart"));
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << e.what();
+    }
+    if (server) {
+      auto c = client(*server);
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      const json batch = get(c, "/v1/batches/" + id);
+      EXPECT_EQ(batch["status"], "failed") << batch.dump().substr(0, 300);
+      EXPECT_EQ(get(c, "/v1/batches")["data"][0]["status"], "failed");
+    }
+    server.reset();
+    ::setrlimit(RLIMIT_FSIZE, &saved);
+    ASSERT_TRUE(
+        std::filesystem::exists(*dir_ / "batch-failed-restart" / "batches" / (id + ".failed")));
+  }
+  auto server = start(options("batch-failed-restart"));
+  auto c = client(*server);
+  const json batch = get(c, "/v1/batches/" + id);
+  ASSERT_TRUE(batch.is_object());
+  EXPECT_EQ(batch["status"], "failed") << batch.dump().substr(0, 300);
+  EXPECT_EQ(batch["errors"]["data"][0]["code"], "write_failed") << batch.dump().substr(0, 300);
+  EXPECT_NE(batch["errors"]["data"][0]["message"].get<std::string>().find("File too large"),
+            std::string::npos)
+      << batch.dump().substr(0, 300);
+  EXPECT_EQ(batch["metadata"], metadata);
+  ASSERT_TRUE(batch["output_file_id"].is_string()) << batch.dump().substr(0, 300);
+  EXPECT_EQ(results(c, batch).size(), written);
+  // Nothing resumed: a moment later the output is the same.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_EQ(get(c, "/v1/batches/" + id)["status"], "failed");
+  EXPECT_EQ(results(c, batch).size(), written);
+  for (const auto& entry :
+       std::filesystem::directory_iterator(*dir_ / "batch-failed-restart" / "batches"))
+    EXPECT_EQ(entry.path().extension(), ".json") << entry.path();
 }
 
 }  // namespace
