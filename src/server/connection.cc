@@ -178,6 +178,20 @@ void send_request_timeout(int fd) {
   (void)::send(fd, response.data(), response.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
+// A connection closed with a request's body unread (refused before it was read): say nothing
+// more, then read and drop what the client still sends, for a while, before closing. Closing at
+// once would reset the connection while the client still writes its body, and a reset can
+// discard the answer before the client reads it (nginx's lingering close, for the same reason).
+void linger_and_drop_input(int fd) {
+  ::shutdown(fd, SHUT_WR);
+  const auto give_up = Clock::now() + std::chrono::seconds(5);
+  char buf[64 * 1024];
+  while (Clock::now() < give_up) {
+    if (poll_for(fd, POLLIN, std::min(500, milliseconds_until(give_up))) <= 0) return;
+    if (::recv(fd, buf, sizeof buf, 0) <= 0) return;
+  }
+}
+
 }  // namespace
 
 bool HttpServer::process_and_close_socket(socket_t sock) {
@@ -203,7 +217,11 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
       if (!stream.wrote_anything()) send_request_timeout(sock);
       break;
     }
-    if (closed || stream.close_requested()) break;
+    if (stream.close_requested()) {
+      linger_and_drop_input(sock);
+      break;
+    }
+    if (closed) break;
   }
   current_connection = nullptr;
   ::shutdown(sock, SHUT_RDWR);
