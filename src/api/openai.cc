@@ -161,13 +161,13 @@ SamplingParams parse_sampling(Endpoint endpoint, const json& body, int32_t vocab
   const int32_t unlimited = std::numeric_limits<int32_t>::max();
   if (endpoint == Endpoint::kCompletions) {
     p.max_tokens =
-        number_field<int32_t>(body, "max_tokens", model.max_tokens.value_or(16), 0, unlimited);
+        number_field<int32_t>(body, "max_tokens", model.max_tokens.value_or(16), 1, unlimited);
   } else {
     // Chat: max_completion_tokens supersedes max_tokens; the default is "until the context ends"
-    // (or the model's max_new_tokens).
+    // (or the model's max_new_tokens). Asking for no tokens is refused, as vLLM does.
     p.max_tokens = number_field<int32_t>(body, "max_tokens", model.max_tokens.value_or(unlimited),
-                                         0, unlimited);
-    p.max_tokens = number_field<int32_t>(body, "max_completion_tokens", p.max_tokens, 0, unlimited);
+                                         1, unlimited);
+    p.max_tokens = number_field<int32_t>(body, "max_completion_tokens", p.max_tokens, 1, unlimited);
   }
   if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
     if (it->is_string()) {
@@ -186,6 +186,13 @@ SamplingParams parse_sampling(Endpoint endpoint, const json& body, int32_t vocab
   if (auto it = body.find("stop_token_ids"); it != body.end() && !it->is_null()) {
     if (!it->is_array()) throw ApiError(400, "'stop_token_ids' must be a list", "stop_token_ids");
     p.stop_token_ids = token_list(*it, "stop_token_ids");
+    for (const TokenId id : p.stop_token_ids)
+      if (id >= vocab_size)
+        throw ApiError(400,
+                       "'stop_token_ids' holds " + std::to_string(id) +
+                           ", not a token id of this model (0 to " +
+                           std::to_string(vocab_size - 1) + ")",
+                       "stop_token_ids");
   }
   p.ignore_eos = bool_field(body, "ignore_eos", false);
   p.presence_penalty = number_field<float>(body, "presence_penalty", 0.0f, -2.0f, 2.0f);
@@ -199,8 +206,13 @@ SamplingParams parse_sampling(Endpoint endpoint, const json& body, int32_t vocab
   if (endpoint == Endpoint::kCompletions) {
     if (auto it = body.find("logprobs"); it != body.end() && !it->is_null())
       p.logprobs = number_field<int32_t>(body, "logprobs", 0, 0, 20);
-  } else if (bool_field(body, "logprobs", false)) {
-    p.logprobs = number_field<int32_t>(body, "top_logprobs", 0, 0, 20);
+  } else {
+    // Range-checked with logprobs off too; alternatives without logprobs would be dropped.
+    const int32_t top = number_field<int32_t>(body, "top_logprobs", 0, 0, 20);
+    if (bool_field(body, "logprobs", false))
+      p.logprobs = top;
+    else if (top > 0)
+      throw ApiError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs");
   }
   if (bool_field(body, "echo", false)) throw ApiError(400, "'echo' is not supported", "echo");
   return p;
@@ -343,6 +355,8 @@ ApiRequest parse_api_request(Endpoint endpoint, const json& body, const Tokenize
   if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
     if (!it->is_object())
       throw ApiError(400, "'stream_options' must be an object", "stream_options");
+    if (!r.stream)
+      throw ApiError(400, "'stream_options' is only allowed with 'stream': true", "stream_options");
     r.include_usage = bool_field(*it, "include_usage", false);
   }
 

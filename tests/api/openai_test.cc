@@ -419,6 +419,47 @@ TEST_F(OpenAiTest, ContextCheckNamesPromptOrMaxTokens) {
   EXPECT_NO_THROW(check_context(r, no_max, 5));
 }
 
+// Fields vLLM answers 400 for, where blend used to accept them and run something else than
+// asked (issue 54): each names its parameter, and the valid spelling next to it still passes.
+TEST_F(OpenAiTest, FieldCombinationsVllmRefusesAreRefused) {
+  const std::string chat = R"({"messages":[{"role":"user","content":"x"}],)";
+  // top_logprobs asks for alternatives that only logprobs: true returns.
+  EXPECT_EQ(error_param(Endpoint::kChatCompletions, chat + R"("top_logprobs":3})"), "top_logprobs");
+  EXPECT_EQ(error_param(Endpoint::kChatCompletions, chat + R"("logprobs":false,"top_logprobs":3})"),
+            "top_logprobs");
+  EXPECT_EQ(parse(Endpoint::kChatCompletions, chat + R"("logprobs":true,"top_logprobs":3})")
+                .params.logprobs,
+            3);
+  EXPECT_NO_THROW(parse(Endpoint::kChatCompletions, chat + R"("top_logprobs":0})"));
+  // Its range is checked whether or not logprobs is on (OpenAI: 0 to 20).
+  for (const char* bad :
+       {R"("top_logprobs":50})", R"("top_logprobs":-1})", R"("logprobs":true,"top_logprobs":21})"})
+    EXPECT_EQ(error_param(Endpoint::kChatCompletions, chat + bad), "top_logprobs") << bad;
+  // stream_options only means something for a stream.
+  for (const Endpoint e : {Endpoint::kCompletions, Endpoint::kChatCompletions}) {
+    const std::string head = e == Endpoint::kCompletions ? R"({"prompt":"x",)" : chat;
+    EXPECT_EQ(error_param(e, head + R"("stream_options":{"include_usage":true}})"),
+              "stream_options");
+    EXPECT_EQ(error_param(e, head + R"("stream":false,"stream_options":{"include_usage":true}})"),
+              "stream_options");
+    EXPECT_TRUE(
+        parse(e, head + R"("stream":true,"stream_options":{"include_usage":true}})").include_usage);
+    EXPECT_NO_THROW(parse(e, head + R"("stream_options":null})"));
+    // A stop id the model cannot produce would never stop anything.
+    const std::string past_vocab = std::to_string(tokenizer_->vocab_size());
+    EXPECT_EQ(error_param(e, head + R"("stop_token_ids":[5,)" + past_vocab + "]}"),
+              "stop_token_ids");
+    const std::string last = std::to_string(tokenizer_->vocab_size() - 1);
+    EXPECT_EQ(parse(e, head + R"("stop_token_ids":[5,)" + last + "]}").params.stop_token_ids,
+              (std::vector<TokenId>{5, tokenizer_->vocab_size() - 1}));
+    // Nothing to generate is not a request (vLLM: "max_tokens must be at least 1").
+    EXPECT_EQ(error_param(e, head + R"("max_tokens":0})"), "max_tokens");
+    EXPECT_EQ(parse(e, head + R"("max_tokens":1})").params.max_tokens, 1);
+  }
+  EXPECT_EQ(error_param(Endpoint::kChatCompletions, chat + R"("max_completion_tokens":0})"),
+            "max_completion_tokens");
+}
+
 TEST(BatchFile, ReadsLinesAndRejectsDuplicateIds) {
   testing::TempDir dir;
   testing::write_file(
