@@ -460,6 +460,23 @@ TEST_F(OpenAiTest, FieldCombinationsVllmRefusesAreRefused) {
             "max_completion_tokens");
 }
 
+// A NUL in the input (JSON "\u0000") survives: in a chat message's content it reaches the
+// rendered prompt, and an error message quoting it is whole (what() is a C string: it was cut
+// at the NUL, "Unrecognized request argument supplied: 'fro").
+TEST_F(OpenAiTest, NulBytesAreKeptInMessagesAndErrors) {
+  const ApiRequest r =
+      parse(Endpoint::kChatCompletions, R"({"messages":[{"role":"user","content":"a\u0000b"}]})");
+  EXPECT_NE(tokenizer_->decode(r.prompt).find(std::string("a\0b", 3)), std::string::npos);
+  try {
+    parse(Endpoint::kCompletions, R"({"prompt":"x","fro\u0000b":1})");
+    FAIL() << "expected an error";
+  } catch (const ApiError& e) {
+    const std::string message = e.body()["error"]["message"];
+    EXPECT_NE(message.find("'fro\\u0000b' (/v1/completions)"), std::string::npos) << message;
+    EXPECT_EQ(e.body()["error"]["param"], std::string("fro\0b", 5));
+  }
+}
+
 TEST(BatchFile, ReadsLinesAndRejectsDuplicateIds) {
   testing::TempDir dir;
   testing::write_file(
