@@ -352,6 +352,10 @@ bool Engine::accept_token(Active& a, const SampledToken& sampled) {
   Sequence& seq = a.seq;
   const SamplingParams& p = seq.params;
   ++a.accepted;  // collect_step wrote the token into seq.tokens already
+  const auto cls = static_cast<size_t>(seq.request_class);
+  if (a.accepted == 1) stats_.prompt_tokens_by_class[cls] += seq.prompt_len;
+  ++stats_.output_tokens;
+  ++stats_.output_tokens_by_class[cls];
   a.last = sampled;
   seq.last_token_time = now();
   if (p.logprobs) a.logprobs.push_back(sampled);
@@ -410,7 +414,6 @@ void Engine::finish(Active& a) {
   r.num_preemptions = a.seq.num_preemptions;
   r.cached_tokens = a.seq.num_cached_prompt;
   r.index = a.index;
-  stats_.output_tokens += static_cast<int64_t>(r.tokens.size());
   ++stats_.finished;
   Callback cb = std::move(a.on_done);
   retire(a.seq.id);  // `a` belongs to no one from here on
