@@ -47,9 +47,10 @@ std::string flatten_parts(const json& parts, const std::string& where) {
   return text;
 }
 
-// A copy of `messages` with every content-part list flattened to a string. Throws ApiError
-// (400, param "messages[i]..." ) for a message that is not an object, has no string role, has
-// content that is neither a string, null nor a list of text parts, or holds invalid UTF-8.
+// A copy of `messages` with every content a string: content-part lists flattened, null or
+// absent content "". Throws ApiError (400, param "messages[i]...") for a message that is not an
+// object, has no string role, has content that is neither a string, null nor a list of text
+// parts, or holds invalid UTF-8.
 json flatten_chat_messages(const json& messages) {
   json out = json::array();
   for (size_t i = 0; i < messages.size(); ++i) {
@@ -58,15 +59,18 @@ json flatten_chat_messages(const json& messages) {
     if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
       throw ApiError(400, "each message needs a 'role' (" + where + ")", "messages");
     json copy = m;
-    if (auto c = copy.find("content"); c != copy.end()) {
-      if (c->is_array()) {
-        *c = flatten_parts(*c, where + ".content");
-      } else if (!c->is_string() && !c->is_null()) {
-        throw ApiError(400, "'" + where + ".content' must be a string or a list of content parts",
-                       where + ".content");
-      }
-      if (c->is_string()) check_utf8(c->get_ref<const std::string&>(), where + ".content");
+    json& content = copy["content"];
+    if (content.is_null()) {
+      // No content (null or no key: the assistant turn blend returns with tool_calls) reaches
+      // the template as "", as vLLM passes it: templates concatenate it as a string.
+      content = "";
+    } else if (content.is_array()) {
+      content = flatten_parts(content, where + ".content");
+    } else if (!content.is_string()) {
+      throw ApiError(400, "'" + where + ".content' must be a string or a list of content parts",
+                     where + ".content");
     }
+    check_utf8(content.get_ref<const std::string&>(), where + ".content");
     out.push_back(std::move(copy));
   }
   return out;

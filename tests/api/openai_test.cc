@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "api/batch_file.h"
+#include "core/regular_file.h"
 #include "grammar/json_schema.h"
 #include "llama3_text_fixture.h"
 #include "test_util.h"
@@ -475,6 +476,36 @@ TEST_F(OpenAiTest, NulBytesAreKeptInMessagesAndErrors) {
     EXPECT_NE(message.find("'fro\\u0000b' (/v1/completions)"), std::string::npos) << message;
     EXPECT_EQ(e.body()["error"]["param"], std::string("fro\0b", 5));
   }
+}
+
+// The assistant turn blend itself returns (content null beside tool_calls) is accepted back:
+// null content reaches the template as "", as vLLM passes it.
+TEST_F(OpenAiTest, NullContentReachesTheTemplateAsEmptyText) {
+  const auto text = [&](const std::string& body, const ChatTemplate* t) {
+    return tokenizer_->decode(
+        parse_api_request(Endpoint::kChatCompletions, json::parse(body), *tokenizer_, t).prompt);
+  };
+  // Llama 3's template trims every content.
+  const std::string llama = text(R"({"messages":[{"role":"user","content":"Hi"},)"
+                                 R"({"role":"assistant","content":null},)"
+                                 R"({"role":"user","content":"Again"}]})",
+                                 template_);
+  EXPECT_NE(llama.find("<|start_header_id|>assistant<|end_header_id|>\n\n<|eot_id|>"),
+            std::string::npos)
+      << llama;
+  const ChatTemplate qwen3(
+      read_regular_file(
+          std::string(BLEND_SOURCE_DIR) + "/tests/text/data/chat_templates/qwen3.jinja", 1 << 20),
+      "", "<|im_end|>");
+  const std::string qwen = text(
+      R"({"messages":[{"role":"user","content":"Weather?"},{"role":"assistant","content":null,)"
+      R"("tool_calls":[{"id":"c1","type":"function","function":{"name":"get_weather",)"
+      R"("arguments":"{\"location\":\"Paris\"}"}}]},)"
+      R"({"role":"tool","tool_call_id":"c1","content":"sunny"}]})",
+      &qwen3);
+  EXPECT_NE(qwen.find("<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\""),
+            std::string::npos)
+      << qwen;
 }
 
 TEST(BatchFile, ReadsLinesAndRejectsDuplicateIds) {
