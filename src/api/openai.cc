@@ -4,6 +4,7 @@
 #include <limits>
 #include <string>
 
+#include "api/json_limits.h"
 #include "api/logprobs.h"
 #include "api/request_fields.h"
 #include "api/tools.h"
@@ -266,6 +267,48 @@ std::shared_ptr<const TokenConstraint> parse_response_format(const json& body,
   }
 }
 
+// vLLM's own spellings of a JSON format, as the response_format they mean (compiled to the
+// same grammar): guided_json (a schema or its JSON text), structured_outputs {"json": schema}
+// or {"json_object": true}. Null when the body has neither; `param` gets the field's name.
+// What else structured_outputs can ask (choice, regex, grammar, ...) is refused by name.
+json vllm_response_format(const json& body, std::string& param) {
+  const auto schema_format = [](const json& schema, const std::string& at) {
+    json parsed = schema;
+    if (schema.is_string()) {
+      const std::string& text = schema.get_ref<const std::string&>();
+      if (json_nesting_depth(text) > kMaxClientJsonDepth)
+        throw ApiError(400, "'" + at + "' nests too deep", at);
+      parsed = json::parse(text, nullptr, /*allow_exceptions=*/false);
+      if (parsed.is_discarded()) throw ApiError(400, "'" + at + "' is not valid JSON", at);
+    }
+    return json{{"type", "json_schema"}, {"json_schema", {{"schema", std::move(parsed)}}}};
+  };
+  json format = nullptr;
+  if (auto it = body.find("guided_json"); it != body.end() && !it->is_null()) {
+    param = "guided_json";
+    format = schema_format(*it, param);
+  }
+  auto it = body.find("structured_outputs");
+  if (it == body.end() || it->is_null()) return format;
+  if (!it->is_object())
+    throw ApiError(400, "'structured_outputs' must be an object", "structured_outputs");
+  for (const auto& [key, value] : it->items()) {
+    if (value.is_null() || value == false) continue;  // vLLM's defaults
+    const std::string at = "structured_outputs." + key;
+    if (key != "json" && key != "json_object")
+      throw ApiError(400,
+                     "'" + at + "' is not supported (structured_outputs.json and .json_object are)",
+                     "structured_outputs");
+    if (!format.is_null())
+      throw ApiError(400, "'" + at + "' is a second output format; send one", "structured_outputs");
+    if (key == "json_object" && value != true)
+      throw ApiError(400, "'" + at + "' must be a boolean", "structured_outputs");
+    param = "structured_outputs";
+    format = key == "json" ? schema_format(value, at) : json{{"type", "json_object"}};
+  }
+  return format;
+}
+
 }  // namespace
 
 Endpoint parse_endpoint(const std::string& url) {
@@ -330,6 +373,19 @@ ApiRequest parse_api_request(Endpoint endpoint, const json& body, const Tokenize
       parse_sampling(endpoint, body, tokenizer.vocab_size(),
                      limits.sampling_defaults ? *limits.sampling_defaults : SamplingDefaults{});
   r.params.constraint = parse_response_format(body, limits.grammars);
+  std::string format_param;
+  if (const json format = vllm_response_format(body, format_param); !format.is_null()) {
+    if (body.contains("response_format") && !body["response_format"].is_null())
+      throw ApiError(
+          400, "'" + format_param + "' and 'response_format' both give an output format; send one",
+          format_param);
+    try {
+      r.params.constraint =
+          parse_response_format(json{{"response_format", format}}, limits.grammars);
+    } catch (const ApiError& e) {
+      throw ApiError(e.status(), format_param + " (as response_format): " + e.what(), format_param);
+    }
+  }
   r.n = number_field<int32_t>(body, "n", 1, 1, 128);
   // best_of picks the n most likely of best_of samples; equal to n it is plain n.
   if (endpoint == Endpoint::kCompletions) {

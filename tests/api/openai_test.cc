@@ -309,9 +309,8 @@ TEST_F(OpenAiTest, EveryFieldIsImplementedHarmlessOrRefused) {
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","echo":true})"), "echo");
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","suffix":"end"})"), "suffix");
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","min_tokens":4})"), "min_tokens");
-  EXPECT_EQ(
-      error_param(Endpoint::kCompletions, R"({"prompt":"x","guided_json":{"type":"object"}})"),
-      "guided_json");
+  EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","guided_choice":["a","b"]})"),
+            "guided_choice");
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","guided_regex":"a+"})"),
             "guided_regex");
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","frobnicate":1})"), "frobnicate");
@@ -475,6 +474,51 @@ TEST_F(OpenAiTest, NulBytesAreKeptInMessagesAndErrors) {
     const std::string message = e.body()["error"]["message"];
     EXPECT_NE(message.find("'fro\\u0000b' (/v1/completions)"), std::string::npos) << message;
     EXPECT_EQ(e.body()["error"]["param"], std::string("fro\0b", 5));
+  }
+}
+
+// vLLM's spellings of a JSON format (guided_json, structured_outputs) are response_format:
+// the same schema compiles to the same grammar whichever names it (they were refused with
+// "structured output is not supported"). What vLLM's fields ask beyond JSON is refused by name.
+TEST_F(OpenAiTest, VllmStructuredOutputFieldsAreResponseFormat) {
+  GrammarCompiler grammars(*tokenizer_, tokenizer_->vocab_size(),
+                           {*tokenizer_->token_id("<|eot_id|>")});
+  RequestLimits limits;
+  limits.grammars = &grammars;
+  const auto constraint = [&](const std::string& fields) {
+    const json body =
+        json::parse(R"({"messages":[{"role":"user","content":"Hi"}],)" + fields + "}");
+    return parse_api_request(Endpoint::kChatCompletions, body, *tokenizer_, template_, limits)
+        .params.constraint;
+  };
+  const std::string schema =
+      R"({"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]})";
+  const auto by_response_format = constraint(
+      R"("response_format":{"type":"json_schema","json_schema":{"schema":)" + schema + "}}");
+  ASSERT_NE(by_response_format, nullptr);
+  EXPECT_EQ(constraint(R"("guided_json":)" + schema), by_response_format);
+  EXPECT_EQ(constraint(R"("guided_json":)" + json(schema).dump()), by_response_format);  // text
+  EXPECT_EQ(constraint(R"("structured_outputs":{"json":)" + schema + "}"), by_response_format);
+  EXPECT_NE(constraint(R"("structured_outputs":{"json_object":true})"), nullptr);
+  EXPECT_EQ(constraint(R"("structured_outputs":{"json_object":false})"), nullptr);
+  const std::pair<std::string, std::string> refused[] = {
+      {R"("guided_json":{},"response_format":{"type":"json_object"})", "guided_json"},
+      {R"("guided_json":"{not json")", "guided_json"},
+      {R"("guided_json":{"type":"string","pattern":"a"})", "guided_json"},
+      {R"("structured_outputs":{"choice":["a","b"]})", "structured_outputs"},
+      {R"("structured_outputs":{"json":{},"json_object":true})", "structured_outputs"},
+      {R"("structured_outputs":{"json_object":"yes"})", "structured_outputs"},
+      {R"("structured_outputs":[])", "structured_outputs"},
+      {R"("guided_regex":"a+")", "guided_regex"},
+  };
+  for (const auto& [fields, param] : refused) {
+    try {
+      constraint(fields);
+      ADD_FAILURE() << fields << " was accepted";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status(), 400);
+      EXPECT_EQ(e.param(), param) << fields << ": " << e.what();
+    }
   }
 }
 
