@@ -417,6 +417,13 @@ ApiRequest parse_api_request(Endpoint endpoint, const json& body, const Tokenize
       throw ApiError(400, "'stream_options' must be an object", "stream_options");
     if (!r.stream)
       throw ApiError(400, "'stream_options' is only allowed with 'stream': true", "stream_options");
+    for (const auto& [key, value] : it->items()) {
+      // include_obfuscation pads chunks against side channels: nothing a client reads.
+      const bool known = key == "include_usage" || key == "include_obfuscation";
+      if (!known && !(key == "continuous_usage_stats" && (value.is_null() || value == false)))
+        throw ApiError(400, "'stream_options." + key + "' is not supported (include_usage is)",
+                       "stream_options");
+    }
     r.include_usage = bool_field(*it, "include_usage", false);
   }
 

@@ -445,6 +445,15 @@ TEST_F(OpenAiTest, FieldCombinationsVllmRefusesAreRefused) {
     EXPECT_TRUE(
         parse(e, head + R"("stream":true,"stream_options":{"include_usage":true}})").include_usage);
     EXPECT_NO_THROW(parse(e, head + R"("stream_options":null})"));
+    // Its other options change the stream (vLLM's usage in every chunk): refused by name.
+    EXPECT_EQ(
+        error_param(e, head + R"("stream":true,"stream_options":{"continuous_usage_stats":true}})"),
+        "stream_options");
+    EXPECT_EQ(error_param(e, head + R"("stream":true,"stream_options":{"frobnicate":1}})"),
+              "stream_options");
+    EXPECT_NO_THROW(parse(e, head +
+                                 R"("stream":true,"stream_options":{"include_usage":false,)"
+                                 R"("continuous_usage_stats":false,"include_obfuscation":true}})"));
     // A stop id the model cannot produce would never stop anything.
     const std::string past_vocab = std::to_string(tokenizer_->vocab_size());
     EXPECT_EQ(error_param(e, head + R"("stop_token_ids":[5,)" + past_vocab + "]}"),
