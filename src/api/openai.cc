@@ -4,6 +4,7 @@
 #include <limits>
 #include <string>
 
+#include "api/json_limits.h"
 #include "api/logprobs.h"
 #include "api/request_fields.h"
 #include "api/tools.h"
@@ -47,9 +48,10 @@ std::string flatten_parts(const json& parts, const std::string& where) {
   return text;
 }
 
-// A copy of `messages` with every content-part list flattened to a string. Throws ApiError
-// (400, param "messages[i]..." ) for a message that is not an object, has no string role, has
-// content that is neither a string, null nor a list of text parts, or holds invalid UTF-8.
+// A copy of `messages` with every content a string: content-part lists flattened, null or
+// absent content "". Throws ApiError (400, param "messages[i]...") for a message that is not an
+// object, has no string role, has content that is neither a string, null nor a list of text
+// parts, or holds invalid UTF-8.
 json flatten_chat_messages(const json& messages) {
   json out = json::array();
   for (size_t i = 0; i < messages.size(); ++i) {
@@ -58,15 +60,18 @@ json flatten_chat_messages(const json& messages) {
     if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
       throw ApiError(400, "each message needs a 'role' (" + where + ")", "messages");
     json copy = m;
-    if (auto c = copy.find("content"); c != copy.end()) {
-      if (c->is_array()) {
-        *c = flatten_parts(*c, where + ".content");
-      } else if (!c->is_string() && !c->is_null()) {
-        throw ApiError(400, "'" + where + ".content' must be a string or a list of content parts",
-                       where + ".content");
-      }
-      if (c->is_string()) check_utf8(c->get_ref<const std::string&>(), where + ".content");
+    json& content = copy["content"];
+    if (content.is_null()) {
+      // No content (null or no key: the assistant turn blend returns with tool_calls) reaches
+      // the template as "", as vLLM passes it: templates concatenate it as a string.
+      content = "";
+    } else if (content.is_array()) {
+      content = flatten_parts(content, where + ".content");
+    } else if (!content.is_string()) {
+      throw ApiError(400, "'" + where + ".content' must be a string or a list of content parts",
+                     where + ".content");
     }
+    check_utf8(content.get_ref<const std::string&>(), where + ".content");
     out.push_back(std::move(copy));
   }
   return out;
@@ -161,13 +166,13 @@ SamplingParams parse_sampling(Endpoint endpoint, const json& body, int32_t vocab
   const int32_t unlimited = std::numeric_limits<int32_t>::max();
   if (endpoint == Endpoint::kCompletions) {
     p.max_tokens =
-        number_field<int32_t>(body, "max_tokens", model.max_tokens.value_or(16), 0, unlimited);
+        number_field<int32_t>(body, "max_tokens", model.max_tokens.value_or(16), 1, unlimited);
   } else {
     // Chat: max_completion_tokens supersedes max_tokens; the default is "until the context ends"
-    // (or the model's max_new_tokens).
+    // (or the model's max_new_tokens). Asking for no tokens is refused, as vLLM does.
     p.max_tokens = number_field<int32_t>(body, "max_tokens", model.max_tokens.value_or(unlimited),
-                                         0, unlimited);
-    p.max_tokens = number_field<int32_t>(body, "max_completion_tokens", p.max_tokens, 0, unlimited);
+                                         1, unlimited);
+    p.max_tokens = number_field<int32_t>(body, "max_completion_tokens", p.max_tokens, 1, unlimited);
   }
   if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
     if (it->is_string()) {
@@ -186,6 +191,13 @@ SamplingParams parse_sampling(Endpoint endpoint, const json& body, int32_t vocab
   if (auto it = body.find("stop_token_ids"); it != body.end() && !it->is_null()) {
     if (!it->is_array()) throw ApiError(400, "'stop_token_ids' must be a list", "stop_token_ids");
     p.stop_token_ids = token_list(*it, "stop_token_ids");
+    for (const TokenId id : p.stop_token_ids)
+      if (id >= vocab_size)
+        throw ApiError(400,
+                       "'stop_token_ids' holds " + std::to_string(id) +
+                           ", not a token id of this model (0 to " +
+                           std::to_string(vocab_size - 1) + ")",
+                       "stop_token_ids");
   }
   p.ignore_eos = bool_field(body, "ignore_eos", false);
   p.presence_penalty = number_field<float>(body, "presence_penalty", 0.0f, -2.0f, 2.0f);
@@ -199,8 +211,13 @@ SamplingParams parse_sampling(Endpoint endpoint, const json& body, int32_t vocab
   if (endpoint == Endpoint::kCompletions) {
     if (auto it = body.find("logprobs"); it != body.end() && !it->is_null())
       p.logprobs = number_field<int32_t>(body, "logprobs", 0, 0, 20);
-  } else if (bool_field(body, "logprobs", false)) {
-    p.logprobs = number_field<int32_t>(body, "top_logprobs", 0, 0, 20);
+  } else {
+    // Range-checked with logprobs off too; alternatives without logprobs would be dropped.
+    const int32_t top = number_field<int32_t>(body, "top_logprobs", 0, 0, 20);
+    if (bool_field(body, "logprobs", false))
+      p.logprobs = top;
+    else if (top > 0)
+      throw ApiError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs");
   }
   if (bool_field(body, "echo", false)) throw ApiError(400, "'echo' is not supported", "echo");
   return p;
@@ -248,6 +265,48 @@ std::shared_ptr<const TokenConstraint> parse_response_format(const json& body,
   } catch (const Error& e) {
     throw ApiError(400, std::string("response_format: ") + e.what(), kParam);
   }
+}
+
+// vLLM's own spellings of a JSON format, as the response_format they mean (compiled to the
+// same grammar): guided_json (a schema or its JSON text), structured_outputs {"json": schema}
+// or {"json_object": true}. Null when the body has neither; `param` gets the field's name.
+// What else structured_outputs can ask (choice, regex, grammar, ...) is refused by name.
+json vllm_response_format(const json& body, std::string& param) {
+  const auto schema_format = [](const json& schema, const std::string& at) {
+    json parsed = schema;
+    if (schema.is_string()) {
+      const std::string& text = schema.get_ref<const std::string&>();
+      if (json_nesting_depth(text) > kMaxClientJsonDepth)
+        throw ApiError(400, "'" + at + "' nests too deep", at);
+      parsed = json::parse(text, nullptr, /*allow_exceptions=*/false);
+      if (parsed.is_discarded()) throw ApiError(400, "'" + at + "' is not valid JSON", at);
+    }
+    return json{{"type", "json_schema"}, {"json_schema", {{"schema", std::move(parsed)}}}};
+  };
+  json format = nullptr;
+  if (auto it = body.find("guided_json"); it != body.end() && !it->is_null()) {
+    param = "guided_json";
+    format = schema_format(*it, param);
+  }
+  auto it = body.find("structured_outputs");
+  if (it == body.end() || it->is_null()) return format;
+  if (!it->is_object())
+    throw ApiError(400, "'structured_outputs' must be an object", "structured_outputs");
+  for (const auto& [key, value] : it->items()) {
+    if (value.is_null() || value == false) continue;  // vLLM's defaults
+    const std::string at = "structured_outputs." + key;
+    if (key != "json" && key != "json_object")
+      throw ApiError(400,
+                     "'" + at + "' is not supported (structured_outputs.json and .json_object are)",
+                     "structured_outputs");
+    if (!format.is_null())
+      throw ApiError(400, "'" + at + "' is a second output format; send one", "structured_outputs");
+    if (key == "json_object" && value != true)
+      throw ApiError(400, "'" + at + "' must be a boolean", "structured_outputs");
+    param = "structured_outputs";
+    format = key == "json" ? schema_format(value, at) : json{{"type", "json_object"}};
+  }
+  return format;
 }
 
 }  // namespace
@@ -314,6 +373,19 @@ ApiRequest parse_api_request(Endpoint endpoint, const json& body, const Tokenize
       parse_sampling(endpoint, body, tokenizer.vocab_size(),
                      limits.sampling_defaults ? *limits.sampling_defaults : SamplingDefaults{});
   r.params.constraint = parse_response_format(body, limits.grammars);
+  std::string format_param;
+  if (const json format = vllm_response_format(body, format_param); !format.is_null()) {
+    if (body.contains("response_format") && !body["response_format"].is_null())
+      throw ApiError(
+          400, "'" + format_param + "' and 'response_format' both give an output format; send one",
+          format_param);
+    try {
+      r.params.constraint =
+          parse_response_format(json{{"response_format", format}}, limits.grammars);
+    } catch (const ApiError& e) {
+      throw ApiError(e.status(), format_param + " (as response_format): " + e.what(), format_param);
+    }
+  }
   r.n = number_field<int32_t>(body, "n", 1, 1, 128);
   // best_of picks the n most likely of best_of samples; equal to n it is plain n.
   if (endpoint == Endpoint::kCompletions) {
@@ -343,6 +415,15 @@ ApiRequest parse_api_request(Endpoint endpoint, const json& body, const Tokenize
   if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
     if (!it->is_object())
       throw ApiError(400, "'stream_options' must be an object", "stream_options");
+    if (!r.stream)
+      throw ApiError(400, "'stream_options' is only allowed with 'stream': true", "stream_options");
+    for (const auto& [key, value] : it->items()) {
+      // include_obfuscation pads chunks against side channels: nothing a client reads.
+      const bool known = key == "include_usage" || key == "include_obfuscation";
+      if (!known && !(key == "continuous_usage_stats" && (value.is_null() || value == false)))
+        throw ApiError(400, "'stream_options." + key + "' is not supported (include_usage is)",
+                       "stream_options");
+    }
     r.include_usage = bool_field(*it, "include_usage", false);
   }
 

@@ -55,7 +55,8 @@ bool service_tier(const json& v) {
 }
 
 // Refusals several fields share.
-constexpr const char* kNoStructuredOutput = "structured output is not supported yet";
+constexpr const char* kNoStructuredOutput =
+    "only JSON output can be constrained: send 'response_format' (or vLLM's 'guided_json')";
 constexpr const char* kNoLora = "LoRA adapters are not supported";
 
 struct Field {
@@ -105,6 +106,9 @@ constexpr Field kFields[] = {
     {"service_tier", kBoth, Kind::kImplemented, service_tier, nullptr},
     // text, json_object, json_schema (grammar/json_schema.h); on completions too, as vLLM.
     {"response_format", kBoth, Kind::kImplemented, any_value, nullptr},
+    // vLLM's spellings of a JSON response_format (api/openai.cc, vllm_response_format).
+    {"guided_json", kBoth, Kind::kImplemented, any_value, nullptr},
+    {"structured_outputs", kBoth, Kind::kImplemented, any_value, nullptr},
     // Tool calling (api/tools.h): tools rendered by the chat template, calls parsed from the
     // output in the template's format; "required"/named enforced by a grammar.
     {"tools", kChat, Kind::kImplemented, any_value, nullptr},
@@ -162,8 +166,6 @@ constexpr Field kFields[] = {
     {"cache_salt", kBoth, Kind::kRefused, null_or_empty, "'cache_salt' is not supported"},
     {"priority", kBoth, Kind::kRefused, null_or_zero,
      "'priority' is not supported (use service_tier \"flex\" for best-effort requests)"},
-    {"structured_outputs", kBoth, Kind::kRefused, null_or_empty, kNoStructuredOutput},
-    {"guided_json", kBoth, Kind::kRefused, null_or_empty, kNoStructuredOutput},
     {"guided_regex", kBoth, Kind::kRefused, null_or_empty, kNoStructuredOutput},
     {"guided_choice", kBoth, Kind::kRefused, null_or_empty, kNoStructuredOutput},
     {"guided_grammar", kBoth, Kind::kRefused, null_or_empty, kNoStructuredOutput},

@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 
 #include <CLI/CLI.hpp>
 
@@ -37,6 +38,12 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const blend::Error& e) {
     std::fprintf(stderr, "blend: error: %s\n", e.what());
+    return 1;
+  } catch (const std::filesystem::filesystem_error& e) {
+    // The last resort for a std::filesystem call on a user's path that nothing wrapped (the
+    // model loaders name theirs): still the user's input, so a user error naming the path.
+    std::fprintf(stderr, "blend: error: %s: %s\n", e.path1().string().c_str(),
+                 e.code().message().c_str());
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "blend: internal error: %s\n", e.what());

@@ -1,13 +1,13 @@
 #include "engine/engine.h"
 
 #include <algorithm>
-#include <fstream>
 #include <iterator>
 #include <string>
 #include <tuple>
 
 #include "backend/registry.h"
 #include "core/error.h"
+#include "core/regular_file.h"
 
 namespace blend {
 namespace {
@@ -15,9 +15,9 @@ namespace {
 // Holds the place of a token a launched step is still sampling (collect_step writes it).
 constexpr TokenId kPendingToken = -1;
 
+// A model folder's tokenizer.json, compared byte for byte (the tokenizer loader's own bound).
 std::string read_file_bytes(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
+  return read_regular_file(path, 1u << 30);
 }
 
 uint64_t hash_string(const std::string& s, uint64_t seed) {
@@ -94,7 +94,7 @@ Engine::Engine(const std::vector<ModelFolder>& models, const EngineOptions& opti
       // An adapter folder with its own tokenizer usually added tokens, and with them trained
       // embedding rows (modules_to_save), which are refused; a copy of the base's is fine.
       const auto own = folder.adapter / "tokenizer.json";
-      if (std::filesystem::exists(own) &&
+      if (path_exists(own) &&
           read_file_bytes(own) != read_file_bytes(folder.dir / "tokenizer.json"))
         throw Error("the adapter " + folder.adapter.string() +
                     " brings a tokenizer.json that differs from its base model's; adapters with "
@@ -352,6 +352,10 @@ bool Engine::accept_token(Active& a, const SampledToken& sampled) {
   Sequence& seq = a.seq;
   const SamplingParams& p = seq.params;
   ++a.accepted;  // collect_step wrote the token into seq.tokens already
+  const auto cls = static_cast<size_t>(seq.request_class);
+  if (a.accepted == 1) stats_.prompt_tokens_by_class[cls] += seq.prompt_len;
+  ++stats_.output_tokens;
+  ++stats_.output_tokens_by_class[cls];
   a.last = sampled;
   seq.last_token_time = now();
   if (p.logprobs) a.logprobs.push_back(sampled);
@@ -410,7 +414,6 @@ void Engine::finish(Active& a) {
   r.num_preemptions = a.seq.num_preemptions;
   r.cached_tokens = a.seq.num_cached_prompt;
   r.index = a.index;
-  stats_.output_tokens += static_cast<int64_t>(r.tokens.size());
   ++stats_.finished;
   Callback cb = std::move(a.on_done);
   retire(a.seq.id);  // `a` belongs to no one from here on

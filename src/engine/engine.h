@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -68,9 +69,14 @@ struct EngineOptions {
 
 struct EngineStats {
   int64_t steps = 0;
-  int64_t batch_tokens = 0;  // sum over steps of tokens computed
-  int64_t prompt_tokens = 0;
+  int64_t batch_tokens = 0;   // sum over steps of tokens computed
+  int64_t prompt_tokens = 0;  // of the requests submitted
+  // Tokens generated, counted in the step that accepts each (a request still running, or later
+  // cancelled, is in it: /metrics and progress lines see them as they come).
   int64_t output_tokens = 0;
+  // By request class (RequestClass as the index): prompt tokens once a sequence's prefill is
+  // done (its first token), output tokens as output_tokens counts them.
+  std::array<int64_t, 2> prompt_tokens_by_class{}, output_tokens_by_class{};
   int64_t finished = 0;
   int64_t preemptions = 0;
   int64_t kv_peak_bytes = 0;

@@ -37,8 +37,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/regular_file.h"
 #include "model/config.h"
-#include "model/regular_file.h"
 
 namespace blend {
 namespace {
@@ -439,11 +439,11 @@ SamplingDefaults read_sampling_defaults(const json& gen) {
 
 ModelConfig ModelConfig::from_dir(const std::filesystem::path& dir) {
   const auto config_path = dir / "config.json";
-  if (!std::filesystem::exists(config_path))
+  if (!path_exists(config_path))
     throw Error("not a model folder (no config.json): " + dir.string());
   ModelConfig c = naming(config_path, [&] { return from_json(read_json_file(config_path)); });
   const auto gen_path = dir / "generation_config.json";
-  if (std::filesystem::exists(gen_path)) {
+  if (path_exists(gen_path)) {
     const json gen = read_json_file(gen_path);
     naming(gen_path, [&] {
       if (!gen.is_object()) refuse("expected a JSON object");

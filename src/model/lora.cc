@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/regular_file.h"
 #include "model/random_init.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
@@ -39,8 +40,7 @@ constexpr const char* kModuleNames[kLoraModules] = {"q_proj",    "k_proj",  "v_p
 
 json read_adapter_config(const fs::path& dir) {
   const fs::path path = dir / "adapter_config.json";
-  std::ifstream in(path);
-  if (!in) throw Error(path.string() + ": cannot read");
+  std::ifstream in = open_regular_file(path, 16u << 20);
   json j;
   try {
     j = json::parse(in);
@@ -97,7 +97,7 @@ const char* lora_module_name(LoraModule module) {
 }
 
 bool is_lora_adapter(const fs::path& dir) {
-  return fs::exists(dir / "adapter_config.json");
+  return path_exists(dir / "adapter_config.json");
 }
 
 std::string lora_base_model(const fs::path& dir) {
@@ -201,8 +201,8 @@ std::unique_ptr<LoraAdapter> LoraAdapter::open(const fs::path& dir, const ModelC
   }
 
   const fs::path file = dir / "adapter_model.safetensors";
-  if (!fs::exists(file)) {
-    if (fs::exists(dir / "adapter_model.bin"))
+  if (!path_exists(file)) {
+    if (path_exists(dir / "adapter_model.bin"))
       throw Error(dir.string() +
                   ": the adapter is in adapter_model.bin (pickle), which is not read; save it "
                   "with safe_serialization=True (adapter_model.safetensors)");

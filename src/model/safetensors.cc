@@ -19,7 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "model/regular_file.h"
+#include "core/regular_file.h"
 
 namespace blend {
 namespace {
@@ -204,7 +204,7 @@ TensorStore TensorStore::open_dir(const std::filesystem::path& dir) {
   const auto index_path = dir / "model.safetensors.index.json";
   std::vector<std::string> shard_names;
   json weight_map;
-  if (std::filesystem::exists(index_path)) {
+  if (path_exists(index_path)) {
     std::ifstream in = open_regular_file(index_path, 64u << 20);
     json index;
     try {
@@ -223,7 +223,7 @@ TensorStore TensorStore::open_dir(const std::filesystem::path& dir) {
       if (std::find(shard_names.begin(), shard_names.end(), s) == shard_names.end())
         shard_names.push_back(s);
     }
-  } else if (std::filesystem::exists(dir / "model.safetensors")) {
+  } else if (path_exists(dir / "model.safetensors")) {
     shard_names.push_back("model.safetensors");
   } else {
     throw Error(dir.string() + ": no model.safetensors or model.safetensors.index.json");

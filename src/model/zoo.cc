@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/regular_file.h"
 #include "model/lora.h"
 
 namespace blend {
@@ -24,7 +25,7 @@ std::filesystem::path adapter_base(const std::filesystem::path& adapter,
                 " names no base_model_name_or_path; cannot tell which model it adapts");
   const fs::path path(base);
   for (const fs::path& dir : {path.is_absolute() ? path : adapter / path})
-    if (fs::exists(dir / "config.json")) return dir;
+    if (path_exists(dir / "config.json")) return dir;
   const std::string name = model_folder_name(path);
   for (const ModelFolder& m : models)
     if (m.name == name) return m.dir;
@@ -55,10 +56,18 @@ std::vector<ModelFolder> model_folders(const std::filesystem::path& model,
       out.push_back({name, model, {}});
   }
   if (!zoo.empty()) {
-    if (!fs::is_directory(zoo)) throw Error("--zoo " + zoo.string() + ": not a folder");
+    std::error_code ec;
+    if (!fs::is_directory(zoo, ec))
+      throw Error("--zoo " + zoo.string() + ": not a folder" +
+                  (ec ? " (" + ec.message() + ")" : ""));
     std::vector<fs::path> dirs;
-    for (const auto& entry : fs::directory_iterator(zoo))
-      if (entry.is_directory()) dirs.push_back(entry.path());
+    for (const auto& entry : fs::directory_iterator(zoo, ec)) {
+      // An entry the filesystem cannot resolve (a symlink loop) is named, not skipped.
+      const bool is_dir = entry.is_directory(ec);
+      if (ec) throw Error("--zoo: " + entry.path().string() + ": " + ec.message());
+      if (is_dir) dirs.push_back(entry.path());
+    }
+    if (ec) throw Error("--zoo " + zoo.string() + ": " + ec.message());
     std::sort(dirs.begin(), dirs.end());
     if (dirs.empty()) throw Error("--zoo " + zoo.string() + ": holds no model folder");
     std::vector<fs::path> adapters;
@@ -67,7 +76,7 @@ std::vector<ModelFolder> model_folders(const std::filesystem::path& model,
         adapters.push_back(dir);
         continue;
       }
-      if (!fs::exists(dir / "config.json"))
+      if (!path_exists(dir / "config.json"))
         throw Error("--zoo: " + dir.string() +
                     " has no config.json or adapter_config.json: not a model or adapter folder");
       out.push_back({model_folder_name(dir), dir, {}});
@@ -96,9 +105,8 @@ std::vector<ModelFolder> model_folders(const std::filesystem::path& model,
 }
 
 std::filesystem::path chat_template_dir(const ModelFolder& folder) {
-  if (!folder.adapter.empty() &&
-      (std::filesystem::exists(folder.adapter / "chat_template.jinja") ||
-       std::filesystem::exists(folder.adapter / "tokenizer_config.json")))
+  if (!folder.adapter.empty() && (path_exists(folder.adapter / "chat_template.jinja") ||
+                                  path_exists(folder.adapter / "tokenizer_config.json")))
     return folder.adapter;
   return folder.dir;
 }

@@ -67,8 +67,9 @@ void Metrics::on_finished(RequestClass c, bool had_first_token, const char* fini
   PerClass& p = of(c);
   --(had_first_token ? p.running : p.waiting);
   bump(p.finished, std::string(finish_reason));
-  p.prompt_tokens += prompt_tokens;
-  p.output_tokens += output_tokens;
+  // As the engine counts them: the prompt once a token came, every output token.
+  if (output_tokens > 0) p.unstepped_prompt_tokens += prompt_tokens;
+  p.unstepped_output_tokens += output_tokens;
   p.e2e.observe(e2e_seconds);
   if (output_tokens > 1) p.tpot.observe(tpot_seconds);
 }
@@ -89,6 +90,7 @@ void Metrics::on_step(const EngineStats& stats) {
   const auto now = std::chrono::steady_clock::now();
   std::lock_guard lock(mu_);
   engine_ = stats;
+  for (PerClass& p : classes_) p.unstepped_prompt_tokens = p.unstepped_output_tokens = 0;
   samples_.emplace_back(now, stats.prompt_tokens + stats.output_tokens);
   while (samples_.size() > 2 && now - samples_.front().first > std::chrono::seconds(10))
     samples_.pop_front();
@@ -131,12 +133,19 @@ std::string Metrics::render() const {
   for (const auto& [status, n] : errors_)
     line("blend:request_errors_total", "status=\"" + std::to_string(status) + "\"",
          static_cast<double>(n));
-  help("blend:prompt_tokens_total", "counter", "Prompt tokens of finished requests.");
+  // RequestClass order (kRealtime, kBestEffort) is kClassNames' order.
+  help("blend:prompt_tokens_total", "counter",
+       "Prompt tokens prefilled (counted at a request's first token, cancelled ones included).");
   for (size_t i = 0; i < 2; ++i)
-    line("blend:prompt_tokens_total", cls(i), static_cast<double>(classes_[i].prompt_tokens));
-  help("blend:generation_tokens_total", "counter", "Output tokens of finished requests.");
+    line("blend:prompt_tokens_total", cls(i),
+         static_cast<double>(engine_.prompt_tokens_by_class[i] +
+                             classes_[i].unstepped_prompt_tokens));
+  help("blend:generation_tokens_total", "counter",
+       "Output tokens, counted in the step that generates them (cancelled requests' included).");
   for (size_t i = 0; i < 2; ++i)
-    line("blend:generation_tokens_total", cls(i), static_cast<double>(classes_[i].output_tokens));
+    line("blend:generation_tokens_total", cls(i),
+         static_cast<double>(engine_.output_tokens_by_class[i] +
+                             classes_[i].unstepped_output_tokens));
 
   auto histogram = [&](const char* name, const char* text, Histogram PerClass::*member) {
     help(name, "histogram", text);

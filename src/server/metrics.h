@@ -22,7 +22,11 @@ class Metrics {
  public:
   Metrics();
 
-  // A request's life: queued in the engine, its first token, its end (finished or not).
+  // A request's life: queued in the engine, its first token, its end (finished or not). The
+  // token counters come from the engine's steps (on_step): a request counted at its end left
+  // them flat while it ran and never counted a cancelled one's tokens. A request finishes
+  // inside a step, before on_step reports that step, so on_finished holds its tokens until
+  // then: /metrics read right after the answer already counts them.
   void on_queued(RequestClass c);
   void on_first_token(RequestClass c, double ttft_seconds);
   void on_finished(RequestClass c, bool had_first_token, const char* finish_reason,
@@ -48,7 +52,9 @@ class Metrics {
   };
   struct PerClass {
     int64_t waiting = 0, running = 0;
-    int64_t prompt_tokens = 0, output_tokens = 0, cancelled = 0;
+    int64_t cancelled = 0;
+    // Tokens of requests finished in the step on_step has not reported yet (see on_finished).
+    int64_t unstepped_prompt_tokens = 0, unstepped_output_tokens = 0;
     std::vector<std::pair<std::string, int64_t>> finished;  // by finish reason
     Histogram ttft, tpot, e2e;
   };

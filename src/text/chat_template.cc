@@ -1,9 +1,7 @@
 #include "text/chat_template.h"
 
-#include <fstream>
-#include <sstream>
-
 #include "core/error.h"
+#include "core/regular_file.h"
 
 namespace blend {
 namespace {
@@ -24,12 +22,9 @@ std::optional<std::string> token_text(const nlohmann::json& j) {
   return std::nullopt;
 }
 
+// tokenizer_config.json may carry several long templates; a template file is a few KB.
 std::string read_text(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot open " + path.string());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return read_regular_file(path, 64u << 20);
 }
 
 }  // namespace
@@ -43,8 +38,7 @@ ChatTemplate::ChatTemplate(std::string source, std::string bos_token, std::strin
 ChatTemplate ChatTemplate::from_dir(const std::filesystem::path& dir) {
   const auto config_path = dir / "tokenizer_config.json";
   nlohmann::json config = nlohmann::json::object();
-  std::error_code ec;
-  if (std::filesystem::exists(config_path, ec)) {
+  if (path_exists(config_path)) {
     try {
       config = nlohmann::json::parse(read_text(config_path));
     } catch (const nlohmann::json::exception& e) {  // also out_of_range (1e999)
@@ -56,7 +50,7 @@ ChatTemplate ChatTemplate::from_dir(const std::filesystem::path& dir) {
   std::string source;
   std::string origin = config_path.string();
   const auto jinja_path = dir / "chat_template.jinja";
-  if (std::filesystem::exists(jinja_path, ec)) {
+  if (path_exists(jinja_path)) {
     source = read_text(jinja_path);
     origin = jinja_path.string();
   } else if (auto it = config.find("chat_template"); it != config.end() && !it->is_null()) {

@@ -1,11 +1,11 @@
 // Loading a tokenizer.json (and tokenizer_config.json) into a Tokenizer.
 #include <algorithm>
-#include <fstream>
 #include <limits>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/regular_file.h"
 #include "text/tokenizer_impl.h"
 #include "text/utf8.h"
 
@@ -15,19 +15,11 @@ namespace {
 using nlohmann::json;
 using namespace tok;
 
+// tokenizer.json of the largest vocabularies (Gemma's 256K) is ~35 MB.
+constexpr uint64_t kMaxTokenizerFileBytes = 1u << 30;
+
 std::string read_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot open " + path.string());
-  std::string text;
-  in.seekg(0, std::ios::end);
-  const std::streamoff size = in.tellg();
-  if (size > 0) {
-    text.resize(static_cast<size_t>(size));
-    in.seekg(0);
-    in.read(text.data(), size);
-  }
-  if (!in) throw Error("cannot read " + path.string());
-  return text;
+  return read_regular_file(path, kMaxTokenizerFileBytes);
 }
 
 json read_json(const std::filesystem::path& path) {
@@ -266,8 +258,7 @@ constexpr const char* kGpt2Pattern =
 
 Tokenizer Tokenizer::from_dir(const std::filesystem::path& dir) {
   const auto config = dir / "tokenizer_config.json";
-  return from_files(dir / "tokenizer.json",
-                    std::filesystem::exists(config) ? config : std::filesystem::path());
+  return from_files(dir / "tokenizer.json", path_exists(config) ? config : std::filesystem::path());
 }
 
 Tokenizer Tokenizer::from_files(const std::filesystem::path& tokenizer_json,

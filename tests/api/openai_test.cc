@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "api/batch_file.h"
+#include "core/regular_file.h"
 #include "grammar/json_schema.h"
 #include "llama3_text_fixture.h"
 #include "test_util.h"
@@ -308,9 +309,8 @@ TEST_F(OpenAiTest, EveryFieldIsImplementedHarmlessOrRefused) {
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","echo":true})"), "echo");
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","suffix":"end"})"), "suffix");
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","min_tokens":4})"), "min_tokens");
-  EXPECT_EQ(
-      error_param(Endpoint::kCompletions, R"({"prompt":"x","guided_json":{"type":"object"}})"),
-      "guided_json");
+  EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","guided_choice":["a","b"]})"),
+            "guided_choice");
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","guided_regex":"a+"})"),
             "guided_regex");
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","frobnicate":1})"), "frobnicate");
@@ -417,6 +417,148 @@ TEST_F(OpenAiTest, ContextCheckNamesPromptOrMaxTokens) {
   // An unset max_tokens is the engine's to clamp.
   const json no_max = json::parse(R"({"prompt":"Hello, my dog"})");
   EXPECT_NO_THROW(check_context(r, no_max, 5));
+}
+
+// Fields vLLM answers 400 for, where blend used to accept them and run something else than
+// asked (issue 54): each names its parameter, and the valid spelling next to it still passes.
+TEST_F(OpenAiTest, FieldCombinationsVllmRefusesAreRefused) {
+  const std::string chat = R"({"messages":[{"role":"user","content":"x"}],)";
+  // top_logprobs asks for alternatives that only logprobs: true returns.
+  EXPECT_EQ(error_param(Endpoint::kChatCompletions, chat + R"("top_logprobs":3})"), "top_logprobs");
+  EXPECT_EQ(error_param(Endpoint::kChatCompletions, chat + R"("logprobs":false,"top_logprobs":3})"),
+            "top_logprobs");
+  EXPECT_EQ(parse(Endpoint::kChatCompletions, chat + R"("logprobs":true,"top_logprobs":3})")
+                .params.logprobs,
+            3);
+  EXPECT_NO_THROW(parse(Endpoint::kChatCompletions, chat + R"("top_logprobs":0})"));
+  // Its range is checked whether or not logprobs is on (OpenAI: 0 to 20).
+  for (const char* bad :
+       {R"("top_logprobs":50})", R"("top_logprobs":-1})", R"("logprobs":true,"top_logprobs":21})"})
+    EXPECT_EQ(error_param(Endpoint::kChatCompletions, chat + bad), "top_logprobs") << bad;
+  // stream_options only means something for a stream.
+  for (const Endpoint e : {Endpoint::kCompletions, Endpoint::kChatCompletions}) {
+    const std::string head = e == Endpoint::kCompletions ? R"({"prompt":"x",)" : chat;
+    EXPECT_EQ(error_param(e, head + R"("stream_options":{"include_usage":true}})"),
+              "stream_options");
+    EXPECT_EQ(error_param(e, head + R"("stream":false,"stream_options":{"include_usage":true}})"),
+              "stream_options");
+    EXPECT_TRUE(
+        parse(e, head + R"("stream":true,"stream_options":{"include_usage":true}})").include_usage);
+    EXPECT_NO_THROW(parse(e, head + R"("stream_options":null})"));
+    // Its other options change the stream (vLLM's usage in every chunk): refused by name.
+    EXPECT_EQ(
+        error_param(e, head + R"("stream":true,"stream_options":{"continuous_usage_stats":true}})"),
+        "stream_options");
+    EXPECT_EQ(error_param(e, head + R"("stream":true,"stream_options":{"frobnicate":1}})"),
+              "stream_options");
+    EXPECT_NO_THROW(parse(e, head +
+                                 R"("stream":true,"stream_options":{"include_usage":false,)"
+                                 R"("continuous_usage_stats":false,"include_obfuscation":true}})"));
+    // A stop id the model cannot produce would never stop anything.
+    const std::string past_vocab = std::to_string(tokenizer_->vocab_size());
+    EXPECT_EQ(error_param(e, head + R"("stop_token_ids":[5,)" + past_vocab + "]}"),
+              "stop_token_ids");
+    const std::string last = std::to_string(tokenizer_->vocab_size() - 1);
+    EXPECT_EQ(parse(e, head + R"("stop_token_ids":[5,)" + last + "]}").params.stop_token_ids,
+              (std::vector<TokenId>{5, tokenizer_->vocab_size() - 1}));
+    // Nothing to generate is not a request (vLLM: "max_tokens must be at least 1").
+    EXPECT_EQ(error_param(e, head + R"("max_tokens":0})"), "max_tokens");
+    EXPECT_EQ(parse(e, head + R"("max_tokens":1})").params.max_tokens, 1);
+  }
+  EXPECT_EQ(error_param(Endpoint::kChatCompletions, chat + R"("max_completion_tokens":0})"),
+            "max_completion_tokens");
+}
+
+// A NUL in the input (JSON "\u0000") survives: in a chat message's content it reaches the
+// rendered prompt, and an error message quoting it is whole (what() is a C string: it was cut
+// at the NUL, "Unrecognized request argument supplied: 'fro").
+TEST_F(OpenAiTest, NulBytesAreKeptInMessagesAndErrors) {
+  const ApiRequest r =
+      parse(Endpoint::kChatCompletions, R"({"messages":[{"role":"user","content":"a\u0000b"}]})");
+  EXPECT_NE(tokenizer_->decode(r.prompt).find(std::string("a\0b", 3)), std::string::npos);
+  try {
+    parse(Endpoint::kCompletions, R"({"prompt":"x","fro\u0000b":1})");
+    FAIL() << "expected an error";
+  } catch (const ApiError& e) {
+    const std::string message = e.body()["error"]["message"];
+    EXPECT_NE(message.find("'fro\\u0000b' (/v1/completions)"), std::string::npos) << message;
+    EXPECT_EQ(e.body()["error"]["param"], std::string("fro\0b", 5));
+  }
+}
+
+// vLLM's spellings of a JSON format (guided_json, structured_outputs) are response_format:
+// the same schema compiles to the same grammar whichever names it (they were refused with
+// "structured output is not supported"). What vLLM's fields ask beyond JSON is refused by name.
+TEST_F(OpenAiTest, VllmStructuredOutputFieldsAreResponseFormat) {
+  GrammarCompiler grammars(*tokenizer_, tokenizer_->vocab_size(),
+                           {*tokenizer_->token_id("<|eot_id|>")});
+  RequestLimits limits;
+  limits.grammars = &grammars;
+  const auto constraint = [&](const std::string& fields) {
+    const json body =
+        json::parse(R"({"messages":[{"role":"user","content":"Hi"}],)" + fields + "}");
+    return parse_api_request(Endpoint::kChatCompletions, body, *tokenizer_, template_, limits)
+        .params.constraint;
+  };
+  const std::string schema =
+      R"({"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]})";
+  const auto by_response_format = constraint(
+      R"("response_format":{"type":"json_schema","json_schema":{"schema":)" + schema + "}}");
+  ASSERT_NE(by_response_format, nullptr);
+  EXPECT_EQ(constraint(R"("guided_json":)" + schema), by_response_format);
+  EXPECT_EQ(constraint(R"("guided_json":)" + json(schema).dump()), by_response_format);  // text
+  EXPECT_EQ(constraint(R"("structured_outputs":{"json":)" + schema + "}"), by_response_format);
+  EXPECT_NE(constraint(R"("structured_outputs":{"json_object":true})"), nullptr);
+  EXPECT_EQ(constraint(R"("structured_outputs":{"json_object":false})"), nullptr);
+  const std::pair<std::string, std::string> refused[] = {
+      {R"("guided_json":{},"response_format":{"type":"json_object"})", "guided_json"},
+      {R"("guided_json":"{not json")", "guided_json"},
+      {R"("guided_json":{"type":"string","pattern":"a"})", "guided_json"},
+      {R"("structured_outputs":{"choice":["a","b"]})", "structured_outputs"},
+      {R"("structured_outputs":{"json":{},"json_object":true})", "structured_outputs"},
+      {R"("structured_outputs":{"json_object":"yes"})", "structured_outputs"},
+      {R"("structured_outputs":[])", "structured_outputs"},
+      {R"("guided_regex":"a+")", "guided_regex"},
+  };
+  for (const auto& [fields, param] : refused) {
+    try {
+      constraint(fields);
+      ADD_FAILURE() << fields << " was accepted";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status(), 400);
+      EXPECT_EQ(e.param(), param) << fields << ": " << e.what();
+    }
+  }
+}
+
+// The assistant turn blend itself returns (content null beside tool_calls) is accepted back:
+// null content reaches the template as "", as vLLM passes it.
+TEST_F(OpenAiTest, NullContentReachesTheTemplateAsEmptyText) {
+  const auto text = [&](const std::string& body, const ChatTemplate* t) {
+    return tokenizer_->decode(
+        parse_api_request(Endpoint::kChatCompletions, json::parse(body), *tokenizer_, t).prompt);
+  };
+  // Llama 3's template trims every content.
+  const std::string llama = text(R"({"messages":[{"role":"user","content":"Hi"},)"
+                                 R"({"role":"assistant","content":null},)"
+                                 R"({"role":"user","content":"Again"}]})",
+                                 template_);
+  EXPECT_NE(llama.find("<|start_header_id|>assistant<|end_header_id|>\n\n<|eot_id|>"),
+            std::string::npos)
+      << llama;
+  const ChatTemplate qwen3(
+      read_regular_file(
+          std::string(BLEND_SOURCE_DIR) + "/tests/text/data/chat_templates/qwen3.jinja", 1 << 20),
+      "", "<|im_end|>");
+  const std::string qwen = text(
+      R"({"messages":[{"role":"user","content":"Weather?"},{"role":"assistant","content":null,)"
+      R"("tool_calls":[{"id":"c1","type":"function","function":{"name":"get_weather",)"
+      R"("arguments":"{\"location\":\"Paris\"}"}}]},)"
+      R"({"role":"tool","tool_call_id":"c1","content":"sunny"}]})",
+      &qwen3);
+  EXPECT_NE(qwen.find("<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\""),
+            std::string::npos)
+      << qwen;
 }
 
 TEST(BatchFile, ReadsLinesAndRejectsDuplicateIds) {

@@ -1,4 +1,8 @@
 // `blend model init | info` as a user runs them.
+#include <sys/stat.h>
+
+#include <filesystem>
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -122,6 +126,67 @@ TEST(ModelCli, BadInputGivesMessageAndNonZeroExit) {
   r = testing::run_command(blend_cmd("model info --model " + (dir / "nothing").string() + " 2>&1"));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("config.json"), std::string::npos) << r.output;
+}
+
+// Every file a model folder is read from is refused at once when it is a FIFO (it blocked
+// start-up forever, waiting for a writer), and a path the filesystem cannot resolve (a symlink
+// loop) is a user error naming it (it was "internal error: filesystem error", exit 2). `timeout`
+// turns a hang into exit 124, so a regression fails instead of stalling the suite.
+TEST(ModelCli, FifosAndSymlinkLoopsInAModelFolderAreClearErrors) {
+  testing::TempDir dir;
+  const auto model = dir / "m";
+  const auto adapter = dir / "a";
+  ASSERT_EQ(
+      testing::run_command(blend_cmd("model init --preset tiny --out " + model.string())).exit_code,
+      0);
+  ASSERT_EQ(testing::run_command(blend_cmd("model derive --base " + model.string() + " --out " +
+                                           adapter.string() + " --lora --rank 2"))
+                .exit_code,
+            0);
+  testing::write_file(dir / "in.jsonl", "");
+  const std::string batch = "batch --input " + (dir / "in.jsonl").string() + " --output " +
+                            (dir / "out.jsonl").string() + " --model ";
+  const auto run = [&](const std::string& args) {
+    return testing::run_command("timeout 10 env " + blend_cmd(args + " </dev/null 2>&1"));
+  };
+  struct Case {
+    std::filesystem::path file;
+    std::string command;  // the one that reads `file`
+  };
+  const std::vector<Case> cases = {
+      {model / "tokenizer.json", "model info --model " + model.string()},
+      {model / "tokenizer_config.json", "model info --model " + model.string()},
+      {model / "generation_config.json", "model info --model " + model.string()},
+      {model / "chat_template.jinja", "template --model " + model.string()},
+      {adapter / "adapter_config.json", batch + adapter.string()},
+  };
+  for (const Case& c : cases) {
+    const auto aside = c.file.string() + ".aside";
+    const bool existed = std::filesystem::exists(c.file);
+    if (existed) std::filesystem::rename(c.file, aside);
+    ASSERT_EQ(::mkfifo(c.file.c_str(), 0600), 0);
+    auto r = run(c.command);
+    EXPECT_EQ(r.exit_code, 1) << c.file << ": " << r.output;
+    EXPECT_NE(r.output.find("blend: error: " + c.file.string() + ": not a regular file"),
+              std::string::npos)
+        << r.output;
+    // The same name as a symlink to itself: ELOOP, named.
+    std::filesystem::remove(c.file);
+    std::filesystem::create_symlink(c.file.filename(), c.file);
+    r = run(c.command);
+    EXPECT_EQ(r.exit_code, 1) << c.file << ": " << r.output;
+    EXPECT_NE(r.output.find("blend: error: "), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(c.file.string()), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("internal error"), std::string::npos) << r.output;
+    std::filesystem::remove(c.file);
+    if (existed) std::filesystem::rename(aside, c.file);
+  }
+  // The folder itself a symlink loop.
+  std::filesystem::create_symlink("loop", dir / "loop");
+  const auto r = run("model info --model " + (dir / "loop").string());
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("blend: error: " + (dir / "loop").string()), std::string::npos)
+      << r.output;
 }
 
 }  // namespace

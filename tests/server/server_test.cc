@@ -1590,7 +1590,8 @@ TEST(ServerOpenAiClient, ToolCallsRoundTrip) {
   std::printf("%s", v.output.c_str());
 }
 
-// ============================================================================================
+// =====================================================================================}
+
 // The Batch API: nothing accepted is lost or duplicated, errors not surprises (issue 54).
 // ============================================================================================
 
@@ -1757,6 +1758,83 @@ TEST_F(BatchApi, AFailedBatchStaysFailedAfterARestartWithItsPartialOutput) {
   for (const auto& entry :
        std::filesystem::directory_iterator(*dir_ / "batch-failed-restart" / "batches"))
     EXPECT_EQ(entry.path().extension(), ".json") << entry.path();
+=======
+// ---------------------------------------------------------------------------------------
+// Issue 54 (validation): metrics counted as tokens are generated.
+
+// A streaming completion on a raw connection, read until `events` data events came; returns
+// the open socket (the request is still running), or -1.
+int stream_until_events(int port, const json& body, size_t events) {
+  const int fd = connect_to(port);
+  if (fd < 0) return -1;
+  const std::string payload = body.dump();
+  const std::string request =
+      "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
+      "Content-Type: application/json\r\nContent-Length: " +
+      std::to_string(payload.size()) + "\r\n\r\n" + payload;
+  if (::send(fd, request.data(), request.size(), 0) != static_cast<ssize_t>(request.size())) {
+    ::close(fd);
+    return -1;
+  }
+  std::string got;
+  const auto events_in = [&got] {
+    size_t n = 0;
+    for (size_t at = got.find("data: "); at != std::string::npos; at = got.find("data: ", at + 1))
+      ++n;
+    return n;
+  };
+  char buf[4096];
+  while (events_in() < events) {
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) {
+      ::close(fd);
+      return -1;
+    }
+    got.append(buf, static_cast<size_t>(n));
+  }
+  return fd;
+}
+
+// generation_tokens_total counted only finished requests: flat at 0 while a long stream ran,
+// and never the tokens of one cancelled. Each token now counts in the step that made it, and
+// prompt_tokens_total counts a prompt once its first token came.
+TEST_F(ServerTest, TokenCountersGrowWhileARequestRunsAndKeepACancelledOnesTokens) {
+  auto server = start(options());
+  auto c = client(*server);
+  const std::string generated = "blend:generation_tokens_total{class=\"rt\"}";
+  const std::string prompted = "blend:prompt_tokens_total{class=\"rt\"}";
+  EXPECT_EQ(metric(c, generated), 0);
+  const int fd = stream_until_events(server->port(),
+                                     {{"model", "tiny"},
+                                      {"prompt", "a long story"},
+                                      {"max_tokens", 8000},
+                                      {"ignore_eos", true},
+                                      {"stream", true}},
+                                     20);
+  ASSERT_GE(fd, 0);
+  // 20 events are 20 tokens at least (each event carries one or more); still running.
+  const double while_running = metric(c, generated);
+  EXPECT_GE(while_running, 20);
+  EXPECT_GT(metric(c, prompted), 0);
+  EXPECT_EQ(metric(c, "blend:request_success_total{class=\"rt\",finished_reason=\"length\"}"), -1);
+  ::close(fd);
+  // Cancelled, and the engine has dropped it (its KV freed) and reported so.
+  ASSERT_TRUE(poll([&] {
+    return metric(c, "blend:request_cancelled_total{class=\"rt\"}") == 1 &&
+           metric(c, "blend:kv_cache_used_bytes") == 0;
+  }));
+  const double after_cancel = metric(c, generated);
+  EXPECT_GE(after_cancel, while_running);
+  EXPECT_GE(after_cancel, 20);
+  EXPECT_GT(metric(c, prompted), 0);
+  // A finished request is counted by the time its answer arrives (its step reported or not).
+  int status = 0;
+  const double before = metric(c, generated);
+  const json r =
+      post(c, "/v1/completions",
+           {{"model", "tiny"}, {"prompt", "x"}, {"max_tokens", 3}, {"ignore_eos", true}}, &status);
+  ASSERT_EQ(status, 200) << r.dump();
+  EXPECT_EQ(metric(c, generated), before + 3);
 }
 
 }  // namespace

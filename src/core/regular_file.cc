@@ -1,4 +1,4 @@
-#include "model/regular_file.h"
+#include "core/regular_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -12,6 +12,14 @@
 
 namespace blend {
 
+bool path_exists(const std::filesystem::path& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) return true;
+  // ENOTDIR: a file where a folder was expected, so nothing below it.
+  if (errno == ENOENT || errno == ENOTDIR) return false;
+  throw Error(path.string() + ": " + std::strerror(errno));
+}
+
 std::ifstream open_regular_file(const std::filesystem::path& path, uint64_t max_bytes) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0)
@@ -24,6 +32,20 @@ std::ifstream open_regular_file(const std::filesystem::path& path, uint64_t max_
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error("cannot open " + path.string());
   return in;
+}
+
+std::string read_regular_file(const std::filesystem::path& path, uint64_t max_bytes) {
+  std::ifstream in = open_regular_file(path, max_bytes);
+  std::string bytes;
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  if (size > 0) {
+    bytes.resize(static_cast<size_t>(size));
+    in.seekg(0);
+    in.read(bytes.data(), size);
+  }
+  if (!in) throw Error("cannot read " + path.string());
+  return bytes;
 }
 
 int open_regular_fd(const std::filesystem::path& path) {
