@@ -1590,8 +1590,7 @@ TEST(ServerOpenAiClient, ToolCallsRoundTrip) {
   std::printf("%s", v.output.c_str());
 }
 
-// =====================================================================================}
-
+// ============================================================================================
 // The Batch API: nothing accepted is lost or duplicated, errors not surprises (issue 54).
 // ============================================================================================
 
@@ -1758,7 +1757,9 @@ TEST_F(BatchApi, AFailedBatchStaysFailedAfterARestartWithItsPartialOutput) {
   for (const auto& entry :
        std::filesystem::directory_iterator(*dir_ / "batch-failed-restart" / "batches"))
     EXPECT_EQ(entry.path().extension(), ".json") << entry.path();
-=======
+}
+
+
 // ---------------------------------------------------------------------------------------
 // Issue 54 (validation): metrics counted as tokens are generated.
 
