@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "blocks/adaptive.h"
+#include "core/regular_file.h"
 #include "model/weights.h"
 #include "model/zoo.h"
 #include "server/server_impl.h"
@@ -76,13 +77,18 @@ std::string special_token(const json& config, const char* name) {
   return "";
 }
 
+// The largest chat template or tokenizer_config.json read for --chat-template (as
+// text/chat_template.cc reads a folder's).
+constexpr uint64_t kMaxChatTemplateBytes = 64u << 20;
+
 // --chat-template: its Jinja text (`what` says where it came from), with the model folder's
 // special tokens.
 ChatTemplate template_from_text(const std::string& text, const std::string& what,
                                 const std::filesystem::path& model_dir) {
   json config = json::object();
-  std::ifstream cfg(model_dir / "tokenizer_config.json");
-  if (cfg) config = json::parse(cfg, nullptr, /*allow_exceptions=*/false);
+  if (const auto path = model_dir / "tokenizer_config.json"; path_exists(path))
+    config = json::parse(read_regular_file(path, kMaxChatTemplateBytes), nullptr,
+                         /*allow_exceptions=*/false);
   if (!config.is_object()) config = json::object();
   try {
     return ChatTemplate(text, special_token(config, "bos_token"),
@@ -99,12 +105,8 @@ std::optional<std::string> chat_template_override(const ServerOptions& o, std::s
     return o.chat_template_text;
   }
   if (o.chat_template.empty()) return std::nullopt;
-  std::ifstream in(o.chat_template, std::ios::binary);
-  if (!in) throw Error("cannot read the chat template " + o.chat_template.string());
-  std::ostringstream text;
-  text << in.rdbuf();
   *what = "the chat template " + o.chat_template.string();
-  return text.str();
+  return read_regular_file(o.chat_template, kMaxChatTemplateBytes);
 }
 
 // The port and the HTTP limits, before anything loads.
