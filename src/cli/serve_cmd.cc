@@ -73,6 +73,11 @@ void register_serve_command(CLI::App& app) {
                   "Require 'Authorization: Bearer KEY' on /v1/* and /metrics");
   cmd->add_flag("--metrics-public", o->metrics_public,
                 "Serve /metrics without the API key (for a Prometheus scraper without one)");
+  cmd->add_option("--metrics-prefix", o->metrics_prefix,
+                  "Names on /metrics: blend:..., vllm:... (as vLLM's dashboards select them) or "
+                  "both; every sample carries model_name")
+      ->check(CLI::IsMember({"blend", "vllm", "both"}))
+      ->capture_default_str();
   cmd->add_option("--data-dir", o->data_dir, "Where Batch API files and results are kept")
       ->capture_default_str();
   auto names = std::make_shared<std::vector<std::string>>();

@@ -13,6 +13,10 @@ const std::vector<double> kLatencyBounds = {0.005, 0.01, 0.02, 0.04, 0.06, 0.08,
                                             0.15,  0.2,  0.3,  0.4,  0.5,  0.75, 1.0,
                                             2.5,   5.0,  10.0, 20.0, 40.0, 80.0};
 
+// Token-count buckets, 1-2-5 up to 100K (vLLM's build_1_2_5_buckets).
+const std::vector<double> kTokenBounds = {1,   2,    5,    10,   20,    50,    100,   200,
+                                          500, 1000, 2000, 5000, 10000, 20000, 50000, 100000};
+
 std::string number(double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.9g", v);
@@ -29,6 +33,39 @@ void bump(std::vector<std::pair<K, int64_t>>& counts, const K& key) {
   counts.emplace_back(key, 1);
 }
 
+// The exposition written as `blend:` names for each prefix in turn; the vllm: samples carry the
+// model_name label (blend's own names keep their labels as they were).
+std::string relabel(const std::string& text, const std::string& model_name,
+                    const std::vector<std::string>& prefixes) {
+  std::string escaped;  // Prometheus label values escape \\, " and newlines
+  for (char c : model_name)
+    escaped += c == '\n'                 ? std::string("\\n")
+               : (c == '"' || c == '\\') ? std::string("\\") + c
+                                         : std::string(1, c);
+  const std::string label = "model_name=\"" + escaped + "\"";
+  std::string out;
+  for (const std::string& prefix : prefixes) {
+    size_t at = 0;
+    while (at < text.size()) {
+      const size_t end = text.find('\n', at);
+      std::string line = text.substr(at, end - at);
+      at = end + 1;
+      const bool comment = line.rfind("# ", 0) == 0;
+      const size_t name = comment ? 7 : 0;  // after "# HELP " / "# TYPE "
+      if (line.compare(name, 6, "blend:") == 0) line.replace(name, 5, prefix);
+      if (!comment && prefix == "vllm") {
+        const size_t brace = line.find('{');
+        if (brace != std::string::npos && brace < line.find(' '))
+          line.insert(brace + 1, label + ",");
+        else
+          line.insert(line.find(' '), "{" + label + "}");
+      }
+      out += line + "\n";
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 void Metrics::Histogram::observe(double v) {
@@ -40,11 +77,21 @@ void Metrics::Histogram::observe(double v) {
 }
 
 Metrics::Metrics() {
-  for (PerClass& c : classes_)
-    for (Histogram* h : {&c.ttft, &c.tpot, &c.e2e}) {
-      h->bounds = kLatencyBounds;
-      h->counts.assign(kLatencyBounds.size() + 1, 0);
-    }
+  auto init = [](Histogram& h, const std::vector<double>& bounds) {
+    h.bounds = bounds;
+    h.counts.assign(bounds.size() + 1, 0);
+  };
+  for (PerClass& c : classes_) {
+    for (Histogram* h : {&c.ttft, &c.tpot, &c.e2e, &c.decode}) init(*h, kLatencyBounds);
+    for (Histogram* h : {&c.prompt_tokens, &c.generation_tokens}) init(*h, kTokenBounds);
+  }
+  init(step_tokens_, kTokenBounds);
+}
+
+void Metrics::set_names(std::string model_name, std::vector<std::string> prefixes) {
+  std::lock_guard lock(mu_);
+  model_name_ = std::move(model_name);
+  prefixes_ = std::move(prefixes);
 }
 
 void Metrics::on_queued(RequestClass c) {
@@ -72,6 +119,10 @@ void Metrics::on_finished(RequestClass c, bool had_first_token, const char* fini
   p.unstepped_output_tokens += output_tokens;
   p.e2e.observe(e2e_seconds);
   if (output_tokens > 1) p.tpot.observe(tpot_seconds);
+  p.prompt_tokens.observe(static_cast<double>(prompt_tokens));
+  p.generation_tokens.observe(static_cast<double>(output_tokens));
+  // First token to last: the TPOT times the gaps between output tokens.
+  if (output_tokens > 0) p.decode.observe(tpot_seconds * static_cast<double>(output_tokens - 1));
 }
 
 void Metrics::on_cancelled(RequestClass c, bool had_first_token) {
@@ -89,6 +140,10 @@ void Metrics::on_error(int http_status) {
 void Metrics::on_step(const EngineStats& stats) {
   const auto now = std::chrono::steady_clock::now();
   std::lock_guard lock(mu_);
+  // Each step since the last report, at the mean of their tokens (one step, as a rule).
+  const int64_t steps = stats.steps - engine_.steps;
+  const double tokens = static_cast<double>(stats.batch_tokens - engine_.batch_tokens);
+  for (int64_t i = 0; i < steps; ++i) step_tokens_.observe(tokens / static_cast<double>(steps));
   engine_ = stats;
   for (PerClass& p : classes_) p.unstepped_prompt_tokens = p.unstepped_output_tokens = 0;
   samples_.emplace_back(now, stats.prompt_tokens + stats.output_tokens);
@@ -166,6 +221,24 @@ std::string Metrics::render() const {
   histogram("blend:time_per_output_token_seconds", "Mean time between output tokens.",
             &PerClass::tpot);
   histogram("blend:e2e_request_latency_seconds", "Arrival to last token.", &PerClass::e2e);
+  histogram("blend:request_decode_time_seconds", "First token to last.", &PerClass::decode);
+  histogram("blend:request_prompt_tokens", "Prompt tokens of finished requests.",
+            &PerClass::prompt_tokens);
+  histogram("blend:request_generation_tokens", "Output tokens of finished requests.",
+            &PerClass::generation_tokens);
+  help("blend:iteration_tokens_total", "histogram", "Tokens computed per engine step.");
+  {
+    int64_t cumulative = 0;
+    for (size_t b = 0; b <= step_tokens_.bounds.size(); ++b) {
+      cumulative += step_tokens_.counts[b];
+      const std::string le =
+          b < step_tokens_.bounds.size() ? number(step_tokens_.bounds[b]) : "+Inf";
+      line("blend:iteration_tokens_total_bucket", "le=\"" + le + "\"",
+           static_cast<double>(cumulative));
+    }
+    line("blend:iteration_tokens_total_sum", "", step_tokens_.sum);
+    line("blend:iteration_tokens_total_count", "", static_cast<double>(step_tokens_.total));
+  }
 
   help("blend:kv_cache_usage_perc", "gauge", "Fraction of KV pages in use.");
   line("blend:kv_cache_usage_perc", "",
@@ -188,6 +261,11 @@ std::string Metrics::render() const {
   help("blend:prefix_cache_hit_tokens_total", "counter", "Prompt tokens served from the cache.");
   line("blend:prefix_cache_hit_tokens_total", "",
        static_cast<double>(engine_.cached_prompt_tokens));
+  // vLLM's pair for its hit-rate panel: prompt tokens looked up, and those found.
+  help("blend:prefix_cache_queries_total", "counter", "Prompt tokens looked up in the cache.");
+  line("blend:prefix_cache_queries_total", "", static_cast<double>(engine_.prompt_tokens));
+  help("blend:prefix_cache_hits_total", "counter", "Prompt tokens found in the cache.");
+  line("blend:prefix_cache_hits_total", "", static_cast<double>(engine_.cached_prompt_tokens));
   help("blend:num_preemptions_total", "counter", "Sequences preempted (KV recomputed).");
   line("blend:num_preemptions_total", "", static_cast<double>(engine_.preemptions));
   help("blend:iterations_total", "counter", "Engine steps.");
@@ -206,7 +284,7 @@ std::string Metrics::render() const {
   }
   help("blend:tokens_per_second", "gauge", "Prompt + output tokens per second, last 10 s.");
   line("blend:tokens_per_second", "", rate);
-  return out;
+  return relabel(out, model_name_, prefixes_);
 }
 
 }  // namespace blend

@@ -1,7 +1,11 @@
 // Metrics — what /metrics reports, in the Prometheus text format (names follow vLLM's, with a
-// `blend:` prefix): request counts by class and outcome, TTFT / TPOT / end-to-end latency
-// histograms per class, requests waiting (no token yet) and running per class, Batch API lines
-// the planner still holds back, KV usage and token throughput. Every method is thread-safe.
+// `blend:` prefix, or `vllm:` or both: set_names): request counts by class and outcome, TTFT /
+// TPOT / end-to-end / decode-time and prompt / generation length histograms per class, tokens
+// per engine step, requests waiting (no token yet) and running per class, Batch API lines the
+// planner still holds back, KV usage, prefix-cache queries and hits, token throughput. The
+// vllm: samples carry the `model_name` label vLLM's dashboards select on (the first served
+// model: the counts are the engine's, over all its models). Not reported, since the engine does not
+// time them: vLLM's queue and prefill times. Every method is thread-safe.
 #pragma once
 
 #include <array>
@@ -21,6 +25,9 @@ namespace blend {
 class Metrics {
  public:
   Metrics();
+  // The label every sample carries and the prefixes its names are written with ("blend",
+  // "vllm": each prefix writes every metric once). Before the first render.
+  void set_names(std::string model_name, std::vector<std::string> prefixes);
 
   // A request's life: queued in the engine, its first token, its end (finished or not). The
   // token counters come from the engine's steps (on_step): a request counted at its end left
@@ -56,7 +63,7 @@ class Metrics {
     // Tokens of requests finished in the step on_step has not reported yet (see on_finished).
     int64_t unstepped_prompt_tokens = 0, unstepped_output_tokens = 0;
     std::vector<std::pair<std::string, int64_t>> finished;  // by finish reason
-    Histogram ttft, tpot, e2e;
+    Histogram ttft, tpot, e2e, decode, prompt_tokens, generation_tokens;
   };
   PerClass& of(RequestClass c) { return classes_[c == RequestClass::kRealtime ? 0 : 1]; }
 
@@ -64,7 +71,10 @@ class Metrics {
   std::array<PerClass, 2> classes_;
   std::vector<std::pair<int, int64_t>> errors_;  // by HTTP status
   EngineStats engine_;
+  Histogram step_tokens_;  // tokens computed per engine step (vLLM's iteration_tokens_total)
   int64_t batch_lines_pending_ = 0;
+  std::string model_name_;
+  std::vector<std::string> prefixes_ = {"blend"};
   // (time, prompt + output tokens) samples over the last seconds, for tokens/s.
   std::deque<std::pair<std::chrono::steady_clock::time_point, int64_t>> samples_;
 };

@@ -111,6 +111,8 @@ std::optional<std::string> chat_template_override(const ServerOptions& o, std::s
 
 // The port and the HTTP limits, before anything loads.
 void check_server_limits(const ServerOptions& o) {
+  if (o.metrics_prefix != "blend" && o.metrics_prefix != "vllm" && o.metrics_prefix != "both")
+    throw Error("--metrics-prefix must be blend, vllm or both");
   if (o.port < 0 || o.port > 65535)
     throw Error("--port must be between 0 (any free port) and 65535, not " +
                 std::to_string(o.port));
@@ -200,6 +202,9 @@ Server::Impl::Impl(const ServerOptions& o) : options(o) {
          .parent = parent,
          .aliases = m == 0 ? options.served_model_aliases : std::vector<std::string>{}});
   }
+  metrics.set_names(served[0].name, options.metrics_prefix == "both"
+                                        ? std::vector<std::string>{"blend", "vllm"}
+                                        : std::vector<std::string>{options.metrics_prefix});
   check_compute_dtype(options.dtype, *engine, options.engine.backend, folders[0].dir);
   max_sequence_tokens = engine->max_sequence_tokens();
   std::vector<ModelText> text;  // each model reads and writes text with its own tokenizer

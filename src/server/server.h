@@ -35,6 +35,8 @@ struct ServerOptions {
   int port = 8000;              // 0 = any free port (see Server::port())
   std::string api_key;          // when set, /v1/* and /metrics need "Authorization: Bearer <key>"
   bool metrics_public = false;  // /metrics without the key even when api_key is set
+  // The prefixes of /metrics' names: "blend", "vllm" (what vLLM's dashboards select) or "both".
+  std::string metrics_prefix = "blend";
   std::filesystem::path data_dir = "blend-data";
   std::string served_model_name;  // of --model; default: the model folder's name
   // More names requests may give for --model's model (vLLM's --served-model-name A B ...);

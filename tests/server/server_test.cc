@@ -680,6 +680,43 @@ TEST_F(ServerTest, MetricsNeedTheApiKeyUnlessMadePublic) {
 
 // Regression (issue 26): a chat request or batch metadata nested 100,000 deep killed the server
 // (stack overflow in recursive JSON code). Refused with a 400 now, and the server carries on.
+// vLLM's dashboards (issue 54): --metrics-prefix vllm or both writes every metric under vllm:
+// names with the model_name label they select on, beside the histograms they plot; blend's own
+// names are unchanged, and without the flag there is no vllm: name at all.
+TEST_F(ServerTest, MetricsUnderVllmNamesWithItsModelLabelAndHistograms) {
+  for (const std::string prefix : {"blend", "both"}) {
+    SCOPED_TRACE(prefix);
+    ServerOptions o = options();
+    o.metrics_prefix = prefix;
+    auto server = start(o);
+    auto c = client(*server);
+    int status = 0;
+    post(c, "/v1/completions",
+         {{"model", "tiny"}, {"prompt", "Hello there"}, {"max_tokens", 5}, {"ignore_eos", true}},
+         &status);
+    ASSERT_EQ(status, 200);
+    const std::string rt = "{class=\"rt\"}";
+    EXPECT_EQ(metric(c, "blend:request_generation_tokens_sum" + rt), 5);
+    EXPECT_EQ(metric(c, "blend:request_generation_tokens_count" + rt), 1);
+    EXPECT_EQ(metric(c, "blend:request_decode_time_seconds_count" + rt), 1);
+    EXPECT_GT(metric(c, "blend:iteration_tokens_total_count"), 0);
+    EXPECT_GT(metric(c, "blend:prefix_cache_queries_total"), 0);
+    const std::string vllm = "{model_name=\"tiny\",class=\"rt\"}";
+    if (prefix == "blend") {
+      auto text = c.Get("/metrics");
+      ASSERT_TRUE(text);
+      EXPECT_EQ(text->body.find("vllm:"), std::string::npos);
+      continue;
+    }
+    EXPECT_EQ(metric(c, "vllm:request_generation_tokens_sum" + vllm), 5);
+    EXPECT_EQ(metric(c, "vllm:request_prompt_tokens_count" + vllm), 1);
+    EXPECT_EQ(metric(c, "vllm:generation_tokens_total" + vllm), 5);
+    EXPECT_EQ(metric(c, "vllm:iteration_tokens_total_count{model_name=\"tiny\"}"),
+              metric(c, "blend:iteration_tokens_total_count"));
+    EXPECT_GT(metric(c, "vllm:prefix_cache_queries_total{model_name=\"tiny\"}"), 0);
+  }
+}
+
 TEST_F(ServerTest, DeeplyNestedJsonIsRefusedNotACrash) {
   auto server = start(options("deep"));
   auto c = client(*server);
@@ -1758,7 +1795,6 @@ TEST_F(BatchApi, AFailedBatchStaysFailedAfterARestartWithItsPartialOutput) {
        std::filesystem::directory_iterator(*dir_ / "batch-failed-restart" / "batches"))
     EXPECT_EQ(entry.path().extension(), ".json") << entry.path();
 }
-
 
 // ---------------------------------------------------------------------------------------
 // Issue 54 (validation): metrics counted as tokens are generated.
