@@ -14,8 +14,11 @@ namespace blend {
 namespace {
 
 // Calls and returns followed for one byte before giving up: bounds the work of rules that
-// match nothing inside loops (none of ours loop that way; this is the guard if one did).
-constexpr int kCallBudget = 64;
+// match nothing inside loops (none of ours loop that way, and compile() refuses left
+// recursion; this is the guard if one did). An object's optional properties are a chain of
+// such calls, one per property (json_schema caps them at 256 an object): at 64, an object of
+// 60 optional properties could not be closed empty nor start with its last property.
+constexpr int kCallBudget = 1024;
 
 // Rule shapes, process-wide: a canonical text of each rule's automaton (its callees written as
 // their shape ids) interned to an id. Ids are never reused, so forgetting the registry when it

@@ -18,6 +18,10 @@ using nlohmann::json;
 constexpr int kMaxSchemaDepth = 64;
 constexpr int64_t kMaxItemsBound = 1024;
 constexpr size_t kMaxEnumValues = 4096;
+// An object's optional properties are a chain of rules that may match nothing, one per
+// property, which a byte may have to descend whole (Grammar's call budget: 1,024); a state's
+// stacks grow with the square of its length.
+constexpr size_t kMaxProperties = 256;
 // Every character position of a bounded string is its own automaton node; their token tables
 // are derived from the unbounded string's (cheap), but the automaton grows with the bound.
 constexpr int64_t kMaxStringLength = 64;
@@ -333,6 +337,9 @@ class SchemaCompiler {
     const json empty = json::object();
     const json& props = s.contains("properties") ? s["properties"] : empty;
     if (!props.is_object()) throw Error(path + ".properties must be an object");
+    if (props.size() > kMaxProperties)
+      throw Error(path + ".properties has more than " + std::to_string(kMaxProperties) +
+                  " properties (the limit)");
     std::set<std::string> required;
     if (s.contains("required")) {
       const json& r = s["required"];

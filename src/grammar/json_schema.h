@@ -2,7 +2,8 @@
 // {"type": "json_schema", "json_schema": {"schema": ..., "strict": ...}}), compiled to a
 // Grammar whose every complete match is a JSON text valid against the schema.
 //
-// Supported (the output always satisfies them): type (one or a list), properties, required,
+// Supported (the output always satisfies them): type (one or a list), properties (up to 256 an
+// object), required,
 // additionalProperties (false, true, or a schema when there are no properties), items,
 // minItems, maxItems, minLength, maxLength (up to 64), enum, const, anyOf, $ref to "#/$defs/..." /
 // "#/definitions/..." (recursion allowed), nested schemas, boolean schema true; annotations (title,

@@ -208,6 +208,24 @@ TEST(GrammarTest, SchemasThatMatchNothingFiniteAreRefused) {
       "");
 }
 
+// An object's optional properties are a chain of rules that match nothing, one per property:
+// with 60 of them, "{}" and an object holding only the last one did not match (the matcher's
+// call budget, 64, ran out first). Up to the 256 a schema may list, every one is reachable.
+TEST(GrammarTest, ManyOptionalPropertiesCanAllBeLeftOut) {
+  for (int k : {60, 256}) {
+    json props = json::object();
+    for (int i = 0; i < k; ++i) props["p" + std::to_string(i)] = {{"type", "integer"}};
+    auto g = json_schema_grammar(json{{"type", "object"}, {"properties", props}});
+    EXPECT_TRUE(g->matches("{}")) << k;
+    EXPECT_TRUE(g->matches("{\"p" + std::to_string(k - 1) + "\": 1}")) << k;
+    EXPECT_TRUE(g->matches("{\"p0\": 1, \"p" + std::to_string(k - 1) + "\": 2}")) << k;
+  }
+  json props = json::object();
+  for (int i = 0; i < 257; ++i) props["p" + std::to_string(i)] = true;
+  EXPECT_NE(schema_error(json{{"properties", props}}).find("more than 256 properties"),
+            std::string::npos);
+}
+
 // Compiling has a node cap, a work budget and a cancel hook, each a clear error; the grammars
 // of real schemas (tests/grammar/data) stay far below the defaults, which the header states.
 TEST(GrammarTest, CompilationIsBoundedAndCancellable) {
