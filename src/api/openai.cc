@@ -326,6 +326,8 @@ const char* finish_reason_name(FinishReason reason) {
       return "stop";
     case FinishReason::kLength:
       return "length";
+    case FinishReason::kError:
+      return "error";
     case FinishReason::kNone:
       break;
   }

@@ -72,6 +72,10 @@ std::shared_ptr<Pending> Server::Impl::submit(const ApiRequest& request, Request
                           n, seconds_between(p->arrival, now), tpot);
       {
         std::lock_guard lock(p->mu);
+        if (r.finish == FinishReason::kError) {  // failed while generating: no answer
+          p->error = ApiError(500, r.error, "", "server_error").body();
+          p->error_status = 500;
+        }
         p->result = std::move(r);
         p->done = true;
       }
