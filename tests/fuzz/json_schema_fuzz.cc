@@ -45,7 +45,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (int step = 0; step < kWalkBytes; ++step) {
     std::vector<uint8_t> allowed;
     for (int b = 0; b < 256; ++b)
-      if (!g->advance(state, static_cast<uint8_t>(b)).empty()) allowed.push_back(static_cast<uint8_t>(b));
+      if (!g->advance(state, static_cast<uint8_t>(b)).empty())
+        allowed.push_back(static_cast<uint8_t>(b));
     if (allowed.empty()) {
       if (!complete(*g, state)) std::abort();  // stuck: neither a byte nor the end is allowed
       break;
