@@ -61,6 +61,7 @@ struct Engine::Active {
   std::unique_ptr<TokenMatcher> matcher;
   bool constraint_broken = false;  // a token the matcher refused (only from an invalid row)
   std::string error;               // FinishReason::kError's message
+  bool complete_before = false;    // the matcher's value was complete before the latest token
   int32_t accepted = 0;            // output tokens whose stop conditions were checked
   SampledToken last;               // the latest of them (the final streamed token)
   int32_t index = 0;               // GenerationRequest::index
@@ -378,11 +379,23 @@ bool Engine::accept_token(Active& a, const SampledToken& sampled) {
       (!p.ignore_eos || a.matcher) && std::find(eos.begin(), eos.end(), sampled.token) != eos.end();
   const bool is_stop_id = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(),
                                     sampled.token) != p.stop_token_ids.end();
-  if (is_eos || is_stop_id) {
-    seq.finish = FinishReason::kStop;
-    return true;
-  }
+  // A stop string or id that cuts a structured value short would report output the grammar
+  // did not accept as complete: the request fails instead (issue 54). The output is complete
+  // only when it ends right before this token's text (a stop id's, or a stop string's that
+  // starts there) and the value was complete then.
   const size_t before = a.text.size();
+  const auto stop_here = [&](bool at_this_token) {
+    if (a.matcher && !is_eos && !(at_this_token && a.complete_before)) {
+      seq.finish = FinishReason::kError;
+      a.error =
+          "a stop string or stop token ended the output before its response_format or "
+          "tool call value was complete";
+    } else {
+      seq.finish = FinishReason::kStop;
+    }
+    return true;
+  };
+  if (is_eos || is_stop_id) return stop_here(/*at_this_token=*/true);
   if (a.detok) a.text += a.detok->push(sampled.token);
   if (!p.stop.empty() && a.text.size() > before) {
     // A stop string may straddle the previous text; search only the tail that could hold it.
@@ -396,8 +409,7 @@ bool Engine::accept_token(Active& a, const SampledToken& sampled) {
     if (cut != std::string::npos) {
       a.text.resize(cut);
       a.stopped_by_string = true;
-      seq.finish = FinishReason::kStop;
-      return true;
+      return stop_here(/*at_this_token=*/cut == before);
     }
   }
   // The constrained value is complete and nothing may follow it but EOS: stop here rather
@@ -593,8 +605,10 @@ std::vector<SampledToken> Engine::collect_step() {
     tokens.back() = sampled[r].token;
     // The matcher advances before the next step is launched: that step's mask depends on it.
     Active& a = *it->second;
-    if (a.matcher && !a.constraint_broken && !a.matcher->accept(sampled[r].token))
-      a.constraint_broken = true;
+    if (a.matcher && !a.constraint_broken) {
+      a.complete_before = a.matcher->complete();
+      if (!a.matcher->accept(sampled[r].token)) a.constraint_broken = true;
+    }
   }
   return sampled;
 }

@@ -75,6 +75,7 @@ class GrammarMatcher : public TokenMatcher {
   }
 
   bool finished() const override { return finished_; }
+  bool complete() const override { return ended_ || can_finish(); }
 
  private:
   bool can_finish() const {

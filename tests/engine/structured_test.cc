@@ -173,6 +173,27 @@ TEST_P(StructuredTest, MaxTokensCutsWithLengthAndAValidPrefix) {
       << out.at("cut").text;
 }
 
+// A stop string that cuts the constrained value short ends the request with an error, never
+// with finish "stop" on output the grammar did not accept (issue 54); one that never meets the
+// value leaves it as it was.
+TEST_P(StructuredTest, AStopStringInsideTheValueIsAnErrorNotStop) {
+  Engine engine(dir_->path(), options());
+  GrammarCompiler grammars(engine.tokenizer(), engine.config().vocab_size,
+                           engine.config().eos_token_ids);
+  auto cut = request("cut", 4, grammars.json_schema(kSchema));
+  cut.params.stop = {"\""};  // every value of the schema has its keys quoted
+  auto untouched = request("untouched", 4, grammars.json_schema(kSchema));
+  untouched.params.stop = {"never in JSON \x01"};
+  const auto out = run(engine, {cut, untouched});
+  EXPECT_EQ(out.at("cut").finish, FinishReason::kError) << out.at("cut").text;
+  EXPECT_NE(out.at("cut").error.find("stop string"), std::string::npos) << out.at("cut").error;
+  const GenerationResult& ok = out.at("untouched");
+  ASSERT_NE(ok.finish, FinishReason::kError) << ok.error;
+  if (ok.finish == FinishReason::kStop) {
+    EXPECT_TRUE(json_schema_grammar(kSchema)->matches(ok.text)) << ok.text;
+  }
+}
+
 // OpenAI's n: samples of one request (same id and seed, index 0..n-1) each draw from their own
 // seed stream, and only the first computes the prompt: the others find it in the prefix cache.
 TEST_P(StructuredTest, SamplesOfOnePromptShareOnePrefill) {
