@@ -18,7 +18,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 seconds=${1:-}
 [[ "$seconds" =~ ^[1-9][0-9]*$ ]] || die "usage: bench/fuzz.sh SECONDS [HARNESS...]"
 shift
-all=(safetensors config gguf tokenizer_json bpe jinja openai_request batch_lines http_request)
+all=(safetensors config gguf tokenizer_json bpe jinja openai_request batch_lines http_request json_schema)
 harnesses=("$@")
 ((${#harnesses[@]})) || harnesses=("${all[@]}")
 for h in "${harnesses[@]}"; do
@@ -40,7 +40,7 @@ fi
 
 dict_for() {
   case "$1" in
-    openai_request | batch_lines) echo "-dict=$ROOT/tests/fuzz/json.dict" ;;
+    openai_request | batch_lines | json_schema) echo "-dict=$ROOT/tests/fuzz/json.dict" ;;
     jinja) echo "-dict=$ROOT/tests/fuzz/jinja.dict" ;;
   esac
 }

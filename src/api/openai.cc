@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <string>
 
 #include "api/json_limits.h"
@@ -225,8 +226,8 @@ SamplingParams parse_sampling(Endpoint endpoint, const json& body, int32_t vocab
 
 // OpenAI's response_format: {"type": "text"}, {"type": "json_object"}, or {"type":
 // "json_schema", "json_schema": {"name", "description", "schema", "strict"}}. Null for text.
-std::shared_ptr<const TokenConstraint> parse_response_format(const json& body,
-                                                             GrammarCompiler* grammars) {
+std::shared_ptr<const TokenConstraint> parse_response_format(
+    const json& body, GrammarCompiler* grammars, const std::function<bool()>& cancelled) {
   constexpr const char* kParam = "response_format";
   auto it = body.find(kParam);
   if (it == body.end() || it->is_null()) return nullptr;
@@ -261,7 +262,7 @@ std::shared_ptr<const TokenConstraint> parse_response_format(const json& body,
         throw ApiError(400, "'response_format.json_schema." + key + "' is not supported", kParam);
       }
     }
-    return grammars->json_schema(schema);
+    return grammars->json_schema(schema, cancelled);
   } catch (const Error& e) {
     throw ApiError(400, std::string("response_format: ") + e.what(), kParam);
   }
@@ -326,6 +327,8 @@ const char* finish_reason_name(FinishReason reason) {
       return "stop";
     case FinishReason::kLength:
       return "length";
+    case FinishReason::kError:
+      return "error";
     case FinishReason::kNone:
       break;
   }
@@ -367,25 +370,12 @@ ApiRequest parse_api_request(Endpoint endpoint, const json& body, const Tokenize
   check_request_fields(endpoint, body);
   ApiRequest r;
   r.endpoint = endpoint;
+  std::optional<ToolRequest> chat_tools;  // compiled last, with response_format
   if (auto it = body.find("model"); it != body.end() && it->is_string())
     r.model = it->get<std::string>();
   r.params =
       parse_sampling(endpoint, body, tokenizer.vocab_size(),
                      limits.sampling_defaults ? *limits.sampling_defaults : SamplingDefaults{});
-  r.params.constraint = parse_response_format(body, limits.grammars);
-  std::string format_param;
-  if (const json format = vllm_response_format(body, format_param); !format.is_null()) {
-    if (body.contains("response_format") && !body["response_format"].is_null())
-      throw ApiError(
-          400, "'" + format_param + "' and 'response_format' both give an output format; send one",
-          format_param);
-    try {
-      r.params.constraint =
-          parse_response_format(json{{"response_format", format}}, limits.grammars);
-    } catch (const ApiError& e) {
-      throw ApiError(e.status(), format_param + " (as response_format): " + e.what(), format_param);
-    }
-  }
   r.n = number_field<int32_t>(body, "n", 1, 1, 128);
   // best_of picks the n most likely of best_of samples; equal to n it is plain n.
   if (endpoint == Endpoint::kCompletions) {
@@ -455,16 +445,10 @@ ApiRequest parse_api_request(Endpoint endpoint, const json& body, const Tokenize
     // Ordered, for the tool calls' arguments (prepare_tool_messages keeps the model's order).
     nlohmann::ordered_json messages = flatten_chat_messages(*it);
     const std::string* source = chat_template ? &chat_template->source() : nullptr;
-    const ToolRequest tools = parse_tool_request(body, source);
+    chat_tools = parse_tool_request(body, source);
+    const ToolRequest& tools = *chat_tools;
     prepare_tool_messages(messages, source);
     if (!chat_template) throw ApiError(400, "this model has no chat template", "messages");
-    if (tools.parses_output() && r.params.constraint)
-      throw ApiError(400,
-                     "'response_format' cannot be combined with 'tools' unless 'tool_choice' is "
-                     "\"none\" (the output cannot be both a tool call and the format's JSON)",
-                     "response_format");
-    if (auto constraint = tool_call_constraint(tools, limits.grammars))
-      r.params.constraint = std::move(constraint);
     r.tool_format = tools.format;
     r.max_tool_calls = tools.max_calls();
     nlohmann::ordered_json extra = nlohmann::ordered_json::object();
@@ -481,6 +465,31 @@ ApiRequest parse_api_request(Endpoint endpoint, const json& body, const Tokenize
     r.prompt = tokenizer.encode(text, /*parse_special=*/true);
   }
   if (r.prompt.empty()) throw ApiError(400, "the prompt is empty", "prompt");
+  // Grammars last: compiling a large schema costs far more than every check above.
+  if (limits.max_sequence_tokens > 0) check_context(r, body, limits.max_sequence_tokens);
+  r.params.constraint = parse_response_format(body, limits.grammars, limits.cancelled);
+  std::string format_param;
+  if (const json format = vllm_response_format(body, format_param); !format.is_null()) {
+    if (body.contains("response_format") && !body["response_format"].is_null())
+      throw ApiError(
+          400, "'" + format_param + "' and 'response_format' both give an output format; send one",
+          format_param);
+    try {
+      r.params.constraint = parse_response_format(json{{"response_format", format}},
+                                                  limits.grammars, limits.cancelled);
+    } catch (const ApiError& e) {
+      throw ApiError(e.status(), format_param + " (as response_format): " + e.what(), format_param);
+    }
+  }
+  if (chat_tools) {
+    if (chat_tools->parses_output() && r.params.constraint)
+      throw ApiError(400,
+                     "'response_format' cannot be combined with 'tools' unless 'tool_choice' is "
+                     "\"none\" (the output cannot be both a tool call and the format's JSON)",
+                     "response_format");
+    if (auto constraint = tool_call_constraint(*chat_tools, limits.grammars, limits.cancelled))
+      r.params.constraint = std::move(constraint);
+  }
   return r;
 }
 

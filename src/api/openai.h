@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -67,6 +68,12 @@ struct RequestLimits {
   // Compiles response_format schemas for this model's vocabulary; null = response_format other
   // than text is refused.
   GrammarCompiler* grammars = nullptr;
+  // When set, the prompt is checked against this context (check_context) before any grammar
+  // is compiled: a request refused for its length does not pay for its schema (issue 54: a
+  // 4,096-value enum compiled 27 s before its prompt was refused). 0 = the caller checks.
+  int64_t max_sequence_tokens = 0;
+  // Polled while a response_format schema compiles: true (the client left) stops it.
+  std::function<bool()> cancelled;
 };
 
 // The longest prompt text, in bytes, that could still tokenize to fewer than

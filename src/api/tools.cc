@@ -216,8 +216,8 @@ ojson tools_in_client_order(const ToolRequest& tools, std::string_view raw_body)
   return ojson(tools.tools);
 }
 
-std::shared_ptr<const TokenConstraint> tool_call_constraint(const ToolRequest& tools,
-                                                            GrammarCompiler* grammars) {
+std::shared_ptr<const TokenConstraint> tool_call_constraint(
+    const ToolRequest& tools, GrammarCompiler* grammars, const std::function<bool()>& cancelled) {
   if (!tools.format ||
       (tools.choice != ToolChoice::kRequired && tools.choice != ToolChoice::kNamed))
     return nullptr;
@@ -244,8 +244,11 @@ std::shared_ptr<const TokenConstraint> tool_call_constraint(const ToolRequest& t
   // several calls when parallel calls are allowed.
   const bool parallel = tools.parallel && tools.choice == ToolChoice::kRequired;
   try {
-    return grammars->grammar(tool_call_grammar_key(*tools.format, functions, parallel),
-                             [&] { return tool_call_grammar(*tools.format, functions, parallel); });
+    return grammars->grammar(tool_call_grammar_key(*tools.format, functions, parallel), [&] {
+      GrammarBudget budget;
+      budget.cancelled = cancelled;
+      return tool_call_grammar(*tools.format, functions, parallel, budget);
+    });
   } catch (const Error& e) {
     throw ApiError(400, e.what(), "tools");
   }

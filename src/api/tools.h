@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -72,8 +73,10 @@ nlohmann::ordered_json tools_in_client_order(const ToolRequest& tools, std::stri
 
 // The constraint for "required" or a named function; null for "auto"/"none". ApiError 400
 // naming "tools[i].function.parameters" for a schema the grammar compiler cannot enforce.
-std::shared_ptr<const TokenConstraint> tool_call_constraint(const ToolRequest& tools,
-                                                            GrammarCompiler* grammars);
+// `cancelled` is polled while the grammar compiles (the client left).
+std::shared_ptr<const TokenConstraint> tool_call_constraint(
+    const ToolRequest& tools, GrammarCompiler* grammars,
+    const std::function<bool()>& cancelled = {});
 
 // A fresh "call_..." id (24 random letters and digits, as OpenAI's look).
 std::string new_tool_call_id();

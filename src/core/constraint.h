@@ -34,6 +34,9 @@ class TokenMatcher {
   // The output so far is a complete value, and no token could extend it: nothing but the end
   // of sequence may follow, so the engine stops the sequence here (finish reason "stop").
   virtual bool finished() const = 0;
+  // The output so far is a complete value (more may still follow it): ending here leaves
+  // output the grammar accepts.
+  virtual bool complete() const = 0;
 };
 
 class TokenConstraint {

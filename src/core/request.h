@@ -42,6 +42,7 @@ struct GenerationResult {
   int32_t num_preemptions = 0;
   int32_t cached_tokens = 0;  // prompt tokens served from the prefix cache
   int32_t index = 0;          // GenerationRequest::index
+  std::string error;          // finish kError: what failed, for the client's error message
 };
 
 }  // namespace blend

@@ -68,6 +68,8 @@ struct SampledToken {
   bool invalid = false;         // the logits row held no finite value (a broken model)
 };
 
-enum class FinishReason { kNone, kStop, kLength };
+// kError: the request failed while generating (GenerationResult::error says why; a model whose
+// logits are NaN): its output is not an answer.
+enum class FinishReason { kNone, kStop, kLength, kError };
 
 }  // namespace blend

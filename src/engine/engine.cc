@@ -60,6 +60,8 @@ struct Engine::Active {
   // Structured output (response_format): follows the sampled tokens, masks the next ones.
   std::unique_ptr<TokenMatcher> matcher;
   bool constraint_broken = false;  // a token the matcher refused (only from an invalid row)
+  std::string error;               // FinishReason::kError's message
+  bool complete_before = false;    // the matcher's value was complete before the latest token
   int32_t accepted = 0;            // output tokens whose stop conditions were checked
   SampledToken last;               // the latest of them (the final streamed token)
   int32_t index = 0;               // GenerationRequest::index
@@ -351,6 +353,17 @@ void Engine::stream(Active& a, const SampledToken& token, bool final) {
 bool Engine::accept_token(Active& a, const SampledToken& sampled) {
   Sequence& seq = a.seq;
   const SamplingParams& p = seq.params;
+  // A row with nothing to draw from gave a made-up token; one the grammar refused would make
+  // output it did not accept. Either fails this request alone (not part of its output), never
+  // reported as a complete answer (issue 54: "!" with finish_reason "stop").
+  if (sampled.invalid || a.constraint_broken) {
+    seq.finish = FinishReason::kError;
+    a.error = sampled.invalid
+                  ? "the model produced NaN logits: no finite logit for any token it may sample "
+                    "next (a broken checkpoint or numerical overflow)"
+                  : "internal: the sampled token is not allowed by the request's grammar";
+    return true;
+  }
   ++a.accepted;  // collect_step wrote the token into seq.tokens already
   const auto cls = static_cast<size_t>(seq.request_class);
   if (a.accepted == 1) stats_.prompt_tokens_by_class[cls] += seq.prompt_len;
@@ -366,11 +379,23 @@ bool Engine::accept_token(Active& a, const SampledToken& sampled) {
       (!p.ignore_eos || a.matcher) && std::find(eos.begin(), eos.end(), sampled.token) != eos.end();
   const bool is_stop_id = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(),
                                     sampled.token) != p.stop_token_ids.end();
-  if (is_eos || is_stop_id) {
-    seq.finish = FinishReason::kStop;
-    return true;
-  }
+  // A stop string or id that cuts a structured value short would report output the grammar
+  // did not accept as complete: the request fails instead (issue 54). The output is complete
+  // only when it ends right before this token's text (a stop id's, or a stop string's that
+  // starts there) and the value was complete then.
   const size_t before = a.text.size();
+  const auto stop_here = [&](bool at_this_token) {
+    if (a.matcher && !is_eos && !(at_this_token && a.complete_before)) {
+      seq.finish = FinishReason::kError;
+      a.error =
+          "a stop string or stop token ended the output before its response_format or "
+          "tool call value was complete";
+    } else {
+      seq.finish = FinishReason::kStop;
+    }
+    return true;
+  };
+  if (is_eos || is_stop_id) return stop_here(/*at_this_token=*/true);
   if (a.detok) a.text += a.detok->push(sampled.token);
   if (!p.stop.empty() && a.text.size() > before) {
     // A stop string may straddle the previous text; search only the tail that could hold it.
@@ -384,13 +409,12 @@ bool Engine::accept_token(Active& a, const SampledToken& sampled) {
     if (cut != std::string::npos) {
       a.text.resize(cut);
       a.stopped_by_string = true;
-      seq.finish = FinishReason::kStop;
-      return true;
+      return stop_here(/*at_this_token=*/cut == before);
     }
   }
   // The constrained value is complete and nothing may follow it but EOS: stop here rather
-  // than spend a step sampling that EOS. A refused token (an invalid logits row) stops too.
-  if (a.matcher && (a.matcher->finished() || a.constraint_broken)) {
+  // than spend a step sampling that EOS.
+  if (a.matcher && a.matcher->finished()) {
     seq.finish = FinishReason::kStop;
     return true;
   }
@@ -402,8 +426,9 @@ bool Engine::accept_token(Active& a, const SampledToken& sampled) {
 }
 
 void Engine::finish(Active& a) {
+  const bool failed = a.seq.finish == FinishReason::kError;
   if (!a.stopped_by_string && a.detok) a.text += a.detok->flush();
-  if (a.accepted > 0) stream(a, a.last, /*final=*/true);
+  if (a.accepted > 0 && !failed) stream(a, a.last, /*final=*/true);
   GenerationResult r;
   r.id = a.request_id;
   r.prompt_tokens = a.seq.prompt_len;
@@ -414,6 +439,7 @@ void Engine::finish(Active& a) {
   r.num_preemptions = a.seq.num_preemptions;
   r.cached_tokens = a.seq.num_cached_prompt;
   r.index = a.index;
+  r.error = std::move(a.error);
   ++stats_.finished;
   Callback cb = std::move(a.on_done);
   retire(a.seq.id);  // `a` belongs to no one from here on
@@ -579,8 +605,10 @@ std::vector<SampledToken> Engine::collect_step() {
     tokens.back() = sampled[r].token;
     // The matcher advances before the next step is launched: that step's mask depends on it.
     Active& a = *it->second;
-    if (a.matcher && !a.constraint_broken && !a.matcher->accept(sampled[r].token))
-      a.constraint_broken = true;
+    if (a.matcher && !a.constraint_broken) {
+      a.complete_before = a.matcher->complete();
+      if (!a.matcher->accept(sampled[r].token)) a.constraint_broken = true;
+    }
   }
   return sampled;
 }

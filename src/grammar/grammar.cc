@@ -14,8 +14,11 @@ namespace blend {
 namespace {
 
 // Calls and returns followed for one byte before giving up: bounds the work of rules that
-// match nothing inside loops (none of ours loop that way; this is the guard if one did).
-constexpr int kCallBudget = 64;
+// match nothing inside loops (none of ours loop that way, and compile() refuses left
+// recursion; this is the guard if one did). An object's optional properties are a chain of
+// such calls, one per property (json_schema caps them at 256 an object): at 64, an object of
+// 60 optional properties could not be closed empty nor start with its last property.
+constexpr int kCallBudget = 1024;
 
 // Rule shapes, process-wide: a canonical text of each rule's automaton (its callees written as
 // their shape ids) interned to an id. Ids are never reused, so forgetting the registry when it
@@ -171,7 +174,14 @@ void Grammar::compile_rule(int32_t rule) {
     std::vector<std::pair<int32_t, int>> calls;
   };
   std::vector<NState> ns(1);
+  // A bounded repeat copies its item max times: the states are bounded as the nodes are.
+  const auto max_states = static_cast<size_t>(4 * budget_->max_nodes);
   auto fresh = [&] {
+    spend(1);
+    if (ns.size() >= max_states)
+      throw Error("the grammar needs more than " + std::to_string(max_states) +
+                  " automaton states (the limit: a long enum, const or bounded repeat of a large "
+                  "schema makes many)");
     ns.emplace_back();
     return static_cast<int>(ns.size()) - 1;
   };
@@ -232,19 +242,22 @@ void Grammar::compile_rule(int32_t rule) {
   std::vector<int> order{0};
   node_of[0] = static_cast<int32_t>(nodes_.size());
   nodes_.emplace_back();
-  std::vector<char> seen(ns.size());
+  // seen[x] == i + 1: x is in the closure of order[i] (a mark per closure, never a clear of
+  // every state per node: that was quadratic, 564 s for a 3 MB enum).
+  std::vector<uint32_t> seen(ns.size(), 0);
   for (size_t i = 0; i < order.size(); ++i) {
     const int s = order[i];
+    const auto mark = static_cast<uint32_t>(i + 1);
     // Epsilon closure of s.
-    std::fill(seen.begin(), seen.end(), 0);
     std::vector<int> closure{s}, todo{s};
-    seen[static_cast<size_t>(s)] = 1;
+    seen[static_cast<size_t>(s)] = mark;
     while (!todo.empty()) {
       const int x = todo.back();
       todo.pop_back();
+      spend(1 + static_cast<int64_t>(ns[static_cast<size_t>(x)].eps.size()));
       for (int y : ns[static_cast<size_t>(x)].eps)
-        if (!seen[static_cast<size_t>(y)]) {
-          seen[static_cast<size_t>(y)] = 1;
+        if (seen[static_cast<size_t>(y)] != mark) {
+          seen[static_cast<size_t>(y)] = mark;
           closure.push_back(y);
           todo.push_back(y);
         }
@@ -252,6 +265,9 @@ void Grammar::compile_rule(int32_t rule) {
     auto node_for = [&](int t) {
       auto [it, added] = node_of.emplace(t, static_cast<int32_t>(nodes_.size()));
       if (added) {
+        if (static_cast<int64_t>(nodes_.size()) >= budget_->max_nodes)
+          throw Error("the grammar needs more than " + std::to_string(budget_->max_nodes) +
+                      " automaton nodes (the limit: each byte of an enum or const value is one)");
         nodes_.emplace_back();
         order.push_back(t);
       }
@@ -261,6 +277,7 @@ void Grammar::compile_rule(int32_t rule) {
     n.rule = rule;
     std::map<int32_t, ByteSet> by_target;  // one edge per target: the union of its byte sets
     for (int x : closure) {
+      spend(1);
       if (x == accept) n.final = true;
       for (const auto& [set, t] : ns[static_cast<size_t>(x)].bytes)
         by_target[node_for(t)].add_all(set);
@@ -294,6 +311,7 @@ void Grammar::merge_equivalent_nodes(int32_t rule) {
     for (size_t i = 0; i < count; ++i) {
       if (rep[i] != static_cast<int32_t>(i)) continue;  // folded into an earlier node
       const Node& n = nodes_[start + i];
+      spend(1 + static_cast<int64_t>(n.bytes.size() + n.calls.size()));
       std::map<int32_t, ByteSet> bytes_to;  // target group -> the bytes that lead there
       for (const ByteEdge& e : n.bytes) bytes_to[group_of(e.target)].add_all(e.set);
       std::vector<std::pair<int32_t, int32_t>> calls;  // (rule, return group)
@@ -361,6 +379,7 @@ void Grammar::compute_shapes() {
     while (!todo.empty() && !cyclic[r]) {
       const size_t x = static_cast<size_t>(todo.back());
       todo.pop_back();
+      spend(1);
       if (x == r) cyclic[r] = 1;
       if (seen[x] == epoch) continue;
       seen[x] = epoch;
@@ -374,6 +393,7 @@ void Grammar::compute_shapes() {
     if (cyclic[r]) return shapes_[r] = unique_shape();
     std::string key;
     const int32_t start = rules_[r].start;
+    spend(rules_[r].end - start);
     put(key, rules_[r].end - start);
     for (int32_t i = start; i < rules_[r].end; ++i) {
       const Node& n = nodes_[static_cast<size_t>(i)];
@@ -394,14 +414,34 @@ void Grammar::compute_shapes() {
   for (size_t r = 0; r < num; ++r) shape(r);
 }
 
-void Grammar::compile(int32_t root) {
+void Grammar::spend(int64_t steps) {
+  constexpr int64_t kPollEvery = int64_t{1} << 14;
+  const int64_t before = work_;
+  work_ += steps;
+  if (work_ > budget_->max_work)
+    throw Error("compiling the grammar took more than " + std::to_string(budget_->max_work) +
+                " steps (the limit: the schema is too large or too deeply repeated)");
+  if (budget_->cancelled && before / kPollEvery != work_ / kPollEvery && budget_->cancelled())
+    throw Error("the grammar's compilation was cancelled");
+}
+
+void Grammar::compile(int32_t root, const GrammarBudget& budget) {
+  budget_ = &budget;
+  work_ = 0;
+  struct Forget {  // the budget is the caller's: not kept past this call, whatever happens
+    const GrammarBudget*& budget;
+    ~Forget() { budget = nullptr; }
+  } forget{budget_};
   nodes_.clear();
   for (int32_t r = 0; r < num_rules(); ++r) compile_rule(r);
   root_ = root;
+  // The expressions are in the automata now; a large enum's would double what is kept.
+  for (Rule& r : rules_) r.body.reset();
   // completes(n): the rule may end at n, possibly after calls to rules that match nothing.
   for (Node& n : nodes_) n.completes = n.final;
   for (bool changed = true; changed;) {
     changed = false;
+    spend(static_cast<int64_t>(nodes_.size()));
     for (Node& n : nodes_) {
       if (n.completes) continue;
       for (const CallEdge& c : n.calls)
@@ -412,9 +452,119 @@ void Grammar::compile(int32_t root) {
         }
     }
   }
+  remove_unproductive();
+  refuse_left_recursion();
   compute_shapes();
   index_deterministic_nodes();
   compute_follow();
+}
+
+void Grammar::remove_unproductive() {
+  // can_end[n]: some finite text leads from n to its rule's end (through calls of rules that
+  // match some finite text): a least fixpoint, last node first since edges mostly lead on.
+  const size_t count = nodes_.size();
+  std::vector<char> can_end(count, 0);
+  for (size_t i = 0; i < count; ++i) can_end[i] = nodes_[i].final;
+  auto starts_productive = [&](int32_t rule) {
+    return can_end[static_cast<size_t>(rules_[static_cast<size_t>(rule)].start)] != 0;
+  };
+  for (bool changed = true; changed;) {
+    changed = false;
+    spend(static_cast<int64_t>(count));
+    for (size_t i = count; i-- > 0;) {
+      if (can_end[i]) continue;
+      const Node& n = nodes_[i];
+      bool ends = std::any_of(n.bytes.begin(), n.bytes.end(), [&](const ByteEdge& e) {
+        return can_end[static_cast<size_t>(e.target)] != 0;
+      });
+      ends = ends || std::any_of(n.calls.begin(), n.calls.end(), [&](const CallEdge& c) {
+               return starts_productive(c.rule) && can_end[static_cast<size_t>(c.target)];
+             });
+      if (ends) can_end[i] = changed = true;
+    }
+  }
+  productive_.assign(rules_.size(), 0);
+  for (size_t r = 0; r < rules_.size(); ++r)
+    productive_[r] = starts_productive(static_cast<int32_t>(r));
+  if (!productive_[static_cast<size_t>(root_)])
+    throw Error("the grammar matches no finite text: every way through '" +
+                rules_[static_cast<size_t>(root_)].name +
+                "' recurses without end (such as the schema {\"$ref\": \"#\"})");
+  // A matcher that took such an edge could never finish: it would be stuck with an empty mask
+  // (the output "!" reported as complete, issue 54). Without them every state can complete.
+  for (Node& n : nodes_) {
+    std::erase_if(n.bytes,
+                  [&](const ByteEdge& e) { return !can_end[static_cast<size_t>(e.target)]; });
+    std::erase_if(n.calls, [&](const CallEdge& c) {
+      return !starts_productive(c.rule) || !can_end[static_cast<size_t>(c.target)];
+    });
+  }
+}
+
+void Grammar::refuse_left_recursion() {
+  // Rule r calls c "first" when a call of c is reachable from r's start over calls of rules
+  // that may match nothing. A cycle of such calls would let step() recurse without consuming
+  // anything (bounded only by kCallBudget); in a schema it is an anyOf/$ref loop that adds no
+  // value (anyOf: [{"$ref": "#"}, ...]).
+  const size_t num = rules_.size();
+  std::vector<std::vector<int32_t>> first_calls(num);
+  std::vector<uint32_t> seen(nodes_.size(), 0);
+  for (size_t r = 0; r < num; ++r) {
+    const auto mark = static_cast<uint32_t>(r + 1);
+    std::vector<int32_t> todo{rules_[r].start};
+    seen[static_cast<size_t>(rules_[r].start)] = mark;
+    while (!todo.empty()) {
+      const Node& n = nodes_[static_cast<size_t>(todo.back())];
+      todo.pop_back();
+      spend(1 + static_cast<int64_t>(n.calls.size()));
+      for (const CallEdge& c : n.calls) {
+        first_calls[r].push_back(c.rule);
+        const bool nullable =
+            nodes_[static_cast<size_t>(rules_[static_cast<size_t>(c.rule)].start)].completes;
+        if (nullable && seen[static_cast<size_t>(c.target)] != mark) {
+          seen[static_cast<size_t>(c.target)] = mark;
+          todo.push_back(c.target);
+        }
+      }
+    }
+  }
+  // Depth-first search for a cycle: 0 unvisited, 1 on the path, 2 done.
+  std::vector<char> color(num, 0);
+  std::vector<std::pair<size_t, size_t>> path;  // (rule, next callee index)
+  for (size_t r0 = 0; r0 < num; ++r0) {
+    if (color[r0]) continue;
+    path.push_back({r0, 0});
+    color[r0] = 1;
+    while (!path.empty()) {
+      auto& [r, next] = path.back();
+      spend(1);
+      if (next == first_calls[r].size()) {
+        color[r] = 2;
+        path.pop_back();
+        continue;
+      }
+      const auto c = static_cast<size_t>(first_calls[r][next++]);
+      if (color[c] == 1)
+        throw Error("the grammar's rule '" + rules_[c].name +
+                    "' can call itself before matching any byte (left recursion, not "
+                    "supported: in a schema, an anyOf/$ref loop that adds no value)");
+      if (color[c] == 0) {
+        color[c] = 1;
+        path.push_back({c, 0});
+      }
+    }
+  }
+}
+
+size_t Grammar::memory_bytes() const {
+  size_t bytes = sizeof(*this) + nodes_.capacity() * sizeof(Node) +
+                 rules_.capacity() * sizeof(Rule) + shapes_.capacity() * sizeof(uint64_t) +
+                 follow_.capacity() * sizeof(ByteSet) + productive_.capacity() +
+                 deterministic_slot_.capacity() * sizeof(int32_t) + edge_of_byte_.capacity();
+  for (const Node& n : nodes_)
+    bytes += n.bytes.capacity() * sizeof(ByteEdge) + n.calls.capacity() * sizeof(CallEdge);
+  for (const Rule& r : rules_) bytes += r.name.capacity();
+  return bytes;
 }
 
 void Grammar::compute_follow() {
@@ -424,6 +574,7 @@ void Grammar::compute_follow() {
   std::vector<ByteSet> first(nodes_.size());
   for (bool grew = true; grew;) {
     grew = false;
+    spend(static_cast<int64_t>(nodes_.size()));
     // Last node first: a call's return node comes after the calling node, so one pass
     // carries most of what flows back through rules that match nothing.
     for (size_t i = nodes_.size(); i-- > 0;) {
@@ -442,6 +593,7 @@ void Grammar::compute_follow() {
   follow_.assign(rules_.size(), ByteSet{});
   for (bool grew = true; grew;) {
     grew = false;
+    spend(static_cast<int64_t>(nodes_.size()));
     for (const Node& n : nodes_)
       for (const CallEdge& c : n.calls) {
         ByteSet& f = follow_[static_cast<size_t>(c.rule)];
@@ -456,6 +608,7 @@ void Grammar::index_deterministic_nodes() {
   deterministic_slot_.assign(nodes_.size(), -1);
   edge_of_byte_.clear();
   std::array<uint8_t, 256> edge_of{};
+  spend(static_cast<int64_t>(nodes_.size()));
   for (size_t i = 0; i < nodes_.size(); ++i) {
     const Node& n = nodes_[i];
     if (!n.calls.empty() || n.final || n.bytes.size() >= kNoEdgeIndex) continue;

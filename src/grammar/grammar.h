@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -66,6 +67,23 @@ inline GExpr g_star(GExpr item) {
 }
 GExpr g_rule(int32_t rule);
 
+// What one Grammar::compile() may spend. Grammars come from clients' schemas, and without a
+// bound one 3 MB enum held a thread for 564 s and 0.9 GB (issue 54). Real schemas stay far
+// below: the benchmark's schemas (tests/grammar/data) compile to at most 616 nodes, within a
+// hundredth of the work budget (grammar_test checks it); the largest enum json_schema allows
+// (4,096 values, 125 KB of them) to 105,618 nodes, 45 MB and 2.5 million steps in 0.4 s.
+struct GrammarBudget {
+  // Automaton nodes (about 430 bytes each with their step tables; a byte of an enum or const
+  // value is one): 131,072 nodes are about 56 MB.
+  int64_t max_nodes = int64_t{1} << 17;
+  // Elementary steps of the passes (Thompson states, epsilon closures, node merging, shapes,
+  // productivity, follow sets): 2^23 (8.4 million), 1.5 s to 7 s of one core (1.3 to 6 million
+  // steps a second were measured, on a loaded and an idle core).
+  int64_t max_work = int64_t{1} << 23;
+  // Polled every 2^14 steps; true stops the compilation (the client left). Null: never.
+  std::function<bool()> cancelled;
+};
+
 // A stack of automaton nodes, callers' return nodes first, the current node last.
 using GrammarStack = std::vector<int32_t>;
 
@@ -81,8 +99,16 @@ class Grammar {
   int32_t num_rules() const { return static_cast<int32_t>(rules_.size()); }
   const std::string& rule_name(int32_t rule) const { return rules_[rule].name; }
   // Builds every rule's automaton; `root` is what the whole output must match. Every rule
-  // must be defined. Throws blend::Error for an undefined rule.
-  void compile(int32_t root);
+  // must be defined. Alternatives that can never end (a rule that only recurses, such as the
+  // schema {"$ref": "#"}) are removed, so that every state the matcher reaches can still
+  // complete. Throws blend::Error for an undefined rule, a root that matches no finite text, a
+  // rule that calls itself before consuming a byte (left recursion), more nodes or work than
+  // `budget` allows (the message names the limit), or a cancelled compilation.
+  void compile(int32_t root, const GrammarBudget& budget = {});
+  // After compile(): whether `rule` matches some finite text (its calls included).
+  bool rule_productive(int32_t rule) const { return productive_[static_cast<size_t>(rule)] != 0; }
+  // Bytes the compiled grammar holds (its nodes, edges and tables), for byte-bounded caches.
+  size_t memory_bytes() const;
 
   // The matcher's primitives. The initial state is one stack holding the root's start node.
   std::vector<GrammarStack> initial() const { return {{rules_[root_].start}}; }
@@ -188,6 +214,13 @@ class Grammar {
   void step_rec(GrammarStack& stack, uint8_t b, std::vector<GrammarStack>& out, size_t& count,
                 bool* outside, int budget) const;
   void compile_rule(int32_t rule);
+  // Charges `steps` to the budget of the compile() running; throws past it or when cancelled.
+  void spend(int64_t steps);
+  // Drops byte edges and calls that lead where the rule can no longer end, and the calls of
+  // rules that match nothing; sets productive_. Throws when the root matches nothing.
+  void remove_unproductive();
+  // Throws when a rule can call itself before consuming a byte.
+  void refuse_left_recursion();
   // Folds the rule's nodes that behave alike into one (they would share every table anyway,
   // but under different node shapes each would be walked on its own).
   void merge_equivalent_nodes(int32_t rule);
@@ -199,6 +232,10 @@ class Grammar {
   std::vector<Node> nodes_;
   std::vector<uint64_t> shapes_;  // per rule
   std::vector<ByteSet> follow_;   // per rule
+  std::vector<char> productive_;  // per rule
+  // The compile() running: its budget and the steps spent.
+  const GrammarBudget* budget_ = nullptr;
+  int64_t work_ = 0;
   // deterministic_step's tables: per node, its slot (-1: not deterministic); per slot, which
   // of the node's byte edges takes each byte (kNoEdgeIndex: none). 256 bytes a node.
   static constexpr uint8_t kNoEdgeIndex = 0xff;

@@ -18,9 +18,16 @@ using nlohmann::json;
 constexpr int kMaxSchemaDepth = 64;
 constexpr int64_t kMaxItemsBound = 1024;
 constexpr size_t kMaxEnumValues = 4096;
+// An object's optional properties are a chain of rules that may match nothing, one per
+// property, which a byte may have to descend whole (Grammar's call budget: 1,024); a state's
+// stacks grow with the square of its length.
+constexpr size_t kMaxProperties = 256;
 // Every character position of a bounded string is its own automaton node; their token tables
 // are derived from the unbounded string's (cheap), but the automaton grows with the bound.
 constexpr int64_t kMaxStringLength = 64;
+// Every byte of an enum or const value is an automaton node: a schema whose values alone pass
+// the node budget (GrammarBudget::max_nodes) is refused before anything is built for them.
+constexpr size_t kMaxLiteralBytes = size_t{1} << 17;
 
 const std::set<std::string, std::less<>> kAnnotations = {
     "title", "description", "examples", "default", "$schema", "$id", "$comment"};
@@ -244,6 +251,10 @@ class SchemaCompiler {
             std::none_of(types.begin(), types.end(), [&](const auto& t) { return has_type(v, t); }))
           continue;
         const std::string text = v.dump();
+        literal_bytes_ += text.size();
+        if (literal_bytes_ > kMaxLiteralBytes)
+          throw Error(path + ": the schema's enum and const values total more than " +
+                      std::to_string(kMaxLiteralBytes) + " bytes (the limit)");
         if (seen.insert(text).second) alts.push_back(g_lit(text));
       }
       if (alts.empty()) throw Error(path + ": no enum/const value has the schema's type");
@@ -326,6 +337,9 @@ class SchemaCompiler {
     const json empty = json::object();
     const json& props = s.contains("properties") ? s["properties"] : empty;
     if (!props.is_object()) throw Error(path + ".properties must be an object");
+    if (props.size() > kMaxProperties)
+      throw Error(path + ".properties has more than " + std::to_string(kMaxProperties) +
+                  " properties (the limit)");
     std::set<std::string> required;
     if (s.contains("required")) {
       const json& r = s["required"];
@@ -406,7 +420,7 @@ class SchemaCompiler {
       throw Error(path + ".$ref '" + target +
                   "' is not supported (only '#', '#/$defs/NAME' and '#/definitions/NAME' that "
                   "exist)");
-    const int32_t rule = g_.add_rule("ref");
+    const int32_t rule = g_.add_rule("$ref " + target);  // named in the grammar's errors
     refs_[target] = rule;  // before compiling: the definition may refer to itself
     g_.define(rule, compile(*def, target, 1));
     return rule;
@@ -416,6 +430,7 @@ class SchemaCompiler {
   const json& root_;
   JsonRules rules_;
   std::map<std::string, int32_t> refs_;
+  size_t literal_bytes_ = 0;  // of enum and const values so far
 };
 
 }  // namespace
@@ -429,12 +444,12 @@ std::shared_ptr<Grammar> json_object_grammar() {
   return g;
 }
 
-std::shared_ptr<Grammar> json_schema_grammar(const json& schema) {
+std::shared_ptr<Grammar> json_schema_grammar(const json& schema, const GrammarBudget& budget) {
   auto g = std::make_shared<Grammar>();
   SchemaCompiler c(*g, schema);
-  const int32_t root = g->add_rule("root");
+  const int32_t root = g->add_rule("schema");
   g->define(root, c.compile(schema, "schema", 0));
-  g->compile(root);
+  g->compile(root, budget);
   return g;
 }
 
@@ -452,21 +467,43 @@ std::shared_ptr<const TokenConstraint> GrammarCompiler::cached(
     if (it != grammars_.end()) {
       lru_.remove(key);
       lru_.push_front(key);
-      return it->second;
+      std::shared_ptr<const CompiledGrammar> hit = it->second;
+      evict_locked();  // the grammars grow as they are used (tables, masks)
+      return hit;
     }
   }
   auto compiled = std::make_shared<const CompiledGrammar>(make(), vocab());
   std::lock_guard lock(mu_);
+  auto [it, added] = grammars_.emplace(key, compiled);
+  if (added) lru_.push_front(key);
+  std::shared_ptr<const CompiledGrammar> kept = it->second;
+  evict_locked();
+  return kept;
+}
+
+void GrammarCompiler::evict_locked() {
   constexpr size_t kMaxGrammars = 64;
-  if (!grammars_.count(key)) {
-    lru_.push_front(key);
-    grammars_[key] = compiled;
-    if (lru_.size() > kMaxGrammars) {
-      grammars_.erase(lru_.back());
-      lru_.pop_back();
-    }
+  size_t total = 0;
+  for (const auto& [key, g] : grammars_) total += g->memory_bytes();
+  // The most recent one stays whatever its size: its request holds it anyway.
+  while (lru_.size() > 1 && (lru_.size() > kMaxGrammars || total > max_cache_bytes_)) {
+    auto it = grammars_.find(lru_.back());
+    total -= it->second->memory_bytes();
+    grammars_.erase(it);
+    lru_.pop_back();
   }
-  return grammars_[key];
+}
+
+size_t GrammarCompiler::cached_bytes() const {
+  std::lock_guard lock(mu_);
+  size_t total = 0;
+  for (const auto& [key, g] : grammars_) total += g->memory_bytes();
+  return total;
+}
+
+size_t GrammarCompiler::cached_grammars() const {
+  std::lock_guard lock(mu_);
+  return grammars_.size();
 }
 
 std::shared_ptr<const TokenVocab> GrammarCompiler::vocab() {
@@ -479,8 +516,13 @@ std::shared_ptr<const TokenConstraint> GrammarCompiler::json_object() {
   return cached("json_object", [] { return json_object_grammar(); });
 }
 
-std::shared_ptr<const TokenConstraint> GrammarCompiler::json_schema(const json& schema) {
-  return cached("schema:" + schema.dump(), [&] { return json_schema_grammar(schema); });
+std::shared_ptr<const TokenConstraint> GrammarCompiler::json_schema(
+    const json& schema, std::function<bool()> cancelled) {
+  return cached("schema:" + schema.dump(), [&] {
+    GrammarBudget budget;
+    budget.cancelled = std::move(cancelled);
+    return json_schema_grammar(schema, budget);
+  });
 }
 
 }  // namespace blend

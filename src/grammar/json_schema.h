@@ -2,7 +2,8 @@
 // {"type": "json_schema", "json_schema": {"schema": ..., "strict": ...}}), compiled to a
 // Grammar whose every complete match is a JSON text valid against the schema.
 //
-// Supported (the output always satisfies them): type (one or a list), properties, required,
+// Supported (the output always satisfies them): type (one or a list), properties (up to 256 an
+// object), required,
 // additionalProperties (false, true, or a schema when there are no properties), items,
 // minItems, maxItems, minLength, maxLength (up to 64), enum, const, anyOf, $ref to "#/$defs/..." /
 // "#/definitions/..." (recursion allowed), nested schemas, boolean schema true; annotations (title,
@@ -43,8 +44,12 @@ namespace blend {
 // The grammar of any JSON object (response_format json_object).
 std::shared_ptr<Grammar> json_object_grammar();
 // The grammar of the JSON texts valid against `schema`. Throws blend::Error naming the
-// unsupported keyword or the malformed part.
-std::shared_ptr<Grammar> json_schema_grammar(const nlohmann::json& schema);
+// unsupported keyword or the malformed part, for a schema that no finite JSON text satisfies
+// ({"$ref": "#"}, $defs that only refer to each other, required properties that nest without
+// end), for an anyOf/$ref loop that refers back before any value starts, for enum and const
+// values over 128 KB in all, or past `budget` (Grammar::compile).
+std::shared_ptr<Grammar> json_schema_grammar(const nlohmann::json& schema,
+                                             const GrammarBudget& budget = {});
 // For grammars that embed JSON in other text (grammar/tool_call_grammar.h): adds to `g` the
 // rules of the JSON texts valid against `schema` and returns the expression matching one. `$ref`
 // "#..." resolves within `schema`; `path` names it in errors. Throws as json_schema_grammar.
@@ -52,7 +57,11 @@ GExpr json_schema_expr(Grammar& g, const nlohmann::json& schema, const std::stri
 
 // Compiles response formats for one model's vocabulary, and keeps the recent ones: requests
 // that bring the same schema share one CompiledGrammar (its node tables and cached masks).
-// Thread-safe.
+// The cache is bounded by bytes as well as by count (64 grammars): a grammar's nodes, the
+// token tables it holds and its cached masks (CompiledGrammar::memory_bytes), counted again
+// on each use since they grow with it; past the bound the least recent ones are dropped (their
+// memory freed once no running request holds them). Clients that each bring a distinct large
+// schema grew the process by ~14 MB a request before (issue 54). Thread-safe.
 class GrammarCompiler {
  public:
   explicit GrammarCompiler(std::shared_ptr<const TokenVocab> vocab) : vocab_(std::move(vocab)) {}
@@ -62,7 +71,9 @@ class GrammarCompiler {
                   std::vector<TokenId> eos_ids)
       : tokenizer_(&tokenizer), model_vocab_size_(model_vocab_size), eos_ids_(std::move(eos_ids)) {}
   std::shared_ptr<const TokenConstraint> json_object();
-  std::shared_ptr<const TokenConstraint> json_schema(const nlohmann::json& schema);
+  // Throws as json_schema_grammar; `cancelled` is polled while compiling (the client left).
+  std::shared_ptr<const TokenConstraint> json_schema(const nlohmann::json& schema,
+                                                     std::function<bool()> cancelled = {});
   // Any other grammar (tool calls: grammar/tool_call_grammar.h), compiled by `make` on a cache
   // miss. `key` must identify everything make() depends on, and not start with "schema:" or
   // "json_object" (the keys above).
@@ -70,16 +81,27 @@ class GrammarCompiler {
       const std::string& key, const std::function<std::shared_ptr<Grammar>()>& make) {
     return cached(key, make);
   }
+  // The cache's bound in bytes (kDefaultCacheBytes unless set), and what it holds now.
+  static constexpr size_t kDefaultCacheBytes = size_t{256} << 20;
+  void set_max_cache_bytes(size_t bytes) {
+    std::lock_guard lock(mu_);
+    max_cache_bytes_ = bytes;
+  }
+  size_t cached_bytes() const;
+  size_t cached_grammars() const;
 
  private:
   std::shared_ptr<const TokenConstraint> cached(
       const std::string& key, const std::function<std::shared_ptr<Grammar>()>& make);
   std::shared_ptr<const TokenVocab> vocab();
+  // Drops the least recent grammars past the count or the byte bound; mu_ held.
+  void evict_locked();
   std::shared_ptr<const TokenVocab> vocab_;
   const Tokenizer* tokenizer_ = nullptr;
   int32_t model_vocab_size_ = 0;
   std::vector<TokenId> eos_ids_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
+  size_t max_cache_bytes_ = kDefaultCacheBytes;
   std::list<std::string> lru_;  // most recent first
   std::unordered_map<std::string, std::shared_ptr<const CompiledGrammar>> grammars_;
 };

@@ -13,10 +13,6 @@
 namespace blend {
 namespace {
 
-// Cached masks per grammar before the cache starts over (each is vocab/8 bytes: 16 KB for
-// Llama-3, so at most 64 MB).
-constexpr size_t kMaxCachedMasks = 4096;
-
 void set_bit(std::vector<uint64_t>& w, TokenId t) {
   w[static_cast<size_t>(t) / 64] |= uint64_t{1} << (static_cast<size_t>(t) % 64);
 }
@@ -79,6 +75,7 @@ class GrammarMatcher : public TokenMatcher {
   }
 
   bool finished() const override { return finished_; }
+  bool complete() const override { return ended_ || can_finish(); }
 
  private:
   bool can_finish() const {
@@ -232,6 +229,8 @@ CompiledGrammar::CompiledGrammar(std::shared_ptr<const Grammar> grammar,
                                  std::shared_ptr<const TokenVocab> vocab)
     : grammar_(std::move(grammar)), vocab_(std::move(vocab)) {
   tables_.resize(static_cast<size_t>(grammar_->num_nodes()));
+  grammar_bytes_ =
+      sizeof(*this) + grammar_->memory_bytes() + tables_.capacity() * sizeof(tables_[0]);
 }
 
 std::unique_ptr<TokenMatcher> CompiledGrammar::start() const {
@@ -361,7 +360,12 @@ const NodeTokenTable& CompiledGrammar::node_table(int32_t node) const {
       shared_node_table(node, grammar_->follow(grammar_->node_rule(node)));
   std::lock_guard lock(mu_);
   auto& slot = tables_[static_cast<size_t>(node)];
-  if (!slot) slot = std::move(table);  // another thread may have set it meanwhile
+  if (!slot) {  // another thread may have set it meanwhile
+    slot = std::move(table);
+    table_bytes_ += slot->accepted.capacity() * sizeof(uint64_t) +
+                    slot->context_dependent.capacity() * sizeof(TokenId);
+    held_bytes_ = table_bytes_ + mask_bytes_;
+  }
   return *slot;
 }
 
@@ -518,9 +522,15 @@ std::shared_ptr<const TokenMask> CompiledGrammar::mask_for(
   }
   if (finish)
     for (TokenId e : vocab_->eos_ids()) set_bit(w, e);
+  const size_t bytes = key.capacity() + w.capacity() * sizeof(uint64_t) + sizeof(TokenMask);
   std::lock_guard lock(mu_);
-  if (masks_.size() >= kMaxCachedMasks) masks_.clear();
+  if (mask_bytes_ + bytes > kMaxMaskBytes) {
+    masks_.clear();
+    mask_bytes_ = 0;
+  }
   auto [it, added] = masks_.emplace(std::move(key), std::move(mask));
+  if (added) mask_bytes_ += bytes;
+  held_bytes_ = table_bytes_ + mask_bytes_;
   return it->second;
 }
 

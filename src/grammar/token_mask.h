@@ -21,6 +21,7 @@
 // A mask depends on nothing but the sequence's own state, so masking keeps batch invariance.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -146,6 +147,11 @@ class CompiledGrammar : public TokenConstraint,
   TokenMask brute_force_mask(const std::vector<GrammarStack>& state) const;
   // States whose masks are cached, and node tables built (statistics, tests).
   size_t cached_masks() const;
+  // Bytes it holds: the grammar, the node tables it refers to (shared ones counted as its
+  // own: an over-estimate) and its cached masks, whose cache starts over past kMaxMaskBytes.
+  // Grows as masks are asked for (GrammarCompiler's cache reads it on every use).
+  size_t memory_bytes() const { return grammar_bytes_ + held_bytes_.load(); }
+  static constexpr size_t kMaxMaskBytes = size_t{16} << 20;  // 1,024 Llama-3 masks
 
  private:
   const NodeTokenTable& node_table(int32_t node) const;
@@ -174,6 +180,9 @@ class CompiledGrammar : public TokenConstraint,
   mutable std::mutex mu_;
   mutable std::vector<std::shared_ptr<const NodeTokenTable>> tables_;  // per node
   mutable std::unordered_map<std::string, std::shared_ptr<const TokenMask>> masks_;
+  size_t grammar_bytes_ = 0;
+  mutable size_t mask_bytes_ = 0, table_bytes_ = 0;  // mu_ held
+  mutable std::atomic<size_t> held_bytes_{0};        // their sum, readable without mu_
 };
 
 }  // namespace blend

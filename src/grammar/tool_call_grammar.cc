@@ -9,17 +9,19 @@ using nlohmann::json;
 
 std::shared_ptr<Grammar> tool_call_grammar(ToolCallFormat format,
                                            const std::vector<ToolGrammarFunction>& functions,
-                                           bool parallel) {
+                                           bool parallel, const GrammarBudget& budget) {
   if (functions.empty()) throw Error("tool call grammar: no functions");
   const bool hermes = format == ToolCallFormat::kHermes;
   const std::string args_key = hermes ? "arguments" : "parameters";
   auto g = std::make_shared<Grammar>();
   std::vector<GExpr> calls;
+  std::vector<int32_t> args_rules;
   for (const ToolGrammarFunction& f : functions) {
     // Both formats need the arguments to be an object; a function without parameters takes
     // any object (OpenAI: parameters may be omitted; the model usually writes {}).
     const json schema = f.schema.is_null() ? json{{"type", "object"}} : f.schema;
-    const int32_t args = g->add_rule("arguments");
+    const int32_t args = g->add_rule(f.path);
+    args_rules.push_back(args);
     g->define(args, json_schema_expr(*g, schema, f.path));
     GExpr call = g_seq({g_lit("{\"name\": " + json(f.name).dump() + ", \"" + args_key + "\": "),
                         g_rule(args), g_lit("}")});
@@ -30,9 +32,14 @@ std::shared_ptr<Grammar> tool_call_grammar(ToolCallFormat format,
   g->define(call, g_alt(std::move(calls)));
   GExpr body = g_rule(call);
   if (parallel && hermes) body = g_seq({body, g_star(g_seq({g_lit("\n"), g_rule(call)}))});
-  const int32_t root = g->add_rule("root");
+  const int32_t root = g->add_rule("tool calls");
   g->define(root, body);
-  g->compile(root);
+  g->compile(root, budget);
+  // A function whose arguments cannot be written would be silently never called.
+  for (size_t i = 0; i < functions.size(); ++i)
+    if (!g->rule_productive(args_rules[i]))
+      throw Error(functions[i].path +
+                  ": the schema matches no finite JSON value (it recurses without end)");
   return g;
 }
 

@@ -28,11 +28,11 @@ struct ToolGrammarFunction {
   std::string path;       // names the schema in errors ("tools[2].function.parameters")
 };
 
-// Throws blend::Error naming the path of a schema the JSON schema compiler refuses, or when
-// `functions` is empty.
+// Throws blend::Error naming the path of a schema the JSON schema compiler refuses or that no
+// finite JSON value satisfies, when `functions` is empty, or past `budget` (Grammar::compile).
 std::shared_ptr<Grammar> tool_call_grammar(ToolCallFormat format,
                                            const std::vector<ToolGrammarFunction>& functions,
-                                           bool parallel);
+                                           bool parallel, const GrammarBudget& budget = {});
 
 // A cache key (GrammarCompiler::grammar) for the same arguments.
 std::string tool_call_grammar_key(ToolCallFormat format,

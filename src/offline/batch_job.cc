@@ -125,11 +125,20 @@ void BatchJob::run(std::vector<PreparedBatchLine> lines, const BatchResultSink& 
     line.samples.push_back(std::move(r));
     if (static_cast<int32_t>(line.samples.size()) < request.n) return;
     const char* prefix = request.endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-";
-    sink.success(it->first, make_response(request, line.samples, make_id(prefix),
-                                          engine_.model_name(request.model_id), created,
-                                          engine_.tokenizer(request.model_id)));
+    // A sample that failed while generating (NaN logits) fails the line, not the job.
+    const auto failed =
+        std::find_if(line.samples.begin(), line.samples.end(),
+                     [](const GenerationResult& s) { return s.finish == FinishReason::kError; });
+    if (failed != line.samples.end()) {
+      sink.error(it->first, 500, ApiError(500, failed->error, "", "server_error").body());
+      ++stats_.failed;
+    } else {
+      sink.success(it->first, make_response(request, line.samples, make_id(prefix),
+                                            engine_.model_name(request.model_id), created,
+                                            engine_.tokenizer(request.model_id)));
+      ++stats_.completed;
+    }
     line_of.erase(it);
-    ++stats_.completed;
   };
   for (PreparedBatchLine& line : lines) {
     GenerationRequest& gen = line.generation;

@@ -527,10 +527,18 @@ void Server::Impl::submit_line(const std::shared_ptr<BatchJob>& job, Engine& eng
         const ApiRequest& request = samples->request;
         if (static_cast<int32_t>(samples->results.size()) < request.n) return;
         const char* prefix = request.endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-";
+        // A sample that failed while generating fails the line (the error file holds it).
+        const auto failed = std::find_if(
+            samples->results.begin(), samples->results.end(),
+            [](const GenerationResult& s) { return s.finish == FinishReason::kError; });
         const bool written = write_result(job, [&] {
-          job->writer->write_success(id, make_response(request, samples->results, make_id(prefix),
-                                                       model_name(request.model_id), created,
-                                                       tokenizer_of(request.model_id)));
+          if (failed != samples->results.end())
+            job->error_writer->write_error(id, 500,
+                                           ApiError(500, failed->error, "", "server_error").body());
+          else
+            job->writer->write_success(id, make_response(request, samples->results, make_id(prefix),
+                                                         model_name(request.model_id), created,
+                                                         tokenizer_of(request.model_id)));
         });
         double generated = 0;  // by all the line's samples, for the planner
         for (const GenerationResult& sample : samples->results)
@@ -540,7 +548,8 @@ void Server::Impl::submit_line(const std::shared_ptr<BatchJob>& job, Engine& eng
         {
           std::lock_guard lock(batches_mu);
           auto& counts = job->batch["request_counts"];
-          counts["completed"] = counts["completed"].get<int64_t>() + 1;
+          const char* count = failed != samples->results.end() ? "failed" : "completed";
+          counts[count] = counts[count].get<int64_t>() + 1;
         }
         line_done(job);
       };

@@ -72,6 +72,10 @@ std::shared_ptr<Pending> Server::Impl::submit(const ApiRequest& request, Request
                           n, seconds_between(p->arrival, now), tpot);
       {
         std::lock_guard lock(p->mu);
+        if (r.finish == FinishReason::kError) {  // failed while generating: no answer
+          p->error = ApiError(500, r.error, "", "server_error").body();
+          p->error_status = 500;
+        }
         p->result = std::move(r);
         p->done = true;
       }
@@ -127,6 +131,12 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
     limits.max_prompt_bytes = served_model.max_prompt_bytes;
     limits.sampling_defaults = served_model.sampling_defaults;
     limits.grammars = served_model.grammars;
+    limits.max_sequence_tokens = max_sequence_tokens;
+    // A schema compiling for a client that left stops (the socket is found once, when asked).
+    limits.cancelled = [&req, socket = -2]() mutable {
+      if (socket == -2) socket = request_socket(req);
+      return socket >= 0 && peer_hung_up(socket);
+    };
     request = parse_api_request(endpoint, body, *served_model.tokenizer, served_model.chat_template,
                                 limits, req.body);
     request.model_id = model;

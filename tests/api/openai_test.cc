@@ -1,6 +1,9 @@
 #include "api/openai.h"
 
 #include <chrono>
+#include <fstream>
+#include <iterator>
+#include <tuple>
 
 #include <gtest/gtest.h>
 
@@ -283,6 +286,55 @@ TEST_F(OpenAiTest, ResponseFormatCompilesSchemasAndRefusesWhatItCannotHonour) {
         EXPECT_NE(std::string(e.what()).find("'pattern'"), std::string::npos) << e.what();
       }
     }
+  }
+}
+
+// A prompt too long for the context is refused before its schema or tools compile: a 4,096-value
+// enum compiled for 27 s before such a request was refused (issue 54). A schema no finite JSON
+// value satisfies is a 400 naming response_format.
+TEST_F(OpenAiTest, ThePromptIsCheckedBeforeTheGrammarCompiles) {
+  GrammarCompiler grammars(*tokenizer_, tokenizer_->vocab_size(),
+                           {*tokenizer_->token_id("<|eot_id|>")});
+  RequestLimits limits;
+  limits.grammars = &grammars;
+  limits.max_sequence_tokens = 8;
+  const std::string format =
+      R"("response_format":{"type":"json_schema","json_schema":{"schema":{"enum":["a","b"]}}})";
+  const std::string tools =
+      R"("tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],)"
+      R"("tool_choice":"required")";
+  std::ifstream in(BLEND_SOURCE_DIR "/tests/text/data/chat_templates/qwen2.5-instruct.jinja");
+  const ChatTemplate qwen(std::string(std::istreambuf_iterator<char>(in), {}), "", "<|im_end|>");
+  for (const auto& [endpoint, body, chat_template] :
+       {std::tuple{Endpoint::kCompletions,
+                   R"({"prompt":"one two three four five six seven eight nine",)" + format + "}",
+                   static_cast<const ChatTemplate*>(template_)},
+        std::tuple{Endpoint::kChatCompletions,
+                   R"({"messages":[{"role":"user","content":"one two three"}],)" + format + "}",
+                   static_cast<const ChatTemplate*>(template_)},
+        std::tuple{Endpoint::kChatCompletions,
+                   R"({"messages":[{"role":"user","content":"one two three"}],)" + tools + "}",
+                   &qwen}}) {
+    try {
+      parse_api_request(endpoint, json::parse(body), *tokenizer_, chat_template, limits);
+      ADD_FAILURE() << body << " was accepted";
+    } catch (const ApiError& e) {
+      EXPECT_NE(std::string(e.what()).find("maximum context length"), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_EQ(grammars.cached_grammars(), 0u);  // nothing was compiled
+  limits.max_sequence_tokens = 0;
+  try {
+    parse_api_request(Endpoint::kCompletions,
+                      json::parse(R"({"prompt":"x","response_format":{"type":"json_schema",)"
+                                  R"("json_schema":{"schema":{"$ref":"#"}}}})"),
+                      *tokenizer_, template_, limits);
+    ADD_FAILURE() << "{\"$ref\": \"#\"} was accepted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status(), 400);
+    EXPECT_EQ(e.param(), "response_format");
+    EXPECT_NE(std::string(e.what()).find("no finite"), std::string::npos) << e.what();
   }
 }
 

@@ -2,6 +2,7 @@
 // output is a complete JSON value of the schema's grammar, masking keeps batch invariance, and
 // max_tokens still cuts with finish "length".
 #include <algorithm>
+#include <fstream>
 #include <map>
 #include <set>
 #include <string>
@@ -172,6 +173,27 @@ TEST_P(StructuredTest, MaxTokensCutsWithLengthAndAValidPrefix) {
       << out.at("cut").text;
 }
 
+// A stop string that cuts the constrained value short ends the request with an error, never
+// with finish "stop" on output the grammar did not accept (issue 54); one that never meets the
+// value leaves it as it was.
+TEST_P(StructuredTest, AStopStringInsideTheValueIsAnErrorNotStop) {
+  Engine engine(dir_->path(), options());
+  GrammarCompiler grammars(engine.tokenizer(), engine.config().vocab_size,
+                           engine.config().eos_token_ids);
+  auto cut = request("cut", 4, grammars.json_schema(kSchema));
+  cut.params.stop = {"\""};  // every value of the schema has its keys quoted
+  auto untouched = request("untouched", 4, grammars.json_schema(kSchema));
+  untouched.params.stop = {"never in JSON \x01"};
+  const auto out = run(engine, {cut, untouched});
+  EXPECT_EQ(out.at("cut").finish, FinishReason::kError) << out.at("cut").text;
+  EXPECT_NE(out.at("cut").error.find("stop string"), std::string::npos) << out.at("cut").error;
+  const GenerationResult& ok = out.at("untouched");
+  ASSERT_NE(ok.finish, FinishReason::kError) << ok.error;
+  if (ok.finish == FinishReason::kStop) {
+    EXPECT_TRUE(json_schema_grammar(kSchema)->matches(ok.text)) << ok.text;
+  }
+}
+
 // OpenAI's n: samples of one request (same id and seed, index 0..n-1) each draw from their own
 // seed stream, and only the first computes the prompt: the others find it in the prefix cache.
 TEST_P(StructuredTest, SamplesOfOnePromptShareOnePrefill) {
@@ -266,6 +288,71 @@ TEST_P(StructuredTest, EveryToolCallOutputIsACallOfTheSchema) {
       }
     }
   }
+}
+
+// Overwrites row `row` of tensor `name` in a model folder's model.safetensors with NaN (the
+// embedding of one token: a sequence whose prompt holds it computes NaN from there on, the
+// others never read it).
+void poison_row(const std::filesystem::path& dir, const std::string& name, int64_t row) {
+  std::fstream f(dir / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+  uint64_t header_len = 0;
+  f.read(reinterpret_cast<char*>(&header_len), sizeof header_len);
+  std::string header(header_len, '\0');
+  f.read(header.data(), static_cast<std::streamsize>(header_len));
+  const json t = json::parse(header).at(name);
+  const std::string dtype = t.at("dtype");
+  ASSERT_TRUE(dtype == "BF16" || dtype == "F32") << dtype;
+  const size_t elem = dtype == "BF16" ? 2 : 4;
+  const int64_t cols = t.at("shape")[1];
+  const uint64_t at = 8 + header_len + t.at("data_offsets")[0].get<uint64_t>() +
+                      static_cast<uint64_t>(row * cols) * elem;
+  const uint32_t nan32 = 0x7fc00000;
+  const uint16_t nan16 = 0x7fc0;
+  f.seekp(static_cast<std::streamoff>(at));
+  for (int64_t c = 0; c < cols; ++c)
+    f.write(
+        elem == 2 ? reinterpret_cast<const char*>(&nan16) : reinterpret_cast<const char*>(&nan32),
+        static_cast<std::streamsize>(elem));
+  ASSERT_TRUE(f.good());
+}
+
+// A model whose logits are NaN fails the request (FinishReason::kError, a message saying so),
+// constrained or not, instead of answering "!" (token 0) as a complete value (issue 54); the
+// other requests of the batch are served as before.
+TEST_P(StructuredTest, NanLogitsFailTheRequestAloneNeverAnAnswer) {
+  testing::TempDir dir;
+  RandomInitOptions o;
+  o.seed = 5;
+  o.tokenizer_dir = BLEND_TEST_TOKENIZER_DIR;
+  write_random_model(*find_model_preset("tiny"), dir.path(), o);
+  constexpr TokenId kPoisoned = 791;
+  poison_row(dir.path(), "model.embed_tokens.weight", kPoisoned);
+  Engine engine(dir.path(), options());
+  GrammarCompiler grammars(engine.tokenizer(), engine.config().vocab_size,
+                           engine.config().eos_token_ids);
+  auto constrained = request("nan-json", 1, grammars.json_schema(kSchema));
+  auto plain = request("nan-text", 2, nullptr);
+  plain.params.max_tokens = 8;
+  auto healthy = request("healthy", 3, grammars.json_schema(kSchema));
+  healthy.prompt = {128000, 1121, 374, 264};
+  ASSERT_NE(std::find(constrained.prompt.begin(), constrained.prompt.end(), kPoisoned),
+            constrained.prompt.end());
+  const auto out = run(engine, {constrained, plain, healthy});
+  for (const char* id : {"nan-json", "nan-text"}) {
+    const GenerationResult& r = out.at(id);
+    EXPECT_EQ(r.finish, FinishReason::kError) << id << ": " << r.text;
+    EXPECT_NE(r.error.find("NaN logits"), std::string::npos) << r.error;
+    EXPECT_TRUE(r.tokens.empty()) << id;  // the made-up token is not output
+  }
+  const GenerationResult& ok = out.at("healthy");
+  EXPECT_NE(ok.finish, FinishReason::kError) << ok.error;
+  EXPECT_TRUE(ok.error.empty());
+  if (ok.finish == FinishReason::kStop) {
+    EXPECT_TRUE(json_schema_grammar(kSchema)->matches(ok.text)) << ok.text;
+  } else {
+    EXPECT_TRUE(json_schema_grammar(kSchema)->matches_prefix(ok.text)) << ok.text;
+  }
+  EXPECT_GT(engine.stats().invalid_logit_rows, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Steps, StructuredTest, ::testing::Values(false, true),

@@ -162,6 +162,122 @@ TEST(GrammarTest, UnsupportedKeywordsAreRefusedByName) {
   EXPECT_NO_THROW(json_schema_grammar(json::parse(R"({"type": "string", "title": "t"})")));
 }
 
+// The message of the blend::Error that compiling `schema` throws ("" when it compiles).
+std::string schema_error(const json& schema, const GrammarBudget& budget = {}) {
+  try {
+    json_schema_grammar(schema, budget);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Schemas that no finite JSON text satisfies compiled to a grammar whose matcher got stuck at
+// once (an empty mask: "!" reported as a complete answer, issue 54); now they are refused, and
+// a branch that can never end is cut out of a schema that has others.
+TEST(GrammarTest, SchemasThatMatchNothingFiniteAreRefused) {
+  for (
+      const char* s : {
+          R"({"$ref": "#"})",
+          R"({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"})",
+          R"({"anyOf": [{"$ref": "#"}]})",
+          R"({"type": "object", "properties": {"next": {"$ref": "#"}}, "required": ["next"]})",
+          R"({"type": "array", "minItems": 1, "items": {"$ref": "#"}})",
+      }) {
+    const std::string e = schema_error(json::parse(s));
+    EXPECT_NE(e.find("matches no finite text"), std::string::npos) << s << ": " << e;
+  }
+  // An anyOf that refers back before any value starts adds nothing: refused by name.
+  const std::string left =
+      schema_error(json::parse(R"({"anyOf": [{"$ref": "#"}, {"type": "string"}]})"));
+  EXPECT_NE(left.find("left recursion"), std::string::npos) << left;
+  EXPECT_NE(left.find("$ref #"), std::string::npos) << left;
+  // An optional property whose value never ends is never started; the rest stays.
+  auto g = json_schema_grammar(json::parse(R"({"$defs": {"loop": {"type": "object",
+      "properties": {"next": {"$ref": "#/$defs/loop"}}, "required": ["next"]}},
+      "type": "object", "properties": {"a": {"$ref": "#/$defs/loop"}, "b": {"type": "integer"}}})"));
+  EXPECT_TRUE(g->matches("{}"));
+  EXPECT_TRUE(g->matches(R"({"b": 1})"));
+  EXPECT_TRUE(g->matches_prefix(R"({"b)"));
+  EXPECT_FALSE(g->matches_prefix(R"({"a)"));
+  // Recursion that can end is fine (the tree of SchemaArraysAnyOfRefsAndConst, and this list).
+  EXPECT_EQ(
+      schema_error(json::parse(
+          R"({"type": "object", "properties": {"next": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}},
+                    "required": ["next"]})")),
+      "");
+}
+
+// An object's optional properties are a chain of rules that match nothing, one per property:
+// with 60 of them, "{}" and an object holding only the last one did not match (the matcher's
+// call budget, 64, ran out first). Up to the 256 a schema may list, every one is reachable.
+TEST(GrammarTest, ManyOptionalPropertiesCanAllBeLeftOut) {
+  for (int k : {60, 256}) {
+    json props = json::object();
+    for (int i = 0; i < k; ++i) props["p" + std::to_string(i)] = {{"type", "integer"}};
+    auto g = json_schema_grammar(json{{"type", "object"}, {"properties", props}});
+    EXPECT_TRUE(g->matches("{}")) << k;
+    EXPECT_TRUE(g->matches("{\"p" + std::to_string(k - 1) + "\": 1}")) << k;
+    EXPECT_TRUE(g->matches("{\"p0\": 1, \"p" + std::to_string(k - 1) + "\": 2}")) << k;
+  }
+  json props = json::object();
+  for (int i = 0; i < 257; ++i) props["p" + std::to_string(i)] = true;
+  EXPECT_NE(schema_error(json{{"properties", props}}).find("more than 256 properties"),
+            std::string::npos);
+}
+
+// Compiling has a node cap, a work budget and a cancel hook, each a clear error; the grammars
+// of real schemas (tests/grammar/data) stay far below the defaults, which the header states.
+TEST(GrammarTest, CompilationIsBoundedAndCancellable) {
+  GrammarBudget few_nodes;
+  few_nodes.max_nodes = 50;
+  EXPECT_NE(schema_error(kPerson, few_nodes).find("more than 50 automaton nodes"),
+            std::string::npos)
+      << schema_error(kPerson, few_nodes);
+  GrammarBudget little_work;
+  little_work.max_work = 1000;
+  EXPECT_NE(schema_error(kPerson, little_work).find("more than 1000 steps"), std::string::npos)
+      << schema_error(kPerson, little_work);
+  int polls = 0;
+  GrammarBudget cancelled;
+  cancelled.cancelled = [&] { return ++polls >= 2; };
+  // An enum of 4,000 values polls often enough to be stopped on its second poll.
+  json big = json::array();
+  for (int i = 0; i < 4000; ++i) big.push_back("value-" + std::to_string(i));
+  const std::string stopped = schema_error(json{{"enum", big}}, cancelled);
+  EXPECT_NE(stopped.find("cancelled"), std::string::npos) << stopped;
+  EXPECT_EQ(polls, 2);
+  // Enum and const values past 128 KB are refused before any node is built for them: a 3 MB
+  // enum of long strings held a thread for 564 s in merge_equivalent_nodes (issue 54).
+  json huge = json::array();
+  for (int i = 0; i < 1000; ++i) huge.push_back(std::string(150, 'a' + i % 26) + std::to_string(i));
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string refused = schema_error(json{{"enum", huge}});
+  EXPECT_NE(refused.find("more than 131072 bytes"), std::string::npos) << refused;
+  // Just under it (~120 KB, 4,096 values): within the default budget, in well under a second
+  // of work (the epsilon closures used to clear a mark per state for every node: quadratic).
+  json large = json::array();
+  for (int i = 0; i < 4096; ++i) large.push_back(std::string(24, 'a' + i % 26) + std::to_string(i));
+  auto g = json_schema_grammar(json{{"enum", large}});
+  EXPECT_TRUE(g->matches(large[4000].dump()));
+  EXPECT_FALSE(g->matches("\"b\""));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(seconds, 20.0);
+  std::printf("a 4,096-value enum of %zu bytes: %d nodes, %zu bytes, %.2f s with the refusal\n",
+              large.dump().size(), g->num_nodes(), g->memory_bytes(), seconds);
+  std::ifstream in(BLEND_SOURCE_DIR "/tests/grammar/data/schemas.json");
+  const json schemas = json::parse(in);
+  int most = 0;
+  for (const json& schema : schemas) {
+    GrammarBudget tight;  // a hundredth of the default work budget, a tenth of the nodes
+    tight.max_work = GrammarBudget{}.max_work / 100;
+    tight.max_nodes = GrammarBudget{}.max_nodes / 10;
+    most = std::max(most, json_schema_grammar(schema, tight)->num_nodes());
+  }
+  std::printf("the benchmark's %zu schemas: %d nodes at most\n", schemas.size(), most);
+}
+
 // A small vocabulary whose tokens straddle every kind of boundary: structure and content in one
 // token, escapes and UTF-8 characters split across tokens.
 std::vector<std::string> small_vocab() {
@@ -339,6 +455,34 @@ TEST(TokenMaskTest, MatcherRandomOutputsAreCompleteJson) {
   EXPECT_FALSE(m->accept(static_cast<TokenId>(1 + ('a' - 0x20))));
   EXPECT_TRUE(m->accept(static_cast<TokenId>(1 + ('{' - 0x20))));
   EXPECT_FALSE(m->accept(0));  // EOS before the value is complete
+}
+
+// The compiler's cache is bounded by bytes, not only by count: distinct large schemas (a
+// 60 KB enum each) grew the server by ~14 MB a request once 64 were cached (issue 54).
+TEST(TokenMaskTest, GrammarCacheIsBoundedByBytes) {
+  auto vocab = std::make_shared<TokenVocab>(small_vocab_with_words(), std::vector<TokenId>{0});
+  GrammarCompiler grammars(vocab);
+  auto schema = [](int k) {
+    json values = json::array();
+    for (int i = 0; i < 1500; ++i)
+      values.push_back("v" + std::to_string(k) + "-" + std::to_string(i));
+    return json{{"enum", values}};
+  };
+  const size_t one =
+      std::dynamic_pointer_cast<const CompiledGrammar>(grammars.json_schema(schema(0)))
+          ->memory_bytes();
+  ASSERT_GT(one, size_t{100000});  // a grammar of this size is worth bounding
+  const size_t bound = 4 * one;
+  grammars.set_max_cache_bytes(bound);
+  for (int k = 1; k < 30; ++k) {
+    auto c = grammars.json_schema(schema(k));
+    c->start()->mask();  // using a grammar grows it (its tables and masks): counted too
+    EXPECT_LE(grammars.cached_bytes(), bound + 2 * one) << k;
+  }
+  EXPECT_LT(grammars.cached_grammars(), size_t{8});
+  EXPECT_GE(grammars.cached_grammars(), size_t{1});
+  // The same schema again is still shared while it is cached.
+  EXPECT_EQ(grammars.json_schema(schema(29)), grammars.json_schema(schema(29)));
 }
 
 TEST(TokenMaskTest, Llama3VocabularyMasksEqualBruteForce) {

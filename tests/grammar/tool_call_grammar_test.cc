@@ -114,5 +114,23 @@ TEST(ToolCallGrammar, MasksEqualBruteForceAcrossTheWrapper) {
   ASSERT_EQ(cg->mask_for(state)->words, cg->brute_force_mask(state).words);
 }
 
+// A function whose parameters no finite JSON value satisfies is refused by its path, not
+// silently never called; with no function callable the whole grammar is refused.
+TEST(ToolCallGrammar, FunctionsThatCannotBeCalledAreRefused) {
+  std::vector<ToolGrammarFunction> fs = functions();
+  fs.push_back({"loop",
+                json::parse(R"({"type": "object", "properties": {"x": {"$ref": "#"}},)"
+                            R"( "required": ["x"]})"),
+                "tools[2].function.parameters"});
+  try {
+    tool_call_grammar(ToolCallFormat::kHermes, fs, false);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tools[2].function.parameters"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(tool_call_grammar(ToolCallFormat::kLlama3Json, {fs[2]}, false), Error);
+}
+
 }  // namespace
 }  // namespace blend
