@@ -133,9 +133,13 @@ std::optional<json> receive_json(int source, int tag, bool wait, LivenessClient*
   int count = 0;
   check(MPI_Get_count(&status, MPI_CHAR, &count), "MPI_Get_count");
   std::string text(static_cast<size_t>(count), '\0');
-  check(MPI_Recv(text.data(), count, MPI_CHAR, status.MPI_SOURCE, status.MPI_TAG, MPI_COMM_WORLD,
-                 MPI_STATUS_IGNORE),
-        "MPI_Recv");
+  // Not a blocking MPI_Recv: a probed message may be one whose sender died before its body
+  // came (a large message waits for the sender's data), and the receive would never end.
+  MPI_Request request;
+  check(MPI_Irecv(text.data(), count, MPI_CHAR, status.MPI_SOURCE, status.MPI_TAG, MPI_COMM_WORLD,
+                  &request),
+        "MPI_Irecv");
+  wait_for(request, peer);
   if (from) *from = status.MPI_SOURCE;
   if (tag_out) *tag_out = status.MPI_TAG;
   return json::parse(text);
