@@ -1,5 +1,7 @@
 #include "grammar/json_schema.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <functional>
 #include <map>
@@ -486,12 +488,17 @@ void GrammarCompiler::evict_locked() {
   size_t total = 0;
   for (const auto& [key, g] : grammars_) total += g->memory_bytes();
   // The most recent one stays whatever its size: its request holds it anyway.
+  size_t evicted = 0;
   while (lru_.size() > 1 && (lru_.size() > kMaxGrammars || total > max_cache_bytes_)) {
     auto it = grammars_.find(lru_.back());
     total -= it->second->memory_bytes();
+    evicted += it->second->memory_bytes();
     grammars_.erase(it);
     lru_.pop_back();
   }
+  // glibc keeps freed memory in its arenas: without this, 40 distinct 60 KB enum schemas left
+  // the server's RSS 560 MB above what it held (measured with malloc_trim called from gdb).
+  if (evicted >= (size_t{16} << 20)) ::malloc_trim(0);
 }
 
 size_t GrammarCompiler::cached_bytes() const {
