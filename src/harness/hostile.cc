@@ -8,6 +8,8 @@
 
 #include <atomic>
 #include <cstdio>
+#include <functional>
+#include <iterator>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -178,22 +180,22 @@ HostileReport run_hostile(const HostileOptions& o, Clock::time_point end) {
   std::vector<std::thread> threads;
   for (int32_t k = 0; k < o.clients; ++k) {
     threads.emplace_back([&, k] {
-      static const char* kAttacks[] = {"chunked-oversize", "length-oversize", "slow-headers",
-                                       "pipelined", "distinct-schema"};
-      for (uint64_t i = static_cast<uint64_t>(k); Clock::now() < end; ++i) {
-        const std::string attack = kAttacks[i % 5];
-        int64_t completions = 0;
-        std::string what;
-        if (attack == "chunked-oversize") what = chunked_oversize(o);
-        if (attack == "length-oversize") what = length_oversize(o);
-        if (attack == "slow-headers") what = slow_headers(o);
-        if (attack == "pipelined") what = pipelined(o);
-        if (attack == "distinct-schema") what = distinct_schema(o, schemas++, &completions);
+      int64_t completions = 0;  // distinct-schema requests answered 200, this thread's
+      const std::pair<const char*, std::function<std::string()>> attacks[] = {
+          {"chunked-oversize", [&] { return chunked_oversize(o); }},
+          {"length-oversize", [&] { return length_oversize(o); }},
+          {"slow-headers", [&] { return slow_headers(o); }},
+          {"pipelined", [&] { return pipelined(o); }},
+          {"distinct-schema", [&] { return distinct_schema(o, schemas++, &completions); }}};
+      for (size_t i = static_cast<size_t>(k); Clock::now() < end; ++i) {
+        const auto& [attack, run] = attacks[i % std::size(attacks)];
+        const std::string what = run();
         std::lock_guard lock(mu);
         ++report.attempts[attack];
-        report.completions += completions;
-        if (!what.empty()) ++report.unexpected[attack + ": " + what];
+        if (!what.empty()) ++report.unexpected[std::string(attack) + ": " + what];
       }
+      std::lock_guard lock(mu);
+      report.completions += completions;
     });
   }
   for (std::thread& t : threads) t.join();

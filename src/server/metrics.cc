@@ -37,6 +37,7 @@ void bump(std::vector<std::pair<K, int64_t>>& counts, const K& key) {
 // model_name label (blend's own names keep their labels as they were).
 std::string relabel(const std::string& text, const std::string& model_name,
                     const std::vector<std::string>& prefixes) {
+  if (prefixes.size() == 1 && prefixes[0] == "blend") return text;  // as written
   std::string escaped;  // Prometheus label values escape \\, " and newlines
   for (char c : model_name)
     escaped += c == '\n'                 ? std::string("\\n")
@@ -202,20 +203,21 @@ std::string Metrics::render() const {
          static_cast<double>(engine_.output_tokens_by_class[i] +
                              classes_[i].unstepped_output_tokens));
 
+  // One histogram's samples, its labels (a class, or none) before each bucket's `le`.
+  auto samples = [&](const std::string& name, const std::string& labels, const Histogram& h) {
+    const std::string before_le = labels.empty() ? "" : labels + ",";
+    int64_t cumulative = 0;
+    for (size_t b = 0; b <= h.bounds.size(); ++b) {
+      cumulative += h.counts[b];
+      const std::string le = b < h.bounds.size() ? number(h.bounds[b]) : "+Inf";
+      line(name + "_bucket", before_le + "le=\"" + le + "\"", static_cast<double>(cumulative));
+    }
+    line(name + "_sum", labels, h.sum);
+    line(name + "_count", labels, static_cast<double>(h.total));
+  };
   auto histogram = [&](const char* name, const char* text, Histogram PerClass::*member) {
     help(name, "histogram", text);
-    for (size_t i = 0; i < 2; ++i) {
-      const Histogram& h = classes_[i].*member;
-      int64_t cumulative = 0;
-      for (size_t b = 0; b <= h.bounds.size(); ++b) {
-        cumulative += h.counts[b];
-        const std::string le = b < h.bounds.size() ? number(h.bounds[b]) : "+Inf";
-        line(std::string(name) + "_bucket", cls(i) + ",le=\"" + le + "\"",
-             static_cast<double>(cumulative));
-      }
-      line(std::string(name) + "_sum", cls(i), h.sum);
-      line(std::string(name) + "_count", cls(i), static_cast<double>(h.total));
-    }
+    for (size_t i = 0; i < 2; ++i) samples(name, cls(i), classes_[i].*member);
   };
   histogram("blend:time_to_first_token_seconds", "Time to first token.", &PerClass::ttft);
   histogram("blend:time_per_output_token_seconds", "Mean time between output tokens.",
@@ -227,18 +229,7 @@ std::string Metrics::render() const {
   histogram("blend:request_generation_tokens", "Output tokens of finished requests.",
             &PerClass::generation_tokens);
   help("blend:iteration_tokens_total", "histogram", "Tokens computed per engine step.");
-  {
-    int64_t cumulative = 0;
-    for (size_t b = 0; b <= step_tokens_.bounds.size(); ++b) {
-      cumulative += step_tokens_.counts[b];
-      const std::string le =
-          b < step_tokens_.bounds.size() ? number(step_tokens_.bounds[b]) : "+Inf";
-      line("blend:iteration_tokens_total_bucket", "le=\"" + le + "\"",
-           static_cast<double>(cumulative));
-    }
-    line("blend:iteration_tokens_total_sum", "", step_tokens_.sum);
-    line("blend:iteration_tokens_total_count", "", static_cast<double>(step_tokens_.total));
-  }
+  samples("blend:iteration_tokens_total", "", step_tokens_);
 
   help("blend:kv_cache_usage_perc", "gauge", "Fraction of KV pages in use.");
   line("blend:kv_cache_usage_perc", "",
