@@ -106,9 +106,9 @@ std::vector<OfflineRequest> read_workload(const std::string& path) {
     if (!prompt.is_array())
       throw Error(path + ": " + line.custom_id + ": the simulator needs token-id prompts");
     OfflineRequest r;
-    r.id = line.custom_id;
-    r.prompt.reserve(prompt.size());
-    for (const auto& t : prompt) r.prompt.push_back(t.get<TokenId>());
+    r.request.id = line.custom_id;
+    r.request.prompt.reserve(prompt.size());
+    for (const auto& t : prompt) r.request.prompt.push_back(t.get<TokenId>());
     // The true output length is max_tokens. With ignore_eos the request says so (a known
     // length). Without it the length is hidden: the engine ends the request there as if EOS
     // came, while the planner and scheduler see the workload's "estimated_output" hint and a
@@ -117,9 +117,9 @@ std::vector<OfflineRequest> read_workload(const std::string& path) {
     // against a true 211).
     const int32_t length = line.body.value("max_tokens", 16);
     r.output_known = line.body.value("ignore_eos", false);
-    r.params.temperature = 0;
-    r.params.ignore_eos = r.output_known;
-    r.params.max_tokens = r.output_known ? length : kHiddenLengthCap;
+    r.request.params.temperature = 0;
+    r.request.params.ignore_eos = r.output_known;
+    r.request.params.max_tokens = r.output_known ? length : kHiddenLengthCap;
     if (!r.output_known) r.simulated_output_tokens = length;
     r.output_estimate = r.output_known ? length : line.body.value("estimated_output", 256.0);
     out.push_back(std::move(r));
@@ -313,7 +313,7 @@ void run_simulate(const SimulateArgs& args) {
   // output estimates (the same as the plan's unless lengths are sampled).
   std::vector<plan::PlanRequest> plan_requests;
   for (const OfflineRequest& q : requests)
-    plan_requests.push_back({q.id, q.prompt, q.output_estimate, q.output_known});
+    plan_requests.push_back({q.request.id, q.request.prompt, q.output_estimate, q.output_known});
   std::optional<plan::DemandStats> clock_root;
   if (!args.planner_hardware.empty()) {
     const plan::PrefixTree tree(plan_requests);

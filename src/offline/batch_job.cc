@@ -79,18 +79,16 @@ std::vector<PreparedBatchLine> BatchJob::prepare(const std::vector<BatchInputLin
 }
 
 OfflineRequest BatchJob::offline_request(const GenerationRequest& gen) const {
-  OfflineRequest q{gen.id, gen.prompt, gen.params, 0, gen.params.ignore_eos};
-  q.model = gen.model;
-  q.index = gen.index;
+  OfflineRequest q{gen, 0, gen.params.ignore_eos};
   q.output_estimate = q.output_known
-                          ? q.params.max_tokens
-                          : std::min<double>(options_.assumed_output, q.params.max_tokens);
+                          ? gen.params.max_tokens
+                          : std::min<double>(options_.assumed_output, gen.params.max_tokens);
   return q;
 }
 
 plan::PlanRequest BatchJob::plan_request(const PreparedBatchLine& line) const {
   const OfflineRequest q = offline_request(line.generation);
-  return {q.id, q.prompt, q.output_estimate, q.output_known, 0, q.model};
+  return {q.request.id, q.request.prompt, q.output_estimate, q.output_known, 0, q.request.model};
 }
 
 CostModel BatchJob::planner_cost() const {

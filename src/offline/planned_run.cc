@@ -39,14 +39,10 @@ std::unique_ptr<SimBackend> make_sim_backend(const ModelConfig& config, SimBacke
 namespace {
 
 // Offline requests are best-effort work.
+// A planned run's requests are best-effort work: the plan, not the SLO classes, orders them.
 GenerationRequest generation_request(const OfflineRequest& q) {
-  GenerationRequest r;
-  r.id = q.id;
-  r.prompt = q.prompt;
-  r.params = q.params;
+  GenerationRequest r = q.request;
   r.request_class = RequestClass::kBestEffort;
-  r.model = q.model;
-  r.index = q.index;
   return r;
 }
 
@@ -55,7 +51,8 @@ template <typename OnDone, typename OnToken>
 void submit(Engine& engine, const OfflineRequest& q, SimTokenSource* sim_tokens, OnDone on_done,
             OnToken on_token) {
   if (q.simulated_output_tokens && !sim_tokens)
-    throw Error("request " + q.id + " has a simulated output length but no simulator runs it");
+    throw Error("request " + q.request.id +
+                " has a simulated output length but no simulator runs it");
   const SeqId id = engine.submit(generation_request(q), std::move(on_done), std::move(on_token));
   if (q.simulated_output_tokens) sim_tokens->set_output_length(id, *q.simulated_output_tokens);
 }
@@ -75,11 +72,12 @@ PlannedRunStats run_planned(Engine& engine, const std::vector<OfflineRequest>& r
   source_requests.reserve(requests.size());
   std::unordered_set<std::string> ids;
   for (const OfflineRequest& q : requests) {
-    source_requests.push_back({{q.id, q.prompt, q.output_estimate, q.output_known, 0, q.model},
-                               static_cast<double>(q.params.max_tokens)});
-    if (!ids.insert(q.id + "\n" + std::to_string(q.index)).second)
-      throw Error("duplicate request id " + q.id +
-                  (q.index ? " (sample " + std::to_string(q.index) + ")" : ""));
+    const GenerationRequest& g = q.request;
+    source_requests.push_back({{g.id, g.prompt, q.output_estimate, q.output_known, 0, g.model},
+                               static_cast<double>(g.params.max_tokens)});
+    if (!ids.insert(g.id + "\n" + std::to_string(g.index)).second)
+      throw Error("duplicate request id " + g.id +
+                  (g.index ? " (sample " + std::to_string(g.index) + ")" : ""));
   }
   // The §5.1 sampling pass, the plan and its admission stream (plan/admission_source.h), paced
   // for how the engine runs a step.
@@ -165,14 +163,14 @@ std::vector<double> simulate_parts(const std::vector<OfflineRequest>& requests,
       // The estimate is all a re-cut knows of a hidden length: it runs as the known one.
       const auto length =
           std::max<int32_t>(1, static_cast<int32_t>(std::lround(q.output_estimate)));
-      q.params = SamplingParams{};
-      q.params.temperature = 0;
-      q.params.ignore_eos = true;
-      q.params.max_tokens = length;
+      q.request.params = SamplingParams{};
+      q.request.params.temperature = 0;
+      q.request.params.ignore_eos = true;
+      q.request.params.max_tokens = length;
       q.output_known = true;
       q.output_estimate = length;
       q.simulated_output_tokens.reset();
-      q.model = 0;
+      q.request.model = 0;
       sub.push_back(std::move(q));
     }
     if (sub.empty()) {

@@ -18,18 +18,17 @@
 
 namespace blend {
 
+// One request of an offline run: the engine request whole (so that every field a line set,
+// adaptive_blocks included, reaches the engine whatever the order; issue 55) and what the
+// planner knows of it. `request.model` keeps the planner's models apart too; (request.id,
+// request.index) is unique.
 struct OfflineRequest {
-  std::string id;
-  std::vector<TokenId> prompt;
-  SamplingParams params;
+  GenerationRequest request;
   double output_estimate = 0;  // what the planner believes (exact when output_known)
   bool output_known = false;
   // The simulator's true output length when it is hidden from the planner and the scheduler:
   // backend/sim's token source samples EOS there (run_planned's `sim_tokens`).
   std::optional<int32_t> simulated_output_tokens;
-  ModelId model = 0;  // the engine's model it runs on (the planner keeps models apart too)
-  int32_t index =
-      0;  // which of a line's n samples (GenerationRequest::index); (id, index) is unique
 };
 
 // Output-length sampling (BlendServe §5.1): before planning, a fraction of the requests whose

@@ -353,6 +353,24 @@ TEST_F(BatchCli, AdaptiveServingRunsTheLinesThatAllowItThroughBorrowedBlocks) {
   }
   EXPECT_GT(differ, 0) << "beta answers as alpha: the test cannot tell the chains apart";
   EXPECT_EQ(json::parse(testing::read_file(work / "stats.json"))["adaptive_requests"], 3);
+  // A planned order runs the same lines the same way (issue 55: the planned runner rebuilt each
+  // request without its adaptive_blocks, so under these policies the lines ran their own chain).
+  for (const std::string policy : {"blend", "dfs", "random"}) {
+    const auto planned_out = work / ("out-" + policy + ".jsonl");
+    const auto planned_stats = work / ("stats-" + policy + ".json");
+    const auto planned = testing::run_command(
+        common + "--output " + planned_out.string() + " --policy " + policy +
+        " --adaptive-blocks " + analysis.string() + " --stats " + planned_stats.string() + " 2>&1");
+    ASSERT_EQ(planned.exit_code, 0) << policy << ": " << planned.output;
+    std::map<std::string, json> planned_by_id;
+    for (const json& r : read_jsonl(planned_out)) planned_by_id[r["custom_id"]] = r["response"];
+    ASSERT_EQ(planned_by_id.size(), 10u) << policy;
+    for (const auto& [id, response] : by_id)
+      EXPECT_EQ(planned_by_id[id]["body"].value("choices", json()),
+                response["body"].value("choices", json()))
+          << policy << " " << id;
+    EXPECT_EQ(json::parse(testing::read_file(planned_stats))["adaptive_requests"], 3) << policy;
+  }
 
   const auto orphan = testing::run_command(common + "--output " + (work / "x.jsonl").string() +
                                            " --adaptive-serving all 2>&1");

@@ -23,15 +23,16 @@ std::vector<OfflineRequest> workload(int groups, int per_group, uint32_t seed) {
     for (auto& t : prefix) t = static_cast<TokenId>(1000 + rng() % 50000);
     for (int i = 0; i < per_group; ++i) {
       OfflineRequest r;
-      r.id = "g" + std::to_string(g) + "-" + std::to_string(i);
-      r.prompt = prefix;
+      r.request.id = "g" + std::to_string(g) + "-" + std::to_string(i);
+      r.request.prompt = prefix;
       const bool compute_heavy = (g + i) % 2 == 0;
       for (uint32_t k = 0; k < (compute_heavy ? 300 + rng() % 300 : 20 + rng() % 40); ++k)
-        r.prompt.push_back(static_cast<TokenId>(1000 + rng() % 50000));
-      r.params.max_tokens = static_cast<int32_t>(compute_heavy ? 4 + rng() % 8 : 100 + rng() % 200);
-      r.params.ignore_eos = true;
+        r.request.prompt.push_back(static_cast<TokenId>(1000 + rng() % 50000));
+      r.request.params.max_tokens =
+          static_cast<int32_t>(compute_heavy ? 4 + rng() % 8 : 100 + rng() % 200);
+      r.request.params.ignore_eos = true;
       r.output_known = true;
-      r.output_estimate = r.params.max_tokens;
+      r.output_estimate = r.request.params.max_tokens;
       out.push_back(std::move(r));
     }
   }
@@ -45,7 +46,7 @@ double trie_sharing(const std::vector<OfflineRequest>& requests) {
   int64_t total = 0;
   for (const OfflineRequest& r : requests) {
     int32_t node = 0;
-    for (TokenId t : r.prompt) {
+    for (TokenId t : r.request.prompt) {
       ++total;
       auto it = trie[static_cast<size_t>(node)].find(t);
       if (it == trie[static_cast<size_t>(node)].end()) {
@@ -74,7 +75,7 @@ TEST(PlannedRun, EveryPolicyRunsEveryRequestOnTheSimulator) {
   const CostModel cost(*find_model_shape_preset("llama-3-8b"), *find_hardware_preset("a100-80g"));
   const auto requests = workload(6, 20, 3);
   int64_t expected_output = 0;
-  for (const auto& r : requests) expected_output += r.params.max_tokens;
+  for (const auto& r : requests) expected_output += r.request.params.max_tokens;
   const double kv_memory = 4e9;  // tight enough that admission pacing matters
   for (plan::Policy policy :
        {plan::Policy::kBlend, plan::Policy::kDfs, plan::Policy::kFcfs, plan::Policy::kRandom}) {
@@ -83,7 +84,7 @@ TEST(PlannedRun, EveryPolicyRunsEveryRequestOnTheSimulator) {
           sim_engine(cost, overlap, static_cast<int64_t>(kv_memory) / page_bytes_of(cost));
       Engine& engine = *engine_ptr;
       std::map<std::string, int32_t> length;
-      for (const auto& r : requests) length[r.id] = r.params.max_tokens;
+      for (const auto& r : requests) length[r.request.id] = r.request.params.max_tokens;
       std::set<std::string> done;
       const PlannedRunStats st =
           run_planned(engine, requests, policy, cost, kv_memory, [&](GenerationResult&& g) {
@@ -109,7 +110,7 @@ TEST(PlannedRun, SamplingPassRunsAFractionFirstAndEveryRequestOnce) {
   for (size_t i = 0; i < requests.size(); ++i)
     if (i % 4 != 0) {  // three in four do not know their length; the planner guesses 64
       requests[i].output_known = false;
-      requests[i].params.ignore_eos = false;
+      requests[i].request.params.ignore_eos = false;
       requests[i].output_estimate = 64;
     }
   for (double fraction : {0.0, 0.1, 1.0}) {
@@ -128,8 +129,9 @@ TEST(PlannedRun, SamplingPassRunsAFractionFirstAndEveryRequestOnce) {
     // The sampled requests finish before any planned one starts: the first results are theirs,
     // and none of them is a request whose length was known.
     for (size_t k = 0; k < static_cast<size_t>(st.sampled_requests); ++k) {
-      const auto it = std::find_if(requests.begin(), requests.end(),
-                                   [&](const OfflineRequest& r) { return r.id == order[k]; });
+      const auto it = std::find_if(requests.begin(), requests.end(), [&](const OfflineRequest& r) {
+        return r.request.id == order[k];
+      });
       EXPECT_FALSE(it->output_known) << order[k];
     }
     if (fraction > 0) {
@@ -149,12 +151,12 @@ std::vector<OfflineRequest> uniform(const std::string& name, int count, int prom
   std::vector<OfflineRequest> out;
   for (int i = 0; i < count; ++i) {
     OfflineRequest r;
-    r.id = name + std::to_string(i);
-    r.prompt = common;
-    while (static_cast<int>(r.prompt.size()) < prompt)
-      r.prompt.push_back(static_cast<TokenId>(1000 + rng() % 50000));
-    r.params.max_tokens = output;
-    r.params.ignore_eos = true;
+    r.request.id = name + std::to_string(i);
+    r.request.prompt = common;
+    while (static_cast<int>(r.request.prompt.size()) < prompt)
+      r.request.prompt.push_back(static_cast<TokenId>(1000 + rng() % 50000));
+    r.request.params.max_tokens = output;
+    r.request.params.ignore_eos = true;
     r.output_known = true;
     r.output_estimate = output;
     out.push_back(std::move(r));
