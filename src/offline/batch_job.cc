@@ -79,11 +79,7 @@ std::vector<PreparedBatchLine> BatchJob::prepare(const std::vector<BatchInputLin
 }
 
 OfflineRequest BatchJob::offline_request(const GenerationRequest& gen) const {
-  OfflineRequest q{gen, 0, gen.params.ignore_eos};
-  q.output_estimate = q.output_known
-                          ? gen.params.max_tokens
-                          : std::min<double>(options_.assumed_output, gen.params.max_tokens);
-  return q;
+  return std::move(line_samples(gen, 1, options_.assumed_output).front());
 }
 
 plan::PlanRequest BatchJob::plan_request(const PreparedBatchLine& line) const {
@@ -147,13 +143,15 @@ void BatchJob::run(std::vector<PreparedBatchLine> lines, const BatchResultSink& 
     token_bound += prompt + n * std::min<int64_t>(gen.params.max_tokens,
                                                   context_.max_sequence_tokens - prompt);
     line_of.emplace(line.custom_id, Line{std::move(line.api), {}});
+    if (use_plan) {
+      for (OfflineRequest& q : line_samples(gen, n, options_.assumed_output))
+        planned.push_back(std::move(q));
+      continue;
+    }
     for (int32_t i = 0; i < n; ++i) {
       GenerationRequest sample = i + 1 < n ? gen : std::move(gen);
       sample.index = i;
-      if (use_plan)
-        planned.push_back(offline_request(sample));
-      else
-        engine_.submit(std::move(sample), on_result);
+      engine_.submit(std::move(sample), on_result);
     }
   }
   const auto report = [&] {

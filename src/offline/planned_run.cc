@@ -4,7 +4,6 @@
 #include <cmath>
 #include <memory>
 #include <string>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -36,93 +35,56 @@ std::unique_ptr<SimBackend> make_sim_backend(const ModelConfig& config, SimBacke
   return std::make_unique<SimBackend>(config, options, simulate_step_cost(cost, overlap));
 }
 
-namespace {
-
-// Offline requests are best-effort work.
-// A planned run's requests are best-effort work: the plan, not the SLO classes, orders them.
-GenerationRequest generation_request(const OfflineRequest& q) {
-  GenerationRequest r = q.request;
-  r.request_class = RequestClass::kBestEffort;
-  return r;
-}
-
-// Submits `q`; a hidden length goes to the simulator's token source, which alone knows it.
-template <typename OnDone, typename OnToken>
-void submit(Engine& engine, const OfflineRequest& q, SimTokenSource* sim_tokens, OnDone on_done,
-            OnToken on_token) {
-  if (q.simulated_output_tokens && !sim_tokens)
-    throw Error("request " + q.request.id +
-                " has a simulated output length but no simulator runs it");
-  const SeqId id = engine.submit(generation_request(q), std::move(on_done), std::move(on_token));
-  if (q.simulated_output_tokens) sim_tokens->set_output_length(id, *q.simulated_output_tokens);
-}
-
-}  // namespace
-
 PlannedRunStats run_planned(Engine& engine, const std::vector<OfflineRequest>& requests,
                             plan::Policy policy, const CostModel& cost, double kv_memory_bytes,
                             const std::function<void(GenerationResult&&)>& on_result,
                             const SamplingOptions& sampling, const plan::PlannerKnobs& planner,
                             SimTokenSource* sim_tokens) {
   if (requests.empty()) throw Error("no requests to run");
+  for (const OfflineRequest& q : requests)
+    if (q.simulated_output_tokens && !sim_tokens)
+      throw Error("request " + q.request.id +
+                  " has a simulated output length but no simulator runs it");
   const double t_start = engine.clock_seconds();
   const EngineStats before = engine.stats();
   const int32_t engine_step_tokens = engine.max_batch_tokens();
-  std::vector<plan::SourceRequest> source_requests;
-  source_requests.reserve(requests.size());
-  std::unordered_set<std::string> ids;
-  for (const OfflineRequest& q : requests) {
-    const GenerationRequest& g = q.request;
-    source_requests.push_back({{g.id, g.prompt, q.output_estimate, q.output_known, 0, g.model},
-                               static_cast<double>(g.params.max_tokens)});
-    if (!ids.insert(g.id + "\n" + std::to_string(g.index)).second)
-      throw Error("duplicate request id " + g.id +
-                  (g.index ? " (sample " + std::to_string(g.index) + ")" : ""));
-  }
-  // The §5.1 sampling pass, the plan and its admission stream (plan/admission_source.h), paced
-  // for how the engine runs a step.
-  plan::PlannerKnobs knobs = planner;
-  knobs.pacing.sequential_steps = !engine.overlaps_compute_and_memory();
-  plan::AdmissionSource source(std::move(source_requests), cost,
-                               {.policy = policy,
-                                .kv_memory_bytes = kv_memory_bytes,
-                                .planner = knobs,
-                                .max_step_tokens = engine_step_tokens,
-                                .sample_fraction = sampling.fraction,
-                                .sample_seed = sampling.seed});
+  PlannedFeed feed(requests, cost, engine,
+                   {.policy = policy,
+                    .kv_memory_bytes = kv_memory_bytes,
+                    .planner = planner,
+                    .max_step_tokens = engine_step_tokens,
+                    .sampling = sampling});
+  const plan::AdmissionSource& source = feed.source();
+  // A hidden length goes to the simulator's token source, which alone knows it.
+  const PlannedFeed::Submit submit = [&](int32_t r, GenerationRequest request,
+                                         Engine::TokenCallback on_token, PlannedFeed::Ended ended) {
+    const auto& simulated = requests[static_cast<size_t>(r)].simulated_output_tokens;
+    const SeqId id = engine.submit(
+        std::move(request),
+        [&on_result, ended = std::move(ended)](GenerationResult&& g) {
+          ended(static_cast<double>(g.tokens.size()));
+          if (on_result) on_result(std::move(g));
+        },
+        std::move(on_token));
+    if (simulated) sim_tokens->set_output_length(id, *simulated);
+  };
 
   PlannedRunStats st;
   st.policy = plan::policy_name(policy);
   st.sampled_requests = source.sampled_requests();
   if (!source.sampling()) st.sampling_seconds = engine.clock_seconds() - t_start;
-  std::vector<std::pair<int32_t, double>> finished;   // this step's ends (index, output tokens)
-  std::vector<double> generated(requests.size(), 0);  // tokens each request has produced
-  while (!source.exhausted() || engine.has_work()) {
+  while (!feed.exhausted() || engine.has_work()) {
     const bool was_sampling = source.sampling();
-    for (int32_t r : source.admit()) {
-      const OfflineRequest& q = requests[static_cast<size_t>(r)];
-      auto on_done = [&finished, &on_result, r](GenerationResult&& g) {
-        finished.emplace_back(r, static_cast<double>(g.tokens.size()));
-        if (on_result) on_result(std::move(g));
-      };
-      if (source.streamed(r))
-        submit(engine, q, sim_tokens, on_done,
-               [&source, &generated, r](const SampledToken&, std::string_view) {
-                 source.on_progress(r, ++generated[static_cast<size_t>(r)]);
-               });
-      else  // the sampling pass
-        submit(engine, q, sim_tokens, on_done, Engine::TokenCallback{});
-    }
+    feed.admit(submit);
     if (was_sampling && !source.sampling()) st.sampling_seconds = engine.clock_seconds() - t_start;
-    engine.set_max_batch_tokens(source.step_token_budget().value_or(engine_step_tokens));
+    engine.set_max_batch_tokens(feed.step_token_budget().value_or(engine_step_tokens));
     if (!engine.has_work()) {
-      if (finished.empty() && source.in_flight() == 0 && !source.exhausted())
+      if (feed.stalled())
         throw Error("the admission stream admits nothing although the engine is idle");
     } else {
       engine.step();
     }
-    for (const auto& [r, tokens] : finished) source.on_finished(r, tokens);
-    finished.clear();
+    feed.report_ended();
   }
   engine.set_max_batch_tokens(engine_step_tokens);
   if (const plan::Plan* plan = source.plan()) {

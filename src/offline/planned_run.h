@@ -13,32 +13,10 @@
 #include "backend/sim/sim_backend.h"
 #include "cost/cost_model.h"
 #include "engine/engine.h"
-#include "plan/admission_source.h"
+#include "offline/planned_feed.h"
 #include "plan/planner.h"
 
 namespace blend {
-
-// One request of an offline run: the engine request whole (so that every field a line set,
-// adaptive_blocks included, reaches the engine whatever the order; issue 55) and what the
-// planner knows of it. `request.model` keeps the planner's models apart too; (request.id,
-// request.index) is unique.
-struct OfflineRequest {
-  GenerationRequest request;
-  double output_estimate = 0;  // what the planner believes (exact when output_known)
-  bool output_known = false;
-  // The simulator's true output length when it is hidden from the planner and the scheduler:
-  // backend/sim's token source samples EOS there (run_planned's `sim_tokens`).
-  std::optional<int32_t> simulated_output_tokens;
-};
-
-// Output-length sampling (BlendServe §5.1): before planning, a fraction of the requests whose
-// output length is not known runs first, in input order; their true lengths estimate the rest
-// (estimate_output_lengths: own subtree, then siblings, then ancestors). Their results go to
-// the caller like any other: nothing is computed twice.
-struct SamplingOptions {
-  double fraction = 0;  // p; 0 = no sampling pass (the requests' own estimates are used)
-  uint64_t seed = 0;    // which requests are sampled
-};
 
 struct PlannedRunStats {
   std::string policy;

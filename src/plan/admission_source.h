@@ -10,8 +10,8 @@
 //   engine.step();        // tokens -> source.on_progress(r, generated so far)
 //   ended requests -> source.on_finished(r, output length), after the step
 //
-// `blend batch` / `blend simulate` (offline/planned_run) and the server's Batch API
-// (server/batch_routes: planned jobs beside real-time traffic) drive the same object.
+// offline/planned_feed's PlannedFeed is that owner for `blend batch` / `blend simulate` and the
+// server's Batch API (planned jobs beside real-time traffic) alike.
 #pragma once
 
 #include <cstdint>

@@ -1,8 +1,9 @@
 // The Batch API: /v1/files (uploads, results) and /v1/batches (create, poll, cancel). Batch lines
 // run as best-effort requests on the engine thread; results are appended as lines finish, so a
 // restarted server resumes a batch where it stopped. A job's lines reach the engine in the order
-// and pace of a BlendServe plan of the job (plan/admission_source.h, driven before every step by
-// admit_batch_lines), or all at once in file order with --batch-policy fcfs.
+// and pace of a BlendServe plan of the job (offline/planned_feed.h, the runner `blend batch`
+// uses, driven before every step by admit_batch_lines), or all at once in file order with
+// --batch-policy fcfs.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -360,7 +361,7 @@ void Server::Impl::start_job(json batch, bool resume) {
   if (planned) {
     loop->post([this, job, errors = std::move(errors)](Engine& engine) mutable {
       for (PreparedBatchLine& line : errors) submit_line(job, engine, std::move(line));
-      if (job->source && !job->cancelling) admission.push_back(job);
+      if (job->admitting && !job->cancelling) admission.push_back(job);
       if (job->remaining == 0 || job->cancelling) finish_job(job);
     });
     return;
@@ -388,7 +389,7 @@ void Server::Impl::plan_job(BatchJob& job, const std::vector<BatchInputLine>& to
   // The engine's immutable parts (tokenizer, limits) may be read from any thread.
   const Engine& engine = loop->engine();
   const BatchLineContext context = line_context(job);
-  std::vector<plan::SourceRequest> requests;
+  std::vector<OfflineRequest> requests;
   for (const BatchInputLine& line : todo) {
     PreparedBatchLine prepared = prepare_batch_line(line, context);
     if (!prepared.error) {
@@ -402,50 +403,46 @@ void Server::Impl::plan_job(BatchJob& job, const std::vector<BatchInputLine>& to
       errors.push_back(std::move(prepared));
       continue;
     }
-    // As `blend batch`: a line that ignores EOS runs to max_tokens; the others' lengths are
-    // assumed until the sampling pass estimates them. A line of n samples is planned as one
-    // request generating n times the tokens (its prompt is computed once, then shared).
-    const SamplingParams& params = prepared.generation.params;
-    const bool known = params.ignore_eos;
-    const double n = prepared.api.n;
-    const double max_tokens = n * params.max_tokens;
-    requests.push_back(
-        {{prepared.custom_id, prepared.generation.prompt,
-          known ? max_tokens : std::min(n * options.batch_assumed_output, max_tokens), known, 0,
-          prepared.generation.model},
-         max_tokens});
-    job.lines.push_back(std::move(prepared));
+    // As `blend batch` plans a line (offline/planned_run.h: line_samples).
+    for (OfflineRequest& q :
+         line_samples(prepared.generation, prepared.api.n, options.batch_assumed_output))
+      requests.push_back(std::move(q));
+    prepared.generation = {};  // the samples hold it
+    std::shared_ptr<LineAnswer> answer = line_answer(prepared);
+    job.answers.emplace(answer->id, std::move(answer));
   }
   if (requests.empty()) return;
-  job.generated.assign(requests.size(), 0);
-  job.source = std::make_unique<plan::AdmissionSource>(
-      std::move(requests), *batch_cost,
-      plan::SourceOptions{
-          .policy = plan::parse_policy(options.batch_policy),
-          .kv_memory_bytes = batch_kv_bytes,
-          .planner = {.pacing = {.sequential_steps = !engine.overlaps_compute_and_memory()}},
-          .max_step_tokens = batch_step_tokens,
-          .sample_fraction = options.batch_sample_fraction,
-          .sample_seed = 1});
+  job.feed = std::make_unique<PlannedFeed>(
+      std::move(requests), *batch_cost, engine,
+      PlannedFeed::Options{.policy = plan::parse_policy(options.batch_policy),
+                           .kv_memory_bytes = batch_kv_bytes,
+                           .max_step_tokens = batch_step_tokens,
+                           .sampling = {.fraction = options.batch_sample_fraction, .seed = 1}});
+  job.admitting = true;
 }
 
 bool Server::Impl::admit_batch_lines(Engine& engine) {
   // What ended in the last step, then the oldest job's admission: one job's stream at a time,
   // as BlendServe plans one batch (two would each count the whole KV memory as theirs).
-  for (const auto& job : admission) {
-    for (const auto& [line, tokens] : job->ended)
-      if (job->source) job->source->on_finished(line, tokens);
-    job->ended.clear();
-  }
+  for (const auto& job : admission)
+    if (job->feed) job->feed->report_ended();
+  std::optional<int32_t> budget;
   while (!admission.empty()) {
     const std::shared_ptr<BatchJob> job = admission.front();
-    if (job->cancelling || !job->source) {
+    if (job->cancelling || !job->admitting) {
       admission.pop_front();
       continue;
     }
-    plan::AdmissionSource& source = *job->source;
-    std::vector<int32_t> admitted = source.admit();
-    if (admitted.empty() && source.in_flight() == 0 && !source.exhausted()) {
+    PlannedFeed& feed = *job->feed;
+    const PlannedFeed::Submit submit = [&](int32_t, GenerationRequest sample,
+                                           Engine::TokenCallback on_token,
+                                           PlannedFeed::Ended ended) {
+      const auto it = job->answers.find(sample.id);
+      const std::shared_ptr<LineAnswer> answer = it->second;
+      if (++answer->submitted == answer->request.n) job->answers.erase(it);
+      submit_sample(job, engine, answer, std::move(sample), std::move(on_token), std::move(ended));
+    };
+    if (feed.admit(submit) == 0 && feed.stalled()) {
       // Nothing of the job runs and its stream admits nothing: it would wait forever (the
       // streams never do this). Hand the rest out rather than hang the job.
       std::string id;
@@ -457,21 +454,23 @@ bool Server::Impl::admit_batch_lines(Engine& engine) {
                    "blend serve: batch %s: the planner admits nothing while none of its lines "
                    "runs; queueing the rest at once\n",
                    id.c_str());
-      admitted = source.admit_rest();
+      feed.admit(submit, /*all=*/true);
     }
-    for (int32_t line : admitted)
-      submit_line(job, engine, std::move(job->lines[static_cast<size_t>(line)]), line);
-    if (!source.exhausted()) break;
-    // Every line is handed out: the planning state goes, the next job starts.
-    job->source.reset();
-    job->lines = {};
-    job->generated = {};
+    if (!feed.exhausted()) {
+      // The plan paces the engine's steps as `blend batch` does, while no real-time request
+      // needs the engine's own budget.
+      if (metrics.in_engine(RequestClass::kRealtime) == 0) budget = feed.step_token_budget();
+      break;
+    }
+    // Every sample is handed out: the next job starts (this one's feed stays for the samples
+    // in flight, which report to it).
+    job->admitting = false;
     admission.pop_front();
   }
+  engine.set_max_batch_tokens(budget.value_or(batch_step_tokens));
   int64_t pending = 0;
   for (const auto& job : admission)
-    if (job->source)
-      pending += static_cast<int64_t>(job->source->size() - job->source->handed_out());
+    if (job->admitting) pending += static_cast<int64_t>(job->feed->waiting());
   metrics.set_batch_lines_pending(pending);
   return !admission.empty();
 }
@@ -482,101 +481,118 @@ void Server::Impl::run_line(const std::shared_ptr<BatchJob>& job, Engine& engine
 }
 
 void Server::Impl::submit_line(const std::shared_ptr<BatchJob>& job, Engine& engine,
-                               PreparedBatchLine prepared, int32_t planned) {
-  const std::string id = prepared.custom_id;
-  // A planned line's end goes back to its job's admission stream (while it still admits).
-  auto ended = [job, planned](std::optional<double> tokens) {
-    if (planned >= 0 && job->source) job->ended.emplace_back(planned, tokens);
+                               PreparedBatchLine prepared) {
+  if (prepared.error) return fail_line(job, prepared.custom_id, *prepared.error);
+  GenerationRequest generation = std::move(prepared.generation);
+  const std::shared_ptr<LineAnswer> answer = line_answer(prepared);
+  const int32_t n = answer->request.n;
+  for (int32_t index = 0; index < n && !answer->written; ++index) {
+    GenerationRequest sample = index + 1 < n ? generation : std::move(generation);
+    sample.index = index;
+    ++answer->submitted;
+    submit_sample(job, engine, answer, std::move(sample));
+  }
+}
+
+std::shared_ptr<Server::Impl::LineAnswer> Server::Impl::line_answer(
+    PreparedBatchLine& prepared) const {
+  auto answer = std::make_shared<LineAnswer>();
+  answer->id = prepared.custom_id;
+  answer->request = std::move(prepared.api);
+  answer->created = unix_seconds();
+  return answer;
+}
+
+void Server::Impl::submit_sample(const std::shared_ptr<BatchJob>& job, Engine& engine,
+                                 const std::shared_ptr<LineAnswer>& answer,
+                                 GenerationRequest sample, Engine::TokenCallback progress,
+                                 PlannedFeed::Ended ended) {
+  if (answer->written) {  // an earlier sample could not run: the line has its error already
+    if (ended) ended(std::nullopt);
+    return;
+  }
+  metrics.on_queued(RequestClass::kBestEffort);
+  auto state = std::make_shared<Pending>();
+  state->cls = RequestClass::kBestEffort;
+  auto on_token = [this, state, progress = std::move(progress)](const SampledToken& t,
+                                                                std::string_view text) {
+    if (progress) progress(t, text);
+    if (state->had_first_token) return;
+    state->had_first_token = true;
+    state->first_token = Clock::now();
+    metrics.on_first_token(state->cls, seconds_between(state->arrival, state->first_token));
   };
-  try {
-    if (prepared.error) throw *prepared.error;
-    // The line's n samples (OpenAI's n) run as n requests and answer once, with n choices.
-    struct Samples {
-      ApiRequest request;
-      std::vector<GenerationResult> results;
-    };
-    auto samples = std::make_shared<Samples>();
-    samples->request = std::move(prepared.api);
-    const int32_t n = samples->request.n;
-    const int64_t created = unix_seconds();
-    for (int32_t index = 0; index < n; ++index) {
-      metrics.on_queued(RequestClass::kBestEffort);
-      auto state = std::make_shared<Pending>();
-      state->cls = RequestClass::kBestEffort;
-      auto on_token = [this, job, state, planned](const SampledToken&, std::string_view) {
-        if (planned >= 0 && job->source) {
-          double& generated = job->generated[static_cast<size_t>(planned)];
-          job->source->on_progress(planned, ++generated);
-        }
-        if (state->had_first_token) return;
-        state->had_first_token = true;
-        state->first_token = Clock::now();
-        metrics.on_first_token(state->cls, seconds_between(state->arrival, state->first_token));
-      };
-      auto on_done = [this, job, state, ended, samples, created, id](GenerationResult&& r) {
-        const auto now = Clock::now();
-        const int64_t tokens = static_cast<int64_t>(r.tokens.size());
-        metrics.on_finished(
-            state->cls, state->had_first_token, finish_reason_name(r.finish), r.prompt_tokens,
-            tokens, seconds_between(state->arrival, now),
-            tokens > 1 ? seconds_between(state->first_token, now) / static_cast<double>(tokens - 1)
-                       : 0.0);
-        job->in_flight.erase(state->seq);
-        state->done = true;
-        samples->results.push_back(std::move(r));
-        const ApiRequest& request = samples->request;
-        if (static_cast<int32_t>(samples->results.size()) < request.n) return;
-        const char* prefix = request.endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-";
-        // A sample that failed while generating fails the line (the error file holds it).
-        const auto failed = std::find_if(
-            samples->results.begin(), samples->results.end(),
-            [](const GenerationResult& s) { return s.finish == FinishReason::kError; });
-        const bool written = write_result(job, [&] {
-          if (failed != samples->results.end())
-            job->error_writer->write_error(id, 500,
-                                           ApiError(500, failed->error, "", "server_error").body());
-          else
-            job->writer->write_success(id, make_response(request, samples->results, make_id(prefix),
-                                                         model_name(request.model_id), created,
-                                                         tokenizer_of(request.model_id)));
-        });
-        double generated = 0;  // by all the line's samples, for the planner
-        for (const GenerationResult& sample : samples->results)
-          generated += static_cast<double>(sample.tokens.size());
-        ended(generated);
-        if (!written) return;  // the job has failed; stop_job finishes it
-        {
-          std::lock_guard lock(batches_mu);
-          auto& counts = job->batch["request_counts"];
-          const char* count = failed != samples->results.end() ? "failed" : "completed";
-          counts[count] = counts[count].get<int64_t>() + 1;
-        }
-        line_done(job);
-      };
-      GenerationRequest sample =
-          index + 1 < n ? prepared.generation : std::move(prepared.generation);
-      sample.index = index;
-      state->seq = engine.submit(std::move(sample), on_done, on_token);
-      // A request with max_tokens 0 finished inside submit(); only the others are in flight.
-      if (!state->done) job->in_flight.emplace(state->seq, state);
-    }
-    if (options.on_batch_line_submitted) options.on_batch_line_submitted(id);
-  } catch (const Error& e) {
-    const ApiError* api = dynamic_cast<const ApiError*>(&e);
-    const int status = api ? api->status() : 400;
+  auto on_done = [this, job, state, answer, ended](GenerationResult&& r) {
+    const auto now = Clock::now();
+    const int64_t tokens = static_cast<int64_t>(r.tokens.size());
+    metrics.on_finished(
+        state->cls, state->had_first_token, finish_reason_name(r.finish), r.prompt_tokens, tokens,
+        seconds_between(state->arrival, now),
+        tokens > 1 ? seconds_between(state->first_token, now) / static_cast<double>(tokens - 1)
+                   : 0.0);
+    job->in_flight.erase(state->seq);
+    state->done = true;
+    if (ended) ended(static_cast<double>(tokens));
+    if (answer->written) return;
+    answer->results.push_back(std::move(r));
+    const ApiRequest& request = answer->request;
+    if (static_cast<int32_t>(answer->results.size()) < request.n) return;
+    answer->written = true;
+    const char* prefix = request.endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-";
+    // A sample that failed while generating fails the line (the error file holds it).
+    const auto failed =
+        std::find_if(answer->results.begin(), answer->results.end(),
+                     [](const GenerationResult& s) { return s.finish == FinishReason::kError; });
+    const bool line_failed = failed != answer->results.end();
     const bool written = write_result(job, [&] {
-      job->error_writer->write_error(id, status,
-                                     api ? api->body() : ApiError(400, e.what()).body());
+      if (line_failed)
+        job->error_writer->write_error(answer->id, 500,
+                                       ApiError(500, failed->error, "", "server_error").body());
+      else
+        job->writer->write_success(
+            answer->id,
+            make_response(request, answer->results, make_id(prefix), model_name(request.model_id),
+                          answer->created, tokenizer_of(request.model_id)));
     });
-    ended(std::nullopt);
-    if (!written) return;
+    answer->results = {};
+    if (!written) return;  // the job has failed; stop_job finishes it
     {
       std::lock_guard lock(batches_mu);
       auto& counts = job->batch["request_counts"];
-      counts["failed"] = counts["failed"].get<int64_t>() + 1;
+      const char* count = line_failed ? "failed" : "completed";
+      counts[count] = counts[count].get<int64_t>() + 1;
     }
     line_done(job);
+  };
+  try {
+    state->seq = engine.submit(std::move(sample), on_done, on_token);
+  } catch (const Error& e) {
+    metrics.on_cancelled(state->cls, false);
+    if (ended) ended(std::nullopt);
+    answer->written = true;
+    return fail_line(job, answer->id, e);
   }
+  // A request with max_tokens 0 finished inside submit(); only the others are in flight.
+  if (!state->done) job->in_flight.emplace(state->seq, state);
+  if (answer->submitted == answer->request.n && options.on_batch_line_submitted)
+    options.on_batch_line_submitted(answer->id);
+}
+
+void Server::Impl::fail_line(const std::shared_ptr<BatchJob>& job, const std::string& id,
+                             const Error& error) {
+  const ApiError* api = dynamic_cast<const ApiError*>(&error);
+  const int status = api ? api->status() : 400;
+  const bool written = write_result(job, [&] {
+    job->error_writer->write_error(id, status,
+                                   api ? api->body() : ApiError(400, error.what()).body());
+  });
+  if (!written) return;
+  {
+    std::lock_guard lock(batches_mu);
+    auto& counts = job->batch["request_counts"];
+    counts["failed"] = counts["failed"].get<int64_t>() + 1;
+  }
+  line_done(job);
 }
 
 void Server::Impl::line_done(const std::shared_ptr<BatchJob>& job) {
@@ -614,10 +630,8 @@ void Server::Impl::stop_job(const std::shared_ptr<BatchJob>& job, Engine& engine
   job->in_flight.clear();
   // Lines the planner has not handed out yet never reach the engine.
   std::erase(admission, job);
-  job->source.reset();
-  job->lines = {};
-  job->generated = {};
-  job->ended.clear();
+  job->admitting = false;
+  job->answers.clear();
   finish_job(job);
 }
 // Engine thread: publishes the results file and the final status.

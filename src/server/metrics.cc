@@ -100,6 +100,12 @@ void Metrics::on_queued(RequestClass c) {
   ++of(c).waiting;
 }
 
+int64_t Metrics::in_engine(RequestClass c) const {
+  std::lock_guard lock(mu_);
+  const PerClass& p = classes_[c == RequestClass::kRealtime ? 0 : 1];
+  return p.waiting + p.running;
+}
+
 void Metrics::on_first_token(RequestClass c, double ttft_seconds) {
   std::lock_guard lock(mu_);
   PerClass& p = of(c);

@@ -41,6 +41,8 @@ class Metrics {
                    double tpot_seconds);
   void on_cancelled(RequestClass c, bool had_first_token);
   void on_error(int http_status);  // a request rejected before it reached the engine
+  // Requests of class `c` queued or running in the engine now.
+  int64_t in_engine(RequestClass c) const;
 
   // Called by the engine thread after each step: the engine's counters now.
   void on_step(const EngineStats& stats);

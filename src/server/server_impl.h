@@ -31,7 +31,7 @@
 #include "api/openai.h"
 #include "cost/cost_model.h"
 #include "grammar/json_schema.h"
-#include "plan/admission_source.h"
+#include "offline/planned_feed.h"
 #include "server/batch_store.h"
 #include "server/connection.h"
 #include "server/engine_loop.h"
@@ -76,6 +76,17 @@ struct Pending {
   Clock::time_point first_token;
 };
 
+// One line's answer while its n samples (OpenAI's n) run: it is written once, with n choices,
+// when the last one ends, or as an error when one cannot run.
+struct LineAnswer {
+  std::string id;  // custom_id
+  ApiRequest request;
+  int64_t created = 0;
+  int32_t submitted = 0;  // samples handed to the engine
+  std::vector<GenerationResult> results;
+  bool written = false;
+};
+
 // A batch being run: its input lines still to do and where their results go. Engine thread
 // only, except `batch` (the object clients poll), which is guarded by Impl::batches_mu.
 struct BatchJob {
@@ -89,15 +100,14 @@ struct BatchJob {
   // Set when a result could not be written (a full disk): the batch then fails with this
   // reason, keeping the whole lines already written (Impl::fail_job).
   std::optional<std::string> write_failure;
-  // A planned job (ServerOptions::batch_policy other than fcfs): its valid lines, handed to the
-  // engine in the order and pace of `source` (plan/admission_source.h) by
-  // Impl::admit_batch_lines; `source` is dropped once every line is handed out.
-  std::vector<PreparedBatchLine> lines;
-  std::unique_ptr<plan::AdmissionSource> source;
-  std::vector<double> generated;  // tokens each line has produced
-  // Lines that ended during the last step (index, output tokens; none if the line failed),
-  // reported to `source` before its next admission.
-  std::vector<std::pair<int32_t, std::optional<double>>> ended;
+  // A planned job (ServerOptions::batch_policy other than fcfs): its good lines' samples, fed to
+  // the engine in the order and pace of a BlendServe plan by Impl::admit_batch_lines through
+  // the runner `blend batch` uses (offline/planned_run.h: PlannedFeed). Kept until the job ends
+  // (its samples in flight report to it); `admitting` while it holds samples back.
+  std::unique_ptr<PlannedFeed> feed;
+  bool admitting = false;
+  // Each planned line's answer by custom_id, until its samples are handed out.
+  std::unordered_map<std::string, std::shared_ptr<LineAnswer>> answers;
 };
 
 // What the access-log line of the request this thread is serving reports. httplib runs the
@@ -114,6 +124,7 @@ RequestLog& request_log();
 struct Server::Impl {
   using Pending = server_internal::Pending;
   using BatchJob = server_internal::BatchJob;
+  using LineAnswer = server_internal::LineAnswer;
 
   ServerOptions options;
   // The engine's models by ModelId (names, chat templates, sampling defaults) and the chat
@@ -204,13 +215,21 @@ struct Server::Impl {
   // fail go back in `errors`.
   void plan_job(BatchJob& job, const std::vector<BatchInputLine>& todo,
                 std::vector<PreparedBatchLine>& errors);
-  // Before every engine step (EngineLoop's feed): hands the engine the lines the oldest planned
-  // job admits now; true while some planned line waits.
+  // Before every engine step (EngineLoop's feed): hands the engine the samples the oldest
+  // planned job admits now and sets the step budget its plan wants; true while some wait.
   bool admit_batch_lines(Engine& engine);
   void run_line(const std::shared_ptr<BatchJob>& job, Engine& engine, const BatchInputLine& line);
-  // Submits a prepared line, or writes its error result; `planned` is its index in job.lines.
-  void submit_line(const std::shared_ptr<BatchJob>& job, Engine& engine, PreparedBatchLine prepared,
-                   int32_t planned = -1);
+  // Submits a prepared line's n samples at once, or writes its error result.
+  void submit_line(const std::shared_ptr<BatchJob>& job, Engine& engine,
+                   PreparedBatchLine prepared);
+  std::shared_ptr<LineAnswer> line_answer(PreparedBatchLine& prepared) const;
+  // Submits one sample of `answer`'s line; `on_token` and `ended` are a planned feed's (or
+  // empty). A sample that cannot run fails the line.
+  void submit_sample(const std::shared_ptr<BatchJob>& job, Engine& engine,
+                     const std::shared_ptr<LineAnswer>& answer, GenerationRequest sample,
+                     Engine::TokenCallback on_token = {}, PlannedFeed::Ended ended = {});
+  // Writes the error result of line `id` (counted as failed).
+  void fail_line(const std::shared_ptr<BatchJob>& job, const std::string& id, const Error& error);
   void line_done(const std::shared_ptr<BatchJob>& job);
   // Writes one result line with `write`; when that fails (a full disk), the job fails
   // (fail_job) and false is returned.
