@@ -52,7 +52,7 @@ python3 - "$ROOT" "$PROMPTS" "$OUT_DIR/prompts.txt" <<'PY'
 import pathlib, sys
 root, n, out = pathlib.Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 lines = []
-for doc in ["README.md", "docs/ARCHITECTURE.md", "docs/BENCHMARKS.md"]:
+for doc in ["README.md", "docs/CLI.md", "docs/ARCHITECTURE.md", "docs/BENCHMARKS.md"]:
     for para in (root / doc).read_text().split("\n\n"):
         text = " ".join(para.split())
         if 200 <= len(text) <= 600 and not text.startswith(("|", "```", "#")):

@@ -61,5 +61,5 @@ cat <<EOF
   build/blend serve --model $model --port 8000 &
   curl -s localhost:8000/v1/chat/completions -H 'Content-Type: application/json' \\
     -d '{"model": "smollm-135m", "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 16}'
-(README.md lists every command; results.jsonl and results.stats.json hold this run's output)
+(docs/CLI.md lists every command; results.jsonl and results.stats.json hold this run's output)
 EOF
