@@ -25,7 +25,8 @@ struct TestModel {
 // "base", or: "qwen2" (QKV bias), "llama3" (llama3 RoPE scaling in all three bands, tied
 // embeddings), "linear" (linear RoPE scaling), "hd64" (head_dim 64, 2 query heads per KV head),
 // "hd128" (Llama-3-8B's head geometry: head_dim 128, 4 query heads per KV head), "mistral"
-// (sliding window 6), "mistral-hd128" (both).
+// (sliding window 6), "mistral-hd128" (both), "qwen3" (per-head q/k norms; head_dim 32, so q
+// is twice as wide as the residual stream).
 inline ModelConfig test_model_config(const std::string& variant) {
   ModelConfig c = *find_model_preset("tiny");
   // A small vocabulary keeps generation, loading and the references' lm_heads cheap (the tests
@@ -54,6 +55,12 @@ inline ModelConfig test_model_config(const std::string& variant) {
     c.num_heads = 8;
     c.num_kv_heads = 2;
     c.head_dim = 128;
+  } else if (variant == "qwen3") {
+    c.architecture = "Qwen3ForCausalLM";
+    c.model_type = "qwen3";
+    c.qk_norm = true;
+    c.head_dim = 32;
+    c.rms_norm_eps = 1e-6;
   } else if (variant == "mistral" || variant == "mistral-hd128") {
     c.architecture = "MistralForCausalLM";
     c.model_type = "mistral";

@@ -6,6 +6,8 @@
 //   per layer:
 //     norm(layer, kAttention)        RMSNorm x -> xn
 //     project(layer, kQkv)           xn -> qkv, the fused Q/K/V projection (+ its bias if any)
+//     qk_norm(layer)                 RMSNorm over each head of Q and K, in place, where the
+//                                    model has those norms (Qwen3; nothing otherwise)
 //     rope_write_kv(layer)           RoPE on Q and K (the config's variant); K, V into KV pages
 //     attention(layer)               paged attention over the cached context (GQA, sliding
 //                                    window) -> attn
@@ -35,17 +37,20 @@ concept ForwardOps = requires(Ops& ops, int64_t layer, Norm norm, Projection pro
   ops.embed();
   ops.norm(layer, norm);
   ops.project(layer, projection);
+  ops.qk_norm(layer);
   ops.rope_write_kv(layer);
   ops.attention(layer);
   ops.swiglu();
   ops.head();
 };
 
-// A layer up to its attention: the norm, the fused QKV projection, RoPE and the KV write.
+// A layer up to its attention: the norm, the fused QKV projection, the heads' norms, RoPE and
+// the KV write.
 template <ForwardOps Ops>
 void before_attention(Ops& ops, int64_t layer) {
   ops.norm(layer, Norm::kAttention);
   ops.project(layer, Projection::kQkv);
+  ops.qk_norm(layer);
   ops.rope_write_kv(layer);
 }
 

@@ -37,6 +37,7 @@ ModelShape ModelShape::from_config(const ModelConfig& config, std::string name,
   s.hidden_size = config.hidden_size;
   s.num_layers = config.num_layers;
   s.kv_dim = config.kv_dim();
+  s.query_dim = config.q_dim();
   s.matmul_parameters = config.num_matmul_parameters();
   s.lm_head_parameters = config.vocab_size * config.hidden_size;
   s.weight_bytes = 2 * config.num_parameters();
@@ -70,7 +71,8 @@ double CostModel::request_compute_seconds(double p, double d) const {
   // Attention FLOPs scaled by 1 / attention_efficiency run at its rate (and the result stays
   // bit-identical when it is 1, as on every GPU preset).
   const double flops = 2 * (p + d) * static_cast<double>(shape_.matmul_parameters) +
-                       4 * p * p * static_cast<double>(shape_.hidden_size * shape_.num_layers) /
+                       4 * p * p *
+                           static_cast<double>(shape_.attention_width() * shape_.num_layers) /
                            hardware_.attention_efficiency;
   return flops / (hardware_.effective_compute() * shape_.tensor_parallel);
 }
@@ -113,6 +115,8 @@ StepCost CostModel::estimate_step(const StepShape& step) const {
   const double tp = shape_.tensor_parallel;
   const double dense_tokens = static_cast<double>(step.prefill_tokens + step.decode_tokens);
   const double hl = static_cast<double>(shape_.hidden_size * shape_.num_layers);
+  // Attention's q.k and p.v products are as wide as the query heads (H_q), not the stream.
+  const double ql = static_cast<double>(shape_.attention_width() * shape_.num_layers);
   StepCost cost;
   cost.interference = hardware_.overlap_interference;
   const double rows = step.logit_rows < 0 ? dense_tokens : static_cast<double>(step.logit_rows);
@@ -122,7 +126,7 @@ StepCost CostModel::estimate_step(const StepShape& step) const {
           static_cast<double>(shape_.matmul_parameters - shape_.lm_head_parameters) +
       2 * hardware_.rows_charged(rows) * static_cast<double>(shape_.lm_head_parameters);
   const double attention_flops =
-      4 * static_cast<double>(step.prefill_attention_pairs) * hl / hardware_.attention_efficiency;
+      4 * static_cast<double>(step.prefill_attention_pairs) * ql / hardware_.attention_efficiency;
   cost.compute_seconds = (dense_flops + attention_flops) / tp / hardware_.effective_compute();
   const double weight_seconds =
       static_cast<double>(shape_.weight_bytes) / tp / hardware_.effective_bandwidth();

@@ -26,9 +26,12 @@ namespace blend {
 // tensor-parallel degree it is served with.
 struct ModelShape {
   std::string name;
-  int64_t hidden_size = 0;         // H
-  int64_t num_layers = 0;          // L
-  int64_t kv_dim = 0;              // H_kv = kv_heads x head_dim
+  int64_t hidden_size = 0;  // H
+  int64_t num_layers = 0;   // L
+  int64_t kv_dim = 0;       // H_kv = kv_heads x head_dim
+  // H_q = heads x head_dim, what attention's FLOPs scale with: H unless head_dim is set apart
+  // from H / heads (Qwen3-0.6B: 2048 over H = 1024); 0 = H.
+  int64_t query_dim = 0;
   int64_t matmul_parameters = 0;   // P: parameters each token multiplies (QKV, O, FFN, lm_head)
   int64_t lm_head_parameters = 0;  // the lm_head's share of P (vocab x H)
   int64_t weight_bytes = 0;        // all parameters at 2 bytes (FP16/BF16)
@@ -36,6 +39,7 @@ struct ModelShape {
 
   // KV cache bytes of one token over all layers: key and value, FP16 (the "H_kv L 4").
   int64_t kv_bytes_per_token() const { return kv_dim * num_layers * 4; }
+  int64_t attention_width() const { return query_dim > 0 ? query_dim : hidden_size; }
 
   static ModelShape from_config(const ModelConfig& config, std::string name,
                                 int tensor_parallel = 1);

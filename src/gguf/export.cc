@@ -52,9 +52,12 @@ GgufExportSummary export_gguf(const std::filesystem::path& model_dir,
   const DType src_dtype = check_tensors(config, store);
   const DType dtype = options.dtype.value_or(src_dtype);
 
-  const bool qwen2 = config.architecture == "Qwen2ForCausalLM";
-  const std::string arch = qwen2 ? "qwen2" : "llama";
-  const bool permute = !qwen2;  // LlamaModel.undo_permute; Qwen2 uses NEOX RoPE in llama.cpp
+  // llama.cpp's names; Qwen2 and Qwen3 (per-head q/k norms) use NEOX RoPE there, so their
+  // q/k rows keep the Hugging Face order (LlamaModel.undo_permute is Llama's alone).
+  const bool qwen3 = config.architecture == "Qwen3ForCausalLM";
+  const bool qwen = qwen3 || config.architecture == "Qwen2ForCausalLM";
+  const std::string arch = qwen3 ? "qwen3" : qwen ? "qwen2" : "llama";
+  const bool permute = !qwen;
   std::string name = options.name;
   if (name.empty()) {
     name = std::filesystem::absolute(model_dir).lexically_normal().filename().string();
@@ -66,7 +69,7 @@ GgufExportSummary export_gguf(const std::filesystem::path& model_dir,
   // Tensors: rope_freqs first (generate_extra_tensors), then the checkpoint's in HF order.
   std::vector<PlannedTensor> plan;
   if (std::vector<float> f = llama3_rope_factors(config); !f.empty()) {
-    if (qwen2) throw Error("gguf: llama3 RoPE scaling on a Qwen2 model is not supported");
+    if (qwen) throw Error("gguf: llama3 RoPE scaling on a Qwen model is not supported");
     PlannedTensor t;
     t.name = "rope_freqs.weight";
     t.shape = {static_cast<int64_t>(f.size())};
@@ -118,7 +121,7 @@ GgufExportSummary export_gguf(const std::filesystem::path& model_dir,
     kv.put_u32(arch + ".attention.value_length", static_cast<uint32_t>(config.head_dim));
   }
   kv.put_u32("general.file_type", static_cast<uint32_t>(file_type_of(dtype)));
-  if (!qwen2) {
+  if (!qwen) {
     kv.put_u32(arch + ".vocab_size", static_cast<uint32_t>(config.vocab_size));
     kv.put_u32(arch + ".rope.dimension_count", static_cast<uint32_t>(config.head_dim));
   }

@@ -19,7 +19,7 @@ int64_t ModelConfig::num_matmul_parameters() const {
 
 int64_t ModelConfig::num_parameters() const {
   const int64_t bias = attention_bias ? q_dim() + 2 * kv_dim() : 0;
-  const int64_t norms = num_layers * 2 * hidden_size + hidden_size;
+  const int64_t norms = num_layers * (2 * hidden_size + (qk_norm ? 2 * head_dim : 0)) + hidden_size;
   const int64_t embed = vocab_size * hidden_size;
   return num_matmul_parameters() - embed + embed * (tie_word_embeddings ? 1 : 2) +
          num_layers * bias + norms;
@@ -85,9 +85,10 @@ json ModelConfig::to_json() const {
   j["tie_word_embeddings"] = tie_word_embeddings;
   j["hidden_act"] = "silu";
   if (architecture != "Qwen2ForCausalLM") j["attention_bias"] = attention_bias;
+  const bool qwen = architecture == "Qwen2ForCausalLM" || architecture == "Qwen3ForCausalLM";
   // Written even when unset: MistralConfig reads an absent key as a 4096-token window.
   j["sliding_window"] = sliding_window ? json(*sliding_window) : json(nullptr);
-  if (architecture == "Qwen2ForCausalLM") {
+  if (qwen) {
     j["use_sliding_window"] = sliding_window.has_value();
     j["max_window_layers"] = 0;  // the window, when there is one, is on every layer
   }
@@ -135,6 +136,7 @@ std::string architecture_difference(const ModelConfig& a, const ModelConfig& b) 
                                b.rope_scaling.original_max_position_embeddings},
       {"rms_norm_eps", a.rms_norm_eps == b.rms_norm_eps},
       {"attention_bias", a.attention_bias == b.attention_bias},
+      {"qk_norm", a.qk_norm == b.qk_norm},
       {"sliding_window", a.sliding_window == b.sliding_window},
       {"torch_dtype", a.dtype == b.dtype},
   };

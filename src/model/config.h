@@ -1,6 +1,7 @@
 // ModelConfig — what the engine needs from a Hugging Face model folder's config.json (and
 // generation_config.json): shapes, RoPE, norm epsilon, special token ids. Supports
-// LlamaForCausalLM, Qwen2ForCausalLM (QKV bias) and MistralForCausalLM as transformers 4 and 5
+// LlamaForCausalLM, Qwen2ForCausalLM (QKV bias), Qwen3ForCausalLM (per-head q/k norms) and
+// MistralForCausalLM as transformers 4 and 5
 // write them (config_json.cc lists, field by field, what is read, what is ignored on purpose and
 // what is refused); anything else is a blend::Error naming the field, never a silently wrong
 // model.
@@ -44,7 +45,9 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   double rms_norm_eps = 1e-5;
   bool tie_word_embeddings = false;
-  bool attention_bias = false;            // q/k/v projections carry a bias (Qwen2)
+  bool attention_bias = false;  // q/k/v projections carry a bias (Qwen2)
+  // Q and K pass an RMSNorm over each head (weights of head_dim) before RoPE (Qwen3).
+  bool qk_norm = false;
   std::optional<int64_t> sliding_window;  // Mistral; unset = full attention
   std::optional<int32_t> bos_token_id;
   std::vector<int32_t> eos_token_ids;  // generation_config.json wins over config.json

@@ -1,8 +1,9 @@
 // ModelConfig::from_json — reading a Hugging Face config.json as transformers 4 and 5 write it
-// for LlamaConfig, Qwen2Config and MistralConfig. The rule: a field either is understood (read
-// and honoured exactly as transformers' model class honours it), is irrelevant to the forward
-// pass at inference (ignored on purpose, listed below), or is refused with an error naming it.
-// A wrong answer is worse than an error, so no field that could change the math is skipped.
+// for LlamaConfig, Qwen2Config, Qwen3Config and MistralConfig. The rule: a field either is
+// understood (read and honoured exactly as transformers' model class honours it), is irrelevant to
+// the forward pass at inference (ignored on purpose, listed below), or is refused with an error
+// naming it. A wrong answer is worse than an error, so no field that could change the math is
+// skipped.
 //
 // Understood:
 //   architectures, model_type (must agree when both name a supported model), hidden_size,
@@ -15,9 +16,11 @@
 //     original_max_position_embeddings and partial_rotary_factor transformers 5 folds in.
 //     Types default, linear and llama3; any other type, a key the type does not use, a
 //     partial_rotary_factor other than 1, or the two layouts disagreeing is refused;
-//   attention_bias (Llama: q/k/v bias; Qwen2 always has it, so false is refused; Mistral has
-//     none, so true is refused); mlp_bias (true refused);
-//   sliding_window (Mistral: every layer, 4096 when the key is absent, null = none; Qwen2: only
+//   attention_bias (Qwen2 always has q/k/v biases, so false is refused; Llama and Qwen3 put
+//     the bias on o_proj too, which is not implemented, and Mistral has none: true refused);
+//     mlp_bias (true refused); Qwen3's per-head q_norm / k_norm are always there;
+//   sliding_window (Mistral: every layer, 4096 when the key is absent, null = none; Qwen2 and
+//     Qwen3: only
 //     with use_sliding_window, on layers from max_window_layers or as layer_types says, and only
 //     when that is every layer or none; Llama: not used by transformers, so a window is refused);
 //   layer_types (must be uniform and match the window above);
@@ -106,7 +109,7 @@ int32_t token_id(const json& v, const std::string& field) {
   return static_cast<int32_t>(v.get<int64_t>());
 }
 
-enum class Arch { kLlama, kQwen2, kMistral };
+enum class Arch { kLlama, kQwen2, kQwen3, kMistral };
 
 Arch read_architecture(const json& j, ModelConfig& c) {
   if (const json* a = find(j, "architectures")) {
@@ -120,6 +123,7 @@ Arch read_architecture(const json& j, ModelConfig& c) {
   c.model_type = opt_string(j, "model_type").value_or("");
   static const std::pair<const char*, const char*> kTypes[] = {{"llama", "LlamaForCausalLM"},
                                                                {"qwen2", "Qwen2ForCausalLM"},
+                                                               {"qwen3", "Qwen3ForCausalLM"},
                                                                {"mistral", "MistralForCausalLM"}};
   for (const auto& [type, arch] : kTypes) {
     if (c.model_type != type) continue;
@@ -131,9 +135,11 @@ Arch read_architecture(const json& j, ModelConfig& c) {
   }
   if (c.architecture == "LlamaForCausalLM") return Arch::kLlama;
   if (c.architecture == "Qwen2ForCausalLM") return Arch::kQwen2;
+  if (c.architecture == "Qwen3ForCausalLM") return Arch::kQwen3;
   if (c.architecture == "MistralForCausalLM") return Arch::kMistral;
   refuse("unsupported architecture '" + c.architecture +
-         "' (supported: LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM)");
+         "' (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+         "MistralForCausalLM)");
 }
 
 // One RoPE description from either layout, before the two are reconciled.
@@ -266,9 +272,10 @@ void read_window(const json& j, Arch arch, ModelConfig& c) {
   }
   // sliding[i]: whether layer i attends through the window.
   std::vector<bool> sliding(static_cast<size_t>(c.num_layers), false);
-  if (arch == Arch::kQwen2) {
+  if (arch == Arch::kQwen2 || arch == Arch::kQwen3) {
     const bool use = opt_bool(j, "use_sliding_window").value_or(false);
-    const int64_t first = opt_int(j, "max_window_layers").value_or(28);  // Qwen2Config default
+    // Qwen2Config's and Qwen3Config's default.
+    const int64_t first = opt_int(j, "max_window_layers").value_or(28);
     for (int64_t i = 0; i < c.num_layers; ++i)
       sliding[i] =
           use && window && (layer_types ? (*layer_types)[i] == "sliding_attention" : i >= first);
@@ -309,9 +316,12 @@ void read_bias_and_activation(const json& j, Arch arch, ModelConfig& c) {
   } else if (arch == Arch::kMistral) {
     if (attention_bias == true)
       refuse("attention_bias=true, but MistralForCausalLM has no attention biases");
-  } else {
-    c.attention_bias = attention_bias.value_or(false);
+  } else if (attention_bias == true) {
+    // transformers' Llama and Qwen3 attention put the bias on o_proj too (a checkpoint that
+    // has it would otherwise run without it).
+    refuse("attention_bias=true (q/k/v and o_proj biases) is not supported for " + c.architecture);
   }
+  c.qk_norm = arch == Arch::kQwen3;
   for (const char* key : {"quantization_config", "compression_config"})
     if (find(j, key))
       refuse(std::string(key) + " is present: quantized checkpoints are not supported");
@@ -385,15 +395,18 @@ ModelConfig ModelConfig::from_json(const json& j) {
   c.intermediate_size = required_int(j, "intermediate_size");
   c.vocab_size = required_int(j, "vocab_size");
   // Defaults as each transformers class has them for an absent key.
-  const int64_t default_kv = arch == Arch::kQwen2 ? 32 : arch == Arch::kMistral ? 8 : c.num_heads;
+  const bool qwen = arch == Arch::kQwen2 || arch == Arch::kQwen3;
+  const int64_t default_kv = qwen ? 32 : arch == Arch::kMistral ? 8 : c.num_heads;
   c.num_kv_heads = opt_int(j, "num_key_value_heads").value_or(default_kv);
   const auto head_dim = opt_int(j, "head_dim");
-  if (!head_dim && c.num_heads > 0 && c.hidden_size % c.num_heads != 0)
-    refuse("hidden_size is not a multiple of num_attention_heads and head_dim is not given");
-  c.head_dim = head_dim.value_or(c.num_heads > 0 ? c.hidden_size / c.num_heads : 0);
-  const int64_t default_max_pos = arch == Arch::kQwen2     ? 32768
-                                  : arch == Arch::kMistral ? 4096 * 32
-                                                           : 2048;
+  if (arch == Arch::kQwen3) {
+    c.head_dim = head_dim.value_or(128);  // Qwen3Config's default, not hidden / heads
+  } else {
+    if (!head_dim && c.num_heads > 0 && c.hidden_size % c.num_heads != 0)
+      refuse("hidden_size is not a multiple of num_attention_heads and head_dim is not given");
+    c.head_dim = head_dim.value_or(c.num_heads > 0 ? c.hidden_size / c.num_heads : 0);
+  }
+  const int64_t default_max_pos = qwen ? 32768 : arch == Arch::kMistral ? 4096 * 32 : 2048;
   c.max_position_embeddings = opt_int(j, "max_position_embeddings").value_or(default_max_pos);
   c.rms_norm_eps = opt_double(j, "rms_norm_eps").value_or(1e-6);
   c.tie_word_embeddings = opt_bool(j, "tie_word_embeddings").value_or(false);

@@ -9,7 +9,9 @@ ModelConfig shape(std::string arch, int64_t hidden, int64_t layers, int64_t head
                   int64_t ffn, int64_t vocab, double theta, int64_t max_pos) {
   ModelConfig c;
   c.architecture = std::move(arch);
-  c.model_type = c.architecture == "Qwen2ForCausalLM" ? "qwen2" : "llama";
+  c.model_type = c.architecture == "Qwen2ForCausalLM"   ? "qwen2"
+                 : c.architecture == "Qwen3ForCausalLM" ? "qwen3"
+                                                        : "llama";
   c.hidden_size = hidden;
   c.num_layers = layers;
   c.num_heads = heads;
@@ -20,6 +22,7 @@ ModelConfig shape(std::string arch, int64_t hidden, int64_t layers, int64_t head
   c.rope_theta = theta;
   c.max_position_embeddings = max_pos;
   c.attention_bias = c.architecture == "Qwen2ForCausalLM";
+  c.qk_norm = c.architecture == "Qwen3ForCausalLM";
   return c;
 }
 
@@ -41,6 +44,20 @@ ModelConfig llama_like(int64_t hidden, int64_t layers, int64_t heads, int64_t kv
   return with_llama3_tokens(c);
 }
 
+// A Qwen3 shape (head_dim apart from hidden / heads, per-head q/k norms), materialisable with
+// the Llama-3 tokenizer: Qwen3's layers, RoPE base, context and norm epsilon on the Llama-3
+// vocabulary and token ids.
+ModelConfig qwen3_like(int64_t hidden, int64_t layers, int64_t heads, int64_t kv_heads,
+                       int64_t head_dim, int64_t ffn, bool tied) {
+  ModelConfig c = shape("Qwen3ForCausalLM", hidden, layers, heads, kv_heads, ffn, kLlama3VocabSize,
+                        1000000.0, 40960);
+  c.head_dim = head_dim;
+  c.tie_word_embeddings = tied;
+  c = with_llama3_tokens(c);
+  c.rms_norm_eps = 1e-6;
+  return c;
+}
+
 // A shape-only preset `model init --allow-large` can write: the Llama architecture with the
 // Llama-3 vocabulary, so the Llama-3 tokenizer fits it.
 bool large_materialisable(const ModelPreset& p) {
@@ -59,6 +76,16 @@ ModelConfig llama_3_2_1b() {
   return c;
 }
 
+// Qwen3's published shapes: head_dim 128, its vocabulary and context.
+ModelConfig qwen3_shape(int64_t hidden, int64_t layers, int64_t heads, int64_t kv_heads,
+                        int64_t ffn) {
+  ModelConfig c =
+      shape("Qwen3ForCausalLM", hidden, layers, heads, kv_heads, ffn, 151936, 1000000, 40960);
+  c.head_dim = 128;
+  c.rms_norm_eps = 1e-6;
+  return c;
+}
+
 std::vector<ModelPreset> build_table() {
   const char* llama = "LlamaForCausalLM";
   const char* qwen2 = "Qwen2ForCausalLM";
@@ -69,11 +96,17 @@ std::vector<ModelPreset> build_table() {
                   /*ffn=*/128, /*tied=*/false)},
       {"smollm-135m", true, llama_like(576, 30, 9, 3, 1536, true)},
       {"llama-3.2-1b", true, llama_3_2_1b()},
+      // head_dim 32 over hidden 64 with 4 heads: q is twice as wide as the residual stream.
+      {"tiny-qwen3", true,
+       qwen3_like(/*hidden=*/64, /*layers=*/2, /*heads=*/4, /*kv_heads=*/2, /*head_dim=*/32,
+                  /*ffn=*/128, /*tied=*/false)},
+      {"qwen3-0.6b", true, qwen3_like(1024, 28, 16, 8, 128, 3072, true)},
       {"llama-3-8b", false, shape(llama, 4096, 32, 32, 8, 14336, 128256, 500000, 8192)},
       {"llama-3-70b", false, shape(llama, 8192, 80, 64, 8, 28672, 128256, 500000, 8192)},
       {"llama-2-7b", false, shape(llama, 4096, 32, 32, 32, 11008, 32000, 10000, 4096)},
       {"qwen2.5-7b", false, shape(qwen2, 3584, 28, 28, 4, 18944, 152064, 1000000, 32768)},
       {"qwen2.5-72b", false, shape(qwen2, 8192, 80, 64, 8, 29568, 152064, 1000000, 32768)},
+      {"qwen3-8b", false, qwen3_shape(4096, 36, 32, 8, 12288)},
       {"deepseek-67b", false, shape(llama, 8192, 95, 64, 8, 22016, 102400, 10000, 4096)},
   };
 }

@@ -23,6 +23,10 @@ std::vector<TensorSpec> llama_tensor_specs(const ModelConfig& c) {
       specs.push_back({name("self_attn.v_proj.bias"), {kv}, K::kBias, 0});
     }
     specs.push_back({name("self_attn.o_proj.weight"), {h, q}, K::kResidualOutput, q});
+    if (c.qk_norm) {  // (after o_proj, in the name order safetensors files list them)
+      specs.push_back({name("self_attn.q_norm.weight"), {c.head_dim}, K::kNorm, 0});
+      specs.push_back({name("self_attn.k_norm.weight"), {c.head_dim}, K::kNorm, 0});
+    }
     specs.push_back({name("post_attention_layernorm.weight"), {h}, K::kNorm, 0});
     specs.push_back({name("mlp.gate_proj.weight"), {f, h}, K::kLinear, h});
     specs.push_back({name("mlp.up_proj.weight"), {f, h}, K::kLinear, h});
@@ -34,11 +38,13 @@ std::vector<TensorSpec> llama_tensor_specs(const ModelConfig& c) {
 }
 
 int64_t llama_tensor_count(const ModelConfig& c) {
-  const int64_t per_layer = 9 + (c.attention_bias ? 3 : 0);
+  const int64_t per_layer = 9 + (c.attention_bias ? 3 : 0) + (c.qk_norm ? 2 : 0);
   return 1 + c.num_layers * per_layer + 1 + (c.tie_word_embeddings ? 0 : 1);
 }
 
 }  // namespace blend
+
+#include <unordered_set>
 
 #include "core/error.h"
 #include "model/safetensors.h"
@@ -53,7 +59,20 @@ DType check_tensors(const ModelConfig& config, const TensorStore& store) {
                 std::to_string(expected) + " tensors) but the checkpoint holds only " +
                 std::to_string(held) + " tensors");
   std::optional<DType> dtype;
-  for (const auto& spec : llama_tensor_specs(config)) {
+  const std::vector<TensorSpec> specs = llama_tensor_specs(config);
+  if (held > expected) {
+    std::unordered_set<std::string> used;
+    for (const TensorSpec& spec : specs) used.insert(spec.name);
+    for (const auto& [name, view] : store.tensors())
+      // (RoPE's inverse frequencies, which old checkpoints saved and transformers ignores)
+      if (!used.count(name) && !name.ends_with(".rotary_emb.inv_freq"))
+        throw Error(view->file->string() + ": tensor '" + name + "' is not used by " +
+                    config.architecture + " as config.json describes it (" +
+                    std::to_string(config.num_layers) +
+                    " layers); a checkpoint of another model or config is refused rather than run "
+                    "without it");
+  }
+  for (const auto& spec : specs) {
     const TensorView& t = store.get(spec.name, spec.shape);
     if (dtype && t.dtype != *dtype)
       throw Error(t.file->string() + ": tensor '" + spec.name + "' is " +
@@ -77,6 +96,10 @@ LlamaTensors bind_llama_tensors(const ModelConfig& config, const TensorStore& st
     if (config.attention_bias)
       l.qkv_bias = {name("self_attn.q_proj.bias"), name("self_attn.k_proj.bias"),
                     name("self_attn.v_proj.bias")};
+    if (config.qk_norm) {
+      l.q_norm = name("self_attn.q_norm.weight");
+      l.k_norm = name("self_attn.k_norm.weight");
+    }
     l.o = name("self_attn.o_proj.weight");
     l.ffn_norm = name("post_attention_layernorm.weight");
     l.gate_up = {name("mlp.gate_proj.weight"), name("mlp.up_proj.weight")};

@@ -17,8 +17,9 @@ struct TensorSpec {
   int64_t fan_in = 0;  // input features of a linear layer (0 for others)
 };
 
-// Every tensor a LlamaForCausalLM / Qwen2ForCausalLM / MistralForCausalLM folder holds, in the
-// order HF writes them (embedding, layers 0..L-1, final norm, lm_head unless tied).
+// Every tensor a LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM / MistralForCausalLM
+// folder holds, in the order HF writes them (embedding, layers 0..L-1, final norm, lm_head
+// unless tied).
 std::vector<TensorSpec> llama_tensor_specs(const ModelConfig& config);
 // llama_tensor_specs(config).size(), computed without building the list.
 int64_t llama_tensor_count(const ModelConfig& config);
@@ -40,6 +41,8 @@ struct LlamaLayerTensors {
   const TensorView* attention_norm = nullptr;
   std::vector<const TensorView*> qkv;       // q_proj, k_proj, v_proj
   std::vector<const TensorView*> qkv_bias;  // their biases, or empty
+  const TensorView* q_norm = nullptr;       // per-head norms (ModelConfig::qk_norm), or null
+  const TensorView* k_norm = nullptr;
   const TensorView* o = nullptr;
   const TensorView* ffn_norm = nullptr;
   std::vector<const TensorView*> gate_up;  // gate_proj, up_proj
@@ -55,9 +58,11 @@ struct LlamaTensors {
 // for a missing one. The views point into `store`.
 LlamaTensors bind_llama_tensors(const ModelConfig& config, const TensorStore& store);
 
-// Checks that `store` holds every tensor of llama_tensor_specs(config) with the right shape and
-// one dtype; throws blend::Error naming the first offender. Returns the dtype. The tensor count
-// is compared first, so a config that claims more layers than the checkpoint holds is refused
+// Checks that `store` holds exactly the tensors of llama_tensor_specs(config), with the right
+// shapes and one dtype; throws blend::Error naming the first offender. Returns the dtype. A
+// tensor the config does not use (a layer past num_hidden_layers, a q_norm on a model without
+// one) is refused by name: running without it would be another model. The tensor count is
+// compared first, so a config that claims more layers than the checkpoint holds is refused
 // before its tensor list is built.
 DType check_tensors(const ModelConfig& config, const TensorStore& store);
 

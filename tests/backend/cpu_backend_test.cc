@@ -72,6 +72,10 @@ class Reference {
           add(k[p], w(name("self_attn.k_proj.bias")));
           add(v[p], w(name("self_attn.v_proj.bias")));
         }
+        if (c_.qk_norm) {  // Qwen3: each head normalized on its own, before RoPE
+          norm_heads(q[p], w(name("self_attn.q_norm.weight")));
+          norm_heads(k[p], w(name("self_attn.k_norm.weight")));
+        }
         for (int64_t hh = 0; hh < nh; ++hh) rope(&q[p][hh * d], p);
         for (int64_t hh = 0; hh < nkv; ++hh) rope(&k[p][hh * d], p);
       }
@@ -126,6 +130,15 @@ class Reference {
     std::vector<double> y(x.size());
     for (size_t i = 0; i < x.size(); ++i) y[i] = weight[i] * x[i] * inv;
     return y;
+  }
+  void norm_heads(std::vector<double>& x, const std::vector<float>& weight) const {
+    const size_t d = weight.size();
+    for (size_t start = 0; start + d <= x.size(); start += d) {
+      double ss = 0;
+      for (size_t i = 0; i < d; ++i) ss += x[start + i] * x[start + i];
+      const double inv = 1.0 / std::sqrt(ss / static_cast<double>(d) + c_.rms_norm_eps);
+      for (size_t i = 0; i < d; ++i) x[start + i] = weight[i] * x[start + i] * inv;
+    }
   }
   static std::vector<double> matvec(const std::vector<float>& m, const std::vector<double>& x) {
     const size_t cols = x.size(), rows = m.size() / cols;
@@ -330,6 +343,13 @@ TEST(CpuBackend, MatchesFloat64ReferenceOtherPageSizes) {
 
 TEST(CpuBackend, MatchesFloat64ReferenceQwen2Bias) {
   check_against_reference(model("qwen2"), 1e-5, false);
+}
+
+// Qwen3: per-head RMSNorms of q and k before RoPE, head_dim apart from hidden / heads.
+TEST(CpuBackend, MatchesFloat64ReferenceQwen3HeadNorms) {
+  check_against_reference(model("qwen3"), 1e-5, false);
+  check_against_reference(model("qwen3"), 1e-5, true);
+  check_against_reference(model("qwen3", DType::kBF16), 2e-2, false);
 }
 
 TEST(CpuBackend, MatchesFloat64ReferenceLlama3RopeScalingTied) {

@@ -23,6 +23,7 @@ struct RecordingOps {
     const char* names[] = {"qkv", "o", "gate_up", "down"};
     add(names[static_cast<int>(which)], layer);
   }
+  void qk_norm(int64_t layer) { add("qk_norm", layer); }
   void rope_write_kv(int64_t layer) { add("rope_kv", layer); }
   void attention(int64_t layer) { add("attention", layer); }
   void swiglu() { add("swiglu"); }
@@ -32,16 +33,16 @@ struct RecordingOps {
 TEST(LlamaForward, OneLayerRunsTheLlamaSequence) {
   RecordingOps ops;
   llama::forward(ops, 0, 1);
-  const std::vector<std::string> expected{
-      "embed",      "attention_norm:0", "qkv:0",  "rope_kv:0", "attention:0", "o:0",
-      "ffn_norm:0", "gate_up:0",        "swiglu", "down:0",    "head"};
+  const std::vector<std::string> expected{"embed",     "attention_norm:0", "qkv:0",  "qk_norm:0",
+                                          "rope_kv:0", "attention:0",      "o:0",    "ffn_norm:0",
+                                          "gate_up:0", "swiglu",           "down:0", "head"};
   EXPECT_EQ(ops.ops, expected);
 }
 
 TEST(LlamaForward, ALayerRangeRunsOnlyThoseLayers) {
   RecordingOps ops;
   llama::forward(ops, 2, 4);
-  ASSERT_EQ(ops.ops.size(), 2u + 2 * 9);
+  ASSERT_EQ(ops.ops.size(), 2u + 2 * 10);
   EXPECT_EQ(ops.ops[1], "attention_norm:2");
   EXPECT_EQ(ops.ops[ops.ops.size() - 2], "down:3");
 }

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "cost/cost_model.h"
+#include "model/presets.h"
 
 namespace blend {
 namespace {
@@ -156,6 +157,24 @@ TEST(CostModel, RequestFormulasOfSection4_1) {
   EXPECT_GT(cost.request_density(1000, 10), 1);
   EXPECT_LT(cost.request_density(100, 16000), 1);
   EXPECT_DOUBLE_EQ(CostModel::node_density(0.25, 4, 2), 1.5);
+}
+
+// Qwen3-0.6B's query heads are twice as wide as its residual stream: attention FLOPs scale with
+// heads x head_dim (2048), the dense GEMMs with its parameters, the KV with its 8 x 128.
+TEST(CostModel, AttentionScalesWithTheQueryHeadsWidth) {
+  const ModelShape s = ModelShape::from_config(*find_model_shape("qwen3-0.6b"), "qwen3-0.6b");
+  EXPECT_EQ(s.hidden_size, 1024);
+  EXPECT_EQ(s.attention_width(), 2048);
+  EXPECT_EQ(s.kv_dim, 8 * 128);
+  const Hardware h = *find_hardware_preset("a100-80g");
+  const CostModel cost(s, h);
+  const double p = 1000, d = 200;
+  const double comp = (2 * (p + d) * static_cast<double>(s.matmul_parameters) +
+                       4 * p * p * 2048.0 * static_cast<double>(s.num_layers)) /
+                      h.compute_flops;
+  EXPECT_DOUBLE_EQ(cost.request_compute_seconds(p, d), comp);
+  // Where head_dim is H / heads (every Llama preset) the width is H.
+  EXPECT_EQ(find_model_shape_preset("llama-3-8b")->attention_width(), 4096);
 }
 
 TEST(CostModel, BatchDensityConvergesToRequestDensity) {

@@ -578,6 +578,19 @@ TEST(CudaBackend, WithoutAGpuItRefusesWithTheReason) {
   }
 }
 
+// An architecture the GPU path has not been checked on is refused by name, GPU or not.
+TEST(CudaBackend, RefusesQwen3sHeadNormsByName) {
+  const TestModel& m = model("qwen3", DType::kBF16);
+  try {
+    make_cuda_backend(m.config, m.store, options());
+    FAIL() << "made a cuda backend for Qwen3";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Qwen3ForCausalLM (per-head q/k norms)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // A sequence fed to both backends: its tokens so far and the pages it owns.
 struct Seq {
   SeqId id = 0;

@@ -325,6 +325,33 @@ TEST(GgufExportVariants, Qwen2KeepsRowOrderAndWritesBiasesAsF32) {
   for (int64_t i = 0; i < w.numel(); ++i) ASSERT_EQ(element(wb, qw->type, i), w.at(i));
 }
 
+// Qwen3 as llama.cpp's converter writes it: architecture qwen3, the head norms as
+// blk.N.attn_q_norm / attn_k_norm in f32, q/k rows in Hugging Face order, head_dim as key_length.
+TEST(GgufExportVariants, Qwen3WritesHeadNormsAndItsHeadDim) {
+  testing::TempDir dir;
+  write_random_model(*find_model_preset("tiny-qwen3"), dir / "q", init_options());
+  export_gguf(dir / "q", dir / "q.gguf");
+  const GgufFile g = read_gguf(dir / "q.gguf");
+  EXPECT_EQ(g.at("general.architecture").s, "qwen3");
+  EXPECT_EQ(g.at("qwen3.attention.key_length").u, 32u);
+  EXPECT_EQ(g.at("qwen3.embedding_length").u, 64u);
+  const TensorStore store = TensorStore::open_dir(dir / "q");
+  const GgufTensorInfo* kn = g.tensor("blk.1.attn_k_norm.weight");
+  ASSERT_NE(kn, nullptr);
+  EXPECT_EQ(kn->type, static_cast<uint32_t>(GgmlType::kF32));
+  EXPECT_EQ(kn->ne, std::vector<uint64_t>{32});
+  const std::string bytes = tensor_bytes(dir / "q.gguf", g, *kn);
+  const TensorView& src = store.get("model.layers.1.self_attn.k_norm.weight");
+  for (int64_t i = 0; i < 32; ++i) ASSERT_EQ(element(bytes, kn->type, i), src.at(i));
+  ASSERT_NE(g.tensor("blk.0.attn_q_norm.weight"), nullptr);
+  const GgufTensorInfo* qw = g.tensor("blk.0.attn_q.weight");
+  ASSERT_NE(qw, nullptr);
+  EXPECT_EQ(qw->ne, (std::vector<uint64_t>{64, 128}));
+  const std::string wb = tensor_bytes(dir / "q.gguf", g, *qw);
+  const TensorView& w = store.get("model.layers.0.self_attn.q_proj.weight");
+  for (int64_t i = 0; i < w.numel(); i += 97) ASSERT_EQ(element(wb, qw->type, i), w.at(i));
+}
+
 TEST(GgufExportErrors, BadModelFoldersAreErrorsAndLeaveNoFile) {
   testing::TempDir dir;
   EXPECT_THROW(export_gguf(dir / "missing", dir / "a.gguf"), Error);

@@ -67,6 +67,19 @@ TEST(ModelConfig, Qwen2HasQkvBiasAndIgnoresUnusedWindow) {
   EXPECT_EQ(c.num_parameters(), 494032768);
 }
 
+// Qwen3-0.6B's config.json as published: per-head q/k norms, head_dim 128 over hidden 1024.
+json qwen3_06b_config() {
+  return json::parse(R"({
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
+    "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+    "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+    "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
+    "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})");
+}
+
 TEST(ModelConfig, MistralSlidingWindow) {
   json j = json::parse(R"({
     "architectures": ["MistralForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
@@ -144,6 +157,33 @@ void expect_refused(const std::function<void(json&)>& edit, const std::string& e
   const std::string msg = error_of(base);
   EXPECT_EQ(msg.rfind("config.json: ", 0), 0u) << base.dump() << " -> " << msg;
   EXPECT_NE(msg.find(expect), std::string::npos) << base.dump() << " -> " << msg;
+}
+
+TEST(ModelConfig, Qwen3HasHeadNormsAndItsOwnHeadDim) {
+  const ModelConfig c = ModelConfig::from_json(qwen3_06b_config());
+  EXPECT_EQ(c.architecture, "Qwen3ForCausalLM");
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_FALSE(c.attention_bias);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.q_dim(), 2048);  // twice the residual stream
+  EXPECT_FALSE(c.sliding_window.has_value());
+  // Qwen3-0.6B: 596,049,920 parameters, 440M outside the embedding (its model card).
+  EXPECT_EQ(c.num_parameters(), 596049920);
+  // Qwen3Config's head_dim defaults to 128, not hidden / heads (which would be 64 here).
+  json no_head_dim = qwen3_06b_config();
+  no_head_dim.erase("head_dim");
+  EXPECT_EQ(ModelConfig::from_json(no_head_dim).head_dim, 128);
+  // Llama and Qwen3 attention put a bias on o_proj as well as q/k/v: refused, not run without it.
+  expect_refused([](json& j) { j["attention_bias"] = true; }, "o_proj", qwen3_06b_config());
+  expect_refused([](json& j) { j["attention_bias"] = true; }, "o_proj");
+  // A window on some layers only is refused as for Qwen2.
+  expect_refused(
+      [](json& j) {
+        j["use_sliding_window"] = true;
+        j["sliding_window"] = 4096;
+        j["max_window_layers"] = 14;
+      },
+      "sliding window on 14 of 28 layers", qwen3_06b_config());
 }
 
 TEST(ModelConfig, TransformersFiveLayoutReadsAsFour) {

@@ -18,17 +18,20 @@ TEST(ModelPresets, OneTableForInitAndTheCostModel) {
     EXPECT_EQ(find_model_shape(p.name)->to_json(), p.config.to_json()) << p.name;
     EXPECT_EQ(find_model_preset(p.name).has_value(), p.materialisable) << p.name;
   }
-  EXPECT_EQ(model_preset_names(),
-            (std::vector<std::string>{"tiny", "smollm-135m", "llama-3.2-1b"}));
+  EXPECT_EQ(model_preset_names(), (std::vector<std::string>{"tiny", "smollm-135m", "llama-3.2-1b",
+                                                            "tiny-qwen3", "qwen3-0.6b"}));
   EXPECT_EQ(shape_only_preset_names(),
             (std::vector<std::string>{"llama-3-8b", "llama-3-70b", "llama-2-7b", "qwen2.5-7b",
-                                      "qwen2.5-72b", "deepseek-67b"}));
+                                      "qwen2.5-72b", "qwen3-8b", "deepseek-67b"}));
   EXPECT_EQ(large_model_preset_names(), (std::vector<std::string>{"llama-3-8b", "llama-3-70b"}));
   EXPECT_FALSE(find_model_shape("opt-13b").has_value());  // the cost model's own OPT formula
   // Figures the cost model reads, pinned: Llama-3-8B's 8.03B parameters, Qwen2.5-7B's bias.
   EXPECT_EQ(find_model_shape("llama-3-8b")->num_parameters(), 8030261248);
   EXPECT_TRUE(find_model_shape("qwen2.5-7b")->attention_bias);
   EXPECT_EQ(find_model_preset("smollm-135m")->num_parameters(), 180078912);
+  // Qwen3-8B's 8.19B (head_dim 128, per-head q/k norms, untied head).
+  EXPECT_EQ(find_model_shape("qwen3-8b")->num_parameters(), 8190735360);
+  EXPECT_TRUE(find_model_preset("qwen3-0.6b")->qk_norm);
 }
 
 // `model init --allow-large` writes the shapes with the Llama-3 vocabulary, with the Llama-3

@@ -51,5 +51,42 @@ TEST(BindLlamaTensors, TiedHeadIsTheEmbeddingAndBiasesComeWithTheConfig) {
   EXPECT_THROW(bind_llama_tensors(wants_bias, tied.store), Error);
 }
 
+TEST(BindLlamaTensors, Qwen3BindsEachLayersHeadNorms) {
+  const auto& m = test_model("qwen3", DType::kF32);
+  const LlamaTensors t = bind_llama_tensors(m.config, m.store);
+  EXPECT_EQ(t.layers[1].q_norm, &m.store.get(layer_tensor_name(1, "self_attn.q_norm.weight")));
+  EXPECT_EQ(t.layers[1].k_norm, &m.store.get(layer_tensor_name(1, "self_attn.k_norm.weight")));
+  EXPECT_EQ(t.layers[1].q_norm->shape, std::vector<int64_t>{32});
+  EXPECT_EQ(check_tensors(m.config, m.store), DType::kF32);
+}
+
+std::string check_error(const ModelConfig& config, const TensorStore& store) {
+  try {
+    check_tensors(config, store);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Issue 56: a checkpoint whose tensors the config does not use ran without them.
+TEST(CheckTensors, ATensorTheConfigDoesNotUseIsRefusedByName) {
+  // Qwen3's checkpoint labelled Llama: its q_norm / k_norm would be ignored.
+  const auto& qwen3 = test_model("qwen3", DType::kF32);
+  ModelConfig as_llama = qwen3.config;
+  as_llama.architecture = "LlamaForCausalLM";
+  as_llama.qk_norm = false;
+  EXPECT_NE(check_error(as_llama, qwen3.store).find("self_attn.k_norm.weight' is not used"),
+            std::string::npos)
+      << check_error(as_llama, qwen3.store);
+  // num_hidden_layers 1 on a 2-layer checkpoint: layer 1 would be skipped.
+  const auto& base = test_model("base", DType::kF32);
+  ModelConfig one_layer = base.config;
+  one_layer.num_layers = 1;
+  EXPECT_NE(check_error(one_layer, base.store).find("model.layers.1."), std::string::npos)
+      << check_error(one_layer, base.store);
+  EXPECT_EQ(check_error(base.config, base.store), "");
+}
+
 }  // namespace
 }  // namespace blend

@@ -65,12 +65,17 @@ Chain BlockLoader::load(const TensorStore& store, const LoraAdapter* adapter) {
     std::vector<const TensorView*> parts{norm, o};
     parts.insert(parts.end(), qkv.begin(), qkv.end());
     parts.insert(parts.end(), bias.begin(), bias.end());
+    if (layer.q_norm) parts.insert(parts.end(), {layer.q_norm, layer.k_norm});
     const auto qkv_factors = factors({LoraModule::kQ, LoraModule::kK, LoraModule::kV});
     const auto o_factors = factors({LoraModule::kO});
     chain.attention.push_back(shared(blocks_.attentions, Kind::kAttention, parts,
                                      lora_key(qkv_factors, o_factors, adapter), [&] {
                                        auto block = std::make_unique<AttentionBlock>();
                                        block->norm = load_norm(*norm);
+                                       if (layer.q_norm) {
+                                         block->q_norm = load_norm(*layer.q_norm);
+                                         block->k_norm = load_norm(*layer.k_norm);
+                                       }
                                        block->qkv = linear(Kind::kQkv, qkv, bias);
                                        block->o = linear(Kind::kO, {o});
                                        block->qkv_lora = lora(qkv_factors, qkv, adapter);

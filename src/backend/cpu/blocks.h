@@ -40,6 +40,7 @@ struct LoraDelta {
 // a base, then each adapter's delta on its own rows: S-LoRA's split of the work).
 struct AttentionBlock {
   std::shared_ptr<const std::vector<float>> norm;
+  std::shared_ptr<const std::vector<float>> q_norm, k_norm;  // per head (Qwen3), or null
   std::shared_ptr<Linear> qkv, o;
   std::unique_ptr<LoraDelta> qkv_lora, o_lora;  // null without an adapter
 };

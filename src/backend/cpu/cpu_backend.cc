@@ -424,6 +424,7 @@ struct CpuBackendImpl::StepOps {
   void embed();
   void norm(int64_t layer, llama::Norm which);
   void project(int64_t layer, llama::Projection which);
+  void qk_norm(int64_t layer);
   void rope_write_kv(int64_t layer);
   void attention(int64_t layer);
   void swiglu();
@@ -569,6 +570,25 @@ void CpuBackendImpl::StepOps::project(int64_t layer, llama::Projection which) {
       : which == P::kO      ? times.o_proj
       : which == P::kGateUp ? times.gate_up
                             : times.down);
+}
+
+void CpuBackendImpl::StepOps::qk_norm(int64_t layer) {
+  if (!config.qk_norm) return;
+  const auto l = static_cast<size_t>(layer);
+  const int64_t d = config.head_dim;
+  for (const RowRun& run : runs_of(l, /*attention=*/true)) {
+    const auto& block = *chain(run).attention[l];
+    // Each head of a token is one row of the norm (in place: a row is read before it is
+    // written); the tokens are spread over the threads.
+#pragma omp parallel for num_threads(b.threads_) schedule(static)
+    for (int64_t i = run.begin; i < run.end; ++i) {
+      float* q = qkv + i * nqkv;
+      cpu::rmsnorm(q, d, config.num_heads, d, block.q_norm->data(), eps, DType::kF32, q, 1);
+      cpu::rmsnorm(q + qd, d, config.num_kv_heads, d, block.k_norm->data(), eps, DType::kF32,
+                   q + qd, 1);
+    }
+  }
+  lap(b.times_.norm);
 }
 
 void CpuBackendImpl::StepOps::rope_write_kv(int64_t layer) {

@@ -157,6 +157,7 @@ class CudaBackendImpl final : public CudaBackend {
     void embed();
     void norm(int64_t layer, llama::Norm which);
     void project(int64_t layer, llama::Projection which);
+    void qk_norm(int64_t layer);
     void rope_write_kv(int64_t layer);
     void attention(int64_t layer);
     void swiglu();
