@@ -3,8 +3,16 @@
 // text.format json_schema work through the chat path, refusals and the body limits are the
 // chat route's, and the official openai npm client (responses.create and responses.stream)
 // reads it all.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <functional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -81,6 +89,53 @@ class ResponsesServer : public ::testing::Test {
       out.push_back(std::move(data));
     }
     return out;
+  }
+
+  // The value of a /metrics sample line that starts with `prefix` (-1 when absent).
+  static double metric(const Server& server, const std::string& prefix) {
+    httplib::Client c("127.0.0.1", server.port());
+    auto r = c.Get("/metrics");
+    if (!r) return -1;
+    std::istringstream in(r->body);
+    std::string line;
+    while (std::getline(in, line))
+      if (line.rfind(prefix + " ", 0) == 0) return std::stod(line.substr(prefix.size() + 1));
+    return -1;
+  }
+
+  static bool poll(const std::function<bool()>& done, double seconds = 60) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (std::chrono::steady_clock::now() < end) {
+      if (done()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return done();
+  }
+
+  // Sends `body` to /v1/responses on a raw connection, reads until `wait_for` arrives (nothing
+  // when empty: waits 300 ms instead) and hangs up.
+  static void send_and_hang_up(int port, const std::string& body, const std::string& wait_for) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    const std::string request =
+        "POST /v1/responses HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+        "Content-Length: " +
+        std::to_string(body.size()) + "\r\n\r\n" + body;
+    ASSERT_EQ(::send(fd, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
+    std::string got;
+    char buf[4096];
+    while (!wait_for.empty() && got.find(wait_for) == std::string::npos) {
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      ASSERT_GT(n, 0) << "the answer ended before " << wait_for;
+      got.append(buf, static_cast<size_t>(n));
+    }
+    if (wait_for.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    ::close(fd);
   }
 
   static testing::TempDir* dir_;
@@ -252,6 +307,29 @@ TEST_F(ResponsesServer, RefusalsNotFoundAndTheBodyLimitsAreTheChatRoutes) {
   const json ok =
       post(*server, "/v1/responses", R"({"input": "Hi", "max_output_tokens": 2})", &status);
   EXPECT_EQ(status, 200) << ok;
+}
+
+// A client that leaves, mid-stream or before the whole answer, stops its generation and frees
+// its KV, as on the chat route.
+TEST_F(ResponsesServer, AClientThatHangsUpStopsItsGeneration) {
+  auto server = start();
+  const std::string is_running = "blend:num_requests_running{class=\"rt\"}";
+  const std::string long_answer =
+      R"({"input": "a long story", "max_output_tokens": 8000, "ignore_eos": true)";
+  send_and_hang_up(server->port(), long_answer + R"(, "stream": true})",
+                   "response.output_text.delta");
+  EXPECT_TRUE(poll([&] {
+    return metric(*server, "blend:request_cancelled_total{class=\"rt\"}") == 1 &&
+           metric(*server, is_running) == 0;
+  }));
+  send_and_hang_up(server->port(), long_answer + "}", "");
+  EXPECT_TRUE(poll([&] {
+    return metric(*server, "blend:request_cancelled_total{class=\"rt\"}") == 2 &&
+           metric(*server, is_running) == 0;
+  }));
+  EXPECT_TRUE(poll([&] { return metric(*server, "blend:kv_cache_used_bytes") == 0; }));
+  EXPECT_EQ(metric(*server, "blend:request_success_total{class=\"rt\",finished_reason=\"length\"}"),
+            -1);
 }
 
 // The official OpenAI Node client (setup.sh installs it): responses.create, responses.stream,
