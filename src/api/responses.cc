@@ -38,6 +38,14 @@ bool null_or_empty(const json& v) {
 bool null_or_string(const json& v) {
   return v.is_null() || v.is_string();
 }
+// {"effort": null, "summary": null} asks for nothing (clients send the shape with its defaults).
+bool no_reasoning(const json& v) {
+  if (v.is_null()) return true;
+  if (!v.is_object()) return false;
+  for (const auto& [key, value] : v.items())
+    if (!value.is_null()) return false;
+  return true;
+}
 bool no_truncation(const json& v) {
   return v.is_null() || v == "disabled";
 }
@@ -93,7 +101,7 @@ constexpr Field kFields[] = {
     {"conversation", Kind::kRefused, null_only,
      "'conversation' is not supported (conversations are not stored): send them in 'input'"},
     {"background", Kind::kRefused, null_or_false, "'background' responses are not supported"},
-    {"reasoning", Kind::kRefused, null_or_empty, "'reasoning' is not supported"},
+    {"reasoning", Kind::kRefused, no_reasoning, "'reasoning' is not supported"},
     {"include", Kind::kRefused, null_or_empty, "'include' is not supported"},
     {"truncation", Kind::kRefused, no_truncation,
      "'truncation' other than \"disabled\" is not supported (a prompt past the context is "

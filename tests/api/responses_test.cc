@@ -211,7 +211,7 @@ TEST_F(ResponsesTest, WhatWouldChangeTheResultAndIsNotImplementedIsRefusedByName
   EXPECT_EQ(error_param(R"({"model": "m"})"), "input");
   // Their defaults are accepted.
   EXPECT_EQ(error_param(R"({"input": "Hi", "store": false, "truncation": "disabled",
-      "background": false, "reasoning": null, "include": [], "metadata": {"k": "v"},
+      "background": false, "reasoning": {"effort": null}, "include": [], "metadata": {"k": "v"},
       "user": "u", "stream": true, "stream_options": {"include_obfuscation": false}})"),
             "<no error>");
 }
