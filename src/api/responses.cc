@@ -356,8 +356,7 @@ ResponsesRequest parse_responses_request(const json& body, std::string_view raw_
     if (!r.stream)
       throw ApiError(400, "'stream_options' is only allowed with 'stream': true", "stream_options");
     // include_obfuscation pads events against side channels: nothing a client reads.
-    if (!it->is_object() || (it->size() == 1 && !it->contains("include_obfuscation")) ||
-        it->size() > 1)
+    if (!it->is_object() || it->size() > (it->contains("include_obfuscation") ? 1u : 0u))
       throw ApiError(400, "'stream_options' may only hold include_obfuscation", "stream_options");
   }
   if (auto it = body.find("max_output_tokens"); it != body.end())

@@ -191,6 +191,7 @@ TEST_F(ResponsesTest, WhatWouldChangeTheResultAndIsNotImplementedIsRefusedByName
        "tool_choice"},
       {R"("metadata": {"k": 1})", "metadata"},
       {R"("stream": "yes")", "stream"},
+      {R"("stream": true, "stream_options": {"include_usage": true})", "stream_options"},
       // The chat parser's refusals, named as the Responses body names the field.
       {R"("max_output_tokens": 0)", "max_output_tokens"},
       {R"("tools": [{"type": "function", "description": "no name"}])", "tools[0].name"},
