@@ -406,6 +406,7 @@ void Server::Impl::routes() {
 
   info_routes();
   completions_routes();
+  responses_routes();
   batch_routes();
 }
 

@@ -3,6 +3,7 @@
 // src/server; server.h is the public face.
 //   server.cc             set-up, the route table's hooks (auth, errors), start/stop
 //   completions_routes.cc /v1/completions, /v1/chat/completions (JSON and SSE)
+//   responses_routes.cc   /v1/responses (translated onto the chat path)
 //   batch_routes.cc       /v1/files, /v1/batches (the Batch API)
 //   info_routes.cc        /health, /version, /metrics, /v1/models[/{id}], /tokenize,
 //                         /detokenize
@@ -179,6 +180,7 @@ struct Server::Impl {
   void info_routes();
   void completions_routes();
   void batch_routes();
+  void responses_routes();
 
   // --- info (info_routes.cc) ---
   void tokenize(const httplib::Request& req, httplib::Response& res);
@@ -200,6 +202,12 @@ struct Server::Impl {
   // Waits for the end: false when the server is stopping or the client on `socket` (when not
   // -1) hung up.
   bool wait_done(Pending& p, int socket = -1);
+
+  // --- responses (responses_routes.cc) ---
+  void responses_create(const httplib::Request& req, httplib::Response& res);
+  // What bounds a request to `model` before costly work (api/openai.h RequestLimits), its
+  // schema compilation cancelled when the client of `req` hangs up.
+  RequestLimits request_limits(const httplib::Request& req, ModelId model);
 
   // --- batches (batch_routes.cc) ---
   void files_create(const httplib::Request& req, httplib::Response& res);
