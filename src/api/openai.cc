@@ -457,7 +457,7 @@ ApiRequest parse_api_request(Endpoint endpoint, const json& body, const Tokenize
   r.n = number_field<int32_t>(body, "n", 1, 1, kMaxChoices);
   // best_of picks the n most likely of best_of samples; equal to n it is plain n.
   if (endpoint == Endpoint::kCompletions) {
-    const int32_t best_of = number_field<int32_t>(body, "best_of", r.n, 1, 128);
+    const int32_t best_of = number_field<int32_t>(body, "best_of", r.n, 1, kMaxChoices);
     if (best_of < r.n) throw ApiError(400, "'best_of' must be at least 'n'", "best_of");
     if (best_of > r.n)
       throw ApiError(400, "'best_of' greater than 'n' is not supported (best_of = n is)",
