@@ -57,6 +57,9 @@ json completion_logprobs(std::span<const SampledToken> tokens, const Tokenizer& 
     json alts = json::object();
     for (const TopLogprob& t : lp.top)
       alts[token_name(tokenizer, t.token, tokens_as_ids)] = t.logprob;
+    // vLLM (and OpenAI's legacy completions) list the sampled token among the alternatives even
+    // when it is not one of the top k: up to k + 1 entries, and the token alone with logprobs 0.
+    alts.emplace(strings.back().get<std::string>(), lp.logprob);
     top.push_back(alts);
     offsets.push_back(offset);
     offset += tok.size();

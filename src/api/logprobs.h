@@ -21,6 +21,8 @@ class Tokenizer;
 nlohmann::json chat_logprobs(std::span<const SampledToken> tokens, const Tokenizer& tokenizer,
                              bool tokens_as_ids = false);
 
+// Each top_logprobs dict holds the k most likely tokens and the sampled one (vLLM's shape: k + 1
+// entries when the sampled token is not among the k); chat's top_logprobs stay OpenAI's k.
 // `text_offset` counts from `first_offset`: the bytes of completion text before these tokens
 // (0 for a whole response; the text already streamed for a chunk). Returns the offset after.
 nlohmann::json completion_logprobs(std::span<const SampledToken> tokens, const Tokenizer& tokenizer,

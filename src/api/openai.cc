@@ -220,8 +220,79 @@ SamplingParams parse_sampling(Endpoint endpoint, const json& body, int32_t vocab
     else if (top > 0)
       throw ApiError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs");
   }
-  if (bool_field(body, "echo", false)) throw ApiError(400, "'echo' is not supported", "echo");
   return p;
+}
+
+// Checked on the text, before tokenizing: a tokenizer pass over a 60 MB prompt takes 24 s
+// and 2.4 GB only to find it cannot fit (issue 26). 0 = no bound.
+void check_prompt_bytes(const std::string& text, int64_t max_prompt_bytes, const char* param) {
+  if (max_prompt_bytes > 0 && static_cast<int64_t>(text.size()) > max_prompt_bytes)
+    throw ApiError(400,
+                   "the prompt is " + std::to_string(text.size()) + " bytes; no text over " +
+                       std::to_string(max_prompt_bytes) + " bytes fits this model's context",
+                   param);
+}
+
+// The completions prompt into r.prompt (and r.more_prompts, r.echo): a string, a list of token
+// ids, or (where limits.prompt_lists) a list of either, one engine request per element; a list
+// holding one prompt is that prompt. How many there are is checked against kMaxChoices before
+// the first is tokenized.
+void parse_completion_prompts(const json& body, const Tokenizer& tokenizer,
+                              const RequestLimits& limits, bool echo, ApiRequest& r) {
+  auto it = body.find("prompt");
+  if (it == body.end() || it->is_null()) throw ApiError(400, "'prompt' is required", "prompt");
+  const auto is_one_prompt = [](const json& p) {
+    return p.is_string() || (p.is_array() && (p.empty() || p[0].is_number()));
+  };
+  bool first = true;
+  const auto add = [&](const json& p) {
+    std::vector<TokenId> ids;
+    if (p.is_string()) {
+      const std::string& text = p.get_ref<const std::string&>();
+      check_prompt_bytes(text, limits.max_prompt_bytes, "prompt");
+      check_utf8(text, "prompt");
+      ids = tokenizer.encode(text);
+      if (echo) r.echo.push_back(text);
+    } else if (is_one_prompt(p)) {
+      ids = token_list(p, "prompt");
+      if (echo) r.echo.push_back(tokenizer.decode(ids));
+    } else {
+      throw ApiError(400,
+                     "'prompt' must be a string, a list of token ids, or a list of either "
+                     "(one prompt each)",
+                     "prompt");
+    }
+    (first ? r.prompt : r.more_prompts.emplace_back()) = std::move(ids);
+    first = false;
+  };
+  if (is_one_prompt(*it) || !it->is_array()) return add(*it);
+  if (it->empty()) throw ApiError(400, "'prompt' is an empty list", "prompt");
+  if (it->size() > 1 && !limits.prompt_lists)
+    throw ApiError(400, "several prompts in one request are not supported here; send one each",
+                   "prompt");
+  if (static_cast<int64_t>(it->size()) * r.n > kMaxChoices)
+    throw ApiError(400,
+                   "'prompt' holds " + std::to_string(it->size()) + " prompts of " +
+                       std::to_string(r.n) + " choices each; one request asks for at most " +
+                       std::to_string(kMaxChoices) + " choices",
+                   "prompt");
+  for (const json& p : *it) add(p);
+}
+
+// echo repeats each prompt's text in each of its n choices (and a stream holds one copy per
+// choice): bounded, so that a request cannot turn a body under the limit into a reply of
+// gigabytes.
+constexpr int64_t kMaxEchoBytes = int64_t{64} << 20;
+
+void check_echo_bytes(const ApiRequest& r) {
+  int64_t bytes = 0;
+  for (const std::string& text : r.echo) bytes += static_cast<int64_t>(text.size()) * r.n;
+  if (bytes > kMaxEchoBytes)
+    throw ApiError(400,
+                   "'echo' would repeat " + std::to_string(bytes) +
+                       " bytes of prompt text in the choices; at most " +
+                       std::to_string(kMaxEchoBytes) + " a request",
+                   "echo");
 }
 
 // OpenAI's response_format: {"type": "text"}, {"type": "json_object"}, or {"type":
@@ -343,6 +414,13 @@ int64_t max_prompt_bytes(const Tokenizer& tokenizer, int64_t max_sequence_tokens
 }
 
 void check_context(const ApiRequest& request, const json& body, int64_t max_sequence_tokens) {
+  for (size_t k = 1; k < request.prompt_count(); ++k) {
+    ApiRequest one;  // the k-th prompt alone, with the sampling it shares
+    one.endpoint = request.endpoint;
+    one.params.max_tokens = request.params.max_tokens;
+    one.prompt = request.prompt_at(k);
+    check_context(one, body, max_sequence_tokens);
+  }
   const int64_t prompt = static_cast<int64_t>(request.prompt.size());
   const char* prompt_param = request.endpoint == Endpoint::kCompletions ? "prompt" : "messages";
   if (prompt >= max_sequence_tokens)
@@ -376,25 +454,15 @@ ApiRequest parse_api_request(Endpoint endpoint, const json& body, const Tokenize
   r.params =
       parse_sampling(endpoint, body, tokenizer.vocab_size(),
                      limits.sampling_defaults ? *limits.sampling_defaults : SamplingDefaults{});
-  r.n = number_field<int32_t>(body, "n", 1, 1, 128);
+  r.n = number_field<int32_t>(body, "n", 1, 1, kMaxChoices);
   // best_of picks the n most likely of best_of samples; equal to n it is plain n.
   if (endpoint == Endpoint::kCompletions) {
-    const int32_t best_of = number_field<int32_t>(body, "best_of", r.n, 1, 128);
+    const int32_t best_of = number_field<int32_t>(body, "best_of", r.n, 1, kMaxChoices);
     if (best_of < r.n) throw ApiError(400, "'best_of' must be at least 'n'", "best_of");
     if (best_of > r.n)
       throw ApiError(400, "'best_of' greater than 'n' is not supported (best_of = n is)",
                      "best_of");
   }
-  // Checked on the text, before tokenizing: a tokenizer pass over a 60 MB prompt takes 24 s
-  // and 2.4 GB only to find it cannot fit (issue 26).
-  const auto check_size = [&](const std::string& text, const char* param) {
-    if (limits.max_prompt_bytes > 0 && static_cast<int64_t>(text.size()) > limits.max_prompt_bytes)
-      throw ApiError(400,
-                     "the prompt is " + std::to_string(text.size()) + " bytes; no text over " +
-                         std::to_string(limits.max_prompt_bytes) +
-                         " bytes fits this model's context",
-                     param);
-  };
   r.stream = bool_field(body, "stream", false);
   r.tokens_as_ids = bool_field(body, "return_tokens_as_token_ids", false);
   for (auto [key, slot] : {std::pair{"ttft_slo", &r.ttft_slo}, std::pair{"tpot_slo", &r.tpot_slo}})
@@ -409,36 +477,33 @@ ApiRequest parse_api_request(Endpoint endpoint, const json& body, const Tokenize
       throw ApiError(400, "'stream_options' is only allowed with 'stream': true", "stream_options");
     for (const auto& [key, value] : it->items()) {
       // include_obfuscation pads chunks against side channels: nothing a client reads.
-      const bool known = key == "include_usage" || key == "include_obfuscation";
-      if (!known && !(key == "continuous_usage_stats" && (value.is_null() || value == false)))
-        throw ApiError(400, "'stream_options." + key + "' is not supported (include_usage is)",
+      const bool known =
+          key == "include_usage" || key == "include_obfuscation" || key == "continuous_usage_stats";
+      if (!known)
+        throw ApiError(400,
+                       "'stream_options." + key +
+                           "' is not supported (include_usage and continuous_usage_stats are)",
                        "stream_options");
     }
     r.include_usage = bool_field(*it, "include_usage", false);
+    // As vLLM: usage in every chunk only where usage is asked for at all.
+    r.continuous_usage = bool_field(*it, "continuous_usage_stats", false) && r.include_usage;
   }
 
   if (endpoint == Endpoint::kCompletions) {
-    auto it = body.find("prompt");
-    if (it == body.end() || it->is_null()) throw ApiError(400, "'prompt' is required", "prompt");
-    const json* prompt = &*it;
-    // A list holding one prompt (string or token list) is the same as that prompt.
-    if (prompt->is_array() && prompt->size() == 1 &&
-        ((*prompt)[0].is_string() || (*prompt)[0].is_array()))
-      prompt = &(*prompt)[0];
-    if (prompt->is_string()) {
-      const std::string& text = prompt->get_ref<const std::string&>();
-      check_size(text, "prompt");
-      check_utf8(text, "prompt");
-      r.prompt = tokenizer.encode(text);
-    } else if (prompt->is_array() && (prompt->empty() || (*prompt)[0].is_number())) {
-      r.prompt = token_list(*prompt, "prompt");
-    } else if (prompt->is_array()) {
-      throw ApiError(400, "several prompts in one request are not supported; send one per request",
-                     "prompt");
-    } else {
-      throw ApiError(400, "'prompt' must be a string or a list of token ids", "prompt");
-    }
+    const bool echo = bool_field(body, "echo", false);
+    // vLLM's echo with logprobs starts the logprobs with the prompt's own: not computed here.
+    if (echo && r.params.logprobs)
+      throw ApiError(400,
+                     "'echo' with 'logprobs' is not supported (it needs the prompt tokens' "
+                     "logprobs); send echo without logprobs",
+                     "echo");
+    parse_completion_prompts(body, tokenizer, limits, echo, r);
+    check_echo_bytes(r);
   } else {
+    // vLLM's chat echo (the last message repeated when its role is the reply's) is not built.
+    if (bool_field(body, "echo", false))
+      throw ApiError(400, "'echo' is supported on /v1/completions only", "echo");
     auto it = body.find("messages");
     if (it == body.end() || !it->is_array() || it->empty())
       throw ApiError(400, "'messages' must be a non-empty list", "messages");
@@ -460,11 +525,12 @@ ApiRequest parse_api_request(Endpoint endpoint, const json& body, const Tokenize
     } catch (const Error& e) {
       throw ApiError(400, std::string("chat template: ") + e.what(), "messages");
     }
-    check_size(text, "messages");
+    check_prompt_bytes(text, limits.max_prompt_bytes, "messages");
     // The rendered prompt already carries the template's special tokens (BOS included).
     r.prompt = tokenizer.encode(text, /*parse_special=*/true);
   }
-  if (r.prompt.empty()) throw ApiError(400, "the prompt is empty", "prompt");
+  for (size_t k = 0; k < r.prompt_count(); ++k)
+    if (r.prompt_at(k).empty()) throw ApiError(400, "the prompt is empty", "prompt");
   // Grammars last: compiling a large schema costs far more than every check above.
   if (limits.max_sequence_tokens > 0) check_context(r, body, limits.max_sequence_tokens);
   r.params.constraint = parse_response_format(body, limits.grammars, limits.cancelled);
@@ -493,17 +559,21 @@ ApiRequest parse_api_request(Endpoint endpoint, const json& body, const Tokenize
   return r;
 }
 
-json make_usage(std::span<const GenerationResult> results) {
-  // The prompt is one (the n samples share it, and its prefill), counted once; the cached
-  // part is what the first sample found in the prefix cache.
-  const int64_t prompt = results.empty() ? 0 : results[0].prompt_tokens;
-  int64_t completion = 0;
-  for (const GenerationResult& r : results) completion += static_cast<int64_t>(r.tokens.size());
+json make_usage(std::span<const GenerationResult> results, int32_t n) {
+  // Each prompt is one (its n samples share it, and its prefill), counted once, by its first
+  // sample; the cached part is what that sample found in the prefix cache.
+  int64_t prompt = 0, cached = 0, completion = 0;
+  for (const GenerationResult& r : results) {
+    if (r.index % std::max(n, 1) == 0) {
+      prompt += r.prompt_tokens;
+      cached += r.cached_tokens;
+    }
+    completion += static_cast<int64_t>(r.tokens.size());
+  }
   return {{"prompt_tokens", prompt},
           {"completion_tokens", completion},
           {"total_tokens", prompt + completion},
-          {"prompt_tokens_details",
-           {{"cached_tokens", results.empty() ? 0 : results[0].cached_tokens}}}};
+          {"prompt_tokens_details", {{"cached_tokens", cached}}}};
 }
 
 json make_response(const ApiRequest& request, std::span<const GenerationResult> results,
@@ -542,7 +612,9 @@ json make_response(const ApiRequest& request, std::span<const GenerationResult> 
     } else if (chat) {
       choice["message"] = {{"role", "assistant"}, {"content", result.text}};
     } else {
-      choice["text"] = result.text;
+      const auto prompt = static_cast<size_t>(result.index / std::max(request.n, 1));
+      choice["text"] =
+          prompt < request.echo.size() ? request.echo[prompt] + result.text : result.text;
     }
     choices.push_back(std::move(choice));
   }
@@ -551,7 +623,7 @@ json make_response(const ApiRequest& request, std::span<const GenerationResult> 
           {"created", created},
           {"model", model},
           {"choices", std::move(choices)},
-          {"usage", make_usage(results)}};
+          {"usage", make_usage(results, request.n)}};
 }
 
 std::optional<ModelId> find_served_model(std::span<const ServedModel> models,

@@ -32,14 +32,28 @@ enum class Endpoint { kCompletions, kChatCompletions };
 // "/v1/completions" or "/v1/chat/completions" (with or without the /v1 prefix); else ApiError.
 Endpoint parse_endpoint(const std::string& url);
 
+// The most choices one request may ask for: n, or the prompts of a list times n (each choice
+// is an engine sequence of its own).
+inline constexpr int32_t kMaxChoices = 128;
+
 struct ApiRequest {
   Endpoint endpoint = Endpoint::kCompletions;
   std::string model;     // as the body says
   ModelId model_id = 0;  // the served model it picks (ServedModel below), set by the caller
   std::vector<TokenId> prompt;
+  // /v1/completions given a list of prompts (only where RequestLimits::prompt_lists): the
+  // prompts after `prompt`, in order. Prompt k's samples are the choices k * n to k * n + n - 1,
+  // as OpenAI and vLLM index them.
+  std::vector<std::vector<TokenId>> more_prompts;
+  // echo (completions): each prompt's text, prepended to the text of its choices (a prompt
+  // given as token ids: their decoded text); empty without echo.
+  std::vector<std::string> echo;
   SamplingParams params;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  // stream_options.continuous_usage_stats with include_usage (vLLM's rule): every chunk
+  // carries its choice's usage so far.
+  bool continuous_usage = false;
   // vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:<id>" (api/logprobs.h).
   bool tokens_as_ids = false;
   // Samples of the prompt (OpenAI's n; best_of equal to it): submitted as n GenerationRequests
@@ -55,6 +69,11 @@ struct ApiRequest {
   // keeping at most max_tool_calls of them (parallel_tool_calls false: 1).
   std::optional<ToolCallFormat> tool_format;
   size_t max_tool_calls = static_cast<size_t>(-1);
+
+  size_t prompt_count() const { return 1 + more_prompts.size(); }
+  const std::vector<TokenId>& prompt_at(size_t k) const {
+    return k == 0 ? prompt : more_prompts[k - 1];
+  }
 };
 
 // What the caller knows about the engine that bounds a request before any costly work.
@@ -74,6 +93,9 @@ struct RequestLimits {
   int64_t max_sequence_tokens = 0;
   // Polled while a response_format schema compiles: true (the client left) stops it.
   std::function<bool()> cancelled;
+  // The caller answers every prompt of a /v1/completions list (ApiRequest::more_prompts);
+  // otherwise a list of several prompts is refused (param "prompt").
+  bool prompt_lists = false;
 };
 
 // The longest prompt text, in bytes, that could still tokenize to fewer than
@@ -93,15 +115,16 @@ ApiRequest parse_api_request(Endpoint endpoint, const nlohmann::json& body,
                              const Tokenizer& tokenizer, const ChatTemplate* chat_template,
                              const RequestLimits& limits = {}, std::string_view raw_body = {});
 
-// The context check OpenAI makes: a prompt of max_sequence_tokens or more tokens is refused
-// (param "prompt" or "messages"), and so is a max_tokens / max_completion_tokens the client set
-// that, with the prompt, passes the context (param "max_tokens"). An unset max_tokens is
-// clamped by the engine instead.
+// The context check OpenAI makes, on every prompt of the request: a prompt of max_sequence_tokens
+// or more tokens is refused (param "prompt" or "messages"), and so is a max_tokens /
+// max_completion_tokens the client set that, with the prompt, passes the context (param
+// "max_tokens"). An unset max_tokens is clamped by the engine instead.
 void check_context(const ApiRequest& request, const nlohmann::json& body,
                    int64_t max_sequence_tokens);
 
-// The response body for a finished request: one choice per result, ordered by index. Usage
-// counts as OpenAI does: the prompt once, the completion tokens of every choice. With
+// The response body for a finished request: one choice per result, ordered by index (with
+// echo, its prompt's text first). Usage counts as OpenAI does: each prompt once, the completion
+// tokens of every choice. With
 // request.tool_format, calls in the text become message.tool_calls (finish_reason "tool_calls"
 // when the model stopped by itself).
 nlohmann::json make_response(const ApiRequest& request, std::span<const GenerationResult> results,
@@ -113,8 +136,9 @@ inline nlohmann::json make_response(const ApiRequest& request, const GenerationR
   return make_response(request, std::span<const GenerationResult>(&result, 1), response_id, model,
                        created, tokenizer);
 }
-// OpenAI's usage object over a request's results.
-nlohmann::json make_usage(std::span<const GenerationResult> results);
+// OpenAI's usage object over a request's results, `n` samples per prompt (result index
+// k * n + i is prompt k's sample i): each prompt's tokens counted once.
+nlohmann::json make_usage(std::span<const GenerationResult> results, int32_t n);
 
 const char* finish_reason_name(FinishReason reason);
 

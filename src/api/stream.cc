@@ -1,5 +1,6 @@
 #include "api/stream.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "api/logprobs.h"
@@ -15,12 +16,17 @@ StreamChunks::StreamChunks(const ApiRequest& request, std::string id, std::strin
       logprobs_(request.params.logprobs.has_value()),
       tokens_as_ids_(request.tokens_as_ids),
       include_usage_(request.include_usage),
+      continuous_usage_(request.continuous_usage),
+      n_(std::max(request.n, 1)),
       id_(std::move(id)),
       model_(std::move(model)),
       created_(created),
       index_(index),
       tokenizer_(tokenizer) {
   if (chat_ && request.tool_format) tools_.emplace(*request.tool_format, request.max_tool_calls);
+  const auto prompt = static_cast<size_t>(index / n_);
+  if (prompt < request.prompt_count()) prompt_tokens_ = request.prompt_at(prompt).size();
+  if (prompt < request.echo.size()) echo_ = request.echo[prompt];
 }
 
 json StreamChunks::chunk(json choices) const {
@@ -29,8 +35,14 @@ json StreamChunks::chunk(json choices) const {
             {"created", created_},
             {"model", model_},
             {"choices", std::move(choices)}};
-  // OpenAI: with include_usage every chunk has "usage": null but the last.
-  if (include_usage_) c["usage"] = nullptr;
+  // OpenAI: with include_usage every chunk has "usage": null but the last; vLLM's
+  // continuous_usage_stats: the choice's usage so far.
+  if (continuous_usage_)
+    c["usage"] = {{"prompt_tokens", prompt_tokens_},
+                  {"completion_tokens", completion_tokens_},
+                  {"total_tokens", prompt_tokens_ + completion_tokens_}};
+  else if (include_usage_)
+    c["usage"] = nullptr;
   return c;
 }
 
@@ -43,6 +55,12 @@ json StreamChunks::role() const {
 }
 
 json StreamChunks::delta(std::string_view text, std::span<const SampledToken> tokens) {
+  count(tokens);
+  std::string echoed;
+  if (!echo_.empty()) {  // vLLM: the prompt and the first token's text in one delta
+    echoed = std::exchange(echo_, {}) + std::string(text);
+    text = echoed;
+  }
   json logprobs = nullptr;
   if (logprobs_) {
     logprobs = chat_ ? chat_logprobs(tokens, tokenizer_, tokens_as_ids_)
@@ -75,14 +93,14 @@ json StreamChunks::flush() {
   return tool_delta(tools_->finish(), nullptr);
 }
 
-json StreamChunks::finish(FinishReason reason) const {
+json StreamChunks::finish(FinishReason reason) {
   const char* name = finish_reason_name(reason);
   if (calls_sent_ > 0 && reason == FinishReason::kStop) name = "tool_calls";
   json choice = {{"index", index_}, {"logprobs", nullptr}, {"finish_reason", name}};
   if (chat_)
     choice["delta"] = json::object();
   else
-    choice["text"] = "";
+    choice["text"] = std::exchange(echo_, {});
   return chunk(json::array({choice}));
 }
 
@@ -92,7 +110,7 @@ json StreamChunks::usage(const GenerationResult& result) const {
 
 json StreamChunks::usage(std::span<const GenerationResult> results) const {
   json c = chunk(json::array());
-  c["usage"] = make_usage(results);
+  c["usage"] = make_usage(results, n_);
   return c;
 }
 

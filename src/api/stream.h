@@ -25,9 +25,11 @@ namespace blend {
 
 class StreamChunks {
  public:
-  // Keeps what the chunks need from `request` (its endpoint, logprobs and include_usage) and a
-  // reference to `tokenizer`, which must outlive this object.
-  // `index`: the choice these chunks carry (one StreamChunks per choice when n > 1).
+  // Keeps what the chunks need from `request` (its endpoint, logprobs, usage options, the size
+  // and echo text of this choice's prompt) and a reference to `tokenizer`, which must outlive
+  // this object.
+  // `index`: the choice these chunks carry (one StreamChunks per choice when n > 1 or several
+  // prompts: prompt index / n).
   StreamChunks(const ApiRequest& request, std::string id, std::string model, int64_t created,
                const Tokenizer& tokenizer, int32_t index = 0);
 
@@ -38,15 +40,20 @@ class StreamChunks {
   // entry per token (text can lag its tokens: an incomplete UTF-8 character waits); the
   // completions API's text_offset continues across chunks.
   // Null when there is nothing to send yet (tools: the text is held back, no logprobs asked).
+  // With echo, the first delta starts with the prompt's text.
   nlohmann::json delta(std::string_view text, std::span<const SampledToken> tokens);
+  // Tokens the choice generated that no delta() carries (their text was held back and is not
+  // sent): counted in the usage of continuous_usage_stats.
+  void count(std::span<const SampledToken> tokens) { completion_tokens_ += tokens.size(); }
   // With tools, before finish(): what the parser held back, decided now (null when nothing).
   nlohmann::json flush();
-  // The last choice chunk: an empty delta (or text) and the finish reason ("tool_calls" when
-  // calls were sent and the model stopped by itself).
-  nlohmann::json finish(FinishReason reason) const;
-  // With stream_options.include_usage: the final chunk, "choices": [] and the usage.
+  // The last choice chunk: an empty delta (or text: the echo when no delta sent it) and the
+  // finish reason ("tool_calls" when calls were sent and the model stopped by itself).
+  nlohmann::json finish(FinishReason reason);
+  // With stream_options.include_usage: the final chunk, "choices": [] and the usage (of every
+  // choice's result: make_usage).
   nlohmann::json usage(const GenerationResult& result) const;
-  nlohmann::json usage(std::span<const GenerationResult> results) const;  // n > 1
+  nlohmann::json usage(std::span<const GenerationResult> results) const;
 
  private:
   nlohmann::json chunk(nlohmann::json choices) const;
@@ -56,6 +63,10 @@ class StreamChunks {
   bool logprobs_;
   bool tokens_as_ids_;
   bool include_usage_;
+  bool continuous_usage_;  // every chunk's usage: this choice's so far
+  int32_t n_ = 1;
+  size_t prompt_tokens_ = 0, completion_tokens_ = 0;
+  std::string echo_;  // the prompt's text until a chunk has carried it
   std::string id_, model_;
   int64_t created_;
   int32_t index_ = 0;

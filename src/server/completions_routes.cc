@@ -41,7 +41,9 @@ std::shared_ptr<Pending> Server::Impl::submit(const ApiRequest& request, Request
                                               int32_t index) {
   auto p = std::make_shared<Pending>();
   p->cls = cls;
-  GenerationRequest gen{make_id("req-"),  request.prompt,  request.params, cls,
+  // Choice `index` is sample index % n of prompt index / n (several prompts: OpenAI's order).
+  GenerationRequest gen{make_id("req-"),  request.prompt_at(static_cast<size_t>(index / request.n)),
+                        request.params,   cls,
                         request.ttft_slo, request.tpot_slo};
   gen.index = index;
   gen.model = request.model_id;
@@ -132,6 +134,7 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
     limits.sampling_defaults = served_model.sampling_defaults;
     limits.grammars = served_model.grammars;
     limits.max_sequence_tokens = max_sequence_tokens;
+    limits.prompt_lists = true;  // each prompt's choices are submitted below
     // A schema compiling for a client that left stops (the socket is found once, when asked).
     limits.cancelled = [&req, socket = -2]() mutable {
       if (socket == -2) socket = request_socket(req);
@@ -153,10 +156,11 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
   const bool chat = endpoint == Endpoint::kChatCompletions;
   const std::string id = make_id(chat ? "chatcmpl-" : "cmpl-");
   const int64_t created = unix_seconds();
-  // n samples: n sequences of one prompt; the first to be admitted computes the prompt and
+  // n samples: n sequences of each prompt; the first to be admitted computes the prompt and
   // the others take its KV from the prefix cache (one prefill).
+  const auto num_choices = static_cast<int32_t>(request.prompt_count()) * request.n;
   std::vector<std::shared_ptr<Pending>> ps;
-  for (int32_t i = 0; i < request.n; ++i) ps.push_back(submit(request, cls, i));
+  for (int32_t i = 0; i < num_choices; ++i) ps.push_back(submit(request, cls, i));
   auto cancel_all = [this, ps] {
     for (const auto& p : ps) cancel(p);
   };
@@ -193,22 +197,23 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
 
   // Server-Sent Events in OpenAI's chunk format (api/stream), logprobs included when asked;
   // with n > 1 the choices' chunks interleave, each with its index.
-  request.prompt.clear();
   struct Choice {
     std::shared_ptr<Pending> p;
     std::unique_ptr<StreamChunks> chunks;
     bool sent_role = false, finished = false;
   };
   auto choices = std::make_shared<std::vector<Choice>>();
-  for (int32_t i = 0; i < request.n; ++i)
+  for (int32_t i = 0; i < num_choices; ++i)
     choices->push_back(
         {ps[static_cast<size_t>(i)],
          std::make_unique<StreamChunks>(request, id, model_name(request.model_id), created,
                                         tokenizer_of(request.model_id), i)});
+  request.prompt.clear();
+  request.more_prompts.clear();
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [this, choices, cancel_all, include_usage = request.include_usage,
+      [this, choices, cancel_all, include_usage = request.include_usage, n = request.n,
        logprobs = request.params.logprobs.has_value()](size_t, httplib::DataSink& sink) {
         // Wait a little for news from the first unfinished choice (any choice's news is
         // taken below).
@@ -239,8 +244,11 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
             if (const json role = c.chunks->role(); !role.is_null()) out += sse(role);
             c.sent_role = true;
           }
-          if (!delta.empty() || (logprobs && !tokens.empty() && !p.error))
+          if (!delta.empty() || (logprobs && !tokens.empty() && !p.error)) {
             if (const json d = c.chunks->delta(delta, tokens); !d.is_null()) out += sse(d);
+          } else {
+            c.chunks->count(tokens);  // held-back text's tokens still count in the usage
+          }
           if (!done) continue;
           c.finished = true;
           std::lock_guard lock(p.mu);
@@ -263,7 +271,7 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
               std::lock_guard lock(c.p->mu);
               results.push_back(*c.p->result);
             }
-            const json usage = make_usage(results);
+            const json usage = make_usage(results, n);
             server_internal::request_log().prompt_tokens = usage["prompt_tokens"];
             server_internal::request_log().completion_tokens = usage["completion_tokens"];
             if (include_usage) out += sse((*choices)[0].chunks->usage(results));

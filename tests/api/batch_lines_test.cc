@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "api/api_error.h"
+#include "api/openai.h"
 #include "core/error.h"
 
 #include "llama3_text_fixture.h"
@@ -41,6 +42,23 @@ class BatchLinesTest : public Llama3TextTest {
     return R"({"custom_id":"r1","method":"POST","url":")" + url + R"(","body":)" + body + "}";
   }
 };
+
+// A Batch API line answers one prompt (a list of several is refused by name, never cut to its
+// first) and echoes it where asked, in its result as on the server.
+TEST_F(BatchLinesTest, ALineTakesOnePromptAndEchoesItWhereAsked) {
+  const BatchLineContext c = context();
+  PreparedBatchLine p = prepare_batch_line(line(completion(R"({"prompt":["Hello","my dog"]})")), c);
+  ASSERT_TRUE(p.error);
+  EXPECT_EQ(p.error->param(), "prompt");
+  p = prepare_batch_line(line(completion(R"({"prompt":"Hello","echo":true})")), c);
+  ASSERT_FALSE(p.error) << p.error->what();
+  GenerationResult r;
+  r.prompt_tokens = 1;
+  r.tokens = {11};
+  r.text = ",";
+  const json body = make_response(p.api, r, "cmpl-1", "tiny", 1, *tokenizer_);
+  EXPECT_EQ(body["choices"][0]["text"], "Hello,");
+}
 
 TEST_F(BatchLinesTest, AGoodLineBecomesARequest) {
   BatchLineContext c = context();

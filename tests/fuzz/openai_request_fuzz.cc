@@ -26,6 +26,7 @@ const blend::RequestLimits& request_limits() {
   static const blend::RequestLimits limits = [] {
     blend::RequestLimits l;
     l.grammars = &blend::fuzz::llama3_grammars();
+    l.prompt_lists = true;  // as the server's /v1/completions reads them
     l.max_prompt_bytes =
         blend::max_prompt_bytes(blend::fuzz::llama3_tokenizer(), kMaxSequenceTokens);
     return l;
@@ -57,11 +58,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // Ids past the vocabulary are the engine's to refuse (Engine::check_request, against the
     // model's vocab_size, which may exceed the tokenizer's); a negative one never gets past
     // the parser.
-    for (int32_t id : request.prompt)
-      if (id < 0) {
-        std::fprintf(stderr, "openai_request_fuzz: negative prompt id %d accepted\n", id);
-        std::abort();
-      }
+    if (static_cast<int64_t>(request.prompt_count()) * request.n > blend::kMaxChoices) {
+      std::fprintf(stderr, "openai_request_fuzz: %zu prompts of %d choices accepted\n",
+                   request.prompt_count(), request.n);
+      std::abort();
+    }
+    for (size_t k = 0; k < request.prompt_count(); ++k)
+      for (int32_t id : request.prompt_at(k))
+        if (id < 0) {
+          std::fprintf(stderr, "openai_request_fuzz: negative prompt id %d accepted\n", id);
+          std::abort();
+        }
   } catch (const blend::ApiError&) {
   } catch (const blend::Error&) {
     // A chat template's raise_exception() (e.g. roles that do not alternate) is a blend::Error

@@ -651,6 +651,119 @@ TEST_F(ServerTest, AClientThatHangsUpBeforeTheAnswerStopsItsGeneration) {
   EXPECT_EQ(metric(c, "blend:request_success_total{class=\"rt\",finished_reason=\"length\"}"), -1);
 }
 
+// A list of prompts in /v1/completions (issue 54; vLLM and OpenAI take one): each prompt is
+// answered as it would be alone, its samples at choices prompt_index * n + sample_index, usage
+// summed; echo puts each prompt's text first; streamed with continuous_usage_stats, every chunk
+// carries its choice's usage so far.
+TEST_F(ServerTest, APromptListAnswersEachPromptAsItsOwnRequestWould) {
+  auto server = start(options());
+  auto c = client(*server);
+  const json prompts = {"Once upon a time", "The weather today", {9906, 11}};
+  const std::vector<std::string> echoes = {"Once upon a time", "The weather today", "Hello,"};
+  json body = {{"model", "tiny"}, {"max_tokens", 6}, {"temperature", 0}, {"ignore_eos", true}};
+  std::vector<std::string> alone;
+  int64_t prompt_tokens = 0;
+  int status = 0;
+  for (const json& prompt : prompts) {
+    body["prompt"] = prompt;
+    const json r = post(c, "/v1/completions", body, &status);
+    ASSERT_EQ(status, 200) << r.dump();
+    alone.push_back(r["choices"][0]["text"]);
+    prompt_tokens += r["usage"]["prompt_tokens"].get<int64_t>();
+  }
+  ASSERT_NE(alone[0], alone[1]) << "the prompts must be told apart by their answers";
+  body["prompt"] = prompts;
+  body["n"] = 2;
+  for (const bool echo : {false, true}) {
+    SCOPED_TRACE(echo ? "echo" : "no echo");
+    body["echo"] = echo;
+    const json r = post(c, "/v1/completions", body, &status);
+    ASSERT_EQ(status, 200) << r.dump();
+    ASSERT_EQ(r["choices"].size(), 6u);
+    for (size_t i = 0; i < 6; ++i) {
+      EXPECT_EQ(r["choices"][i]["index"], i);
+      EXPECT_EQ(r["choices"][i]["text"], (echo ? echoes[i / 2] : "") + alone[i / 2]) << i;
+    }
+    EXPECT_EQ(r["usage"]["prompt_tokens"], prompt_tokens);
+    EXPECT_EQ(r["usage"]["completion_tokens"], 36);
+  }
+
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}, {"continuous_usage_stats", true}};
+  auto r = c.Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  std::map<int, std::string> text;
+  std::map<int, int64_t> completion_tokens;
+  json usage;
+  for (const std::string& event : sse_events(r->body)) {
+    if (event == "[DONE]") continue;
+    const json e = json::parse(event);
+    ASSERT_TRUE(e["usage"].is_object()) << event;
+    if (e["choices"].empty()) {
+      usage = e["usage"];
+      continue;
+    }
+    const int index = e["choices"][0]["index"];
+    text[index] += e["choices"][0]["text"].get<std::string>();
+    const int64_t so_far = e["usage"]["completion_tokens"];
+    EXPECT_GE(so_far, completion_tokens[index]) << event;
+    EXPECT_EQ(e["usage"]["total_tokens"], e["usage"]["prompt_tokens"].get<int64_t>() + so_far);
+    completion_tokens[index] = so_far;
+  }
+  ASSERT_EQ(text.size(), 6u);
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(text[i], echoes[static_cast<size_t>(i / 2)] + alone[static_cast<size_t>(i / 2)]);
+    EXPECT_EQ(completion_tokens[i], 6) << i;
+  }
+  EXPECT_EQ(usage["prompt_tokens"], prompt_tokens);
+  EXPECT_EQ(usage["completion_tokens"], 36);
+
+  // Bounded: at most kMaxChoices (128) sequences a request, prompts times n.
+  body = {{"model", "tiny"}, {"prompt", json::array()}, {"max_tokens", 1}};
+  for (int i = 0; i < 65; ++i) body["prompt"].push_back("p" + std::to_string(i));
+  body["n"] = 2;
+  json refused = post(c, "/v1/completions", body, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(refused["error"]["param"], "prompt");
+  body["n"] = 1;
+  EXPECT_EQ(post(c, "/v1/completions", body, &status)["choices"].size(), 65u);
+  EXPECT_EQ(status, 200);
+}
+
+// Every prompt of a list is cancelled when the client leaves, streaming or not.
+TEST_F(ServerTest, AClientThatHangsUpOnAPromptListCancelsEveryPrompt) {
+  auto server = start(options());
+  auto c = client(*server);
+  json body = {{"model", "tiny"},
+               {"prompt", {"a long story", "another story", "a third one"}},
+               {"max_tokens", 8000},
+               {"ignore_eos", true},
+               {"stream", true}};
+  start_stream_and_hang_up(server->port(), body);
+  EXPECT_TRUE(poll([&] {
+    return metric(c, "blend:request_cancelled_total{class=\"rt\"}") == 3 &&
+           metric(c, "blend:num_requests_running{class=\"rt\"}") == 0;
+  }));
+  body.erase("stream");
+  const int fd = connect_to(server->port());
+  ASSERT_GE(fd, 0);
+  const std::string payload = body.dump();
+  const std::string request =
+      "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
+      "Content-Type: application/json\r\nContent-Length: " +
+      std::to_string(payload.size()) + "\r\n\r\n" + payload;
+  ASSERT_EQ(::send(fd, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
+  ASSERT_TRUE(poll([&] { return metric(c, "blend:num_requests_running{class=\"rt\"}") >= 1; }));
+  ::close(fd);
+  EXPECT_TRUE(poll([&] {
+    return metric(c, "blend:request_cancelled_total{class=\"rt\"}") == 6 &&
+           metric(c, "blend:num_requests_running{class=\"rt\"}") == 0;
+  }));
+  EXPECT_TRUE(poll([&] { return metric(c, "blend:kv_cache_used_bytes") == 0; }));
+  EXPECT_EQ(metric(c, "blend:request_success_total{class=\"rt\",finished_reason=\"length\"}"), -1);
+}
+
 // Regression (issue 26): /metrics (request, token and latency counts) was open with --api-key.
 TEST_F(ServerTest, MetricsNeedTheApiKeyUnlessMadePublic) {
   for (const bool public_metrics : {false, true}) {
