@@ -143,7 +143,8 @@ void Server::Impl::responses_create(const httplib::Request& req, httplib::Respon
             out += stream->events.error(*pending.error);
           } else {
             out += stream->events.chat_chunk(stream->chunks.flush());
-            const json usage = make_usage(std::span<const GenerationResult>(&*pending.result, 1));
+            const json usage =
+                make_usage(std::span<const GenerationResult>(&*pending.result, 1), 1);
             server_internal::request_log().prompt_tokens = usage["prompt_tokens"];
             server_internal::request_log().completion_tokens = usage["completion_tokens"];
             out += stream->events.finish(pending.result->finish, usage);
