@@ -345,6 +345,11 @@ void Engine::stream(Active& a, const SampledToken& token, bool final) {
   // Until the request ends, the last max_stop_len - 1 bytes may be the start of a stop string.
   if (!final && a.max_stop_len > 1)
     safe = std::max(a.streamed, safe >= a.max_stop_len - 1 ? safe - (a.max_stop_len - 1) : 0);
+  // Nor a character split: each delta goes out as JSON text of its own (a split one would reach
+  // the client as two U+FFFD).
+  while (safe > a.streamed && safe < a.text.size() &&
+         (static_cast<unsigned char>(a.text[safe]) & 0xC0) == 0x80)
+    --safe;
   const std::string_view delta = std::string_view(a.text).substr(a.streamed, safe - a.streamed);
   a.streamed = safe;
   a.on_token(token, delta);

@@ -458,6 +458,8 @@ TEST_P(EngineTest, StreamedDeltasAreTheTextAndNeverIncludeACutStopString) {
         [&](const SampledToken& t, std::string_view delta) {
           tokens.push_back(t.token);
           streamed += delta;
+          // Each delta is sent as JSON text of its own: no character split across two.
+          EXPECT_EQ(sanitize_utf8(delta), delta);
           if (with_stop) {
             EXPECT_EQ(streamed.find(stop), std::string::npos);
           }
