@@ -41,9 +41,9 @@ class StreamChunks {
   nlohmann::json delta(std::string_view text, std::span<const SampledToken> tokens);
   // With tools, before finish(): what the parser held back, decided now (null when nothing).
   nlohmann::json flush();
-  // The last choice chunk: an empty delta (or text) and the finish reason ("tool_calls" when
-  // calls were sent and the model stopped by itself).
-  nlohmann::json finish(FinishReason reason) const;
+  // The last choice chunk: an empty delta (or text), the finish reason ("tool_calls" when
+  // calls were sent and the model stopped by itself) and vLLM's stop_reason.
+  nlohmann::json finish(FinishReason reason, const StopReason& stop_reason = {}) const;
   // With stream_options.include_usage: the final chunk, "choices": [] and the usage.
   nlohmann::json usage(const GenerationResult& result) const;
   nlohmann::json usage(std::span<const GenerationResult> results) const;  // n > 1
