@@ -30,7 +30,8 @@ struct SamplingParams {
   std::vector<TokenId> stop_token_ids;
   bool ignore_eos = false;
   // vLLM's min_tokens: until this many tokens are out, EOS and stop_token_ids cannot be sampled
-  // (masked) and stop strings are not looked for.
+  // (masked, as a grammar masks: the logprobs of those steps are the masked row's, where vLLM
+  // reports the raw row's) and stop strings are not looked for.
   int32_t min_tokens = 0;
   // vLLM's include_stop_str_in_output: the stop string that ended the request stays in the
   // text, and so does the text of a final EOS or stop token (empty for a skipped special one).
