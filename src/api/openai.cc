@@ -4,6 +4,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <variant>
 
 #include "api/json_limits.h"
 #include "api/logprobs.h"
@@ -201,6 +202,14 @@ SamplingParams parse_sampling(Endpoint endpoint, const json& body, int32_t vocab
                        "stop_token_ids");
   }
   p.ignore_eos = bool_field(body, "ignore_eos", false);
+  p.include_stop_str_in_output = bool_field(body, "include_stop_str_in_output", false);
+  p.skip_special_tokens = bool_field(body, "skip_special_tokens", true);
+  p.min_tokens = number_field<int32_t>(body, "min_tokens", 0, 0, unlimited);
+  if (p.min_tokens > p.max_tokens)  // vLLM: 400
+    throw ApiError(400,
+                   "'min_tokens' (" + std::to_string(p.min_tokens) +
+                       ") must be at most 'max_tokens' (" + std::to_string(p.max_tokens) + ")",
+                   "min_tokens");
   p.presence_penalty = number_field<float>(body, "presence_penalty", 0.0f, -2.0f, 2.0f);
   p.frequency_penalty = number_field<float>(body, "frequency_penalty", 0.0f, -2.0f, 2.0f);
   // vLLM's repetition_penalty: > 0 (1 = off). The bound above only keeps it finite.
@@ -381,6 +390,22 @@ json vllm_response_format(const json& body, std::string& param) {
   return format;
 }
 
+// Fields that would make a grammar-constrained output end where the grammar did not: refused.
+void check_constrained_fields(const SamplingParams& p) {
+  // The value may be complete (only EOS allowed) before min_tokens tokens are out.
+  if (p.min_tokens > 0)
+    throw ApiError(400,
+                   "'min_tokens' cannot be combined with a response_format or a required tool "
+                   "call (the value may be complete before min_tokens tokens)",
+                   "min_tokens");
+  // The stop string or token would follow the value in the output.
+  if (p.include_stop_str_in_output)
+    throw ApiError(400,
+                   "'include_stop_str_in_output' cannot be combined with a response_format or a "
+                   "required tool call (the stop text would follow the value)",
+                   "include_stop_str_in_output");
+}
+
 }  // namespace
 
 Endpoint parse_endpoint(const std::string& url) {
@@ -404,6 +429,12 @@ const char* finish_reason_name(FinishReason reason) {
       break;
   }
   return "stop";
+}
+
+json stop_reason_json(const StopReason& reason) {
+  if (const auto* text = std::get_if<std::string>(&reason)) return *text;
+  if (const auto* token = std::get_if<TokenId>(&reason)) return *token;
+  return nullptr;
 }
 
 int64_t max_prompt_bytes(const Tokenizer& tokenizer, int64_t max_sequence_tokens) {
@@ -556,6 +587,7 @@ ApiRequest parse_api_request(Endpoint endpoint, const json& body, const Tokenize
     if (auto constraint = tool_call_constraint(*chat_tools, limits.grammars, limits.cancelled))
       r.params.constraint = std::move(constraint);
   }
+  if (r.params.constraint) check_constrained_fields(r.params);
   return r;
 }
 
@@ -596,7 +628,8 @@ json make_response(const ApiRequest& request, std::span<const GenerationResult> 
                : completion_logprobs(result.logprobs, tokenizer, 0, nullptr, request.tokens_as_ids);
     json choice = {{"index", result.index},
                    {"logprobs", logprobs},
-                   {"finish_reason", finish_reason_name(result.finish)}};
+                   {"finish_reason", finish_reason_name(result.finish)},
+                   {"stop_reason", stop_reason_json(result.stop_reason)}};
     if (chat && request.tool_format) {
       const ToolCallOutput out =
           parse_tool_calls(*request.tool_format, result.text, request.max_tool_calls);

@@ -141,6 +141,9 @@ inline nlohmann::json make_response(const ApiRequest& request, const GenerationR
 nlohmann::json make_usage(std::span<const GenerationResult> results, int32_t n);
 
 const char* finish_reason_name(FinishReason reason);
+// vLLM's stop_reason of a choice: the stop string (a JSON string), the stop_token_ids token (a
+// JSON integer), or null.
+nlohmann::json stop_reason_json(const StopReason& reason);
 
 // The models a server or a batch run answers to, by ModelId (engine/engine.h: several models in
 // one engine), and which of them a request body names with its "model" field.

@@ -34,8 +34,8 @@ bool null_or_zero(const json& v) {
 bool null_or_one(const json& v) {
   return v.is_null() || (v.is_number() && v == 1);
 }
-bool null_or_true(const json& v) {
-  return v.is_null() || v == true;
+bool null_or_bool(const json& v) {
+  return v.is_null() || v.is_boolean();
 }
 bool no_tool_choice(const json& v) {
   return v.is_null() || v == "none";
@@ -85,6 +85,9 @@ constexpr Field kFields[] = {
     {"stop", kBoth, Kind::kImplemented, any_value, nullptr},
     {"stop_token_ids", kBoth, Kind::kImplemented, any_value, nullptr}, // vLLM
     {"ignore_eos", kBoth, Kind::kImplemented, any_value, nullptr},     // vLLM
+    {"min_tokens", kBoth, Kind::kImplemented, any_value, nullptr},     // vLLM
+    {"include_stop_str_in_output", kBoth, Kind::kImplemented, any_value, nullptr},  // vLLM
+    {"skip_special_tokens", kBoth, Kind::kImplemented, any_value, nullptr},         // vLLM
     {"logprobs", kBoth, Kind::kImplemented, any_value, nullptr},
     {"top_logprobs", kChat, Kind::kImplemented, any_value, nullptr},
     {"presence_penalty", kBoth, Kind::kImplemented, any_value, nullptr},
@@ -126,11 +129,10 @@ constexpr Field kFields[] = {
     {"estimated_output", kBoth, Kind::kHarmless, any_value, nullptr},
     // Predicted outputs only speed decoding up; the text is the model's either way.
     {"prediction", kChat, Kind::kHarmless, any_value, nullptr},
-    // Default true: special tokens are already left out of the text.
-    {"skip_special_tokens", kBoth, Kind::kRefused, null_or_true,
-     "only skip_special_tokens=true is supported"},
-    {"spaces_between_special_tokens", kBoth, Kind::kRefused, null_or_true,
-     "only spaces_between_special_tokens=true is supported"},
+    // vLLM reads it only for slow (non-tokenizer.json) tokenizers; its fast ones decode
+    // through the tokenizer's ByteLevel decoder, which puts no space between added tokens
+    // either way. Every tokenizer blend loads is such a one.
+    {"spaces_between_special_tokens", kBoth, Kind::kHarmless, null_or_bool, nullptr},
 
     // --- refused: would change the result and is not implemented ---
     {"suffix", kCompletions, Kind::kRefused, null_or_empty, "'suffix' (insertion) is not supported"},
@@ -144,9 +146,6 @@ constexpr Field kFields[] = {
     {"verbosity", kChat, Kind::kRefused, null_only, "'verbosity' is not supported"},
     {"web_search_options", kChat, Kind::kRefused, null_only, "web search is not supported"},
     // vLLM / SGLang extensions
-    {"min_tokens", kBoth, Kind::kRefused, null_or_zero, "'min_tokens' is not supported"},
-    {"include_stop_str_in_output", kBoth, Kind::kRefused, null_or_false,
-     "'include_stop_str_in_output' is not supported"},
     {"continue_final_message", kChat, Kind::kRefused, null_or_false,
      "'continue_final_message' is not supported"},
     {"add_special_tokens", kBoth, Kind::kRefused, null_or_false,

@@ -93,10 +93,13 @@ json StreamChunks::flush() {
   return tool_delta(tools_->finish(), nullptr);
 }
 
-json StreamChunks::finish(FinishReason reason) {
+json StreamChunks::finish(FinishReason reason, const StopReason& stop_reason) {
   const char* name = finish_reason_name(reason);
   if (calls_sent_ > 0 && reason == FinishReason::kStop) name = "tool_calls";
-  json choice = {{"index", index_}, {"logprobs", nullptr}, {"finish_reason", name}};
+  json choice = {{"index", index_},
+                 {"logprobs", nullptr},
+                 {"finish_reason", name},
+                 {"stop_reason", stop_reason_json(stop_reason)}};
   if (chat_)
     choice["delta"] = json::object();
   else

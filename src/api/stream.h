@@ -47,9 +47,10 @@ class StreamChunks {
   void count(std::span<const SampledToken> tokens) { completion_tokens_ += tokens.size(); }
   // With tools, before finish(): what the parser held back, decided now (null when nothing).
   nlohmann::json flush();
-  // The last choice chunk: an empty delta (or text: the echo when no delta sent it) and the
-  // finish reason ("tool_calls" when calls were sent and the model stopped by itself).
-  nlohmann::json finish(FinishReason reason);
+  // The last choice chunk: an empty delta (or text: the echo when no delta sent it), the
+  // finish reason ("tool_calls" when calls were sent and the model stopped by itself) and
+  // vLLM's stop_reason.
+  nlohmann::json finish(FinishReason reason, const StopReason& stop_reason = {});
   // With stream_options.include_usage: the final chunk, "choices": [] and the usage (of every
   // choice's result: make_usage).
   nlohmann::json usage(const GenerationResult& result) const;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "core/sequence.h"
@@ -32,12 +33,18 @@ struct GenerationRequest {
   std::optional<bool> adaptive_blocks;
 };
 
+// What ended a request that finished with FinishReason::kStop, as vLLM's stop_reason reports
+// it: the stop string that matched, the stop_token_ids token sampled, or nothing (EOS, a
+// complete structured value; and every other finish reason).
+using StopReason = std::variant<std::monostate, std::string, TokenId>;
+
 struct GenerationResult {
   std::string id;
   int32_t prompt_tokens = 0;
   std::vector<TokenId> tokens;  // generated tokens (a final eos/stop token included)
   std::string text;             // their text, cut before a stop string or stop token
   FinishReason finish = FinishReason::kNone;
+  StopReason stop_reason;
   std::vector<SampledToken> logprobs;  // one per generated token, when asked
   int32_t num_preemptions = 0;
   int32_t cached_tokens = 0;  // prompt tokens served from the prefix cache

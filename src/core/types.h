@@ -26,9 +26,19 @@ struct SamplingParams {
   float min_p = 0.0f;
   std::optional<uint64_t> seed;  // per-request RNG seed; unset = derived from the request id
   int32_t max_tokens = 16;
-  std::vector<std::string> stop;  // stop strings (not included in the output)
+  std::vector<std::string> stop;  // stop strings (cut from the output unless included below)
   std::vector<TokenId> stop_token_ids;
   bool ignore_eos = false;
+  // vLLM's min_tokens: until this many tokens are out, EOS and stop_token_ids cannot be sampled
+  // (masked, as a grammar masks: the logprobs of those steps are the masked row's, where vLLM
+  // reports the raw row's) and stop strings are not looked for.
+  int32_t min_tokens = 0;
+  // vLLM's include_stop_str_in_output: the stop string that ended the request stays in the
+  // text, and so does the text of a final EOS or stop token (empty for a skipped special one).
+  bool include_stop_str_in_output = false;
+  // vLLM's skip_special_tokens: special tokens (tokenizer.json added tokens marked special)
+  // leave no text; false writes them as they are spelled ("<|eot_id|>").
+  bool skip_special_tokens = true;
   std::optional<int32_t> logprobs;  // number of top logprobs per token, when set
   // Penalties over the tokens generated so far (OpenAI: presence/frequency, subtracted from a
   // logit once / once per occurrence) and over prompt + output (vLLM/HF: repetition, positive

@@ -57,6 +57,10 @@ struct Engine::Active {
   size_t max_stop_len = 0;
   std::vector<SampledToken> logprobs;
   bool stopped_by_string = false;
+  StopReason stop_reason;  // GenerationResult::stop_reason
+  // min_tokens: the tokens a row may sample until that many are out (all but EOS and the
+  // request's stop_token_ids); empty without min_tokens.
+  std::vector<uint64_t> min_tokens_mask;
   // Structured output (response_format): follows the sampled tokens, masks the next ones.
   std::unique_ptr<TokenMatcher> matcher;
   bool constraint_broken = false;  // a token the matcher refused (only from an invalid row)
@@ -275,6 +279,7 @@ void Engine::check_request(GenerationRequest& request) const {
   SamplingParams& p = request.params;
   if (p.max_tokens < 0) throw Error("max_tokens must be non-negative");
   p.max_tokens = static_cast<int32_t>(std::min<int64_t>(p.max_tokens, limit - prompt_len));
+  if (p.min_tokens < 0) throw Error("min_tokens must be non-negative");
   if (p.temperature < 0) throw Error("temperature must be non-negative");
   if (p.top_p <= 0 || p.top_p > 1) throw Error("top_p must be in (0, 1]");
   if (p.min_p < 0 || p.min_p > 1) throw Error("min_p must be in [0, 1]");
@@ -307,8 +312,9 @@ SeqId Engine::submit(GenerationRequest request, Callback on_done, TokenCallback 
   a->on_done = std::move(on_done);
   a->on_token = std::move(on_token);
   if (const Tokenizer* tokenizer = models_[request.model].tokenizer.get())
-    a->detok = std::make_unique<IncrementalDetokenizer>(*tokenizer, /*skip_special=*/true);
+    a->detok = std::make_unique<IncrementalDetokenizer>(*tokenizer, p.skip_special_tokens);
   for (const auto& s : p.stop) a->max_stop_len = std::max(a->max_stop_len, s.size());
+  if (p.min_tokens > 0) a->min_tokens_mask = min_tokens_mask(request.model, p);
   if (p.constraint) a->matcher = p.constraint->start();
   stats_.prompt_tokens += prompt_len;
 
@@ -339,12 +345,29 @@ void Engine::retire(SeqId id) {
   if (!in_flight_) retired_.clear();
 }
 
+std::vector<uint64_t> Engine::min_tokens_mask(ModelId model, const SamplingParams& p) const {
+  const auto vocab = static_cast<size_t>(config().vocab_size);
+  std::vector<uint64_t> mask((vocab + 63) / 64, ~uint64_t{0});
+  const auto forbid = [&](TokenId t) {
+    if (t >= 0 && static_cast<size_t>(t) < vocab) mask[t / 64] &= ~(uint64_t{1} << (t % 64));
+  };
+  for (TokenId t : models_[text_model(model)].config.eos_token_ids) forbid(t);
+  for (TokenId t : p.stop_token_ids) forbid(t);
+  return mask;
+}
+
 void Engine::stream(Active& a, const SampledToken& token, bool final) {
   if (!a.on_token) return;
   size_t safe = a.text.size();
-  // Until the request ends, the last max_stop_len - 1 bytes may be the start of a stop string.
-  if (!final && a.max_stop_len > 1)
+  // Until the request ends, the last max_stop_len - 1 bytes may be the start of a stop string
+  // (cut from the text unless it is included: then the text before it is final).
+  if (!final && a.max_stop_len > 1 && !a.seq.params.include_stop_str_in_output)
     safe = std::max(a.streamed, safe >= a.max_stop_len - 1 ? safe - (a.max_stop_len - 1) : 0);
+  // Nor a character split: each delta goes out as JSON text of its own (a split one would reach
+  // the client as two U+FFFD).
+  while (safe > a.streamed && safe < a.text.size() &&
+         (static_cast<unsigned char>(a.text[safe]) & 0xC0) == 0x80)
+    --safe;
   const std::string_view delta = std::string_view(a.text).substr(a.streamed, safe - a.streamed);
   a.streamed = safe;
   a.on_token(token, delta);
@@ -395,20 +418,32 @@ bool Engine::accept_token(Active& a, const SampledToken& sampled) {
     }
     return true;
   };
-  if (is_eos || is_stop_id) return stop_here(/*at_this_token=*/true);
+  if (is_eos || is_stop_id) {
+    // As vLLM: the final token's text is output only with include_stop_str_in_output.
+    if (p.include_stop_str_in_output && a.detok) a.text += a.detok->push(sampled.token);
+    if (!is_eos) a.stop_reason = sampled.token;  // vLLM reports EOS as no reason
+    return stop_here(/*at_this_token=*/true);
+  }
   if (a.detok) a.text += a.detok->push(sampled.token);
-  if (!p.stop.empty() && a.text.size() > before) {
-    // A stop string may straddle the previous text; search only the tail that could hold it.
-    const size_t from = before >= a.max_stop_len ? before - a.max_stop_len + 1 : 0;
+  // min_tokens: the text of the first min_tokens tokens is never searched (vLLM), so a stop
+  // string must end in a later token's text.
+  if (!p.stop.empty() && a.text.size() > before && a.accepted > p.min_tokens) {
+    // A stop string may straddle the previous text; search only the tail that could hold it
+    // and end in the new text. The earliest match wins (the first listed at one position).
     size_t cut = std::string::npos;
+    const std::string* matched = nullptr;
     for (const auto& s : p.stop) {
       if (s.empty()) continue;
-      const size_t at = a.text.find(s, from);
-      if (at != std::string::npos) cut = std::min(cut, at);
+      const size_t at = a.text.find(s, before >= s.size() ? before - s.size() + 1 : 0);
+      if (at < cut) {
+        cut = at;
+        matched = &s;
+      }
     }
-    if (cut != std::string::npos) {
-      a.text.resize(cut);
+    if (matched) {
+      a.text.resize(p.include_stop_str_in_output ? cut + matched->size() : cut);
       a.stopped_by_string = true;
+      a.stop_reason = *matched;
       return stop_here(/*at_this_token=*/cut == before);
     }
   }
@@ -435,6 +470,7 @@ void Engine::finish(Active& a) {
   r.tokens.assign(a.seq.tokens.begin() + a.seq.prompt_len, a.seq.tokens.end());
   r.text = std::move(a.text);
   r.finish = a.seq.finish;
+  if (r.finish == FinishReason::kStop) r.stop_reason = std::move(a.stop_reason);
   r.logprobs = std::move(a.logprobs);
   r.num_preemptions = a.seq.num_preemptions;
   r.cached_tokens = a.seq.num_cached_prompt;
@@ -552,11 +588,17 @@ void Engine::launch_step(const StepPlan& plan) {
   // rows' masks are computed in parallel: a state met for the first time builds token tables
   // (vocabulary walks, most of a short job's grammar time), and the grammar's caches are
   // thread-safe (grammar/token_mask.h), so the order cannot change a mask.
+  // Rows short of their min_tokens get their mask of EOS and stop ids (vLLM's min_tokens
+  // logits processor), a function of the row's own output count too. (The API refuses
+  // min_tokens with a grammar: it could end the value before min_tokens.)
   std::vector<std::pair<size_t, TokenMatcher*>> constrained;  // (row, its matcher)
   for (size_t r = 0; r < in.rows.size(); ++r) {
     auto it = active_.find(in.rows[r].seq);
-    if (it != active_.end() && it->second->matcher)
-      constrained.emplace_back(r, it->second->matcher.get());
+    if (it == active_.end()) continue;
+    Active& a = *it->second;
+    if (a.matcher) constrained.emplace_back(r, a.matcher.get());
+    const auto out = static_cast<int64_t>(in.rows[r].history.output.size());
+    if (!a.matcher && out < a.seq.params.min_tokens) in.rows[r].allowed = a.min_tokens_mask.data();
   }
   const auto n = static_cast<int64_t>(constrained.size());
   std::vector<std::shared_ptr<const TokenMask>> masks(constrained.size());

@@ -252,6 +252,9 @@ class Engine {
   void finish(Active& a);
   void retire(SeqId id);  // forgets a request, once no launched step reads its sequence
   void stream(Active& a, const SampledToken& token, bool final);
+  // The tokens a request of `model` sampled with `p` may take while it has fewer than
+  // p.min_tokens output tokens: every token but the model's EOS ids and p.stop_token_ids.
+  std::vector<uint64_t> min_tokens_mask(ModelId model, const SamplingParams& p) const;
   void init_kv_and_scheduler();
   StepInput build_step(const StepPlan& plan) const;
   void move_kv(const StepPlan& plan);  // BROS checkpoints, page copies and restores

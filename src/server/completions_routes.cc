@@ -260,7 +260,7 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
             break;
           }
           if (const json rest = c.chunks->flush(); !rest.is_null()) out += sse(rest);
-          out += sse(c.chunks->finish(p.result->finish));
+          out += sse(c.chunks->finish(p.result->finish, p.result->stop_reason));
         }
         const bool all_done = failed || std::all_of(choices->begin(), choices->end(),
                                                     [](const Choice& c) { return c.finished; });

@@ -76,6 +76,25 @@ TEST_F(BatchLinesTest, AGoodLineBecomesARequest) {
   EXPECT_TRUE(p.api.prompt.empty());  // moved into the generation request
 }
 
+// vLLM's output fields in a Batch API line go through the request parser as on the server:
+// into the engine request, or an error line naming the field.
+TEST_F(BatchLinesTest, VllmOutputFieldsReachTheEngineRequest) {
+  const BatchLineContext c = context();
+  const PreparedBatchLine p = prepare_batch_line(
+      line(completion(R"({"prompt":"x","max_tokens":8,"min_tokens":3,"stop":["."],)"
+                      R"("include_stop_str_in_output":true,"skip_special_tokens":false})")),
+      c);
+  ASSERT_FALSE(p.error) << p.error->what();
+  EXPECT_EQ(p.generation.params.min_tokens, 3);
+  EXPECT_TRUE(p.generation.params.include_stop_str_in_output);
+  EXPECT_FALSE(p.generation.params.skip_special_tokens);
+  const PreparedBatchLine bad =
+      prepare_batch_line(line(completion(R"({"prompt":"x","max_tokens":2,"min_tokens":3})")), c);
+  ASSERT_TRUE(bad.error);
+  EXPECT_EQ(bad.error->status(), 400);
+  EXPECT_EQ(bad.error->param(), "min_tokens");
+}
+
 TEST_F(BatchLinesTest, EachCheckGivesAnErrorResultNamingTheField) {
   const auto error_of = [](const PreparedBatchLine& p) -> std::pair<int, std::string> {
     if (!p.error) return {0, "<no error>"};

@@ -362,7 +362,6 @@ TEST_F(OpenAiTest, EveryFieldIsImplementedHarmlessOrRefused) {
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","echo":true,"logprobs":1})"),
             "echo");
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","suffix":"end"})"), "suffix");
-  EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","min_tokens":4})"), "min_tokens");
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","guided_choice":["a","b"]})"),
             "guided_choice");
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","guided_regex":"a+"})"),
@@ -659,6 +658,78 @@ TEST(BatchFile, WriterRepairsATornLastLineAndKnowsWhatIsDone) {
     EXPECT_TRUE(json::accept(text.substr(start, end - start))) << text.substr(start, end - start);
     start = end + 1;
   }
+}
+
+// vLLM's output fields reach SamplingParams, checked as vLLM checks them; the ones a grammar
+// cannot honour are refused beside one by name.
+TEST_F(OpenAiTest, VllmOutputFieldsAreParsedAndChecked) {
+  const std::string chat = R"({"messages":[{"role":"user","content":"Hi"}],)";
+  SamplingParams p = parse(Endpoint::kCompletions, R"({"prompt":"x"})").params;
+  EXPECT_EQ(p.min_tokens, 0);
+  EXPECT_FALSE(p.include_stop_str_in_output);
+  EXPECT_TRUE(p.skip_special_tokens);
+  p = parse(Endpoint::kCompletions,
+            R"({"prompt":"x","max_tokens":9,"min_tokens":9,"include_stop_str_in_output":true,)"
+            R"("skip_special_tokens":false,"spaces_between_special_tokens":false})")
+          .params;
+  EXPECT_EQ(p.min_tokens, 9);
+  EXPECT_TRUE(p.include_stop_str_in_output);
+  EXPECT_FALSE(p.skip_special_tokens);
+  EXPECT_EQ(parse(Endpoint::kChatCompletions, chat + R"("min_tokens":500})").params.min_tokens,
+            500);
+  for (const char* bad :
+       {R"({"prompt":"x","max_tokens":4,"min_tokens":5})", R"({"prompt":"x","min_tokens":-1})",
+        R"({"prompt":"x","min_tokens":1.5})", R"({"prompt":"x","min_tokens":"3"})"})
+    EXPECT_EQ(error_param(Endpoint::kCompletions, bad), "min_tokens") << bad;
+  EXPECT_EQ(error_param(Endpoint::kChatCompletions,
+                        chat + R"("max_completion_tokens":3,"min_tokens":4})"),
+            "min_tokens");
+  for (const char* field :
+       {"include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens"})
+    EXPECT_EQ(error_param(Endpoint::kCompletions,
+                          std::string(R"({"prompt":"x",")") + field + R"(":"yes"})"),
+              field);
+
+  GrammarCompiler grammars(*tokenizer_, tokenizer_->vocab_size(),
+                           {*tokenizer_->token_id("<|eot_id|>")});
+  RequestLimits limits;
+  limits.grammars = &grammars;
+  const auto refused = [&](const std::string& body) {
+    try {
+      parse_api_request(Endpoint::kChatCompletions, json::parse(body), *tokenizer_, template_,
+                        limits);
+    } catch (const ApiError& e) {
+      return e.param();
+    }
+    return std::string("<no error>");
+  };
+  const std::string json_format = R"("response_format":{"type":"json_object"},)";
+  EXPECT_EQ(refused(chat + json_format + R"("min_tokens":2})"), "min_tokens");
+  EXPECT_EQ(refused(chat + json_format + R"("include_stop_str_in_output":true})"),
+            "include_stop_str_in_output");
+  EXPECT_EQ(refused(chat + json_format + R"("min_tokens":0,"skip_special_tokens":false})"),
+            "<no error>");
+}
+
+// stop_reason in every choice: the stop string, the stop token id, or null.
+TEST_F(OpenAiTest, ChoicesCarryTheStopReason) {
+  const ApiRequest req = parse(Endpoint::kCompletions, R"({"prompt":"Hi","n":3})");
+  std::vector<GenerationResult> samples(3);
+  for (int32_t i = 0; i < 3; ++i) {
+    samples[static_cast<size_t>(i)].index = i;
+    samples[static_cast<size_t>(i)].finish = FinishReason::kStop;
+  }
+  samples[0].stop_reason = std::string("\n\n");
+  samples[1].stop_reason = TokenId{128009};
+  json body = make_response(req, samples, "cmpl-1", "m", 123, *tokenizer_);
+  EXPECT_EQ(body["choices"][0]["stop_reason"], "\n\n");
+  EXPECT_EQ(body["choices"][1]["stop_reason"], 128009);
+  ASSERT_TRUE(body["choices"][2].contains("stop_reason"));
+  EXPECT_TRUE(body["choices"][2]["stop_reason"].is_null());
+  body = make_response(
+      parse(Endpoint::kChatCompletions, R"({"messages":[{"role":"user","content":"Hi"}]})"),
+      samples[1], "chatcmpl-1", "m", 123, *tokenizer_);
+  EXPECT_EQ(body["choices"][0]["stop_reason"], 128009);
 }
 
 }  // namespace

@@ -57,6 +57,11 @@ TEST_F(StreamTest, ChatChunksCarryLogprobs) {
   const json f = s.finish(FinishReason::kLength);
   EXPECT_EQ(f["choices"][0]["finish_reason"], "length");
   EXPECT_EQ(f["choices"][0]["delta"], json::object());
+  ASSERT_TRUE(f["choices"][0].contains("stop_reason"));
+  EXPECT_TRUE(f["choices"][0]["stop_reason"].is_null());
+  // The last chunk names what stopped the request, as vLLM's does.
+  EXPECT_EQ(s.finish(FinishReason::kStop, std::string("###"))["choices"][0]["stop_reason"], "###");
+  EXPECT_EQ(s.finish(FinishReason::kStop, TokenId{13})["choices"][0]["stop_reason"], 13);
 }
 
 TEST_F(StreamTest, CompletionChunksContinueTheTextOffsets) {

@@ -160,6 +160,47 @@ TEST_F(BatchCli, CompletionsChatAndBadLines) {
   EXPECT_EQ(read_jsonl(work / "out.jsonl").size(), 6u);
 }
 
+// vLLM's output fields in `blend batch` lines: min_tokens holds off an EOS the logits favour,
+// stop_reason names the stop token, skip_special_tokens false writes special tokens, and a
+// min_tokens over max_tokens is that line's error.
+TEST_F(BatchCli, VllmOutputFieldsInBatchLines) {
+  testing::TempDir work;
+  const std::string head = R"({"method":"POST","url":"/v1/completions","custom_id":)";
+  std::string input;
+  input += head +
+           R"("min","body":{"prompt":"x","max_tokens":12,"min_tokens":5,"temperature":0,)"
+           R"("logit_bias":{"128009":100}}})" +
+           "\n";
+  input += head +
+           R"("stop_id","body":{"prompt":"x","max_tokens":12,"temperature":0,)"
+           R"("logit_bias":{"1234":100},"stop_token_ids":[1234]}})" +
+           "\n";
+  input += head +
+           R"("special","body":{"prompt":"x","max_tokens":2,"temperature":0,"ignore_eos":true,)"
+           R"("logit_bias":{"128000":100},"skip_special_tokens":false}})" +
+           "\n";
+  input += head + R"("too_many","body":{"prompt":"x","max_tokens":2,"min_tokens":3}})" + "\n";
+  testing::write_file(work / "in.jsonl", input);
+  const auto r = testing::run_command(
+      batch_cmd((work / "in.jsonl").string(), (work / "out.jsonl").string()) + " 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::map<std::string, json> by_id;
+  for (const json& line : read_jsonl(work / "out.jsonl")) by_id[key_of(line)] = line;
+  ASSERT_EQ(by_id.size(), 4u);
+  const json& min = by_id["min"]["response"]["body"];
+  EXPECT_EQ(min["usage"]["completion_tokens"], 6);  // 5 tokens, then the EOS
+  EXPECT_EQ(min["choices"][0]["finish_reason"], "stop");
+  EXPECT_TRUE(min["choices"][0].contains("stop_reason"));
+  EXPECT_TRUE(min["choices"][0]["stop_reason"].is_null());
+  const json& stop_id = by_id["stop_id"]["response"]["body"];
+  EXPECT_EQ(stop_id["usage"]["completion_tokens"], 1);
+  EXPECT_EQ(stop_id["choices"][0]["stop_reason"], 1234);
+  EXPECT_EQ(by_id["special"]["response"]["body"]["choices"][0]["text"],
+            "<|begin_of_text|><|begin_of_text|>");
+  EXPECT_EQ(by_id["too_many"]["response"]["status_code"], 400);
+  EXPECT_EQ(by_id["too_many"]["response"]["body"]["error"]["param"], "min_tokens");
+}
+
 // Requests sharing a prompt prefix, with the cache on and off: same texts (deterministic
 // mode), the sharing ratio reported against the optimum, cached tokens in each usage.
 // --zoo: lines pick their model by folder name, in one engine, under fcfs and a planned order,

@@ -2,6 +2,7 @@
 // composition and order, chunking, KV exhaustion, stop handling, bad requests.
 #include "engine/engine.h"
 
+#include <algorithm>
 #include <map>
 #include <random>
 #include <span>
@@ -430,6 +431,140 @@ TEST_P(EngineTest, StopStringsTokenIdsAndMaxTokens) {
   EXPECT_EQ(none.finish, FinishReason::kLength);
 }
 
+// vLLM's stop_reason: the stop string, the stop_token_ids token, or nothing (EOS, length).
+TEST_P(EngineTest, StopReasonNamesTheStopStringOrTokenAndNothingForEosOrLength) {
+  Engine engine(dir_->path(), options());
+  const GenerationResult free_run = run(engine, {request("a", 5, 10, 24)})["a"];
+  ASSERT_GT(free_run.text.size(), 6u);
+  EXPECT_EQ(free_run.stop_reason, StopReason{});
+
+  GenerationRequest r = request("s", 5, 10, 24);
+  r.params.stop = {"\x01never", free_run.text.substr(free_run.text.size() / 2, 3)};
+  EXPECT_EQ(run(engine, {r})["s"].stop_reason, StopReason{r.params.stop[1]});
+
+  r = request("t", 5, 10, 24);
+  r.params.stop_token_ids = {free_run.tokens[5]};
+  EXPECT_EQ(run(engine, {r})["t"].stop_reason, StopReason{free_run.tokens[5]});
+
+  // EOS forced first: a stop with no reason, even when EOS is also a stop token (vLLM checks
+  // EOS first).
+  r = request("e", 5, 10, 24);
+  r.params.ignore_eos = false;
+  r.params.logit_bias = {{128009, 100.0f}};
+  r.params.stop_token_ids = {128009};
+  const GenerationResult eos = run(engine, {r})["e"];
+  EXPECT_EQ(eos.finish, FinishReason::kStop);
+  EXPECT_EQ(eos.tokens, std::vector<TokenId>{128009});
+  EXPECT_EQ(eos.stop_reason, StopReason{});
+}
+
+// include_stop_str_in_output: the stop string stays in the text and the streamed deltas (none
+// held back), and so does a final stop token's text; the defaults are unchanged.
+TEST_P(EngineTest, IncludeStopStrKeepsTheStopStringAndTheStopTokenText) {
+  Engine engine(dir_->path(), options());
+  const GenerationResult free_run = run(engine, {request("a", 7, 10, 32)})["a"];
+  ASSERT_GT(free_run.text.size(), 8u);
+  const std::string stop = free_run.text.substr(free_run.text.size() / 2, 4);
+  GenerationRequest r = request("s", 7, 10, 32);
+  r.params.stop = {stop};
+  r.params.include_stop_str_in_output = true;
+  std::string streamed;
+  GenerationResult result;
+  engine.submit(
+      std::move(r), [&](GenerationResult&& g) { result = std::move(g); },
+      [&](const SampledToken&, std::string_view delta) { streamed += delta; });
+  engine.run_until_done();
+  EXPECT_EQ(result.text, free_run.text.substr(0, free_run.text.find(stop) + stop.size()));
+  EXPECT_EQ(streamed, result.text);
+  EXPECT_EQ(result.finish, FinishReason::kStop);
+
+  // A stop token's text ends the output: the text of the free run's first k tokens.
+  const auto k = static_cast<int>(
+      std::find(free_run.tokens.begin(), free_run.tokens.end(), free_run.tokens[6]) -
+      free_run.tokens.begin() + 1);
+  const std::string first_k = run(engine, {request("k", 7, 10, k)})["k"].text;
+  for (const bool include : {false, true}) {
+    r = request("t", 7, 10, 32);
+    r.params.stop_token_ids = {free_run.tokens[6]};
+    r.params.include_stop_str_in_output = include;
+    const GenerationResult by_id = run(engine, {r})["t"];
+    ASSERT_EQ(by_id.tokens.size(), static_cast<size_t>(k));
+    if (include)
+      EXPECT_EQ(by_id.text, first_k);
+    else
+      EXPECT_EQ(by_id.text, run(engine, {request("k1", 7, 10, k - 1)})["k1"].text);
+  }
+}
+
+// min_tokens: EOS and stop tokens cannot come before min_tokens tokens are out (masked, so the
+// tokens are the model's next most likely ones), and stop strings are looked for only after.
+TEST_P(EngineTest, MinTokensHoldsOffEosStopTokensAndStopStrings) {
+  Engine engine(dir_->path(), options());
+  for (const bool by_stop_id : {false, true}) {
+    GenerationRequest r = request("e", 5, 10, 24);
+    r.params.ignore_eos = false;
+    const TokenId end = by_stop_id ? 1234 : 128001;  // an EOS id or a plain stop token
+    if (by_stop_id) r.params.stop_token_ids = {end};
+    r.params.logit_bias = {{end, 100.0f}};  // the most likely token at every step
+    EXPECT_EQ(run(engine, {r})["e"].tokens, std::vector<TokenId>{end});
+    r.params.min_tokens = 5;
+    const GenerationResult held = run(engine, {r})["e"];
+    ASSERT_EQ(held.tokens.size(), 6u) << "by_stop_id=" << by_stop_id;
+    EXPECT_EQ(held.tokens.back(), end);
+    EXPECT_EQ(std::count(held.tokens.begin(), held.tokens.end(), end), 1);
+    EXPECT_EQ(held.finish, FinishReason::kStop);
+    // The same tokens in a batch with others and in another order (the mask is the row's own).
+    GenerationRequest again = r;
+    again.id = "e2";
+    auto batch = run(engine, {request("x", 3, 30, 8), again, request("y", 4, 7, 3)});
+    EXPECT_EQ(batch["e2"].tokens, held.tokens);
+  }
+
+  // A stop string in the text of the first min_tokens tokens does not stop the request; one
+  // that ends later does.
+  const GenerationResult free_run = run(engine, {request("a", 5, 10, 24)})["a"];
+  const int min_tokens = 6;
+  const std::string early = run(engine, {request("m", 5, 10, min_tokens)})["m"].text;
+  ASSERT_GE(early.size(), 2u);
+  const std::string stop = early.substr(early.size() - 2);
+  size_t at = free_run.text.find(stop);
+  while (at != std::string::npos && at + stop.size() <= early.size())
+    at = free_run.text.find(stop, at + 1);
+  GenerationRequest r = request("s", 5, 10, 24);
+  r.params.stop = {stop};
+  EXPECT_EQ(run(engine, {r})["s"].text, free_run.text.substr(0, free_run.text.find(stop)));
+  r.params.min_tokens = min_tokens;
+  const GenerationResult held = run(engine, {r})["s"];
+  EXPECT_EQ(held.text, free_run.text.substr(0, at));
+  EXPECT_EQ(held.finish, at == std::string::npos ? FinishReason::kLength : FinishReason::kStop);
+  EXPECT_GE(held.tokens.size(), static_cast<size_t>(min_tokens));
+}
+
+// skip_special_tokens false: special tokens are written into the text; a final EOS only with
+// include_stop_str_in_output (vLLM leaves the stopping token out otherwise).
+TEST_P(EngineTest, SpecialTokensAreTextUnlessSkipped) {
+  Engine engine(dir_->path(), options());
+  const std::string bos = engine.tokenizer().decode(std::vector<TokenId>{128000});
+  ASSERT_EQ(bos, "<|begin_of_text|>");
+  for (const bool skip : {true, false}) {
+    GenerationRequest r = request("b", 5, 10, 3);
+    r.params.logit_bias = {{128000, 100.0f}};
+    r.params.skip_special_tokens = skip;
+    const GenerationResult out = run(engine, {r})["b"];
+    EXPECT_EQ(out.tokens, std::vector<TokenId>(3, 128000));
+    EXPECT_EQ(out.text, skip ? "" : bos + bos + bos);
+    for (const bool include : {false, true}) {
+      r = request("e", 5, 10, 3);
+      r.params.ignore_eos = false;
+      r.params.logit_bias = {{128009, 100.0f}};
+      r.params.skip_special_tokens = skip;
+      r.params.include_stop_str_in_output = include;
+      EXPECT_EQ(run(engine, {r})["e"].text, !skip && include ? "<|eot_id|>" : "")
+          << "skip=" << skip << " include=" << include;
+    }
+  }
+}
+
 TEST_P(EngineTest, BadRequestsAreErrorsAndTheEngineCarriesOn) {
   Engine engine(dir_->path(), options());
   EXPECT_THROW(engine.submit(request("empty", 1, 0, 4), nullptr), Error);
@@ -458,6 +593,8 @@ TEST_P(EngineTest, StreamedDeltasAreTheTextAndNeverIncludeACutStopString) {
         [&](const SampledToken& t, std::string_view delta) {
           tokens.push_back(t.token);
           streamed += delta;
+          // Each delta is sent as JSON text of its own: no character split across two.
+          EXPECT_EQ(sanitize_utf8(delta), delta);
           if (with_stop) {
             EXPECT_EQ(streamed.find(stop), std::string::npos);
           }

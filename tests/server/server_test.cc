@@ -12,6 +12,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <array>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -251,6 +253,118 @@ TEST_F(ServerTest, StreamingChunksConcatenateToTheNonStreamingText) {
     ASSERT_TRUE(usage.is_object());
     EXPECT_EQ(usage["completion_tokens"], 24);
     EXPECT_EQ(usage["prompt_tokens"], full["usage"]["prompt_tokens"]);
+  }
+}
+
+// vLLM's output fields through `blend serve`, streamed and not, with n = 2: stop_reason in
+// every choice (and the last chunk), include_stop_str_in_output, min_tokens and
+// skip_special_tokens false; the streamed text is the non-streamed one.
+TEST_F(ServerTest, VllmOutputFieldsStreamedAndNot) {
+  auto server = start(options());
+  auto c = client(*server);
+  struct Choice {
+    std::string text;
+    json finish, stop_reason;
+  };
+  struct Answer {
+    std::vector<Choice> choices;
+    json completion_tokens;
+  };
+  // The answer to `body` (n = 2), non-streamed and streamed (deltas concatenated per index).
+  const auto ask = [&](bool chat, json body) {
+    const std::string path = chat ? "/v1/chat/completions" : "/v1/completions";
+    body["model"] = "tiny";
+    body["n"] = 2;
+    if (chat)
+      body["messages"] = {{{"role", "user"}, {"content", "Tell me a story"}}};
+    else
+      body["prompt"] = "Once upon a time";
+    std::array<Answer, 2> out;
+    int status = 0;
+    const json full = post(c, path, body, &status);
+    EXPECT_EQ(status, 200) << full.dump();
+    if (status != 200) return out;
+    for (const json& ch : full["choices"]) {
+      EXPECT_TRUE(ch.contains("stop_reason"));
+      out[0].choices.push_back(
+          {chat ? ch["message"]["content"] : ch["text"], ch["finish_reason"], ch["stop_reason"]});
+    }
+    out[0].completion_tokens = full["usage"]["completion_tokens"];
+    body["stream"] = true;
+    body["stream_options"] = {{"include_usage", true}};
+    auto r = c.Post(path.c_str(), body.dump(), "application/json");
+    EXPECT_TRUE(r && r->status == 200);
+    if (!r) return out;
+    out[1].choices.resize(2);
+    for (const std::string& event : sse_events(r->body)) {
+      if (event == "[DONE]") continue;
+      const json e = json::parse(event);
+      if (e["choices"].empty()) out[1].completion_tokens = e["usage"]["completion_tokens"];
+      for (const json& ch : e["choices"]) {
+        Choice& got = out[1].choices.at(ch["index"].get<size_t>());
+        const json& text = chat ? ch["delta"].value("content", json("")) : ch["text"];
+        got.text += text.get<std::string>();
+        if (!ch["finish_reason"].is_null()) {
+          got.finish = ch["finish_reason"];
+          got.stop_reason = ch["stop_reason"];
+        }
+      }
+    }
+    return out;
+  };
+  for (const bool chat : {false, true}) {
+    SCOPED_TRACE(chat ? "chat" : "completions");
+    const json greedy = {{"max_tokens", 24}, {"temperature", 0}, {"ignore_eos", true}};
+    const std::string free_text = ask(chat, greedy)[0].choices.at(0).text;
+    // Two ASCII bytes from the second half of the text: a valid UTF-8 stop string.
+    size_t at = free_text.size() / 2;
+    while (at + 1 < free_text.size() &&
+           !(std::isalnum(static_cast<unsigned char>(free_text[at])) &&
+             std::isalnum(static_cast<unsigned char>(free_text[at + 1]))))
+      ++at;
+    ASSERT_LT(at + 1, free_text.size()) << free_text;
+    const std::string stop = free_text.substr(at, 2);
+    const size_t first = free_text.find(stop);
+
+    json body = greedy;
+    body["stop"] = {stop};
+    for (const bool include : {false, true}) {
+      body["include_stop_str_in_output"] = include;
+      for (const Answer& a : ask(chat, body))
+        for (const Choice& ch : a.choices) {
+          EXPECT_EQ(ch.text, free_text.substr(0, include ? first + stop.size() : first));
+          EXPECT_EQ(ch.finish, "stop");
+          EXPECT_EQ(ch.stop_reason, stop);
+        }
+    }
+
+    // min_tokens against an EOS or a stop token the logits always favour.
+    for (const TokenId end : {128009, 1234}) {
+      body = {{"max_tokens", 24},
+              {"min_tokens", 5},
+              {"temperature", 0},
+              {"logit_bias", {{std::to_string(end), 100}}}};
+      if (end == 1234) body["stop_token_ids"] = {end};
+      for (const Answer& a : ask(chat, body)) {
+        EXPECT_EQ(a.completion_tokens, 2 * 6);  // 5 tokens and the end, in each of 2 choices
+        for (const Choice& ch : a.choices) {
+          EXPECT_EQ(ch.finish, "stop");
+          EXPECT_EQ(ch.stop_reason, end == 1234 ? json(end) : json(nullptr));
+        }
+      }
+    }
+
+    body = {{"max_tokens", 2},
+            {"temperature", 0},
+            {"ignore_eos", true},
+            {"logit_bias", {{"128000", 100}}},
+            {"skip_special_tokens", false}};
+    for (const Answer& a : ask(chat, body))
+      for (const Choice& ch : a.choices) {
+        EXPECT_EQ(ch.text, "<|begin_of_text|><|begin_of_text|>");
+        EXPECT_EQ(ch.finish, "length");
+        EXPECT_TRUE(ch.stop_reason.is_null());
+      }
   }
 }
 
