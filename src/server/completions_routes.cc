@@ -117,6 +117,21 @@ bool Server::Impl::wait_done(Pending& p, int socket) {
   return true;
 }
 
+RequestLimits Server::Impl::request_limits(const httplib::Request& req, ModelId model) {
+  const ServedModel& served_model = served[static_cast<size_t>(model)];
+  RequestLimits limits;
+  limits.max_prompt_bytes = served_model.max_prompt_bytes;
+  limits.sampling_defaults = served_model.sampling_defaults;
+  limits.grammars = served_model.grammars;
+  limits.max_sequence_tokens = max_sequence_tokens;
+  // A schema compiling for a client that left stops (the socket is found once, when asked).
+  limits.cancelled = [&req, socket = -2]() mutable {
+    if (socket == -2) socket = request_socket(req);
+    return socket >= 0 && peer_hung_up(socket);
+  };
+  return limits;
+}
+
 void Server::Impl::completion(const httplib::Request& req, httplib::Response& res,
                               Endpoint endpoint) {
   json body;
@@ -129,17 +144,8 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
   try {
     const ModelId model = model_of(body);
     const ServedModel& served_model = served[static_cast<size_t>(model)];
-    RequestLimits limits;
-    limits.max_prompt_bytes = served_model.max_prompt_bytes;
-    limits.sampling_defaults = served_model.sampling_defaults;
-    limits.grammars = served_model.grammars;
-    limits.max_sequence_tokens = max_sequence_tokens;
+    RequestLimits limits = request_limits(req, model);
     limits.prompt_lists = true;  // each prompt's choices are submitted below
-    // A schema compiling for a client that left stops (the socket is found once, when asked).
-    limits.cancelled = [&req, socket = -2]() mutable {
-      if (socket == -2) socket = request_socket(req);
-      return socket >= 0 && peer_hung_up(socket);
-    };
     request = parse_api_request(endpoint, body, *served_model.tokenizer, served_model.chat_template,
                                 limits, req.body);
     request.model_id = model;

@@ -35,21 +35,6 @@ void Server::Impl::responses_routes() {
   route("POST", one + "/cancel", not_stored);
 }
 
-RequestLimits Server::Impl::request_limits(const httplib::Request& req, ModelId model) {
-  const ServedModel& served_model = served[static_cast<size_t>(model)];
-  RequestLimits limits;
-  limits.max_prompt_bytes = served_model.max_prompt_bytes;
-  limits.sampling_defaults = served_model.sampling_defaults;
-  limits.grammars = served_model.grammars;
-  limits.max_sequence_tokens = max_sequence_tokens;
-  // A schema compiling for a client that left stops (the socket is found once, when asked).
-  limits.cancelled = [&req, socket = -2]() mutable {
-    if (socket == -2) socket = request_socket(req);
-    return socket >= 0 && peer_hung_up(socket);
-  };
-  return limits;
-}
-
 void Server::Impl::responses_create(const httplib::Request& req, httplib::Response& res) {
   auto responses = std::make_shared<ResponsesRequest>();
   try {
