@@ -65,6 +65,8 @@ struct Engine::Active {
   int32_t accepted = 0;            // output tokens whose stop conditions were checked
   SampledToken last;               // the latest of them (the final streamed token)
   int32_t index = 0;               // GenerationRequest::index
+  // On the engine's clock (RequestTimes): first put into a step, first token accepted.
+  double first_scheduled = -1, first_token = -1;
 };
 
 Engine::Engine(const std::filesystem::path& model_dir, const EngineOptions& options)
@@ -366,7 +368,10 @@ bool Engine::accept_token(Active& a, const SampledToken& sampled) {
   }
   ++a.accepted;  // collect_step wrote the token into seq.tokens already
   const auto cls = static_cast<size_t>(seq.request_class);
-  if (a.accepted == 1) stats_.prompt_tokens_by_class[cls] += seq.prompt_len;
+  if (a.accepted == 1) {
+    stats_.prompt_tokens_by_class[cls] += seq.prompt_len;
+    a.first_token = now();
+  }
   ++stats_.output_tokens;
   ++stats_.output_tokens_by_class[cls];
   a.last = sampled;
@@ -441,6 +446,9 @@ void Engine::finish(Active& a) {
   r.index = a.index;
   r.error = std::move(a.error);
   ++stats_.finished;
+  const RequestTimes times{a.seq.request_class, a.seq.arrival_time, a.first_scheduled,
+                           a.first_token, now()};
+  for (const FinishObserver& observe : finish_observers_) observe(times);
   Callback cb = std::move(a.on_done);
   retire(a.seq.id);  // `a` belongs to no one from here on
   if (cb) cb(std::move(r));
@@ -545,8 +553,11 @@ void Engine::launch_step(const StepPlan& plan) {
   }
   // Each sampled row's token takes its place now, so that the next plan sees it to compute.
   // (Before the rows take spans of the tokens: pushing may move them.)
-  for (const ScheduledChunk& c : plan.chunks)
+  for (const ScheduledChunk& c : plan.chunks) {
     if (c.samples) c.seq->tokens.push_back(kPendingToken);
+    if (auto it = active_.find(c.seq->id); it != active_.end() && it->second->first_scheduled < 0)
+      it->second->first_scheduled = f.started;
+  }
   StepInput in = build_step(plan);
   // Constrained rows get their sequence's token mask (a function of its own tokens only). The
   // rows' masks are computed in parallel: a state met for the first time builds token tables

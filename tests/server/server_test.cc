@@ -717,6 +717,45 @@ TEST_F(ServerTest, MetricsUnderVllmNamesWithItsModelLabelAndHistograms) {
   }
 }
 
+// vLLM's queue, prefill and inference times (issue 54), timed by the engine: with one running
+// sequence at a time three requests run one after another, so the second waits for the first's
+// whole run and the third for two; each is counted once, under both names.
+TEST_F(ServerTest, QueueTimeGrowsWhenRequestsWaitBehindAFullBatch) {
+  ServerOptions o = options("queue-time");
+  o.metrics_prefix = "both";
+  o.engine.scheduler.max_running = 1;
+  auto server = start(o);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 3; ++i)
+    clients.emplace_back([&] {
+      auto c = client(*server);
+      int status = 0;
+      post(c, "/v1/completions",
+           {{"model", "tiny"}, {"prompt", "Hello there"}, {"max_tokens", 24}, {"ignore_eos", true}},
+           &status);
+      EXPECT_EQ(status, 200);
+    });
+  for (std::thread& t : clients) t.join();
+  auto c = client(*server);
+  const std::string rt = "{class=\"rt\"}";
+  for (const char* name : {"queue", "prefill", "inference"}) {
+    const std::string h = std::string("_time_seconds_count");
+    EXPECT_EQ(metric(c, std::string("blend:request_") + name + h + rt), 3) << name;
+    EXPECT_EQ(
+        metric(c, std::string("vllm:request_") + name + h + "{model_name=\"tiny\",class=\"rt\"}"),
+        3)
+        << name;
+  }
+  const double queue = metric(c, "blend:request_queue_time_seconds_sum" + rt);
+  const double prefill = metric(c, "blend:request_prefill_time_seconds_sum" + rt);
+  const double inference = metric(c, "blend:request_inference_time_seconds_sum" + rt);
+  // Runs of about equal length a: the waits add up to 3a (a + 2a), the runs to 3a.
+  EXPECT_GT(queue, inference / 2);
+  EXPECT_GT(prefill, 0);
+  EXPECT_LT(prefill, inference);
+  EXPECT_EQ(metric(c, "blend:request_queue_time_seconds_bucket{class=\"be\",le=\"+Inf\"}"), 0);
+}
+
 TEST_F(ServerTest, DeeplyNestedJsonIsRefusedNotACrash) {
   auto server = start(options("deep"));
   auto c = client(*server);
