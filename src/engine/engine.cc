@@ -61,6 +61,7 @@ struct Engine::Active {
   std::unique_ptr<TokenMatcher> matcher;
   bool constraint_broken = false;  // a token the matcher refused (only from an invalid row)
   std::string error;               // FinishReason::kError's message
+  std::string error_param;         // its request field, when the request is at fault
   bool complete_before = false;    // the matcher's value was complete before the latest token
   int32_t accepted = 0;            // output tokens whose stop conditions were checked
   SampledToken last;               // the latest of them (the final streamed token)
@@ -391,10 +392,13 @@ bool Engine::accept_token(Active& a, const SampledToken& sampled) {
   const size_t before = a.text.size();
   const auto stop_here = [&](bool at_this_token) {
     if (a.matcher && !is_eos && !(at_this_token && a.complete_before)) {
+      // The request's own stop conditions cut its own structured value: its fault, a 400.
       seq.finish = FinishReason::kError;
-      a.error =
-          "a stop string or stop token ended the output before its response_format or "
-          "tool call value was complete";
+      a.error_param = is_stop_id ? "stop_token_ids" : "stop";
+      a.error = std::string(is_stop_id ? "a stop token (stop_token_ids)" : "a stop string (stop)") +
+                " ended the output before its response_format or tool call value was complete: "
+                "stop conditions cannot cut a structured value (leave them out, or make sure "
+                "they cannot occur inside it)";
     } else {
       seq.finish = FinishReason::kStop;
     }
@@ -445,6 +449,7 @@ void Engine::finish(Active& a) {
   r.cached_tokens = a.seq.num_cached_prompt;
   r.index = a.index;
   r.error = std::move(a.error);
+  r.error_param = std::move(a.error_param);
   ++stats_.finished;
   const RequestTimes times{a.seq.request_class, a.seq.arrival_time, a.first_scheduled,
                            a.first_token, now()};

@@ -532,13 +532,14 @@ void Server::Impl::submit_line(const std::shared_ptr<BatchJob>& job, Engine& eng
             samples->results.begin(), samples->results.end(),
             [](const GenerationResult& s) { return s.finish == FinishReason::kError; });
         const bool written = write_result(job, [&] {
-          if (failed != samples->results.end())
-            job->error_writer->write_error(id, 500,
-                                           ApiError(500, failed->error, "", "server_error").body());
-          else
+          if (failed != samples->results.end()) {
+            const ApiError e = generation_error(*failed);
+            job->error_writer->write_error(id, e.status(), e.body());
+          } else {
             job->writer->write_success(id, make_response(request, samples->results, make_id(prefix),
                                                          model_name(request.model_id), created,
                                                          tokenizer_of(request.model_id)));
+          }
         });
         double generated = 0;  // by all the line's samples, for the planner
         for (const GenerationResult& sample : samples->results)

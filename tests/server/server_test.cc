@@ -756,6 +756,26 @@ TEST_F(ServerTest, QueueTimeGrowsWhenRequestsWaitBehindAFullBatch) {
   EXPECT_EQ(metric(c, "blend:request_queue_time_seconds_bucket{class=\"be\",le=\"+Inf\"}"), 0);
 }
 
+// Issue 54: a stop string that cut the request's own structured value failed it with a 500
+// (a server error); it is the request's doing, so a 400 naming the field.
+TEST_F(ServerTest, AStopStringThatCutsTheStructuredValueIsA400) {
+  auto server = start(options("stop-cut"));
+  auto c = client(*server);
+  int status = 0;
+  const json r = post(c, "/v1/chat/completions",
+                      {{"model", "tiny"},
+                       {"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                       {"max_tokens", 8},
+                       {"stop", {"{"}},
+                       {"response_format", {{"type", "json_object"}}}},
+                      &status);
+  EXPECT_EQ(status, 400) << r.dump();
+  EXPECT_EQ(r["error"]["type"], "invalid_request_error") << r.dump();
+  EXPECT_EQ(r["error"]["param"], "stop") << r.dump();
+  post(c, "/v1/completions", {{"model", "tiny"}, {"prompt", "Hi"}, {"max_tokens", 2}}, &status);
+  EXPECT_EQ(status, 200);
+}
+
 TEST_F(ServerTest, DeeplyNestedJsonIsRefusedNotACrash) {
   auto server = start(options("deep"));
   auto c = client(*server);
