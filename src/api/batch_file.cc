@@ -45,6 +45,7 @@ void check_line(const BatchInputLine& line, const BatchLineContext& context,
   limits.sampling_defaults = served.sampling_defaults;
   limits.grammars = served.grammars;
   limits.max_sequence_tokens = context.max_sequence_tokens;  // before compiling its grammar
+  limits.cancelled = context.cancelled;
   if (!served.tokenizer) throw Error("batch line context: the model has no tokenizer attached");
   out.api = parse_api_request(endpoint, body, *served.tokenizer, served.chat_template, limits);
   out.api.model_id = model;

@@ -145,6 +145,10 @@ struct BatchLineContext {
   int64_t max_sequence_tokens = 0;   // the engine's (context and KV memory)
   std::optional<Endpoint> endpoint;  // the batch's; unset = each line's url decides
   RequestClass request_class = RequestClass::kBestEffort;
+  // Polled while a line's response_format or tool grammar compiles: true stops the compile
+  // (the line then fails with a cancellation error, which the caller, knowing why, drops
+  // rather than writes: the batch was cancelled or the process is stopping). Unset: never.
+  std::function<bool()> cancelled;
 };
 
 struct PreparedBatchLine {

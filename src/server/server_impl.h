@@ -86,6 +86,9 @@ struct BatchJob {
   std::unordered_map<SeqId, std::shared_ptr<Pending>> in_flight;
   int64_t remaining = 0;
   bool cancelling = false;
+  // Set by the cancel route at once (`cancelling` follows on the engine thread, after the
+  // closure running the job's lines): stops a line's grammar compile and the lines after it.
+  std::atomic<bool> cancel_requested{false};
   // Set when a result could not be written (a full disk): the batch then fails with this
   // reason, keeping the whole lines already written (Impl::fail_job).
   std::optional<std::string> write_failure;
@@ -207,7 +210,8 @@ struct Server::Impl {
   // Before every engine step (EngineLoop's feed): hands the engine the lines the oldest planned
   // job admits now; true while some planned line waits.
   bool admit_batch_lines(Engine& engine);
-  void run_line(const std::shared_ptr<BatchJob>& job, Engine& engine, const BatchInputLine& line);
+  // False when the job was cancelled or the server is stopping: the line was not run.
+  bool run_line(const std::shared_ptr<BatchJob>& job, Engine& engine, const BatchInputLine& line);
   // Submits a prepared line, or writes its error result; `planned` is its index in job.lines.
   void submit_line(const std::shared_ptr<BatchJob>& job, Engine& engine, PreparedBatchLine prepared,
                    int32_t planned = -1);

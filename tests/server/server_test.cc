@@ -1036,6 +1036,54 @@ TEST_F(BatchApi, StoppingWhileLinesFinishLosesNoResult) {
   EXPECT_EQ(out.size(), static_cast<size_t>(n));
 }
 
+// Issue 54: a batch line's schema compiled with no cancel hook, so a cancelled batch (or a
+// stopping server) waited for every line's compile first (fcfs runs them on the engine thread,
+// before the cancel reaches it). Lines of large distinct enums, about a second of compiling
+// in all before the fix: the cancel lands at once now, and no line is written as failed.
+TEST_F(BatchApi, CancellingABatchStopsItsLinesGrammarCompiles) {
+  ServerOptions o = options("batch-compile-cancel");
+  o.batch_policy = "fcfs";
+  auto server = start(o);
+  auto c = client(*server);
+  std::string jsonl;
+  const int lines = 12;
+  for (int i = 0; i < lines; ++i) {
+    json values = json::array();
+    for (int v = 0; v < 2000; ++v)
+      values.push_back("line " + std::to_string(i) + " value " + std::to_string(v) + " padding");
+    const json body = {{"model", "tiny"},
+                       {"messages", {{{"role", "user"}, {"content", "pick"}}}},
+                       {"max_tokens", 4},
+                       {"response_format",
+                        {{"type", "json_schema"},
+                         {"json_schema", {{"name", "e"}, {"schema", {{"enum", values}}}}}}}};
+    jsonl += json({{"custom_id", "e" + std::to_string(i)},
+                   {"method", "POST"},
+                   {"url", "/v1/chat/completions"},
+                   {"body", body}})
+                 .dump() +
+             "\n";
+  }
+  const std::string file_id = upload(c, jsonl);
+  int status = 0;
+  const std::string id =
+      post(c, "/v1/batches", {{"input_file_id", file_id}, {"endpoint", "/v1/chat/completions"}},
+           &status)["id"];
+  ASSERT_EQ(status, 200);
+  const auto cancelled_at = std::chrono::steady_clock::now();
+  post(c, "/v1/batches/" + id + "/cancel", json::object(), &status);
+  EXPECT_EQ(status, 200);
+  json batch;
+  ASSERT_TRUE(poll([&] {
+    batch = get(c, "/v1/batches/" + id);
+    return batch["status"] == "cancelled";
+  }));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - cancelled_at).count();
+  EXPECT_LT(seconds, 1.0) << "the cancel waited for the lines' compiles";
+  EXPECT_EQ(batch["request_counts"]["failed"], 0) << batch.dump();
+}
+
 TEST_F(BatchApi, CancelStopsTheBatchAndFreesItsKv) {
   auto server = start(options("batch3"));
   auto c = client(*server);
