@@ -1,5 +1,7 @@
 #include "api/api_error.h"
 
+#include "core/request.h"
+
 namespace blend {
 
 nlohmann::json ApiError::body() const {
@@ -9,6 +11,11 @@ nlohmann::json ApiError::body() const {
             {"type", type_},
             {"param", param_.empty() ? json(nullptr) : json(param_)},
             {"code", code_.empty() ? json(nullptr) : json(code_)}}}};
+}
+
+ApiError generation_error(const GenerationResult& failed) {
+  if (!failed.error_param.empty()) return ApiError(400, failed.error, failed.error_param);
+  return ApiError(500, failed.error, "", "server_error");
 }
 
 }  // namespace blend

@@ -36,4 +36,11 @@ class ApiError : public Error {
   std::string code_;
 };
 
+struct GenerationResult;
+
+// The error of a request that failed while generating (FinishReason::kError): a 400 naming the
+// field when the request itself was at fault (GenerationResult::error_param: its stop string
+// cut its own structured value), else a 500 (NaN logits: the server's failure).
+ApiError generation_error(const GenerationResult& failed);
+
 }  // namespace blend

@@ -45,6 +45,7 @@ void check_line(const BatchInputLine& line, const BatchLineContext& context,
   limits.sampling_defaults = served.sampling_defaults;
   limits.grammars = served.grammars;
   limits.max_sequence_tokens = context.max_sequence_tokens;  // before compiling its grammar
+  limits.cancelled = context.cancelled;
   if (!served.tokenizer) throw Error("batch line context: the model has no tokenizer attached");
   out.api = parse_api_request(endpoint, body, *served.tokenizer, served.chat_template, limits);
   out.api.model_id = model;
@@ -236,11 +237,31 @@ void write_file_atomically(const std::filesystem::path& path, const std::string&
   fsync_directory(path);
 }
 
-ExclusiveLock::ExclusiveLock(const std::filesystem::path& path, const std::string& what) {
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd_ < 0)
-    throw Error("cannot open the lock file " + path.string() + ": " + std::strerror(errno));
-  if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return;
+namespace {
+
+// Whether the open file `fd` is the one at `path` now (not removed or replaced since opened).
+bool is_file_at(int fd, const std::filesystem::path& path) {
+  struct stat opened = {};
+  struct stat there = {};
+  return ::fstat(fd, &opened) == 0 && ::stat(path.c_str(), &there) == 0 &&
+         opened.st_dev == there.st_dev && opened.st_ino == there.st_ino;
+}
+
+}  // namespace
+
+ExclusiveLock::ExclusiveLock(const std::filesystem::path& path, const std::string& what)
+    : path_(path) {
+  // Each retry means the holder removed the file between our open and our lock (it finished).
+  for (int attempt = 0;; ++attempt) {
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0)
+      throw Error("cannot open the lock file " + path.string() + ": " + std::strerror(errno));
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) break;
+    if (is_file_at(fd_, path)) return;
+    ::close(fd_);
+    fd_ = -1;
+    if (attempt == 100) throw Error("cannot lock " + path.string() + ": it keeps being removed");
+  }
   const int error = errno;
   ::close(fd_);
   fd_ = -1;
@@ -251,7 +272,9 @@ ExclusiveLock::ExclusiveLock(const std::filesystem::path& path, const std::strin
 }
 
 ExclusiveLock::~ExclusiveLock() {
-  if (fd_ >= 0) ::close(fd_);  // releases the lock
+  if (fd_ < 0) return;
+  if (remove_file_) ::unlink(path_.c_str());  // while still held (see remove_file_on_release)
+  ::close(fd_);                               // releases the lock
 }
 
 BatchResultWriter::BatchResultWriter(const std::filesystem::path& path) : path_(path) {

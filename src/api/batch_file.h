@@ -68,7 +68,8 @@ void write_file_atomically(const std::filesystem::path& path, const std::string&
 // until destruction: at most one blend process works on one output file or data directory (two
 // would run the same requests and write each result twice). Throws blend::Error naming `path`
 // and `what` (the thing it guards) when another process holds it. Two locks in one process
-// conflict too (each opens its own file description).
+// conflict too (each opens its own file description). The lock is on the file that is at
+// `path` once locked: a lock taken on a file its holder removed meanwhile is taken again.
 class ExclusiveLock {
  public:
   ExclusiveLock(const std::filesystem::path& path, const std::string& what);
@@ -76,8 +77,15 @@ class ExclusiveLock {
   ExclusiveLock(const ExclusiveLock&) = delete;
   ExclusiveLock& operator=(const ExclusiveLock&) = delete;
 
+  // The work it guards is done: the destructor removes the lock file, still holding the lock,
+  // then releases it. Safe for exactly-once: a process that opened the file before it went
+  // finds, once it gets the lock, that it is no longer the file at `path`, and locks that one.
+  void remove_file_on_release() { remove_file_ = true; }
+
  private:
+  std::filesystem::path path_;
   int fd_ = -1;
+  bool remove_file_ = false;
 };
 
 // The lock file of a `blend batch` output: OUTPUT.lock beside it (not the output itself, which
@@ -145,6 +153,10 @@ struct BatchLineContext {
   int64_t max_sequence_tokens = 0;   // the engine's (context and KV memory)
   std::optional<Endpoint> endpoint;  // the batch's; unset = each line's url decides
   RequestClass request_class = RequestClass::kBestEffort;
+  // Polled while a line's response_format or tool grammar compiles: true stops the compile
+  // (the line then fails with a cancellation error, which the caller, knowing why, drops
+  // rather than writes: the batch was cancelled or the process is stopping). Unset: never.
+  std::function<bool()> cancelled;
 };
 
 struct PreparedBatchLine {

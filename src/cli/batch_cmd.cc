@@ -72,7 +72,7 @@ void run_batch(const BatchArgs& given) {
     throw Error("--dp-recut re-cuts a data-parallel job's partition: run it under mpirun");
   const auto t_load = std::chrono::steady_clock::now();
   // Before anything runs: a second `blend batch` on this output would run every request again.
-  const ExclusiveLock lock(output_lock_path(args.output), "the output file " + args.output);
+  ExclusiveLock lock(output_lock_path(args.output), "the output file " + args.output);
   const std::vector<BatchInputLine> lines = read_batch_input(args.input);
   Engine engine(model_folders(args.model, "", args.zoo, args.lora_modules), args.engine);
   if (!args.adaptive.blocks.empty()) {
@@ -157,6 +157,10 @@ void run_batch(const BatchArgs& given) {
     out << stats.dump(2) << "\n";
     if (!out) throw Error("cannot write " + args.stats);
   }
+  // The run is complete: the lock file goes once the output is closed (`writer`, declared
+  // after `lock`, is destroyed first). OUTPUT.set-aside stays: it holds the only copy of the
+  // bytes set aside, which the message above pointed to.
+  lock.remove_file_on_release();
 }
 
 }  // namespace

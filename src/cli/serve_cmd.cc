@@ -118,9 +118,17 @@ void register_serve_command(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "bf16", "f32", "float16", "half", "f16"}))
       ->capture_default_str();
   cmd->add_option("--threads-http", o->http_threads,
-                  "Connections served at once (a stream holds one until it ends); more wait "
-                  "in a queue, none is refused")
+                  "Requests served at once (a stream holds a thread until it ends); more wait "
+                  "in a queue; connections between requests hold none")
       ->check(CLI::Range(1, 65536))
+      ->capture_default_str();
+  cmd->add_option("--max-connections", o->max_connections,
+                  "Connections open at once, idle ones included (503 and closed past it; "
+                  "0 = the open-file limit less 256)")
+      ->capture_default_str();
+  cmd->add_option("--max-connections-per-ip", o->max_connections_per_ip,
+                  "Connections open at once from one client address (503 past it; 0 = no "
+                  "bound)")
       ->capture_default_str();
   cmd->add_flag("--quiet", o->quiet, "No access log and no throughput lines on stderr");
   cmd->add_flag("--disable-log-requests{false},--enable-log-requests{true}", o->log_requests,

@@ -50,6 +50,9 @@ struct GenerationResult {
   int32_t cached_tokens = 0;  // prompt tokens served from the prefix cache
   int32_t index = 0;          // GenerationRequest::index
   std::string error;          // finish kError: what failed, for the client's error message
+  // finish kError caused by the request itself, not the server: the field at fault ("stop",
+  // "stop_token_ids"), for a 400 naming it. Empty: the server failed (a 500).
+  std::string error_param;
 };
 
 }  // namespace blend

@@ -65,10 +65,13 @@ struct Engine::Active {
   std::unique_ptr<TokenMatcher> matcher;
   bool constraint_broken = false;  // a token the matcher refused (only from an invalid row)
   std::string error;               // FinishReason::kError's message
+  std::string error_param;         // its request field, when the request is at fault
   bool complete_before = false;    // the matcher's value was complete before the latest token
   int32_t accepted = 0;            // output tokens whose stop conditions were checked
   SampledToken last;               // the latest of them (the final streamed token)
   int32_t index = 0;               // GenerationRequest::index
+  // On the engine's clock (RequestTimes): first put into a step, first token accepted.
+  double first_scheduled = -1, first_token = -1;
 };
 
 Engine::Engine(const std::filesystem::path& model_dir, const EngineOptions& options)
@@ -389,7 +392,10 @@ bool Engine::accept_token(Active& a, const SampledToken& sampled) {
   }
   ++a.accepted;  // collect_step wrote the token into seq.tokens already
   const auto cls = static_cast<size_t>(seq.request_class);
-  if (a.accepted == 1) stats_.prompt_tokens_by_class[cls] += seq.prompt_len;
+  if (a.accepted == 1) {
+    stats_.prompt_tokens_by_class[cls] += seq.prompt_len;
+    a.first_token = now();
+  }
   ++stats_.output_tokens;
   ++stats_.output_tokens_by_class[cls];
   a.last = sampled;
@@ -409,10 +415,13 @@ bool Engine::accept_token(Active& a, const SampledToken& sampled) {
   const size_t before = a.text.size();
   const auto stop_here = [&](bool at_this_token) {
     if (a.matcher && !is_eos && !(at_this_token && a.complete_before)) {
+      // The request's own stop conditions cut its own structured value: its fault, a 400.
       seq.finish = FinishReason::kError;
-      a.error =
-          "a stop string or stop token ended the output before its response_format or "
-          "tool call value was complete";
+      a.error_param = is_stop_id ? "stop_token_ids" : "stop";
+      a.error = std::string(is_stop_id ? "a stop token (stop_token_ids)" : "a stop string (stop)") +
+                " ended the output before its response_format or tool call value was complete: "
+                "stop conditions cannot cut a structured value (leave them out, or make sure "
+                "they cannot occur inside it)";
     } else {
       seq.finish = FinishReason::kStop;
     }
@@ -476,7 +485,11 @@ void Engine::finish(Active& a) {
   r.cached_tokens = a.seq.num_cached_prompt;
   r.index = a.index;
   r.error = std::move(a.error);
+  r.error_param = std::move(a.error_param);
   ++stats_.finished;
+  const RequestTimes times{a.seq.request_class, a.seq.arrival_time, a.first_scheduled,
+                           a.first_token, now()};
+  for (const FinishObserver& observe : finish_observers_) observe(times);
   Callback cb = std::move(a.on_done);
   retire(a.seq.id);  // `a` belongs to no one from here on
   if (cb) cb(std::move(r));
@@ -581,8 +594,11 @@ void Engine::launch_step(const StepPlan& plan) {
   }
   // Each sampled row's token takes its place now, so that the next plan sees it to compute.
   // (Before the rows take spans of the tokens: pushing may move them.)
-  for (const ScheduledChunk& c : plan.chunks)
+  for (const ScheduledChunk& c : plan.chunks) {
     if (c.samples) c.seq->tokens.push_back(kPendingToken);
+    if (auto it = active_.find(c.seq->id); it != active_.end() && it->second->first_scheduled < 0)
+      it->second->first_scheduled = f.started;
+  }
   StepInput in = build_step(plan);
   // Constrained rows get their sequence's token mask (a function of its own tokens only). The
   // rows' masks are computed in parallel: a state met for the first time builds token tables

@@ -114,6 +114,16 @@ struct EngineStats {
   int64_t adaptive_requests = 0;
 };
 
+// A finished request's life on the engine's clock (seconds), for vLLM's queue, prefill and
+// inference times: submitted, first put into a step, its first token accepted, finished. A
+// moment it never reached is negative: a request finished inside submit() (max_tokens 0) was
+// never scheduled, one that failed in its first step has no first token. A preempted request
+// keeps its first scheduling.
+struct RequestTimes {
+  RequestClass request_class = RequestClass::kRealtime;
+  double arrival = 0, first_scheduled = -1, first_token = -1, finished = 0;
+};
+
 class Engine {
  public:
   using Callback = std::function<void(GenerationResult&&)>;
@@ -222,6 +232,12 @@ class Engine {
   using StepObserver =
       std::function<void(const ForwardBatch& batch, double started, bool device_draws)>;
   void add_step_observer(StepObserver observer) { step_observers_.push_back(std::move(observer)); }
+  // Called, in the order added, for every request that finishes (not for cancelled ones), just
+  // before its result callback, on the thread that runs step() or submit().
+  using FinishObserver = std::function<void(const RequestTimes& times)>;
+  void add_finish_observer(FinishObserver observer) {
+    finish_observers_.push_back(std::move(observer));
+  }
 
   EngineStats stats() const;
   // The engine's clock (seconds): the backend's (wall time since start, or a simulator's).
@@ -303,6 +319,7 @@ class Engine {
   SeqId next_id_ = 1;
   EngineStats stats_;
   std::vector<StepObserver> step_observers_;
+  std::vector<FinishObserver> finish_observers_;
   double now() const { return backend_->clock_seconds(); }  // the clock of SLO deadlines
 };
 

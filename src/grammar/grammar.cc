@@ -22,19 +22,39 @@ constexpr int kCallBudget = 1024;
 
 // Rule shapes, process-wide: a canonical text of each rule's automaton (its callees written as
 // their shape ids) interned to an id. Ids are never reused, so forgetting the registry when it
-// grows large only costs tables rebuilt under new ids, never a wrong match.
+// grows large only costs tables rebuilt under new ids, never a wrong match. Bounded by bytes
+// too: a large enum's rule is one shape whose text holds every value, so a stream of distinct
+// schemas grew the registry (and the server) by megabytes a schema long before 65,536 shapes
+// (issue 54's soak: RSS +2.6 MB a schema once the grammar cache was full).
 constexpr size_t kMaxShapes = size_t{1} << 16;
+constexpr size_t kMaxShapeBytes = size_t{32} << 20;
 std::mutex shapes_mu;
 std::unordered_map<std::string, uint64_t> shape_ids;
+size_t shape_bytes = 0;  // of the keys in shape_ids
 uint64_t next_shape = 1;
 
 uint64_t intern_shape(std::string key) {
   std::lock_guard lock(shapes_mu);
-  if (shape_ids.size() >= kMaxShapes) shape_ids.clear();
+  if (shape_ids.size() >= kMaxShapes || shape_bytes + key.size() > kMaxShapeBytes) {
+    std::unordered_map<std::string, uint64_t>().swap(shape_ids);  // its buckets go too
+    shape_bytes = 0;
+  }
   auto [it, added] = shape_ids.emplace(std::move(key), next_shape);
-  if (added) ++next_shape;
+  if (added) {
+    ++next_shape;
+    shape_bytes += it->first.size();
+  }
   return it->second;
 }
+
+}  // namespace
+
+size_t shape_registry_bytes() {
+  std::lock_guard lock(shapes_mu);
+  return shape_bytes;
+}
+
+namespace {
 
 uint64_t unique_shape() {
   std::lock_guard lock(shapes_mu);

@@ -84,6 +84,10 @@ struct GrammarBudget {
   std::function<bool()> cancelled;
 };
 
+// Bytes of rule-shape text the process-wide shape registry holds now (compile() interns each
+// rule's shape there; bounded, like the number of shapes: past the bound it starts over).
+size_t shape_registry_bytes();
+
 // A stack of automaton nodes, callers' return nodes first, the current node last.
 using GrammarStack = std::vector<int32_t>;
 

@@ -124,7 +124,8 @@ void BatchJob::run(std::vector<PreparedBatchLine> lines, const BatchResultSink& 
         std::find_if(line.samples.begin(), line.samples.end(),
                      [](const GenerationResult& s) { return s.finish == FinishReason::kError; });
     if (failed != line.samples.end()) {
-      sink.error(it->first, 500, ApiError(500, failed->error, "", "server_error").body());
+      const ApiError e = generation_error(*failed);
+      sink.error(it->first, e.status(), e.body());
       ++stats_.failed;
     } else {
       sink.success(it->first, make_response(request, line.samples, make_id(prefix),

@@ -296,6 +296,7 @@ void Server::Impl::batch_cancel(const httplib::Request& req, httplib::Response& 
     snapshot = job->batch;
   }
   store->save_batch(snapshot);
+  job->cancel_requested = true;
   loop->post([this, job](Engine& engine) {
     job->cancelling = true;
     stop_job(job, engine);
@@ -367,7 +368,8 @@ void Server::Impl::start_job(json batch, bool resume) {
     return;
   }
   loop->post([this, job, todo = std::move(todo)](Engine& engine) {
-    for (const BatchInputLine& line : todo) run_line(job, engine, line);
+    for (const BatchInputLine& line : todo)
+      if (!run_line(job, engine, line)) break;
     if (job->remaining == 0 || job->cancelling) finish_job(job);
   });
 }
@@ -381,6 +383,8 @@ BatchLineContext Server::Impl::line_context(const BatchJob& job) const {
   context.request_class = RequestClass::kBestEffort;
   if (job.batch.contains("endpoint") && job.batch["endpoint"].is_string())
     context.endpoint = parse_endpoint(job.batch["endpoint"].get<std::string>());
+  // As a request's compile stops when its client leaves: the job outlives the context's uses.
+  context.cancelled = [this, &job] { return stopping.load() || job.cancel_requested.load(); };
   return context;
 }
 
@@ -392,6 +396,9 @@ void Server::Impl::plan_job(BatchJob& job, const std::vector<BatchInputLine>& to
   std::vector<OfflineRequest> requests;
   for (const BatchInputLine& line : todo) {
     PreparedBatchLine prepared = prepare_batch_line(line, context);
+    // Stopping (or cancelled: only its status remains to write): this line and the rest stay
+    // undone, as a restart finds them (its error, if the compile was cut short, is not its own).
+    if (context.cancelled()) return;
     if (!prepared.error) {
       try {
         engine.check_request(prepared.generation);  // what submit() refuses, refused now
@@ -475,9 +482,13 @@ bool Server::Impl::admit_batch_lines(Engine& engine) {
   return !admission.empty();
 }
 
-void Server::Impl::run_line(const std::shared_ptr<BatchJob>& job, Engine& engine,
+bool Server::Impl::run_line(const std::shared_ptr<BatchJob>& job, Engine& engine,
                             const BatchInputLine& line) {
-  submit_line(job, engine, prepare_batch_line(line, line_context(*job)));
+  const BatchLineContext context = line_context(*job);
+  PreparedBatchLine prepared = prepare_batch_line(line, context);
+  if (context.cancelled()) return false;  // as in plan_job: left undone, not failed
+  submit_line(job, engine, std::move(prepared));
+  return true;
 }
 
 void Server::Impl::submit_line(const std::shared_ptr<BatchJob>& job, Engine& engine,
@@ -545,14 +556,15 @@ void Server::Impl::submit_sample(const std::shared_ptr<BatchJob>& job, Engine& e
                      [](const GenerationResult& s) { return s.finish == FinishReason::kError; });
     const bool line_failed = failed != answer->results.end();
     const bool written = write_result(job, [&] {
-      if (line_failed)
-        job->error_writer->write_error(answer->id, 500,
-                                       ApiError(500, failed->error, "", "server_error").body());
-      else
+      if (line_failed) {
+        const ApiError e = generation_error(*failed);
+        job->error_writer->write_error(answer->id, e.status(), e.body());
+      } else {
         job->writer->write_success(
             answer->id,
             make_response(request, answer->results, make_id(prefix), model_name(request.model_id),
                           answer->created, tokenizer_of(request.model_id)));
+      }
     });
     answer->results = {};
     if (!written) return;  // the job has failed; stop_job finishes it

@@ -75,8 +75,9 @@ std::shared_ptr<Pending> Server::Impl::submit(const ApiRequest& request, Request
       {
         std::lock_guard lock(p->mu);
         if (r.finish == FinishReason::kError) {  // failed while generating: no answer
-          p->error = ApiError(500, r.error, "", "server_error").body();
-          p->error_status = 500;
+          const ApiError e = generation_error(r);
+          p->error = e.body();
+          p->error_status = e.status();
         }
         p->result = std::move(r);
         p->done = true;

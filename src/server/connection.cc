@@ -3,6 +3,8 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -10,7 +12,13 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <functional>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
 
 namespace blend {
 namespace {
@@ -71,9 +79,8 @@ class ConnectionStream final : public httplib::Stream {
         write_timeout_ms_(static_cast<int>(write_timeout_s * 1000)),
         limits_(limits) {}
 
-  // The next request starts: its deadlines count from now.
-  void begin_request() {
-    const auto now = Clock::now();
+  // The next request starts: its deadlines count from `now` (its first byte).
+  void begin_request(Clock::time_point now = Clock::now()) {
     head_deadline_ = now + std::chrono::duration_cast<Clock::duration>(
                                std::chrono::duration<double>(limits_.head_timeout_s));
     request_deadline_ = now + std::chrono::duration_cast<Clock::duration>(
@@ -192,9 +199,267 @@ void linger_and_drop_input(int fd) {
   }
 }
 
+// A refused connection's answer: whatever it sent so far is read first, so that closing does
+// not reset the connection (and drop the answer) over unread bytes.
+void send_too_many_connections(int fd, const std::string& why) {
+  char buf[16 * 1024];
+  while (::recv(fd, buf, sizeof buf, MSG_DONTWAIT) > 0) {
+  }
+  const std::string body =
+      R"({"error":{"message":")" + why + R"(","type":"server_error","param":null,"code":null}})";
+  const std::string response =
+      "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+      "Content-Length: " +
+      std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+  (void)::send(fd, response.data(), response.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  ::shutdown(fd, SHUT_WR);
+}
+
+// Whether `p` holds a whole request head (up to its first empty line, as track_head finds it).
+bool holds_head(const char* p, size_t n) {
+  const std::string_view v(p, n);
+  return v.find("\r\n\r\n") != std::string_view::npos || v.find("\n\n") != std::string_view::npos;
+}
+
+using RequestProcessor = std::function<bool(httplib::Stream&, bool close_connection, bool& closed)>;
+
+// Serves requests on `stream` for as long as `next_request` says one is there, at most `left`
+// (counted down). True when the connection may stay open for another request.
+bool serve_requests(ConnectionStream& stream, size_t& left, const RequestProcessor& process,
+                    const std::function<bool()>& next_request, Clock::time_point first_byte) {
+  for (; left > 0 && next_request(); --left, first_byte = Clock::now()) {
+    stream.begin_request(first_byte);
+    bool closed = false;
+    const bool ok = process(stream, /*close_connection=*/left == 1, closed);
+    if (stream.timed_out()) {
+      if (!stream.wrote_anything()) send_request_timeout(stream.socket());
+      return false;
+    }
+    if (stream.close_requested()) {
+      linger_and_drop_input(stream.socket());
+      return false;
+    }
+    if (closed || !ok) return false;
+  }
+  return left > 0;
+}
+
+// The ConnectionQueue an accept is being handed to, on the accepting thread (see enqueue).
+thread_local ConnectionQueue* accepting_into = nullptr;
+
 }  // namespace
 
+// A connection between requests, waiting for its next request's head.
+struct ParkedConnection {
+  int fd = -1;
+  std::string ip;
+  size_t requests_left = 0;         // keep-alive's count
+  Clock::time_point idle_deadline;  // no byte of a request by then: closed (keep-alive timeout)
+  bool head_started = false;
+  Clock::time_point first_byte;  // of the request, once head_started
+};
+
+// httplib's task queue for accepted connections, which it hands over one closure each (that
+// calls process_and_close_socket). Here that closure runs at once on the accepting thread and
+// admits the socket (or refuses it: the connection bounds); admitted sockets wait in an epoll
+// set until a request's head has arrived whole (peeked at, not read: the worker's stream reads
+// it), then go to a pool thread, which serves the requests it has and hands the connection
+// back. So a thread is held only while a request's body is read and it is answered.
+class ConnectionQueue final : public httplib::TaskQueue {
+ public:
+  ConnectionQueue(HttpServer& server, size_t threads)
+      : server_(server),
+        limits_(server.limits_),
+        keep_alive_s_(server.keep_alive_timeout_sec_),
+        requests_per_connection_(server.keep_alive_max_count_),
+        pool_(threads),
+        epoll_fd_(::epoll_create1(EPOLL_CLOEXEC)),
+        wake_fd_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+    epoll_event e{};
+    e.events = EPOLLIN;
+    e.data.fd = wake_fd_;
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &e);
+    poller_ = std::thread([this] { poll_loop(); });
+  }
+  ~ConnectionQueue() override {
+    ::close(epoll_fd_);
+    ::close(wake_fd_);
+  }
+
+  void enqueue(std::function<void()> fn) override {
+    accepting_into = this;
+    fn();  // process_and_close_socket(sock), which calls admit(sock) (accepting_into is set)
+    accepting_into = nullptr;
+  }
+
+  void shutdown() override {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    const uint64_t one = 1;
+    (void)!::write(wake_fd_, &one, sizeof one);
+    poller_.join();
+    {
+      std::lock_guard lock(mu_);
+      for (auto& [fd, c] : parked_) close_locked(c);
+      parked_.clear();
+    }
+    pool_.shutdown();  // requests being served finish; their connections then close
+  }
+
+  // A new connection, on the accepting thread: refused past a bound, else waits for a request.
+  void admit(int fd) {
+    ParkedConnection c;
+    c.fd = fd;
+    int port = 0;
+    endpoint_of(fd, /*peer=*/true, c.ip, port);
+    c.requests_left = requests_per_connection_;
+    std::unique_lock lock(mu_);
+    std::string refused;
+    if (limits_.max_connections > 0 && open_ >= limits_.max_connections)
+      refused = "too many connections: " + std::to_string(open_) + " are open (--max-connections)";
+    else if (limits_.max_connections_per_ip > 0 && per_ip_[c.ip] >= limits_.max_connections_per_ip)
+      refused = "too many connections from this address: " + std::to_string(per_ip_[c.ip]) +
+                " are open (--max-connections-per-ip)";
+    if (!refused.empty() || stopping_) {
+      if (per_ip_[c.ip] == 0) per_ip_.erase(c.ip);
+      lock.unlock();
+      if (!refused.empty()) send_too_many_connections(fd, refused);
+      ::close(fd);
+      return;
+    }
+    ++open_;
+    ++per_ip_[c.ip];
+    park_locked(std::move(c));
+  }
+
+  // From a worker: the connection waits for its next request (or closes, when stopping).
+  void park(ParkedConnection c) {
+    std::lock_guard lock(mu_);
+    if (stopping_) return close_locked(c);
+    c.head_started = false;
+    park_locked(std::move(c));
+  }
+
+  // From a worker: the connection is done with.
+  void close(const ParkedConnection& c) {
+    std::lock_guard lock(mu_);
+    close_locked(c);
+  }
+
+ private:
+  void park_locked(ParkedConnection c) {
+    c.idle_deadline = Clock::now() + std::chrono::seconds(keep_alive_s_);
+    const int fd = c.fd;
+    parked_[fd] = std::move(c);
+    // Edge-triggered: a head that arrives in pieces wakes the poller once per piece, not
+    // again and again while it lies unread. Adding a socket that holds bytes already reports it.
+    epoll_event e{};
+    e.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
+    e.data.fd = fd;
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &e);
+  }
+
+  void close_locked(const ParkedConnection& c) {
+    ::shutdown(c.fd, SHUT_RDWR);
+    ::close(c.fd);
+    --open_;
+    if (--per_ip_[c.ip] <= 0) per_ip_.erase(c.ip);
+  }
+
+  // Takes a parked connection out of the set (to be served or closed).
+  ParkedConnection unpark_locked(int fd) {
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+    auto it = parked_.find(fd);
+    ParkedConnection c = std::move(it->second);
+    parked_.erase(it);
+    return c;
+  }
+
+  // New bytes (or an end) on a parked connection: served once its head is whole.
+  void on_readable_locked(int fd) {
+    auto it = parked_.find(fd);
+    if (it == parked_.end()) return;
+    ParkedConnection& c = it->second;
+    const ssize_t n = ::recv(fd, peek_.data(), peek_.size(), MSG_PEEK | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+    if (n <= 0) return close_locked(unpark_locked(fd));  // closed by the client, or failed
+    if (!c.head_started) {
+      c.head_started = true;
+      c.first_byte = Clock::now();
+    }
+    // A head larger than the peek goes to a worker, which reads it under its deadline.
+    if (static_cast<size_t>(n) < peek_.size() && !holds_head(peek_.data(), static_cast<size_t>(n)))
+      return;
+    pool_.enqueue([this, ready = unpark_locked(fd)]() mutable {
+      server_.serve_ready(*this, std::move(ready));
+    });
+  }
+
+  // Idle connections past the keep-alive timeout close; heads past --http-head-timeout get 408.
+  void expire_locked(Clock::time_point now) {
+    const auto head_timeout = std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(limits_.head_timeout_s));
+    std::vector<int> expired;
+    for (const auto& [fd, c] : parked_)
+      if (c.head_started ? now - c.first_byte >= head_timeout : now >= c.idle_deadline)
+        expired.push_back(fd);
+    for (const int fd : expired) {
+      ParkedConnection c = unpark_locked(fd);
+      if (c.head_started) send_request_timeout(fd);
+      close_locked(c);
+    }
+  }
+
+  void poll_loop() {
+    epoll_event events[64];
+    auto next_expiry = Clock::now();
+    for (;;) {
+      const int n = ::epoll_wait(epoll_fd_, events, 64, 100);
+      std::lock_guard lock(mu_);
+      if (stopping_) return;
+      for (int i = 0; i < n; ++i)
+        if (events[i].data.fd != wake_fd_) on_readable_locked(events[i].data.fd);
+      const auto now = Clock::now();
+      if (now >= next_expiry) {
+        expire_locked(now);
+        next_expiry = now + std::chrono::milliseconds(100);
+      }
+    }
+  }
+
+  HttpServer& server_;
+  const ConnectionLimits limits_;
+  const time_t keep_alive_s_;
+  const size_t requests_per_connection_;
+  httplib::ThreadPool pool_;
+  const int epoll_fd_, wake_fd_;
+  std::mutex mu_;
+  bool stopping_ = false;
+  std::unordered_map<int, ParkedConnection> parked_;       // by socket
+  int open_ = 0;                                           // connections admitted and not closed
+  std::unordered_map<std::string, int> per_ip_;            // of them, by client address
+  std::vector<char> peek_ = std::vector<char>(32 * 1024);  // the poller's
+  std::thread poller_;
+};
+
+std::function<bool(httplib::Stream&, bool, bool&)> HttpServer::request_processor() {
+  return [this](httplib::Stream& stream, bool close_connection, bool& closed) {
+    return process_request(stream, close_connection, closed, nullptr);
+  };
+}
+
+void HttpServer::set_worker_threads(size_t threads) {
+  new_task_queue = [this, threads] { return new ConnectionQueue(*this, threads); };
+}
+
 bool HttpServer::process_and_close_socket(socket_t sock) {
+  if (accepting_into) {  // a new connection, on the accepting thread
+    accepting_into->admit(sock);
+    return true;
+  }
+  // Served here to its end (serve_connection), waiting on this thread between requests.
   ConnectionStream stream(sock, read_timeout_sec_, write_timeout_sec_, limits_);
   current_connection = &stream;
   // Waits up to the keep-alive timeout for the next request, watching for stop().
@@ -208,25 +473,28 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
     }
     return false;
   };
-  bool ok = true;
-  for (size_t left = keep_alive_max_count_; left > 0 && ok && next_request(); --left) {
-    stream.begin_request();
-    bool closed = false;
-    ok = process_request(stream, /*close_connection=*/left == 1, closed, nullptr);
-    if (stream.timed_out()) {
-      if (!stream.wrote_anything()) send_request_timeout(sock);
-      break;
-    }
-    if (stream.close_requested()) {
-      linger_and_drop_input(sock);
-      break;
-    }
-    if (closed) break;
-  }
+  size_t left = keep_alive_max_count_;
+  serve_requests(stream, left, request_processor(), next_request, Clock::now());
   current_connection = nullptr;
   ::shutdown(sock, SHUT_RDWR);
   ::close(sock);
-  return ok;
+  return true;
+}
+
+void HttpServer::serve_ready(ConnectionQueue& queue, ParkedConnection c) {
+  ConnectionStream stream(c.fd, read_timeout_sec_, write_timeout_sec_, limits_);
+  current_connection = &stream;
+  // Only requests whose bytes are here already: for the next one the connection waits parked.
+  bool first = true;
+  auto next_request = [&] { return std::exchange(first, false) || stream.has_buffered(); };
+  const bool keep =
+      serve_requests(stream, c.requests_left, request_processor(), next_request, c.first_byte);
+  current_connection = nullptr;
+  if (keep && svr_sock_ != INVALID_SOCKET) {
+    queue.park(std::move(c));
+  } else {
+    queue.close(c);
+  }
 }
 
 void HttpServer::close_connection_after_response(httplib::Response& res) {

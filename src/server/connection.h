@@ -13,12 +13,21 @@
 //         past either the client gets a 408 and the connection is closed;
 //       * cannot be told to close a connection whose body a handler left unread (a body
 //         refused as too large): close_connection_after_response() does.
+//   - Bounds on connections, and threads for requests only: httplib gives each accepted
+//     connection a pool thread for its whole life, so idle keep-alive connections and clients
+//     trickling their headers held threads, and enough of them left /health waiting (40
+//     slowloris clients made it take 52 s). Here a connection waits for its next request's
+//     head on one epoll thread (ConnectionQueue in connection.cc) and takes a thread once the
+//     head has arrived; past ConnectionLimits::max_connections open connections in all, or
+//     max_connections_per_ip from one address, a new one gets a 503 at accept and is closed.
 //   - A way for a handler to notice that its client hung up: a non-streaming handler never
 //     writes until the answer is ready, and httplib has no Request::is_connection_closed()
 //     before 0.19. request_socket() gives the connection's socket; peer_hung_up() asks it.
 #pragma once
 
 #include <httplib.h>
+
+#include <functional>
 
 namespace blend {
 
@@ -28,13 +37,23 @@ struct ConnectionLimits {
   // within the default 120 s needs 0.55 MB/s.
   double head_timeout_s = 10;
   double request_timeout_s = 120;
+  // Connections open at once (waiting for a request or being served), in all and from one
+  // client address; 0 = no bound.
+  int max_connections = 0;
+  int max_connections_per_ip = 0;
 };
+
+class ConnectionQueue;
+struct ParkedConnection;
 
 class HttpServer : public httplib::Server {
  public:
   // The listening socket once bind_to_port()/bind_to_any_port() succeeded (else invalid).
   socket_t listen_socket() const { return svr_sock_; }
   void set_connection_limits(const ConnectionLimits& limits) { limits_ = limits; }
+  // Requests are served on `threads` threads; connections between requests wait off them.
+  // Before listening.
+  void set_worker_threads(size_t threads);
 
   // From a handler: close the connection this thread serves once `res` is written, whatever
   // keep-alive would do (and say so in its headers). For a body left unread, which would
@@ -46,9 +65,17 @@ class HttpServer : public httplib::Server {
   bool serve_connection(socket_t sock) { return process_and_close_socket(sock); }
 
  private:
-  // httplib calls it for each accepted connection on a thread of its pool (private virtual in
-  // httplib::Server, overridden here): serves its requests in order, then closes it.
+  friend class ConnectionQueue;
+  // httplib calls it for each accepted connection (private virtual in httplib::Server,
+  // overridden here): hands it to the ConnectionQueue listening made (set_worker_threads);
+  // called otherwise (serve_connection), serves its requests in order, then closes it.
   bool process_and_close_socket(socket_t sock) override;
+  // On a worker of `queue`: serves the requests whose bytes the connection holds, then hands it
+  // back to the queue to wait for more, or closes it.
+  void serve_ready(ConnectionQueue& queue, ParkedConnection connection);
+  // httplib's process_request for one request on `stream` (`closed`: the connection must close).
+  std::function<bool(httplib::Stream& stream, bool close_connection, bool& closed)>
+  request_processor();
 
   ConnectionLimits limits_;
 };

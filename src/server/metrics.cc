@@ -83,7 +83,8 @@ Metrics::Metrics() {
     h.counts.assign(bounds.size() + 1, 0);
   };
   for (PerClass& c : classes_) {
-    for (Histogram* h : {&c.ttft, &c.tpot, &c.e2e, &c.decode}) init(*h, kLatencyBounds);
+    for (Histogram* h : {&c.ttft, &c.tpot, &c.e2e, &c.decode, &c.queue, &c.prefill, &c.inference})
+      init(*h, kLatencyBounds);
     for (Histogram* h : {&c.prompt_tokens, &c.generation_tokens}) init(*h, kTokenBounds);
   }
   init(step_tokens_, kTokenBounds);
@@ -137,6 +138,15 @@ void Metrics::on_cancelled(RequestClass c, bool had_first_token) {
   PerClass& p = of(c);
   --(had_first_token ? p.running : p.waiting);
   ++p.cancelled;
+}
+
+void Metrics::on_request_times(const RequestTimes& t) {
+  if (t.first_scheduled < 0) return;  // finished without running (max_tokens 0)
+  std::lock_guard lock(mu_);
+  PerClass& p = of(t.request_class);
+  p.queue.observe(t.first_scheduled - t.arrival);
+  p.inference.observe(t.finished - t.first_scheduled);
+  if (t.first_token >= 0) p.prefill.observe(t.first_token - t.first_scheduled);
 }
 
 void Metrics::on_error(int http_status) {
@@ -230,6 +240,12 @@ std::string Metrics::render() const {
             &PerClass::tpot);
   histogram("blend:e2e_request_latency_seconds", "Arrival to last token.", &PerClass::e2e);
   histogram("blend:request_decode_time_seconds", "First token to last.", &PerClass::decode);
+  histogram("blend:request_queue_time_seconds", "Queued in the engine until first scheduled.",
+            &PerClass::queue);
+  histogram("blend:request_prefill_time_seconds", "First scheduled to first token.",
+            &PerClass::prefill);
+  histogram("blend:request_inference_time_seconds", "First scheduled to finished.",
+            &PerClass::inference);
   histogram("blend:request_prompt_tokens", "Prompt tokens of finished requests.",
             &PerClass::prompt_tokens);
   histogram("blend:request_generation_tokens", "Output tokens of finished requests.",

@@ -1,11 +1,11 @@
 // Metrics — what /metrics reports, in the Prometheus text format (names follow vLLM's, with a
 // `blend:` prefix, or `vllm:` or both: set_names): request counts by class and outcome, TTFT /
-// TPOT / end-to-end / decode-time and prompt / generation length histograms per class, tokens
-// per engine step, requests waiting (no token yet) and running per class, Batch API lines the
-// planner still holds back, KV usage, prefix-cache queries and hits, token throughput. The
-// vllm: samples carry the `model_name` label vLLM's dashboards select on (the first served
-// model: the counts are the engine's, over all its models). Not reported, since the engine does not
-// time them: vLLM's queue and prefill times. Every method is thread-safe.
+// TPOT / end-to-end / decode-time, queue / prefill / inference-time (the engine's clock:
+// on_request_times) and prompt / generation length histograms per class, tokens per engine
+// step, requests waiting (no token yet) and running per class, Batch API lines the planner
+// still holds back, KV usage, prefix-cache queries and hits (prompt tokens), token throughput.
+// The vllm: samples carry the `model_name` label vLLM's dashboards select on (the first served
+// model: the counts are the engine's, over all its models). Every method is thread-safe.
 #pragma once
 
 #include <array>
@@ -40,6 +40,11 @@ class Metrics {
                    int64_t prompt_tokens, int64_t output_tokens, double e2e_seconds,
                    double tpot_seconds);
   void on_cancelled(RequestClass c, bool had_first_token);
+  // A finished request's engine timings (Engine::add_finish_observer), as vLLM times them:
+  // queue = submitted to first scheduled (a Batch API line held back by its planner is
+  // submitted when the planner lets it go), prefill = first scheduled to first token,
+  // inference = first scheduled to finished. A moment never reached skips what needs it.
+  void on_request_times(const RequestTimes& times);
   void on_error(int http_status);  // a request rejected before it reached the engine
   // Requests of class `c` queued or running in the engine now.
   int64_t in_engine(RequestClass c) const;
@@ -65,7 +70,7 @@ class Metrics {
     // Tokens of requests finished in the step on_step has not reported yet (see on_finished).
     int64_t unstepped_prompt_tokens = 0, unstepped_output_tokens = 0;
     std::vector<std::pair<std::string, int64_t>> finished;  // by finish reason
-    Histogram ttft, tpot, e2e, decode, prompt_tokens, generation_tokens;
+    Histogram ttft, tpot, e2e, decode, queue, prefill, inference, prompt_tokens, generation_tokens;
   };
   PerClass& of(RequestClass c) { return classes_[c == RequestClass::kRealtime ? 0 : 1]; }
 

@@ -4,8 +4,10 @@
 #include "server/server.h"
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -121,6 +123,19 @@ void check_server_limits(const ServerOptions& o) {
                 ") must be at least --max-body-bytes (" + std::to_string(o.max_body_bytes) + ")");
   if (!(o.http_head_timeout_s > 0) || !(o.http_request_timeout_s >= o.http_head_timeout_s))
     throw Error("--http-head-timeout must be positive and --http-request-timeout at least it");
+  if (o.max_connections < 0 || o.max_connections_per_ip < 0)
+    throw Error(
+        "--max-connections and --max-connections-per-ip must be positive (or 0: the "
+        "default)");
+}
+
+// --max-connections: as given, or 0 for the open-file limit less what the server's own files
+// need (at least 16).
+int max_connections(int asked) {
+  if (asked > 0) return asked;
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return 65536;
+  return static_cast<int>(std::clamp<rlim_t>(limit.rlim_cur, 16 + 256, 1 << 20) - 256);
 }
 
 // --dtype: auto, bf16 or f32; checked before the model loads.
@@ -220,6 +235,7 @@ Server::Impl::Impl(const ServerOptions& o) : options(o) {
     batch_step_tokens = engine->max_batch_tokens();
   }
   store = std::make_unique<BatchStore>(options.data_dir);
+  engine->add_finish_observer([this](const RequestTimes& t) { metrics.on_request_times(t); });
   loop = std::make_unique<EngineLoop>(
       std::move(engine),
       [this](const Engine& e) {
@@ -231,13 +247,13 @@ Server::Impl::Impl(const ServerOptions& o) : options(o) {
         stat_waiting = static_cast<int64_t>(e.num_waiting());
       },
       [this](Engine& e) { return admit_batch_lines(e); });
-  // Streams hold a handler thread each for their whole life: allow many.
-  http.new_task_queue = [n = static_cast<size_t>(options.http_threads)] {
-    return new httplib::ThreadPool(n);
-  };
+  // Streams hold a thread each for their whole life: allow many.
+  http.set_worker_threads(static_cast<size_t>(options.http_threads));
   http.set_payload_max_length(options.max_body_bytes);
   http.set_connection_limits({.head_timeout_s = options.http_head_timeout_s,
-                              .request_timeout_s = options.http_request_timeout_s});
+                              .request_timeout_s = options.http_request_timeout_s,
+                              .max_connections = max_connections(options.max_connections),
+                              .max_connections_per_ip = options.max_connections_per_ip});
   // httplib's default sets SO_REUSEPORT: a second server on a busy port then bound it too and
   // the kernel spread requests over both. SO_REUSEADDR alone still refuses a port in use.
   http.set_socket_options([](socket_t fd) {

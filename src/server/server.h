@@ -64,10 +64,16 @@ struct ServerOptions {
   // Connections the kernel may hold for accept() (capped by net.core.somaxconn): httplib's 5
   // reset clients under bursts.
   int listen_backlog = 4096;
-  // Connections served at once: httplib gives each its own thread for its whole life (a stream
-  // holds one until its last token). More wait, queued, for a free thread; none is refused.
-  // llama.cpp's --threads-http.
+  // Requests served at once: each holds a thread while its body is read and it is answered (a
+  // stream until its last token); more wait, queued, for a free thread. A connection between
+  // requests, or whose request head is still arriving, holds none. llama.cpp's --threads-http.
   int http_threads = 512;
+  // Connections open at once (idle ones included; each holds a file descriptor), in all and
+  // from one client address: past either a new connection gets a 503 and is closed at once.
+  // max_connections 0 = the open-file limit (RLIMIT_NOFILE) less 256 for models, data and KV
+  // files; max_connections_per_ip 0 = no bound per address.
+  int max_connections = 0;
+  int max_connections_per_ip = 0;
   // Batch API jobs: "blend" (default) hands each job's lines to the engine in the order and
   // pace of a BlendServe plan of the job (prefix tree, dual scanner; as `blend batch --policy
   // blend`), "dfs" or "random" in those plans' orders, "fcfs" all at once in file order (no

@@ -98,6 +98,9 @@ struct BatchJob {
   std::unordered_map<SeqId, std::shared_ptr<Pending>> in_flight;
   int64_t remaining = 0;
   bool cancelling = false;
+  // Set by the cancel route at once (`cancelling` follows on the engine thread, after the
+  // closure running the job's lines): stops a line's grammar compile and the lines after it.
+  std::atomic<bool> cancel_requested{false};
   // Set when a result could not be written (a full disk): the batch then fails with this
   // reason, keeping the whole lines already written (Impl::fail_job).
   std::optional<std::string> write_failure;
@@ -226,7 +229,8 @@ struct Server::Impl {
   // Before every engine step (EngineLoop's feed): hands the engine the samples the oldest
   // planned job admits now and sets the step budget its plan wants; true while some wait.
   bool admit_batch_lines(Engine& engine);
-  void run_line(const std::shared_ptr<BatchJob>& job, Engine& engine, const BatchInputLine& line);
+  // False when the job was cancelled or the server is stopping: the line was not run.
+  bool run_line(const std::shared_ptr<BatchJob>& job, Engine& engine, const BatchInputLine& line);
   // Submits a prepared line's n samples at once, or writes its error result.
   void submit_line(const std::shared_ptr<BatchJob>& job, Engine& engine,
                    PreparedBatchLine prepared);

@@ -1110,6 +1110,11 @@ TEST_F(BatchCli, ASecondRunOnTheSameOutputIsRefused) {
   }
   ASSERT_EQ(testing::run_command(batch_cmd(in, out)).exit_code, 0);
   EXPECT_EQ(read_jsonl(out).size(), 1u);
+  // A completed run leaves no lock file behind (issue 54), and the next run locks afresh.
+  EXPECT_FALSE(std::filesystem::exists(out + ".lock"));
+  ASSERT_EQ(testing::run_command(batch_cmd(in, out)).exit_code, 0);
+  EXPECT_EQ(read_jsonl(out).size(), 1u);
+  EXPECT_FALSE(std::filesystem::exists(out + ".lock"));
 }
 
 }  // namespace

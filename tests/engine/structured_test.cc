@@ -196,6 +196,7 @@ TEST_P(StructuredTest, AStopStringInsideTheValueIsAnErrorNotStop) {
   const auto out = run(engine, {cut, untouched});
   EXPECT_EQ(out.at("cut").finish, FinishReason::kError) << out.at("cut").text;
   EXPECT_NE(out.at("cut").error.find("stop string"), std::string::npos) << out.at("cut").error;
+  EXPECT_EQ(out.at("cut").error_param, "stop");  // the request's doing: a 400 (api_error.h)
   const GenerationResult& ok = out.at("untouched");
   ASSERT_NE(ok.finish, FinishReason::kError) << ok.error;
   if (ok.finish == FinishReason::kStop) {
@@ -351,6 +352,7 @@ TEST_P(StructuredTest, NanLogitsFailTheRequestAloneNeverAnAnswer) {
     const GenerationResult& r = out.at(id);
     EXPECT_EQ(r.finish, FinishReason::kError) << id << ": " << r.text;
     EXPECT_NE(r.error.find("NaN logits"), std::string::npos) << r.error;
+    EXPECT_TRUE(r.error_param.empty());   // the server's failure: a 500
     EXPECT_TRUE(r.tokens.empty()) << id;  // the made-up token is not output
   }
   EXPECT_GT(engine.stats().invalid_logit_rows, 0);

@@ -103,6 +103,27 @@ TEST(GrammarTest, DeterministicStepsAgreeWithStep) {
   EXPECT_EQ(g->deterministic_step(state[0].back(), 0x01), Grammar::kNoEdge);
 }
 
+// Issue 54: the process-wide registry of rule shapes was bounded by count only, and a large
+// enum's rule is one shape holding every value, so each distinct schema stayed in memory (the
+// soak's RSS grew by megabytes a schema). Its bytes are bounded now: 40 distinct enums whose
+// shapes would hold more than the bound leave it within.
+TEST(GrammarTest, DistinctLargeSchemasLeaveTheShapeRegistryBounded) {
+  auto enum_schema = [](int i) {
+    nlohmann::json values = nlohmann::json::array();
+    for (int v = 0; v < 1000; ++v)
+      values.push_back("schema " + std::to_string(i) + " value " + std::to_string(v) +
+                       std::string(40, 'x'));
+    return nlohmann::json{{"enum", values}};
+  };
+  const size_t before = shape_registry_bytes();
+  json_schema_grammar(enum_schema(0));
+  const size_t one = shape_registry_bytes() - before;  // the registry did not start over yet
+  constexpr size_t kBound = size_t{32} << 20;
+  ASSERT_GT(40 * one, kBound + before) << "one schema's shapes: " << one << " bytes";
+  for (int i = 1; i < 40; ++i) json_schema_grammar(enum_schema(i));
+  EXPECT_LE(shape_registry_bytes(), kBound);
+}
+
 TEST(GrammarTest, SchemaObjectsRequiredOptionalAndEnums) {
   auto g = json_schema_grammar(kPerson);
   EXPECT_TRUE(g->matches(R"({"age": 3, "name": "x"})"));

@@ -235,6 +235,102 @@ TEST_F(HttpLimits, ARequestThatTricklesInGets408) {
   EXPECT_LT(std::chrono::duration<double>(Clock::now() - health_start).count(), 2.0);
 }
 
+// Issue 54: a connection held a pool thread for its whole life, so idle keep-alive connections
+// and clients trickling their heads (for up to --http-head-timeout each) left /health waiting
+// behind them. They wait off the threads now: with 4 threads, 8 tricklers and 8 idle
+// connections, /health answers at once, and a trickler still gets its 408 in time.
+TEST_F(HttpLimits, HealthAnswersWhileSlowAndIdleClientsOutnumberTheThreads) {
+  ServerOptions o = options();
+  o.http_threads = 4;
+  o.http_head_timeout_s = 4;
+  auto server = start(o);
+  std::vector<int> slow, idle;
+  for (int i = 0; i < 8; ++i) {
+    slow.push_back(connect_to(server->port()));
+    ASSERT_TRUE(send_all(slow.back(), "GET /health HTTP/1.1\r\nHost: x\r\n"));
+    idle.push_back(connect_to(server->port()));
+  }
+  for (int round = 0; round < 3; ++round) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    for (int fd : slow) send_all(fd, "X-Slow: 1\r\n");
+    const auto health_start = Clock::now();
+    EXPECT_EQ(health_status(server->port()), 200);
+    EXPECT_LT(std::chrono::duration<double>(Clock::now() - health_start).count(), 1.0)
+        << "round " << round;
+  }
+  // Past --http-head-timeout the tricklers get their 408 (counted from their first byte).
+  const std::string got = receive(slow[0]);
+  EXPECT_EQ(got.rfind("HTTP/1.1 408", 0), 0u) << got.substr(0, 200);
+  // An idle connection still takes a request (before the keep-alive timeout, 5 s).
+  ASSERT_TRUE(send_all(idle[0], "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+  EXPECT_EQ(receive(idle[0]).rfind("HTTP/1.1 200", 0), 0u);
+  for (int fd : slow) ::close(fd);
+  for (int fd : idle) ::close(fd);
+}
+
+// A connected loopback socket from the client address `from` (any 127.x.y.z reaches the server).
+int connect_from(const char* from, int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in local{};
+  local.sin_family = AF_INET;
+  ::inet_pton(AF_INET, from, &local.sin_addr);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof local), 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  timeval tv{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+// What a /health request on a new connection from `from` gets: its status line and body.
+std::string health_from(const char* from, int port) {
+  const int fd = connect_from(from, port);
+  send_all(fd, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  std::string got = receive(fd);
+  ::close(fd);
+  return got;
+}
+
+// Issue 54: nothing bounded the connections one client could open (each a file descriptor, and
+// a thread). Past --max-connections, or --max-connections-per-ip from one address, a new
+// connection gets a 503 at once and is closed; one closed makes room again.
+TEST_F(HttpLimits, ConnectionsPastTheBoundsGet503AtOnce) {
+  for (const bool per_ip : {false, true}) {
+    SCOPED_TRACE(per_ip ? "--max-connections-per-ip 2" : "--max-connections 2");
+    ServerOptions o = options();
+    (per_ip ? o.max_connections_per_ip : o.max_connections) = 2;
+    auto server = start(o);
+    std::vector<int> held = {connect_to(server->port()), connect_to(server->port())};
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // accepted by now
+    const auto refused_at = Clock::now();
+    const std::string got = health_from("127.0.0.1", server->port());
+    EXPECT_LT(std::chrono::duration<double>(Clock::now() - refused_at).count(), 1.0);
+    EXPECT_EQ(got.rfind("HTTP/1.1 503", 0), 0u) << got.substr(0, 200);
+    EXPECT_NE(got.find("Retry-After: 1"), std::string::npos);
+    const json body = body_of(got);
+    const json error = body.is_object() ? body.value("error", json::object()) : json::object();
+    EXPECT_NE(
+        error.value("message", "").find(per_ip ? "--max-connections-per-ip" : "--max-connections)"),
+        std::string::npos)
+        << error;
+    // Another address: refused by the total, served under the bound per address.
+    EXPECT_EQ(
+        health_from("127.0.0.2", server->port()).rfind(per_ip ? "HTTP/1.1 200" : "HTTP/1.1 503", 0),
+        0u);
+    ::close(held[0]);
+    bool served = false;
+    for (int i = 0; i < 50 && !served; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      served = health_from("127.0.0.1", server->port()).rfind("HTTP/1.1 200", 0) == 0;
+    }
+    EXPECT_TRUE(served) << "a closed connection did not make room";
+    ::close(held[1]);
+  }
+}
+
 // Regression (issue 54): requests pipelined in one write were lost after the first (1 of 5
 // answered, the connection closed after 5 s). They are answered in order now.
 TEST_F(HttpLimits, PipelinedRequestsAreAnsweredInOrder) {

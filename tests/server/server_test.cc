@@ -944,6 +944,65 @@ TEST_F(ServerTest, MetricsUnderVllmNamesWithItsModelLabelAndHistograms) {
   }
 }
 
+// vLLM's queue, prefill and inference times (issue 54), timed by the engine: with one running
+// sequence at a time three requests run one after another, so the second waits for the first's
+// whole run and the third for two; each is counted once, under both names.
+TEST_F(ServerTest, QueueTimeGrowsWhenRequestsWaitBehindAFullBatch) {
+  ServerOptions o = options("queue-time");
+  o.metrics_prefix = "both";
+  o.engine.scheduler.max_running = 1;
+  auto server = start(o);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 3; ++i)
+    clients.emplace_back([&] {
+      auto c = client(*server);
+      int status = 0;
+      post(c, "/v1/completions",
+           {{"model", "tiny"}, {"prompt", "Hello there"}, {"max_tokens", 24}, {"ignore_eos", true}},
+           &status);
+      EXPECT_EQ(status, 200);
+    });
+  for (std::thread& t : clients) t.join();
+  auto c = client(*server);
+  const std::string rt = "{class=\"rt\"}";
+  for (const char* name : {"queue", "prefill", "inference"}) {
+    const std::string h = std::string("_time_seconds_count");
+    EXPECT_EQ(metric(c, std::string("blend:request_") + name + h + rt), 3) << name;
+    EXPECT_EQ(
+        metric(c, std::string("vllm:request_") + name + h + "{model_name=\"tiny\",class=\"rt\"}"),
+        3)
+        << name;
+  }
+  const double queue = metric(c, "blend:request_queue_time_seconds_sum" + rt);
+  const double prefill = metric(c, "blend:request_prefill_time_seconds_sum" + rt);
+  const double inference = metric(c, "blend:request_inference_time_seconds_sum" + rt);
+  // Runs of about equal length a: the waits add up to 3a (a + 2a), the runs to 3a.
+  EXPECT_GT(queue, inference / 2);
+  EXPECT_GT(prefill, 0);
+  EXPECT_LT(prefill, inference);
+  EXPECT_EQ(metric(c, "blend:request_queue_time_seconds_bucket{class=\"be\",le=\"+Inf\"}"), 0);
+}
+
+// Issue 54: a stop string that cut the request's own structured value failed it with a 500
+// (a server error); it is the request's doing, so a 400 naming the field.
+TEST_F(ServerTest, AStopStringThatCutsTheStructuredValueIsA400) {
+  auto server = start(options("stop-cut"));
+  auto c = client(*server);
+  int status = 0;
+  const json r = post(c, "/v1/chat/completions",
+                      {{"model", "tiny"},
+                       {"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                       {"max_tokens", 8},
+                       {"stop", {"{"}},
+                       {"response_format", {{"type", "json_object"}}}},
+                      &status);
+  EXPECT_EQ(status, 400) << r.dump();
+  EXPECT_EQ(r["error"]["type"], "invalid_request_error") << r.dump();
+  EXPECT_EQ(r["error"]["param"], "stop") << r.dump();
+  post(c, "/v1/completions", {{"model", "tiny"}, {"prompt", "Hi"}, {"max_tokens", 2}}, &status);
+  EXPECT_EQ(status, 200);
+}
+
 TEST_F(ServerTest, DeeplyNestedJsonIsRefusedNotACrash) {
   auto server = start(options("deep"));
   auto c = client(*server);
@@ -1202,6 +1261,54 @@ TEST_F(BatchApi, StoppingWhileLinesFinishLosesNoResult) {
   EXPECT_EQ(batch["request_counts"]["completed"], n);
   const auto out = results(c, batch);  // fails on a duplicate line
   EXPECT_EQ(out.size(), static_cast<size_t>(n));
+}
+
+// Issue 54: a batch line's schema compiled with no cancel hook, so a cancelled batch (or a
+// stopping server) waited for every line's compile first (fcfs runs them on the engine thread,
+// before the cancel reaches it). Lines of large distinct enums, about a second of compiling
+// in all before the fix: the cancel lands at once now, and no line is written as failed.
+TEST_F(BatchApi, CancellingABatchStopsItsLinesGrammarCompiles) {
+  ServerOptions o = options("batch-compile-cancel");
+  o.batch_policy = "fcfs";
+  auto server = start(o);
+  auto c = client(*server);
+  std::string jsonl;
+  const int lines = 12;
+  for (int i = 0; i < lines; ++i) {
+    json values = json::array();
+    for (int v = 0; v < 2000; ++v)
+      values.push_back("line " + std::to_string(i) + " value " + std::to_string(v) + " padding");
+    const json body = {{"model", "tiny"},
+                       {"messages", {{{"role", "user"}, {"content", "pick"}}}},
+                       {"max_tokens", 4},
+                       {"response_format",
+                        {{"type", "json_schema"},
+                         {"json_schema", {{"name", "e"}, {"schema", {{"enum", values}}}}}}}};
+    jsonl += json({{"custom_id", "e" + std::to_string(i)},
+                   {"method", "POST"},
+                   {"url", "/v1/chat/completions"},
+                   {"body", body}})
+                 .dump() +
+             "\n";
+  }
+  const std::string file_id = upload(c, jsonl);
+  int status = 0;
+  const std::string id =
+      post(c, "/v1/batches", {{"input_file_id", file_id}, {"endpoint", "/v1/chat/completions"}},
+           &status)["id"];
+  ASSERT_EQ(status, 200);
+  const auto cancelled_at = std::chrono::steady_clock::now();
+  post(c, "/v1/batches/" + id + "/cancel", json::object(), &status);
+  EXPECT_EQ(status, 200);
+  json batch;
+  ASSERT_TRUE(poll([&] {
+    batch = get(c, "/v1/batches/" + id);
+    return batch["status"] == "cancelled";
+  }));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - cancelled_at).count();
+  EXPECT_LT(seconds, 1.0) << "the cancel waited for the lines' compiles";
+  EXPECT_EQ(batch["request_counts"]["failed"], 0) << batch.dump();
 }
 
 TEST_F(BatchApi, CancelStopsTheBatchAndFreesItsKv) {
