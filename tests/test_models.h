@@ -74,6 +74,15 @@ inline ModelConfig test_model_config(const std::string& variant) {
   return c;
 }
 
+// The "tiny" preset with the real Llama-3 tokenizer (its full vocabulary), written to `dir`:
+// the model the engine, server and CLI tests serve.
+inline void write_tiny_model(const std::filesystem::path& dir, uint64_t seed) {
+  RandomInitOptions o;
+  o.seed = seed;
+  o.tokenizer_dir = BLEND_TEST_TOKENIZER_DIR;
+  write_random_model(*find_model_preset("tiny"), dir, o);
+}
+
 // The variant written once (seed 11) in `dtype` and loaded; kept for the whole program.
 inline const TestModel& test_model(const std::string& variant, DType dtype) {
   static std::map<std::pair<std::string, DType>, std::unique_ptr<TestModel>> cache;

@@ -10,13 +10,6 @@ namespace blend {
 
 namespace {
 
-// A planned run's requests are best-effort work: the plan, not the SLO classes, orders them.
-GenerationRequest generation_request(const OfflineRequest& q) {
-  GenerationRequest r = q.request;
-  r.request_class = RequestClass::kBestEffort;
-  return r;
-}
-
 std::vector<plan::SourceRequest> source_requests(const std::vector<OfflineRequest>& requests) {
   std::vector<plan::SourceRequest> out;
   out.reserve(requests.size());
@@ -80,8 +73,10 @@ size_t PlannedFeed::admit(const Submit& submit, bool all) {
       on_token = [this, r](const SampledToken&, std::string_view) {
         source_.on_progress(r, ++generated_[static_cast<size_t>(r)]);
       };
-    GenerationRequest request = generation_request(requests_[static_cast<size_t>(r)]);
-    requests_[static_cast<size_t>(r)] = {};  // its prompt is the engine's now
+    // Handed out once: the engine takes the request (its prompt) from here. A planned run's
+    // requests are best-effort work: the plan, not the SLO classes, orders them.
+    GenerationRequest request = std::move(requests_[static_cast<size_t>(r)].request);
+    request.request_class = RequestClass::kBestEffort;
     submit(r, std::move(request), std::move(on_token),
            [this, r](std::optional<double> tokens) { ended_.emplace_back(r, tokens); });
   }

@@ -17,6 +17,7 @@
 #include "model/presets.h"
 #include "model/random_init.h"
 #include "run_requests.h"
+#include "test_models.h"
 #include "test_util.h"
 
 // Built with AddressSanitizer (gcc says so with a macro, clang with __has_feature).
@@ -50,10 +51,7 @@ class StructuredTest : public ::testing::TestWithParam<bool> {
  protected:
   static void SetUpTestSuite() {
     dir_ = new testing::TempDir();
-    RandomInitOptions o;
-    o.seed = 5;
-    o.tokenizer_dir = BLEND_TEST_TOKENIZER_DIR;
-    write_random_model(*find_model_preset("tiny"), dir_->path(), o);
+    testing::write_tiny_model(dir_->path(), 5);
   }
   static void TearDownTestSuite() { delete dir_; }
 
@@ -331,10 +329,7 @@ void poison_row(const std::filesystem::path& dir, const std::string& name, int64
 // other requests of the batch are served as before.
 TEST_P(StructuredTest, NanLogitsFailTheRequestAloneNeverAnAnswer) {
   testing::TempDir dir;
-  RandomInitOptions o;
-  o.seed = 5;
-  o.tokenizer_dir = BLEND_TEST_TOKENIZER_DIR;
-  write_random_model(*find_model_preset("tiny"), dir.path(), o);
+  testing::write_tiny_model(dir.path(), 5);
   constexpr TokenId kPoisoned = 791;
   poison_row(dir.path(), "model.embed_tokens.weight", kPoisoned);
   Engine engine(dir.path(), options());

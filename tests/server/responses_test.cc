@@ -22,6 +22,7 @@
 #include "model/presets.h"
 #include "model/random_init.h"
 #include "server/server.h"
+#include "test_models.h"
 #include "test_util.h"
 
 namespace blend {
@@ -33,10 +34,7 @@ class ResponsesServer : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new testing::TempDir();
-    RandomInitOptions o;
-    o.seed = 5;
-    o.tokenizer_dir = BLEND_TEST_TOKENIZER_DIR;
-    write_random_model(*find_model_preset("tiny"), *dir_ / "tiny", o);
+    testing::write_tiny_model(*dir_ / "tiny", 5);
   }
   static void TearDownTestSuite() { delete dir_; }
 

@@ -36,6 +36,7 @@
 #include "model/lora.h"
 #include "model/presets.h"
 #include "model/random_init.h"
+#include "test_models.h"
 #include "test_util.h"
 
 namespace blend {
@@ -47,10 +48,7 @@ class ServerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new testing::TempDir();
-    RandomInitOptions o;
-    o.seed = 5;
-    o.tokenizer_dir = BLEND_TEST_TOKENIZER_DIR;
-    write_random_model(*find_model_preset("tiny"), *dir_ / "tiny", o);
+    testing::write_tiny_model(*dir_ / "tiny", 5);
   }
   static void TearDownTestSuite() { delete dir_; }
 
@@ -1752,10 +1750,7 @@ TEST(ServeCommand, VersionAccessLogAndThroughputLines) {
     EXPECT_NE(r.output.find("0."), std::string::npos) << args << ": " << r.output;
   }
   testing::TempDir dir;
-  RandomInitOptions o;
-  o.seed = 9;
-  o.tokenizer_dir = BLEND_TEST_TOKENIZER_DIR;
-  write_random_model(*find_model_preset("tiny"), dir / "tiny", o);
+  testing::write_tiny_model(dir / "tiny", 9);
   const std::string log_file = (dir / "log").string();
   const auto started = testing::run_command(
       std::string("'") + BLEND_BINARY + "' serve --model " + (dir / "tiny").string() +
@@ -1792,10 +1787,7 @@ TEST(ServeCommand, VersionAccessLogAndThroughputLines) {
 class ServeProcess {
  public:
   explicit ServeProcess(const std::string& extra_args) {
-    RandomInitOptions o;
-    o.seed = 9;
-    o.tokenizer_dir = BLEND_TEST_TOKENIZER_DIR;
-    write_random_model(*find_model_preset("tiny"), dir_ / "tiny", o);
+    testing::write_tiny_model(dir_ / "tiny", 9);
     log_file_ = (dir_ / "log").string();
     const auto started = testing::run_command(
         std::string("'") + BLEND_BINARY + "' serve --model " + (dir_ / "tiny").string() +
