@@ -472,6 +472,29 @@ void check_context(const ApiRequest& request, const json& body, int64_t max_sequ
                    "max_tokens");
 }
 
+ChatPrompt render_chat_prompt(const json& body, const ChatTemplate* chat_template,
+                              std::string_view raw_body) {
+  auto it = body.find("messages");
+  if (it == body.end() || !it->is_array() || it->empty())
+    throw ApiError(400, "'messages' must be a non-empty list", "messages");
+  // Ordered, for the tool calls' arguments (prepare_tool_messages keeps the model's order).
+  nlohmann::ordered_json messages = flatten_chat_messages(*it);
+  const std::string* source = chat_template ? &chat_template->source() : nullptr;
+  ChatPrompt out;
+  out.tools = parse_tool_request(body, source);
+  prepare_tool_messages(messages, source);
+  if (!chat_template) throw ApiError(400, "this model has no chat template", "messages");
+  nlohmann::ordered_json extra = nlohmann::ordered_json::object();
+  if (!out.tools.tools.is_null()) extra["tools"] = tools_in_client_order(out.tools, raw_body);
+  const bool add_generation_prompt = bool_field(body, "add_generation_prompt", true);
+  try {
+    out.text = chat_template->render(messages, add_generation_prompt, extra);
+  } catch (const Error& e) {
+    throw ApiError(400, std::string("chat template: ") + e.what(), "messages");
+  }
+  return out;
+}
+
 ApiRequest parse_api_request(Endpoint endpoint, const json& body, const Tokenizer& tokenizer,
                              const ChatTemplate* chat_template, const RequestLimits& limits,
                              std::string_view raw_body) {
@@ -535,27 +558,11 @@ ApiRequest parse_api_request(Endpoint endpoint, const json& body, const Tokenize
     // vLLM's chat echo (the last message repeated when its role is the reply's) is not built.
     if (bool_field(body, "echo", false))
       throw ApiError(400, "'echo' is supported on /v1/completions only", "echo");
-    auto it = body.find("messages");
-    if (it == body.end() || !it->is_array() || it->empty())
-      throw ApiError(400, "'messages' must be a non-empty list", "messages");
-    // Ordered, for the tool calls' arguments (prepare_tool_messages keeps the model's order).
-    nlohmann::ordered_json messages = flatten_chat_messages(*it);
-    const std::string* source = chat_template ? &chat_template->source() : nullptr;
-    chat_tools = parse_tool_request(body, source);
-    const ToolRequest& tools = *chat_tools;
-    prepare_tool_messages(messages, source);
-    if (!chat_template) throw ApiError(400, "this model has no chat template", "messages");
-    r.tool_format = tools.format;
-    r.max_tool_calls = tools.max_calls();
-    nlohmann::ordered_json extra = nlohmann::ordered_json::object();
-    if (!tools.tools.is_null()) extra["tools"] = tools_in_client_order(tools, raw_body);
-    const bool add_generation_prompt = bool_field(body, "add_generation_prompt", true);
-    std::string text;
-    try {
-      text = chat_template->render(messages, add_generation_prompt, extra);
-    } catch (const Error& e) {
-      throw ApiError(400, std::string("chat template: ") + e.what(), "messages");
-    }
+    ChatPrompt chat = render_chat_prompt(body, chat_template, raw_body);
+    chat_tools = std::move(chat.tools);
+    r.tool_format = chat_tools->format;
+    r.max_tool_calls = chat_tools->max_calls();
+    const std::string& text = chat.text;
     check_prompt_bytes(text, limits.max_prompt_bytes, "messages");
     // The rendered prompt already carries the template's special tokens (BOS included).
     r.prompt = tokenizer.encode(text, /*parse_special=*/true);

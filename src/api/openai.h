@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "api/api_error.h"
+#include "api/tools.h"
 #include "core/request.h"
 #include "core/types.h"
 #include "text/tool_calls.h"
@@ -104,6 +105,19 @@ struct RequestLimits {
 // than (max_sequence_tokens - 1) x longest-token bytes needs at least max_sequence_tokens
 // tokens. A 60 MB prompt is refused in microseconds instead of tokenized in 24 s (issue 26).
 int64_t max_prompt_bytes(const Tokenizer& tokenizer, int64_t max_sequence_tokens);
+
+// The text a chat request body renders to through the model's chat template: content parts
+// joined, assistant tool calls' arguments made objects, `tools` in the client's key order (from
+// `raw_body`, when given), the generation prompt unless "add_generation_prompt" is false. The one
+// rendering path of the server, the Batch API and `blend template`. Throws ApiError (400) naming
+// the field, "this model has no chat template" when `chat_template` is null, and the template's
+// own errors as "chat template: ...".
+struct ChatPrompt {
+  std::string text;
+  ToolRequest tools;  // parsed from the body, for the caller that then reads calls
+};
+ChatPrompt render_chat_prompt(const nlohmann::json& body, const ChatTemplate* chat_template,
+                              std::string_view raw_body = {});
 
 // Parses a request body; tokenizes the prompt (rendering `messages`, and `tools`, through the
 // chat template).

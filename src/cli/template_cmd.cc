@@ -1,5 +1,7 @@
-// blend template — OpenAI-style messages (a JSON array) on stdin -> the rendered chat prompt on
-// stdout, exactly as the model's chat template (and transformers) would render it.
+// blend template — OpenAI-style messages (a JSON array), or a whole chat request body (an object
+// with "messages" and, if any, "tools"), on stdin -> the rendered chat prompt on stdout. It renders
+// through api/openai.h render_chat_prompt, the server's own path, so both give the same prompt
+// for the same request (issue 56).
 #include <cstdio>
 #include <iostream>
 #include <iterator>
@@ -10,12 +12,16 @@
 #include <nlohmann/json.hpp>
 
 #include "api/json_limits.h"
+#include "api/openai.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "text/chat_template.h"
 
 namespace blend::cli {
 namespace {
+
+constexpr const char* kExpected =
+    "expected a JSON array of messages (or a chat request with \"messages\")";
 
 struct TemplateArgs {
   std::string model;
@@ -27,15 +33,20 @@ void run_template(const TemplateArgs& a) {
   const ChatTemplate tmpl = ChatTemplate::from_dir(a.model);
   const std::string input((std::istreambuf_iterator<char>(std::cin)),
                           std::istreambuf_iterator<char>());
-  nlohmann::ordered_json messages;  // ordered: tools and arguments print in the order given
+  nlohmann::json body;
   try {
     if (json_nesting_depth(input) > kMaxClientJsonDepth) throw Error("messages nest too deep");
-    messages = nlohmann::ordered_json::parse(input);
+    body = nlohmann::json::parse(input);
   } catch (const std::exception& e) {
-    throw Error(std::string("expected a JSON array of messages on stdin: ") + e.what());
+    throw Error(std::string(kExpected) + " on stdin: " + e.what());
   }
-  if (!messages.is_array()) throw Error("expected a JSON array of messages on stdin");
-  const std::string text = tmpl.render(messages, !a.no_generation_prompt);
+  if (body.is_array()) body = nlohmann::json{{"messages", std::move(body)}};
+  if (!body.is_object() || !body.contains("messages"))
+    throw Error(std::string(kExpected) + " on stdin");
+  if (a.no_generation_prompt) body["add_generation_prompt"] = false;
+  // An ApiError is a blend::Error: its message ("'messages[0].content' must be ...") is the
+  // CLI's.
+  const std::string text = render_chat_prompt(body, &tmpl, input).text;
   std::fwrite(text.data(), 1, text.size(), stdout);  // no newline: the prompt is exact
 }
 

@@ -4,6 +4,8 @@
 
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "test_util.h"
 
 namespace blend {
@@ -39,6 +41,40 @@ TEST(TemplateCli, NoGenerationPrompt) {
   EXPECT_EQ(r.output, "<s>[user] Hi ✓\n");
 }
 
+// The CLI renders through the server's path (issue 56): content-part lists join into the text
+// (not a Python repr of the list), an assistant's string tool arguments reach the template as the
+// object they hold (not a JSON string encoded twice), and a whole chat request body's tools
+// reach it in the client's key order.
+TEST(TemplateCli, RendersAsTheServerDoes) {
+  testing::TempDir model;
+  const std::string qwen = testing::read_file(
+      std::string(BLEND_SOURCE_DIR) + "/tests/text/data/chat_templates/qwen2.5-instruct.jinja");
+  testing::write_file(model / "tokenizer_config.json",
+                      nlohmann::json{{"chat_template", qwen}}.dump());
+  testing::write_file(model / "m.json", R"([
+      {"role":"user","content":[{"type":"text","text":"Hi"},{"type":"text","text":"there"}]},
+      {"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function",
+       "function":{"name":"f","arguments":"{\"x\": 1}"}}]}])");
+  const std::string cmd = blend_template(model.path().string());
+  auto r = testing::run_command(cmd + " < '" + (model / "m.json").string() + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("<|im_start|>user\nHi\nthere<|im_end|>"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(R"(<tool_call>
+{"name": "f", "arguments": {"x": 1}}
+</tool_call>)"),
+            std::string::npos)
+      << r.output;
+  testing::write_file(model / "body.json", R"({"messages":[{"role":"user","content":"Q"}],
+      "tools":[{"type":"function","function":{"name":"g","parameters":{"type":"object"},
+       "description":"d"}}]})");
+  r = testing::run_command(cmd + " < '" + (model / "body.json").string() + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(R"({"type": "function", "function": {"name": "g", "parameters": )"
+                          R"({"type": "object"}, "description": "d"}})"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST(TemplateCli, BadInputExitsWithOne) {
   testing::TempDir dir;
   const std::string cmd = blend_template(BLEND_TEST_TOKENIZER_DIR);
@@ -57,11 +93,23 @@ TEST(TemplateCli, BadInputExitsWithOne) {
   // The template's own raise_exception() message.
   testing::write_file(dir / "tokenizer_config.json",
                       R"({"chat_template": "{{ raise_exception('roles must alternate') }}"})");
-  testing::write_file(dir / "m.json", "[]");
+  testing::write_file(dir / "m.json", R"([{"role":"user","content":"Hi"}])");
   r = testing::run_command(blend_template(dir.path().string()) + " < '" +
                            (dir / "m.json").string() + "' 2>&1");
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_EQ(r.output, "blend: error: roles must alternate\n");
+  EXPECT_EQ(r.output, "blend: error: chat template: roles must alternate\n");
+  // The server's checks on the messages, with the field named.
+  testing::write_file(dir / "tokenizer_config.json", R"({"chat_template": "{{ messages }}"})");
+  for (const auto& [input, message] :
+       {std::pair{"[]", "'messages' must be a non-empty list"},
+        std::pair{R"([{"role":"user","content":7}])",
+                  "'messages[0].content' must be a string or a list of content parts"}}) {
+    testing::write_file(dir / "m.json", input);
+    r = testing::run_command(blend_template(dir.path().string()) + " < '" +
+                             (dir / "m.json").string() + "' 2>&1");
+    EXPECT_EQ(r.exit_code, 1) << input;
+    EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
+  }
 }
 
 }  // namespace
