@@ -4,7 +4,8 @@
 #
 #   LLAMA_LOGITS=/path/to/llama-logits bench/llama_cpp_logits.sh [PRESET[:LAYERS] ...]
 #
-# For each preset (default: tiny, tiny-qwen3, smollm-135m:6, qwen3-0.6b:4, llama-3.2-1b:4):
+# For each preset (default: tiny, tiny-qwen3, tiny-qwen2, smollm-135m:6, qwen3-0.6b:4,
+# qwen2.5-0.5b:4, llama-3.2-1b:4):
 # `blend model init` writes a folder with random weights (untied heads, so no position's
 # logits peak at its own token) in f32 and in bf16, `blend model export-gguf` writes each as
 # GGUF, and `blend batch --deterministic` decodes greedily from a few prompts with the top 20
@@ -26,7 +27,7 @@ WORK=${WORK:-$(mktemp -d)}
 THREADS=${THREADS:-2}
 TOKENS=${TOKENS:-64}
 PRESETS=("$@")
-[[ ${#PRESETS[@]} -gt 0 ]] || PRESETS=(tiny tiny-qwen3 smollm-135m:6 qwen3-0.6b:4 llama-3.2-1b:4)
+[[ ${#PRESETS[@]} -gt 0 ]] || PRESETS=(tiny tiny-qwen3 tiny-qwen2 smollm-135m:6 qwen3-0.6b:4 qwen2.5-0.5b:4 llama-3.2-1b:4)
 mkdir -p "$WORK"
 PROMPTS=("Once upon a time, in a land far away," "def fibonacci(n):" "The capital of France is"
   "1, 2, 3, 4, 5," "東京は日本の首都で、")

@@ -58,6 +58,14 @@ GgufExportSummary export_gguf(const std::filesystem::path& model_dir,
   const bool qwen = qwen3 || config.architecture == "Qwen2ForCausalLM";
   const std::string arch = qwen3 ? "qwen3" : qwen ? "qwen2" : "llama";
   const bool permute = !qwen;
+  // llama.cpp's llama, qwen2 and qwen3 graphs attend over the whole context: a window the model
+  // uses (Mistral 7B v0.1's 4,096) would make the file a different model past it.
+  if (config.sliding_window && *config.sliding_window < config.max_position_embeddings)
+    throw Error(model_dir.string() + ": sliding_window " + std::to_string(*config.sliding_window) +
+                " is not exported: llama.cpp's " + arch +
+                " architecture attends over the whole context, so the GGUF file would compute a "
+                "different model past " +
+                std::to_string(*config.sliding_window) + " tokens");
   std::string name = options.name;
   if (name.empty()) {
     name = std::filesystem::absolute(model_dir).lexically_normal().filename().string();

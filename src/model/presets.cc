@@ -65,6 +65,18 @@ bool large_materialisable(const ModelPreset& p) {
          p.config.vocab_size == kLlama3VocabSize;
 }
 
+// A Qwen2 shape (Q/K/V bias), materialisable with the Llama-3 tokenizer: Qwen2's RoPE base,
+// context and norm epsilon on the Llama-3 vocabulary and token ids.
+ModelConfig qwen2_like(int64_t hidden, int64_t layers, int64_t heads, int64_t kv_heads, int64_t ffn,
+                       bool tied) {
+  ModelConfig c = shape("Qwen2ForCausalLM", hidden, layers, heads, kv_heads, ffn, kLlama3VocabSize,
+                        1000000.0, 32768);
+  c.tie_word_embeddings = tied;
+  c = with_llama3_tokens(c);
+  c.rms_norm_eps = 1e-6;
+  return c;
+}
+
 ModelConfig llama_3_2_1b() {
   ModelConfig c = llama_like(2048, 16, 32, 8, 8192, true);
   c.max_position_embeddings = 131072;
@@ -101,6 +113,11 @@ std::vector<ModelPreset> build_table() {
        qwen3_like(/*hidden=*/64, /*layers=*/2, /*heads=*/4, /*kv_heads=*/2, /*head_dim=*/32,
                   /*ffn=*/128, /*tied=*/false)},
       {"qwen3-0.6b", true, qwen3_like(1024, 28, 16, 8, 128, 3072, true)},
+      // Q/K/V bias (random, like the weights), so the llama.cpp comparison covers it.
+      {"tiny-qwen2", true,
+       qwen2_like(/*hidden=*/64, /*layers=*/2, /*heads=*/4, /*kv_heads=*/2, /*ffn=*/128,
+                  /*tied=*/false)},
+      {"qwen2.5-0.5b", true, qwen2_like(896, 24, 14, 2, 4864, true)},
       {"llama-3-8b", false, shape(llama, 4096, 32, 32, 8, 14336, 128256, 500000, 8192)},
       {"llama-3-70b", false, shape(llama, 8192, 80, 64, 8, 28672, 128256, 500000, 8192)},
       {"llama-2-7b", false, shape(llama, 4096, 32, 32, 32, 11008, 32000, 10000, 4096)},

@@ -352,6 +352,28 @@ TEST(GgufExportVariants, Qwen3WritesHeadNormsAndItsHeadDim) {
   for (int64_t i = 0; i < w.numel(); i += 97) ASSERT_EQ(element(wb, qw->type, i), w.at(i));
 }
 
+// llama.cpp's llama graph has no sliding window: a Mistral whose window is shorter than its
+// context is refused by name, not written as a file that computes another model past the window.
+TEST(GgufExportErrors, SlidingWindowShorterThanTheContextIsRefused) {
+  testing::TempDir dir;
+  ModelConfig c = *find_model_preset("tiny");
+  c.architecture = "MistralForCausalLM";
+  c.model_type = "mistral";
+  c.sliding_window = 32;
+  write_random_model(c, dir / "m", init_options());
+  try {
+    export_gguf(dir / "m", dir / "m.gguf");
+    ADD_FAILURE() << "exported a sliding-window model";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sliding_window 32"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir / "m.gguf"));
+  c.sliding_window = c.max_position_embeddings;  // a window as long as the context changes nothing
+  write_random_model(c, dir / "w", init_options());
+  export_gguf(dir / "w", dir / "w.gguf");
+  EXPECT_EQ(read_gguf(dir / "w.gguf").at("general.architecture").s, "llama");
+}
+
 TEST(GgufExportErrors, BadModelFoldersAreErrorsAndLeaveNoFile) {
   testing::TempDir dir;
   EXPECT_THROW(export_gguf(dir / "missing", dir / "a.gguf"), Error);

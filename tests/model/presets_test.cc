@@ -18,8 +18,9 @@ TEST(ModelPresets, OneTableForInitAndTheCostModel) {
     EXPECT_EQ(find_model_shape(p.name)->to_json(), p.config.to_json()) << p.name;
     EXPECT_EQ(find_model_preset(p.name).has_value(), p.materialisable) << p.name;
   }
-  EXPECT_EQ(model_preset_names(), (std::vector<std::string>{"tiny", "smollm-135m", "llama-3.2-1b",
-                                                            "tiny-qwen3", "qwen3-0.6b"}));
+  EXPECT_EQ(model_preset_names(),
+            (std::vector<std::string>{"tiny", "smollm-135m", "llama-3.2-1b", "tiny-qwen3",
+                                      "qwen3-0.6b", "tiny-qwen2", "qwen2.5-0.5b"}));
   EXPECT_EQ(shape_only_preset_names(),
             (std::vector<std::string>{"llama-3-8b", "llama-3-70b", "llama-2-7b", "qwen2.5-7b",
                                       "qwen2.5-72b", "qwen3-8b", "deepseek-67b"}));
@@ -32,6 +33,7 @@ TEST(ModelPresets, OneTableForInitAndTheCostModel) {
   // Qwen3-8B's 8.19B (head_dim 128, per-head q/k norms, untied head).
   EXPECT_EQ(find_model_shape("qwen3-8b")->num_parameters(), 8190735360);
   EXPECT_TRUE(find_model_preset("qwen3-0.6b")->qk_norm);
+  EXPECT_TRUE(find_model_preset("tiny-qwen2")->attention_bias);
 }
 
 // `model init --allow-large` writes the shapes with the Llama-3 vocabulary, with the Llama-3
