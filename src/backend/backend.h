@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <memory_resource>
 #include <optional>
@@ -44,6 +45,9 @@ struct BackendOptions {
   // compute on the host thread honour it; the simulator has no work to hide and ignores it.
   bool overlap = false;
   Tenancy tenancy = Tenancy::kBlocks;  // cpu, several models
+  // The cuda backend's knobs, by name (its --cuda-NAME flags; backend/cuda/knobs.h). Any other
+  // backend refuses a non-empty map (make_backend), naming the first flag.
+  std::map<std::string, std::string> cuda_knobs;
 };
 
 // One logits row to turn into a token: which sequence, how to sample, and what the penalties

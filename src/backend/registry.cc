@@ -3,6 +3,7 @@
 #include "backend/cpu/cpu_backend.h"
 #ifdef BLEND_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/knobs.h"
 #endif
 #include "core/error.h"
 
@@ -18,6 +19,9 @@ std::vector<std::string> backend_kinds() {
 
 std::unique_ptr<Backend> make_backend(const std::string& kind, const BackendInputs& in) {
   if (!in.config) throw Error("internal: make_backend(" + kind + ") without a model config");
+  if (kind != "cuda" && !in.options.cuda_knobs.empty())
+    throw Error("--cuda-" + in.options.cuda_knobs.begin()->first +
+                " is a knob of the cuda backend; this run uses --backend " + kind);
   if (kind == "cpu") {
     if (!in.weights) throw Error("the cpu backend needs a model's weights");
     std::vector<const TensorStore*> all{in.weights};
@@ -31,6 +35,7 @@ std::unique_ptr<Backend> make_backend(const std::string& kind, const BackendInpu
 #ifdef BLEND_HAVE_CUDA
   if (kind == "cuda") {
     if (!in.weights) throw Error("the cuda backend needs a model's weights");
+    cuda::parse_knobs(in.options.cuda_knobs);  // a bad flag is named before the device is
     return make_cuda_backend(*in.config, *in.weights, in.options);
   }
 #endif

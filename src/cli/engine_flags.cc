@@ -14,6 +14,9 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/registry.h"
+#ifdef BLEND_HAVE_CUDA
+#include "backend/cuda/knobs.h"
+#endif
 #include "core/error.h"
 
 namespace blend::cli {
@@ -119,6 +122,20 @@ void check_adaptive_flags(const AdaptiveFlags& flags, const EngineOptions& optio
     throw Error("--adaptive-threshold and --adaptive-serving need --adaptive-blocks FILE");
 }
 
+void add_cuda_knob_flags([[maybe_unused]] CLI::App* cmd,
+                         [[maybe_unused]] std::map<std::string, std::string>& knobs) {
+#ifdef BLEND_HAVE_CUDA
+  for (const cuda::KnobSpec& spec : cuda::knob_specs()) {
+    const std::string name = spec.name;
+    cmd->add_option_function<std::string>(
+           "--cuda-" + name, [&knobs, name](const std::string& v) { knobs[name] = v; },
+           std::string(spec.help) + " (" + spec.values + "; variable " + cuda::knob_env_var(name) +
+               " where the flag is not given)")
+        ->group("CUDA backend (--backend cuda)");
+  }
+#endif
+}
+
 void add_engine_flags(CLI::App* cmd, EngineOptions& o) {
   // Nonsense values are refused here, naming the flag: `--max-batch-tokens 0` used to end in
   // "internal: the scheduler ... scheduled nothing" (issue 26).
@@ -188,6 +205,7 @@ void add_engine_flags(CLI::App* cmd, EngineOptions& o) {
                   "(identical blocks once, the default), ps (a LoRA adapter its base, nothing "
                   "else), per-model (nothing)")
       ->transform(CLI::CheckedTransformer(tenancies, CLI::ignore_case));
+  add_cuda_knob_flags(cmd, o.cuda_knobs);
 }
 
 void add_hybrid_flags(CLI::App* cmd, HybridOptions& h) {

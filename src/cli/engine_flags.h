@@ -17,6 +17,10 @@ namespace blend::cli {
 
 void add_engine_flags(CLI::App* cmd, EngineOptions& options);
 
+// The cuda backend's knobs as flags --cuda-NAME VALUE (backend/cuda/knobs.h), in --help's "CUDA
+// backend" group, into `knobs` by name. Nothing in a build without the cuda backend.
+void add_cuda_knob_flags(CLI::App* cmd, std::map<std::string, std::string>& knobs);
+
 // --dense-batch-sizes (NanoFlow §4.2's discrete batching; batch, serve, simulate): a comma list
 // of token counts, or a `blend profile` file whose GEMM row tile's multiples are the sizes
 // (none when it saw no tile: a note says so). set_dense_batch_sizes throws blend::Error naming

@@ -6,7 +6,7 @@
 // instead; `--refit PROFILE --steps FILE...` does that fit without timing anything, taking what
 // is measured apart (sampling, swaps, the iteration model) from a profile written earlier.
 // `--backend cuda --nano FILE` (with or without --out) writes NanoFlow §5.5's phase profile,
-// with which BLEND_CUDA_NANO_PROFILE plans pipelined steps (backend/cuda/nano_search.h).
+// with which --cuda-nano-profile plans pipelined steps (backend/cuda/nano_search.h).
 // The profile scans step sizes for the GEMMs' row tile (NanoFlow §4.2) unless --no-dense-scan;
 // `--dense-batch-sizes PROFILE` on batch, serve and simulate cuts steps to its multiples.
 #include <unistd.h>
@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -27,6 +28,7 @@
 #include "backend/cuda/cuda_backend.h"
 #endif
 #include "cli/commands.h"
+#include "cli/engine_flags.h"
 #include "core/error.h"
 #include "harness/profile.h"
 #include "model/config.h"
@@ -46,7 +48,8 @@ struct ProfileArgs {
   bool deterministic = false;
   std::vector<std::string> step_timings;  // `blend batch --step-timings` files to fit on
   std::string refit;                      // a profile to refit on step_timings, timing nothing
-  std::string nano;  // cuda: NanoFlow §5.5's phase profile to write (BLEND_CUDA_NANO_PROFILE)
+  std::string nano;  // cuda: NanoFlow §5.5's phase profile to write (--cuda-nano-profile's)
+  std::map<std::string, std::string> cuda_knobs;  // --cuda-NAME (backend/cuda/knobs.h)
 };
 
 void print_steps_fit(const HardwareFit& fit) {
@@ -201,6 +204,7 @@ void run_profile(const ProfileArgs& args) {
   bo.threads = args.threads;
   bo.deterministic = args.deterministic;
   bo.page_size = static_cast<int>(po.page_size);
+  bo.cuda_knobs = args.cuda_knobs;
   auto backend =
       make_backend(args.backend, {.config = &config, .weights = &weights, .options = bo});
   int64_t pages = args.out.empty() ? 0 : po.max_kv_tokens / po.page_size + 256;
@@ -243,6 +247,7 @@ void register_profile_command(CLI::App& app) {
   cmd->add_option("--backend", args->backend, "Backend to time (cpu, or cuda where built)")
       ->check(CLI::IsMember(kinds))
       ->capture_default_str();
+  add_cuda_knob_flags(cmd, args->cuda_knobs);
   cmd->add_option("--threads", args->threads, "Compute threads (default: all)");
   cmd->add_option("--reps", args->reps, "Timed repetitions per step (median)");
   cmd->add_flag("--deterministic", args->deterministic, "Profile the deterministic kernels");
@@ -262,7 +267,7 @@ void register_profile_command(CLI::App& app) {
   cmd->add_option("--nano", args->nano,
                   "cuda: also time one layer's GEMM phase and attention at each SM split green "
                   "contexts allow and write NanoFlow's autosearch profile here (for "
-                  "BLEND_CUDA_NANO_PROFILE)");
+                  "--cuda-nano-profile)");
   cmd->callback([args] {
     if (args->out.empty() && args->nano.empty())
       throw Error("profile: --out is required (the cost model's profile to write), or --nano");

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -65,6 +66,8 @@ struct EngineOptions {
   bool adaptive_by_default = false;
   // With several models: how they share weights (backend/backend.h Tenancy; cpu backend).
   Tenancy tenancy = Tenancy::kBlocks;
+  // The cuda backend's --cuda-NAME knobs (BackendOptions::cuda_knobs).
+  std::map<std::string, std::string> cuda_knobs;
 };
 
 struct EngineStats {

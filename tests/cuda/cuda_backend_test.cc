@@ -566,6 +566,45 @@ TEST(CudaKnobs, ReadsKnownValuesAndRefusesUnknownOnes) {
   }
 }
 
+// The same knobs as command-line flags (--cuda-NAME, issue 55): a flag wins over its variable,
+// errors name the flag the value came from, and an unknown knob name is refused.
+TEST(CudaKnobs, FlagsWinOverTheEnvironmentAndAreNamedInErrors) {
+  {
+    ScopedEnv env("BLEND_CUDA_ATTENTION", "warps");
+    EXPECT_EQ(cuda::parse_knobs({}).attention, cuda::AttentionKernel::kWarps);
+    EXPECT_EQ(cuda::parse_knobs({{"attention", "tiled32"}}).attention,
+              cuda::AttentionKernel::kTiled32);
+    const cuda::Knobs k = cuda::parse_knobs({{"nano-batches", "auto"},
+                                             {"nano-gemm-sms", "64"},
+                                             {"nano-sm-split", "green"},
+                                             {"graphs", "decode"}});
+    EXPECT_EQ(k.nano, cuda::NanoMode::kAuto);
+    EXPECT_EQ(k.nano_gemm_sms, 64);
+    EXPECT_TRUE(k.nano_green);
+    EXPECT_TRUE(k.graphs);
+  }
+  const auto message = [](const std::map<std::string, std::string>& flags) {
+    try {
+      cuda::parse_knobs(flags);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(message({{"attention", "fast"}}),
+            "--cuda-attention=fast: expected default, pipelined3, warps, warps8, tiled64 or "
+            "tiled32");
+  EXPECT_NE(message({{"decode-splits", "99"}}).find("--cuda-decode-splits=99"), std::string::npos);
+  EXPECT_NE(message({{"nano-profile", "p.json"}})
+                .find("--cuda-nano-profile plans pipelined steps: "
+                      "it needs --cuda-nano-batches"),
+            std::string::npos);
+  EXPECT_EQ(message({{"attenton", "warps"}}), "--cuda-attenton: no such cuda backend knob");
+  // Every knob has a flag and a variable of the documented form.
+  EXPECT_EQ(cuda::knob_specs().size(), 13u);
+  EXPECT_EQ(cuda::knob_env_var("nano-gemm-sms"), "BLEND_CUDA_NANO_GEMM_SMS");
+}
+
 TEST(CudaBackend, WithoutAGpuItRefusesWithTheReason) {
   std::string why;
   if (cuda_device_available(&why)) GTEST_SKIP() << "a GPU is present";

@@ -106,8 +106,9 @@ void CudaBackendImpl::load(const TensorStore& store, const BackendOptions& optio
   elem_ = file == DType::kF32 ? Elem::kF32 : Elem::kBF16;
   embed_elem_ = file == DType::kBF16 ? Elem::kBF16 : Elem::kF32;  // the cpu backend's rule
 
-  // Kernels, layout, splits and the nano-batch pipeline from the environment (knobs.h).
-  const cuda::Knobs knobs = cuda::read_knobs();
+  // Kernels, layout, splits and the nano-batch pipeline: the --cuda-* flags, else the
+  // environment (knobs.h).
+  const cuda::Knobs knobs = cuda::parse_knobs(options.cuda_knobs);
   attention_kernel_ = knobs.attention;
   prefill_kernel_ = knobs.prefill;
   if (knobs.gate_up_bf16 && elem_ == Elem::kBF16 && config_.intermediate_size % 4 == 0)

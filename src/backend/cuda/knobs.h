@@ -1,12 +1,16 @@
-// The cuda backend's environment knobs (BLEND_CUDA_*): which kernels, KV layout, decode splits
-// and nano-batch pipeline a backend built now uses, so one build can compare them in benchmarks
-// and tests. The defaults are the measured best (docs/BENCHMARKS.md, "CUDA backend"). Pure host
-// code, tested without a GPU.
+// The cuda backend's knobs: which kernels, KV layout, decode splits and nano-batch pipeline a
+// backend uses, so one build can compare them in benchmarks and tests. Each is a command-line
+// flag --cuda-NAME of `blend batch` / `serve` / `profile` (in --help; BackendOptions::cuda_knobs),
+// and, for debugging, an environment variable BLEND_CUDA_NAME read where the flag is not given.
+// The defaults are the measured best (docs/BENCHMARKS.md, "CUDA backend"). Pure host code,
+// tested without a GPU. The comments below name each knob by its variable.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "backend/cuda/kernels.h"
 
@@ -55,8 +59,23 @@ struct Knobs {
   bool draw_cuts = false;
 };
 
-// Reads the knobs from the environment; unset or empty means the default. Throws blend::Error
-// naming the variable for a value it does not know.
+// One knob, for the command line: its name (flag --cuda-NAME, variable knob_env_var(NAME)),
+// the values it takes and what it does.
+struct KnobSpec {
+  const char* name;    // "nano-batches"
+  const char* values;  // "off|auto|always"
+  const char* help;
+};
+const std::vector<KnobSpec>& knob_specs();
+// "nano-batches" -> "BLEND_CUDA_NANO_BATCHES".
+std::string knob_env_var(const std::string& name);
+
+// The knobs from `flags` (knob name -> the value its --cuda-NAME flag gave); a knob not given
+// there is read from its environment variable, and unset or empty means the default. Throws
+// blend::Error naming the flag (or the variable, where the value came from one) and what it
+// takes for a value it does not know, an unknown knob name, or knobs that contradict each other.
+Knobs parse_knobs(const std::map<std::string, std::string>& flags);
+// parse_knobs({}): the environment alone.
 Knobs read_knobs();
 
 }  // namespace blend::cuda
