@@ -69,15 +69,42 @@ int milliseconds_until(Clock::time_point t) {
   return static_cast<int>(std::clamp<long long>(ms, 0, 1 << 30));
 }
 
+// Finds the end of a request head, its first empty line (CRLF CRLF, or LF LF as httplib also
+// takes), in bytes fed in order: each byte is looked at once, however the head is split.
+class HeadEnd {
+ public:
+  // How many of p[0, n) belong to the head: all n when it has not ended yet.
+  size_t feed(const char* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      last_ = (last_ << 8) | static_cast<unsigned char>(p[i]);
+      if ((last_ & 0xFFFFFFFFu) == 0x0D0A0D0Au || (last_ & 0xFFFFu) == 0x0A0Au) {
+        ended_ = true;
+        return i + 1;
+      }
+    }
+    return n;
+  }
+  bool ended() const { return ended_; }
+  void reset() { *this = HeadEnd(); }
+
+ private:
+  uint32_t last_ = 0;
+  bool ended_ = false;
+};
+
 // One connection's byte stream, kept for all its requests (so that bytes of a pipelined request
 // read ahead with the one before it stay here), with the request deadlines of ConnectionLimits.
 class ConnectionStream final : public httplib::Stream {
  public:
-  ConnectionStream(int fd, time_t read_timeout_s, time_t write_timeout_s, ConnectionLimits limits)
+  // `received`: bytes of the connection read before (by the ConnectionQueue's poller), served
+  // before any read from the socket.
+  ConnectionStream(int fd, time_t read_timeout_s, time_t write_timeout_s, ConnectionLimits limits,
+                   std::string received = {})
       : fd_(fd),
         read_timeout_ms_(static_cast<int>(read_timeout_s * 1000)),
         write_timeout_ms_(static_cast<int>(write_timeout_s * 1000)),
-        limits_(limits) {}
+        limits_(limits),
+        received_(std::move(received)) {}
 
   // The next request starts: its deadlines count from `now` (its first byte).
   void begin_request(Clock::time_point now = Clock::now()) {
@@ -85,11 +112,10 @@ class ConnectionStream final : public httplib::Stream {
                                std::chrono::duration<double>(limits_.head_timeout_s));
     request_deadline_ = now + std::chrono::duration_cast<Clock::duration>(
                                   std::chrono::duration<double>(limits_.request_timeout_s));
-    in_head_ = true;
-    last_bytes_ = 0;
+    head_end_.reset();
     written_ = 0;
   }
-  bool has_buffered() const { return off_ < size_; }
+  bool has_buffered() const { return received_off_ < received_.size() || off_ < size_; }
   bool timed_out() const { return timed_out_; }
   bool wrote_anything() const { return written_ > 0; }
   bool close_requested() const { return close_requested_; }
@@ -101,7 +127,18 @@ class ConnectionStream final : public httplib::Stream {
   }
 
   ssize_t read(char* ptr, size_t size) override {
-    if (!has_buffered()) {
+    if (received_off_ < received_.size()) {
+      const size_t n = std::min(size, received_.size() - received_off_);
+      std::memcpy(ptr, received_.data() + received_off_, n);
+      received_off_ += n;
+      if (received_off_ == received_.size()) {  // all served: its memory goes
+        std::string().swap(received_);
+        received_off_ = 0;
+      }
+      if (!head_end_.ended()) head_end_.feed(ptr, n);
+      return static_cast<ssize_t>(n);
+    }
+    if (off_ == size_) {
       if (!wait_readable()) return -1;
       ssize_t n;
       do {
@@ -114,7 +151,7 @@ class ConnectionStream final : public httplib::Stream {
     const size_t n = std::min(size, size_ - off_);
     std::memcpy(ptr, buffer_ + off_, n);
     off_ += n;
-    if (in_head_) track_head(ptr, n);
+    if (!head_end_.ended()) head_end_.feed(ptr, n);
     return static_cast<ssize_t>(n);
   }
 
@@ -143,30 +180,22 @@ class ConnectionStream final : public httplib::Stream {
   // on a connection kept alive).
   bool wait_readable() const {
     if (timed_out_) return false;
-    const Clock::time_point deadline = in_head_ ? head_deadline_ : request_deadline_;
+    const Clock::time_point deadline = head_end_.ended() ? request_deadline_ : head_deadline_;
     const int rc = poll_for(fd_, POLLIN, std::min(read_timeout_ms_, milliseconds_until(deadline)));
     if (rc > 0) return true;
     if (rc == 0) timed_out_ = true;
     return false;
   }
 
-  // The head ends at its first empty line (CRLF CRLF, or LF LF as httplib also takes).
-  void track_head(const char* p, size_t n) {
-    for (size_t i = 0; i < n && in_head_; ++i) {
-      last_bytes_ = (last_bytes_ << 8) | static_cast<unsigned char>(p[i]);
-      if ((last_bytes_ & 0xFFFFFFFFu) == 0x0D0A0D0Au || (last_bytes_ & 0xFFFFu) == 0x0A0Au)
-        in_head_ = false;
-    }
-  }
-
   const int fd_;
   const int read_timeout_ms_, write_timeout_ms_;
   const ConnectionLimits limits_;
+  std::string received_;
+  size_t received_off_ = 0;
   char buffer_[16 * 1024];
   size_t off_ = 0, size_ = 0;
   Clock::time_point head_deadline_, request_deadline_;
-  bool in_head_ = true;
-  uint32_t last_bytes_ = 0;
+  HeadEnd head_end_;
   size_t written_ = 0;
   mutable bool timed_out_ = false;
   bool close_requested_ = false;
@@ -215,11 +244,9 @@ void send_too_many_connections(int fd, const std::string& why) {
   ::shutdown(fd, SHUT_WR);
 }
 
-// Whether `p` holds a whole request head (up to its first empty line, as track_head finds it).
-bool holds_head(const char* p, size_t n) {
-  const std::string_view v(p, n);
-  return v.find("\r\n\r\n") != std::string_view::npos || v.find("\n\n") != std::string_view::npos;
-}
+// Heads longer than this go to a worker unfinished, which reads the rest under the head's
+// deadline (httplib takes heads of any length).
+constexpr size_t kMaxPolledHead = 32 * 1024;
 
 using RequestProcessor = std::function<bool(httplib::Stream&, bool close_connection, bool& closed)>;
 
@@ -257,6 +284,10 @@ struct ParkedConnection {
   Clock::time_point idle_deadline;  // no byte of a request by then: closed (keep-alive timeout)
   bool head_started = false;
   Clock::time_point first_byte;  // of the request, once head_started
+  // What the poller read of the request so far (recv'd, not peeked: a head trickled in byte by
+  // byte was peeked whole at each byte, quadratic in its length), handed to the worker's stream.
+  std::string received;
+  HeadEnd head_end;  // over `received`
 };
 
 // httplib's task queue for accepted connections, which it hands over one closure each (that
@@ -339,6 +370,8 @@ class ConnectionQueue final : public httplib::TaskQueue {
     std::lock_guard lock(mu_);
     if (stopping_) return close_locked(c);
     c.head_started = false;
+    c.received.clear();
+    c.head_end.reset();
     park_locked(std::move(c));
   }
 
@@ -377,21 +410,29 @@ class ConnectionQueue final : public httplib::TaskQueue {
     return c;
   }
 
-  // New bytes (or an end) on a parked connection: served once its head is whole.
+  // New bytes (or an end) on a parked connection: read (edge-triggered: until none are left)
+  // and served once its head is whole.
   void on_readable_locked(int fd) {
     auto it = parked_.find(fd);
     if (it == parked_.end()) return;
     ParkedConnection& c = it->second;
-    const ssize_t n = ::recv(fd, peek_.data(), peek_.size(), MSG_PEEK | MSG_DONTWAIT);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
-    if (n <= 0) return close_locked(unpark_locked(fd));  // closed by the client, or failed
-    if (!c.head_started) {
-      c.head_started = true;
-      c.first_byte = Clock::now();
+    for (;;) {
+      const size_t want = kMaxPolledHead - c.received.size();
+      const ssize_t n = ::recv(fd, scratch_.data(), std::min(want, scratch_.size()), MSG_DONTWAIT);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      if (n <= 0) return close_locked(unpark_locked(fd));  // closed by the client, or failed
+      if (!c.head_started) {
+        c.head_started = true;
+        c.first_byte = Clock::now();
+      }
+      c.received.append(scratch_.data(), static_cast<size_t>(n));
+      c.head_end.feed(scratch_.data(), static_cast<size_t>(n));
+      if (c.head_end.ended() || c.received.size() >= kMaxPolledHead) return dispatch_locked(fd);
     }
-    // A head larger than the peek goes to a worker, which reads it under its deadline.
-    if (static_cast<size_t>(n) < peek_.size() && !holds_head(peek_.data(), static_cast<size_t>(n)))
-      return;
+  }
+
+  void dispatch_locked(int fd) {
     pool_.enqueue([this, ready = unpark_locked(fd)]() mutable {
       server_.serve_ready(*this, std::move(ready));
     });
@@ -437,10 +478,10 @@ class ConnectionQueue final : public httplib::TaskQueue {
   const int epoll_fd_, wake_fd_;
   std::mutex mu_;
   bool stopping_ = false;
-  std::unordered_map<int, ParkedConnection> parked_;       // by socket
-  int open_ = 0;                                           // connections admitted and not closed
-  std::unordered_map<std::string, int> per_ip_;            // of them, by client address
-  std::vector<char> peek_ = std::vector<char>(32 * 1024);  // the poller's
+  std::unordered_map<int, ParkedConnection> parked_;  // by socket
+  int open_ = 0;                                      // connections admitted and not closed
+  std::unordered_map<std::string, int> per_ip_;       // of them, by client address
+  std::vector<char> scratch_ = std::vector<char>(kMaxPolledHead);  // the poller's recv buffer
   std::thread poller_;
 };
 
@@ -482,7 +523,8 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
 }
 
 void HttpServer::serve_ready(ConnectionQueue& queue, ParkedConnection c) {
-  ConnectionStream stream(c.fd, read_timeout_sec_, write_timeout_sec_, limits_);
+  ConnectionStream stream(c.fd, read_timeout_sec_, write_timeout_sec_, limits_,
+                          std::move(c.received));
   current_connection = &stream;
   // Only requests whose bytes are here already: for the next one the connection waits parked.
   bool first = true;
