@@ -9,16 +9,20 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <functional>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
+
+#include "server/request_body.h"
 
 namespace blend {
 namespace {
@@ -97,14 +101,24 @@ class HeadEnd {
 class ConnectionStream final : public httplib::Stream {
  public:
   // `received`: bytes of the connection read before (by the ConnectionQueue's poller), served
-  // before any read from the socket.
+  // before any read from the socket; `body_reserved`: what limits.body_budget holds for the
+  // body among them, until its handler takes it over (take_body_reservation) or it is served.
   ConnectionStream(int fd, time_t read_timeout_s, time_t write_timeout_s, ConnectionLimits limits,
-                   std::string received = {})
+                   std::string received = {}, size_t body_reserved = 0)
       : fd_(fd),
         read_timeout_ms_(static_cast<int>(read_timeout_s * 1000)),
         write_timeout_ms_(static_cast<int>(write_timeout_s * 1000)),
         limits_(limits),
-        received_(std::move(received)) {}
+        received_(std::move(received)),
+        body_reserved_(body_reserved) {}
+  ~ConnectionStream() override { release_body_reservation(); }
+  ConnectionStream(const ConnectionStream&) = delete;
+  ConnectionStream& operator=(const ConnectionStream&) = delete;
+
+  size_t take_body_reservation() { return std::exchange(body_reserved_, 0); }
+  void release_body_reservation() {
+    if (body_reserved_ > 0) limits_.body_budget->release(std::exchange(body_reserved_, 0));
+  }
 
   // The next request starts: its deadlines count from `now` (its first byte).
   void begin_request(Clock::time_point now = Clock::now()) {
@@ -192,6 +206,7 @@ class ConnectionStream final : public httplib::Stream {
   const ConnectionLimits limits_;
   std::string received_;
   size_t received_off_ = 0;
+  size_t body_reserved_;
   char buffer_[16 * 1024];
   size_t off_ = 0, size_ = 0;
   Clock::time_point head_deadline_, request_deadline_;
@@ -248,6 +263,46 @@ void send_too_many_connections(int fd, const std::string& why) {
 // deadline (httplib takes heads of any length).
 constexpr size_t kMaxPolledHead = 32 * 1024;
 
+bool same_name(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) == y;
+         });
+}
+
+// The body length the poller reads for a request with this head before a worker takes it: its
+// Content-Length when that is the one framing the head announces. 0 when there is no body or a
+// worker reads it: chunked (its end is only known by parsing it), Expect: 100-continue (the
+// client waits for our answer before sending it), a repeated or malformed Content-Length
+// (httplib answers those).
+size_t body_to_collect(std::string_view head) {
+  size_t length = 0;
+  int lengths = 0;
+  for (size_t at = head.find('\n'); at != std::string_view::npos && at + 1 < head.size();) {
+    const size_t start = at + 1;
+    at = head.find('\n', start);
+    const std::string_view line =
+        head.substr(start, at == std::string_view::npos ? std::string_view::npos : at - start);
+    const size_t colon = line.find(':');
+    if (colon == std::string_view::npos) continue;
+    const std::string_view name = line.substr(0, colon);
+    if (same_name(name, "transfer-encoding") || same_name(name, "expect")) return 0;
+    if (!same_name(name, "content-length")) continue;
+    std::string_view value = line.substr(colon + 1);
+    while (!value.empty() && (value.front() == ' ' || value.front() == '\t'))
+      value.remove_prefix(1);
+    while (!value.empty() && (value.back() == ' ' || value.back() == '\t' || value.back() == '\r'))
+      value.remove_suffix(1);
+    if (value.empty() || value.size() > 18) return 0;
+    length = 0;
+    for (const char c : value) {
+      if (c < '0' || c > '9') return 0;
+      length = length * 10 + static_cast<size_t>(c - '0');
+    }
+    ++lengths;
+  }
+  return lengths == 1 ? length : 0;
+}
+
 using RequestProcessor = std::function<bool(httplib::Stream&, bool close_connection, bool& closed)>;
 
 // Serves requests on `stream` for as long as `next_request` says one is there, at most `left`
@@ -258,6 +313,7 @@ bool serve_requests(ConnectionStream& stream, size_t& left, const RequestProcess
     stream.begin_request(first_byte);
     bool closed = false;
     const bool ok = process(stream, /*close_connection=*/left == 1, closed);
+    stream.release_body_reservation();  // a route that reads no body did not take it
     if (stream.timed_out()) {
       if (!stream.wrote_anything()) send_request_timeout(stream.socket());
       return false;
@@ -287,15 +343,20 @@ struct ParkedConnection {
   // What the poller read of the request so far (recv'd, not peeked: a head trickled in byte by
   // byte was peeked whole at each byte, quadratic in its length), handed to the worker's stream.
   std::string received;
-  HeadEnd head_end;  // over `received`
+  HeadEnd head_end;       // over `received`
+  size_t head_bytes = 0;  // once the head ended: its length in `received`
+  // The body the poller reads before a worker takes the request (body_to_collect), and what
+  // ConnectionLimits::body_budget holds for it.
+  size_t body_bytes = 0, body_reserved = 0;
 };
 
 // httplib's task queue for accepted connections, which it hands over one closure each (that
 // calls process_and_close_socket). Here that closure runs at once on the accepting thread and
 // admits the socket (or refuses it: the connection bounds); admitted sockets wait in an epoll
-// set until a request's head has arrived whole (peeked at, not read: the worker's stream reads
-// it), then go to a pool thread, which serves the requests it has and hands the connection
-// back. So a thread is held only while a request's body is read and it is answered.
+// set until a request's head has arrived whole, and its body where ConnectionLimits says the
+// poller reads it (read into the connection's buffer, which the worker's stream serves first),
+// then go to a pool thread, which serves the requests it has and hands the connection back. So
+// a thread is held only while a request is answered (and the bodies the poller leaves are read).
 class ConnectionQueue final : public httplib::TaskQueue {
  public:
   ConnectionQueue(HttpServer& server, size_t threads)
@@ -372,6 +433,7 @@ class ConnectionQueue final : public httplib::TaskQueue {
     c.head_started = false;
     c.received.clear();
     c.head_end.reset();
+    c.head_bytes = c.body_bytes = c.body_reserved = 0;
     park_locked(std::move(c));
   }
 
@@ -395,6 +457,7 @@ class ConnectionQueue final : public httplib::TaskQueue {
   }
 
   void close_locked(const ParkedConnection& c) {
+    if (c.body_reserved > 0) limits_.body_budget->release(c.body_reserved);
     ::shutdown(c.fd, SHUT_RDWR);
     ::close(c.fd);
     --open_;
@@ -411,13 +474,14 @@ class ConnectionQueue final : public httplib::TaskQueue {
   }
 
   // New bytes (or an end) on a parked connection: read (edge-triggered: until none are left)
-  // and served once its head is whole.
+  // and served once its head is whole, and its body too where the poller reads it.
   void on_readable_locked(int fd) {
     auto it = parked_.find(fd);
     if (it == parked_.end()) return;
     ParkedConnection& c = it->second;
     for (;;) {
-      const size_t want = kMaxPolledHead - c.received.size();
+      const size_t want = c.head_end.ended() ? c.head_bytes + c.body_bytes - c.received.size()
+                                             : kMaxPolledHead - c.received.size();
       const ssize_t n = ::recv(fd, scratch_.data(), std::min(want, scratch_.size()), MSG_DONTWAIT);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
@@ -427,9 +491,30 @@ class ConnectionQueue final : public httplib::TaskQueue {
         c.first_byte = Clock::now();
       }
       c.received.append(scratch_.data(), static_cast<size_t>(n));
-      c.head_end.feed(scratch_.data(), static_cast<size_t>(n));
-      if (c.head_end.ended() || c.received.size() >= kMaxPolledHead) return dispatch_locked(fd);
+      if (!c.head_end.ended()) {
+        const size_t in_head = c.head_end.feed(scratch_.data(), static_cast<size_t>(n));
+        if (!c.head_end.ended()) {
+          if (c.received.size() >= kMaxPolledHead) return dispatch_locked(fd);
+          continue;
+        }
+        c.head_bytes = c.received.size() - static_cast<size_t>(n) + in_head;
+        if (!collect_body_locked(c)) return dispatch_locked(fd);
+      }
+      if (c.received.size() >= c.head_bytes + c.body_bytes) return dispatch_locked(fd);
     }
+  }
+
+  // Whether the poller reads the body of the request whose head `c` holds before a worker takes
+  // it: a body announced by its Content-Length within ConnectionLimits::collect_body_bytes, and
+  // held in the body budget (else the handler reads it, or refuses it: 413, 503).
+  bool collect_body_locked(ParkedConnection& c) {
+    const size_t n = body_to_collect(std::string_view(c.received).substr(0, c.head_bytes));
+    if (n == 0 || n > limits_.collect_body_bytes || limits_.body_budget == nullptr ||
+        !limits_.body_budget->reserve(n))
+      return false;
+    c.body_bytes = c.body_reserved = n;
+    c.received.reserve(c.head_bytes + n);
+    return true;
   }
 
   void dispatch_locked(int fd) {
@@ -438,14 +523,19 @@ class ConnectionQueue final : public httplib::TaskQueue {
     });
   }
 
-  // Idle connections past the keep-alive timeout close; heads past --http-head-timeout get 408.
+  // Idle connections past the keep-alive timeout close; heads past --http-head-timeout and
+  // bodies the poller reads past --http-request-timeout get 408.
   void expire_locked(Clock::time_point now) {
     const auto head_timeout = std::chrono::duration_cast<Clock::duration>(
         std::chrono::duration<double>(limits_.head_timeout_s));
+    const auto request_timeout = std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(limits_.request_timeout_s));
     std::vector<int> expired;
-    for (const auto& [fd, c] : parked_)
-      if (c.head_started ? now - c.first_byte >= head_timeout : now >= c.idle_deadline)
+    for (const auto& [fd, c] : parked_) {
+      const auto timeout = c.head_end.ended() ? request_timeout : head_timeout;
+      if (c.head_started ? now - c.first_byte >= timeout : now >= c.idle_deadline)
         expired.push_back(fd);
+    }
     for (const int fd : expired) {
       ParkedConnection c = unpark_locked(fd);
       if (c.head_started) send_request_timeout(fd);
@@ -524,7 +614,7 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
 
 void HttpServer::serve_ready(ConnectionQueue& queue, ParkedConnection c) {
   ConnectionStream stream(c.fd, read_timeout_sec_, write_timeout_sec_, limits_,
-                          std::move(c.received));
+                          std::move(c.received), std::exchange(c.body_reserved, 0));
   current_connection = &stream;
   // Only requests whose bytes are here already: for the next one the connection waits parked.
   bool first = true;
@@ -547,6 +637,10 @@ void HttpServer::close_connection_after_response(httplib::Response& res) {
 bool set_listen_backlog(const HttpServer& http, int backlog) {
   const socket_t fd = http.listen_socket();
   return fd != INVALID_SOCKET && ::listen(fd, backlog) == 0;
+}
+
+size_t take_body_reservation(const httplib::Request&) {
+  return current_connection ? current_connection->take_body_reservation() : 0;
 }
 
 int request_socket(const httplib::Request&) {

@@ -253,7 +253,9 @@ Server::Impl::Impl(const ServerOptions& o) : options(o) {
   http.set_connection_limits({.head_timeout_s = options.http_head_timeout_s,
                               .request_timeout_s = options.http_request_timeout_s,
                               .max_connections = max_connections(options.max_connections),
-                              .max_connections_per_ip = options.max_connections_per_ip});
+                              .max_connections_per_ip = options.max_connections_per_ip,
+                              .body_budget = &body_budget,
+                              .collect_body_bytes = options.max_body_bytes});
   // httplib's default sets SO_REUSEPORT: a second server on a busy port then bound it too and
   // the kernel spread requests over both. SO_REUSEADDR alone still refuses a port in use.
   http.set_socket_options([](socket_t fd) {
@@ -305,7 +307,7 @@ void Server::Impl::route(const char* method, const std::string& pattern,
                                                         const httplib::ContentReader& reader) {
     // httplib hands handlers its own (non-const) Request as const: the body is ours to fill.
     auto& request = const_cast<httplib::Request&>(req);
-    BodyReservation held(body_budget);
+    BodyReservation held(body_budget, take_body_reservation(req));
     if (auto refused = read_body(request, reader, options.max_body_bytes, held)) {
       HttpServer::close_connection_after_response(res);  // the rest of the body is unread
       if (refused->status == 503) res.set_header("Retry-After", "1");
