@@ -480,9 +480,10 @@ class ConnectionQueue final : public httplib::TaskQueue {
     if (it == parked_.end()) return;
     ParkedConnection& c = it->second;
     for (;;) {
-      const size_t want = c.head_end.ended() ? c.head_bytes + c.body_bytes - c.received.size()
-                                             : kMaxPolledHead - c.received.size();
-      const ssize_t n = ::recv(fd, scratch_.data(), std::min(want, scratch_.size()), MSG_DONTWAIT);
+      const size_t want = std::min(
+          scratch_.size(), c.head_end.ended() ? c.head_bytes + c.body_bytes - c.received.size()
+                                              : kMaxPolledHead - c.received.size());
+      const ssize_t n = ::recv(fd, scratch_.data(), want, MSG_DONTWAIT);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
       if (n <= 0) return close_locked(unpark_locked(fd));  // closed by the client, or failed
@@ -501,6 +502,9 @@ class ConnectionQueue final : public httplib::TaskQueue {
         if (!collect_body_locked(c)) return dispatch_locked(fd);
       }
       if (c.received.size() >= c.head_bytes + c.body_bytes) return dispatch_locked(fd);
+      // A short read took all the socket held: what comes later is a new edge, which wakes the
+      // poller again (a second recv only to hear EAGAIN doubled the calls of a trickled head).
+      if (static_cast<size_t>(n) < want) return;
     }
   }
 
