@@ -9,16 +9,20 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <functional>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
+
+#include "server/request_body.h"
 
 namespace blend {
 namespace {
@@ -69,15 +73,52 @@ int milliseconds_until(Clock::time_point t) {
   return static_cast<int>(std::clamp<long long>(ms, 0, 1 << 30));
 }
 
+// Finds the end of a request head, its first empty line (CRLF CRLF, or LF LF as httplib also
+// takes), in bytes fed in order: each byte is looked at once, however the head is split.
+class HeadEnd {
+ public:
+  // How many of p[0, n) belong to the head: all n when it has not ended yet.
+  size_t feed(const char* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      last_ = (last_ << 8) | static_cast<unsigned char>(p[i]);
+      if ((last_ & 0xFFFFFFFFu) == 0x0D0A0D0Au || (last_ & 0xFFFFu) == 0x0A0Au) {
+        ended_ = true;
+        return i + 1;
+      }
+    }
+    return n;
+  }
+  bool ended() const { return ended_; }
+  void reset() { *this = HeadEnd(); }
+
+ private:
+  uint32_t last_ = 0;
+  bool ended_ = false;
+};
+
 // One connection's byte stream, kept for all its requests (so that bytes of a pipelined request
 // read ahead with the one before it stay here), with the request deadlines of ConnectionLimits.
 class ConnectionStream final : public httplib::Stream {
  public:
-  ConnectionStream(int fd, time_t read_timeout_s, time_t write_timeout_s, ConnectionLimits limits)
+  // `received`: bytes of the connection read before (by the ConnectionQueue's poller), served
+  // before any read from the socket; `body_reserved`: what limits.body_budget holds for the
+  // body among them, until its handler takes it over (take_body_reservation) or it is served.
+  ConnectionStream(int fd, time_t read_timeout_s, time_t write_timeout_s, ConnectionLimits limits,
+                   std::string received = {}, size_t body_reserved = 0)
       : fd_(fd),
         read_timeout_ms_(static_cast<int>(read_timeout_s * 1000)),
         write_timeout_ms_(static_cast<int>(write_timeout_s * 1000)),
-        limits_(limits) {}
+        limits_(limits),
+        received_(std::move(received)),
+        body_reserved_(body_reserved) {}
+  ~ConnectionStream() override { release_body_reservation(); }
+  ConnectionStream(const ConnectionStream&) = delete;
+  ConnectionStream& operator=(const ConnectionStream&) = delete;
+
+  size_t take_body_reservation() { return std::exchange(body_reserved_, 0); }
+  void release_body_reservation() {
+    if (body_reserved_ > 0) limits_.body_budget->release(std::exchange(body_reserved_, 0));
+  }
 
   // The next request starts: its deadlines count from `now` (its first byte).
   void begin_request(Clock::time_point now = Clock::now()) {
@@ -85,11 +126,10 @@ class ConnectionStream final : public httplib::Stream {
                                std::chrono::duration<double>(limits_.head_timeout_s));
     request_deadline_ = now + std::chrono::duration_cast<Clock::duration>(
                                   std::chrono::duration<double>(limits_.request_timeout_s));
-    in_head_ = true;
-    last_bytes_ = 0;
+    head_end_.reset();
     written_ = 0;
   }
-  bool has_buffered() const { return off_ < size_; }
+  bool has_buffered() const { return received_off_ < received_.size() || off_ < size_; }
   bool timed_out() const { return timed_out_; }
   bool wrote_anything() const { return written_ > 0; }
   bool close_requested() const { return close_requested_; }
@@ -101,7 +141,18 @@ class ConnectionStream final : public httplib::Stream {
   }
 
   ssize_t read(char* ptr, size_t size) override {
-    if (!has_buffered()) {
+    if (received_off_ < received_.size()) {
+      const size_t n = std::min(size, received_.size() - received_off_);
+      std::memcpy(ptr, received_.data() + received_off_, n);
+      received_off_ += n;
+      if (received_off_ == received_.size()) {  // all served: its memory goes
+        std::string().swap(received_);
+        received_off_ = 0;
+      }
+      if (!head_end_.ended()) head_end_.feed(ptr, n);
+      return static_cast<ssize_t>(n);
+    }
+    if (off_ == size_) {
       if (!wait_readable()) return -1;
       ssize_t n;
       do {
@@ -114,7 +165,7 @@ class ConnectionStream final : public httplib::Stream {
     const size_t n = std::min(size, size_ - off_);
     std::memcpy(ptr, buffer_ + off_, n);
     off_ += n;
-    if (in_head_) track_head(ptr, n);
+    if (!head_end_.ended()) head_end_.feed(ptr, n);
     return static_cast<ssize_t>(n);
   }
 
@@ -143,30 +194,23 @@ class ConnectionStream final : public httplib::Stream {
   // on a connection kept alive).
   bool wait_readable() const {
     if (timed_out_) return false;
-    const Clock::time_point deadline = in_head_ ? head_deadline_ : request_deadline_;
+    const Clock::time_point deadline = head_end_.ended() ? request_deadline_ : head_deadline_;
     const int rc = poll_for(fd_, POLLIN, std::min(read_timeout_ms_, milliseconds_until(deadline)));
     if (rc > 0) return true;
     if (rc == 0) timed_out_ = true;
     return false;
   }
 
-  // The head ends at its first empty line (CRLF CRLF, or LF LF as httplib also takes).
-  void track_head(const char* p, size_t n) {
-    for (size_t i = 0; i < n && in_head_; ++i) {
-      last_bytes_ = (last_bytes_ << 8) | static_cast<unsigned char>(p[i]);
-      if ((last_bytes_ & 0xFFFFFFFFu) == 0x0D0A0D0Au || (last_bytes_ & 0xFFFFu) == 0x0A0Au)
-        in_head_ = false;
-    }
-  }
-
   const int fd_;
   const int read_timeout_ms_, write_timeout_ms_;
   const ConnectionLimits limits_;
+  std::string received_;
+  size_t received_off_ = 0;
+  size_t body_reserved_;
   char buffer_[16 * 1024];
   size_t off_ = 0, size_ = 0;
   Clock::time_point head_deadline_, request_deadline_;
-  bool in_head_ = true;
-  uint32_t last_bytes_ = 0;
+  HeadEnd head_end_;
   size_t written_ = 0;
   mutable bool timed_out_ = false;
   bool close_requested_ = false;
@@ -215,10 +259,48 @@ void send_too_many_connections(int fd, const std::string& why) {
   ::shutdown(fd, SHUT_WR);
 }
 
-// Whether `p` holds a whole request head (up to its first empty line, as track_head finds it).
-bool holds_head(const char* p, size_t n) {
-  const std::string_view v(p, n);
-  return v.find("\r\n\r\n") != std::string_view::npos || v.find("\n\n") != std::string_view::npos;
+// Heads longer than this go to a worker unfinished, which reads the rest under the head's
+// deadline (httplib takes heads of any length).
+constexpr size_t kMaxPolledHead = 32 * 1024;
+
+bool same_name(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) == y;
+         });
+}
+
+// The body length the poller reads for a request with this head before a worker takes it: its
+// Content-Length when that is the one framing the head announces. 0 when there is no body or a
+// worker reads it: chunked (its end is only known by parsing it), Expect: 100-continue (the
+// client waits for our answer before sending it), a repeated or malformed Content-Length
+// (httplib answers those).
+size_t body_to_collect(std::string_view head) {
+  size_t length = 0;
+  int lengths = 0;
+  for (size_t at = head.find('\n'); at != std::string_view::npos && at + 1 < head.size();) {
+    const size_t start = at + 1;
+    at = head.find('\n', start);
+    const std::string_view line =
+        head.substr(start, at == std::string_view::npos ? std::string_view::npos : at - start);
+    const size_t colon = line.find(':');
+    if (colon == std::string_view::npos) continue;
+    const std::string_view name = line.substr(0, colon);
+    if (same_name(name, "transfer-encoding") || same_name(name, "expect")) return 0;
+    if (!same_name(name, "content-length")) continue;
+    std::string_view value = line.substr(colon + 1);
+    while (!value.empty() && (value.front() == ' ' || value.front() == '\t'))
+      value.remove_prefix(1);
+    while (!value.empty() && (value.back() == ' ' || value.back() == '\t' || value.back() == '\r'))
+      value.remove_suffix(1);
+    if (value.empty() || value.size() > 18) return 0;
+    length = 0;
+    for (const char c : value) {
+      if (c < '0' || c > '9') return 0;
+      length = length * 10 + static_cast<size_t>(c - '0');
+    }
+    ++lengths;
+  }
+  return lengths == 1 ? length : 0;
 }
 
 using RequestProcessor = std::function<bool(httplib::Stream&, bool close_connection, bool& closed)>;
@@ -231,6 +313,7 @@ bool serve_requests(ConnectionStream& stream, size_t& left, const RequestProcess
     stream.begin_request(first_byte);
     bool closed = false;
     const bool ok = process(stream, /*close_connection=*/left == 1, closed);
+    stream.release_body_reservation();  // a route that reads no body did not take it
     if (stream.timed_out()) {
       if (!stream.wrote_anything()) send_request_timeout(stream.socket());
       return false;
@@ -257,14 +340,23 @@ struct ParkedConnection {
   Clock::time_point idle_deadline;  // no byte of a request by then: closed (keep-alive timeout)
   bool head_started = false;
   Clock::time_point first_byte;  // of the request, once head_started
+  // What the poller read of the request so far (recv'd, not peeked: a head trickled in byte by
+  // byte was peeked whole at each byte, quadratic in its length), handed to the worker's stream.
+  std::string received;
+  HeadEnd head_end;       // over `received`
+  size_t head_bytes = 0;  // once the head ended: its length in `received`
+  // The body the poller reads before a worker takes the request (body_to_collect), and what
+  // ConnectionLimits::body_budget holds for it.
+  size_t body_bytes = 0, body_reserved = 0;
 };
 
 // httplib's task queue for accepted connections, which it hands over one closure each (that
 // calls process_and_close_socket). Here that closure runs at once on the accepting thread and
 // admits the socket (or refuses it: the connection bounds); admitted sockets wait in an epoll
-// set until a request's head has arrived whole (peeked at, not read: the worker's stream reads
-// it), then go to a pool thread, which serves the requests it has and hands the connection
-// back. So a thread is held only while a request's body is read and it is answered.
+// set until a request's head has arrived whole, and its body where ConnectionLimits says the
+// poller reads it (read into the connection's buffer, which the worker's stream serves first),
+// then go to a pool thread, which serves the requests it has and hands the connection back. So
+// a thread is held only while a request is answered (and the bodies the poller leaves are read).
 class ConnectionQueue final : public httplib::TaskQueue {
  public:
   ConnectionQueue(HttpServer& server, size_t threads)
@@ -339,6 +431,9 @@ class ConnectionQueue final : public httplib::TaskQueue {
     std::lock_guard lock(mu_);
     if (stopping_) return close_locked(c);
     c.head_started = false;
+    c.received.clear();
+    c.head_end.reset();
+    c.head_bytes = c.body_bytes = c.body_reserved = 0;
     park_locked(std::move(c));
   }
 
@@ -362,6 +457,7 @@ class ConnectionQueue final : public httplib::TaskQueue {
   }
 
   void close_locked(const ParkedConnection& c) {
+    if (c.body_reserved > 0) limits_.body_budget->release(c.body_reserved);
     ::shutdown(c.fd, SHUT_RDWR);
     ::close(c.fd);
     --open_;
@@ -377,34 +473,73 @@ class ConnectionQueue final : public httplib::TaskQueue {
     return c;
   }
 
-  // New bytes (or an end) on a parked connection: served once its head is whole.
+  // New bytes (or an end) on a parked connection: read (edge-triggered: until none are left)
+  // and served once its head is whole, and its body too where the poller reads it.
   void on_readable_locked(int fd) {
     auto it = parked_.find(fd);
     if (it == parked_.end()) return;
     ParkedConnection& c = it->second;
-    const ssize_t n = ::recv(fd, peek_.data(), peek_.size(), MSG_PEEK | MSG_DONTWAIT);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
-    if (n <= 0) return close_locked(unpark_locked(fd));  // closed by the client, or failed
-    if (!c.head_started) {
-      c.head_started = true;
-      c.first_byte = Clock::now();
+    for (;;) {
+      const size_t want = std::min(
+          scratch_.size(), c.head_end.ended() ? c.head_bytes + c.body_bytes - c.received.size()
+                                              : kMaxPolledHead - c.received.size());
+      const ssize_t n = ::recv(fd, scratch_.data(), want, MSG_DONTWAIT);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      if (n <= 0) return close_locked(unpark_locked(fd));  // closed by the client, or failed
+      if (!c.head_started) {
+        c.head_started = true;
+        c.first_byte = Clock::now();
+      }
+      c.received.append(scratch_.data(), static_cast<size_t>(n));
+      if (!c.head_end.ended()) {
+        const size_t in_head = c.head_end.feed(scratch_.data(), static_cast<size_t>(n));
+        if (!c.head_end.ended()) {
+          if (c.received.size() >= kMaxPolledHead) return dispatch_locked(fd);
+          continue;
+        }
+        c.head_bytes = c.received.size() - static_cast<size_t>(n) + in_head;
+        if (!collect_body_locked(c)) return dispatch_locked(fd);
+      }
+      if (c.received.size() >= c.head_bytes + c.body_bytes) return dispatch_locked(fd);
+      // A short read took all the socket held: what comes later is a new edge, which wakes the
+      // poller again (a second recv only to hear EAGAIN doubled the calls of a trickled head).
+      if (static_cast<size_t>(n) < want) return;
     }
-    // A head larger than the peek goes to a worker, which reads it under its deadline.
-    if (static_cast<size_t>(n) < peek_.size() && !holds_head(peek_.data(), static_cast<size_t>(n)))
-      return;
+  }
+
+  // Whether the poller reads the body of the request whose head `c` holds before a worker takes
+  // it: a body announced by its Content-Length within ConnectionLimits::collect_body_bytes, and
+  // held in the body budget (else the handler reads it, or refuses it: 413, 503).
+  bool collect_body_locked(ParkedConnection& c) {
+    const size_t n = body_to_collect(std::string_view(c.received).substr(0, c.head_bytes));
+    if (n == 0 || n > limits_.collect_body_bytes || limits_.body_budget == nullptr ||
+        !limits_.body_budget->reserve(n))
+      return false;
+    c.body_bytes = c.body_reserved = n;
+    c.received.reserve(c.head_bytes + n);
+    return true;
+  }
+
+  void dispatch_locked(int fd) {
     pool_.enqueue([this, ready = unpark_locked(fd)]() mutable {
       server_.serve_ready(*this, std::move(ready));
     });
   }
 
-  // Idle connections past the keep-alive timeout close; heads past --http-head-timeout get 408.
+  // Idle connections past the keep-alive timeout close; heads past --http-head-timeout and
+  // bodies the poller reads past --http-request-timeout get 408.
   void expire_locked(Clock::time_point now) {
     const auto head_timeout = std::chrono::duration_cast<Clock::duration>(
         std::chrono::duration<double>(limits_.head_timeout_s));
+    const auto request_timeout = std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(limits_.request_timeout_s));
     std::vector<int> expired;
-    for (const auto& [fd, c] : parked_)
-      if (c.head_started ? now - c.first_byte >= head_timeout : now >= c.idle_deadline)
+    for (const auto& [fd, c] : parked_) {
+      const auto timeout = c.head_end.ended() ? request_timeout : head_timeout;
+      if (c.head_started ? now - c.first_byte >= timeout : now >= c.idle_deadline)
         expired.push_back(fd);
+    }
     for (const int fd : expired) {
       ParkedConnection c = unpark_locked(fd);
       if (c.head_started) send_request_timeout(fd);
@@ -437,10 +572,10 @@ class ConnectionQueue final : public httplib::TaskQueue {
   const int epoll_fd_, wake_fd_;
   std::mutex mu_;
   bool stopping_ = false;
-  std::unordered_map<int, ParkedConnection> parked_;       // by socket
-  int open_ = 0;                                           // connections admitted and not closed
-  std::unordered_map<std::string, int> per_ip_;            // of them, by client address
-  std::vector<char> peek_ = std::vector<char>(32 * 1024);  // the poller's
+  std::unordered_map<int, ParkedConnection> parked_;  // by socket
+  int open_ = 0;                                      // connections admitted and not closed
+  std::unordered_map<std::string, int> per_ip_;       // of them, by client address
+  std::vector<char> scratch_ = std::vector<char>(kMaxPolledHead);  // the poller's recv buffer
   std::thread poller_;
 };
 
@@ -482,7 +617,8 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
 }
 
 void HttpServer::serve_ready(ConnectionQueue& queue, ParkedConnection c) {
-  ConnectionStream stream(c.fd, read_timeout_sec_, write_timeout_sec_, limits_);
+  ConnectionStream stream(c.fd, read_timeout_sec_, write_timeout_sec_, limits_,
+                          std::move(c.received), std::exchange(c.body_reserved, 0));
   current_connection = &stream;
   // Only requests whose bytes are here already: for the next one the connection waits parked.
   bool first = true;
@@ -505,6 +641,10 @@ void HttpServer::close_connection_after_response(httplib::Response& res) {
 bool set_listen_backlog(const HttpServer& http, int backlog) {
   const socket_t fd = http.listen_socket();
   return fd != INVALID_SOCKET && ::listen(fd, backlog) == 0;
+}
+
+size_t take_body_reservation(const httplib::Request&) {
+  return current_connection ? current_connection->take_body_reservation() : 0;
 }
 
 int request_socket(const httplib::Request&) {

@@ -10,7 +10,8 @@
 //       * has a per-read timeout only, so a client sending one header line every 3 s held a
 //         thread forever (slowloris). Here a request's head must arrive within
 //         ConnectionLimits::head_timeout_s and the whole request within request_timeout_s;
-//         past either the client gets a 408 and the connection is closed;
+//         past either the client gets a 408 and the connection is closed (a body of known
+//         length waits off the threads, as heads do: ConnectionLimits::collect_body_bytes);
 //       * cannot be told to close a connection whose body a handler left unread (a body
 //         refused as too large): close_connection_after_response() does.
 //   - Bounds on connections, and threads for requests only: httplib gives each accepted
@@ -31,6 +32,8 @@
 
 namespace blend {
 
+class BodyBudget;
+
 struct ConnectionLimits {
   // From a request's first byte: its request line and headers must have arrived within
   // head_timeout_s, the whole request (body included) within request_timeout_s. A 64 MiB body
@@ -41,6 +44,14 @@ struct ConnectionLimits {
   // client address; 0 = no bound.
   int max_connections = 0;
   int max_connections_per_ip = 0;
+  // A body announced by a Content-Length of at most collect_body_bytes is read before a thread
+  // takes its request, by the thread that waits for heads, into memory held in *body_budget
+  // (the handler takes that over: take_body_reservation). So a client trickling its body holds
+  // a connection until request_timeout_s, not a thread: a few of them held every
+  // --threads-http thread and left /health waiting. Chunked bodies, longer ones and those past
+  // the budget are read (or refused) by the handler on its thread. 0 or no budget: none.
+  BodyBudget* body_budget = nullptr;
+  size_t collect_body_bytes = 0;
 };
 
 class ConnectionQueue;
@@ -82,6 +93,11 @@ class HttpServer : public httplib::Server {
 
 // Re-listens on the bound socket with room for `backlog` pending connections. False on error.
 bool set_listen_backlog(const HttpServer& http, int backlog);
+
+// The bytes of ConnectionLimits::body_budget held for the body of the request this thread
+// serves, read before a thread took the request. The caller takes them over (releases them);
+// 0 after that, off a connection thread, or when the handler reads the body itself.
+size_t take_body_reservation(const httplib::Request& req);
 
 // The server-side socket of the connection this thread serves (the request's), or -1 off a
 // connection thread. Valid while the handler runs: the connection is closed after it returns.

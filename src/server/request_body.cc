@@ -2,6 +2,7 @@
 
 #include <malloc.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 
@@ -33,8 +34,10 @@ BodyReservation::~BodyReservation() {
 }
 
 bool BodyReservation::take(size_t n) {
-  if (!budget_.reserve(n)) return false;
-  held_ += n;
+  const size_t adopted = std::min(n, adopted_left_);
+  if (!budget_.reserve(n - adopted)) return false;
+  adopted_left_ -= adopted;
+  held_ += n - adopted;
   return true;
 }
 

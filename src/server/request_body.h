@@ -35,7 +35,10 @@ class BodyBudget {
 // heap returned to the system) when it goes.
 class BodyReservation {
  public:
-  explicit BodyReservation(BodyBudget& budget) : budget_(budget) {}
+  // `adopted`: bytes of `budget` reserved for this body before (take_body_reservation), which
+  // take() draws on first and the destructor gives back with the rest.
+  explicit BodyReservation(BodyBudget& budget, size_t adopted = 0)
+      : budget_(budget), held_(adopted), adopted_left_(adopted) {}
   ~BodyReservation();
   BodyReservation(const BodyReservation&) = delete;
   BodyReservation& operator=(const BodyReservation&) = delete;
@@ -44,7 +47,7 @@ class BodyReservation {
 
  private:
   BodyBudget& budget_;
-  size_t held_ = 0;
+  size_t held_, adopted_left_;
 };
 
 struct BodyRefusal {

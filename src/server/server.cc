@@ -3,6 +3,7 @@
 // *_routes.cc (see server_impl.h).
 #include "server/server.h"
 
+#include <malloc.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -11,6 +12,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -100,6 +102,16 @@ ChatTemplate template_from_text(const std::string& text, const std::string& what
   }
 }
 
+// glibc gives threads their own malloc arenas, up to 8 per core, and an arena's pages stay
+// with it while any chunk on them lives: with a hundred connection threads, memory freed in
+// one arena could not serve another's requests, and the 10-minute hostile soak grew RSS 14-22%
+// after warm-up (distinct schemas' grammars cached beside short-lived request memory). Two
+// arenas kept it flat (docs/BENCHMARKS.md, session 41); malloc_trim after each grammar compile
+// did not. MALLOC_ARENA_MAX, when set, is the operator's choice and stays.
+void limit_malloc_arenas() {
+  if (std::getenv("MALLOC_ARENA_MAX") == nullptr) ::mallopt(M_ARENA_MAX, 2);
+}
+
 // The --chat-template of the options (a file or the text itself), or none.
 std::optional<std::string> chat_template_override(const ServerOptions& o, std::string* what) {
   if (!o.chat_template_text.empty()) {
@@ -173,6 +185,7 @@ RequestLog& request_log() {
 
 Server::Impl::Impl(const ServerOptions& o) : options(o) {
   check_server_limits(options);
+  limit_malloc_arenas();  // before the connection and engine threads start
   const std::vector<ModelFolder> folders =
       model_folders(options.model, options.served_model_name, options.zoo, options.lora_modules);
   std::string template_source;
@@ -253,7 +266,9 @@ Server::Impl::Impl(const ServerOptions& o) : options(o) {
   http.set_connection_limits({.head_timeout_s = options.http_head_timeout_s,
                               .request_timeout_s = options.http_request_timeout_s,
                               .max_connections = max_connections(options.max_connections),
-                              .max_connections_per_ip = options.max_connections_per_ip});
+                              .max_connections_per_ip = options.max_connections_per_ip,
+                              .body_budget = &body_budget,
+                              .collect_body_bytes = options.max_body_bytes});
   // httplib's default sets SO_REUSEPORT: a second server on a busy port then bound it too and
   // the kernel spread requests over both. SO_REUSEADDR alone still refuses a port in use.
   http.set_socket_options([](socket_t fd) {
@@ -305,7 +320,7 @@ void Server::Impl::route(const char* method, const std::string& pattern,
                                                         const httplib::ContentReader& reader) {
     // httplib hands handlers its own (non-const) Request as const: the body is ours to fill.
     auto& request = const_cast<httplib::Request&>(req);
-    BodyReservation held(body_budget);
+    BodyReservation held(body_budget, take_body_reservation(req));
     if (auto refused = read_body(request, reader, options.max_body_bytes, held)) {
       HttpServer::close_connection_after_response(res);  // the rest of the body is unread
       if (refused->status == 503) res.set_header("Retry-After", "1");

@@ -266,6 +266,54 @@ TEST_F(HttpLimits, HealthAnswersWhileSlowAndIdleClientsOutnumberTheThreads) {
   for (int fd : idle) ::close(fd);
 }
 
+// Issue 54: a request's body was read on its connection thread, so clients trickling their
+// bodies held the threads for up to --http-request-timeout (120 s) and /health waited behind
+// them. A body of known length now waits off the threads, as heads do: with 2 threads and 3
+// tricklers /health answers at once, each trickler is answered once its body is whole, and one
+// that never finishes gets its 408 at --http-request-timeout.
+TEST_F(HttpLimits, ClientsTricklingTheirBodiesHoldNoThread) {
+  ServerOptions o = options();
+  o.http_threads = 2;
+  o.http_head_timeout_s = 1;
+  o.http_request_timeout_s = 4;
+  auto server = start(o);
+  const std::string body = R"({"model": "tiny", "prompt": "Hello world"})" + std::string(6, ' ');
+  const std::string head =
+      "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: "
+      "close\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n";
+  std::vector<int> slow;
+  for (int i = 0; i < 3; ++i) {
+    slow.push_back(connect_to(server->port()));
+    ASSERT_TRUE(send_all(slow.back(), head + body.substr(0, 1)));
+  }
+  const int never_done = connect_to(server->port());
+  ASSERT_TRUE(send_all(never_done, head + body.substr(0, 1)));
+  const auto start_time = Clock::now();
+  for (size_t i = 1; i < body.size(); ++i) {  // a byte every 50 ms each: 2.4 s in all
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    for (int fd : slow) ASSERT_TRUE(send_all(fd, body.substr(i, 1)));
+    if (i % 16 == 8) {
+      const auto health_start = Clock::now();
+      EXPECT_EQ(health_status(server->port()), 200);
+      EXPECT_LT(std::chrono::duration<double>(Clock::now() - health_start).count(), 1.0)
+          << "after " << i << " body bytes";
+    }
+  }
+  for (int fd : slow) {
+    const std::string got = receive(fd);
+    EXPECT_EQ(got.rfind("HTTP/1.1 200", 0), 0u) << got.substr(0, 200);
+    EXPECT_TRUE(body_of(got).contains("tokens")) << got;
+    ::close(fd);
+  }
+  const std::string late = receive(never_done);
+  const double seconds = std::chrono::duration<double>(Clock::now() - start_time).count();
+  EXPECT_EQ(late.rfind("HTTP/1.1 408", 0), 0u) << late.substr(0, 200);
+  EXPECT_GT(seconds, 3.0);
+  EXPECT_LT(seconds, 6.0);
+  ::close(never_done);
+}
+
 // A connected loopback socket from the client address `from` (any 127.x.y.z reaches the server).
 int connect_from(const char* from, int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
