@@ -72,11 +72,12 @@ Metaspace::Prepend prepend_scheme(const json& m, const std::string& field,
                                                          : Metaspace::Prepend::kNever;
 }
 
-std::string replacement_char(const json& m, const std::string& field, const std::string& where) {
-  const std::string r = text(m, "replacement", where, field);
+// The one character m[key] ("replacement" of Metaspace, "content" of Strip).
+std::string one_char(const json& m, const char* key, const std::string& field,
+                     const std::string& where) {
+  const std::string r = text(m, key, where, field);
   uint32_t cp;
-  if (!single_code_point(r, cp))
-    throw Error(where + ": " + field + "replacement must be one character");
+  if (!single_code_point(r, cp)) throw Error(where + ": " + field + key + " must be one character");
   return r;
 }
 
@@ -177,7 +178,7 @@ void Tokenizer::Impl::load_normalizers(const json& normalizer, const std::string
 void Tokenizer::Impl::load_metaspace(const json& pre, const std::string& field,
                                      const std::string& where) {
   metaspace = std::make_unique<Metaspace>();
-  metaspace->replacement = replacement_char(pre, field, where);
+  metaspace->replacement = one_char(pre, "replacement", field, where);
   metaspace->prepend = prepend_scheme(pre, field, where);
   metaspace->split = flag(pre, "split", true, where, field);
 }
@@ -204,8 +205,7 @@ void Tokenizer::Impl::load_decoders(const json& decoder, const std::string& wher
       continue;
     } else if (type == "Strip") {
       step.kind = TokenDecodeStep::Kind::kStrip;
-      step.content = replacement_char(
-          json{{"replacement", d->contains("content") ? (*d)["content"] : json()}}, field, where);
+      step.content = one_char(*d, "content", field, where);
       step.start = count(*d, "start", field, where);
       step.stop = count(*d, "stop", field, where);
       if (fused) {
@@ -217,7 +217,7 @@ void Tokenizer::Impl::load_decoders(const json& decoder, const std::string& wher
       }
     } else if (type == "Metaspace") {
       step.kind = TokenDecodeStep::Kind::kMetaspace;
-      step.from = replacement_char(*d, field, where);
+      step.from = one_char(*d, "replacement", field, where);
       step.metaspace_drops_first = prepend_scheme(*d, field, where) != Metaspace::Prepend::kNever;
       first_token_decodes_differently |= step.metaspace_drops_first;
     } else {

@@ -150,6 +150,9 @@ TEST_F(SentencePieceBpe, WhatIsNotSupportedIsRefusedByName) {
   j["decoder"]["decoders"][3]["stop"] = 1;
   expect_error(j, "decoder.decoders[3].stop after Fuse is not supported");
   j = llama2_shape();
+  j["decoder"]["decoders"][3]["content"] = "  ";
+  expect_error(j, "decoder.decoders[3].content must be one character");
+  j = llama2_shape();
   j["decoder"]["decoders"][0] = {{"type", "CTC"}};
   expect_error(j, "unsupported decoder 'CTC' at decoder.decoders[0]");
   j = llama2_shape();
