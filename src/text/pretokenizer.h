@@ -40,8 +40,9 @@ class Regex {
   Regex& operator=(const Regex&) = delete;
 
   // Calls f(begin, end) for every piece of text in order: the matches and, since Split's
-  // behaviour is Isolated, the non-empty gaps between them.
-  template <typename F>
+  // behaviour is Isolated, the non-empty gaps between them. kMergedWithPrevious: each match
+  // ends the piece that the gap before it starts (Split's MergedWithPrevious).
+  template <bool kMergedWithPrevious = false, typename F>
   void for_each_piece(std::string_view text, F&& f) const {
     Thread& t = thread_state();
     const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
@@ -68,8 +69,12 @@ class Regex {
           ++start;
         continue;
       }
-      if (begin > last) f(last, begin);
-      f(begin, end);
+      if constexpr (kMergedWithPrevious) {
+        f(last, end);
+      } else {
+        if (begin > last) f(last, begin);
+        f(begin, end);
+      }
       start = last = end;
     }
     if (last < text.size()) f(last, text.size());

@@ -11,18 +11,34 @@ namespace blend {
 
 using namespace tok;
 
-void Tokenizer::Impl::encode_section(std::string_view text, std::vector<int32_t>& out) const {
-  if (!text.empty()) split_and_encode(text, 0, out);
+void Tokenizer::Impl::encode_section(std::string_view text, std::vector<int32_t>& out,
+                                     bool first_section) const {
+  if (text.empty()) return;
+  if (sentencepiece) {
+    sp_encode_section(text, first_section, out);
+    return;
+  }
+  split_and_encode(text, 0, out);
 }
 
 void Tokenizer::Impl::split_and_encode(std::string_view text, size_t step,
                                        std::vector<int32_t>& out) const {
   if (step == splits.size()) {
-    encode_piece(text, out);
+    if (sentencepiece) {
+      sp_encode_piece(text, out);
+    } else {
+      encode_piece(text, out);
+    }
     return;
   }
-  splits[step]->for_each_piece(
-      text, [&](size_t b, size_t e) { split_and_encode(text.substr(b, e - b), step + 1, out); });
+  const auto next = [&](size_t b, size_t e) {
+    split_and_encode(text.substr(b, e - b), step + 1, out);
+  };
+  if (split_merges_with_previous[step]) {
+    splits[step]->for_each_piece<true>(text, next);
+  } else {
+    splits[step]->for_each_piece(text, next);
+  }
 }
 
 void Tokenizer::Impl::encode_piece(std::string_view piece, std::vector<int32_t>& out) const {
@@ -47,23 +63,8 @@ void Tokenizer::Impl::encode_piece(std::string_view piece, std::vector<int32_t>&
     }
     return;
   }
-  const uint64_t h = hash_bytes(piece);
-  CacheSlot& slot = thread_cache(serial)[h & (kCacheSlots - 1)];
-  if (slot.hash == h && slot.key_len == piece.size() &&
-      std::memcmp(slot.key, piece.data(), piece.size()) == 0) {
-    out.insert(out.end(), slot.ids, slot.ids + slot.n_ids);
-    return;
-  }
-  const size_t first = out.size();
-  merge_small(piece, out);
-  const size_t n = out.size() - first;
-  if (n <= kMaxCachedIds) {
-    slot.hash = h;
-    slot.key_len = static_cast<uint8_t>(piece.size());
-    slot.n_ids = static_cast<uint8_t>(n);
-    std::memcpy(slot.key, piece.data(), piece.size());
-    std::copy(out.begin() + static_cast<ptrdiff_t>(first), out.end(), slot.ids);
-  }
+  cached_encode(piece, out,
+                [this](std::string_view p, std::vector<int32_t>& o) { merge_small(p, o); });
 }
 
 // BPE for pieces of at most 64 bytes: symbols in an array, the rank of each adjacent pair next
@@ -71,19 +72,25 @@ void Tokenizer::Impl::encode_piece(std::string_view piece, std::vector<int32_t>&
 // stay in L1 this beats a heap.
 void Tokenizer::Impl::merge_small(std::string_view piece, std::vector<int32_t>& out) const {
   int32_t sym[64], rank[64], merged[64];
-  size_t n = piece.size();
+  const size_t n = piece.size();
   for (size_t i = 0; i < n; ++i) sym[i] = byte_ids[static_cast<unsigned char>(piece[i])];
-  auto lookup = [&](size_t i) {
-    const PairTable::Entry* e = merges.find(sym[i], sym[i + 1]);
-    rank[i] = e ? e->rank : kNoRank;
-    merged[i] = e ? e->merged : -1;
-  };
   for (size_t i = 0; i + 1 < n; ++i) {
     const auto& m = byte_pair_merges[static_cast<unsigned char>(piece[i]) * 256 +
                                      static_cast<unsigned char>(piece[i + 1])];
     rank[i] = m.first;
     merged[i] = m.second;
   }
+  merge_ranked(sym, rank, merged, n, out);
+}
+
+// sym[0..n) with rank/merged of each adjacent pair filled in (the last entry is set here).
+void Tokenizer::Impl::merge_ranked(int32_t* sym, int32_t* rank, int32_t* merged, size_t n,
+                                   std::vector<int32_t>& out) const {
+  auto lookup = [&](size_t i) {
+    const PairTable::Entry* e = merges.find(sym[i], sym[i + 1]);
+    rank[i] = e ? e->rank : kNoRank;
+    merged[i] = e ? e->merged : -1;
+  };
   rank[n - 1] = kNoRank;  // not a pair; keeps the shifts below from copying garbage
   merged[n - 1] = -1;
   while (n > 1) {
@@ -106,11 +113,16 @@ void Tokenizer::Impl::merge_small(std::string_view piece, std::vector<int32_t>& 
 // BPE for long pieces: a linked list of symbols and a min-heap of candidate merges ordered by
 // (rank, position). Stale heap entries are recognised by their ids no longer being adjacent.
 void Tokenizer::Impl::merge_large(std::string_view piece, std::vector<int32_t>& out) const {
-  const auto n = static_cast<int32_t>(piece.size());
-  std::vector<int32_t> sym(piece.size()), next(piece.size()), prev(piece.size());
+  std::vector<int32_t> sym(piece.size());
+  for (size_t i = 0; i < piece.size(); ++i) sym[i] = byte_ids[static_cast<unsigned char>(piece[i])];
+  merge_symbols(std::move(sym), out);
+}
+
+void Tokenizer::Impl::merge_symbols(std::vector<int32_t> sym, std::vector<int32_t>& out) const {
+  if (sym.empty()) return;
+  const auto n = static_cast<int32_t>(sym.size());
+  std::vector<int32_t> next(sym.size()), prev(sym.size());
   for (int32_t i = 0; i < n; ++i) {
-    sym[static_cast<size_t>(i)] =
-        byte_ids[static_cast<unsigned char>(piece[static_cast<size_t>(i)])];
     next[static_cast<size_t>(i)] = i + 1 < n ? i + 1 : -1;
     prev[static_cast<size_t>(i)] = i - 1;
   }
@@ -176,21 +188,23 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special
       continue;
     }
     const size_t end = hit->lstrip ? trim_white_space_end(text, start, i) : i;
-    im.encode_section(text.substr(start, end - start), out);
+    im.encode_section(text.substr(start, end - start), out, start == 0);
     out.push_back(hit->id);
     i += hit->content.size();
     if (hit->rstrip) i = skip_white_space(text, i);
     start = i;
   }
-  im.encode_section(text.substr(start), out);
+  im.encode_section(text.substr(start), out, start == 0);
   return out;
 }
 
 std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) const {
   std::string bytes;
+  bool first = true;
+  size_t strip_left = impl_->text_strip_start;
   for (int32_t id : ids) {
     if (skip_special && is_special(id)) continue;
-    bytes += token_bytes(id);
+    impl_->append_decoded(id, first, strip_left, bytes);
   }
   return sanitize_utf8(bytes);
 }
@@ -244,12 +258,16 @@ std::string sanitize_utf8(std::string_view bytes) {
   return out;
 }
 
-IncrementalDetokenizer::IncrementalDetokenizer(const Tokenizer& tokenizer, bool skip_special)
-    : tokenizer_(&tokenizer), skip_special_(skip_special) {}
+IncrementalDetokenizer::IncrementalDetokenizer(const Tokenizer& tokenizer, bool skip_special,
+                                               bool from_sequence_start)
+    : tokenizer_(&tokenizer),
+      skip_special_(skip_special),
+      first_(from_sequence_start),
+      strip_left_(from_sequence_start ? tokenizer.impl_->text_strip_start : 0) {}
 
 std::string IncrementalDetokenizer::push(int32_t id) {
   if (skip_special_ && tokenizer_->is_special(id)) return "";
-  pending_ += tokenizer_->token_bytes(id);
+  tokenizer_->impl_->append_decoded(id, first_, strip_left_, pending_);
   std::string out;
   size_t i = 0;
   while (i < pending_.size()) {

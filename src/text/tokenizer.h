@@ -19,17 +19,26 @@
 // decode() concatenates the tokens' bytes (added tokens verbatim) and replaces ill-formed UTF-8
 // the way the WHATWG TextDecoder does (one U+FFFD per maximal ill-formed subpart). It applies no
 // `clean_up_tokenization_spaces`, so decode(encode(text)) == text for valid UTF-8 text. Ids with no
-// token (out of range, or holes in the id space) decode to nothing.
+// token (out of range, or holes in the id space) decode to nothing. SentencePiece-style files
+// decode each token by their decoders (U+2581 -> space, <0xNN> -> its byte; an ill-formed run of
+// byte tokens gets the TextDecoder's U+FFFDs, as in transformers.js, where Rust's tokenizers put
+// one per byte) and strip the sequence's leading space where the file says so (Strip after Fuse,
+// Metaspace). There decode(encode(text)) != text where the text holds U+2581 itself or, with a
+// Prepend normalizer, where an added token starts a new section: so in the reference tokenizers.
 //
 // A Tokenizer is immutable after loading; encode() and decode() may run on many threads at once.
 // Each thread keeps a small private cache of recent pieces per tokenizer (no locks).
 //
 // Supported tokenizer.json shapes: model.type BPE with a byte-level vocabulary; normalizer null
 // or NFC (NFC is not applied: text is taken to be NFC already, which is what clients send);
-// pre_tokenizer Split / Digits / ByteLevel(add_prefix_space=false) alone or in a Sequence; decoder
-// ByteLevel or null. Anything else is a blend::Error naming the file (and the field, for a wrong
-// JSON type). SentencePiece-style files (Llama 2, Mistral 7B v0.x: byte_fallback, Metaspace,
-// U+2581 normalizers, ByteFallback decoders) are refused when loaded, naming what they use.
+// pre_tokenizer Split (Isolated or MergedWithPrevious) / Digits / ByteLevel(add_prefix_space=
+// false) alone or in a Sequence; decoder ByteLevel or null. And SentencePiece-style BPE (Llama 2,
+// Mistral 7B v0.x, Gemma; sentencepiece.cc): a vocabulary of text pieces with spaces as U+2581,
+// BPE over characters, `byte_fallback` to <0xNN> tokens, `unk_token` and `fuse_unk`; normalizers
+// Replace (String pattern) / Prepend / Strip in a Sequence; the Metaspace pre-tokenizer
+// (replacement, prepend_scheme, split); decoders Replace / ByteFallback / Fuse / Strip /
+// Metaspace in a Sequence. Anything else is a blend::Error naming the file and what it uses (and
+// the field, for a wrong JSON type).
 #pragma once
 
 #include <cstdint>
@@ -78,18 +87,25 @@ class Tokenizer {
   static Tokenizer load(const std::filesystem::path& tokenizer_json,
                         const std::filesystem::path& tokenizer_config_json);
   std::unique_ptr<Impl> impl_;
+  friend class IncrementalDetokenizer;
 };
 
 // Replaces ill-formed UTF-8 with U+FFFD (WHATWG "maximal subpart" rule, as TextDecoder does).
 std::string sanitize_utf8(std::string_view bytes);
 
 // Streaming detokenizer: push ids one at a time; the returned text never ends inside a UTF-8
-// character (incomplete bytes wait for the next token); bytes that can no longer become valid
-// are emitted as U+FFFD. Concatenating every push() and flush() equals decode() of all ids.
+// character (incomplete bytes wait for the next token, e.g. the <0xNN> byte tokens of one
+// character); bytes that can no longer become valid are emitted as U+FFFD.
+// from_sequence_start: the ids start a sequence, and concatenating every push() and flush()
+// equals decode() of all ids. Otherwise (the default: the engine's generated tokens, which
+// continue a prompt) the first id is not the sequence's first token, so the decoders that treat
+// that one specially (SentencePiece's Metaspace, a Strip of the leading space) leave it alone:
+// "▁Hello" after a prompt is " Hello", as vLLM streams it.
 // The tokenizer must outlive the detokenizer.
 class IncrementalDetokenizer {
  public:
-  explicit IncrementalDetokenizer(const Tokenizer& tokenizer, bool skip_special = false);
+  explicit IncrementalDetokenizer(const Tokenizer& tokenizer, bool skip_special = false,
+                                  bool from_sequence_start = false);
   std::string push(int32_t id);
   // Emits what is held back (an incomplete character becomes U+FFFD) and resets.
   std::string flush();
@@ -97,6 +113,8 @@ class IncrementalDetokenizer {
  private:
   const Tokenizer* tokenizer_;
   bool skip_special_;
+  bool first_;           // the next token is the sequence's first
+  size_t strip_left_;    // leading characters a Strip decoder still removes
   std::string pending_;  // bytes of an incomplete trailing character
 };
 

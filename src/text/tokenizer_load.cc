@@ -10,6 +10,32 @@
 #include "text/utf8.h"
 
 namespace blend {
+
+namespace tok {
+
+// Members read with their type checked: a wrong JSON type is an error naming the file and the
+// field (nlohmann's own type_error surfaced as "internal error"). `field` is where `obj` is.
+bool flag(const nlohmann::json& obj, const char* key, bool dflt, const std::string& where,
+          const std::string& field) {
+  const auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return dflt;
+  if (!it->is_boolean())
+    throw Error(where + ": " + field + key + " must be true or false, not " +
+                it->dump().substr(0, 60));
+  return it->get<bool>();
+}
+
+std::string text(const nlohmann::json& obj, const char* key, const std::string& where,
+                 const std::string& field) {
+  const auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return "";
+  if (!it->is_string())
+    throw Error(where + ": " + field + key + " must be a string, not " + it->dump().substr(0, 60));
+  return it->get<std::string>();
+}
+
+}  // namespace tok
+
 namespace {
 
 using nlohmann::json;
@@ -181,31 +207,10 @@ TokenizerFile read_tokenizer_file(const std::filesystem::path& path) {
   return file;
 }
 
-// Members read with their type checked: a wrong JSON type is an error naming the file and the
-// field (nlohmann's own type_error surfaced as "internal error"). `field` is where `obj` is.
-bool flag(const json& obj, const char* key, bool dflt, const std::string& where,
-          const std::string& field) {
-  const auto it = obj.find(key);
-  if (it == obj.end() || it->is_null()) return dflt;
-  if (!it->is_boolean())
-    throw Error(where + ": " + field + key + " must be true or false, not " +
-                it->dump().substr(0, 60));
-  return it->get<bool>();
-}
-
-std::string text(const json& obj, const char* key, const std::string& where,
-                 const std::string& field) {
-  const auto it = obj.find(key);
-  if (it == obj.end() || it->is_null()) return "";
-  if (!it->is_string())
-    throw Error(where + ": " + field + key + " must be a string, not " + it->dump().substr(0, 60));
-  return it->get<std::string>();
-}
-
-// What marks a SentencePiece-style tokenizer.json (Llama 2, Mistral 7B v0.x, ...): byte
+// What marks a SentencePiece-style tokenizer.json (Llama 2, Mistral 7B v0.x, Gemma): byte
 // fallback to <0xNN> tokens, the Metaspace pre-tokenizer or decoder (spaces as U+2581), a
-// normalizer that prepends or replaces with U+2581, a ByteFallback decoder. None is supported
-// (their vocabulary is not byte-level either); the list names the ones this file uses.
+// normalizer that prepends or replaces with U+2581, a ByteFallback decoder. Any of them means
+// the vocabulary is text pieces, not byte-level.
 std::vector<std::string> sentencepiece_features(const json& j) {
   std::vector<std::string> found;
   const json& model = j["model"];
@@ -287,15 +292,15 @@ Tokenizer Tokenizer::load(const std::filesystem::path& tokenizer_json,
   if (!file.has_vocab) throw Error(where + ": missing model.vocab");
   if (model.contains("merges") && !model["merges"].is_null())
     throw Error(where + ": model.merges is not an array");
-  // Refused before the vocabulary is read, naming what makes it so (issue 25).
-  if (const auto sp = sentencepiece_features(j); !sp.empty()) {
-    std::string list;
-    for (const auto& f : sp) list += (list.empty() ? "" : ", ") + f;
-    throw Error(where + ": SentencePiece-style tokenizers (" + list +
-                ") are not supported: only byte-level BPE (Llama 3, Qwen2, GPT-2 style) is");
-  }
-  if (flag(model, "byte_fallback", false, where, "model."))
-    throw Error(where + ": BPE with byte_fallback (SentencePiece style) is not supported");
+  // SentencePiece-style files (Llama 2, Mistral 7B v0.x, Gemma) have a vocabulary of text
+  // pieces, not GPT-2's byte alphabet: sentencepiece.cc reads their model, normalizers,
+  // Metaspace pre-tokenizer and decoders.
+  impl->sentencepiece =
+      !sentencepiece_features(j).empty() || flag(model, "byte_fallback", false, where, "model.");
+  for (const char* unsupported : {"continuing_subword_prefix", "end_of_word_suffix", "dropout"})
+    if (model.contains(unsupported) && !model[unsupported].is_null())
+      throw Error(where + ": model." + unsupported + " is not supported");
+  if (impl->sentencepiece) impl->load_sentencepiece_model(model, where);
   impl->ignore_merges = flag(model, "ignore_merges", false, where, "model.");
   const json empty_array = json::array();
   const json& added_json =
@@ -306,6 +311,7 @@ Tokenizer Tokenizer::load(const std::filesystem::path& tokenizer_json,
   impl->load_merges(std::move(file.merges), where);
   impl->load_added_tokens(added_json, where);
   impl->load_pipeline(j, where);
+  if (impl->sentencepiece) impl->finish_sentencepiece(where);
   if (!tokenizer_config_json.empty()) {
     const json c = read_json(tokenizer_config_json);
     if (!c.is_object()) throw Error(tokenizer_config_json.string() + ": not a JSON object");
@@ -342,6 +348,10 @@ void Tokenizer::Impl::load_vocab(std::vector<std::pair<std::string, int64_t>> vo
   special.assign(n_ids, false);
   vocab_by_bytes.init(&id_to_bytes, vocab.size());
   by_text.init(&id_to_text, vocab.size() + added_json.size());
+  if (sentencepiece) {
+    load_sentencepiece_vocab(std::move(vocab), where);
+    return;
+  }
 
   // The vocabulary is stored in GPT-2's byte-to-unicode alphabet; keep the raw bytes too.
   const std::array<uint32_t, 256> b2u = bytes_to_unicode();
@@ -386,6 +396,7 @@ void Tokenizer::Impl::load_merges(std::vector<std::pair<std::string, std::string
       throw Error(where + ": merge '" + a + " " + b + "' names tokens outside the vocabulary");
     merges.insert(ia, ib, rank++, im);
   }
+  if (sentencepiece) return;  // BPE starts from characters, not bytes
   byte_pair_merges.resize(256 * 256);
   for (size_t a = 0; a < 256; ++a) {
     for (size_t b = 0; b < 256; ++b) {
@@ -432,8 +443,11 @@ void Tokenizer::Impl::load_added_tokens(const json& added_json, const std::strin
 
 // Normalizer, pre-tokenizer and decoder: the supported ones, or an error naming what is not.
 void Tokenizer::Impl::load_pipeline(const json& j, const std::string& where) {
-  // Normalizer: none, or NFC (taken as already applied; see the header).
-  if (j.contains("normalizer") && !j["normalizer"].is_null()) {
+  // Normalizer: none, or NFC (taken as already applied; see the header); SentencePiece's
+  // Replace / Prepend / Strip (sentencepiece.cc).
+  if (sentencepiece && j.contains("normalizer") && !j["normalizer"].is_null()) {
+    load_normalizers(j["normalizer"], where);
+  } else if (j.contains("normalizer") && !j["normalizer"].is_null()) {
     const json& norm = j["normalizer"];
     if (!norm.is_object() || text(norm, "type", where, "normalizer.") != "NFC")
       throw Error(where + ": unsupported normalizer " + norm.dump().substr(0, 200));
@@ -457,9 +471,20 @@ void Tokenizer::Impl::load_pipeline(const json& j, const std::string& where) {
                                   ? "pre_tokenizer.pretokenizers[" + std::to_string(k) + "]."
                                   : "pre_tokenizer.";
     const std::string type = p.is_object() ? text(p, "type", where, field) : "";
+    if (type == "Metaspace") {
+      if (steps.size() > 1)
+        throw Error(where + ": the Metaspace pre-tokenizer is supported alone, not in a Sequence");
+      load_metaspace(p, field, where);
+      continue;
+    }
     if (type == "Split") {
-      if (text(p, "behavior", where, field) != "Isolated" || flag(p, "invert", false, where, field))
-        throw Error(where + ": only Split with behavior Isolated (not inverted) is supported");
+      const std::string behavior = text(p, "behavior", where, field);
+      if ((behavior != "Isolated" && behavior != "MergedWithPrevious") ||
+          flag(p, "invert", false, where, field))
+        throw Error(where + ": " + field + "behavior '" + behavior +
+                    "' is not supported (only Split with behavior Isolated or " +
+                    "MergedWithPrevious, not inverted, is)");
+      split_merges_with_previous.push_back(behavior == "MergedWithPrevious");
       const json& pat = p.contains("pattern") ? p["pattern"] : json();
       if (pat.is_object() && pat.contains("Regex") && pat["Regex"].is_string()) {
         splits.push_back(std::make_unique<Regex>(pat["Regex"].get<std::string>(), false, where));
@@ -469,19 +494,25 @@ void Tokenizer::Impl::load_pipeline(const json& j, const std::string& where) {
         throw Error(where + ": Split pre-tokenizer without a Regex or String pattern");
       }
     } else if (type == "Digits") {
+      split_merges_with_previous.push_back(false);
       const bool each = flag(p, "individual_digits", false, where, field);
       splits.push_back(std::make_unique<Regex>(each ? "\\p{N}" : "\\p{N}+", false, where));
     } else if (type == "ByteLevel") {
       if (flag(p, "add_prefix_space", false, where, field))
         throw Error(where + ": ByteLevel pre-tokenizer with add_prefix_space is not supported");
-      if (flag(p, "use_regex", true, where, field))
+      if (flag(p, "use_regex", true, where, field)) {
+        split_merges_with_previous.push_back(false);
         splits.push_back(std::make_unique<Regex>(kGpt2Pattern, false, where));
+      }
     } else {
       throw Error(where + ": unsupported pre-tokenizer '" + (type.empty() ? p.dump() : type) + "'");
     }
   }
-  if (j.contains("decoder") && !j["decoder"].is_null() &&
-      (!j["decoder"].is_object() || text(j["decoder"], "type", where, "decoder.") != "ByteLevel"))
+  if (sentencepiece) {
+    load_decoders(j.contains("decoder") ? j["decoder"] : json(), where);
+  } else if (j.contains("decoder") && !j["decoder"].is_null() &&
+             (!j["decoder"].is_object() ||
+              text(j["decoder"], "type", where, "decoder.") != "ByteLevel"))
     throw Error(where + ": unsupported decoder " + j["decoder"].dump().substr(0, 200));
 }
 

