@@ -44,6 +44,9 @@ struct BackendOptions {
   // compute on the host thread honour it; the simulator has no work to hide and ignores it.
   bool overlap = false;
   Tenancy tenancy = Tenancy::kBlocks;  // cpu, several models
+  // The longest sequence the engine serves (--max-model-len); 0 = the model's context. Fixes
+  // longrope's short/long choice for the engine's life (model/rope.h rope_inv_freq).
+  int64_t max_model_len = 0;
 };
 
 // One logits row to turn into a token: which sequence, how to sample, and what the penalties
