@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <tuple>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -350,6 +351,47 @@ TEST(GgufExportVariants, Qwen3WritesHeadNormsAndItsHeadDim) {
   const std::string wb = tensor_bytes(dir / "q.gguf", g, *qw);
   const TensorView& w = store.get("model.layers.0.self_attn.q_proj.weight");
   for (int64_t i = 0; i < w.numel(); i += 97) ASSERT_EQ(element(wb, qw->type, i), w.at(i));
+}
+
+// Phi-3 as llama.cpp's converter writes it: architecture phi3, fused blk.N.attn_qkv and ffn_up
+// (gate rows, then up rows) with the checkpoint's rows, longrope's factors as
+// rope_factors_long / rope_factors_short, the rotated dims and the original context length.
+TEST(GgufExportVariants, Phi3WritesFusedTensorsAndLongropeFactors) {
+  testing::TempDir dir;
+  const ModelConfig config = *find_model_preset("tiny-phi3");
+  write_random_model(config, dir / "p", init_options());
+  export_gguf(dir / "p", dir / "p.gguf");
+  const GgufFile g = read_gguf(dir / "p.gguf");
+  EXPECT_EQ(g.at("general.architecture").s, "phi3");
+  EXPECT_EQ(g.at("phi3.rope.dimension_count").u, 12u);
+  EXPECT_EQ(g.at("phi3.rope.scaling.original_context_length").u, 1024u);
+  EXPECT_EQ(g.at("phi3.context_length").u, 4096u);
+  EXPECT_EQ(g.at("phi3.attention.sliding_window").u, 0u);
+  EXPECT_FLOAT_EQ(static_cast<float>(g.at("phi3.rope.scaling.attn_factor").f),
+                  static_cast<float>(std::sqrt(1.0 + std::log(4.0) / std::log(1024.0))));
+  const TensorStore store = TensorStore::open_dir(dir / "p");
+  for (const auto& [gguf_name, hf_name, rows] :
+       {std::tuple{"blk.1.attn_qkv.weight", "model.layers.1.self_attn.qkv_proj.weight", 128},
+        std::tuple{"blk.0.ffn_up.weight", "model.layers.0.mlp.gate_up_proj.weight", 256}}) {
+    const GgufTensorInfo* t = g.tensor(gguf_name);
+    ASSERT_NE(t, nullptr) << gguf_name;
+    EXPECT_EQ(t->ne, (std::vector<uint64_t>{64, static_cast<uint64_t>(rows)}));
+    const std::string bytes = tensor_bytes(dir / "p.gguf", g, *t);
+    const TensorView& w = store.get(hf_name);
+    for (int64_t i = 0; i < w.numel(); i += 31) ASSERT_EQ(element(bytes, t->type, i), w.at(i));
+  }
+  EXPECT_EQ(g.tensor("blk.0.ffn_gate.weight"), nullptr);
+  for (const auto& [name, factors] :
+       {std::pair{"rope_factors_long.weight", &config.rope_scaling.long_factor},
+        std::pair{"rope_factors_short.weight", &config.rope_scaling.short_factor}}) {
+    const GgufTensorInfo* t = g.tensor(name);
+    ASSERT_NE(t, nullptr) << name;
+    EXPECT_EQ(t->type, static_cast<uint32_t>(GgmlType::kF32));
+    ASSERT_EQ(t->ne, std::vector<uint64_t>{6});
+    const std::string bytes = tensor_bytes(dir / "p.gguf", g, *t);
+    for (int64_t i = 0; i < 6; ++i)
+      EXPECT_EQ(element(bytes, t->type, i), static_cast<float>((*factors)[i]));
+  }
 }
 
 TEST(GgufExportErrors, BadModelFoldersAreErrorsAndLeaveNoFile) {
