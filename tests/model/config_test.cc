@@ -244,6 +244,19 @@ TEST(ModelConfig, Phi4MiniHasFusedProjectionsPartialRopeAndLongrope) {
   EXPECT_EQ(*mini.sliding_window, 2047);
   // The config.json model init writes reads back as the same network.
   EXPECT_EQ(architecture_difference(ModelConfig::from_json(c.to_json()), c), "");
+  // transformers 5's layout: RoPE, partial_rotary_factor and the original length folded into
+  // rope_parameters.
+  json v5 = phi4_mini_config();
+  v5["rope_parameters"] = v5["rope_scaling"];
+  v5["rope_parameters"].erase("type");
+  v5["rope_parameters"]["rope_type"] = "longrope";
+  v5["rope_parameters"]["rope_theta"] = 10000.0;
+  v5["rope_parameters"]["partial_rotary_factor"] = 0.75;
+  v5["rope_parameters"]["original_max_position_embeddings"] = 4096;
+  for (const char* key :
+       {"rope_scaling", "rope_theta", "partial_rotary_factor", "original_max_position_embeddings"})
+    v5.erase(key);
+  EXPECT_EQ(architecture_difference(ModelConfig::from_json(v5), c), "");
 }
 
 TEST(ModelConfig, Phi3FieldsThatWouldChangeTheResultAreRefusedByName) {
