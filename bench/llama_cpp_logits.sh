@@ -4,8 +4,8 @@
 #
 #   LLAMA_LOGITS=/path/to/llama-logits bench/llama_cpp_logits.sh [PRESET[:LAYERS] ...]
 #
-# For each preset (default: tiny, tiny-qwen3, tiny-qwen2, smollm-135m:6, qwen3-0.6b:4,
-# qwen2.5-0.5b:4, llama-3.2-1b:4):
+# For each preset (default: tiny, tiny-qwen3, tiny-qwen2, tiny-phi3, smollm-135m:6,
+# qwen3-0.6b:4, qwen2.5-0.5b:4, phi4-mini:4, llama-3.2-1b:4):
 # `blend model init` writes a folder with random weights (untied heads, so no position's
 # logits peak at its own token) in f32 and in bf16, `blend model export-gguf` writes each as
 # GGUF, and `blend batch --deterministic` decodes greedily from a few prompts with the top 20
@@ -18,7 +18,8 @@
 # LLAMA_LOGITS is a small program against libllama kept outside this tree (see
 # docs/BENCHMARKS.md, "blend against llama.cpp, logits": what it does and how it was built);
 # this script neither fetches nor builds llama.cpp. Knobs: BLEND (default build/blend), WORK
-# (a scratch dir), THREADS (2), TOKENS (64 generated tokens per prompt).
+# (a scratch dir), THREADS (2), TOKENS (64 generated tokens per prompt), CTX (4096: llama-logits'
+# n_ctx, which blend batch gets as --max-model-len, so that both take the same longrope factors).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BLEND=${BLEND:-$ROOT/build/blend}
@@ -26,8 +27,10 @@ LLAMA_LOGITS=${LLAMA_LOGITS:?set LLAMA_LOGITS to the llama-logits program (see t
 WORK=${WORK:-$(mktemp -d)}
 THREADS=${THREADS:-2}
 TOKENS=${TOKENS:-64}
+CTX=${CTX:-4096}
 PRESETS=("$@")
-[[ ${#PRESETS[@]} -gt 0 ]] || PRESETS=(tiny tiny-qwen3 tiny-qwen2 smollm-135m:6 qwen3-0.6b:4 qwen2.5-0.5b:4 llama-3.2-1b:4)
+[[ ${#PRESETS[@]} -gt 0 ]] || PRESETS=(tiny tiny-qwen3 tiny-qwen2 tiny-phi3 smollm-135m:6 qwen3-0.6b:4
+  qwen2.5-0.5b:4 phi4-mini:4 llama-3.2-1b:4)
 mkdir -p "$WORK"
 PROMPTS=("Once upon a time, in a land far away," "def fibonacci(n):" "The capital of France is"
   "1, 2, 3, 4, 5," "東京は日本の首都で、")
@@ -85,10 +88,14 @@ for spec in "${PRESETS[@]}"; do
     dir=$WORK/$preset-$dtype
     [[ -d $dir ]] || "$BLEND" model init --preset "$preset" $layers --untie-embeddings \
       --dtype "$dtype" --seed 5 --out "$dir" >/dev/null
-    "$BLEND" model export-gguf --model "$dir" --out "$dir.gguf" --dtype "$dtype" >/dev/null
+    # (A general.name with "phi3" in it makes llama.cpp look up Phi-3's own "</s>", which the
+    # Llama-3 tokenizer the presets carry lacks: the files get a neutral name.)
+    "$BLEND" model export-gguf --model "$dir" --out "$dir.gguf" --dtype "$dtype" \
+      --name blend-parity >/dev/null
     ref=-
     if [[ $dtype == bf16 ]]; then
-      "$BLEND" model export-gguf --model "$dir" --out "$dir.f32.gguf" --dtype f32 >/dev/null
+      "$BLEND" model export-gguf --model "$dir" --out "$dir.f32.gguf" --dtype f32 \
+        --name blend-parity >/dev/null
       ref=$dir.f32.gguf
     fi
     : >"$WORK/in.jsonl"
@@ -102,7 +109,7 @@ for spec in "${PRESETS[@]}"; do
     printf '%s' "${prompts%,}]" >"$WORK/prompts.json"
     rm -f "$WORK/out.jsonl"
     "$BLEND" batch --model "$dir" --input "$WORK/in.jsonl" --output "$WORK/out.jsonl" \
-      --deterministic --threads "$THREADS" --quiet
+      --deterministic --threads "$THREADS" --max-model-len "$CTX" --quiet
     printf '%-16s %-5s ' "$spec" "$dtype"
     compare "$WORK/out.jsonl" "$WORK/prompts.json" "$dir.gguf" "$ref"
   done

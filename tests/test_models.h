@@ -26,9 +26,10 @@ struct TestModel {
 // embeddings), "linear" (linear RoPE scaling), "hd64" (head_dim 64, 2 query heads per KV head),
 // "hd128" (Llama-3-8B's head geometry: head_dim 128, 4 query heads per KV head), "mistral"
 // (sliding window 6), "mistral-hd128" (both), "qwen3" (per-head q/k norms; head_dim 32, so q
-// is twice as wide as the residual stream).
+// is twice as wide as the residual stream), "phi3" (the tiny-phi3 preset: fused qkv_proj and
+// gate_up_proj, 12 of 16 dims rotated, longrope over an original 1024 positions).
 inline ModelConfig test_model_config(const std::string& variant) {
-  ModelConfig c = *find_model_preset("tiny");
+  ModelConfig c = *find_model_preset(variant == "phi3" ? "tiny-phi3" : "tiny");
   // A small vocabulary keeps generation, loading and the references' lm_heads cheap (the tests
   // also run under sanitizers); the lm_head code path does not depend on the vocabulary size.
   c.vocab_size = 4096;

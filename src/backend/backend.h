@@ -45,6 +45,9 @@ struct BackendOptions {
   // compute on the host thread honour it; the simulator has no work to hide and ignores it.
   bool overlap = false;
   Tenancy tenancy = Tenancy::kBlocks;  // cpu, several models
+  // The longest sequence the engine serves (--max-model-len); 0 = the model's context. Fixes
+  // longrope's short/long choice for the engine's life (model/rope.h rope_inv_freq).
+  int64_t max_model_len = 0;
   // The cuda backend's knobs, by name (its --cuda-NAME flags; backend/cuda/knobs.h). Any other
   // backend refuses a non-empty map (make_backend), naming the first flag.
   std::map<std::string, std::string> cuda_knobs;

@@ -222,6 +222,10 @@ void register_batch_command(CLI::App& app) {
   cmd->add_option("--assume-output", args->job.assumed_output,
                   "Output length the planner assumes for requests without ignore_eos");
   cmd->add_flag("--quiet", args->quiet, "No progress bar or summary");
+  cmd->add_option("--max-model-len", args->engine.max_model_len,
+                  "Longest prompt + output of a request (default: the model's context; more is "
+                  "refused; also picks longrope's factors, as for serve)")
+      ->check(CLI::PositiveNumber);
   cmd->callback([args] { run_batch(*args); });
 }
 

@@ -125,11 +125,13 @@ struct ExportGgufArgs {
   std::string model;
   std::string out;
   std::string dtype;  // empty: the checkpoint's
+  std::string name;   // general.name; empty: the folder's
 };
 
 void run_export_gguf(const ExportGgufArgs& a) {
   GgufExportOptions options;
   if (!a.dtype.empty()) options.dtype = parse_dtype_flag(a.dtype);
+  options.name = a.name;
   const GgufExportSummary s = export_gguf(a.model, a.out, options);
   std::printf("wrote %s: GGUF v3, architecture %s, %zu tensors, %zu metadata keys, %s, %.1f MiB\n",
               a.out.c_str(), s.architecture.c_str(), s.tensor_count, s.metadata_count,
@@ -253,6 +255,9 @@ void register_model_commands(CLI::App& app) {
   gguf->add_option("--out", gguf_args->out, "Output .gguf file")->required();
   gguf->add_option("--dtype", gguf_args->dtype,
                    "bf16 | f16 | f32 for the matrices (default: the checkpoint's dtype)");
+  gguf->add_option("--name", gguf_args->name,
+                   "general.name (default: the model folder's name); llama.cpp keys some "
+                   "tokenizer quirks on it (a name with \"phi3\" wants Phi-3's own tokens)");
   gguf->callback([gguf_args] { run_export_gguf(*gguf_args); });
 }
 

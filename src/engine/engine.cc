@@ -138,6 +138,7 @@ Engine::Engine(const std::vector<ModelFolder>& models, const EngineOptions& opti
   in.options.page_size = options.page_size;
   in.options.overlap = options.overlap;
   in.options.tenancy = options.tenancy;
+  in.options.max_model_len = options.max_model_len;
   in.options.cuda_knobs = options.cuda_knobs;
   backend_ = make_backend(options.backend, in);
   init_kv_and_scheduler();

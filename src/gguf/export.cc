@@ -56,10 +56,12 @@ GgufExportSummary export_gguf(const std::filesystem::path& model_dir,
   // q/k rows keep the Hugging Face order (LlamaModel.undo_permute is Llama's alone).
   const bool qwen3 = config.architecture == "Qwen3ForCausalLM";
   const bool qwen = qwen3 || config.architecture == "Qwen2ForCausalLM";
-  const std::string arch = qwen3 ? "qwen3" : qwen ? "qwen2" : "llama";
-  const bool permute = !qwen;
-  // llama.cpp's llama, qwen2 and qwen3 graphs attend over the whole context: a window the model
-  // uses (Mistral 7B v0.1's 4,096) would make the file a different model past it.
+  // Phi-3 is NEOX RoPE in llama.cpp too; its fused attn_qkv / ffn_up keep their rows.
+  const bool phi3 = config.architecture == "Phi3ForCausalLM";
+  const std::string arch = phi3 ? "phi3" : qwen3 ? "qwen3" : qwen ? "qwen2" : "llama";
+  const bool permute = !qwen && !phi3;
+  // llama.cpp's llama, qwen2, qwen3 and phi3 graphs attend over the whole context: a window the
+  // model uses (Mistral 7B v0.1's 4,096) would make the file a different model past it.
   if (config.sliding_window && *config.sliding_window < config.max_position_embeddings)
     throw Error(model_dir.string() + ": sliding_window " + std::to_string(*config.sliding_window) +
                 " is not exported: llama.cpp's " + arch +
@@ -83,6 +85,19 @@ GgufExportSummary export_gguf(const std::filesystem::path& model_dir,
     t.shape = {static_cast<int64_t>(f.size())};
     t.values = std::move(f);
     plan.push_back(std::move(t));
+  }
+  // longrope's factors as Phi3MiniModel.generate_extra_tensors writes them (one copy, which
+  // llama.cpp shares between the layers).
+  if (config.rope_scaling.type == "longrope") {
+    for (const auto& [gguf_name, factors] :
+         {std::pair{"rope_factors_long.weight", &config.rope_scaling.long_factor},
+          std::pair{"rope_factors_short.weight", &config.rope_scaling.short_factor}}) {
+      PlannedTensor t;
+      t.name = gguf_name;
+      t.shape = {static_cast<int64_t>(factors->size())};
+      t.values.assign(factors->begin(), factors->end());
+      plan.push_back(std::move(t));
+    }
   }
   for (const TensorSpec& spec : llama_tensor_specs(config)) {
     PlannedTensor t;
@@ -114,6 +129,14 @@ GgufExportSummary export_gguf(const std::filesystem::path& model_dir,
   kv.put_string("general.name", name);
   kv.put_u32(arch + ".block_count", static_cast<uint32_t>(config.num_layers));
   kv.put_u32(arch + ".context_length", static_cast<uint32_t>(config.max_position_embeddings));
+  if (phi3) {
+    // llama.cpp takes the long factors when its context is over this (model/rope.h: blend's
+    // rule is the same one on its own --max-model-len).
+    const int64_t original = config.rope_scaling.type == "longrope"
+                                 ? config.rope_scaling.original_max_position_embeddings
+                                 : config.max_position_embeddings;
+    kv.put_u32(arch + ".rope.scaling.original_context_length", static_cast<uint32_t>(original));
+  }
   kv.put_u32(arch + ".embedding_length", static_cast<uint32_t>(config.hidden_size));
   kv.put_u32(arch + ".feed_forward_length", static_cast<uint32_t>(config.intermediate_size));
   kv.put_u32(arch + ".attention.head_count", static_cast<uint32_t>(config.num_heads));
@@ -129,7 +152,14 @@ GgufExportSummary export_gguf(const std::filesystem::path& model_dir,
     kv.put_u32(arch + ".attention.value_length", static_cast<uint32_t>(config.head_dim));
   }
   kv.put_u32("general.file_type", static_cast<uint32_t>(file_type_of(dtype)));
-  if (!qwen) {
+  if (phi3) {
+    kv.put_u32(arch + ".rope.dimension_count", static_cast<uint32_t>(config.rotary_dim()));
+    // 0 = none, as the converter writes it (llama.cpp runs Phi-3 without its window).
+    kv.put_u32(arch + ".attention.sliding_window",
+               static_cast<uint32_t>(config.sliding_window.value_or(0)));
+    if (config.rope_scaling.type == "longrope")
+      kv.put_f32(arch + ".rope.scaling.attn_factor", config.rope_scaling.attention_factor);
+  } else if (!qwen) {
     kv.put_u32(arch + ".vocab_size", static_cast<uint32_t>(config.vocab_size));
     kv.put_u32(arch + ".rope.dimension_count", static_cast<uint32_t>(config.head_dim));
   }

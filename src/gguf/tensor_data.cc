@@ -173,12 +173,14 @@ std::string gguf_tensor_name(const std::string& hf, int64_t& layer) {
         {"self_attn.k_proj.bias", "attn_k.bias"},
         {"self_attn.v_proj.bias", "attn_v.bias"},
         {"self_attn.o_proj.weight", "attn_output.weight"},
+        {"self_attn.qkv_proj.weight", "attn_qkv.weight"},  // Phi-3's fused q, k, v
         {"self_attn.q_norm.weight", "attn_q_norm.weight"},
         {"self_attn.k_norm.weight", "attn_k_norm.weight"},
         {"post_attention_layernorm.weight", "ffn_norm.weight"},
         {"mlp.gate_proj.weight", "ffn_gate.weight"},
         {"mlp.up_proj.weight", "ffn_up.weight"},
         {"mlp.down_proj.weight", "ffn_down.weight"},
+        {"mlp.gate_up_proj.weight", "ffn_up.weight"},  // Phi-3: gate rows, then up rows
     };
     for (const auto& [from, to] : kMap)
       if (rest == from) return "blk." + std::to_string(layer) + "." + to;

@@ -49,7 +49,7 @@ void ModelConfig::validate() const {
   if (!(rope_theta > 0 && std::isfinite(rope_theta)))
     fail("rope_theta must be positive, not " + json(rope_theta).dump());
   const RopeScaling& rs = rope_scaling;
-  if (rs.type != "none" && rs.type != "linear" && rs.type != "llama3")
+  if (rs.type != "none" && rs.type != "linear" && rs.type != "llama3" && rs.type != "longrope")
     fail("unsupported RoPE type '" + rs.type + "'");
   if (rs.type != "none" && !(rs.factor > 0 && std::isfinite(rs.factor)))
     fail("RoPE scaling factor must be positive, not " + json(rs.factor).dump());
@@ -61,6 +61,17 @@ void ModelConfig::validate() const {
     if (rs.original_max_position_embeddings <= 0)
       fail("llama3 RoPE needs a positive original_max_position_embeddings");
   }
+  if (!(partial_rotary_factor > 0 && partial_rotary_factor <= 1) || rotary_dim() < 2 ||
+      rotary_dim() % 2 != 0)
+    fail("partial_rotary_factor must leave an even number of rotary dims, not " +
+         json(partial_rotary_factor).dump());
+  if (rs.type == "longrope" &&
+      (static_cast<int64_t>(rs.short_factor.size()) != rotary_dim() / 2 ||
+       rs.long_factor.size() != rs.short_factor.size() || !(rs.attention_factor > 0) ||
+       rs.original_max_position_embeddings <= 0))
+    fail(
+        "longrope RoPE needs rotary_dim / 2 short and long factors and a positive "
+        "attention_factor and original_max_position_embeddings");
   if (sliding_window && *sliding_window <= 0)
     fail("sliding_window must be positive (unset means no window)");
   if (bos_token_id && *bos_token_id < 0) fail("bos_token_id must not be negative");
@@ -99,11 +110,24 @@ json ModelConfig::to_json() const {
         {"low_freq_factor", rope_scaling.low_freq_factor},
         {"high_freq_factor", rope_scaling.high_freq_factor},
         {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
+  } else if (rope_scaling.type == "longrope") {
+    // Phi3's layout: the original length at the top level, the factor implied by the two.
+    j["original_max_position_embeddings"] = rope_scaling.original_max_position_embeddings;
+    j["rope_scaling"] = {{"type", "longrope"},
+                         {"short_factor", rope_scaling.short_factor},
+                         {"long_factor", rope_scaling.long_factor}};
+    // Only when it is not the default: transformers 4's Phi3Config takes exactly three keys.
+    const double scale = rope_scaling.factor,
+                 original = static_cast<double>(rope_scaling.original_max_position_embeddings);
+    const double derived = scale <= 1 ? 1 : std::sqrt(1 + std::log(scale) / std::log(original));
+    if (rope_scaling.attention_factor != derived)
+      j["rope_scaling"]["attention_factor"] = rope_scaling.attention_factor;
   } else if (rope_scaling.type == "linear") {
     j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", rope_scaling.factor}};
   } else {
     j["rope_scaling"] = nullptr;
   }
+  if (partial_rotary_factor != 1.0) j["partial_rotary_factor"] = partial_rotary_factor;
   if (bos_token_id) j["bos_token_id"] = *bos_token_id;
   if (eos_token_ids.size() == 1) {
     j["eos_token_id"] = eos_token_ids[0];
@@ -133,7 +157,11 @@ std::string architecture_difference(const ModelConfig& a, const ModelConfig& b) 
                            a.rope_scaling.low_freq_factor == b.rope_scaling.low_freq_factor &&
                            a.rope_scaling.high_freq_factor == b.rope_scaling.high_freq_factor &&
                            a.rope_scaling.original_max_position_embeddings ==
-                               b.rope_scaling.original_max_position_embeddings},
+                               b.rope_scaling.original_max_position_embeddings &&
+                           a.rope_scaling.short_factor == b.rope_scaling.short_factor &&
+                           a.rope_scaling.long_factor == b.rope_scaling.long_factor &&
+                           a.rope_scaling.attention_factor == b.rope_scaling.attention_factor},
+      {"partial_rotary_factor", a.partial_rotary_factor == b.partial_rotary_factor},
       {"rms_norm_eps", a.rms_norm_eps == b.rms_norm_eps},
       {"attention_bias", a.attention_bias == b.attention_bias},
       {"qk_norm", a.qk_norm == b.qk_norm},

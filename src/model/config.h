@@ -1,7 +1,8 @@
 // ModelConfig — what the engine needs from a Hugging Face model folder's config.json (and
 // generation_config.json): shapes, RoPE, norm epsilon, special token ids. Supports
-// LlamaForCausalLM, Qwen2ForCausalLM (QKV bias), Qwen3ForCausalLM (per-head q/k norms) and
-// MistralForCausalLM as transformers 4 and 5
+// LlamaForCausalLM, Qwen2ForCausalLM (QKV bias), Qwen3ForCausalLM (per-head q/k norms),
+// Phi3ForCausalLM (fused projections, partial RoPE, longrope) and MistralForCausalLM as
+// transformers 4 and 5
 // write them (config_json.cc lists, field by field, what is read, what is ignored on purpose and
 // what is refused); anything else is a blend::Error naming the field, never a silently wrong
 // model.
@@ -21,13 +22,20 @@
 namespace blend {
 
 // RoPE frequency scaling. "llama3" is the piecewise scheme of Llama 3.1/3.2; "linear" divides
-// every frequency by `factor`; "none" leaves them alone.
+// every frequency by `factor`; "longrope" (Phi-3) divides frequency i by short_factor[i] or
+// long_factor[i] (model/rope.h says which) and multiplies cos and sin by attention_factor;
+// "none" leaves them alone.
 struct RopeScaling {
   std::string type = "none";
   double factor = 1.0;
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int64_t original_max_position_embeddings = 8192;
+  // longrope: one divisor per rotated frequency (rotary_dim / 2 each), and the cos/sin
+  // multiplier, resolved at load (transformers' _compute_longrope_parameters default when the
+  // config gives none).
+  std::vector<double> short_factor, long_factor;
+  double attention_factor = 1.0;
 };
 
 struct ModelConfig {
@@ -48,6 +56,11 @@ struct ModelConfig {
   bool attention_bias = false;  // q/k/v projections carry a bias (Qwen2)
   // Q and K pass an RMSNorm over each head (weights of head_dim) before RoPE (Qwen3).
   bool qk_norm = false;
+  // The checkpoint holds q/k/v as one qkv_proj and gate/up as one gate_up_proj (Phi-3); the
+  // rows are in blend's fused order already (q, k, v; gate, up), so only the names differ.
+  bool fused_checkpoint_projections = false;
+  // The share of each head's dims RoPE rotates (Phi-4-mini: 0.75); the rest pass unchanged.
+  double partial_rotary_factor = 1.0;
   std::optional<int64_t> sliding_window;  // Mistral; unset = full attention
   std::optional<int32_t> bos_token_id;
   std::vector<int32_t> eos_token_ids;  // generation_config.json wins over config.json
@@ -58,6 +71,10 @@ struct ModelConfig {
 
   int64_t q_dim() const { return num_heads * head_dim; }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }  // H_kv of DESIGN.md §3
+  // The rotated leading dims of a head: int(head_dim * partial_rotary_factor), as transformers.
+  int64_t rotary_dim() const {
+    return static_cast<int64_t>(static_cast<double>(head_dim) * partial_rotary_factor);
+  }
   // Parameters of the dense model (embedding, layers, final norm, lm_head unless tied).
   int64_t num_parameters() const;
   // Parameters touched per token excluding the embedding lookup (the "P" of the cost model).

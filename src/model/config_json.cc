@@ -1,7 +1,7 @@
 // ModelConfig::from_json — reading a Hugging Face config.json as transformers 4 and 5 write it
-// for LlamaConfig, Qwen2Config, Qwen3Config and MistralConfig. The rule: a field either is
-// understood (read and honoured exactly as transformers' model class honours it), is irrelevant to
-// the forward pass at inference (ignored on purpose, listed below), or is refused with an error
+// for LlamaConfig, Qwen2Config, Qwen3Config, Phi3Config and MistralConfig. The rule: a field either
+// is understood (read and honoured exactly as transformers' model class honours it), is irrelevant
+// to the forward pass at inference (ignored on purpose, listed below), or is refused with an error
 // naming it. A wrong answer is worse than an error, so no field that could change the math is
 // skipped.
 //
@@ -14,22 +14,28 @@
 //     (rope_type/type, rope_theta, factor, low_freq_factor, high_freq_factor,
 //     original_max_position_embeddings, partial_rotary_factor), plus the top-level
 //     original_max_position_embeddings and partial_rotary_factor transformers 5 folds in.
-//     Types default, linear and llama3; any other type, a key the type does not use, a
-//     partial_rotary_factor other than 1, or the two layouts disagreeing is refused;
+//     Types default, linear and llama3, and for Phi3 longrope (short_factor, long_factor,
+//     attention_factor; factor must be max / original_max_position_embeddings, which is what
+//     Phi3's transformers class uses whatever it says); any other type, a key the type does
+//     not use, a partial_rotary_factor other than 1 (except Phi3's, in (0, 1]), or the two
+//     layouts disagreeing is refused;
 //   attention_bias (Qwen2 always has q/k/v biases, so false is refused; Llama and Qwen3 put
 //     the bias on o_proj too, which is not implemented, and Mistral has none: true refused);
-//     mlp_bias (true refused); Qwen3's per-head q_norm / k_norm are always there;
+//     mlp_bias (true refused); Qwen3's per-head q_norm / k_norm are always there; Phi3's
+//     lm_head_bias (true refused) and the remote-code keys full_attn_mod and
+//     interpolate_factor (other than 1 refused);
 //   sliding_window (Mistral: every layer, 4096 when the key is absent, null = none; Qwen2 and
 //     Qwen3: only
 //     with use_sliding_window, on layers from max_window_layers or as layer_types says, and only
-//     when that is every layer or none; Llama: not used by transformers, so a window is refused);
+//     when that is every layer or none; Phi3: every layer, none when absent; Llama: not used by
+//     transformers, so a window is refused);
 //   layer_types (must be uniform and match the window above);
 //   torch_dtype (transformers 4) / dtype (transformers 5): float32, float16, bfloat16;
 //   quantization_config, compression_config: refused (quantized checkpoints are not supported).
 // Ignored on purpose (no effect on the logits of a forward pass): initializer_range, use_cache,
-//   pad_token_id, attention_dropout, pretraining_tp (splits the same matmuls into slices),
-//   transformers_version, _name_or_path, output_* / return_dict flags, tokenizer_class and any
-//   other key transformers' Llama/Qwen2/Mistral classes do not read.
+//   pad_token_id, attention_dropout, resid_pdrop, embd_pdrop, pretraining_tp (splits the same
+//   matmuls into slices), transformers_version, _name_or_path, output_* / return_dict flags,
+//   tokenizer_class and any other key transformers' Llama/Qwen2/Mistral classes do not read.
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -109,7 +115,7 @@ int32_t token_id(const json& v, const std::string& field) {
   return static_cast<int32_t>(v.get<int64_t>());
 }
 
-enum class Arch { kLlama, kQwen2, kQwen3, kMistral };
+enum class Arch { kLlama, kQwen2, kQwen3, kPhi3, kMistral };
 
 Arch read_architecture(const json& j, ModelConfig& c) {
   if (const json* a = find(j, "architectures")) {
@@ -124,6 +130,7 @@ Arch read_architecture(const json& j, ModelConfig& c) {
   static const std::pair<const char*, const char*> kTypes[] = {{"llama", "LlamaForCausalLM"},
                                                                {"qwen2", "Qwen2ForCausalLM"},
                                                                {"qwen3", "Qwen3ForCausalLM"},
+                                                               {"phi3", "Phi3ForCausalLM"},
                                                                {"mistral", "MistralForCausalLM"}};
   for (const auto& [type, arch] : kTypes) {
     if (c.model_type != type) continue;
@@ -136,21 +143,45 @@ Arch read_architecture(const json& j, ModelConfig& c) {
   if (c.architecture == "LlamaForCausalLM") return Arch::kLlama;
   if (c.architecture == "Qwen2ForCausalLM") return Arch::kQwen2;
   if (c.architecture == "Qwen3ForCausalLM") return Arch::kQwen3;
+  if (c.architecture == "Phi3ForCausalLM") return Arch::kPhi3;
   if (c.architecture == "MistralForCausalLM") return Arch::kMistral;
   refuse("unsupported architecture '" + c.architecture +
          "' (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-         "MistralForCausalLM)");
+         "Phi3ForCausalLM, MistralForCausalLM)");
 }
 
 // One RoPE description from either layout, before the two are reconciled.
 struct Rope {
   std::optional<double> theta;
   std::optional<RopeScaling> scaling;  // unset: this layout says nothing about scaling
+  std::optional<double> partial_rotary_factor;
 };
+
+// A partial_rotary_factor: 1 everywhere but on Phi3, where it is in (0, 1].
+std::optional<double> read_partial_rotary(const json& j, const std::string& where, bool phi3) {
+  const auto p = opt_double(j, "partial_rotary_factor", where);
+  if (p && *p != 1.0 && !phi3)
+    refuse("'" + where + "partial_rotary_factor' other than 1 (partial RoPE) is not supported");
+  if (p && !(*p > 0 && *p <= 1))
+    refuse("'" + where + "partial_rotary_factor' must be in (0, 1], not " + json(*p).dump());
+  return p;
+}
+
+std::vector<double> factor_list(const json& r, const char* key, const std::string& where) {
+  const json* v = find(r, key);
+  if (!v || !v->is_array()) refuse("'" + where + key + "' must be a list of numbers");
+  std::vector<double> out;
+  for (const json& x : *v) {
+    if (!x.is_number() || !(x.get<double>() > 0) || !std::isfinite(x.get<double>()))
+      refuse("'" + where + key + "' must hold positive numbers, not " + x.dump());
+    out.push_back(x.get<double>());
+  }
+  return out;
+}
 
 // Parses a rope_scaling (transformers 4) or rope_parameters (transformers 5) object.
 Rope parse_rope_object(const json& r, const std::string& field, int64_t max_position,
-                       std::optional<int64_t> top_level_original_max) {
+                       std::optional<int64_t> top_level_original_max, bool phi3) {
   const std::string where = field + ".";
   if (!r.is_object()) refuse("field '" + field + "' must be an object or null");
   auto rope_type = opt_string(r, "rope_type", where);
@@ -164,18 +195,22 @@ Rope parse_rope_object(const json& r, const std::string& field, int64_t max_posi
   if (type == "llama3")
     allowed.insert(
         {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"});
-  if (type != "default" && type != "linear" && type != "llama3")
+  if (type == "longrope")
+    allowed.insert({"short_factor", "long_factor", "factor", "attention_factor",
+                    "original_max_position_embeddings"});
+  if (type == "longrope" && !phi3)
+    refuse("unsupported RoPE type 'longrope' in '" + field +
+           "' (supported for Phi3ForCausalLM only)");
+  if (type != "default" && type != "linear" && type != "llama3" && type != "longrope")
     refuse("unsupported RoPE type '" + type + "' in '" + field +
-           "' (supported: default, linear, llama3)");
+           "' (supported: default, linear, llama3" + (phi3 ? ", longrope" : "") + ")");
   for (const auto& [key, value] : r.items()) {
     if (!allowed.count(key))
       refuse("'" + where + key + "' is not understood for RoPE type '" + type +
              "' and could change the result");
   }
-  if (auto p = opt_double(r, "partial_rotary_factor", where); p && *p != 1.0)
-    refuse("'" + where + "partial_rotary_factor' other than 1 (partial RoPE) is not supported");
-
   Rope out;
+  out.partial_rotary_factor = read_partial_rotary(r, where, phi3);
   out.theta = opt_double(r, "rope_theta", where);
   RopeScaling s;
   auto need = [&](const char* key) {
@@ -198,6 +233,33 @@ Rope parse_rope_object(const json& r, const std::string& field, int64_t max_posi
       refuse("'" + where + "original_max_position_embeddings' disagrees with the top-level one");
     s.original_max_position_embeddings =
         top_level_original_max ? *top_level_original_max : inner.value_or(max_position);
+  } else if (type == "longrope") {
+    s.type = "longrope";
+    s.short_factor = factor_list(r, "short_factor", where);
+    s.long_factor = factor_list(r, "long_factor", where);
+    auto inner = opt_int(r, "original_max_position_embeddings", where);
+    if (inner && top_level_original_max && *inner != *top_level_original_max)
+      refuse("'" + where + "original_max_position_embeddings' disagrees with the top-level one");
+    // Phi3Config's default is 4096.
+    s.original_max_position_embeddings = top_level_original_max.value_or(inner.value_or(4096));
+    if (s.original_max_position_embeddings <= 0)
+      refuse("longrope needs a positive original_max_position_embeddings");
+    // transformers' _compute_longrope_parameters: Phi3 takes the scale from the two lengths
+    // (any `factor` is overridden), and the attention factor from it unless one is given.
+    s.factor =
+        static_cast<double>(max_position) / static_cast<double>(s.original_max_position_embeddings);
+    if (auto f = opt_double(r, "factor", where); f && std::abs(*f - s.factor) > 1e-9 * s.factor)
+      refuse("'" + where + "factor' (" + json(*f).dump() +
+             ") disagrees with max_position_embeddings / original_max_position_embeddings (" +
+             json(s.factor).dump() + "), which Phi3 uses");
+    const auto given = opt_double(r, "attention_factor", where);
+    if (given && !(*given > 0)) refuse("'" + where + "attention_factor' must be positive");
+    s.attention_factor =
+        given ? *given
+        : s.factor <= 1.0
+            ? 1.0
+            : std::sqrt(1.0 + std::log(s.factor) / std::log(static_cast<double>(
+                                                       s.original_max_position_embeddings)));
   }
   out.scaling = s;
   return out;
@@ -206,17 +268,19 @@ Rope parse_rope_object(const json& r, const std::string& field, int64_t max_posi
 bool same_scaling(const RopeScaling& a, const RopeScaling& b) {
   return a.type == b.type && a.factor == b.factor && a.low_freq_factor == b.low_freq_factor &&
          a.high_freq_factor == b.high_freq_factor &&
-         a.original_max_position_embeddings == b.original_max_position_embeddings;
+         a.original_max_position_embeddings == b.original_max_position_embeddings &&
+         a.short_factor == b.short_factor && a.long_factor == b.long_factor &&
+         a.attention_factor == b.attention_factor;
 }
 
-void read_rope(const json& j, ModelConfig& c) {
-  if (auto p = opt_double(j, "partial_rotary_factor"); p && *p != 1.0)
-    refuse("partial_rotary_factor other than 1 (partial RoPE) is not supported");
+void read_rope(const json& j, Arch arch, ModelConfig& c) {
+  const bool phi3 = arch == Arch::kPhi3;
+  const auto top_partial = read_partial_rotary(j, "", phi3);
   const auto top_original = opt_int(j, "original_max_position_embeddings");
   Rope v4;
   v4.theta = opt_double(j, "rope_theta");
   if (const json* rs = find(j, "rope_scaling")) {
-    Rope r = parse_rope_object(*rs, "rope_scaling", c.max_position_embeddings, top_original);
+    Rope r = parse_rope_object(*rs, "rope_scaling", c.max_position_embeddings, top_original, phi3);
     v4.scaling = r.scaling;
     if (r.theta && v4.theta && *r.theta != *v4.theta)
       refuse("rope_scaling.rope_theta disagrees with rope_theta");
@@ -237,7 +301,7 @@ void read_rope(const json& j, ModelConfig& c) {
       }
       one = &rp->begin().value();
     }
-    v5 = parse_rope_object(*one, "rope_parameters", c.max_position_embeddings, top_original);
+    v5 = parse_rope_object(*one, "rope_parameters", c.max_position_embeddings, top_original, phi3);
   }
   if (v4.theta && v5.theta && *v4.theta != *v5.theta)
     refuse("rope_theta (" + json(*v4.theta).dump() +
@@ -248,6 +312,20 @@ void read_rope(const json& j, ModelConfig& c) {
   c.rope_theta = v5.theta.value_or(v4.theta.value_or(10000.0));
   const auto& scaling = v5.scaling ? v5.scaling : v4.scaling;
   if (scaling) c.rope_scaling = *scaling;
+  if (top_partial && v5.partial_rotary_factor && *top_partial != *v5.partial_rotary_factor)
+    refuse("partial_rotary_factor disagrees with rope_parameters.partial_rotary_factor");
+  c.partial_rotary_factor = top_partial.value_or(v5.partial_rotary_factor.value_or(1.0));
+  const int64_t rotary = c.rotary_dim();
+  if (rotary < 2 || rotary % 2 != 0)
+    refuse("partial_rotary_factor " + json(c.partial_rotary_factor).dump() + " gives " +
+           std::to_string(rotary) + " rotary dims of head_dim " + std::to_string(c.head_dim) +
+           "; RoPE needs an even number");
+  const RopeScaling& s = c.rope_scaling;
+  for (const auto* f : {&s.short_factor, &s.long_factor})
+    if (s.type == "longrope" && static_cast<int64_t>(f->size()) != rotary / 2)
+      refuse(std::string("rope_scaling.") + (f == &s.short_factor ? "short" : "long") +
+             "_factor holds " + std::to_string(f->size()) + " factors; longrope needs one per " +
+             "rotated frequency (" + std::to_string(rotary / 2) + ")");
 }
 
 // Which layers slide, as the model class decides it; blend supports all or none.
@@ -255,6 +333,7 @@ void read_window(const json& j, Arch arch, ModelConfig& c) {
   const json* raw = find(j, "sliding_window");
   std::optional<int64_t> window = opt_int(j, "sliding_window");
   if (arch == Arch::kMistral && !j.contains("sliding_window")) window = 4096;  // MistralConfig
+  // (Phi3Config's default is None: no window when the key is absent.)
   if (window && *window <= 0)
     refuse("sliding_window must be positive (null means no window), not " + raw->dump());
 
@@ -279,13 +358,14 @@ void read_window(const json& j, Arch arch, ModelConfig& c) {
     for (int64_t i = 0; i < c.num_layers; ++i)
       sliding[i] =
           use && window && (layer_types ? (*layer_types)[i] == "sliding_attention" : i >= first);
-  } else if (arch == Arch::kMistral) {
-    // MistralForCausalLM applies the window on every layer whatever layer_types says; a
-    // config that lists other types was meant for another model class.
+  } else if (arch == Arch::kMistral || arch == Arch::kPhi3) {
+    // MistralForCausalLM and Phi3ForCausalLM apply the window on every layer whatever
+    // layer_types says; a config that lists other types was meant for another model class.
     for (int64_t i = 0; i < c.num_layers; ++i) {
       sliding[i] = window.has_value();
       if (layer_types && ((*layer_types)[i] == "sliding_attention") != sliding[i])
-        refuse("layer_types disagrees with sliding_window (MistralForCausalLM uses one for all)");
+        refuse("layer_types disagrees with sliding_window (" + c.architecture +
+               " uses one for all)");
     }
   } else {
     if (window)
@@ -322,6 +402,16 @@ void read_bias_and_activation(const json& j, Arch arch, ModelConfig& c) {
     refuse("attention_bias=true (q/k/v and o_proj biases) is not supported for " + c.architecture);
   }
   c.qk_norm = arch == Arch::kQwen3;
+  c.fused_checkpoint_projections = arch == Arch::kPhi3;
+  if (arch == Arch::kPhi3) {
+    // Keys of Phi-3/4's remote code that transformers' own Phi3 class does not read; a value
+    // that would change that code's output is refused rather than run as another model.
+    if (opt_bool(j, "lm_head_bias").value_or(false))
+      refuse("lm_head_bias=true is not supported (Phi3ForCausalLM's lm_head has no bias)");
+    for (const char* key : {"full_attn_mod", "interpolate_factor"})
+      if (auto v = opt_double(j, key); v && *v != 1.0)
+        refuse(std::string(key) + " other than 1 is not supported");
+  }
   for (const char* key : {"quantization_config", "compression_config"})
     if (find(j, key))
       refuse(std::string(key) + " is present: quantized checkpoints are not supported");
@@ -406,15 +496,18 @@ ModelConfig ModelConfig::from_json(const json& j) {
       refuse("hidden_size is not a multiple of num_attention_heads and head_dim is not given");
     c.head_dim = head_dim.value_or(c.num_heads > 0 ? c.hidden_size / c.num_heads : 0);
   }
-  const int64_t default_max_pos = qwen ? 32768 : arch == Arch::kMistral ? 4096 * 32 : 2048;
+  const int64_t default_max_pos = qwen                     ? 32768
+                                  : arch == Arch::kMistral ? 4096 * 32
+                                  : arch == Arch::kPhi3    ? 4096
+                                                           : 2048;
   c.max_position_embeddings = opt_int(j, "max_position_embeddings").value_or(default_max_pos);
-  c.rms_norm_eps = opt_double(j, "rms_norm_eps").value_or(1e-6);
+  c.rms_norm_eps = opt_double(j, "rms_norm_eps").value_or(arch == Arch::kPhi3 ? 1e-5 : 1e-6);
   c.tie_word_embeddings = opt_bool(j, "tie_word_embeddings").value_or(false);
   // Bounds first: the window and layer_types checks walk the layers.
   c.validate();
 
   read_bias_and_activation(j, arch, c);
-  read_rope(j, c);
+  read_rope(j, arch, c);
   read_window(j, arch, c);
   c.bos_token_id = optional_token_id(j, "bos_token_id");
   if (const json* eos = find(j, "eos_token_id"))

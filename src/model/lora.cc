@@ -124,6 +124,10 @@ std::unique_ptr<LoraAdapter> LoraAdapter::open(const fs::path& dir, const ModelC
   const json j = read_adapter_config(dir);
   const std::string where = (dir / "adapter_config.json").string() + ": ";
   auto fail = [&](const std::string& what) { throw Error(where + what); };
+  // Phi-3's adapters target qkv_proj / gate_up_proj, which blend's modules do not name.
+  if (config.fused_checkpoint_projections)
+    fail("LoRA adapters on " + config.architecture +
+         " (fused qkv_proj / gate_up_proj) are not supported");
 
   static const std::set<std::string> understood = {"peft_type",
                                                    "task_type",

@@ -1,5 +1,8 @@
 #include "model/presets.h"
 
+#include <algorithm>
+#include <cmath>
+
 namespace blend {
 namespace {
 
@@ -11,6 +14,7 @@ ModelConfig shape(std::string arch, int64_t hidden, int64_t layers, int64_t head
   c.architecture = std::move(arch);
   c.model_type = c.architecture == "Qwen2ForCausalLM"   ? "qwen2"
                  : c.architecture == "Qwen3ForCausalLM" ? "qwen3"
+                 : c.architecture == "Phi3ForCausalLM"  ? "phi3"
                                                         : "llama";
   c.hidden_size = hidden;
   c.num_layers = layers;
@@ -23,6 +27,8 @@ ModelConfig shape(std::string arch, int64_t hidden, int64_t layers, int64_t head
   c.max_position_embeddings = max_pos;
   c.attention_bias = c.architecture == "Qwen2ForCausalLM";
   c.qk_norm = c.architecture == "Qwen3ForCausalLM";
+  c.fused_checkpoint_projections = c.architecture == "Phi3ForCausalLM";
+  if (c.fused_checkpoint_projections) c.rms_norm_eps = 1e-5;  // Phi3Config's
   return c;
 }
 
@@ -88,6 +94,38 @@ ModelConfig llama_3_2_1b() {
   return c;
 }
 
+// Phi-3's longrope on a shape: `half` short and long factors (stand-ins with the published
+// ones' range, 1 to ~1.1 short and 1 to ~40 long, rising with the wavelength, not their values)
+// and the attention factor transformers derives from max / original lengths.
+ModelConfig with_longrope(ModelConfig c, int64_t original_max) {
+  const int64_t half = c.rotary_dim() / 2;
+  RopeScaling& s = c.rope_scaling;
+  s.type = "longrope";
+  s.original_max_position_embeddings = original_max;
+  for (int64_t i = 0; i < half; ++i) {
+    const double t = static_cast<double>(i) / static_cast<double>(std::max<int64_t>(half - 1, 1));
+    s.short_factor.push_back(1.0 + 0.1 * t * t);
+    s.long_factor.push_back(std::pow(40.0, t));
+  }
+  s.factor = static_cast<double>(c.max_position_embeddings) / static_cast<double>(original_max);
+  s.attention_factor =
+      std::sqrt(1.0 + std::log(s.factor) / std::log(static_cast<double>(original_max)));
+  return c;
+}
+
+// A Phi-3 / Phi-4-mini shape (fused qkv_proj and gate_up_proj, partial RoPE, longrope) with the
+// Llama-3 tokenizer: Phi's RoPE base and norm epsilon on the Llama-3 vocabulary and token ids
+// (the families' own tokenizers are not shipped yet).
+ModelConfig phi3_like(int64_t hidden, int64_t layers, int64_t heads, int64_t kv_heads, int64_t ffn,
+                      bool tied, double partial_rotary, int64_t max_pos, int64_t original_max) {
+  ModelConfig c = shape("Phi3ForCausalLM", hidden, layers, heads, kv_heads, ffn, kLlama3VocabSize,
+                        10000.0, max_pos);
+  c.tie_word_embeddings = tied;
+  c.partial_rotary_factor = partial_rotary;
+  c = with_llama3_tokens(c);
+  return with_longrope(c, original_max);
+}
+
 // Qwen3's published shapes: head_dim 128, its vocabulary and context.
 ModelConfig qwen3_shape(int64_t hidden, int64_t layers, int64_t heads, int64_t kv_heads,
                         int64_t ffn) {
@@ -95,6 +133,12 @@ ModelConfig qwen3_shape(int64_t hidden, int64_t layers, int64_t heads, int64_t k
       shape("Qwen3ForCausalLM", hidden, layers, heads, kv_heads, ffn, 151936, 1000000, 40960);
   c.head_dim = 128;
   c.rms_norm_eps = 1e-6;
+  return c;
+}
+
+ModelConfig phi3_mini_shape() {
+  ModelConfig c = shape("Phi3ForCausalLM", 3072, 32, 32, 32, 8192, 32064, 10000, 4096);
+  c.sliding_window = 2047;
   return c;
 }
 
@@ -118,12 +162,23 @@ std::vector<ModelPreset> build_table() {
        qwen2_like(/*hidden=*/64, /*layers=*/2, /*heads=*/4, /*kv_heads=*/2, /*ffn=*/128,
                   /*tied=*/false)},
       {"qwen2.5-0.5b", true, qwen2_like(896, 24, 14, 2, 4864, true)},
+      // Partial RoPE (12 of 16 dims) and longrope; its 4096 context over an original 1024
+      // selects the long factors unless served with --max-model-len 1024 or less.
+      {"tiny-phi3", true,
+       phi3_like(/*hidden=*/64, /*layers=*/2, /*heads=*/4, /*kv_heads=*/2, /*ffn=*/128,
+                 /*tied=*/false, /*partial_rotary=*/0.75, /*max_pos=*/4096,
+                 /*original_max=*/1024)},
+      // Phi-4-mini's layers (3072 wide, 24 heads over 8 KV heads, 3/4 of each head rotated,
+      // 131072 positions over an original 4096, tied) on the Llama-3 vocabulary.
+      {"phi4-mini", true, phi3_like(3072, 32, 24, 8, 8192, true, 0.75, 131072, 4096)},
       {"llama-3-8b", false, shape(llama, 4096, 32, 32, 8, 14336, 128256, 500000, 8192)},
       {"llama-3-70b", false, shape(llama, 8192, 80, 64, 8, 28672, 128256, 500000, 8192)},
       {"llama-2-7b", false, shape(llama, 4096, 32, 32, 32, 11008, 32000, 10000, 4096)},
       {"qwen2.5-7b", false, shape(qwen2, 3584, 28, 28, 4, 18944, 152064, 1000000, 32768)},
       {"qwen2.5-72b", false, shape(qwen2, 8192, 80, 64, 8, 29568, 152064, 1000000, 32768)},
       {"qwen3-8b", false, qwen3_shape(4096, 36, 32, 8, 12288)},
+      // Phi-3-mini-4k: full RoPE, no scaling, a 2047-token window, its 32064-token vocabulary.
+      {"phi3-mini", false, phi3_mini_shape()},
       {"deepseek-67b", false, shape(llama, 8192, 95, 64, 8, 22016, 102400, 10000, 4096)},
   };
 }

@@ -14,9 +14,13 @@ std::vector<TensorSpec> llama_tensor_specs(const ModelConfig& c) {
   for (int64_t i = 0; i < c.num_layers; ++i) {
     auto name = [&](const char* s) { return layer_tensor_name(i, s); };
     specs.push_back({name("input_layernorm.weight"), {h}, K::kNorm, 0});
-    specs.push_back({name("self_attn.q_proj.weight"), {q, h}, K::kLinear, h});
-    specs.push_back({name("self_attn.k_proj.weight"), {kv, h}, K::kLinear, h});
-    specs.push_back({name("self_attn.v_proj.weight"), {kv, h}, K::kLinear, h});
+    if (c.fused_checkpoint_projections) {
+      specs.push_back({name("self_attn.qkv_proj.weight"), {q + 2 * kv, h}, K::kLinear, h});
+    } else {
+      specs.push_back({name("self_attn.q_proj.weight"), {q, h}, K::kLinear, h});
+      specs.push_back({name("self_attn.k_proj.weight"), {kv, h}, K::kLinear, h});
+      specs.push_back({name("self_attn.v_proj.weight"), {kv, h}, K::kLinear, h});
+    }
     if (c.attention_bias) {
       specs.push_back({name("self_attn.q_proj.bias"), {q}, K::kBias, 0});
       specs.push_back({name("self_attn.k_proj.bias"), {kv}, K::kBias, 0});
@@ -28,8 +32,12 @@ std::vector<TensorSpec> llama_tensor_specs(const ModelConfig& c) {
       specs.push_back({name("self_attn.k_norm.weight"), {c.head_dim}, K::kNorm, 0});
     }
     specs.push_back({name("post_attention_layernorm.weight"), {h}, K::kNorm, 0});
-    specs.push_back({name("mlp.gate_proj.weight"), {f, h}, K::kLinear, h});
-    specs.push_back({name("mlp.up_proj.weight"), {f, h}, K::kLinear, h});
+    if (c.fused_checkpoint_projections) {
+      specs.push_back({name("mlp.gate_up_proj.weight"), {2 * f, h}, K::kLinear, h});
+    } else {
+      specs.push_back({name("mlp.gate_proj.weight"), {f, h}, K::kLinear, h});
+      specs.push_back({name("mlp.up_proj.weight"), {f, h}, K::kLinear, h});
+    }
     specs.push_back({name("mlp.down_proj.weight"), {h, f}, K::kResidualOutput, f});
   }
   specs.push_back({"model.norm.weight", {h}, K::kNorm, 0});
@@ -38,7 +46,8 @@ std::vector<TensorSpec> llama_tensor_specs(const ModelConfig& c) {
 }
 
 int64_t llama_tensor_count(const ModelConfig& c) {
-  const int64_t per_layer = 9 + (c.attention_bias ? 3 : 0) + (c.qk_norm ? 2 : 0);
+  const int64_t per_layer =
+      (c.fused_checkpoint_projections ? 6 : 9) + (c.attention_bias ? 3 : 0) + (c.qk_norm ? 2 : 0);
   return 1 + c.num_layers * per_layer + 1 + (c.tie_word_embeddings ? 0 : 1);
 }
 
@@ -91,8 +100,12 @@ LlamaTensors bind_llama_tensors(const ModelConfig& config, const TensorStore& st
     auto name = [&](const char* suffix) { return get(layer_tensor_name(i, suffix)); };
     LlamaLayerTensors& l = t.layers.emplace_back();
     l.attention_norm = name("input_layernorm.weight");
-    l.qkv = {name("self_attn.q_proj.weight"), name("self_attn.k_proj.weight"),
-             name("self_attn.v_proj.weight")};
+    // A fused checkpoint tensor is blend's fused layout already (rows q, k, v; gate, up).
+    if (config.fused_checkpoint_projections)
+      l.qkv = {name("self_attn.qkv_proj.weight")};
+    else
+      l.qkv = {name("self_attn.q_proj.weight"), name("self_attn.k_proj.weight"),
+               name("self_attn.v_proj.weight")};
     if (config.attention_bias)
       l.qkv_bias = {name("self_attn.q_proj.bias"), name("self_attn.k_proj.bias"),
                     name("self_attn.v_proj.bias")};
@@ -102,7 +115,10 @@ LlamaTensors bind_llama_tensors(const ModelConfig& config, const TensorStore& st
     }
     l.o = name("self_attn.o_proj.weight");
     l.ffn_norm = name("post_attention_layernorm.weight");
-    l.gate_up = {name("mlp.gate_proj.weight"), name("mlp.up_proj.weight")};
+    if (config.fused_checkpoint_projections)
+      l.gate_up = {name("mlp.gate_up_proj.weight")};
+    else
+      l.gate_up = {name("mlp.gate_proj.weight"), name("mlp.up_proj.weight")};
     l.down = name("mlp.down_proj.weight");
   }
   t.final_norm = get("model.norm.weight");

@@ -17,9 +17,9 @@ struct TensorSpec {
   int64_t fan_in = 0;  // input features of a linear layer (0 for others)
 };
 
-// Every tensor a LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM / MistralForCausalLM
-// folder holds, in the order HF writes them (embedding, layers 0..L-1, final norm, lm_head
-// unless tied).
+// Every tensor a LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM / Phi3ForCausalLM /
+// MistralForCausalLM folder holds, in the order HF writes them (embedding, layers 0..L-1, final
+// norm, lm_head unless tied).
 std::vector<TensorSpec> llama_tensor_specs(const ModelConfig& config);
 // llama_tensor_specs(config).size(), computed without building the list.
 int64_t llama_tensor_count(const ModelConfig& config);
@@ -39,13 +39,13 @@ struct TensorView;
 // this one reading of the names (issue 24: the model described once).
 struct LlamaLayerTensors {
   const TensorView* attention_norm = nullptr;
-  std::vector<const TensorView*> qkv;       // q_proj, k_proj, v_proj
+  std::vector<const TensorView*> qkv;       // q_proj, k_proj, v_proj; or Phi-3's qkv_proj
   std::vector<const TensorView*> qkv_bias;  // their biases, or empty
   const TensorView* q_norm = nullptr;       // per-head norms (ModelConfig::qk_norm), or null
   const TensorView* k_norm = nullptr;
   const TensorView* o = nullptr;
   const TensorView* ffn_norm = nullptr;
-  std::vector<const TensorView*> gate_up;  // gate_proj, up_proj
+  std::vector<const TensorView*> gate_up;  // gate_proj, up_proj; or Phi-3's gate_up_proj
   const TensorView* down = nullptr;
 };
 struct LlamaTensors {

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/ops.h"
 #include "backend/cpu/simd.h"
 #include "core/error.h"
 #include "model/presets.h"
@@ -49,7 +50,9 @@ std::unique_ptr<CpuBackend> make_backend(const TestModel& m, bool deterministic,
 
 class Reference {
  public:
-  explicit Reference(const TestModel& m) : c_(m.config), store_(m.store) {}
+  // `long_factors`: which longrope factors the backend was made to take (model/rope.h).
+  explicit Reference(const TestModel& m, bool long_factors = true)
+      : c_(m.config), store_(m.store), long_factors_(long_factors) {}
 
   // Logits of the last token of `tokens` (at positions 0..n-1).
   std::vector<double> logits(const std::vector<TokenId>& tokens) {
@@ -64,9 +67,16 @@ class Reference {
       std::vector<std::vector<double>> q(n), k(n), v(n);
       for (int64_t p = 0; p < n; ++p) {
         const auto xn = rmsnorm(x[p], w(name("input_layernorm.weight")));
-        q[p] = matvec(w(name("self_attn.q_proj.weight")), xn);
-        k[p] = matvec(w(name("self_attn.k_proj.weight")), xn);
-        v[p] = matvec(w(name("self_attn.v_proj.weight")), xn);
+        if (c_.fused_checkpoint_projections) {  // Phi-3: rows q, then k, then v
+          const auto qkv = matvec(w(name("self_attn.qkv_proj.weight")), xn);
+          q[p].assign(qkv.begin(), qkv.begin() + nh * d);
+          k[p].assign(qkv.begin() + nh * d, qkv.begin() + (nh + nkv) * d);
+          v[p].assign(qkv.begin() + (nh + nkv) * d, qkv.end());
+        } else {
+          q[p] = matvec(w(name("self_attn.q_proj.weight")), xn);
+          k[p] = matvec(w(name("self_attn.k_proj.weight")), xn);
+          v[p] = matvec(w(name("self_attn.v_proj.weight")), xn);
+        }
         if (c_.attention_bias) {
           add(q[p], w(name("self_attn.q_proj.bias")));
           add(k[p], w(name("self_attn.k_proj.bias")));
@@ -101,8 +111,15 @@ class Reference {
       }
       for (int64_t p = 0; p < n; ++p) {
         const auto xn = rmsnorm(x[p], w(name("post_attention_layernorm.weight")));
-        const auto gate = matvec(w(name("mlp.gate_proj.weight")), xn);
-        const auto up = matvec(w(name("mlp.up_proj.weight")), xn);
+        std::vector<double> gate, up;
+        if (c_.fused_checkpoint_projections) {  // Phi-3: gate rows, then up rows
+          const auto gu = matvec(w(name("mlp.gate_up_proj.weight")), xn);
+          gate.assign(gu.begin(), gu.begin() + c_.intermediate_size);
+          up.assign(gu.begin() + c_.intermediate_size, gu.end());
+        } else {
+          gate = matvec(w(name("mlp.gate_proj.weight")), xn);
+          up = matvec(w(name("mlp.up_proj.weight")), xn);
+        }
         std::vector<double> a(gate.size());
         for (size_t i = 0; i < a.size(); ++i) a[i] = gate[i] / (1.0 + std::exp(-gate[i])) * up[i];
         add(x[p], matvec(w(name("mlp.down_proj.weight")), a));
@@ -153,13 +170,23 @@ class Reference {
   static void add(std::vector<double>& a, const std::vector<float>& b) {
     for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
   }
-  // Hugging Face rotate_half RoPE with the default / linear / llama3 frequencies.
+  // Hugging Face rotate_half RoPE with the default / linear / llama3 / longrope frequencies, on
+  // the first rotary_dim dims of the head (transformers' Phi-3 apply_rotary_pos_emb).
   void rope(double* x, int64_t pos) const {
-    const int64_t half = c_.head_dim / 2;
+    const int64_t dims = static_cast<int64_t>(static_cast<double>(c_.head_dim) *
+                                              c_.partial_rotary_factor),
+                  half = dims / 2;
+    const RopeScaling& s = c_.rope_scaling;
+    // _compute_longrope_parameters: cos and sin scaled by sqrt(1 + ln(scale) / ln(original)).
+    double mscale = 1;
+    if (s.type == "longrope") {
+      const double orig = static_cast<double>(s.original_max_position_embeddings);
+      const double scale = static_cast<double>(c_.max_position_embeddings) / orig;
+      if (scale > 1) mscale = std::sqrt(1 + std::log(scale) / std::log(orig));
+    }
     for (int64_t i = 0; i < half; ++i) {
-      double f =
-          std::pow(c_.rope_theta, -2.0 * static_cast<double>(i) / static_cast<double>(c_.head_dim));
-      const RopeScaling& s = c_.rope_scaling;
+      double f = std::pow(c_.rope_theta, -2.0 * static_cast<double>(i) / static_cast<double>(dims));
+      if (s.type == "longrope") f /= (long_factors_ ? s.long_factor : s.short_factor)[i];
       if (s.type == "linear") f /= s.factor;
       if (s.type == "llama3") {
         const double old_len = static_cast<double>(s.original_max_position_embeddings);
@@ -172,7 +199,8 @@ class Reference {
           f = (1 - smooth) * f / s.factor + smooth * f;
         }
       }
-      const double a = static_cast<double>(pos) * f, cs = std::cos(a), sn = std::sin(a);
+      const double a = static_cast<double>(pos) * f, cs = std::cos(a) * mscale,
+                   sn = std::sin(a) * mscale;
       const double x0 = x[i], x1 = x[i + half];
       x[i] = x0 * cs - x1 * sn;
       x[i + half] = x1 * cs + x0 * sn;
@@ -181,6 +209,7 @@ class Reference {
 
   ModelConfig c_;
   const TensorStore& store_;
+  bool long_factors_;
   std::map<std::string, std::vector<float>> weights_;
 };
 
@@ -299,9 +328,15 @@ std::vector<TokenId> prefix(const Seq& s, int32_t n) {
 // Three sequences over three steps: multi-page prompts, a prompt split in two chunks, decode
 // tokens mixed with a prefill chunk. Every logits row is checked against the reference.
 void check_against_reference(const TestModel& m, double tol, bool deterministic, int page_size = 16,
-                             CpuGemmLib lib = CpuGemmLib::kOneDnn) {
-  auto backend = make_backend(m, deterministic, page_size, 256, lib);
-  Reference ref(m);
+                             CpuGemmLib lib = CpuGemmLib::kOneDnn, int64_t max_model_len = 0) {
+  BackendOptions o;
+  o.deterministic = deterministic;
+  o.page_size = page_size;
+  o.num_pages = 256;
+  o.max_model_len = max_model_len;
+  auto backend = make_cpu_backend(m.config, m.store, o, lib);
+  const int64_t len = max_model_len > 0 ? max_model_len : m.config.max_position_embeddings;
+  Reference ref(m, len > m.config.rope_scaling.original_max_position_embeddings);
   Pages pages(256);
   Seq a = pages.seq(1, random_tokens(42, 1), page_size);
   Seq b = pages.seq(2, random_tokens(28, 2), page_size);
@@ -350,6 +385,38 @@ TEST(CpuBackend, MatchesFloat64ReferenceQwen3HeadNorms) {
   check_against_reference(model("qwen3"), 1e-5, false);
   check_against_reference(model("qwen3"), 1e-5, true);
   check_against_reference(model("qwen3", DType::kBF16), 2e-2, false);
+}
+
+// Phi-3 (the tiny-phi3 preset's layers): fused qkv_proj / gate_up_proj split by the reference
+// itself, 12 of 16 dims rotated, longrope's long factors (the default context, 4096, is over the
+// original 1024) or its short ones (an engine capped at 1024), cos and sin scaled by the
+// attention factor.
+TEST(CpuBackend, MatchesFloat64ReferencePhi3PartialRopeLongrope) {
+  const TestModel& m = model("phi3");
+  ASSERT_EQ(m.config.rotary_dim(), 12);
+  check_against_reference(m, 1e-5, false);
+  check_against_reference(m, 1e-5, true);
+  check_against_reference(m, 1e-5, false, 16, CpuGemmLib::kOneDnn, /*max_model_len=*/1024);
+  check_against_reference(model("phi3", DType::kBF16), 2e-2, false);
+}
+
+// Partial RoPE by hand: heads 8 floats apart, of which the first 4 rotate (pairs (0, 2) and
+// (1, 3)): angle 90 degrees on the first pair, 0 on the second; dims 4..7 pass unchanged.
+TEST(CpuOps, PartialRopeRotatesOnlyTheLeadingDimsOfEachHead) {
+  std::vector<float> x = {1, 2, 3, 4, 5, 6, 7, 8, 11, 12, 13, 14, 15, 16, 17, 18};
+  const float cos[] = {0, 1}, sin[] = {1, 0};
+  cpu::rope_apply(x.data(), /*heads=*/2, /*stride=*/8, /*half=*/2, cos, sin);
+  const std::vector<float> expected = {-3, 2, 1, 4, 5, 6, 7, 8, -13, 12, 11, 14, 15, 16, 17, 18};
+  EXPECT_EQ(x, expected);
+}
+
+// The two factor sets give different logits, so the test above tells them apart.
+TEST(CpuBackend, Phi3ShortAndLongFactorsDiffer) {
+  const TestModel& m = model("phi3");
+  Reference long_ref(m, true), short_ref(m, false);
+  const auto tokens = random_tokens(40, 5);
+  const std::vector<double> l = long_ref.logits(tokens);
+  EXPECT_GT(rel_err(std::vector<float>(l.begin(), l.end()), short_ref.logits(tokens)), 1e-3);
 }
 
 TEST(CpuBackend, MatchesFloat64ReferenceLlama3RopeScalingTied) {

@@ -83,6 +83,40 @@ std::string greedy_token_line(const std::string& id, const std::string& ids, int
 
 testing::TempDir* BatchCli::dir_ = nullptr;
 
+// --max-model-len reaches the engine: on Phi-3's longrope it picks the factor set (long over the
+// original 1024 positions, short at 1024 and below), and past the model's context it is refused.
+TEST_F(BatchCli, MaxModelLenPicksPhi3sLongropeFactors) {
+  testing::TempDir work;
+  RandomInitOptions o;
+  o.seed = 4;
+  o.tokenizer_dir = BLEND_TEST_TOKENIZER_DIR;
+  write_random_model(*find_model_preset("tiny-phi3"), work / "phi3", o);
+  testing::write_file(
+      work / "in.jsonl",
+      R"({"custom_id":"a","method":"POST","url":"/v1/completions","body":{"prompt":[)" +
+          token_run(500, 40) +
+          R"(],"max_tokens":4,"logprobs":1,"ignore_eos":true,"temperature":0}})"
+          "\n");
+  auto run = [&](const std::string& out, const std::string& extra) {
+    return testing::run_command(
+        std::string("'") + BLEND_BINARY + "' batch --model " + (work / "phi3").string() +
+        " --input " + (work / "in.jsonl").string() + " --output " + (work / out).string() +
+        " --threads 2 --deterministic --quiet " + extra);
+  };
+  auto logprobs = [&](const std::string& out) {
+    return read_jsonl(work / out)
+        .at(0)["response"]["body"]["choices"][0]["logprobs"]["token_logprobs"];
+  };
+  ASSERT_EQ(run("long.jsonl", "").exit_code, 0);
+  ASSERT_EQ(run("long4096.jsonl", "--max-model-len 4096").exit_code, 0);
+  ASSERT_EQ(run("short.jsonl", "--max-model-len 1024").exit_code, 0);
+  EXPECT_EQ(logprobs("long.jsonl"), logprobs("long4096.jsonl"));
+  EXPECT_NE(logprobs("long.jsonl"), logprobs("short.jsonl"));
+  const auto too_long = run("x.jsonl", "--max-model-len 5000 2>&1");
+  EXPECT_NE(too_long.exit_code, 0);
+  EXPECT_NE(too_long.output.find("max_model_len 5000"), std::string::npos) << too_long.output;
+}
+
 TEST_F(BatchCli, CompletionsChatAndBadLines) {
   testing::TempDir work;
   std::string input;

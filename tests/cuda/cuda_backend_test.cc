@@ -630,6 +630,18 @@ TEST(CudaBackend, RefusesQwen3sHeadNormsByName) {
   }
 }
 
+TEST(CudaBackend, RefusesPhi3sPartialRopeAndLongropeByName) {
+  const TestModel& m = model("phi3", DType::kBF16);
+  try {
+    make_cuda_backend(m.config, m.store, options());
+    FAIL() << "made a cuda backend for Phi-3";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Phi3ForCausalLM (partial RoPE, longrope)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // A sequence fed to both backends: its tokens so far and the pages it owns.
 struct Seq {
   SeqId id = 0;

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "model/presets.h"
+#include "model/rope.h"
 #include "test_util.h"
 
 namespace blend {
@@ -184,6 +185,141 @@ TEST(ModelConfig, Qwen3HasHeadNormsAndItsOwnHeadDim) {
         j["max_window_layers"] = 14;
       },
       "sliding window on 14 of 28 layers", qwen3_06b_config());
+}
+
+// Phi-4-mini-instruct's config.json as published (its 48 short and long factors replaced by
+// stand-ins of the same count): fused projections, 3/4 of each head rotated, longrope.
+json phi4_mini_config() {
+  json j = json::parse(R"({
+    "architectures": ["Phi3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 199999, "embd_pdrop": 0.0, "eos_token_id": 199999, "full_attn_mod": 1,
+    "hidden_act": "silu", "hidden_size": 3072, "initializer_range": 0.02,
+    "intermediate_size": 8192, "interpolate_factor": 1, "lm_head_bias": false,
+    "max_position_embeddings": 131072, "mlp_bias": false, "model_type": "phi3",
+    "num_attention_heads": 24, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "original_max_position_embeddings": 4096, "pad_token_id": 199999,
+    "partial_rotary_factor": 0.75, "resid_pdrop": 0.0, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"type": "longrope"}, "rope_theta": 10000.0, "sliding_window": 262144,
+    "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.45.0",
+    "use_cache": true, "vocab_size": 200064})");
+  for (int i = 0; i < 48; ++i) {
+    j["rope_scaling"]["short_factor"].push_back(1.0 + 0.001 * i);
+    j["rope_scaling"]["long_factor"].push_back(1.0 + 0.5 * i);
+  }
+  return j;
+}
+
+TEST(ModelConfig, Phi4MiniHasFusedProjectionsPartialRopeAndLongrope) {
+  const ModelConfig c = ModelConfig::from_json(phi4_mini_config());
+  EXPECT_EQ(c.architecture, "Phi3ForCausalLM");
+  EXPECT_TRUE(c.fused_checkpoint_projections);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.rotary_dim(), 96);
+  EXPECT_EQ(c.rope_scaling.type, "longrope");
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 4096);
+  EXPECT_EQ(c.rope_scaling.long_factor.size(), 48u);
+  EXPECT_DOUBLE_EQ(c.rope_scaling.long_factor[2], 2.0);
+  // scale 131072 / 4096 = 32: sqrt(1 + ln 32 / ln 4096) = sqrt(1 + 5/12).
+  EXPECT_DOUBLE_EQ(c.rope_scaling.factor, 32.0);
+  EXPECT_NEAR(c.rope_scaling.attention_factor, std::sqrt(17.0 / 12.0), 1e-15);
+  EXPECT_EQ(*c.sliding_window, 262144);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  // A given attention_factor wins; Phi3Config's defaults (eps 1e-5, no window).
+  json j = phi4_mini_config();
+  j["rope_scaling"]["attention_factor"] = 1.5;
+  j.erase("rms_norm_eps");
+  j.erase("sliding_window");
+  const ModelConfig d = ModelConfig::from_json(j);
+  EXPECT_EQ(d.rope_scaling.attention_factor, 1.5);
+  EXPECT_EQ(d.rms_norm_eps, 1e-5);
+  EXPECT_FALSE(d.sliding_window.has_value());
+  // Phi-3-mini-4k: no scaling, full rotary, its window.
+  j = phi4_mini_config();
+  j["rope_scaling"] = nullptr;
+  j.erase("partial_rotary_factor");
+  j["sliding_window"] = 2047;
+  const ModelConfig mini = ModelConfig::from_json(j);
+  EXPECT_EQ(mini.rotary_dim(), 128);
+  EXPECT_EQ(mini.rope_scaling.type, "none");
+  EXPECT_EQ(*mini.sliding_window, 2047);
+  // The config.json model init writes reads back as the same network.
+  EXPECT_EQ(architecture_difference(ModelConfig::from_json(c.to_json()), c), "");
+  // transformers 5's layout: RoPE, partial_rotary_factor and the original length folded into
+  // rope_parameters.
+  json v5 = phi4_mini_config();
+  v5["rope_parameters"] = v5["rope_scaling"];
+  v5["rope_parameters"].erase("type");
+  v5["rope_parameters"]["rope_type"] = "longrope";
+  v5["rope_parameters"]["rope_theta"] = 10000.0;
+  v5["rope_parameters"]["partial_rotary_factor"] = 0.75;
+  v5["rope_parameters"]["original_max_position_embeddings"] = 4096;
+  for (const char* key :
+       {"rope_scaling", "rope_theta", "partial_rotary_factor", "original_max_position_embeddings"})
+    v5.erase(key);
+  EXPECT_EQ(architecture_difference(ModelConfig::from_json(v5), c), "");
+}
+
+TEST(ModelConfig, Phi3FieldsThatWouldChangeTheResultAreRefusedByName) {
+  // Partial RoPE and longrope elsewhere than on Phi3.
+  expect_refused([](json& j) { j["partial_rotary_factor"] = 0.5; }, "partial_rotary_factor");
+  expect_refused(
+      [](json& j) {
+        j["rope_scaling"] = {{"type", "longrope"}, {"short_factor", {1}}, {"long_factor", {1}}};
+      },
+      "'longrope' in 'rope_scaling' (supported for Phi3ForCausalLM only)");
+  const json phi = phi4_mini_config();
+  expect_refused([](json& j) { j["rope_scaling"]["short_factor"].erase(0); },
+                 "rope_scaling.short_factor holds 47 factors", phi);
+  expect_refused([](json& j) { j["rope_scaling"].erase("long_factor"); }, "long_factor", phi);
+  expect_refused([](json& j) { j["rope_scaling"]["long_factor"][3] = -1; }, "long_factor", phi);
+  expect_refused([](json& j) { j["rope_scaling"]["type"] = "su"; }, "unsupported RoPE type 'su'",
+                 phi);
+  expect_refused([](json& j) { j["rope_scaling"]["mscale"] = 2; }, "mscale", phi);
+  expect_refused([](json& j) { j["rope_scaling"]["factor"] = 16; }, "'rope_scaling.factor' (16.0)",
+                 phi);
+  expect_refused([](json& j) { j["partial_rotary_factor"] = 0.7; },
+                 "partial_rotary_factor 0.7 gives 89 rotary dims", phi);
+  expect_refused([](json& j) { j["partial_rotary_factor"] = 1.5; }, "(0, 1]", phi);
+  expect_refused([](json& j) { j["lm_head_bias"] = true; }, "lm_head_bias", phi);
+  expect_refused([](json& j) { j["interpolate_factor"] = 2; }, "interpolate_factor", phi);
+  expect_refused([](json& j) { j["full_attn_mod"] = 2; }, "full_attn_mod", phi);
+  expect_refused([](json& j) { j["attention_bias"] = true; }, "attention_bias", phi);
+  expect_refused([](json& j) { j["layer_types"] = std::vector<std::string>(32, "full_attention"); },
+                 "layer_types disagrees with sliding_window (Phi3ForCausalLM", phi);
+}
+
+// Hand-computed: head_dim 8 at partial_rotary_factor 0.5 rotates 4 dims, frequencies
+// 10000^(-0/4) = 1 and 10000^(-2/4) = 0.01, divided by the short factors (1, 2) or the long ones
+// (4, 8); 4096 positions over an original 1024 give sqrt(1 + ln 4 / ln 1024) = sqrt(1.2).
+TEST(Rope, LongropeFrequenciesAndTheirBatchInvariantChoice) {
+  json j = phi4_mini_config();
+  j["hidden_size"] = 32;
+  j["num_attention_heads"] = 4;
+  j["num_key_value_heads"] = 2;
+  j["partial_rotary_factor"] = 0.5;
+  j["max_position_embeddings"] = 4096;
+  j["original_max_position_embeddings"] = 1024;
+  j["rope_scaling"] = {{"type", "longrope"}, {"short_factor", {1, 2}}, {"long_factor", {4, 8}}};
+  const ModelConfig c = ModelConfig::from_json(j);
+  ASSERT_EQ(c.rotary_dim(), 4);
+  EXPECT_NEAR(rope_attention_factor(c), std::sqrt(1.2), 1e-15);
+  // The engine's longest sequence decides, not the batch: 4096 (the default) and 1025 take
+  // the long factors, 1024 and less the short ones.
+  EXPECT_TRUE(rope_uses_long_factors(c, 0));
+  EXPECT_TRUE(rope_uses_long_factors(c, 1025));
+  EXPECT_FALSE(rope_uses_long_factors(c, 1024));
+  const std::vector<double> lng = rope_inv_freq(c), shrt = rope_inv_freq(c, 1024);
+  ASSERT_EQ(lng.size(), 2u);
+  EXPECT_NEAR(lng[0], 0.25, 1e-15);
+  EXPECT_NEAR(lng[1], 0.00125, 1e-15);
+  EXPECT_NEAR(shrt[0], 1.0, 1e-15);
+  EXPECT_NEAR(shrt[1], 0.005, 1e-15);
+  // Full rotary without scaling: head_dim / 2 frequencies and no cos/sin factor.
+  j["rope_scaling"] = nullptr;
+  j.erase("partial_rotary_factor");
+  const ModelConfig full = ModelConfig::from_json(j);
+  EXPECT_EQ(rope_inv_freq(full).size(), 4u);
+  EXPECT_EQ(rope_attention_factor(full), 1.0);
 }
 
 TEST(ModelConfig, TransformersFiveLayoutReadsAsFour) {

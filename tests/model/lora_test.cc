@@ -150,6 +150,20 @@ TEST_F(LoraAdapterTest, FieldsThatChangeTheMathAreRefused) {
   }
 }
 
+// Phi-3's adapters name its fused qkv_proj / gate_up_proj: refused for the model, not applied
+// to module names its checkpoint does not have.
+TEST_F(LoraAdapterTest, AdaptersOnPhi3AreRefusedByName) {
+  ModelConfig phi3 = *find_model_preset("tiny-phi3");
+  try {
+    LoraAdapter::open(good(), phi3);
+    FAIL() << "opened a LoRA adapter on Phi-3";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Phi3ForCausalLM (fused qkv_proj / gate_up_proj)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST_F(LoraAdapterTest, BadTensorsAreRefused) {
   const ModelConfig c = config();
   const std::string q = "base_model.model.model.layers.0.self_attn.q_proj.";

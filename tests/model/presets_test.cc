@@ -18,12 +18,13 @@ TEST(ModelPresets, OneTableForInitAndTheCostModel) {
     EXPECT_EQ(find_model_shape(p.name)->to_json(), p.config.to_json()) << p.name;
     EXPECT_EQ(find_model_preset(p.name).has_value(), p.materialisable) << p.name;
   }
-  EXPECT_EQ(model_preset_names(),
-            (std::vector<std::string>{"tiny", "smollm-135m", "llama-3.2-1b", "tiny-qwen3",
-                                      "qwen3-0.6b", "tiny-qwen2", "qwen2.5-0.5b"}));
+  EXPECT_EQ(
+      model_preset_names(),
+      (std::vector<std::string>{"tiny", "smollm-135m", "llama-3.2-1b", "tiny-qwen3", "qwen3-0.6b",
+                                "tiny-qwen2", "qwen2.5-0.5b", "tiny-phi3", "phi4-mini"}));
   EXPECT_EQ(shape_only_preset_names(),
             (std::vector<std::string>{"llama-3-8b", "llama-3-70b", "llama-2-7b", "qwen2.5-7b",
-                                      "qwen2.5-72b", "qwen3-8b", "deepseek-67b"}));
+                                      "qwen2.5-72b", "qwen3-8b", "phi3-mini", "deepseek-67b"}));
   EXPECT_EQ(large_model_preset_names(), (std::vector<std::string>{"llama-3-8b", "llama-3-70b"}));
   EXPECT_FALSE(find_model_shape("opt-13b").has_value());  // the cost model's own OPT formula
   // Figures the cost model reads, pinned: Llama-3-8B's 8.03B parameters, Qwen2.5-7B's bias.
@@ -34,6 +35,17 @@ TEST(ModelPresets, OneTableForInitAndTheCostModel) {
   EXPECT_EQ(find_model_shape("qwen3-8b")->num_parameters(), 8190735360);
   EXPECT_TRUE(find_model_preset("qwen3-0.6b")->qk_norm);
   EXPECT_TRUE(find_model_preset("tiny-qwen2")->attention_bias);
+  // Phi-3-mini's 3,821,079,552 (its model card's 3.8B; fused projections count as the split ones).
+  EXPECT_EQ(find_model_shape("phi3-mini")->num_parameters(), 3821079552);
+  // Phi-4-mini's layers: 96 of 128 dims rotated, longrope's 48 factors, tied.
+  const ModelConfig phi4 = *find_model_preset("phi4-mini");
+  EXPECT_TRUE(phi4.fused_checkpoint_projections);
+  EXPECT_EQ(phi4.rotary_dim(), 96);
+  EXPECT_EQ(phi4.rope_scaling.long_factor.size(), 48u);
+  // Its layers hold Phi-4-mini's 3,836,021,760 less the 200,064 x 3072 tied embedding and the
+  // final norm (the preset's vocabulary is Llama-3's).
+  EXPECT_EQ(phi4.num_parameters() - phi4.vocab_size * phi4.hidden_size - phi4.hidden_size,
+            3836021760 - 200064 * 3072 - 3072);
 }
 
 // `model init --allow-large` writes the shapes with the Llama-3 vocabulary, with the Llama-3

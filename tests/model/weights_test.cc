@@ -69,6 +69,38 @@ std::string check_error(const ModelConfig& config, const TensorStore& store) {
   return "";
 }
 
+// Phi-3's fused checkpoint tensors are bound as one part each (their rows are blend's fused
+// order), and a shape that does not fit the config is refused naming the tensor.
+TEST(BindLlamaTensors, Phi3BindsItsFusedProjections) {
+  const auto& m = test_model("phi3", DType::kF32);
+  const LlamaTensors t = bind_llama_tensors(m.config, m.store);
+  ASSERT_EQ(t.layers[1].qkv.size(), 1u);
+  EXPECT_EQ(t.layers[1].qkv[0], &m.store.get(layer_tensor_name(1, "self_attn.qkv_proj.weight")));
+  EXPECT_EQ(t.layers[1].qkv[0]->shape, (std::vector<int64_t>{64 + 2 * 32, 64}));
+  ASSERT_EQ(t.layers[0].gate_up.size(), 1u);
+  EXPECT_EQ(t.layers[0].gate_up[0]->shape, (std::vector<int64_t>{2 * 128, 64}));
+  EXPECT_EQ(check_tensors(m.config, m.store), DType::kF32);
+  EXPECT_EQ(llama_tensor_count(m.config),
+            static_cast<int64_t>(llama_tensor_specs(m.config).size()));
+  // One KV head more than the checkpoint holds: qkv_proj's rows no longer fit.
+  ModelConfig wider = m.config;
+  wider.num_kv_heads = 4;
+  EXPECT_NE(check_error(wider, m.store).find("self_attn.qkv_proj.weight"), std::string::npos)
+      << check_error(wider, m.store);
+  ModelConfig wider_ffn = m.config;
+  wider_ffn.intermediate_size = 96;
+  EXPECT_NE(check_error(wider_ffn, m.store).find("mlp.gate_up_proj.weight"), std::string::npos)
+      << check_error(wider_ffn, m.store);
+  // A Llama config on a Phi-3 checkpoint finds no q_proj (and the reverse no qkv_proj).
+  ModelConfig as_llama = m.config;
+  as_llama.fused_checkpoint_projections = false;
+  EXPECT_NE(check_error(as_llama, m.store), "");
+  const auto& base = test_model("base", DType::kF32);
+  ModelConfig as_phi = base.config;
+  as_phi.fused_checkpoint_projections = true;
+  EXPECT_NE(check_error(as_phi, base.store), "");
+}
+
 // Issue 56: a checkpoint whose tensors the config does not use ran without them.
 TEST(CheckTensors, ATensorTheConfigDoesNotUseIsRefusedByName) {
   // Qwen3's checkpoint labelled Llama: its q_norm / k_norm would be ignored.

@@ -87,7 +87,10 @@ Chain BlockLoader::load(const TensorStore& store, const LoraAdapter* adapter) {
     const TensorView* down = layer.down;
     const auto gate_up_factors = factors({LoraModule::kGate, LoraModule::kUp});
     const auto down_factors = factors({LoraModule::kDown});
-    chain.ffn.push_back(shared(blocks_.ffns, Kind::kFfn, {mlp_norm, gate_up[0], gate_up[1], down},
+    std::vector<const TensorView*> ffn_parts{mlp_norm};
+    ffn_parts.insert(ffn_parts.end(), gate_up.begin(), gate_up.end());
+    ffn_parts.push_back(down);
+    chain.ffn.push_back(shared(blocks_.ffns, Kind::kFfn, ffn_parts,
                                lora_key(gate_up_factors, down_factors, adapter), [&] {
                                  auto block = std::make_unique<FfnBlock>();
                                  block->norm = load_norm(*mlp_norm);

@@ -160,6 +160,7 @@ class CpuBackendImpl final : public CpuBackend {
   GemmContext gemm_;
   cpu::BlockSet blocks_;  // the models' chains and the blocks they point to
   std::vector<double> inv_freq_;
+  double rope_scale_ = 1.0;  // cos and sin multiplier (longrope's attention factor)
   cpu::AttentionShape shape_;
   cpu::KvCache kv_;
   Scratch x_, xn_, qkv_, attn_, gu_, act_, cos_, sin_, logit_rows_, logit_tail_, run_in_, run_out_,
@@ -249,7 +250,8 @@ CpuBackendImpl::CpuBackendImpl(const ModelConfig& config,
                 std::to_string(stores.size()) + " models");
   for (size_t i = 0; i < stores.size(); ++i)
     blocks_.chains.push_back(loader.load(*stores[i], adapters.empty() ? nullptr : adapters[i]));
-  inv_freq_ = rope_inv_freq(config_);
+  inv_freq_ = rope_inv_freq(config_, options.max_model_len);
+  rope_scale_ = rope_attention_factor(config_);
   shape_ = {.num_heads = config_.num_heads,
             .num_kv_heads = config_.num_kv_heads,
             .head_dim = config_.head_dim,
@@ -495,7 +497,7 @@ CpuBackendImpl::StepOps::StepOps(CpuBackendImpl& backend, const ForwardBatch& st
       kvd(config.kv_dim()),
       f(config.intermediate_size),
       nqkv(qd + 2 * kvd),
-      half(config.head_dim / 2),
+      half(config.rotary_dim() / 2),
       mp(backend.gemm_.padded_rows(m)),
       group(backend.gemm_.padded_rows(1)),
       es(backend.gemm_.elem_size()),
@@ -521,7 +523,7 @@ void CpuBackendImpl::StepOps::embed() {
   b.zero_rows(xn, m, mp, h);
   b.zero_rows(attn, m, mp, qd);
   b.zero_rows(act, m, mp, f);
-  cpu::rope_tables(batch.positions.data(), m, b.inv_freq_, cos, sin, b.threads_);
+  cpu::rope_tables(batch.positions.data(), m, b.inv_freq_, cos, sin, b.threads_, b.rope_scale_);
   items = cpu::plan_attention(batch, b.shape_);
   lap(b.times_.embed);
 }
@@ -595,8 +597,9 @@ void CpuBackendImpl::StepOps::rope_write_kv(int64_t layer) {
 #pragma omp parallel for num_threads(b.threads_) schedule(static)
   for (int64_t i = 0; i < m; ++i) {
     float* row = qkv + i * nqkv;
-    cpu::rope_apply(row, config.num_heads, half, cos + i * half, sin + i * half);
-    cpu::rope_apply(row + qd, config.num_kv_heads, half, cos + i * half, sin + i * half);
+    const int64_t d = config.head_dim;
+    cpu::rope_apply(row, config.num_heads, d, half, cos + i * half, sin + i * half);
+    cpu::rope_apply(row + qd, config.num_kv_heads, d, half, cos + i * half, sin + i * half);
   }
   cpu::write_kv(batch, qkv, nqkv, qd, qd + kvd, layer, b.kv_, b.threads_);
   lap(b.times_.rope_kv);

@@ -119,20 +119,25 @@ void swiglu(const float* gate_up, int64_t rows, int64_t f, DType out_dtype, void
 }
 
 void rope_tables(const int32_t* positions, int64_t n, const std::vector<double>& inv_freq,
-                 float* cos, float* sin, int threads) {
+                 float* cos, float* sin, int threads, double scale) {
   const int64_t half = static_cast<int64_t>(inv_freq.size());
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t i = 0; i < half; ++i) {
       const double angle = static_cast<double>(positions[t]) * inv_freq[i];
-      cos[t * half + i] = static_cast<float>(std::cos(angle));
-      sin[t * half + i] = static_cast<float>(std::sin(angle));
+      cos[t * half + i] = static_cast<float>(std::cos(angle) * scale);
+      sin[t * half + i] = static_cast<float>(std::sin(angle) * scale);
     }
   }
 }
 
 void rope_apply(float* x, int64_t heads, int64_t half, const float* cos, const float* sin) {
   for (int64_t h = 0; h < heads; ++h) rope_head(x + h * 2 * half, half, cos, sin);
+}
+
+void rope_apply(float* x, int64_t heads, int64_t stride, int64_t half, const float* cos,
+                const float* sin) {
+  for (int64_t h = 0; h < heads; ++h) rope_head(x + h * stride, half, cos, sin);
 }
 
 }  // namespace blend::cpu

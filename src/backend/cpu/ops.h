@@ -47,11 +47,16 @@ void rmsnorm(const float* x, int64_t x_stride, int64_t rows, int64_t dim, const 
 void swiglu(const float* gate_up, int64_t rows, int64_t f, DType out_dtype, void* out, int threads);
 
 // cos and sin of position * inv_freq[i], [n][half] each, computed in double then rounded.
+// Both are multiplied by `scale` first (longrope's attention factor; 1 leaves them exact).
 void rope_tables(const int32_t* positions, int64_t n, const std::vector<double>& inv_freq,
-                 float* cos, float* sin, int threads);
+                 float* cos, float* sin, int threads, double scale = 1.0);
 
 // Rotates `heads` consecutive head vectors of length 2 * half in place, Hugging Face
 // rotate_half convention: element i pairs with element i + half.
 void rope_apply(float* x, int64_t heads, int64_t half, const float* cos, const float* sin);
+// The same on heads `stride` floats apart, of which the first 2 * half rotate and the rest
+// pass unchanged (partial RoPE, Phi-3's partial_rotary_factor).
+void rope_apply(float* x, int64_t heads, int64_t stride, int64_t half, const float* cos,
+                const float* sin);
 
 }  // namespace blend::cpu

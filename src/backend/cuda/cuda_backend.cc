@@ -90,6 +90,11 @@ void CudaBackendImpl::load(const TensorStore& store, const BackendOptions& optio
   if (config_.qk_norm)
     throw Error("cuda backend: " + config_.architecture +
                 " (per-head q/k norms) is not supported on the GPU yet; use --backend cpu");
+  // Phi-3's partial RoPE and longrope have no kernel yet (the fused tensors would load).
+  if (config_.architecture == "Phi3ForCausalLM" || config_.rotary_dim() != config_.head_dim ||
+      config_.rope_scaling.type == "longrope")
+    throw Error("cuda backend: " + config_.architecture +
+                " (partial RoPE, longrope) is not checked on the GPU yet; use --backend cpu");
   std::string why;
   if (!cuda_device_available(&why)) throw Error("the cuda backend found no usable GPU: " + why);
   if (options.deterministic)
