@@ -28,6 +28,10 @@ std::vector<TensorSpec> llama_tensor_specs(const ModelConfig& c) {
       specs.push_back({name("self_attn.k_norm.weight"), {c.head_dim}, K::kNorm, 0});
     }
     specs.push_back({name("post_attention_layernorm.weight"), {h}, K::kNorm, 0});
+    if (c.gemma.enabled) {  // Gemma: post_attention_layernorm is the attention output's norm
+      specs.push_back({name("pre_feedforward_layernorm.weight"), {h}, K::kNorm, 0});
+      specs.push_back({name("post_feedforward_layernorm.weight"), {h}, K::kNorm, 0});
+    }
     specs.push_back({name("mlp.gate_proj.weight"), {f, h}, K::kLinear, h});
     specs.push_back({name("mlp.up_proj.weight"), {f, h}, K::kLinear, h});
     specs.push_back({name("mlp.down_proj.weight"), {h, f}, K::kResidualOutput, f});
@@ -38,7 +42,8 @@ std::vector<TensorSpec> llama_tensor_specs(const ModelConfig& c) {
 }
 
 int64_t llama_tensor_count(const ModelConfig& c) {
-  const int64_t per_layer = 9 + (c.attention_bias ? 3 : 0) + (c.qk_norm ? 2 : 0);
+  const int64_t per_layer =
+      9 + (c.attention_bias ? 3 : 0) + (c.qk_norm ? 2 : 0) + (c.gemma.enabled ? 2 : 0);
   return 1 + c.num_layers * per_layer + 1 + (c.tie_word_embeddings ? 0 : 1);
 }
 
@@ -101,7 +106,13 @@ LlamaTensors bind_llama_tensors(const ModelConfig& config, const TensorStore& st
       l.k_norm = name("self_attn.k_norm.weight");
     }
     l.o = name("self_attn.o_proj.weight");
-    l.ffn_norm = name("post_attention_layernorm.weight");
+    if (config.gemma.enabled) {
+      l.post_attention_norm = name("post_attention_layernorm.weight");
+      l.ffn_norm = name("pre_feedforward_layernorm.weight");
+      l.post_ffn_norm = name("post_feedforward_layernorm.weight");
+    } else {
+      l.ffn_norm = name("post_attention_layernorm.weight");
+    }
     l.gate_up = {name("mlp.gate_proj.weight"), name("mlp.up_proj.weight")};
     l.down = name("mlp.down_proj.weight");
   }

@@ -41,6 +41,34 @@ BLEND_MULTIVERSION void swiglu_row(const float* gate, const float* up, int64_t n
   }
 }
 
+BLEND_MULTIVERSION void geglu_tanh_row(const float* gate, const float* up, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = gelu_tanh(gate[i]) * up[i];
+}
+
+// out[r] = act(gate, up) of each row's halves, rounded to out_dtype in pieces that keep the
+// bf16 scratch on the stack.
+template <typename Row>
+void gated(const float* gate_up, int64_t rows, int64_t f, DType out_dtype, void* out, int threads,
+           Row row) {
+  const size_t esize = dtype_size(out_dtype);
+  constexpr int64_t kPiece = 2048;  // columns per step
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = gate_up + r * 2 * f;
+    auto* o = static_cast<std::byte*>(out) + r * f * esize;
+    if (out_dtype == DType::kF32) {
+      row(g, g + f, f, reinterpret_cast<float*>(o));
+      continue;
+    }
+    float tmp[kPiece];
+    for (int64_t i = 0; i < f; i += kPiece) {
+      const int64_t n = std::min(kPiece, f - i);
+      row(g + i, g + f + i, n, tmp);
+      store_f32_as_bf16(tmp, n, reinterpret_cast<uint16_t*>(o) + i);
+    }
+  }
+}
+
 BLEND_MULTIVERSION void rope_head(float* x, int64_t half, const float* cos, const float* sin) {
   float* a = x;
   float* b = x + half;
@@ -99,23 +127,17 @@ void rmsnorm(const float* x, int64_t x_stride, int64_t rows, int64_t dim, const 
 
 void swiglu(const float* gate_up, int64_t rows, int64_t f, DType out_dtype, void* out,
             int threads) {
-  const size_t esize = dtype_size(out_dtype);
-  constexpr int64_t kPiece = 2048;  // columns per step, so the bf16 scratch stays on the stack
+  gated(gate_up, rows, f, out_dtype, out, threads, swiglu_row);
+}
+
+void geglu_tanh(const float* gate_up, int64_t rows, int64_t f, DType out_dtype, void* out,
+                int threads) {
+  gated(gate_up, rows, f, out_dtype, out, threads, geglu_tanh_row);
+}
+
+void softcap_rows(float* x, int64_t n, float cap, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* g = gate_up + r * 2 * f;
-    auto* o = static_cast<std::byte*>(out) + r * f * esize;
-    if (out_dtype == DType::kF32) {
-      swiglu_row(g, g + f, f, reinterpret_cast<float*>(o));
-      continue;
-    }
-    float tmp[kPiece];
-    for (int64_t i = 0; i < f; i += kPiece) {
-      const int64_t n = std::min(kPiece, f - i);
-      swiglu_row(g + i, g + f + i, n, tmp);
-      store_f32_as_bf16(tmp, n, reinterpret_cast<uint16_t*>(o) + i);
-    }
-  }
+  for (int64_t i = 0; i < n; ++i) x[i] = softcap(x[i], cap);
 }
 
 void rope_tables(const int32_t* positions, int64_t n, const std::vector<double>& inv_freq,

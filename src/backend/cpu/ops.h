@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -45,6 +46,26 @@ void rmsnorm(const float* x, int64_t x_stride, int64_t rows, int64_t dim, const 
 
 // out[r][i] = silu(gate_up[r][i]) * gate_up[r][f + i] for i < f (gate and up halves of one row).
 void swiglu(const float* gate_up, int64_t rows, int64_t f, DType out_dtype, void* out, int threads);
+
+// GELU with the tanh approximation, as torch's gelu(approximate="tanh") computes it in f32
+// (transformers' gelu_pytorch_tanh): 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))).
+inline float gelu_tanh(float x) {
+  constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
+  constexpr float kKappa = 0.044715f;
+  const float inner = kBeta * (x + kKappa * x * x * x);
+  return 0.5f * x * (1.0f + std::tanh(inner));
+}
+
+// out[r][i] = gelu_tanh(gate_up[r][i]) * gate_up[r][f + i] (Gemma's GeGLU), as swiglu.
+void geglu_tanh(const float* gate_up, int64_t rows, int64_t f, DType out_dtype, void* out,
+                int threads);
+
+// Soft-capping (Gemma 2): x[i] = cap * tanh(x[i] / cap), computed as transformers does it (a
+// division, tanh, a product), each element on its own.
+inline float softcap(float x, float cap) {
+  return std::tanh(x / cap) * cap;
+}
+void softcap_rows(float* x, int64_t n, float cap, int threads);
 
 // cos and sin of position * inv_freq[i], [n][half] each, computed in double then rounded.
 void rope_tables(const int32_t* positions, int64_t n, const std::vector<double>& inv_freq,
