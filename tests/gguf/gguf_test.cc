@@ -352,6 +352,57 @@ TEST(GgufExportVariants, Qwen3WritesHeadNormsAndItsHeadDim) {
   for (int64_t i = 0; i < w.numel(); i += 97) ASSERT_EQ(element(wb, qw->type, i), w.at(i));
 }
 
+// Gemma: llama.cpp's gemma2 / gemma3 names and keys, its norms stored as (1 + w) (what
+// convert_hf_to_gguf.py writes, llama.cpp multiplying by the stored weight), the output's norms
+// apart from the FFN's, which layers slide as one 0/1 per layer, no separate output head.
+TEST(GgufExportVariants, GemmaWritesOnePlusNormsCapsAndLayerWindows) {
+  testing::TempDir dir;
+  write_random_model(*find_model_preset("tiny-gemma2"), dir / "g2", init_options());
+  export_gguf(dir / "g2", dir / "g2.gguf");
+  const GgufFile g = read_gguf(dir / "g2.gguf");
+  EXPECT_EQ(g.at("general.architecture").s, "gemma2");
+  EXPECT_FLOAT_EQ(g.at("gemma2.attn_logit_softcapping").f, 5.0);
+  EXPECT_FLOAT_EQ(g.at("gemma2.final_logit_softcapping").f, 3.0);
+  EXPECT_EQ(g.at("gemma2.attention.sliding_window").u, 12u);
+  EXPECT_EQ(g.at("gemma2.attention.sliding_window_pattern").ints, (std::vector<int64_t>{1, 0}));
+  EXPECT_EQ(g.tensor("output.weight"), nullptr);  // tied
+  const TensorStore store = TensorStore::open_dir(dir / "g2");
+  const std::pair<const char*, const char*> norms[] = {
+      {"blk.1.post_attention_norm.weight", "model.layers.1.post_attention_layernorm.weight"},
+      {"blk.1.ffn_norm.weight", "model.layers.1.pre_feedforward_layernorm.weight"},
+      {"blk.1.post_ffw_norm.weight", "model.layers.1.post_feedforward_layernorm.weight"},
+      {"output_norm.weight", "model.norm.weight"}};
+  for (const auto& [gguf_name, hf_name] : norms) {
+    const GgufTensorInfo* t = g.tensor(gguf_name);
+    ASSERT_NE(t, nullptr) << gguf_name;
+    const std::string bytes = tensor_bytes(dir / "g2.gguf", g, *t);
+    const TensorView& src = store.get(hf_name);
+    for (int64_t i = 0; i < src.numel(); ++i)
+      ASSERT_EQ(element(bytes, t->type, i), 1.0f + src.at(i)) << gguf_name << " " << i;
+  }
+
+  write_random_model(*find_model_preset("tiny-gemma3"), dir / "g3", init_options());
+  export_gguf(dir / "g3", dir / "g3.gguf");
+  const GgufFile g3 = read_gguf(dir / "g3.gguf");
+  EXPECT_EQ(g3.at("general.architecture").s, "gemma3");
+  EXPECT_FLOAT_EQ(g3.at("gemma3.rope.freq_base_swa").f, 10000.0);
+  EXPECT_FLOAT_EQ(g3.at("gemma3.rope.freq_base").f, 1000000.0);
+  EXPECT_EQ(g3.at("gemma3.rope.scaling.type").s, "linear");
+  EXPECT_EQ(g3.find("gemma3.attn_logit_softcapping"), nullptr);
+  ASSERT_NE(g3.tensor("blk.0.attn_q_norm.weight"), nullptr);
+
+  // A scale llama.cpp would not apply is refused rather than exported as another model.
+  ModelConfig odd = *find_model_preset("tiny-gemma2");
+  odd.gemma.query_pre_attn_scalar = 24;
+  write_random_model(odd, dir / "odd", init_options());
+  try {
+    export_gguf(dir / "odd", dir / "odd.gguf");
+    FAIL() << "exported query_pre_attn_scalar 24";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("query_pre_attn_scalar"), std::string::npos) << e.what();
+  }
+}
+
 TEST(GgufExportErrors, BadModelFoldersAreErrorsAndLeaveNoFile) {
   testing::TempDir dir;
   EXPECT_THROW(export_gguf(dir / "missing", dir / "a.gguf"), Error);
