@@ -474,6 +474,9 @@ TEST(CpuBackend, ChunkingAndIncrementalDecodeDeterministic) {
   check_chunking(model("llama"), true, 0);
   check_chunking(model("llama", DType::kBF16), true, 0);
   check_chunking(model("mistral"), true, 0);
+  // Gemma 2's capped scores and per-layer window, Gemma 3's two RoPE tables.
+  check_chunking(model("gemma2"), true, 0);
+  check_chunking(model("gemma3", DType::kBF16), true, 0);
 }
 
 TEST(CpuBackend, ChunkingAndIncrementalDecodeDefaultMode) {
@@ -586,6 +589,13 @@ TEST(CpuBackend, BatchInvariantInDeterministicModeBF16) {
   check_batch_invariance(model("llama", DType::kBF16));
 }
 
+// Soft-capping each score on its own keeps attention's batch invariance (attention.h).
+TEST(CpuBackend, BatchInvariantInDeterministicModeGemma) {
+  check_batch_invariance(model("gemma2"));
+  check_batch_invariance(model("gemma2", DType::kBF16));
+  check_batch_invariance(model("gemma3"));
+}
+
 // The kernels used where AVX-512 is absent: same reference, same determinism guarantees.
 // A pass's thread count (what CoreShare lowers beside a busy neighbour) does not change a
 // deterministic result: the same prompt and decodes on all threads and on one give the same bits.
@@ -618,6 +628,8 @@ TEST(CpuBackend, PortableAttentionKernel) {
   check_against_reference(model("mistral"), 1e-5, false);
   check_chunking(model("llama", DType::kBF16), true, 0);
   check_batch_invariance(model("hd64"));
+  check_against_reference(model("gemma2"), 1e-5, true);  // the portable kernel's soft-capping
+  check_batch_invariance(model("gemma2"));
   cpu::set_force_portable_kernels(false);
 }
 

@@ -34,11 +34,28 @@ TEST(GemmaOps, GegluMultipliesTheGatesGeluByUp) {
 // almost unchanged, large ones stay under the cap.
 TEST(GemmaOps, SoftCapOnHandComputedValues) {
   std::vector<float> x = {10.0f, -1.0f, 1e-3f, 1e6f};
-  softcap_rows(x.data(), 4, 5.0f, 1);
+  std::vector<float> rows = x;
+  for (float& v : x) v = softcap(v, 5.0f);
   EXPECT_NEAR(x[0], 4.8201379, 1e-6);
   EXPECT_NEAR(x[1], -0.9868766, 1e-6);
   EXPECT_NEAR(x[2], 1e-3, 1e-9);
   EXPECT_EQ(x[3], 5.0f);
+  // The final logits' vectorised path: the same values (two rows of two).
+  softcap_rows(rows.data(), 2, 2, 5.0f, 1);
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(rows[i], x[i], 2e-6 * std::abs(x[i])) << i;
+}
+
+// tanh_approx against std::tanh over both of its branches, to 2e-6 relative.
+TEST(GemmaOps, TanhApproxIsCloseToTanhEverywhere) {
+  for (float y = -12.0f; y <= 12.0f; y += 0.00731f) {
+    const double want = std::tanh(static_cast<double>(y));
+    EXPECT_NEAR(tanh_approx(y), want, 2e-6 * std::abs(want) + 1e-30) << y;
+  }
+  for (float y : {1e-30f, -1e-8f, 0.0624f, 0.0625f, 0.0626f, 40.0f, -100.0f})
+    EXPECT_NEAR(tanh_approx(y), std::tanh(static_cast<double>(y)),
+                2e-6 * std::abs(std::tanh(static_cast<double>(y))))
+        << y;
+  EXPECT_EQ(tanh_approx(0.0f), 0.0f);
 }
 
 }  // namespace

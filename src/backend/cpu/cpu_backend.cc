@@ -725,7 +725,7 @@ void CpuBackendImpl::StepOps::head() {
       }
     }
     if (const double cap = config.gemma.final_logit_softcapping; cap > 0)
-      cpu::softcap_rows(logits.data(), r * vocab, static_cast<float>(cap), b.threads_);
+      cpu::softcap_rows(logits.data(), r, vocab, static_cast<float>(cap), b.threads_);
   }
   lap(b.times_.lm_head);
 }

@@ -45,6 +45,23 @@ BLEND_MULTIVERSION void geglu_tanh_row(const float* gate, const float* up, int64
   for (int64_t i = 0; i < n; ++i) out[i] = gelu_tanh(gate[i]) * up[i];
 }
 
+// Near saturation (|y| >= 4) tanh itself: there the capped logits round to the cap or one ulp
+// below it, where many ids tie, and the greedy token must be the one tanh's rounding picks.
+BLEND_MULTIVERSION void softcap_row(float* x, int64_t n, float cap) {
+  constexpr int64_t kPiece = 1024;
+  float y[kPiece];
+  for (int64_t i0 = 0; i0 < n; i0 += kPiece) {
+    const int64_t m = std::min(kPiece, n - i0);
+    float* xs = x + i0;
+    for (int64_t i = 0; i < m; ++i) {
+      y[i] = xs[i] / cap;
+      xs[i] = tanh_approx(y[i]) * cap;
+    }
+    for (int64_t i = 0; i < m; ++i)
+      if (std::abs(y[i]) >= 4.0f) xs[i] = std::tanh(y[i]) * cap;
+  }
+}
+
 // out[r] = act(gate, up) of each row's halves, rounded to out_dtype in pieces that keep the
 // bf16 scratch on the stack.
 template <typename Row>
@@ -135,9 +152,9 @@ void geglu_tanh(const float* gate_up, int64_t rows, int64_t f, DType out_dtype, 
   gated(gate_up, rows, f, out_dtype, out, threads, geglu_tanh_row);
 }
 
-void softcap_rows(float* x, int64_t n, float cap, int threads) {
+void softcap_rows(float* x, int64_t rows, int64_t cols, float cap, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t i = 0; i < n; ++i) x[i] = softcap(x[i], cap);
+  for (int64_t r = 0; r < rows; ++r) softcap_row(x + r * cols, cols, cap);
 }
 
 void rope_tables(const int32_t* positions, int64_t n, const std::vector<double>& inv_freq,
