@@ -84,9 +84,12 @@ for spec in "${PRESETS[@]}"; do
   preset=${spec%%:*}
   layers=""
   [[ $spec == *:* ]] && layers="--layers ${spec##*:}"
+  # llama.cpp's gemma2 has no output head of its own (it always reads token_embd): tied there.
+  untie=--untie-embeddings
+  [[ $preset == *gemma2* ]] && untie=""
   for dtype in f32 bf16; do
     dir=$WORK/$preset-$dtype
-    [[ -d $dir ]] || "$BLEND" model init --preset "$preset" $layers --untie-embeddings \
+    [[ -d $dir ]] || "$BLEND" model init --preset "$preset" $layers $untie \
       --dtype "$dtype" --seed 5 --out "$dir" >/dev/null
     # (A general.name with "phi3" in it makes llama.cpp look up Phi-3's own "</s>", which the
     # Llama-3 tokenizer the presets carry lacks: the files get a neutral name.)

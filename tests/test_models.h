@@ -27,8 +27,15 @@ struct TestModel {
 // "hd128" (Llama-3-8B's head geometry: head_dim 128, 4 query heads per KV head), "mistral"
 // (sliding window 6), "mistral-hd128" (both), "qwen3" (per-head q/k norms; head_dim 32, so q
 // is twice as wide as the residual stream), "phi3" (the tiny-phi3 preset: fused qkv_proj and
-// gate_up_proj, 12 of 16 dims rotated, longrope over an original 1024 positions).
+// gate_up_proj, 12 of 16 dims rotated, longrope over an original 1024 positions), "gemma2" /
+// "gemma3" (the tiny-gemma2 / tiny-gemma3 presets, query_pre_attn_scalar apart from head_dim).
 inline ModelConfig test_model_config(const std::string& variant) {
+  if (variant == "gemma2" || variant == "gemma3") {
+    ModelConfig g = *find_model_preset("tiny-" + variant);
+    g.vocab_size = 4096;
+    g.gemma.query_pre_attn_scalar = 24;
+    return g;
+  }
   ModelConfig c = *find_model_preset(variant == "phi3" ? "tiny-phi3" : "tiny");
   // A small vocabulary keeps generation, loading and the references' lm_heads cheap (the tests
   // also run under sanitizers); the lm_head code path does not depend on the vocabulary size.

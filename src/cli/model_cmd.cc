@@ -63,7 +63,15 @@ void run_init(const InitArgs& a) {
     throw Error("unknown preset '" + a.preset + "'; generated presets:" + names +
                 "; with --allow-large also:" + large);
   }
-  if (a.layers > 0) config->num_layers = a.layers;
+  if (a.layers > 0) {
+    // Gemma's per-layer types follow the preset's pattern over the new depth.
+    std::vector<bool>& types = config->gemma.sliding_layers;
+    const size_t period = types.size();
+    for (size_t i = period; period > 0 && i < static_cast<size_t>(a.layers); ++i)
+      types.push_back(types[i % period]);
+    if (config->gemma.enabled) types.resize(static_cast<size_t>(a.layers));
+    config->num_layers = a.layers;
+  }
   if (a.untie) config->tie_word_embeddings = false;
   RandomInitOptions options;
   options.seed = a.seed;

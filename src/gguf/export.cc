@@ -41,6 +41,26 @@ GgufFileType file_type_of(DType d) {
   return GgufFileType::kAllF32;
 }
 
+// What llama.cpp's gemma2 / gemma3 read beyond the Llama keys: the caps, the window, which
+// layers slide (one 0/1 per layer, as sliding_window_pattern's array form) and Gemma 3's
+// local RoPE base.
+void put_gemma_metadata(KvBuffer& kv, const std::string& arch, const ModelConfig& config) {
+  const GemmaSettings& g = config.gemma;
+  if (g.attn_logit_softcapping > 0)
+    kv.put_f32(arch + ".attn_logit_softcapping", g.attn_logit_softcapping);
+  if (g.final_logit_softcapping > 0)
+    kv.put_f32(arch + ".final_logit_softcapping", g.final_logit_softcapping);
+  if (g.attn_logit_softcapping > 0 && arch != "gemma2")
+    throw Error("gguf: llama.cpp's " + arch + " has no attention soft-capping");
+  if (g.sliding_window > 0) {
+    kv.put_u32(arch + ".attention.sliding_window", static_cast<uint32_t>(g.sliding_window));
+    std::vector<int32_t> pattern;
+    for (bool s : g.sliding_layers) pattern.push_back(s ? 1 : 0);
+    kv.put_i32s(arch + ".attention.sliding_window_pattern", pattern);
+  }
+  if (g.rope_local_theta) kv.put_f32(arch + ".rope.freq_base_swa", *g.rope_local_theta);
+}
+
 }  // namespace
 
 GgufExportSummary export_gguf(const std::filesystem::path& model_dir,
@@ -56,18 +76,34 @@ GgufExportSummary export_gguf(const std::filesystem::path& model_dir,
   // q/k rows keep the Hugging Face order (LlamaModel.undo_permute is Llama's alone).
   const bool qwen3 = config.architecture == "Qwen3ForCausalLM";
   const bool qwen = qwen3 || config.architecture == "Qwen2ForCausalLM";
-  // Phi-3 is NEOX RoPE in llama.cpp too; its fused attn_qkv / ffn_up keep their rows.
+  // Phi-3 is NEOX RoPE in llama.cpp too; its fused attn_qkv / ffn_up keep their rows. Gemma 2 / 3
+  // are NEOX RoPE there as well.
   const bool phi3 = config.architecture == "Phi3ForCausalLM";
-  const std::string arch = phi3 ? "phi3" : qwen3 ? "qwen3" : qwen ? "qwen2" : "llama";
-  const bool permute = !qwen && !phi3;
+  const bool gemma = config.gemma.enabled;
+  const std::string arch = phi3                                         ? "phi3"
+                           : qwen3                                      ? "qwen3"
+                           : qwen                                       ? "qwen2"
+                           : config.architecture == "Gemma2ForCausalLM" ? "gemma2"
+                           : config.architecture == "Gemma3ForCausalLM" ? "gemma3"
+                                                                        : "llama";
+  const bool permute = !qwen && !phi3 && !gemma;
   // llama.cpp's llama, qwen2, qwen3 and phi3 graphs attend over the whole context: a window the
-  // model uses (Mistral 7B v0.1's 4,096) would make the file a different model past it.
+  // model uses (Mistral 7B v0.1's 4,096) would make the file a different model past it. (Gemma's
+  // per-layer windows are its own: llama.cpp's gemma graphs have them.)
   if (config.sliding_window && *config.sliding_window < config.max_position_embeddings)
     throw Error(model_dir.string() + ": sliding_window " + std::to_string(*config.sliding_window) +
                 " is not exported: llama.cpp's " + arch +
                 " architecture attends over the whole context, so the GGUF file would compute a "
                 "different model past " +
                 std::to_string(*config.sliding_window) + " tokens");
+  // llama.cpp's gemma2 reads no output.weight (Gemma2Model drops lm_head); it scales attention
+  // by head_dim^-1/2 except on its 27B shape, never by query_pre_attn_scalar.
+  if (arch == "gemma2" && !config.tie_word_embeddings)
+    throw Error("gguf: llama.cpp's gemma2 has no separate lm_head (tie_word_embeddings=false)");
+  if (gemma && config.gemma.query_pre_attn_scalar != static_cast<double>(config.head_dim))
+    throw Error("gguf: query_pre_attn_scalar " + json(config.gemma.query_pre_attn_scalar).dump() +
+                " differs from head_dim " + std::to_string(config.head_dim) +
+                ", which llama.cpp's " + arch + " scales by");
   std::string name = options.name;
   if (name.empty()) {
     name = std::filesystem::absolute(model_dir).lexically_normal().filename().string();
@@ -79,7 +115,8 @@ GgufExportSummary export_gguf(const std::filesystem::path& model_dir,
   // Tensors: rope_freqs first (generate_extra_tensors), then the checkpoint's in HF order.
   std::vector<PlannedTensor> plan;
   if (std::vector<float> f = llama3_rope_factors(config); !f.empty()) {
-    if (qwen) throw Error("gguf: llama3 RoPE scaling on a Qwen model is not supported");
+    if (qwen || gemma)
+      throw Error("gguf: llama3 RoPE scaling on a " + config.architecture + " is not supported");
     PlannedTensor t;
     t.name = "rope_freqs.weight";
     t.shape = {static_cast<int64_t>(f.size())};
@@ -103,10 +140,19 @@ GgufExportSummary export_gguf(const std::filesystem::path& model_dir,
     PlannedTensor t;
     int64_t layer = -1;
     t.name = gguf_tensor_name(spec.name, layer);
+    if (gemma && spec.name.ends_with(".post_attention_layernorm.weight"))  // the output's norm
+      t.name = "blk." + std::to_string(layer) + ".post_attention_norm.weight";
     t.shape = spec.shape;
     t.source = &store.get(spec.name, spec.shape);
     const bool one_d = spec.shape.size() <= 1 || t.name.ends_with("_norm.weight");
     t.type = one_d ? GgmlType::kF32 : ggml_type_of(dtype);
+    if (gemma && spec.kind == TensorSpec::Kind::kNorm) {
+      // llama.cpp multiplies by the stored weight: Gemma's (1 + w), as its converter writes it.
+      t.values.resize(static_cast<size_t>(t.source->numel()));
+      for (size_t i = 0; i < t.values.size(); ++i)
+        t.values[i] = 1.0f + t.source->at(static_cast<int64_t>(i));
+      t.source = nullptr;
+    }
     if (permute) {
       if (spec.name.ends_with("q_proj.weight") || spec.name.ends_with("q_proj.bias"))
         t.permute_heads = config.num_heads;
@@ -152,6 +198,7 @@ GgufExportSummary export_gguf(const std::filesystem::path& model_dir,
     kv.put_u32(arch + ".attention.value_length", static_cast<uint32_t>(config.head_dim));
   }
   kv.put_u32("general.file_type", static_cast<uint32_t>(file_type_of(dtype)));
+  if (gemma) put_gemma_metadata(kv, arch, config);
   if (phi3) {
     kv.put_u32(arch + ".rope.dimension_count", static_cast<uint32_t>(config.rotary_dim()));
     // 0 = none, as the converter writes it (llama.cpp runs Phi-3 without its window).
@@ -159,7 +206,7 @@ GgufExportSummary export_gguf(const std::filesystem::path& model_dir,
                static_cast<uint32_t>(config.sliding_window.value_or(0)));
     if (config.rope_scaling.type == "longrope")
       kv.put_f32(arch + ".rope.scaling.attn_factor", config.rope_scaling.attention_factor);
-  } else if (!qwen) {
+  } else if (!qwen && !gemma) {
     kv.put_u32(arch + ".vocab_size", static_cast<uint32_t>(config.vocab_size));
     kv.put_u32(arch + ".rope.dimension_count", static_cast<uint32_t>(config.head_dim));
   }

@@ -177,6 +177,9 @@ std::string gguf_tensor_name(const std::string& hf, int64_t& layer) {
         {"self_attn.q_norm.weight", "attn_q_norm.weight"},
         {"self_attn.k_norm.weight", "attn_k_norm.weight"},
         {"post_attention_layernorm.weight", "ffn_norm.weight"},
+        // Gemma's (export.cc names its post_attention_layernorm apart).
+        {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
+        {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"},
         {"mlp.gate_proj.weight", "ffn_gate.weight"},
         {"mlp.up_proj.weight", "ffn_up.weight"},
         {"mlp.down_proj.weight", "ffn_down.weight"},

@@ -19,7 +19,9 @@ int64_t ModelConfig::num_matmul_parameters() const {
 
 int64_t ModelConfig::num_parameters() const {
   const int64_t bias = attention_bias ? q_dim() + 2 * kv_dim() : 0;
-  const int64_t norms = num_layers * (2 * hidden_size + (qk_norm ? 2 * head_dim : 0)) + hidden_size;
+  // Gemma's layers add a norm after attention and after the MLP.
+  const int64_t layer_norms = (gemma.enabled ? 4 : 2) * hidden_size + (qk_norm ? 2 * head_dim : 0);
+  const int64_t norms = num_layers * layer_norms + hidden_size;
   const int64_t embed = vocab_size * hidden_size;
   return num_matmul_parameters() - embed + embed * (tie_word_embeddings ? 1 : 2) +
          num_layers * bias + norms;
@@ -74,10 +76,32 @@ void ModelConfig::validate() const {
         "attention_factor and original_max_position_embeddings");
   if (sliding_window && *sliding_window <= 0)
     fail("sliding_window must be positive (unset means no window)");
+  if (gemma.enabled && gemma.sliding_layers.size() != static_cast<size_t>(num_layers))
+    fail("Gemma: one sliding/full attention type per layer is needed");
   if (bos_token_id && *bos_token_id < 0) fail("bos_token_id must not be negative");
   for (int32_t id : eos_token_ids)
     if (id < 0) fail("eos_token_id must not be negative");
 }
+
+namespace {
+
+// Gemma's fields as Gemma2Config / Gemma3TextConfig write them (every layer's type explicit).
+void write_gemma(const ModelConfig& c, json& j) {
+  const GemmaSettings& g = c.gemma;
+  j["hidden_act"] = "gelu_pytorch_tanh";
+  j["hidden_activation"] = "gelu_pytorch_tanh";
+  j["query_pre_attn_scalar"] = g.query_pre_attn_scalar;
+  auto cap = [](double v) { return v > 0 ? json(v) : json(nullptr); };
+  j["attn_logit_softcapping"] = cap(g.attn_logit_softcapping);
+  j["final_logit_softcapping"] = cap(g.final_logit_softcapping);
+  j["sliding_window"] = g.sliding_window > 0 ? json(g.sliding_window) : json(nullptr);
+  json types = json::array();
+  for (bool s : g.sliding_layers) types.push_back(s ? "sliding_attention" : "full_attention");
+  j["layer_types"] = types;
+  if (g.rope_local_theta) j["rope_local_base_freq"] = *g.rope_local_theta;
+}
+
+}  // namespace
 
 json ModelConfig::to_json() const {
   json j;
@@ -103,6 +127,7 @@ json ModelConfig::to_json() const {
     j["use_sliding_window"] = sliding_window.has_value();
     j["max_window_layers"] = 0;  // the window, when there is one, is on every layer
   }
+  if (gemma.enabled) write_gemma(*this, j);
   if (rope_scaling.type == "llama3") {
     j["rope_scaling"] = {
         {"rope_type", "llama3"},
@@ -166,6 +191,7 @@ std::string architecture_difference(const ModelConfig& a, const ModelConfig& b) 
       {"attention_bias", a.attention_bias == b.attention_bias},
       {"qk_norm", a.qk_norm == b.qk_norm},
       {"sliding_window", a.sliding_window == b.sliding_window},
+      {"gemma", a.gemma == b.gemma},
       {"torch_dtype", a.dtype == b.dtype},
   };
   for (const auto& [field, equal] : same)

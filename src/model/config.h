@@ -1,8 +1,8 @@
 // ModelConfig — what the engine needs from a Hugging Face model folder's config.json (and
 // generation_config.json): shapes, RoPE, norm epsilon, special token ids. Supports
 // LlamaForCausalLM, Qwen2ForCausalLM (QKV bias), Qwen3ForCausalLM (per-head q/k norms),
-// Phi3ForCausalLM (fused projections, partial RoPE, longrope) and MistralForCausalLM as
-// transformers 4 and 5
+// Phi3ForCausalLM (fused projections, partial RoPE, longrope), MistralForCausalLM,
+// Gemma2ForCausalLM and Gemma3ForCausalLM as transformers 4 and 5
 // write them (config_json.cc lists, field by field, what is read, what is ignored on purpose and
 // what is refused); anything else is a blend::Error naming the field, never a silently wrong
 // model.
@@ -38,6 +38,28 @@ struct RopeScaling {
   double attention_factor = 1.0;
 };
 
+// What Gemma 2 and Gemma 3 add to the Llama layer (transformers' Gemma2/Gemma3 modeling). Off
+// (`enabled` false) for every other architecture, whose math these fields leave as it was.
+struct GemmaSettings {
+  // Every RMSNorm scales by (1 + w); the embedding rows are multiplied by sqrt(hidden_size)
+  // (rounded to the activation dtype); the MLP is GeGLU with tanh-approximated GELU; attention's
+  // and the MLP's outputs pass their own RMSNorm before the residual add (four norms a layer).
+  bool enabled = false;
+  double query_pre_attn_scalar = 0;    // attention scores scaled by its -1/2 power
+  double attn_logit_softcapping = 0;   // scores -> cap * tanh(scores / cap); 0 = none
+  double final_logit_softcapping = 0;  // logits -> cap * tanh(logits / cap); 0 = none
+  int64_t sliding_window = 0;          // the window of the sliding layers (0 = none slide)
+  std::vector<bool> sliding_layers;    // per layer: attends through the window ("local")
+  // The local layers' RoPE base, without rope_scaling (Gemma 3's rope_local_base_freq); unset:
+  // every layer uses rope_theta and rope_scaling (Gemma 2).
+  std::optional<double> rope_local_theta;
+
+  bool sliding(int64_t layer) const {
+    return sliding_window > 0 && sliding_layers.at(static_cast<size_t>(layer));
+  }
+  bool operator==(const GemmaSettings&) const = default;
+};
+
 struct ModelConfig {
   std::string architecture;  // e.g. "LlamaForCausalLM"
   std::string model_type;    // e.g. "llama"
@@ -61,7 +83,8 @@ struct ModelConfig {
   bool fused_checkpoint_projections = false;
   // The share of each head's dims RoPE rotates (Phi-4-mini: 0.75); the rest pass unchanged.
   double partial_rotary_factor = 1.0;
-  std::optional<int64_t> sliding_window;  // Mistral; unset = full attention
+  std::optional<int64_t> sliding_window;  // Mistral: every layer; unset = full attention
+  GemmaSettings gemma;                    // Gemma 2 / 3 only (per-layer windows live there)
   std::optional<int32_t> bos_token_id;
   std::vector<int32_t> eos_token_ids;  // generation_config.json wins over config.json
   DType dtype = DType::kBF16;          // torch_dtype of the checkpoint

@@ -1,9 +1,9 @@
 // ModelConfig::from_json — reading a Hugging Face config.json as transformers 4 and 5 write it
-// for LlamaConfig, Qwen2Config, Qwen3Config, Phi3Config and MistralConfig. The rule: a field either
-// is understood (read and honoured exactly as transformers' model class honours it), is irrelevant
-// to the forward pass at inference (ignored on purpose, listed below), or is refused with an error
-// naming it. A wrong answer is worse than an error, so no field that could change the math is
-// skipped.
+// for LlamaConfig, Qwen2Config, Qwen3Config, Phi3Config, MistralConfig, Gemma2Config and
+// Gemma3TextConfig. The rule: a field either is understood (read and honoured exactly as
+// transformers' model class honours it), is irrelevant to the forward pass at inference (ignored
+// on purpose, listed below), or is refused with an error naming it. A wrong answer is worse than
+// an error, so no field that could change the math is skipped.
 //
 // Understood:
 //   architectures, model_type (must agree when both name a supported model), hidden_size,
@@ -32,6 +32,14 @@
 //   layer_types (must be uniform and match the window above);
 //   torch_dtype (transformers 4) / dtype (transformers 5): float32, float16, bfloat16;
 //   quantization_config, compression_config: refused (quantized checkpoints are not supported).
+// Gemma 2 / Gemma 3 (read_gemma): hidden_activation (gelu_pytorch_tanh, the default; hidden_act
+//   is not read by their MLP and is ignored), query_pre_attn_scalar (256), attn_logit_softcapping
+//   and final_logit_softcapping (Gemma2Config: 50 and 30 when absent; Gemma 3: none),
+//   sliding_window (4096) on the layers layer_types names, or else on Gemma 2's even layers and on
+//   all but every sliding_window_pattern-th (6) of Gemma 3's, rope_local_base_freq (Gemma 3's
+//   local layers, 10000, unscaled; rope_theta defaults to 1e6 there), head_dim (256),
+//   num_key_value_heads (4), tie_word_embeddings (true). use_bidirectional_attention=true and
+//   attention_bias=true are refused; cache_implementation is ignored (a cache layout).
 // Ignored on purpose (no effect on the logits of a forward pass): initializer_range, use_cache,
 //   pad_token_id, attention_dropout, resid_pdrop, embd_pdrop, pretraining_tp (splits the same
 //   matmuls into slices), transformers_version, _name_or_path, output_* / return_dict flags,
@@ -115,7 +123,7 @@ int32_t token_id(const json& v, const std::string& field) {
   return static_cast<int32_t>(v.get<int64_t>());
 }
 
-enum class Arch { kLlama, kQwen2, kQwen3, kPhi3, kMistral };
+enum class Arch { kLlama, kQwen2, kQwen3, kPhi3, kMistral, kGemma2, kGemma3 };
 
 Arch read_architecture(const json& j, ModelConfig& c) {
   if (const json* a = find(j, "architectures")) {
@@ -127,11 +135,11 @@ Arch read_architecture(const json& j, ModelConfig& c) {
     c.architecture = (*a)[0].get<std::string>();
   }
   c.model_type = opt_string(j, "model_type").value_or("");
-  static const std::pair<const char*, const char*> kTypes[] = {{"llama", "LlamaForCausalLM"},
-                                                               {"qwen2", "Qwen2ForCausalLM"},
-                                                               {"qwen3", "Qwen3ForCausalLM"},
-                                                               {"phi3", "Phi3ForCausalLM"},
-                                                               {"mistral", "MistralForCausalLM"}};
+  static const std::pair<const char*, const char*> kTypes[] = {
+      {"llama", "LlamaForCausalLM"},       {"qwen2", "Qwen2ForCausalLM"},
+      {"qwen3", "Qwen3ForCausalLM"},       {"phi3", "Phi3ForCausalLM"},
+      {"mistral", "MistralForCausalLM"},   {"gemma2", "Gemma2ForCausalLM"},
+      {"gemma3_text", "Gemma3ForCausalLM"}};
   for (const auto& [type, arch] : kTypes) {
     if (c.model_type != type) continue;
     if (c.architecture.empty()) c.architecture = arch;
@@ -145,9 +153,11 @@ Arch read_architecture(const json& j, ModelConfig& c) {
   if (c.architecture == "Qwen3ForCausalLM") return Arch::kQwen3;
   if (c.architecture == "Phi3ForCausalLM") return Arch::kPhi3;
   if (c.architecture == "MistralForCausalLM") return Arch::kMistral;
+  if (c.architecture == "Gemma2ForCausalLM") return Arch::kGemma2;
+  if (c.architecture == "Gemma3ForCausalLM") return Arch::kGemma3;
   refuse("unsupported architecture '" + c.architecture +
          "' (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-         "Phi3ForCausalLM, MistralForCausalLM)");
+         "Phi3ForCausalLM, MistralForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM)");
 }
 
 // One RoPE description from either layout, before the two are reconciled.
@@ -383,9 +393,72 @@ void read_window(const json& j, Arch arch, ModelConfig& c) {
   if (n_sliding == c.num_layers) c.sliding_window = window;
 }
 
+bool is_gemma(Arch arch) {
+  return arch == Arch::kGemma2 || arch == Arch::kGemma3;
+}
+
+// Gemma's per-layer attention (which layers slide, their window and RoPE base), its attention
+// scale and soft-capping, and its activation; the defaults are Gemma2Config's / Gemma3TextConfig's.
+void read_gemma(const json& j, Arch arch, ModelConfig& c) {
+  GemmaSettings& g = c.gemma;
+  g.enabled = true;
+  const std::string act = opt_string(j, "hidden_activation").value_or("gelu_pytorch_tanh");
+  if (act != "gelu_pytorch_tanh")
+    refuse("hidden_activation '" + act + "' is not supported (supported: gelu_pytorch_tanh)");
+  if (opt_bool(j, "use_bidirectional_attention").value_or(false))
+    refuse("use_bidirectional_attention=true (EmbeddingGemma) is not supported");
+  const bool gemma2 = arch == Arch::kGemma2;
+  g.query_pre_attn_scalar = opt_double(j, "query_pre_attn_scalar").value_or(256);
+  // An explicit null turns capping off (find() reads null as absent, so look at the key).
+  auto cap = [&](const char* key, double gemma2_default) {
+    const double v = opt_double(j, key).value_or(j.contains(key) || !gemma2 ? 0 : gemma2_default);
+    if (v < 0) refuse(std::string(key) + " must be positive (null means none)");
+    return v;
+  };
+  g.attn_logit_softcapping = cap("attn_logit_softcapping", 50.0);
+  g.final_logit_softcapping = cap("final_logit_softcapping", 30.0);
+  if (!(g.query_pre_attn_scalar > 0)) refuse("query_pre_attn_scalar must be positive");
+
+  const auto window =
+      j.contains("sliding_window") ? opt_int(j, "sliding_window") : std::optional<int64_t>(4096);
+  if (window && *window <= 0) refuse("sliding_window must be positive (null means no window)");
+  g.sliding_window = window.value_or(0);
+  const auto pattern = opt_int(j, "sliding_window_pattern").value_or(gemma2 ? 2 : 6);
+  if (pattern <= 0) refuse("sliding_window_pattern must be positive");
+  g.sliding_layers.assign(static_cast<size_t>(c.num_layers), false);
+  const json* lt = find(j, "layer_types");
+  if (lt && (!lt->is_array() || static_cast<int64_t>(lt->size()) != c.num_layers))
+    refuse("layer_types must list one type per layer (" + std::to_string(c.num_layers) + ")");
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    if (!lt) {
+      // Gemma2Config: layer i slides when (i + 1) % 2 != 0; Gemma3TextConfig the same with
+      // sliding_window_pattern (every pattern-th layer is global).
+      g.sliding_layers[i] = (i + 1) % pattern != 0;
+      continue;
+    }
+    const json& t = (*lt)[static_cast<size_t>(i)];
+    if (!t.is_string() || (t != "full_attention" && t != "sliding_attention"))
+      refuse("layer_types holds " + t.dump() +
+             " (supported: \"full_attention\", \"sliding_attention\")");
+    g.sliding_layers[i] = t == "sliding_attention";
+  }
+  if (g.sliding_window == 0 &&
+      std::find(g.sliding_layers.begin(), g.sliding_layers.end(), true) != g.sliding_layers.end())
+    refuse("sliding_window is null but layer_types (or the pattern) has sliding_attention layers");
+  if (!gemma2) {
+    g.rope_local_theta = opt_double(j, "rope_local_base_freq").value_or(10000.0);
+    if (!(*g.rope_local_theta > 0)) refuse("rope_local_base_freq must be positive");
+    // Gemma3TextConfig's rope_theta default (read_rope's is Llama's 10000).
+    if (!find(j, "rope_theta") && !find(j, "rope_parameters")) c.rope_theta = 1000000.0;
+  } else if (find(j, "rope_local_base_freq")) {
+    refuse("rope_local_base_freq is set, but Gemma2ForCausalLM uses rope_theta on every layer");
+  }
+}
+
 void read_bias_and_activation(const json& j, Arch arch, ModelConfig& c) {
+  // Gemma's MLP reads hidden_activation (read_gemma), never hidden_act.
   const std::string act = opt_string(j, "hidden_act").value_or("silu");
-  if (act != "silu" && act != "swish")
+  if (!is_gemma(arch) && act != "silu" && act != "swish")
     refuse("hidden_act '" + act + "' is not supported (supported: silu)");
   if (opt_bool(j, "mlp_bias").value_or(false)) refuse("mlp_bias=true is not supported");
   const auto attention_bias = opt_bool(j, "attention_bias");
@@ -397,11 +470,11 @@ void read_bias_and_activation(const json& j, Arch arch, ModelConfig& c) {
     if (attention_bias == true)
       refuse("attention_bias=true, but MistralForCausalLM has no attention biases");
   } else if (attention_bias == true) {
-    // transformers' Llama and Qwen3 attention put the bias on o_proj too (a checkpoint that
+    // transformers' Llama, Qwen3 and Gemma attention put the bias on o_proj too (a checkpoint that
     // has it would otherwise run without it).
     refuse("attention_bias=true (q/k/v and o_proj biases) is not supported for " + c.architecture);
   }
-  c.qk_norm = arch == Arch::kQwen3;
+  c.qk_norm = arch == Arch::kQwen3 || arch == Arch::kGemma3;  // Gemma 3: (1 + w) ones
   c.fused_checkpoint_projections = arch == Arch::kPhi3;
   if (arch == Arch::kPhi3) {
     // Keys of Phi-3/4's remote code that transformers' own Phi3 class does not read; a value
@@ -486,11 +559,13 @@ ModelConfig ModelConfig::from_json(const json& j) {
   c.vocab_size = required_int(j, "vocab_size");
   // Defaults as each transformers class has them for an absent key.
   const bool qwen = arch == Arch::kQwen2 || arch == Arch::kQwen3;
-  const int64_t default_kv = qwen ? 32 : arch == Arch::kMistral ? 8 : c.num_heads;
+  const bool gemma = is_gemma(arch);
+  const int64_t default_kv = qwen ? 32 : arch == Arch::kMistral ? 8 : gemma ? 4 : c.num_heads;
   c.num_kv_heads = opt_int(j, "num_key_value_heads").value_or(default_kv);
   const auto head_dim = opt_int(j, "head_dim");
-  if (arch == Arch::kQwen3) {
-    c.head_dim = head_dim.value_or(128);  // Qwen3Config's default, not hidden / heads
+  if (arch == Arch::kQwen3 || gemma) {
+    // Qwen3Config's and Gemma's defaults, not hidden / heads.
+    c.head_dim = head_dim.value_or(gemma ? 256 : 128);
   } else {
     if (!head_dim && c.num_heads > 0 && c.hidden_size % c.num_heads != 0)
       refuse("hidden_size is not a multiple of num_attention_heads and head_dim is not given");
@@ -499,16 +574,21 @@ ModelConfig ModelConfig::from_json(const json& j) {
   const int64_t default_max_pos = qwen                     ? 32768
                                   : arch == Arch::kMistral ? 4096 * 32
                                   : arch == Arch::kPhi3    ? 4096
+                                  : arch == Arch::kGemma2  ? 8192
+                                  : arch == Arch::kGemma3  ? 131072
                                                            : 2048;
   c.max_position_embeddings = opt_int(j, "max_position_embeddings").value_or(default_max_pos);
   c.rms_norm_eps = opt_double(j, "rms_norm_eps").value_or(arch == Arch::kPhi3 ? 1e-5 : 1e-6);
-  c.tie_word_embeddings = opt_bool(j, "tie_word_embeddings").value_or(false);
+  c.tie_word_embeddings = opt_bool(j, "tie_word_embeddings").value_or(gemma);
   // Bounds first: the window and layer_types checks walk the layers.
   c.validate();
 
   read_bias_and_activation(j, arch, c);
   read_rope(j, arch, c);
-  read_window(j, arch, c);
+  if (gemma)
+    read_gemma(j, arch, c);
+  else
+    read_window(j, arch, c);
   c.bos_token_id = optional_token_id(j, "bos_token_id");
   if (const json* eos = find(j, "eos_token_id"))
     c.eos_token_ids = token_id_list(*eos, "eos_token_id");

@@ -12,10 +12,12 @@ ModelConfig shape(std::string arch, int64_t hidden, int64_t layers, int64_t head
                   int64_t ffn, int64_t vocab, double theta, int64_t max_pos) {
   ModelConfig c;
   c.architecture = std::move(arch);
-  c.model_type = c.architecture == "Qwen2ForCausalLM"   ? "qwen2"
-                 : c.architecture == "Qwen3ForCausalLM" ? "qwen3"
-                 : c.architecture == "Phi3ForCausalLM"  ? "phi3"
-                                                        : "llama";
+  c.model_type = c.architecture == "Qwen2ForCausalLM"    ? "qwen2"
+                 : c.architecture == "Qwen3ForCausalLM"  ? "qwen3"
+                 : c.architecture == "Phi3ForCausalLM"   ? "phi3"
+                 : c.architecture == "Gemma2ForCausalLM" ? "gemma2"
+                 : c.architecture == "Gemma3ForCausalLM" ? "gemma3_text"
+                                                         : "llama";
   c.hidden_size = hidden;
   c.num_layers = layers;
   c.num_heads = heads;
@@ -61,6 +63,63 @@ ModelConfig qwen3_like(int64_t hidden, int64_t layers, int64_t heads, int64_t kv
   c.tie_word_embeddings = tied;
   c = with_llama3_tokens(c);
   c.rms_norm_eps = 1e-6;
+  return c;
+}
+
+// Gemma 2 / Gemma 3 on a shape: head_dim, query_pre_attn_scalar, the window and which layers
+// slide (Gemma 2 alternates, starting with a sliding layer; Gemma 3 makes every `pattern`-th
+// layer global), Gemma 3's q/k norms and local RoPE base, tied embeddings (both families'
+// checkpoints have no lm_head).
+ModelConfig gemma_shape(bool gemma3, int64_t hidden, int64_t layers, int64_t heads,
+                        int64_t kv_heads, int64_t head_dim, int64_t ffn, int64_t vocab,
+                        int64_t window, double query_pre_attn_scalar) {
+  ModelConfig c = shape(gemma3 ? "Gemma3ForCausalLM" : "Gemma2ForCausalLM", hidden, layers, heads,
+                        kv_heads, ffn, vocab, gemma3 ? 1000000.0 : 10000.0, gemma3 ? 131072 : 8192);
+  c.head_dim = head_dim;
+  c.rms_norm_eps = 1e-6;
+  c.tie_word_embeddings = true;
+  c.qk_norm = gemma3;
+  GemmaSettings& g = c.gemma;
+  g.enabled = true;
+  g.query_pre_attn_scalar = query_pre_attn_scalar;
+  g.sliding_window = window;
+  const int64_t pattern = gemma3 ? 6 : 2;
+  for (int64_t i = 0; i < layers; ++i) g.sliding_layers.push_back((i + 1) % pattern != 0);
+  if (gemma3) {
+    g.rope_local_theta = 10000.0;
+  } else {
+    g.attn_logit_softcapping = 50.0;
+    g.final_logit_softcapping = 30.0;
+  }
+  return c;
+}
+
+// The materialisable Gemma presets: the shape on the Llama-3 vocabulary and token ids (the
+// families' SentencePiece tokenizers are not read yet), Gemma's norm epsilon.
+ModelConfig gemma_like(ModelConfig c) {
+  c.vocab_size = kLlama3VocabSize;
+  c = with_llama3_tokens(c);
+  c.rms_norm_eps = 1e-6;
+  return c;
+}
+
+// tiny-gemma2: 2 layers (sliding, global), a window of 12 (so a prompt crosses it mid-block)
+// and soft caps small enough to bend a random model's scores and logits (Gemma 2's own 50 / 30
+// would leave them linear). query_pre_attn_scalar is head_dim, as llama.cpp (the independent
+// check) assumes on every Gemma shape but the 27B; the tests vary it.
+ModelConfig tiny_gemma2() {
+  ModelConfig c = gemma_like(gemma_shape(false, 64, 2, 4, 2, 32, 128, 0, 12, 32));
+  c.gemma.attn_logit_softcapping = 5.0;
+  c.gemma.final_logit_softcapping = 3.0;
+  return c;
+}
+
+// tiny-gemma3: 2 layers (sliding with the local RoPE base, then global), q/k norms, and the
+// linear rope_scaling of the larger Gemma 3 models, which applies to the global layer only.
+ModelConfig tiny_gemma3() {
+  ModelConfig c = gemma_like(gemma_shape(true, 64, 2, 4, 2, 32, 128, 0, 12, 32));
+  c.gemma.sliding_layers = {true, false};
+  c.rope_scaling = {.type = "linear", .factor = 8.0};
   return c;
 }
 
@@ -171,6 +230,11 @@ std::vector<ModelPreset> build_table() {
       // Phi-4-mini's layers (3072 wide, 24 heads over 8 KV heads, 3/4 of each head rotated,
       // 131072 positions over an original 4096, tied) on the Llama-3 vocabulary.
       {"phi4-mini", true, phi3_like(3072, 32, 24, 8, 8192, true, 0.75, 131072, 4096)},
+      {"tiny-gemma2", true, tiny_gemma2()},
+      {"tiny-gemma3", true, tiny_gemma3()},
+      // Gemma 3 1B's layers (hidden 1152, 4 heads of 256 over 1 KV head, window 512) at 6 of its
+      // 26 layers: five local, one global.
+      {"gemma3-1b-6l", true, gemma_like(gemma_shape(true, 1152, 6, 4, 1, 256, 6912, 0, 512, 256))},
       {"llama-3-8b", false, shape(llama, 4096, 32, 32, 8, 14336, 128256, 500000, 8192)},
       {"llama-3-70b", false, shape(llama, 8192, 80, 64, 8, 28672, 128256, 500000, 8192)},
       {"llama-2-7b", false, shape(llama, 4096, 32, 32, 32, 11008, 32000, 10000, 4096)},
@@ -179,6 +243,8 @@ std::vector<ModelPreset> build_table() {
       {"qwen3-8b", false, qwen3_shape(4096, 36, 32, 8, 12288)},
       // Phi-3-mini-4k: full RoPE, no scaling, a 2047-token window, its 32064-token vocabulary.
       {"phi3-mini", false, phi3_mini_shape()},
+      {"gemma2-9b", false, gemma_shape(false, 3584, 42, 16, 8, 256, 14336, 256000, 4096, 256)},
+      {"gemma3-27b", false, gemma_shape(true, 5376, 62, 32, 16, 128, 21504, 262208, 1024, 168)},
       {"deepseek-67b", false, shape(llama, 8192, 95, 64, 8, 22016, 102400, 10000, 4096)},
   };
 }

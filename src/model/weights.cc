@@ -32,6 +32,10 @@ std::vector<TensorSpec> llama_tensor_specs(const ModelConfig& c) {
       specs.push_back({name("self_attn.k_norm.weight"), {c.head_dim}, K::kNorm, 0});
     }
     specs.push_back({name("post_attention_layernorm.weight"), {h}, K::kNorm, 0});
+    if (c.gemma.enabled) {  // Gemma: post_attention_layernorm is the attention output's norm
+      specs.push_back({name("pre_feedforward_layernorm.weight"), {h}, K::kNorm, 0});
+      specs.push_back({name("post_feedforward_layernorm.weight"), {h}, K::kNorm, 0});
+    }
     if (c.fused_checkpoint_projections) {
       specs.push_back({name("mlp.gate_up_proj.weight"), {2 * f, h}, K::kLinear, h});
     } else {
@@ -46,8 +50,8 @@ std::vector<TensorSpec> llama_tensor_specs(const ModelConfig& c) {
 }
 
 int64_t llama_tensor_count(const ModelConfig& c) {
-  const int64_t per_layer =
-      (c.fused_checkpoint_projections ? 6 : 9) + (c.attention_bias ? 3 : 0) + (c.qk_norm ? 2 : 0);
+  const int64_t per_layer = (c.fused_checkpoint_projections ? 6 : 9) + (c.attention_bias ? 3 : 0) +
+                            (c.qk_norm ? 2 : 0) + (c.gemma.enabled ? 2 : 0);
   return 1 + c.num_layers * per_layer + 1 + (c.tie_word_embeddings ? 0 : 1);
 }
 
@@ -114,7 +118,13 @@ LlamaTensors bind_llama_tensors(const ModelConfig& config, const TensorStore& st
       l.k_norm = name("self_attn.k_norm.weight");
     }
     l.o = name("self_attn.o_proj.weight");
-    l.ffn_norm = name("post_attention_layernorm.weight");
+    if (config.gemma.enabled) {
+      l.post_attention_norm = name("post_attention_layernorm.weight");
+      l.ffn_norm = name("pre_feedforward_layernorm.weight");
+      l.post_ffn_norm = name("post_feedforward_layernorm.weight");
+    } else {
+      l.ffn_norm = name("post_attention_layernorm.weight");
+    }
     if (config.fused_checkpoint_projections)
       l.gate_up = {name("mlp.gate_up_proj.weight")};
     else

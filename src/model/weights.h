@@ -18,8 +18,8 @@ struct TensorSpec {
 };
 
 // Every tensor a LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM / Phi3ForCausalLM /
-// MistralForCausalLM folder holds, in the order HF writes them (embedding, layers 0..L-1, final
-// norm, lm_head unless tied).
+// MistralForCausalLM / Gemma2ForCausalLM / Gemma3ForCausalLM folder holds, in the order HF
+// writes them (embedding, layers 0..L-1, final norm, lm_head unless tied).
 std::vector<TensorSpec> llama_tensor_specs(const ModelConfig& config);
 // llama_tensor_specs(config).size(), computed without building the list.
 int64_t llama_tensor_count(const ModelConfig& config);
@@ -45,6 +45,9 @@ struct LlamaLayerTensors {
   const TensorView* k_norm = nullptr;
   const TensorView* o = nullptr;
   const TensorView* ffn_norm = nullptr;
+  // Gemma's norms of the attention and MLP outputs before their residual adds, or null.
+  const TensorView* post_attention_norm = nullptr;
+  const TensorView* post_ffn_norm = nullptr;
   std::vector<const TensorView*> gate_up;  // gate_proj, up_proj; or Phi-3's gate_up_proj
   const TensorView* down = nullptr;
 };

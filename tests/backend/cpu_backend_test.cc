@@ -60,9 +60,17 @@ class Reference {
     const int64_t nh = c_.num_heads, nkv = c_.num_kv_heads, group = nh / nkv;
     const auto& embed = w("model.embed_tokens.weight");
     std::vector<std::vector<double>> x(n, std::vector<double>(h));
+    const GemmaSettings& gm = c_.gemma;
     for (int64_t p = 0; p < n; ++p)
-      for (int64_t i = 0; i < h; ++i) x[p][i] = embed[tokens[p] * h + i];
+      for (int64_t i = 0; i < h; ++i)
+        x[p][i] = embed[tokens[p] * h + i] * (gm.enabled ? std::sqrt(static_cast<double>(h)) : 1.0);
     for (int64_t l = 0; l < c_.num_layers; ++l) {
+      // Gemma 3's sliding layers rotate with their own base; Gemma's windows are per layer.
+      const bool local = gm.rope_local_theta && gm.sliding_layers[l];
+      const int64_t window =
+          gm.enabled ? (gm.sliding(l) ? gm.sliding_window : 0) : c_.sliding_window.value_or(0);
+      const double scale =
+          1.0 / std::sqrt(gm.enabled ? gm.query_pre_attn_scalar : static_cast<double>(d));
       auto name = [&](const char* s) { return layer_tensor_name(l, s); };
       std::vector<std::vector<double>> q(n), k(n), v(n);
       for (int64_t p = 0; p < n; ++p) {
@@ -86,12 +94,12 @@ class Reference {
           norm_heads(q[p], w(name("self_attn.q_norm.weight")));
           norm_heads(k[p], w(name("self_attn.k_norm.weight")));
         }
-        for (int64_t hh = 0; hh < nh; ++hh) rope(&q[p][hh * d], p);
-        for (int64_t hh = 0; hh < nkv; ++hh) rope(&k[p][hh * d], p);
+        for (int64_t hh = 0; hh < nh; ++hh) rope(&q[p][hh * d], p, local);
+        for (int64_t hh = 0; hh < nkv; ++hh) rope(&k[p][hh * d], p, local);
       }
       for (int64_t p = 0; p < n; ++p) {
         std::vector<double> out(nh * d, 0.0);
-        const int64_t lo = c_.sliding_window ? std::max<int64_t>(0, p - *c_.sliding_window + 1) : 0;
+        const int64_t lo = window ? std::max<int64_t>(0, p - window + 1) : 0;
         for (int64_t hh = 0; hh < nh; ++hh) {
           const int64_t g = hh / group;
           std::vector<double> s;
@@ -99,7 +107,10 @@ class Reference {
           for (int64_t j = lo; j <= p; ++j) {
             double dot = 0;
             for (int64_t i = 0; i < d; ++i) dot += q[p][hh * d + i] * k[j][g * d + i];
-            s.push_back(dot / std::sqrt(static_cast<double>(d)));
+            s.push_back(dot * scale);
+            if (gm.attn_logit_softcapping > 0)
+              s.back() =
+                  gm.attn_logit_softcapping * std::tanh(s.back() / gm.attn_logit_softcapping);
             mx = std::max(mx, s.back());
           }
           double sum = 0;
@@ -107,10 +118,12 @@ class Reference {
           for (int64_t j = lo; j <= p; ++j)
             for (int64_t i = 0; i < d; ++i) out[hh * d + i] += s[j - lo] / sum * v[j][g * d + i];
         }
-        add(x[p], matvec(w(name("self_attn.o_proj.weight")), out));
+        const auto o = matvec(w(name("self_attn.o_proj.weight")), out);
+        add(x[p], gm.enabled ? rmsnorm(o, w(name("post_attention_layernorm.weight"))) : o);
       }
       for (int64_t p = 0; p < n; ++p) {
-        const auto xn = rmsnorm(x[p], w(name("post_attention_layernorm.weight")));
+        const auto xn = rmsnorm(x[p], w(name(gm.enabled ? "pre_feedforward_layernorm.weight"
+                                                        : "post_attention_layernorm.weight")));
         std::vector<double> gate, up;
         if (c_.fused_checkpoint_projections) {  // Phi-3: gate rows, then up rows
           const auto gu = matvec(w(name("mlp.gate_up_proj.weight")), xn);
@@ -121,12 +134,24 @@ class Reference {
           up = matvec(w(name("mlp.up_proj.weight")), xn);
         }
         std::vector<double> a(gate.size());
-        for (size_t i = 0; i < a.size(); ++i) a[i] = gate[i] / (1.0 + std::exp(-gate[i])) * up[i];
-        add(x[p], matvec(w(name("mlp.down_proj.weight")), a));
+        for (size_t i = 0; i < a.size(); ++i) {
+          const double g = gate[i];
+          a[i] = gm.enabled ? 0.5 * g *
+                                  (1 + std::tanh(std::sqrt(2 / std::numbers::pi) *
+                                                 (g + 0.044715 * g * g * g))) *
+                                  up[i]
+                            : g / (1.0 + std::exp(-g)) * up[i];
+        }
+        const auto down = matvec(w(name("mlp.down_proj.weight")), a);
+        add(x[p], gm.enabled ? rmsnorm(down, w(name("post_feedforward_layernorm.weight"))) : down);
       }
     }
     const auto xn = rmsnorm(x[n - 1], w("model.norm.weight"));
-    return matvec(w(c_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"), xn);
+    auto logits =
+        matvec(w(c_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"), xn);
+    if (const double cap = gm.final_logit_softcapping; cap > 0)
+      for (double& v : logits) v = cap * std::tanh(v / cap);
+    return logits;
   }
 
  private:
@@ -145,16 +170,18 @@ class Reference {
     for (double e : x) ss += e * e;
     const double inv = 1.0 / std::sqrt(ss / static_cast<double>(x.size()) + c_.rms_norm_eps);
     std::vector<double> y(x.size());
-    for (size_t i = 0; i < x.size(); ++i) y[i] = weight[i] * x[i] * inv;
+    for (size_t i = 0; i < x.size(); ++i) y[i] = norm_weight(weight[i]) * x[i] * inv;
     return y;
   }
+  // Gemma's RMSNorm scales by (1 + w).
+  double norm_weight(float w) const { return c_.gemma.enabled ? 1.0 + w : w; }
   void norm_heads(std::vector<double>& x, const std::vector<float>& weight) const {
     const size_t d = weight.size();
     for (size_t start = 0; start + d <= x.size(); start += d) {
       double ss = 0;
       for (size_t i = 0; i < d; ++i) ss += x[start + i] * x[start + i];
       const double inv = 1.0 / std::sqrt(ss / static_cast<double>(d) + c_.rms_norm_eps);
-      for (size_t i = 0; i < d; ++i) x[start + i] = weight[i] * x[start + i] * inv;
+      for (size_t i = 0; i < d; ++i) x[start + i] = norm_weight(weight[i]) * x[start + i] * inv;
     }
   }
   static std::vector<double> matvec(const std::vector<float>& m, const std::vector<double>& x) {
@@ -172,11 +199,13 @@ class Reference {
   }
   // Hugging Face rotate_half RoPE with the default / linear / llama3 / longrope frequencies, on
   // the first rotary_dim dims of the head (transformers' Phi-3 apply_rotary_pos_emb).
-  void rope(double* x, int64_t pos) const {
+  // `local`: Gemma 3's sliding layers, rope_local_base_freq and no scaling.
+  void rope(double* x, int64_t pos, bool local) const {
     const int64_t dims = static_cast<int64_t>(static_cast<double>(c_.head_dim) *
                                               c_.partial_rotary_factor),
                   half = dims / 2;
-    const RopeScaling& s = c_.rope_scaling;
+    const double theta = local ? *c_.gemma.rope_local_theta : c_.rope_theta;
+    const RopeScaling s = local ? RopeScaling{} : c_.rope_scaling;
     // _compute_longrope_parameters: cos and sin scaled by sqrt(1 + ln(scale) / ln(original)).
     double mscale = 1;
     if (s.type == "longrope") {
@@ -185,7 +214,7 @@ class Reference {
       if (scale > 1) mscale = std::sqrt(1 + std::log(scale) / std::log(orig));
     }
     for (int64_t i = 0; i < half; ++i) {
-      double f = std::pow(c_.rope_theta, -2.0 * static_cast<double>(i) / static_cast<double>(dims));
+      double f = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(dims));
       if (s.type == "longrope") f /= (long_factors_ ? s.long_factor : s.short_factor)[i];
       if (s.type == "linear") f /= s.factor;
       if (s.type == "llama3") {
@@ -419,6 +448,25 @@ TEST(CpuBackend, Phi3ShortAndLongFactorsDiffer) {
   EXPECT_GT(rel_err(std::vector<float>(l.begin(), l.end()), short_ref.logits(tokens)), 1e-3);
 }
 
+// Gemma 2: (1 + w) norms, embeddings x sqrt(hidden), four norms a layer, GeGLU with tanh GELU,
+// query_pre_attn_scalar, attention and final soft-capping, a window on the sliding layer only.
+TEST(CpuBackend, MatchesFloat64ReferenceGemma2) {
+  check_against_reference(model("gemma2"), 1e-5, false);
+  check_against_reference(model("gemma2"), 1e-5, true);
+  // The final cap (3) bounds the logits' scale, which the relative error divides by, but not
+  // the bf16 error of the logits it leaves nearly linear: about 4% here, where the uncapped
+  // models' 0.2% is relative to a peak ten times higher.
+  check_against_reference(model("gemma2", DType::kBF16), 6e-2, false);
+}
+
+// Gemma 3: q/k norms of (1 + w), the local RoPE base on the sliding layer and linear
+// rope_scaling on the global one only.
+TEST(CpuBackend, MatchesFloat64ReferenceGemma3) {
+  check_against_reference(model("gemma3"), 1e-5, false);
+  check_against_reference(model("gemma3"), 1e-5, true);
+  check_against_reference(model("gemma3", DType::kBF16), 2e-2, false);
+}
+
 TEST(CpuBackend, MatchesFloat64ReferenceLlama3RopeScalingTied) {
   check_against_reference(model("llama3"), 1e-5, false);
 }
@@ -494,6 +542,9 @@ TEST(CpuBackend, ChunkingAndIncrementalDecodeDeterministic) {
   check_chunking(model("llama"), true, 0);
   check_chunking(model("llama", DType::kBF16), true, 0);
   check_chunking(model("mistral"), true, 0);
+  // Gemma 2's capped scores and per-layer window, Gemma 3's two RoPE tables.
+  check_chunking(model("gemma2"), true, 0);
+  check_chunking(model("gemma3", DType::kBF16), true, 0);
 }
 
 TEST(CpuBackend, ChunkingAndIncrementalDecodeDefaultMode) {
@@ -606,6 +657,13 @@ TEST(CpuBackend, BatchInvariantInDeterministicModeBF16) {
   check_batch_invariance(model("llama", DType::kBF16));
 }
 
+// Soft-capping each score on its own keeps attention's batch invariance (attention.h).
+TEST(CpuBackend, BatchInvariantInDeterministicModeGemma) {
+  check_batch_invariance(model("gemma2"));
+  check_batch_invariance(model("gemma2", DType::kBF16));
+  check_batch_invariance(model("gemma3"));
+}
+
 // The kernels used where AVX-512 is absent: same reference, same determinism guarantees.
 // A pass's thread count (what CoreShare lowers beside a busy neighbour) does not change a
 // deterministic result: the same prompt and decodes on all threads and on one give the same bits.
@@ -638,6 +696,8 @@ TEST(CpuBackend, PortableAttentionKernel) {
   check_against_reference(model("mistral"), 1e-5, false);
   check_chunking(model("llama", DType::kBF16), true, 0);
   check_batch_invariance(model("hd64"));
+  check_against_reference(model("gemma2"), 1e-5, true);  // the portable kernel's soft-capping
+  check_batch_invariance(model("gemma2"));
   cpu::set_force_portable_kernels(false);
 }
 

@@ -642,6 +642,21 @@ TEST(CudaBackend, RefusesPhi3sPartialRopeAndLongropeByName) {
   }
 }
 
+// Gemma 2 / 3 have no kernels on the GPU path yet: refused by name, GPU or not.
+TEST(CudaBackend, RefusesGemmaByName) {
+  for (const char* variant : {"gemma2", "gemma3"}) {
+    const TestModel& m = model(variant, DType::kBF16);
+    try {
+      make_cuda_backend(m.config, m.store, options());
+      FAIL() << "made a cuda backend for " << variant;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(m.config.architecture + " ((1 + w) norms"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 // A sequence fed to both backends: its tokens so far and the pages it owns.
 struct Seq {
   SeqId id = 0;

@@ -373,116 +373,168 @@ TEST(GgufExportErrors, SlidingWindowShorterThanTheContextIsRefused) {
   write_random_model(c, dir / "w", init_options());
   export_gguf(dir / "w", dir / "w.gguf");
   EXPECT_EQ(read_gguf(dir / "w.gguf").at("general.architecture").s, "llama");
-  // Phi-3 as llama.cpp's converter writes it: architecture phi3, fused blk.N.attn_qkv and ffn_up
-  // (gate rows, then up rows) with the checkpoint's rows, longrope's factors as
-  // rope_factors_long / rope_factors_short, the rotated dims and the original context length.
-  TEST(GgufExportVariants, Phi3WritesFusedTensorsAndLongropeFactors) {
-    testing::TempDir dir;
-    const ModelConfig config = *find_model_preset("tiny-phi3");
-    write_random_model(config, dir / "p", init_options());
-    export_gguf(dir / "p", dir / "p.gguf");
-    const GgufFile g = read_gguf(dir / "p.gguf");
-    EXPECT_EQ(g.at("general.architecture").s, "phi3");
-    EXPECT_EQ(g.at("phi3.rope.dimension_count").u, 12u);
-    EXPECT_EQ(g.at("phi3.rope.scaling.original_context_length").u, 1024u);
-    EXPECT_EQ(g.at("phi3.context_length").u, 4096u);
-    EXPECT_EQ(g.at("phi3.attention.sliding_window").u, 0u);
-    EXPECT_FLOAT_EQ(static_cast<float>(g.at("phi3.rope.scaling.attn_factor").f),
-                    static_cast<float>(std::sqrt(1.0 + std::log(4.0) / std::log(1024.0))));
-    const TensorStore store = TensorStore::open_dir(dir / "p");
-    for (const auto& [gguf_name, hf_name, rows] :
-         {std::tuple{"blk.1.attn_qkv.weight", "model.layers.1.self_attn.qkv_proj.weight", 128},
-          std::tuple{"blk.0.ffn_up.weight", "model.layers.0.mlp.gate_up_proj.weight", 256}}) {
-      const GgufTensorInfo* t = g.tensor(gguf_name);
-      ASSERT_NE(t, nullptr) << gguf_name;
-      EXPECT_EQ(t->ne, (std::vector<uint64_t>{64, static_cast<uint64_t>(rows)}));
-      const std::string bytes = tensor_bytes(dir / "p.gguf", g, *t);
-      const TensorView& w = store.get(hf_name);
-      for (int64_t i = 0; i < w.numel(); i += 31) ASSERT_EQ(element(bytes, t->type, i), w.at(i));
-    }
-    EXPECT_EQ(g.tensor("blk.0.ffn_gate.weight"), nullptr);
-    for (const auto& [name, factors] :
-         {std::pair{"rope_factors_long.weight", &config.rope_scaling.long_factor},
-          std::pair{"rope_factors_short.weight", &config.rope_scaling.short_factor}}) {
-      const GgufTensorInfo* t = g.tensor(name);
-      ASSERT_NE(t, nullptr) << name;
-      EXPECT_EQ(t->type, static_cast<uint32_t>(GgmlType::kF32));
-      ASSERT_EQ(t->ne, std::vector<uint64_t>{6});
-      const std::string bytes = tensor_bytes(dir / "p.gguf", g, *t);
-      for (int64_t i = 0; i < 6; ++i)
-        EXPECT_EQ(element(bytes, t->type, i), static_cast<float>((*factors)[i]));
-    }
+}
+
+// Phi-3 as llama.cpp's converter writes it: architecture phi3, fused blk.N.attn_qkv and ffn_up
+// (gate rows, then up rows) with the checkpoint's rows, longrope's factors as
+// rope_factors_long / rope_factors_short, the rotated dims and the original context length.
+TEST(GgufExportVariants, Phi3WritesFusedTensorsAndLongropeFactors) {
+  testing::TempDir dir;
+  const ModelConfig config = *find_model_preset("tiny-phi3");
+  write_random_model(config, dir / "p", init_options());
+  export_gguf(dir / "p", dir / "p.gguf");
+  const GgufFile g = read_gguf(dir / "p.gguf");
+  EXPECT_EQ(g.at("general.architecture").s, "phi3");
+  EXPECT_EQ(g.at("phi3.rope.dimension_count").u, 12u);
+  EXPECT_EQ(g.at("phi3.rope.scaling.original_context_length").u, 1024u);
+  EXPECT_EQ(g.at("phi3.context_length").u, 4096u);
+  EXPECT_EQ(g.at("phi3.attention.sliding_window").u, 0u);
+  EXPECT_FLOAT_EQ(static_cast<float>(g.at("phi3.rope.scaling.attn_factor").f),
+                  static_cast<float>(std::sqrt(1.0 + std::log(4.0) / std::log(1024.0))));
+  const TensorStore store = TensorStore::open_dir(dir / "p");
+  for (const auto& [gguf_name, hf_name, rows] :
+       {std::tuple{"blk.1.attn_qkv.weight", "model.layers.1.self_attn.qkv_proj.weight", 128},
+        std::tuple{"blk.0.ffn_up.weight", "model.layers.0.mlp.gate_up_proj.weight", 256}}) {
+    const GgufTensorInfo* t = g.tensor(gguf_name);
+    ASSERT_NE(t, nullptr) << gguf_name;
+    EXPECT_EQ(t->ne, (std::vector<uint64_t>{64, static_cast<uint64_t>(rows)}));
+    const std::string bytes = tensor_bytes(dir / "p.gguf", g, *t);
+    const TensorView& w = store.get(hf_name);
+    for (int64_t i = 0; i < w.numel(); i += 31) ASSERT_EQ(element(bytes, t->type, i), w.at(i));
+  }
+  EXPECT_EQ(g.tensor("blk.0.ffn_gate.weight"), nullptr);
+  for (const auto& [name, factors] :
+       {std::pair{"rope_factors_long.weight", &config.rope_scaling.long_factor},
+        std::pair{"rope_factors_short.weight", &config.rope_scaling.short_factor}}) {
+    const GgufTensorInfo* t = g.tensor(name);
+    ASSERT_NE(t, nullptr) << name;
+    EXPECT_EQ(t->type, static_cast<uint32_t>(GgmlType::kF32));
+    ASSERT_EQ(t->ne, std::vector<uint64_t>{6});
+    const std::string bytes = tensor_bytes(dir / "p.gguf", g, *t);
+    for (int64_t i = 0; i < 6; ++i)
+      EXPECT_EQ(element(bytes, t->type, i), static_cast<float>((*factors)[i]));
+  }
+}
+
+// Gemma: llama.cpp's gemma2 / gemma3 names and keys, its norms stored as (1 + w) (what
+// convert_hf_to_gguf.py writes, llama.cpp multiplying by the stored weight), the output's norms
+// apart from the FFN's, which layers slide as one 0/1 per layer, no separate output head.
+TEST(GgufExportVariants, GemmaWritesOnePlusNormsCapsAndLayerWindows) {
+  testing::TempDir dir;
+  write_random_model(*find_model_preset("tiny-gemma2"), dir / "g2", init_options());
+  export_gguf(dir / "g2", dir / "g2.gguf");
+  const GgufFile g = read_gguf(dir / "g2.gguf");
+  EXPECT_EQ(g.at("general.architecture").s, "gemma2");
+  EXPECT_FLOAT_EQ(g.at("gemma2.attn_logit_softcapping").f, 5.0);
+  EXPECT_FLOAT_EQ(g.at("gemma2.final_logit_softcapping").f, 3.0);
+  EXPECT_EQ(g.at("gemma2.attention.sliding_window").u, 12u);
+  EXPECT_EQ(g.at("gemma2.attention.sliding_window_pattern").ints, (std::vector<int64_t>{1, 0}));
+  EXPECT_EQ(g.tensor("output.weight"), nullptr);  // tied
+  const TensorStore store = TensorStore::open_dir(dir / "g2");
+  const std::pair<const char*, const char*> norms[] = {
+      {"blk.1.post_attention_norm.weight", "model.layers.1.post_attention_layernorm.weight"},
+      {"blk.1.ffn_norm.weight", "model.layers.1.pre_feedforward_layernorm.weight"},
+      {"blk.1.post_ffw_norm.weight", "model.layers.1.post_feedforward_layernorm.weight"},
+      {"output_norm.weight", "model.norm.weight"}};
+  for (const auto& [gguf_name, hf_name] : norms) {
+    const GgufTensorInfo* t = g.tensor(gguf_name);
+    ASSERT_NE(t, nullptr) << gguf_name;
+    const std::string bytes = tensor_bytes(dir / "g2.gguf", g, *t);
+    const TensorView& src = store.get(hf_name);
+    for (int64_t i = 0; i < src.numel(); ++i)
+      ASSERT_EQ(element(bytes, t->type, i), 1.0f + src.at(i)) << gguf_name << " " << i;
   }
 
-  TEST(GgufExportErrors, BadModelFoldersAreErrorsAndLeaveNoFile) {
-    testing::TempDir dir;
-    EXPECT_THROW(export_gguf(dir / "missing", dir / "a.gguf"), Error);
-    write_random_model(*find_model_preset("tiny"), dir / "m", init_options());
+  write_random_model(*find_model_preset("tiny-gemma3"), dir / "g3", init_options());
+  export_gguf(dir / "g3", dir / "g3.gguf");
+  const GgufFile g3 = read_gguf(dir / "g3.gguf");
+  EXPECT_EQ(g3.at("general.architecture").s, "gemma3");
+  EXPECT_FLOAT_EQ(g3.at("gemma3.rope.freq_base_swa").f, 10000.0);
+  EXPECT_FLOAT_EQ(g3.at("gemma3.rope.freq_base").f, 1000000.0);
+  EXPECT_EQ(g3.at("gemma3.rope.scaling.type").s, "linear");
+  EXPECT_EQ(g3.find("gemma3.attn_logit_softcapping"), nullptr);
+  ASSERT_NE(g3.tensor("blk.0.attn_q_norm.weight"), nullptr);
 
-    // Truncated weights.
-    std::filesystem::create_directories(dir / "trunc");
-    for (const char* f : {"config.json", "tokenizer.json", "tokenizer_config.json"})
-      std::filesystem::copy_file(dir / "m" / f, dir / "trunc" / f);
-    const std::string weights = testing::read_file(dir / "m" / "model.safetensors");
-    testing::write_file(dir / "trunc" / "model.safetensors", weights.substr(0, weights.size() / 2));
-    EXPECT_THROW(export_gguf(dir / "trunc", dir / "b.gguf"), Error);
-    EXPECT_FALSE(std::filesystem::exists(dir / "b.gguf"));
-
-    // No tokenizer.json.
-    std::filesystem::remove(dir / "trunc" / "model.safetensors");
-    std::filesystem::copy_file(dir / "m" / "model.safetensors",
-                               dir / "trunc" / "model.safetensors");
-    std::filesystem::remove(dir / "trunc" / "tokenizer.json");
-    EXPECT_THROW(export_gguf(dir / "trunc", dir / "c.gguf"), Error);
-    EXPECT_FALSE(std::filesystem::exists(dir / "c.gguf"));
-    EXPECT_FALSE(std::filesystem::exists(dir / "c.gguf.tmp"));
-
-    // A SentencePiece-style (byte_fallback) tokenizer has no faithful GGUF "gpt2" equivalent.
-    json tok = load_json(dir / "m" / "tokenizer.json");
-    tok["model"]["byte_fallback"] = true;
-    testing::write_file(dir / "trunc" / "tokenizer.json", tok.dump());
-    EXPECT_THROW(export_gguf(dir / "trunc", dir / "d.gguf"), Error);
-    EXPECT_FALSE(std::filesystem::exists(dir / "d.gguf"));
+  // A scale llama.cpp would not apply is refused rather than exported as another model.
+  ModelConfig odd = *find_model_preset("tiny-gemma2");
+  odd.gemma.query_pre_attn_scalar = 24;
+  write_random_model(odd, dir / "odd", init_options());
+  try {
+    export_gguf(dir / "odd", dir / "odd.gguf");
+    FAIL() << "exported query_pre_attn_scalar 24";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("query_pre_attn_scalar"), std::string::npos) << e.what();
   }
+}
 
-  TEST(GgufReader, RejectsBadAndTruncatedFiles) {
-    testing::TempDir dir;
-    testing::write_file(dir / "bad.gguf", std::string(64, 'x'));
-    EXPECT_THROW(read_gguf(dir / "bad.gguf"), Error);
-    EXPECT_THROW(read_gguf(dir / "none.gguf"), Error);
-    write_random_model(*find_model_preset("tiny"), dir / "m", init_options());
-    export_gguf(dir / "m", dir / "m.gguf");
-    const std::string full = testing::read_file(dir / "m.gguf");
-    // Cut inside the metadata, and inside the tensor data.
-    testing::write_file(dir / "t1.gguf", full.substr(0, 5000));
-    EXPECT_THROW(read_gguf(dir / "t1.gguf"), Error);
-    testing::write_file(dir / "t2.gguf", full.substr(0, full.size() - 1000));
-    EXPECT_THROW(read_gguf(dir / "t2.gguf"), Error);
-  }
+TEST(GgufExportErrors, BadModelFoldersAreErrorsAndLeaveNoFile) {
+  testing::TempDir dir;
+  EXPECT_THROW(export_gguf(dir / "missing", dir / "a.gguf"), Error);
+  write_random_model(*find_model_preset("tiny"), dir / "m", init_options());
 
-  TEST(GgufCli, ExportGgufCommand) {
-    const std::filesystem::path blend = BLEND_BINARY;
-    if (!std::filesystem::exists(blend)) GTEST_SKIP() << "blend binary not built: " << blend;
-    testing::TempDir dir;
-    write_random_model(*find_model_preset("tiny"), dir / "m", init_options());
-    const auto ok =
-        testing::run_command(blend.string() + " model export-gguf --model " + (dir / "m").string() +
-                             " --out " + (dir / "m.gguf").string() + " --dtype f16 2>&1");
-    EXPECT_EQ(ok.exit_code, 0) << ok.output;
-    EXPECT_NE(ok.output.find("GGUF"), std::string::npos) << ok.output;
-    const GgufFile g = read_gguf(dir / "m.gguf");
-    EXPECT_EQ(g.at("general.file_type").u, 1u);
-    const auto bad_dtype =
-        testing::run_command(blend.string() + " model export-gguf --model " + (dir / "m").string() +
-                             " --out " + (dir / "x.gguf").string() + " --dtype q4 2>&1");
-    EXPECT_NE(bad_dtype.exit_code, 0);
-    EXPECT_FALSE(std::filesystem::exists(dir / "x.gguf"));
-    const auto missing = testing::run_command(blend.string() + " model export-gguf --model " +
-                                              (dir / "nope").string() + " --out " +
-                                              (dir / "y.gguf").string() + " 2>&1");
-    EXPECT_NE(missing.exit_code, 0);
-    EXPECT_NE(missing.output.find("nope"), std::string::npos) << missing.output;
-  }
+  // Truncated weights.
+  std::filesystem::create_directories(dir / "trunc");
+  for (const char* f : {"config.json", "tokenizer.json", "tokenizer_config.json"})
+    std::filesystem::copy_file(dir / "m" / f, dir / "trunc" / f);
+  const std::string weights = testing::read_file(dir / "m" / "model.safetensors");
+  testing::write_file(dir / "trunc" / "model.safetensors", weights.substr(0, weights.size() / 2));
+  EXPECT_THROW(export_gguf(dir / "trunc", dir / "b.gguf"), Error);
+  EXPECT_FALSE(std::filesystem::exists(dir / "b.gguf"));
+
+  // No tokenizer.json.
+  std::filesystem::remove(dir / "trunc" / "model.safetensors");
+  std::filesystem::copy_file(dir / "m" / "model.safetensors", dir / "trunc" / "model.safetensors");
+  std::filesystem::remove(dir / "trunc" / "tokenizer.json");
+  EXPECT_THROW(export_gguf(dir / "trunc", dir / "c.gguf"), Error);
+  EXPECT_FALSE(std::filesystem::exists(dir / "c.gguf"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "c.gguf.tmp"));
+
+  // A SentencePiece-style (byte_fallback) tokenizer has no faithful GGUF "gpt2" equivalent.
+  json tok = load_json(dir / "m" / "tokenizer.json");
+  tok["model"]["byte_fallback"] = true;
+  testing::write_file(dir / "trunc" / "tokenizer.json", tok.dump());
+  EXPECT_THROW(export_gguf(dir / "trunc", dir / "d.gguf"), Error);
+  EXPECT_FALSE(std::filesystem::exists(dir / "d.gguf"));
+}
+
+TEST(GgufReader, RejectsBadAndTruncatedFiles) {
+  testing::TempDir dir;
+  testing::write_file(dir / "bad.gguf", std::string(64, 'x'));
+  EXPECT_THROW(read_gguf(dir / "bad.gguf"), Error);
+  EXPECT_THROW(read_gguf(dir / "none.gguf"), Error);
+  write_random_model(*find_model_preset("tiny"), dir / "m", init_options());
+  export_gguf(dir / "m", dir / "m.gguf");
+  const std::string full = testing::read_file(dir / "m.gguf");
+  // Cut inside the metadata, and inside the tensor data.
+  testing::write_file(dir / "t1.gguf", full.substr(0, 5000));
+  EXPECT_THROW(read_gguf(dir / "t1.gguf"), Error);
+  testing::write_file(dir / "t2.gguf", full.substr(0, full.size() - 1000));
+  EXPECT_THROW(read_gguf(dir / "t2.gguf"), Error);
+}
+
+TEST(GgufCli, ExportGgufCommand) {
+  const std::filesystem::path blend = BLEND_BINARY;
+  if (!std::filesystem::exists(blend)) GTEST_SKIP() << "blend binary not built: " << blend;
+  testing::TempDir dir;
+  write_random_model(*find_model_preset("tiny"), dir / "m", init_options());
+  const auto ok =
+      testing::run_command(blend.string() + " model export-gguf --model " + (dir / "m").string() +
+                           " --out " + (dir / "m.gguf").string() + " --dtype f16 2>&1");
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_NE(ok.output.find("GGUF"), std::string::npos) << ok.output;
+  const GgufFile g = read_gguf(dir / "m.gguf");
+  EXPECT_EQ(g.at("general.file_type").u, 1u);
+  const auto bad_dtype =
+      testing::run_command(blend.string() + " model export-gguf --model " + (dir / "m").string() +
+                           " --out " + (dir / "x.gguf").string() + " --dtype q4 2>&1");
+  EXPECT_NE(bad_dtype.exit_code, 0);
+  EXPECT_FALSE(std::filesystem::exists(dir / "x.gguf"));
+  const auto missing = testing::run_command(blend.string() + " model export-gguf --model " +
+                                            (dir / "nope").string() + " --out " +
+                                            (dir / "y.gguf").string() + " 2>&1");
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_NE(missing.output.find("nope"), std::string::npos) << missing.output;
+}
 
 }  // namespace
 }  // namespace blend

@@ -18,13 +18,14 @@ TEST(ModelPresets, OneTableForInitAndTheCostModel) {
     EXPECT_EQ(find_model_shape(p.name)->to_json(), p.config.to_json()) << p.name;
     EXPECT_EQ(find_model_preset(p.name).has_value(), p.materialisable) << p.name;
   }
-  EXPECT_EQ(
-      model_preset_names(),
-      (std::vector<std::string>{"tiny", "smollm-135m", "llama-3.2-1b", "tiny-qwen3", "qwen3-0.6b",
-                                "tiny-qwen2", "qwen2.5-0.5b", "tiny-phi3", "phi4-mini"}));
+  EXPECT_EQ(model_preset_names(),
+            (std::vector<std::string>{"tiny", "smollm-135m", "llama-3.2-1b", "tiny-qwen3",
+                                      "qwen3-0.6b", "tiny-qwen2", "qwen2.5-0.5b", "tiny-phi3",
+                                      "phi4-mini", "tiny-gemma2", "tiny-gemma3", "gemma3-1b-6l"}));
   EXPECT_EQ(shape_only_preset_names(),
             (std::vector<std::string>{"llama-3-8b", "llama-3-70b", "llama-2-7b", "qwen2.5-7b",
-                                      "qwen2.5-72b", "qwen3-8b", "phi3-mini", "deepseek-67b"}));
+                                      "qwen2.5-72b", "qwen3-8b", "phi3-mini", "gemma2-9b",
+                                      "gemma3-27b", "deepseek-67b"}));
   EXPECT_EQ(large_model_preset_names(), (std::vector<std::string>{"llama-3-8b", "llama-3-70b"}));
   EXPECT_FALSE(find_model_shape("opt-13b").has_value());  // the cost model's own OPT formula
   // Figures the cost model reads, pinned: Llama-3-8B's 8.03B parameters, Qwen2.5-7B's bias.
@@ -46,6 +47,8 @@ TEST(ModelPresets, OneTableForInitAndTheCostModel) {
   // final norm (the preset's vocabulary is Llama-3's).
   EXPECT_EQ(phi4.num_parameters() - phi4.vocab_size * phi4.hidden_size - phi4.hidden_size,
             3836021760 - 200064 * 3072 - 3072);
+  // Gemma-2-9B's 9,241,705,984 (four norms a layer, tied head).
+  EXPECT_EQ(find_model_shape("gemma2-9b")->num_parameters(), 9241705984);
 }
 
 // `model init --allow-large` writes the shapes with the Llama-3 vocabulary, with the Llama-3

@@ -60,6 +60,24 @@ TEST(BindLlamaTensors, Qwen3BindsEachLayersHeadNorms) {
   EXPECT_EQ(check_tensors(m.config, m.store), DType::kF32);
 }
 
+// Gemma's post_attention_layernorm is the attention output's norm; the MLP's input norm is
+// pre_feedforward_layernorm, and its output has one more.
+TEST(BindLlamaTensors, GemmaBindsItsFourNormsALayer) {
+  const auto& m = test_model("gemma2", DType::kF32);
+  const LlamaTensors t = bind_llama_tensors(m.config, m.store);
+  auto get = [&](const char* suffix) { return &m.store.get(layer_tensor_name(1, suffix)); };
+  EXPECT_EQ(t.layers[1].post_attention_norm, get("post_attention_layernorm.weight"));
+  EXPECT_EQ(t.layers[1].ffn_norm, get("pre_feedforward_layernorm.weight"));
+  EXPECT_EQ(t.layers[1].post_ffn_norm, get("post_feedforward_layernorm.weight"));
+  EXPECT_EQ(t.lm_head, t.embedding);  // tied
+  EXPECT_EQ(check_tensors(m.config, m.store), DType::kF32);
+  EXPECT_EQ(bind_llama_tensors(test_model("base", DType::kF32).config,
+                               test_model("base", DType::kF32).store)
+                .layers[0]
+                .post_ffn_norm,
+            nullptr);
+}
+
 std::string check_error(const ModelConfig& config, const TensorStore& store) {
   try {
     check_tensors(config, store);
@@ -118,6 +136,14 @@ TEST(CheckTensors, ATensorTheConfigDoesNotUseIsRefusedByName) {
   EXPECT_NE(check_error(one_layer, base.store).find("model.layers.1."), std::string::npos)
       << check_error(one_layer, base.store);
   EXPECT_EQ(check_error(base.config, base.store), "");
+  // A Gemma checkpoint read as Llama would skip its extra norms.
+  const auto& gemma = test_model("gemma2", DType::kF32);
+  ModelConfig gemma_as_llama = gemma.config;
+  gemma_as_llama.gemma = GemmaSettings{};
+  EXPECT_NE(
+      check_error(gemma_as_llama, gemma.store).find("feedforward_layernorm.weight' is not used"),
+      std::string::npos)
+      << check_error(gemma_as_llama, gemma.store);
 }
 
 }  // namespace

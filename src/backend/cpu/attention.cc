@@ -125,6 +125,7 @@ struct Scratch {
   std::vector<int64_t> lo, hi;          // [rows] attended key positions, inclusive
   std::vector<int64_t> active, ja, jb;  // rows that see the current block, their key ranges
   std::vector<float> kt, v;             // one key block: [D][16] keys transposed, [16][D] values
+  float softcap = 0;                    // AttentionShape::softcap of the item
   void reserve(int64_t rows, int64_t d) {
     if (static_cast<int64_t>(m.size()) < rows) {
       q.resize(rows * d);
@@ -141,10 +142,11 @@ Item prepare(const ForwardBatch& batch, const AttentionItem& it, const float* qk
              const AttentionShape& sh, Scratch& s) {
   const int64_t d = sh.head_dim, group = sh.num_heads / sh.num_kv_heads;
   const SeqChunk& c = batch.chunks[it.chunk];
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const float scale = sh.scale > 0 ? sh.scale : 1.0f / std::sqrt(static_cast<float>(d));
   Item item;
   item.rows = it.count * group;
   s.reserve(item.rows, d);
+  s.softcap = sh.softcap;
   int64_t min_lo = std::numeric_limits<int64_t>::max();
   for (int64_t t = 0; t < it.count; ++t) {
     const int64_t tok = c.token_offset + it.first + t;
@@ -278,6 +280,8 @@ void run_item_portable(const ForwardBatch& batch, const AttentionItem& it, const
       float mb = -std::numeric_limits<float>::infinity();
       for (int j = 0; j < kBlock; ++j)
         sc[j] = (part[0][j] + part[1][j]) + (part[2][j] + part[3][j]);
+      if (s.softcap > 0)
+        for (int j = 0; j < kBlock; ++j) sc[j] = softcap(sc[j], s.softcap);
       for (int64_t j = ja; j <= jb; ++j) mb = std::max(mb, sc[j]);
       const float m_new = std::max(s.m[r], mb);
       const float alpha = std::isinf(s.m[r]) ? 0.0f : exp_out_of_line(s.m[r] - m_new);
@@ -471,6 +475,15 @@ BLEND_TARGET_AVX512 inline void pv_group(const float (*p)[kBlock], int64_t a, in
   }
 }
 
+// ops.h softcap() on each of 16 scores, lane by lane (the scalar function, so both kernels
+// cap alike).
+BLEND_TARGET_AVX512 inline __m512 softcap16(__m512 x, float cap) {
+  alignas(64) float lanes[kBlock];
+  _mm512_store_ps(lanes, x);
+  for (float& v : lanes) v = softcap(v, cap);
+  return _mm512_load_ps(lanes);
+}
+
 // G active rows (indices `rows`, key ranges [ja, jb] within the block) against one block.
 template <typename T, int NV, int G>
 BLEND_TARGET_AVX512 void group_block(Scratch& s, const BlockView<T>& b, const int64_t* rows,
@@ -484,6 +497,8 @@ BLEND_TARGET_AVX512 void group_block(Scratch& s, const BlockView<T>& b, const in
   }
   __m512 sc[G];
   scores<T, G>(q, d, b, sc);
+  if (s.softcap > 0)
+    for (int g = 0; g < G; ++g) sc[g] = softcap16(sc[g], s.softcap);
   alignas(64) float p[G][kBlock];
   int64_t lo = 0, hi = kBlock - 1;  // keys every row of the group attends to
   for (int g = 0; g < G; ++g) {

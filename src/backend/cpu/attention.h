@@ -68,6 +68,10 @@ struct AttentionShape {
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
   int64_t sliding_window = 0;  // 0: full causal attention
+  float scale = 0;             // of q.k; 0: 1 / sqrt(head_dim) (Gemma: query_pre_attn_scalar^-1/2)
+  // Scores -> softcap * tanh(scores / softcap) before the softmax (Gemma 2); 0: none. Applied
+  // to each score on its own, so a query's result stays a function of its keys alone.
+  float softcap = 0;
 };
 
 // One unit of parallel work: some consecutive tokens of one chunk, for one KV head (and the
@@ -87,9 +91,9 @@ std::vector<AttentionItem> plan_attention(const ForwardBatch& batch, const Atten
 void write_kv(const ForwardBatch& batch, const float* qkv, int64_t stride, int64_t k_col,
               int64_t v_col, int64_t layer, KvCache& cache, int threads);
 
-// out[t][h * head_dim + d] (dtype out_dtype, num_heads * head_dim per token) = softmax(q k^T /
-// sqrt(head_dim)) v over the sequence's cached positions [window start, position of t]. q is
-// at column 0 of qkv rows.
+// out[t][h * head_dim + d] (dtype out_dtype, num_heads * head_dim per token) = softmax(q k^T x
+// scale, soft-capped when the shape says) v over the sequence's cached positions [window start,
+// position of t]. q is at column 0 of qkv rows.
 void paged_attention(const ForwardBatch& batch, const std::vector<AttentionItem>& items,
                      const float* qkv, int64_t stride, int64_t layer, const KvCache& cache,
                      const AttentionShape& shape, DType out_dtype, void* out, int threads);

@@ -66,6 +66,7 @@ Chain BlockLoader::load(const TensorStore& store, const LoraAdapter* adapter) {
     parts.insert(parts.end(), qkv.begin(), qkv.end());
     parts.insert(parts.end(), bias.begin(), bias.end());
     if (layer.q_norm) parts.insert(parts.end(), {layer.q_norm, layer.k_norm});
+    if (layer.post_attention_norm) parts.push_back(layer.post_attention_norm);
     const auto qkv_factors = factors({LoraModule::kQ, LoraModule::kK, LoraModule::kV});
     const auto o_factors = factors({LoraModule::kO});
     chain.attention.push_back(shared(blocks_.attentions, Kind::kAttention, parts,
@@ -76,6 +77,8 @@ Chain BlockLoader::load(const TensorStore& store, const LoraAdapter* adapter) {
                                          block->q_norm = load_norm(*layer.q_norm);
                                          block->k_norm = load_norm(*layer.k_norm);
                                        }
+                                       if (layer.post_attention_norm)
+                                         block->post_norm = load_norm(*layer.post_attention_norm);
                                        block->qkv = linear(Kind::kQkv, qkv, bias);
                                        block->o = linear(Kind::kO, {o});
                                        block->qkv_lora = lora(qkv_factors, qkv, adapter);
@@ -90,10 +93,13 @@ Chain BlockLoader::load(const TensorStore& store, const LoraAdapter* adapter) {
     std::vector<const TensorView*> ffn_parts{mlp_norm};
     ffn_parts.insert(ffn_parts.end(), gate_up.begin(), gate_up.end());
     ffn_parts.push_back(down);
+    if (layer.post_ffn_norm) ffn_parts.push_back(layer.post_ffn_norm);
     chain.ffn.push_back(shared(blocks_.ffns, Kind::kFfn, ffn_parts,
                                lora_key(gate_up_factors, down_factors, adapter), [&] {
                                  auto block = std::make_unique<FfnBlock>();
                                  block->norm = load_norm(*mlp_norm);
+                                 if (layer.post_ffn_norm)
+                                   block->post_norm = load_norm(*layer.post_ffn_norm);
                                  block->gate_up = linear(Kind::kGateUp, gate_up);
                                  block->down = linear(Kind::kDown, {down});
                                  block->gate_up_lora = lora(gate_up_factors, gate_up, adapter);
@@ -165,11 +171,15 @@ std::shared_ptr<Linear> BlockLoader::linear(Kind kind, const std::vector<const T
   return slot;
 }
 
-// A norm's weights in f32, shared by every block holding the same tensor.
+// A norm's weights in f32, shared by every block holding the same tensor. Gemma's norms scale
+// by (1 + w), computed here once in f32 as transformers' Gemma RMSNorm computes it.
 std::shared_ptr<const std::vector<float>> BlockLoader::load_norm(const TensorView& norm) {
   auto& slot = norms_[id(&norm)];
   if (!slot) {
-    slot = std::make_shared<const std::vector<float>>(load_vector(norm));
+    std::vector<float> w = load_vector(norm);
+    if (config_.gemma.enabled)
+      for (float& v : w) v = 1.0f + v;
+    slot = std::make_shared<const std::vector<float>>(std::move(w));
     blocks_.stats.bytes += static_cast<int64_t>(norm.nbytes);
   }
   return slot;

@@ -41,11 +41,13 @@ struct LoraDelta {
 struct AttentionBlock {
   std::shared_ptr<const std::vector<float>> norm;
   std::shared_ptr<const std::vector<float>> q_norm, k_norm;  // per head (Qwen3), or null
+  std::shared_ptr<const std::vector<float>> post_norm;       // of the output (Gemma), or null
   std::shared_ptr<Linear> qkv, o;
   std::unique_ptr<LoraDelta> qkv_lora, o_lora;  // null without an adapter
 };
 struct FfnBlock {
   std::shared_ptr<const std::vector<float>> norm;
+  std::shared_ptr<const std::vector<float>> post_norm;  // of the output (Gemma), or null
   std::shared_ptr<Linear> gate_up, down;
   std::unique_ptr<LoraDelta> gate_up_lora, down_lora;
 };

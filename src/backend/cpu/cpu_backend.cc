@@ -122,6 +122,8 @@ class CpuBackendImpl final : public CpuBackend {
     ModelId model = 0;
   };
   void embed(const ForwardBatch& batch, const std::vector<RowRun>& runs, float* x) const;
+  // Gemma's attention scale, soft-capping and local RoPE (constructor).
+  void set_up_gemma();
   // One pass's operations, in the order backend/llama_forward.h gives them.
   struct StepOps;
   // Layers [first, last) of the batch (forward() runs them all). The stream enters from
@@ -160,11 +162,12 @@ class CpuBackendImpl final : public CpuBackend {
   GemmContext gemm_;
   cpu::BlockSet blocks_;  // the models' chains and the blocks they point to
   std::vector<double> inv_freq_;
-  double rope_scale_ = 1.0;  // cos and sin multiplier (longrope's attention factor)
+  double rope_scale_ = 1.0;             // cos and sin multiplier (longrope's attention factor)
+  std::vector<double> inv_freq_local_;  // Gemma 3's local layers' RoPE, or empty
   cpu::AttentionShape shape_;
   cpu::KvCache kv_;
   Scratch x_, xn_, qkv_, attn_, gu_, act_, cos_, sin_, logit_rows_, logit_tail_, run_in_, run_out_,
-      lora_t_, lora_in_;
+      lora_t_, lora_in_, post_, cos_local_, sin_local_;
   CpuOpTimes times_;
   int64_t kv_budget_ = 0;
 };
@@ -256,6 +259,20 @@ CpuBackendImpl::CpuBackendImpl(const ModelConfig& config,
             .num_kv_heads = config_.num_kv_heads,
             .head_dim = config_.head_dim,
             .sliding_window = config_.sliding_window.value_or(0)};
+  if (config_.gemma.enabled) set_up_gemma();
+}
+
+void CpuBackendImpl::set_up_gemma() {
+  const GemmaSettings& g = config_.gemma;
+  // transformers: scaling = query_pre_attn_scalar ** -0.5 (a Python float), applied in f32.
+  shape_.scale = static_cast<float>(1.0 / std::sqrt(g.query_pre_attn_scalar));
+  shape_.softcap = static_cast<float>(g.attn_logit_softcapping);
+  if (g.rope_local_theta) {
+    ModelConfig local = config_;  // Gemma3RotaryEmbedding of the local layers: unscaled
+    local.rope_theta = *g.rope_local_theta;
+    local.rope_scaling = RopeScaling{};
+    inv_freq_local_ = rope_inv_freq(local);
+  }
 }
 
 void CpuBackendImpl::allocate_kv(int64_t num_pages) {
@@ -431,6 +448,13 @@ struct CpuBackendImpl::StepOps {
   void attention(int64_t layer);
   void swiglu();
   void head();
+  // Gemma: the output of a layer's attention or MLP (in `post`) through that block's own norm,
+  // then added to the residual.
+  void post_norm(size_t layer, bool attention);
+  // The RoPE tables of a layer: Gemma 3's local ones on its sliding layers.
+  bool local_rope(int64_t layer) const {
+    return !b.inv_freq_local_.empty() && config.gemma.sliding_layers[static_cast<size_t>(layer)];
+  }
 
   CpuBackendImpl& b;
   const ForwardBatch& batch;
@@ -450,6 +474,9 @@ struct CpuBackendImpl::StepOps {
   void* act;
   float* cos;
   float* sin;
+  float* post = nullptr;  // Gemma's attention / MLP output before its norm
+  float* cos_local = nullptr;
+  float* sin_local = nullptr;
   std::vector<RowRun> runs;
   std::vector<cpu::AttentionItem> items;
   double t;  // when the last op ended (CpuOpTimes)
@@ -511,6 +538,11 @@ CpuBackendImpl::StepOps::StepOps(CpuBackendImpl& backend, const ForwardBatch& st
   act = b.act_.get(mp * f * es);
   cos = b.cos_.get<float>(m * half * 4);
   sin = b.sin_.get<float>(m * half * 4);
+  if (config.gemma.enabled) post = b.post_.get<float>(mp * h * 4);
+  if (!b.inv_freq_local_.empty()) {
+    cos_local = b.cos_local_.get<float>(m * half * 4);
+    sin_local = b.sin_local_.get<float>(m * half * 4);
+  }
   runs = model_runs(step_batch);
 }
 
@@ -519,11 +551,21 @@ void CpuBackendImpl::StepOps::embed() {
     b.embed(batch, runs, x);
   else
     std::memcpy(x, hidden_in.data(), m * h * 4);
+  if (hidden_in.empty() && config.gemma.enabled) {
+    // Gemma scales the embeddings by sqrt(hidden_size), a tensor of the activations' dtype.
+    float normalizer = std::sqrt(static_cast<float>(h));
+    if (b.compute_ == DType::kBF16) normalizer = bf16_to_f32(f32_to_bf16(normalizer));
+#pragma omp parallel for num_threads(b.threads_) schedule(static)
+    for (int64_t i = 0; i < m * h; ++i) x[i] *= normalizer;
+  }
   std::memset(x + m * h, 0, (mp - m) * h * 4);
   b.zero_rows(xn, m, mp, h);
   b.zero_rows(attn, m, mp, qd);
   b.zero_rows(act, m, mp, f);
   cpu::rope_tables(batch.positions.data(), m, b.inv_freq_, cos, sin, b.threads_, b.rope_scale_);
+  if (cos_local)
+    cpu::rope_tables(batch.positions.data(), m, b.inv_freq_local_, cos_local, sin_local,
+                     b.threads_);
   items = cpu::plan_attention(batch, b.shape_);
   lap(b.times_.embed);
 }
@@ -560,13 +602,16 @@ void CpuBackendImpl::StepOps::project(int64_t layer, llama::Projection which) {
   };
   auto weights = [&](const Chain& c) { return parts(c).first; };
   const void* in = which == P::kO ? attn : which == P::kDown ? act : xn;
-  float* out = which == P::kQkv ? qkv : which == P::kGateUp ? gu : x;
-  const bool residual = which == P::kO || which == P::kDown;
+  // Gemma's outputs pass a norm before the residual add (post_norm below).
+  const bool to_residual = which == P::kO || which == P::kDown;
+  const bool residual = to_residual && !post;
+  float* out = which == P::kQkv ? qkv : which == P::kGateUp ? gu : residual ? x : post;
   // Base projections run over the rows of every block sharing them, adapters on their own.
   for (const RowRun& run : runs_of(l, attention, weights))
     b.linear(*weights(chain(run)), in, run, m, out, residual);
   for (const RowRun& run : runs_of(l, attention))
     if (const LoraDelta* delta = parts(chain(run)).second) b.lora(*delta, in, run, m, out);
+  if (to_residual && post) post_norm(l, attention);
   CpuOpTimes& times = b.times_;
   lap(which == P::kQkv      ? times.qkv
       : which == P::kO      ? times.o_proj
@@ -593,26 +638,48 @@ void CpuBackendImpl::StepOps::qk_norm(int64_t layer) {
   lap(b.times_.norm);
 }
 
+void CpuBackendImpl::StepOps::post_norm(size_t l, bool attention) {
+  for (const RowRun& run : runs_of(l, attention)) {
+    const Chain& c = chain(run);
+    const float* weight =
+        attention ? c.attention[l]->post_norm->data() : c.ffn[l]->post_norm->data();
+    float* rows = post + run.begin * h;
+    const int64_t n = (run.end - run.begin) * h;
+    cpu::rmsnorm(rows, h, run.end - run.begin, h, weight, eps, DType::kF32, rows, b.threads_);
+    float* dst = x + run.begin * h;
+#pragma omp parallel for num_threads(b.threads_) schedule(static)
+    for (int64_t i = 0; i < n; ++i) dst[i] += rows[i];
+  }
+}
+
 void CpuBackendImpl::StepOps::rope_write_kv(int64_t layer) {
+  const bool local = local_rope(layer);
+  const float* cs = local ? cos_local : cos;
+  const float* sn = local ? sin_local : sin;
 #pragma omp parallel for num_threads(b.threads_) schedule(static)
   for (int64_t i = 0; i < m; ++i) {
     float* row = qkv + i * nqkv;
     const int64_t d = config.head_dim;
-    cpu::rope_apply(row, config.num_heads, d, half, cos + i * half, sin + i * half);
-    cpu::rope_apply(row + qd, config.num_kv_heads, d, half, cos + i * half, sin + i * half);
+    cpu::rope_apply(row, config.num_heads, d, half, cs + i * half, sn + i * half);
+    cpu::rope_apply(row + qd, config.num_kv_heads, d, half, cs + i * half, sn + i * half);
   }
   cpu::write_kv(batch, qkv, nqkv, qd, qd + kvd, layer, b.kv_, b.threads_);
   lap(b.times_.rope_kv);
 }
 
 void CpuBackendImpl::StepOps::attention(int64_t layer) {
-  cpu::paged_attention(batch, items, qkv, nqkv, layer, b.kv_, b.shape_, b.compute_, attn,
-                       b.threads_);
+  cpu::AttentionShape shape = b.shape_;
+  if (config.gemma.enabled)
+    shape.sliding_window = config.gemma.sliding(layer) ? config.gemma.sliding_window : 0;
+  cpu::paged_attention(batch, items, qkv, nqkv, layer, b.kv_, shape, b.compute_, attn, b.threads_);
   lap(b.times_.attention);
 }
 
 void CpuBackendImpl::StepOps::swiglu() {
-  cpu::swiglu(gu, m, f, b.compute_, act, b.threads_);
+  if (config.gemma.enabled)
+    cpu::geglu_tanh(gu, m, f, b.compute_, act, b.threads_);
+  else
+    cpu::swiglu(gu, m, f, b.compute_, act, b.threads_);
   lap(b.times_.act);
 }
 
@@ -660,6 +727,8 @@ void CpuBackendImpl::StepOps::head() {
         std::memcpy(logits.data() + (run.begin + full) * vocab, tail, (n - full) * vocab * 4);
       }
     }
+    if (const double cap = config.gemma.final_logit_softcapping; cap > 0)
+      cpu::softcap_rows(logits.data(), r, vocab, static_cast<float>(cap), b.threads_);
   }
   lap(b.times_.lm_head);
 }

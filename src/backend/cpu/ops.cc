@@ -41,6 +41,51 @@ BLEND_MULTIVERSION void swiglu_row(const float* gate, const float* up, int64_t n
   }
 }
 
+BLEND_MULTIVERSION void geglu_tanh_row(const float* gate, const float* up, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = gelu_tanh(gate[i]) * up[i];
+}
+
+// Near saturation (|y| >= 4) tanh itself: there the capped logits round to the cap or one ulp
+// below it, where many ids tie, and the greedy token must be the one tanh's rounding picks.
+BLEND_MULTIVERSION void softcap_row(float* x, int64_t n, float cap) {
+  constexpr int64_t kPiece = 1024;
+  float y[kPiece];
+  for (int64_t i0 = 0; i0 < n; i0 += kPiece) {
+    const int64_t m = std::min(kPiece, n - i0);
+    float* xs = x + i0;
+    for (int64_t i = 0; i < m; ++i) {
+      y[i] = xs[i] / cap;
+      xs[i] = tanh_approx(y[i]) * cap;
+    }
+    for (int64_t i = 0; i < m; ++i)
+      if (std::abs(y[i]) >= 4.0f) xs[i] = std::tanh(y[i]) * cap;
+  }
+}
+
+// out[r] = act(gate, up) of each row's halves, rounded to out_dtype in pieces that keep the
+// bf16 scratch on the stack.
+template <typename Row>
+void gated(const float* gate_up, int64_t rows, int64_t f, DType out_dtype, void* out, int threads,
+           Row row) {
+  const size_t esize = dtype_size(out_dtype);
+  constexpr int64_t kPiece = 2048;  // columns per step
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = gate_up + r * 2 * f;
+    auto* o = static_cast<std::byte*>(out) + r * f * esize;
+    if (out_dtype == DType::kF32) {
+      row(g, g + f, f, reinterpret_cast<float*>(o));
+      continue;
+    }
+    float tmp[kPiece];
+    for (int64_t i = 0; i < f; i += kPiece) {
+      const int64_t n = std::min(kPiece, f - i);
+      row(g + i, g + f + i, n, tmp);
+      store_f32_as_bf16(tmp, n, reinterpret_cast<uint16_t*>(o) + i);
+    }
+  }
+}
+
 BLEND_MULTIVERSION void rope_head(float* x, int64_t half, const float* cos, const float* sin) {
   float* a = x;
   float* b = x + half;
@@ -99,23 +144,17 @@ void rmsnorm(const float* x, int64_t x_stride, int64_t rows, int64_t dim, const 
 
 void swiglu(const float* gate_up, int64_t rows, int64_t f, DType out_dtype, void* out,
             int threads) {
-  const size_t esize = dtype_size(out_dtype);
-  constexpr int64_t kPiece = 2048;  // columns per step, so the bf16 scratch stays on the stack
+  gated(gate_up, rows, f, out_dtype, out, threads, swiglu_row);
+}
+
+void geglu_tanh(const float* gate_up, int64_t rows, int64_t f, DType out_dtype, void* out,
+                int threads) {
+  gated(gate_up, rows, f, out_dtype, out, threads, geglu_tanh_row);
+}
+
+void softcap_rows(float* x, int64_t rows, int64_t cols, float cap, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* g = gate_up + r * 2 * f;
-    auto* o = static_cast<std::byte*>(out) + r * f * esize;
-    if (out_dtype == DType::kF32) {
-      swiglu_row(g, g + f, f, reinterpret_cast<float*>(o));
-      continue;
-    }
-    float tmp[kPiece];
-    for (int64_t i = 0; i < f; i += kPiece) {
-      const int64_t n = std::min(kPiece, f - i);
-      swiglu_row(g + i, g + f + i, n, tmp);
-      store_f32_as_bf16(tmp, n, reinterpret_cast<uint16_t*>(o) + i);
-    }
-  }
+  for (int64_t r = 0; r < rows; ++r) softcap_row(x + r * cols, cols, cap);
 }
 
 void rope_tables(const int32_t* positions, int64_t n, const std::vector<double>& inv_freq,

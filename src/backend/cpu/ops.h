@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -45,6 +46,41 @@ void rmsnorm(const float* x, int64_t x_stride, int64_t rows, int64_t dim, const 
 
 // out[r][i] = silu(gate_up[r][i]) * gate_up[r][f + i] for i < f (gate and up halves of one row).
 void swiglu(const float* gate_up, int64_t rows, int64_t f, DType out_dtype, void* out, int threads);
+
+// GELU with the tanh approximation, as torch's gelu(approximate="tanh") computes it in f32
+// (transformers' gelu_pytorch_tanh): 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))).
+inline float gelu_tanh(float x) {
+  constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
+  constexpr float kKappa = 0.044715f;
+  const float inner = kBeta * (x + kKappa * x * x * x);
+  return 0.5f * x * (1.0f + std::tanh(inner));
+}
+
+// out[r][i] = gelu_tanh(gate_up[r][i]) * gate_up[r][f + i] (Gemma's GeGLU), as swiglu.
+void geglu_tanh(const float* gate_up, int64_t rows, int64_t f, DType out_dtype, void* out,
+                int threads);
+
+// Soft-capping (Gemma 2): x[i] = cap * tanh(x[i] / cap), computed as transformers does it (a
+// division, tanh, a product), each element on its own.
+inline float softcap(float x, float cap) {
+  return std::tanh(x / cap) * cap;
+}
+
+// tanh in plain arithmetic that vectorises, within 2e-6 of tanh relative (tested): an odd
+// Taylor polynomial below |y| = 1/16, (1 - e) / (1 + e) with e = exp(-2|y|) above.
+inline float tanh_approx(float y) {
+  const float a = std::abs(y);
+  const float y2 = y * y;
+  const float small = y * (1.0f + y2 * (-1.0f / 3 + y2 * (2.0f / 15 + y2 * (-17.0f / 315))));
+  const float e = exp_approx(-2.0f * a);
+  const float large = std::copysign((1.0f - e) / (1.0f + e), y);
+  return a < 0.0625f ? small : large;
+}
+
+// softcap() over `rows` rows of `cols` (the final logits), with tanh_approx below |x / cap| = 4
+// and tanh above: a scalar tanh on each logit of a 128K vocabulary cost more than a tiny
+// model's layers. Each row is computed alone, so its bits do not depend on the rows beside it.
+void softcap_rows(float* x, int64_t rows, int64_t cols, float cap, int threads);
 
 // cos and sin of position * inv_freq[i], [n][half] each, computed in double then rounded.
 // Both are multiplied by `scale` first (longrope's attention factor; 1 leaves them exact).

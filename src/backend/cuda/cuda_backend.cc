@@ -84,9 +84,13 @@ CudaBackendImpl::CudaBackendImpl(const ModelConfig& config, const TensorStore& s
 }
 
 void CudaBackendImpl::load(const TensorStore& store, const BackendOptions& options) {
-  // Checked on a GPU against transformers: Llama, Qwen2, Mistral. Qwen3's per-head q/k norms
-  // have no kernel yet (refused before
-  // looking for a GPU, so the refusal is tested without one).
+  // Checked on a GPU against transformers: Llama, Qwen2, Mistral. Gemma's layer and Qwen3's
+  // per-head q/k norms have no kernels yet (refused before looking for a GPU, so the refusal is
+  // tested without one).
+  if (config_.gemma.enabled)
+    throw Error("cuda backend: " + config_.architecture +
+                " ((1 + w) norms, GeGLU, per-layer windows, soft-capping) is not supported on the "
+                "GPU yet; use --backend cpu");
   if (config_.qk_norm)
     throw Error("cuda backend: " + config_.architecture +
                 " (per-head q/k norms) is not supported on the GPU yet; use --backend cpu");
