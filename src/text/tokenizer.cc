@@ -12,7 +12,20 @@ namespace blend {
 using namespace tok;
 
 void Tokenizer::Impl::encode_section(std::string_view text, std::vector<int32_t>& out) const {
-  if (!text.empty()) split_and_encode(text, 0, out);
+  if (text.empty()) return;
+  if (normal_forms.empty()) {
+    split_and_encode(text, 0, out);
+    return;
+  }
+  // Text already in the form (all ASCII, most text) passes the quick-check without a copy.
+  std::string normalized;
+  std::string_view current = text;
+  for (const NormalForm form : normal_forms) {
+    if (is_normalized_quick(current, form)) continue;
+    normalized = normalize(current, form);
+    current = normalized;
+  }
+  split_and_encode(current, 0, out);
 }
 
 void Tokenizer::Impl::split_and_encode(std::string_view text, size_t step,

@@ -24,8 +24,9 @@
 // A Tokenizer is immutable after loading; encode() and decode() may run on many threads at once.
 // Each thread keeps a small private cache of recent pieces per tokenizer (no locks).
 //
-// Supported tokenizer.json shapes: model.type BPE with a byte-level vocabulary; normalizer null
-// or NFC (NFC is not applied: text is taken to be NFC already, which is what clients send);
+// Supported tokenizer.json shapes: model.type BPE with a byte-level vocabulary; normalizer null,
+// NFC, NFD, NFKC or NFKD, alone or in a Sequence (text/unicode_normalize.h; applied to each
+// section between added tokens, as Hugging Face does for added tokens with normalized=false);
 // pre_tokenizer Split / Digits / ByteLevel(add_prefix_space=false) alone or in a Sequence; decoder
 // ByteLevel or null. Anything else is a blend::Error naming the file (and the field, for a wrong
 // JSON type). SentencePiece-style files (Llama 2, Mistral 7B v0.x: byte_fallback, Metaspace,

@@ -16,6 +16,7 @@
 #include "text/bpe_tables.h"
 #include "text/pretokenizer.h"
 #include "text/tokenizer.h"
+#include "text/unicode_normalize.h"
 
 namespace blend {
 
@@ -53,6 +54,7 @@ struct Tokenizer::Impl {
   std::vector<bool> special;
   std::vector<std::unique_ptr<tok::Regex>> splits;  // applied in order; none: one piece per section
   bool ignore_merges = false;
+  std::vector<tok::NormalForm> normal_forms;  // the normalizer: applied in order to each section
   std::string bos, eos;
   uint64_t serial = tok::next_tokenizer_serial.fetch_add(1);
 
@@ -62,6 +64,7 @@ struct Tokenizer::Impl {
   void load_merges(std::vector<std::pair<std::string, std::string>> list, const std::string& where);
   void load_added_tokens(const nlohmann::json& added, const std::string& where);
   void load_pipeline(const nlohmann::json& tokenizer_json, const std::string& where);
+  void load_normalizer(const nlohmann::json& normalizer, const std::string& where);
 
   void encode_section(std::string_view text, std::vector<int32_t>& out) const;
   void split_and_encode(std::string_view text, size_t step, std::vector<int32_t>& out) const;

@@ -430,14 +430,24 @@ void Tokenizer::Impl::load_added_tokens(const json& added_json, const std::strin
   }
 }
 
+// Normalizer: none, a Unicode normal form, or a Sequence of them (DeepSeek-V3's is empty).
+void Tokenizer::Impl::load_normalizer(const json& norm, const std::string& where) {
+  if (norm.is_null()) return;
+  const std::string type = norm.is_object() ? text(norm, "type", where, "normalizer.") : "";
+  if (type == "Sequence") {
+    if (!norm.contains("normalizers") || !norm["normalizers"].is_array())
+      throw Error(where + ": Sequence normalizer without 'normalizers'");
+    for (const auto& n : norm["normalizers"]) load_normalizer(n, where);
+    return;
+  }
+  const std::optional<NormalForm> form = normal_form_named(type);
+  if (!form) throw Error(where + ": unsupported normalizer " + norm.dump().substr(0, 200));
+  normal_forms.push_back(*form);
+}
+
 // Normalizer, pre-tokenizer and decoder: the supported ones, or an error naming what is not.
 void Tokenizer::Impl::load_pipeline(const json& j, const std::string& where) {
-  // Normalizer: none, or NFC (taken as already applied; see the header).
-  if (j.contains("normalizer") && !j["normalizer"].is_null()) {
-    const json& norm = j["normalizer"];
-    if (!norm.is_object() || text(norm, "type", where, "normalizer.") != "NFC")
-      throw Error(where + ": unsupported normalizer " + norm.dump().substr(0, 200));
-  }
+  if (j.contains("normalizer")) load_normalizer(j["normalizer"], where);
 
   // Pre-tokenizer: Split(regex or string, Isolated), Digits, ByteLevel; alone or in a Sequence.
   const json& pre = j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json();
