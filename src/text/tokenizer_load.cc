@@ -1,6 +1,7 @@
 // Loading a tokenizer.json (and tokenizer_config.json) into a Tokenizer.
 #include <algorithm>
 #include <limits>
+#include <unordered_map>
 
 #include <nlohmann/json.hpp>
 
@@ -348,16 +349,26 @@ void Tokenizer::Impl::load_vocab(std::vector<std::pair<std::string, int64_t>> vo
   std::array<int16_t, 512> u2b;
   u2b.fill(-1);
   for (size_t b = 0; b < 256; ++b) u2b[b2u[b]] = static_cast<int16_t>(b);
+  // A special token may also be a vocabulary entry of the same id, as DeepSeek-V3's are: its
+  // text is not byte-level; load_added_tokens() fills the entry, as transformers does.
+  std::unordered_map<std::string_view, int64_t> added_ids;
+  for (const auto& a : added_json)
+    added_ids.emplace(a["content"].get_ref<const std::string&>(), a["id"].get<int64_t>());
   for (auto& [tok, id64] : vocab) {
     const auto id = static_cast<size_t>(id64);
     std::string raw;
     raw.reserve(tok.size());
-    for (size_t i = 0; i < tok.size();) {
+    bool byte_level = true;
+    for (size_t i = 0; i < tok.size() && byte_level;) {
       const uint32_t cp = next_code_point(tok, i);
-      if (cp >= u2b.size() || u2b[cp] < 0)
-        throw Error(where + ": vocabulary entry '" + tok +
-                    "' is not byte-level (only byte-level BPE is supported)");
-      raw.push_back(static_cast<char>(u2b[cp]));
+      byte_level = cp < u2b.size() && u2b[cp] >= 0;
+      if (byte_level) raw.push_back(static_cast<char>(u2b[cp]));
+    }
+    if (!byte_level) {
+      const auto as_added = added_ids.find(tok);
+      if (as_added != added_ids.end() && as_added->second == id64) continue;
+      throw Error(where + ": vocabulary entry '" + tok +
+                  "' is not byte-level (only byte-level BPE is supported)");
     }
     if (!id_to_bytes[id].empty())
       throw Error(where + ": token id " + std::to_string(id) + " is used twice");

@@ -48,7 +48,8 @@ TEST_P(FamilyParity, MatchesTheJavaScriptTokenizer) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Packages, FamilyParity, ::testing::Values("qwen3", "gptoss"));
+INSTANTIATE_TEST_SUITE_P(Packages, FamilyParity,
+                         ::testing::Values("qwen3", "deepseek_v3", "gptoss"));
 
 // The case: "e" + U+0301 is "é" once Qwen's NFC normalizer has run, one token as in
 // transformers (it was two before, the normalizer being taken as already applied).
@@ -66,6 +67,22 @@ TEST(FamilyParity, QwenDecodesToTheNfcOfItsInput) {
   const Tokenizer tok = Tokenizer::from_dir(npm_tokenizer_dir("qwen3"));
   for (const std::string& text : corpus("normalizer_corpus.json"))
     EXPECT_EQ(tok.decode(tok.encode(text)), tok::normalize(text, tok::NormalForm::kNFC)) << text;
+}
+
+// DeepSeek-V3's special tokens are also vocabulary entries of the same ids, in text that is not
+// byte-level ("<｜begin▁of▁sentence｜>"): loading refused them before; they are the added tokens.
+TEST(FamilyParity, DeepSeekSpecialTokensThatAreVocabularyEntries) {
+  const Tokenizer tok = Tokenizer::from_dir(npm_tokenizer_dir("deepseek_v3"));
+  const std::string bos =
+      "<\xef\xbd\x9c"
+      "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>";
+  ASSERT_EQ(tok.bos_token(), bos);
+  const std::vector<int32_t> ids = tok.encode(bos + "Hi");
+  ASSERT_FALSE(ids.empty());
+  EXPECT_EQ(ids[0], tok.token_id(bos));
+  EXPECT_TRUE(tok.is_special(ids[0]));
+  EXPECT_EQ(tok.decode(ids), bos + "Hi");
+  EXPECT_EQ(tok.decode(ids, /*skip_special=*/true), "Hi");
 }
 
 }  // namespace
