@@ -208,6 +208,10 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) c
   return sanitize_utf8(bytes);
 }
 
+std::vector<int32_t> Tokenizer::add_special_tokens(std::vector<int32_t> ids) const {
+  return impl_->post_processor.apply(std::move(ids));
+}
+
 std::string_view Tokenizer::token_text(int32_t id) const {
   if (id < 0 || static_cast<size_t>(id) >= impl_->id_to_text.size()) return {};
   return impl_->id_to_text[static_cast<size_t>(id)];

@@ -28,9 +28,10 @@
 // NFC, NFD, NFKC or NFKD, alone or in a Sequence (text/unicode_normalize.h; applied to each
 // section between added tokens, as Hugging Face does for added tokens with normalized=false);
 // pre_tokenizer Split / Digits / ByteLevel(add_prefix_space=false) alone or in a Sequence; decoder
-// ByteLevel or null. Anything else is a blend::Error naming the file (and the field, for a wrong
-// JSON type). SentencePiece-style files (Llama 2, Mistral 7B v0.x: byte_fallback, Metaspace,
-// U+2581 normalizers, ByteFallback decoders) are refused when loaded, naming what they use.
+// ByteLevel or null; post_processor as text/post_processor.h says. Anything else is a blend::Error
+// naming the file (and the field, for a wrong JSON type). SentencePiece-style files (Llama 2,
+// Mistral 7B v0.x: byte_fallback, Metaspace, U+2581 normalizers, ByteFallback decoders) are refused
+// when loaded, naming what they use.
 #pragma once
 
 #include <cstdint>
@@ -58,6 +59,10 @@ class Tokenizer {
   // parse_special: special tokens written in the text ("<|eot_id|>") become their ids.
   std::vector<int32_t> encode(std::string_view text, bool parse_special = true) const;
   std::string decode(std::span<const int32_t> ids, bool skip_special = false) const;
+  // ids with the special tokens tokenizer.json's post-processor adds to a single sequence, as
+  // transformers' add_special_tokens=True does (text/post_processor.h: Meta's Llama-3.x files
+  // put BOS first). A BOS the ids already start with is not added twice.
+  std::vector<int32_t> add_special_tokens(std::vector<int32_t> ids) const;
 
   // The token as tokenizer.json writes it: byte-level form for the vocabulary ("Ġhello"), the
   // content for added tokens. Empty for ids with no token.

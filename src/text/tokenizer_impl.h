@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "text/bpe_tables.h"
+#include "text/post_processor.h"
 #include "text/pretokenizer.h"
 #include "text/tokenizer.h"
 #include "text/unicode_normalize.h"
@@ -55,6 +56,7 @@ struct Tokenizer::Impl {
   std::vector<std::unique_ptr<tok::Regex>> splits;  // applied in order; none: one piece per section
   bool ignore_merges = false;
   std::vector<tok::NormalForm> normal_forms;  // the normalizer: applied in order to each section
+  tok::PostProcessor post_processor;          // add_special_tokens' prefix and suffix
   std::string bos, eos;
   uint64_t serial = tok::next_tokenizer_serial.fetch_add(1);
 

@@ -307,6 +307,14 @@ Tokenizer Tokenizer::load(const std::filesystem::path& tokenizer_json,
   impl->load_merges(std::move(file.merges), where);
   impl->load_added_tokens(added_json, where);
   impl->load_pipeline(j, where);
+  const Impl& loaded = *impl;
+  impl->post_processor = load_post_processor(
+      j.contains("post_processor") ? j["post_processor"] : json(),
+      [&loaded](std::string_view token) -> std::optional<int32_t> {
+        const int32_t id = loaded.by_text.find(token);
+        return id < 0 ? std::nullopt : std::optional<int32_t>(id);
+      },
+      where);
   if (!tokenizer_config_json.empty()) {
     const json c = read_json(tokenizer_config_json);
     if (!c.is_object()) throw Error(tokenizer_config_json.string() + ": not a JSON object");
