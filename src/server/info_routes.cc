@@ -78,6 +78,8 @@ void Server::Impl::tokenize(const httplib::Request& req, httplib::Response& res)
     if (chat == body.contains("prompt"))
       throw ApiError(400, "give either 'prompt' or 'messages'", chat ? "messages" : "prompt");
     json request = {{chat ? "messages" : "prompt", body[chat ? "messages" : "prompt"]}};
+    if (body.contains("add_special_tokens"))
+      request["add_special_tokens"] = body["add_special_tokens"];
     if (!chat && !body["prompt"].is_string())
       throw ApiError(400, "'prompt' must be a string", "prompt");
     bool token_strs = false;
@@ -86,7 +88,8 @@ void Server::Impl::tokenize(const httplib::Request& req, httplib::Response& res)
       token_strs = t->get<bool>();
     }
     for (const auto& [key, value] : body.items())
-      if (key != "model" && key != "prompt" && key != "messages" && key != "return_token_strs")
+      if (key != "model" && key != "prompt" && key != "messages" && key != "return_token_strs" &&
+          key != "add_special_tokens")
         throw ApiError(400, "'" + key + "' is not supported by /tokenize", key);
     RequestLimits limits;
     limits.max_prompt_bytes = served[static_cast<size_t>(model)].max_prompt_bytes;

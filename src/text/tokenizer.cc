@@ -18,7 +18,19 @@ void Tokenizer::Impl::encode_section(std::string_view text, std::vector<int32_t>
     sp_encode_section(text, first_section, out);
     return;
   }
-  split_and_encode(text, 0, out);
+  if (normal_forms.empty()) {
+    split_and_encode(text, 0, out);
+    return;
+  }
+  // Text already in the form (all ASCII, most text) passes the quick-check without a copy.
+  std::string normalized;
+  std::string_view current = text;
+  for (const NormalForm form : normal_forms) {
+    if (is_normalized_quick(current, form)) continue;
+    normalized = tok::normalize(current, form);
+    current = normalized;
+  }
+  split_and_encode(current, 0, out);
 }
 
 void Tokenizer::Impl::split_and_encode(std::string_view text, size_t step,
@@ -207,6 +219,10 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) c
     impl_->append_decoded(id, first, strip_left, bytes);
   }
   return sanitize_utf8(bytes);
+}
+
+std::vector<int32_t> Tokenizer::add_special_tokens(std::vector<int32_t> ids) const {
+  return impl_->post_processor.apply(std::move(ids));
 }
 
 std::string_view Tokenizer::token_text(int32_t id) const {

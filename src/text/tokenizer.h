@@ -29,16 +29,18 @@
 // A Tokenizer is immutable after loading; encode() and decode() may run on many threads at once.
 // Each thread keeps a small private cache of recent pieces per tokenizer (no locks).
 //
-// Supported tokenizer.json shapes: model.type BPE with a byte-level vocabulary; normalizer null
-// or NFC (NFC is not applied: text is taken to be NFC already, which is what clients send);
+// Supported tokenizer.json shapes: model.type BPE with a byte-level vocabulary; normalizer null,
+// NFC, NFD, NFKC or NFKD, alone or in a Sequence (text/unicode_normalize.h; applied to each
+// section between added tokens, as Hugging Face does for added tokens with normalized=false);
 // pre_tokenizer Split (Isolated or MergedWithPrevious) / Digits / ByteLevel(add_prefix_space=
-// false) alone or in a Sequence; decoder ByteLevel or null. And SentencePiece-style BPE (Llama 2,
-// Mistral 7B v0.x, Gemma; sentencepiece.cc): a vocabulary of text pieces with spaces as U+2581,
-// BPE over characters, `byte_fallback` to <0xNN> tokens, `unk_token` and `fuse_unk`; normalizers
-// Replace (String pattern) / Prepend / Strip in a Sequence; the Metaspace pre-tokenizer
-// (replacement, prepend_scheme, split); decoders Replace / ByteFallback / Fuse / Strip /
-// Metaspace in a Sequence. Anything else is a blend::Error naming the file and what it uses (and
-// the field, for a wrong JSON type).
+// false) alone or in a Sequence; decoder ByteLevel or null; post_processor as
+// text/post_processor.h says. And SentencePiece-style BPE (Llama 2, Mistral 7B v0.x, Gemma;
+// sentencepiece.cc): a vocabulary of text pieces with spaces as U+2581, BPE over characters,
+// `byte_fallback` to <0xNN> tokens, `unk_token` and `fuse_unk`; normalizers Replace (String
+// pattern) / Prepend / Strip in a Sequence (a Unicode form among them is refused); the Metaspace
+// pre-tokenizer (replacement, prepend_scheme, split); decoders Replace / ByteFallback / Fuse /
+// Strip / Metaspace in a Sequence. Anything else is a blend::Error naming the file and what it
+// uses (and the field, for a wrong JSON type).
 #pragma once
 
 #include <cstdint>
@@ -66,6 +68,10 @@ class Tokenizer {
   // parse_special: special tokens written in the text ("<|eot_id|>") become their ids.
   std::vector<int32_t> encode(std::string_view text, bool parse_special = true) const;
   std::string decode(std::span<const int32_t> ids, bool skip_special = false) const;
+  // ids with the special tokens tokenizer.json's post-processor adds to a single sequence, as
+  // transformers' add_special_tokens=True does (text/post_processor.h: Meta's Llama-3.x files
+  // put BOS first). A BOS the ids already start with is not added twice.
+  std::vector<int32_t> add_special_tokens(std::vector<int32_t> ids) const;
 
   // The token as tokenizer.json writes it: byte-level form for the vocabulary ("Ġhello"), the
   // content for added tokens. Empty for ids with no token.

@@ -16,8 +16,10 @@
 #include <nlohmann/json.hpp>
 
 #include "text/bpe_tables.h"
+#include "text/post_processor.h"
 #include "text/pretokenizer.h"
 #include "text/tokenizer.h"
+#include "text/unicode_normalize.h"
 
 namespace blend {
 
@@ -91,6 +93,8 @@ struct Tokenizer::Impl {
   bool ignore_merges = false;
   // Split steps with behavior MergedWithPrevious (the match ends its piece); parallel to splits.
   std::vector<bool> split_merges_with_previous;
+  std::vector<tok::NormalForm> normal_forms;  // the normalizer: applied in order to each section
+  tok::PostProcessor post_processor;          // add_special_tokens' prefix and suffix
   std::string bos, eos;
 
   // SentencePiece-style BPE (sentencepiece.cc): a vocabulary of text pieces (spaces as U+2581)
@@ -145,6 +149,7 @@ struct Tokenizer::Impl {
   void load_merges(std::vector<std::pair<std::string, std::string>> list, const std::string& where);
   void load_added_tokens(const nlohmann::json& added, const std::string& where);
   void load_pipeline(const nlohmann::json& tokenizer_json, const std::string& where);
+  void load_normalizer(const nlohmann::json& normalizer, const std::string& where);
 
   // first_section: the text starts the input (Metaspace's prepend_scheme "first").
   void encode_section(std::string_view text, std::vector<int32_t>& out, bool first_section) const;

@@ -1,6 +1,7 @@
 // Loading a tokenizer.json (and tokenizer_config.json) into a Tokenizer.
 #include <algorithm>
 #include <limits>
+#include <unordered_map>
 
 #include <nlohmann/json.hpp>
 
@@ -312,6 +313,14 @@ Tokenizer Tokenizer::load(const std::filesystem::path& tokenizer_json,
   impl->load_added_tokens(added_json, where);
   impl->load_pipeline(j, where);
   if (impl->sentencepiece) impl->finish_sentencepiece(where);
+  const Impl& loaded = *impl;
+  impl->post_processor = load_post_processor(
+      j.contains("post_processor") ? j["post_processor"] : json(),
+      [&loaded](std::string_view token) -> std::optional<int32_t> {
+        const int32_t id = loaded.by_text.find(token);
+        return id < 0 ? std::nullopt : std::optional<int32_t>(id);
+      },
+      where);
   if (!tokenizer_config_json.empty()) {
     const json c = read_json(tokenizer_config_json);
     if (!c.is_object()) throw Error(tokenizer_config_json.string() + ": not a JSON object");
@@ -358,16 +367,26 @@ void Tokenizer::Impl::load_vocab(std::vector<std::pair<std::string, int64_t>> vo
   std::array<int16_t, 512> u2b;
   u2b.fill(-1);
   for (size_t b = 0; b < 256; ++b) u2b[b2u[b]] = static_cast<int16_t>(b);
+  // A special token may also be a vocabulary entry of the same id, as DeepSeek-V3's are: its
+  // text is not byte-level; load_added_tokens() fills the entry, as transformers does.
+  std::unordered_map<std::string_view, int64_t> added_ids;
+  for (const auto& a : added_json)
+    added_ids.emplace(a["content"].get_ref<const std::string&>(), a["id"].get<int64_t>());
   for (auto& [tok, id64] : vocab) {
     const auto id = static_cast<size_t>(id64);
     std::string raw;
     raw.reserve(tok.size());
-    for (size_t i = 0; i < tok.size();) {
+    bool byte_level = true;
+    for (size_t i = 0; i < tok.size() && byte_level;) {
       const uint32_t cp = next_code_point(tok, i);
-      if (cp >= u2b.size() || u2b[cp] < 0)
-        throw Error(where + ": vocabulary entry '" + tok +
-                    "' is not byte-level (only byte-level BPE is supported)");
-      raw.push_back(static_cast<char>(u2b[cp]));
+      byte_level = cp < u2b.size() && u2b[cp] >= 0;
+      if (byte_level) raw.push_back(static_cast<char>(u2b[cp]));
+    }
+    if (!byte_level) {
+      const auto as_added = added_ids.find(tok);
+      if (as_added != added_ids.end() && as_added->second == id64) continue;
+      throw Error(where + ": vocabulary entry '" + tok +
+                  "' is not byte-level (only byte-level BPE is supported)");
     }
     if (!id_to_bytes[id].empty())
       throw Error(where + ": token id " + std::to_string(id) + " is used twice");
@@ -441,17 +460,29 @@ void Tokenizer::Impl::load_added_tokens(const json& added_json, const std::strin
   }
 }
 
+// Normalizer: none, a Unicode normal form, or a Sequence of them (DeepSeek-V3's is empty).
+void Tokenizer::Impl::load_normalizer(const json& norm, const std::string& where) {
+  if (norm.is_null()) return;
+  const std::string type = norm.is_object() ? text(norm, "type", where, "normalizer.") : "";
+  if (type == "Sequence") {
+    if (!norm.contains("normalizers") || !norm["normalizers"].is_array())
+      throw Error(where + ": Sequence normalizer without 'normalizers'");
+    for (const auto& n : norm["normalizers"]) load_normalizer(n, where);
+    return;
+  }
+  const std::optional<NormalForm> form = normal_form_named(type);
+  if (!form) throw Error(where + ": unsupported normalizer " + norm.dump().substr(0, 200));
+  normal_forms.push_back(*form);
+}
+
 // Normalizer, pre-tokenizer and decoder: the supported ones, or an error naming what is not.
 void Tokenizer::Impl::load_pipeline(const json& j, const std::string& where) {
-  // Normalizer: none, or NFC (taken as already applied; see the header); SentencePiece's
-  // Replace / Prepend / Strip (sentencepiece.cc).
-  if (sentencepiece && j.contains("normalizer") && !j["normalizer"].is_null()) {
+  // Normalizer: SentencePiece's Replace / Prepend / Strip (sentencepiece.cc), or else none, a
+  // Unicode normal form or a Sequence of them.
+  if (sentencepiece && j.contains("normalizer") && !j["normalizer"].is_null())
     load_normalizers(j["normalizer"], where);
-  } else if (j.contains("normalizer") && !j["normalizer"].is_null()) {
-    const json& norm = j["normalizer"];
-    if (!norm.is_object() || text(norm, "type", where, "normalizer.") != "NFC")
-      throw Error(where + ": unsupported normalizer " + norm.dump().substr(0, 200));
-  }
+  else if (j.contains("normalizer"))
+    load_normalizer(j["normalizer"], where);
 
   // Pre-tokenizer: Split(regex or string, Isolated), Digits, ByteLevel; alone or in a Sequence.
   const json& pre = j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json();

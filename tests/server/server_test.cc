@@ -1694,7 +1694,7 @@ TEST_F(ServerTest, VersionModelByIdTokenizeAndDetokenize) {
   EXPECT_EQ(text.substr(text.size() - 11), "Hello there") << text;
   post(c, "/detokenize", {{"tokens", {1, -5}}}, &status);
   EXPECT_EQ(status, 400);
-  post(c, "/tokenize", {{"prompt", "x"}, {"add_special_tokens", false}}, &status);
+  post(c, "/tokenize", {{"prompt", "x"}, {"add_bos", false}}, &status);
   EXPECT_EQ(status, 400) << "an unknown field is refused, not ignored";
   const json unknown = post(c, "/tokenize", {{"model", "other"}, {"prompt", "x"}}, &status);
   EXPECT_EQ(status, 404);

