@@ -72,17 +72,19 @@ json completion_logprobs(std::span<const SampledToken> tokens, const Tokenizer& 
           {"text_offset", offsets}};
 }
 
-json prompt_logprobs_json(std::span<const TokenId> prompt, std::span<const PromptLogprob> scored,
-                          const Tokenizer& tokenizer, bool tokens_as_ids) {
+json prompt_logprobs_json(std::span<const PromptLogprob> scored, const Tokenizer& tokenizer,
+                          bool tokens_as_ids) {
+  auto entry = [&](TokenId id, float logprob, int32_t rank) {
+    return json{{"logprob", logprob},
+                {"rank", rank},
+                {"decoded_token", token_name(tokenizer, id, tokens_as_ids)}};
+  };
   json out = json::array();
-  if (prompt.empty()) return out;
-  out.push_back(nullptr);
   for (const PromptLogprob& p : scored) {
-    auto entry = [&](TokenId id, float logprob, int32_t rank) {
-      return json{{"logprob", logprob},
-                  {"rank", rank},
-                  {"decoded_token", token_name(tokenizer, id, tokens_as_ids)}};
-    };
+    if (p.rank == 0) {  // nothing before it to score it
+      out.push_back(nullptr);
+      continue;
+    }
     json position = json::object();
     position[std::to_string(p.token)] = entry(p.token, p.logprob, p.rank);
     for (size_t i = 0; i < p.top.size(); ++i)
@@ -93,23 +95,21 @@ json prompt_logprobs_json(std::span<const TokenId> prompt, std::span<const Promp
   return out;
 }
 
-json echo_completion_logprobs(std::span<const TokenId> prompt,
-                              std::span<const PromptLogprob> scored, int32_t top,
+json echo_completion_logprobs(std::span<const PromptLogprob> scored, int32_t top,
                               std::span<const SampledToken> tokens, const Tokenizer& tokenizer,
                               size_t completion_offset, bool tokens_as_ids) {
   json strings = json::array(), token_logprobs = json::array(), alternatives = json::array(),
        offsets = json::array();
   size_t offset = 0;
-  for (size_t i = 0; i < prompt.size(); ++i) {
-    strings.push_back(token_name(tokenizer, prompt[i], tokens_as_ids));
+  for (const PromptLogprob& p : scored) {
+    strings.push_back(token_name(tokenizer, p.token, tokens_as_ids));
     offsets.push_back(offset);
-    offset += token_string(tokenizer, prompt[i]).size();
-    if (i == 0 || i - 1 >= scored.size()) {  // nothing before the first token to score it
+    offset += token_string(tokenizer, p.token).size();
+    if (p.rank == 0) {  // nothing before it to score it
       token_logprobs.push_back(nullptr);
       alternatives.push_back(nullptr);
       continue;
     }
-    const PromptLogprob& p = scored[i - 1];
     token_logprobs.push_back(p.logprob);
     json alts = json::object();
     const size_t n = std::min(p.top.size(), static_cast<size_t>(std::max(0, top)));

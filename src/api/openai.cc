@@ -634,9 +634,9 @@ json make_response(const ApiRequest& request, std::span<const GenerationResult> 
     if (request.params.logprobs && chat)
       logprobs = chat_logprobs(result.logprobs, tokenizer, request.tokens_as_ids);
     else if (request.echo_logprobs && echo)
-      logprobs = echo_completion_logprobs(request.prompt_at(prompt), result.prompt_logprobs,
-                                          *request.params.logprobs, result.logprobs, tokenizer,
-                                          echo->size(), request.tokens_as_ids);
+      logprobs =
+          echo_completion_logprobs(result.prompt_logprobs, *request.params.logprobs,
+                                   result.logprobs, tokenizer, echo->size(), request.tokens_as_ids);
     else if (request.params.logprobs)
       logprobs = completion_logprobs(result.logprobs, tokenizer, 0, nullptr, request.tokens_as_ids);
     json choice = {{"index", result.index},
@@ -660,8 +660,8 @@ json make_response(const ApiRequest& request, std::span<const GenerationResult> 
     } else {
       choice["text"] = echo ? *echo + result.text : result.text;
       if (request.params.prompt_logprobs)  // vLLM: in each completions choice
-        choice["prompt_logprobs"] = prompt_logprobs_json(
-            request.prompt_at(prompt), result.prompt_logprobs, tokenizer, request.tokens_as_ids);
+        choice["prompt_logprobs"] =
+            prompt_logprobs_json(result.prompt_logprobs, tokenizer, request.tokens_as_ids);
     }
     choices.push_back(std::move(choice));
   }
@@ -674,9 +674,9 @@ json make_response(const ApiRequest& request, std::span<const GenerationResult> 
   // vLLM: chat's beside the choices, of its one prompt.
   if (chat && request.params.prompt_logprobs)
     response["prompt_logprobs"] =
-        ordered.empty() ? json(nullptr)
-                        : prompt_logprobs_json(request.prompt, ordered[0]->prompt_logprobs,
-                                               tokenizer, request.tokens_as_ids);
+        ordered.empty()
+            ? json(nullptr)
+            : prompt_logprobs_json(ordered[0]->prompt_logprobs, tokenizer, request.tokens_as_ids);
   return response;
 }
 

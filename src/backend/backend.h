@@ -154,7 +154,7 @@ class Backend {
   // (prompt_logprobs): the cpu backend does; others keep only the sampled rows' logits.
   virtual bool scores_every_row() const { return false; }
   // After wait(): the waited step's prompt logprobs, one list per StepInput::scoring entry in
-  // its order (next.size() entries each).
+  // its order (next.size() entries each, entry i scoring next[i]).
   std::vector<std::vector<PromptLogprob>> take_prompt_logprobs() { return std::move(scored_); }
   // Whether launch() returns before the step is computed. The engine then plans step i+1 while
   // step i runs and sees step i's tokens (an EOS among them) one step late.

@@ -83,7 +83,7 @@ struct SampledToken {
 
 // One prompt token scored by the model given the tokens before it (vLLM's prompt_logprobs):
 // its log-softmax, its rank (1 + the tokens with a higher logit) and the most likely tokens
-// there, each of rank i + 1 in `top`.
+// there, each of rank i + 1 in `top`. Rank 0: not scored (a prompt's first token).
 inline constexpr int32_t kMaxPromptLogprobs = 20;  // vLLM's default max_logprobs
 struct PromptLogprob {
   TokenId token = 0;

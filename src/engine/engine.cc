@@ -56,8 +56,9 @@ struct Engine::Active {
   std::string text;
   size_t max_stop_len = 0;
   std::vector<SampledToken> logprobs;
-  // SamplingParams::prompt_logprobs: entry p scores prompt token p + 1, written as the steps
-  // computing position p are collected (again, to the same values, after a preemption).
+  // SamplingParams::prompt_logprobs: entry p scores prompt token p (p >= 1), written as the
+  // steps computing position p - 1 are collected (again, to the same values, after a
+  // preemption); entry 0 holds the first token unscored.
   std::vector<PromptLogprob> prompt_logprobs;
   bool stopped_by_string = false;
   StopReason stop_reason;  // GenerationResult::stop_reason
@@ -332,7 +333,10 @@ SeqId Engine::submit(GenerationRequest request, Callback on_done, TokenCallback 
   for (const auto& s : p.stop) a->max_stop_len = std::max(a->max_stop_len, s.size());
   if (p.min_tokens > 0) a->min_tokens_mask = min_tokens_mask(request.model, p);
   if (p.constraint) a->matcher = p.constraint->start();
-  if (p.prompt_logprobs) a->prompt_logprobs.resize(static_cast<size_t>(prompt_len - 1));
+  if (p.prompt_logprobs) {
+    a->prompt_logprobs.resize(static_cast<size_t>(prompt_len));
+    a->prompt_logprobs[0].token = a->seq.tokens[0];
+  }
   stats_.prompt_tokens += prompt_len;
 
   Active& ref = *a;
@@ -588,7 +592,8 @@ void Engine::collect_prompt_logprobs(const InFlight& step) {
     auto it = active_.find(step.scoring_seqs[s].first);
     if (it == active_.end()) continue;  // cancelled meanwhile
     std::vector<PromptLogprob>& out = it->second->prompt_logprobs;
-    const auto first = static_cast<size_t>(step.scoring_seqs[s].second);
+    // Position p's row scores token p + 1.
+    const auto first = static_cast<size_t>(step.scoring_seqs[s].second) + 1;
     for (size_t i = 0; i < scored[s].size() && first + i < out.size(); ++i)
       out[first + i] = std::move(scored[s][i]);
   }

@@ -25,7 +25,7 @@ class PromptLogprobsApiTest : public Llama3TextTest {
     return "<no error>";
   }
   // A finished result for the prompt "Hello, my" (9906 11 856) that generated " dog" (5679),
-  // its two scored prompt tokens with `top` alternatives each.
+  // its first token unscored, the two others with two alternatives each.
   static GenerationResult scored_result() {
     GenerationResult r;
     r.prompt_tokens = 3;
@@ -33,7 +33,8 @@ class PromptLogprobsApiTest : public Llama3TextTest {
     r.tokens = {5679};
     r.finish = FinishReason::kLength;
     r.logprobs = {{5679, -0.75f, {{5679, -0.75f}}}};
-    r.prompt_logprobs = {{11, -1.5f, 2, {{856, -0.5f}, {11, -1.5f}}},
+    r.prompt_logprobs = {{9906, 0.0f, 0, {}},
+                         {11, -1.5f, 2, {{856, -0.5f}, {11, -1.5f}}},
                          {856, -3.0f, 7, {{11, -0.25f}, {9906, -1.0f}}}};
     return r;
   }
@@ -89,7 +90,8 @@ TEST_F(PromptLogprobsApiTest, ResponsesCarryPromptLogprobsInVllmsShape) {
   r = parse(Endpoint::kChatCompletions, std::string(kChat) + R"("prompt_logprobs":2})");
   GenerationResult chat = res;
   chat.prompt_tokens = static_cast<int32_t>(r.prompt.size());
-  chat.prompt_logprobs.assign(r.prompt.size() - 1, res.prompt_logprobs[0]);
+  chat.prompt_logprobs.assign(r.prompt.size(), res.prompt_logprobs[1]);
+  chat.prompt_logprobs[0] = res.prompt_logprobs[0];
   const json body = make_response(r, chat, "c", "m", 1, *tokenizer_);
   ASSERT_TRUE(body["prompt_logprobs"].is_array());
   EXPECT_EQ(body["prompt_logprobs"].size(), r.prompt.size());
@@ -116,8 +118,8 @@ TEST_F(PromptLogprobsApiTest, EchoWithLogprobsPutsThePromptTokensFirst) {
             4);
   EXPECT_FALSE(parse(Endpoint::kCompletions, R"({"prompt":"x","echo":true})").echo_logprobs);
   GenerationResult res = scored_result();
-  res.prompt_logprobs[0].top.resize(1);
   res.prompt_logprobs[1].top.resize(1);
+  res.prompt_logprobs[2].top.resize(1);
   const json choice = make_response(r, res, "c", "m", 1, *tokenizer_)["choices"][0];
   EXPECT_EQ(choice["text"], "Hello, my dog");
   const json& lp = choice["logprobs"];

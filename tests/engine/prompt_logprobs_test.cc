@@ -66,13 +66,13 @@ class PromptLogprobsTest : public ::testing::TestWithParam<bool> {
                           const std::string& what) {
     ASSERT_EQ(a.size(), b.size()) << what;
     for (size_t i = 0; i < a.size(); ++i) {
-      EXPECT_EQ(a[i].token, b[i].token) << what << " position " << i + 1;
-      EXPECT_EQ(a[i].logprob, b[i].logprob) << what << " position " << i + 1;
-      EXPECT_EQ(a[i].rank, b[i].rank) << what << " position " << i + 1;
+      EXPECT_EQ(a[i].token, b[i].token) << what << " position " << i;
+      EXPECT_EQ(a[i].logprob, b[i].logprob) << what << " position " << i;
+      EXPECT_EQ(a[i].rank, b[i].rank) << what << " position " << i;
       ASSERT_EQ(a[i].top.size(), b[i].top.size()) << what;
       for (size_t k = 0; k < a[i].top.size(); ++k) {
-        EXPECT_EQ(a[i].top[k].token, b[i].top[k].token) << what << " position " << i + 1;
-        EXPECT_EQ(a[i].top[k].logprob, b[i].top[k].logprob) << what << " position " << i + 1;
+        EXPECT_EQ(a[i].top[k].token, b[i].top[k].token) << what << " position " << i;
+        EXPECT_EQ(a[i].top[k].logprob, b[i].top[k].logprob) << what << " position " << i;
       }
     }
   }
@@ -98,9 +98,12 @@ TEST_P(PromptLogprobsTest, PromptTokensScoreAsGreedyDecodingSampledThem) {
   GenerationRequest scored = request("scored", longer, 1, 3);
   scored.params.logprobs = 3;
   const GenerationResult s = run(options(), {scored})["scored"];
-  ASSERT_EQ(s.prompt_logprobs.size(), longer.size() - 1);  // every token but the first
+  ASSERT_EQ(s.prompt_logprobs.size(), longer.size());
+  EXPECT_EQ(s.prompt_logprobs[0].token, longer[0]);  // nothing before it to score it
+  EXPECT_EQ(s.prompt_logprobs[0].rank, 0);
+  EXPECT_TRUE(s.prompt_logprobs[0].top.empty());
   for (size_t p = 1; p < longer.size(); ++p) {
-    const PromptLogprob& e = s.prompt_logprobs[p - 1];
+    const PromptLogprob& e = s.prompt_logprobs[p];
     EXPECT_EQ(e.token, longer[p]);
     ASSERT_EQ(e.top.size(), 3u);
     EXPECT_GE(e.rank, 1);
@@ -112,7 +115,7 @@ TEST_P(PromptLogprobsTest, PromptTokensScoreAsGreedyDecodingSampledThem) {
     }
   }
   for (size_t i = 0; i < 3; ++i) {
-    const PromptLogprob& e = s.prompt_logprobs[base.size() - 1 + i];
+    const PromptLogprob& e = s.prompt_logprobs[base.size() + i];
     EXPECT_EQ(e.token, g.tokens[i]);
     EXPECT_EQ(e.logprob, g.logprobs[i].logprob) << i;
     EXPECT_EQ(e.rank, 1) << i;
@@ -126,7 +129,7 @@ TEST_P(PromptLogprobsTest, PromptTokensScoreAsGreedyDecodingSampledThem) {
   EXPECT_EQ(s.logprobs[0].logprob, g.logprobs[3].logprob);
   // The random prompt tokens are not the model's favourites: ranks past the top list occur.
   int past_top = 0;
-  for (size_t p = 1; p < base.size(); ++p) past_top += s.prompt_logprobs[p - 1].rank > 3;
+  for (size_t p = 1; p < base.size(); ++p) past_top += s.prompt_logprobs[p].rank > 3;
   EXPECT_GT(past_top, 0);
 }
 
@@ -135,7 +138,7 @@ TEST_P(PromptLogprobsTest, PromptTokensScoreAsGreedyDecodingSampledThem) {
 TEST_P(PromptLogprobsTest, ChunkedAndPreemptedPrefillsScoreEveryPositionAlike) {
   const std::vector<TokenId> long_prompt = prompt(7, 61);
   const GenerationResult whole = run(options(), {request("p", long_prompt, 3, 2)})["p"];
-  ASSERT_EQ(whole.prompt_logprobs.size(), 60u);
+  ASSERT_EQ(whole.prompt_logprobs.size(), 61u);
   EngineOptions chunked = options();
   chunked.scheduler.max_batch_tokens = 7;
   Engine engine(dir_->path(), chunked);
