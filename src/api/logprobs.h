@@ -29,4 +29,21 @@ nlohmann::json completion_logprobs(std::span<const SampledToken> tokens, const T
                                    size_t first_offset = 0, size_t* end_offset = nullptr,
                                    bool tokens_as_ids = false);
 
+// vLLM's prompt_logprobs of a prompt scored as `scored` (GenerationResult::prompt_logprobs, an
+// entry per prompt token): null for an unscored token (the first), then per token a dict
+// "<token id>" -> {logprob, rank, decoded_token} holding the token and its most likely
+// alternatives.
+nlohmann::json prompt_logprobs_json(std::span<const PromptLogprob> scored,
+                                    const Tokenizer& tokenizer, bool tokens_as_ids = false);
+
+// completion_logprobs with an echoed prompt first (OpenAI's legacy echo): the prompt's tokens
+// as `scored` holds them, an unscored one (the first) with a null logprob and null
+// alternatives, each other with its `top` most likely alternatives and itself; then the
+// completion's `tokens`, whose text_offset starts at `completion_offset` (the bytes of echoed
+// text before the completion).
+nlohmann::json echo_completion_logprobs(std::span<const PromptLogprob> scored, int32_t top,
+                                        std::span<const SampledToken> tokens,
+                                        const Tokenizer& tokenizer, size_t completion_offset,
+                                        bool tokens_as_ids = false);
+
 }  // namespace blend

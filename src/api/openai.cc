@@ -218,6 +218,8 @@ SamplingParams parse_sampling(Endpoint endpoint, const json& body, int32_t vocab
   if (p.repetition_penalty <= 0.0f)
     throw ApiError(400, "'repetition_penalty' must be > 0", "repetition_penalty");
   p.logit_bias = parse_logit_bias(body, vocab_size);
+  if (auto it = body.find("prompt_logprobs"); it != body.end() && !it->is_null())
+    p.prompt_logprobs = number_field<int32_t>(body, "prompt_logprobs", 0, 0, kMaxPromptLogprobs);
   if (endpoint == Endpoint::kCompletions) {
     if (auto it = body.find("logprobs"); it != body.end() && !it->is_null())
       p.logprobs = number_field<int32_t>(body, "logprobs", 0, 0, 20);
@@ -522,6 +524,9 @@ ApiRequest parse_api_request(Endpoint endpoint, const json& body, const Tokenize
                      "best_of");
   }
   r.stream = bool_field(body, "stream", false);
+  if (r.params.prompt_logprobs && r.stream)  // vLLM sends them in the first chunk: not built
+    throw ApiError(400, "'prompt_logprobs' with 'stream': true is not supported",
+                   "prompt_logprobs");
   r.tokens_as_ids = bool_field(body, "return_tokens_as_token_ids", false);
   for (auto [key, slot] : {std::pair{"ttft_slo", &r.ttft_slo}, std::pair{"tpot_slo", &r.tpot_slo}})
     if (body.contains(key) && !body[key].is_null())
@@ -550,12 +555,14 @@ ApiRequest parse_api_request(Endpoint endpoint, const json& body, const Tokenize
 
   if (endpoint == Endpoint::kCompletions) {
     const bool echo = bool_field(body, "echo", false);
-    // vLLM's echo with logprobs starts the logprobs with the prompt's own: not computed here.
-    if (echo && r.params.logprobs)
-      throw ApiError(400,
-                     "'echo' with 'logprobs' is not supported (it needs the prompt tokens' "
-                     "logprobs); send echo without logprobs",
-                     "echo");
+    // vLLM's echo with logprobs starts the logprobs with the prompt's own: the prompt is scored
+    // with as many alternatives (or prompt_logprobs' if more).
+    if (echo && r.params.logprobs) {
+      if (r.stream)
+        throw ApiError(400, "'echo' with 'logprobs' and 'stream': true is not supported", "echo");
+      r.echo_logprobs = true;
+      r.params.prompt_logprobs = std::max(r.params.prompt_logprobs.value_or(0), *r.params.logprobs);
+    }
     parse_completion_prompts(body, tokenizer, limits, echo, r);
     check_echo_bytes(r);
   } else {
@@ -635,11 +642,17 @@ json make_response(const ApiRequest& request, std::span<const GenerationResult> 
   json choices = json::array();
   for (const GenerationResult* sample : ordered) {
     const GenerationResult& result = *sample;
+    const auto prompt = static_cast<size_t>(result.index / std::max(request.n, 1));
+    const std::string* echo = prompt < request.echo.size() ? &request.echo[prompt] : nullptr;
     json logprobs = nullptr;
-    if (request.params.logprobs)
+    if (request.params.logprobs && chat)
+      logprobs = chat_logprobs(result.logprobs, tokenizer, request.tokens_as_ids);
+    else if (request.echo_logprobs && echo)
       logprobs =
-          chat ? chat_logprobs(result.logprobs, tokenizer, request.tokens_as_ids)
-               : completion_logprobs(result.logprobs, tokenizer, 0, nullptr, request.tokens_as_ids);
+          echo_completion_logprobs(result.prompt_logprobs, *request.params.logprobs,
+                                   result.logprobs, tokenizer, echo->size(), request.tokens_as_ids);
+    else if (request.params.logprobs)
+      logprobs = completion_logprobs(result.logprobs, tokenizer, 0, nullptr, request.tokens_as_ids);
     json choice = {{"index", result.index},
                    {"logprobs", logprobs},
                    {"finish_reason", finish_reason_name(result.finish)},
@@ -659,18 +672,26 @@ json make_response(const ApiRequest& request, std::span<const GenerationResult> 
     } else if (chat) {
       choice["message"] = {{"role", "assistant"}, {"content", result.text}};
     } else {
-      const auto prompt = static_cast<size_t>(result.index / std::max(request.n, 1));
-      choice["text"] =
-          prompt < request.echo.size() ? request.echo[prompt] + result.text : result.text;
+      choice["text"] = echo ? *echo + result.text : result.text;
+      if (request.params.prompt_logprobs)  // vLLM: in each completions choice
+        choice["prompt_logprobs"] =
+            prompt_logprobs_json(result.prompt_logprobs, tokenizer, request.tokens_as_ids);
     }
     choices.push_back(std::move(choice));
   }
-  return {{"id", response_id},
-          {"object", chat ? "chat.completion" : "text_completion"},
-          {"created", created},
-          {"model", model},
-          {"choices", std::move(choices)},
-          {"usage", make_usage(results, request.n)}};
+  json response = {{"id", response_id},
+                   {"object", chat ? "chat.completion" : "text_completion"},
+                   {"created", created},
+                   {"model", model},
+                   {"choices", std::move(choices)},
+                   {"usage", make_usage(results, request.n)}};
+  // vLLM: chat's beside the choices, of its one prompt.
+  if (chat && request.params.prompt_logprobs)
+    response["prompt_logprobs"] =
+        ordered.empty()
+            ? json(nullptr)
+            : prompt_logprobs_json(ordered[0]->prompt_logprobs, tokenizer, request.tokens_as_ids);
+  return response;
 }
 
 std::optional<ModelId> find_served_model(std::span<const ServedModel> models,

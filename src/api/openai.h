@@ -49,6 +49,9 @@ struct ApiRequest {
   // echo (completions): each prompt's text, prepended to the text of its choices (a prompt
   // given as token ids: their decoded text); empty without echo.
   std::vector<std::string> echo;
+  // echo with logprobs (completions): each choice's logprobs start with its prompt's tokens,
+  // scored through params.prompt_logprobs (the first token's logprob null, as OpenAI's).
+  bool echo_logprobs = false;
   SamplingParams params;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage

@@ -96,7 +96,7 @@ constexpr Field kFields[] = {
     {"logit_bias", kBoth, Kind::kImplemented, any_value, nullptr},
     {"n", kBoth, Kind::kImplemented, any_value, nullptr},              // 1 only
     {"best_of", kCompletions, Kind::kImplemented, any_value, nullptr}, // 1 only
-    {"echo", kBoth, Kind::kImplemented, any_value, nullptr},  // completions, without logprobs
+    {"echo", kBoth, Kind::kImplemented, any_value, nullptr},  // completions only
     {"stream", kBoth, Kind::kImplemented, any_value, nullptr},
     {"stream_options", kBoth, Kind::kImplemented, any_value, nullptr},
     {"add_generation_prompt", kChat, Kind::kImplemented, any_value, nullptr},  // vLLM
@@ -151,11 +151,9 @@ constexpr Field kFields[] = {
     {"add_special_tokens", kBoth, Kind::kImplemented, null_or_bool, nullptr},
     {"use_beam_search", kBoth, Kind::kRefused, null_or_false, "beam search is not supported"},
     {"length_penalty", kBoth, Kind::kRefused, null_or_one, "'length_penalty' is not supported"},
-    // Needs the logits of every prompt position: a per-chunk flag beside
-    // SeqChunk::wants_logits, honoured by each backend's head (the cpu one has it, as all_rows),
-    // the engine passing those rows to the sampler, and the prefix cache not reusing a prefix
-    // whose logits were never kept.
-    {"prompt_logprobs", kBoth, Kind::kRefused, null_only, "'prompt_logprobs' is not supported"},
+    // Every prompt row through the head (SeqChunk::all_logits); refused on a backend that keeps
+    // the sampled rows only (Engine::check_request).
+    {"prompt_logprobs", kBoth, Kind::kImplemented, any_value, nullptr},
     {"allowed_token_ids", kBoth, Kind::kRefused, null_or_empty,
      "'allowed_token_ids' is not supported"},
     {"bad_words", kBoth, Kind::kRefused, null_or_empty, "'bad_words' is not supported"},

@@ -89,9 +89,18 @@ void Backend::compute_steps_on_worker() {
 
 void Backend::launch(StepInput step) {
   if (launched_) throw Error("internal: " + name() + " backend: launch() before wait()");
-  if (static_cast<int32_t>(step.rows.size()) != step.batch.num_logit_rows())
+  if (static_cast<int32_t>(step.rows.size()) != step.batch.num_sample_rows())
     throw Error("internal: " + name() + " backend: " + std::to_string(step.rows.size()) +
-                " sample rows for " + std::to_string(step.batch.num_logit_rows()) + " logit rows");
+                " sample rows for " + std::to_string(step.batch.num_sample_rows()) +
+                " chunks that sample");
+  if (!scores_every_row() &&
+      (!step.scoring.empty() || step.batch.num_logit_rows() != step.batch.num_sample_rows()))
+    throw Error("internal: the " + name() + " backend does not compute prompt logprobs");
+  for (const PromptScoring& p : step.scoring)
+    if (p.chunk >= step.batch.chunks.size() || !step.batch.chunks[p.chunk].all_logits ||
+        p.next.size() > static_cast<size_t>(step.batch.chunks[p.chunk].num_tokens))
+      throw Error("internal: " + name() + " backend: prompt scoring of a chunk without its rows");
+  scored_.clear();
   pending_ = std::move(step);
   launched_ = true;
   if (worker_)
@@ -161,6 +170,7 @@ bool Backend::forward_draw(const ForwardBatch& batch, std::span<const DeviceDraw
 }
 
 void Backend::compute_step() {
+  if (!pending_.scoring.empty()) return compute_scoring_step();
   const std::vector<SampleRow>& rows = pending_.rows;
   if (const std::optional<std::vector<DeviceDraw>> draws = device_draws(rows)) {
     sampled_.assign(rows.size(), SampledToken{});
@@ -179,6 +189,51 @@ void Backend::compute_step() {
     sampled_[r] =
         sample_token(logits, *row.params, row.rng_seed,
                      static_cast<int64_t>(row.history.output.size()), row.history, row.allowed);
+  }
+}
+
+void Backend::compute_scoring_step() {
+  const ForwardBatch& batch = pending_.batch;
+  const size_t vocab = static_cast<size_t>(config().vocab_size);
+  logits_.resize(static_cast<size_t>(batch.num_logit_rows()) * vocab);
+  forward(batch, logits_);
+  // Each chunk's first logits row; a sampled row is its chunk's last.
+  std::vector<size_t> first_row(batch.chunks.size());
+  std::vector<size_t> sample_row;
+  size_t row = 0;
+  for (size_t c = 0; c < batch.chunks.size(); ++c) {
+    const SeqChunk& chunk = batch.chunks[c];
+    first_row[c] = row;
+    row += chunk.all_logits ? static_cast<size_t>(chunk.num_tokens) : chunk.wants_logits ? 1 : 0;
+    if (chunk.wants_logits) sample_row.push_back(row - 1);
+  }
+  auto logits_row = [&](size_t r) {
+    return std::span<const float>(logits_.data() + r * vocab, vocab);
+  };
+  const std::vector<SampleRow>& rows = pending_.rows;
+  sampled_.assign(rows.size(), SampledToken{});
+  scored_.assign(pending_.scoring.size(), {});
+  // (scoring entry, row within its chunk) pairs: every prompt row is scored on its own, in any
+  // order, as the sampled rows are.
+  std::vector<std::pair<size_t, size_t>> work;
+  for (size_t s = 0; s < pending_.scoring.size(); ++s) {
+    scored_[s].resize(pending_.scoring[s].next.size());
+    for (size_t i = 0; i < pending_.scoring[s].next.size(); ++i) work.emplace_back(s, i);
+  }
+  const auto n_sample = static_cast<int64_t>(rows.size());
+  const auto n_jobs = n_sample + static_cast<int64_t>(work.size());
+#pragma omp parallel for schedule(dynamic, 1) if (n_jobs > 1)
+  for (int64_t j = 0; j < n_jobs; ++j) {
+    if (j < n_sample) {
+      const SampleRow& r = rows[static_cast<size_t>(j)];
+      sampled_[static_cast<size_t>(j)] =
+          sample_token(logits_row(sample_row[static_cast<size_t>(j)]), *r.params, r.rng_seed,
+                       static_cast<int64_t>(r.history.output.size()), r.history, r.allowed);
+    } else {
+      const auto [s, i] = work[static_cast<size_t>(j - n_sample)];
+      const PromptScoring& p = pending_.scoring[s];
+      scored_[s][i] = score_token(logits_row(first_row[p.chunk] + i), p.next[i], p.top);
+    }
   }
 }
 

@@ -81,9 +81,19 @@ std::optional<std::vector<DeviceDraw>> device_draws(std::span<const SampleRow> r
 
 // What one engine step hands a backend: the batch to compute and the rows to sample. The
 // spans in `rows` point into the engine's sequences and stay valid until wait() returns.
+// prompt_logprobs of one all_logits chunk of a step (SeqChunk::all_logits): its row i scores
+// next[i], the prompt token after that row's, with the `top` most likely tokens there; rows
+// past next.size() score nothing.
+struct PromptScoring {
+  size_t chunk = 0;  // index into ForwardBatch::chunks
+  std::vector<TokenId> next;
+  int32_t top = 0;
+};
+
 struct StepInput {
   ForwardBatch batch;
   std::vector<SampleRow> rows;
+  std::vector<PromptScoring> scoring;  // empty unless a chunk has all_logits
 };
 
 // The weights a backend holds, and what they would take if no two models shared a block
@@ -147,6 +157,12 @@ class Backend {
   // logits, seed, output index and history: the result does not depend on the batch.
   virtual void launch(StepInput step);
   virtual std::vector<SampledToken> wait();
+  // Whether forward() honours SeqChunk::all_logits and launch() scores StepInput::scoring
+  // (prompt_logprobs): the cpu backend does; others keep only the sampled rows' logits.
+  virtual bool scores_every_row() const { return false; }
+  // After wait(): the waited step's prompt logprobs, one list per StepInput::scoring entry in
+  // its order (next.size() entries each, entry i scoring next[i]).
+  std::vector<std::vector<PromptLogprob>> take_prompt_logprobs() { return std::move(scored_); }
   // Whether launch() returns before the step is computed. The engine then plans step i+1 while
   // step i runs and sees step i's tokens (an EOS among them) one step late.
   virtual bool launch_overlaps() const { return worker_ != nullptr; }
@@ -218,11 +234,15 @@ class Backend {
 
  private:
   void compute_step();  // forward() and sampling of pending_ into sampled_
+  // compute_step for a step with prompt scoring: every row of its all_logits chunks on the
+  // host, sampled rows picked out of them.
+  void compute_scoring_step();
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
   StepInput pending_;  // the default launch/wait: the step launched and not yet waited for
   bool launched_ = false;
   std::vector<float> logits_;
   std::vector<SampledToken> sampled_;
+  std::vector<std::vector<PromptLogprob>> scored_;  // of pending_.scoring
   std::unique_ptr<StepWorker> worker_;  // null: launch() computes on the caller's thread
 };
 

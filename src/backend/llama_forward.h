@@ -17,6 +17,7 @@
 //     swiglu()                       silu(gate) * up -> act
 //     project(layer, kDown)          act -> x, added to the residual
 //   head()                           final RMSNorm and lm_head, for the rows that sample only
+//                                    (and every row of a chunk scoring its prompt: all_logits)
 //
 // `layer` indexes the model's chain of blocks (BlockLLM §4.2): a backend serving several models
 // resolves each row's block for that layer, so a chain is data the ops look up, not a loop of

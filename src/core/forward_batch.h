@@ -23,6 +23,9 @@ struct SeqChunk {
   // block_table[p / page_size], slot p % page_size.
   std::vector<PageId> block_table;
   bool wants_logits = false;  // produce logits for the chunk's last token
+  // prompt_logprobs: logits for every token of the chunk, in order (the last of them is the row
+  // wants_logits samples). Only a backend whose scores_every_row() is true takes it.
+  bool all_logits = false;
   // Fill direction per page (BROS §5 bidirectional pages, the paper's "direction table" of
   // the block table's shape): where reversed_pages[j] is set, the sequence's tokens occupy
   // block_table[j] from the last slot backwards, slot page_size - 1 - p % page_size, so that
@@ -51,7 +54,15 @@ struct ForwardBatch {
   std::vector<SeqChunk> chunks;
 
   int32_t num_tokens() const { return static_cast<int32_t>(tokens.size()); }
+  // Rows of logits forward() writes: every token of an all_logits chunk, the last token of
+  // another chunk that wants logits.
   int32_t num_logit_rows() const {
+    int32_t n = 0;
+    for (const auto& c : chunks) n += c.all_logits ? c.num_tokens : c.wants_logits ? 1 : 0;
+    return n;
+  }
+  // Rows that sample a token: one per chunk that wants logits.
+  int32_t num_sample_rows() const {
     int32_t n = 0;
     for (const auto& c : chunks) n += c.wants_logits ? 1 : 0;
     return n;

@@ -46,6 +46,9 @@ struct GenerationResult {
   FinishReason finish = FinishReason::kNone;
   StopReason stop_reason;
   std::vector<SampledToken> logprobs;  // one per generated token, when asked
+  // SamplingParams::prompt_logprobs: one entry per prompt token in order, when asked; the first
+  // token has no context to score it (its entry holds the token alone, rank 0).
+  std::vector<PromptLogprob> prompt_logprobs;
   int32_t num_preemptions = 0;
   int32_t cached_tokens = 0;  // prompt tokens served from the prefix cache
   int32_t index = 0;          // GenerationRequest::index

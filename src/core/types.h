@@ -40,6 +40,9 @@ struct SamplingParams {
   // leave no text; false writes them as they are spelled ("<|eot_id|>").
   bool skip_special_tokens = true;
   std::optional<int32_t> logprobs;  // number of top logprobs per token, when set
+  // vLLM's prompt_logprobs: each prompt token's logprob given the tokens before it, with this
+  // many top alternatives (GenerationResult::prompt_logprobs), when set.
+  std::optional<int32_t> prompt_logprobs;
   // Penalties over the tokens generated so far (OpenAI: presence/frequency, subtracted from a
   // logit once / once per occurrence) and over prompt + output (vLLM/HF: repetition, positive
   // logits divided by it, negative ones multiplied); 0, 0 and 1 = off.
@@ -76,6 +79,17 @@ struct SampledToken {
   float logprob = 0.0f;         // log-softmax of the raw logits at `token`
   std::vector<TopLogprob> top;  // the `logprobs` most likely tokens, when asked
   bool invalid = false;         // the logits row held no finite value (a broken model)
+};
+
+// One prompt token scored by the model given the tokens before it (vLLM's prompt_logprobs):
+// its log-softmax, its rank (1 + the tokens with a higher logit) and the most likely tokens
+// there, each of rank i + 1 in `top`. Rank 0: not scored (a prompt's first token).
+inline constexpr int32_t kMaxPromptLogprobs = 20;  // vLLM's default max_logprobs
+struct PromptLogprob {
+  TokenId token = 0;
+  float logprob = 0.0f;
+  int32_t rank = 0;
+  std::vector<TopLogprob> top;
 };
 
 // kError: the request failed while generating (GenerationResult::error says why; a model whose

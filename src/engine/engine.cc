@@ -56,6 +56,10 @@ struct Engine::Active {
   std::string text;
   size_t max_stop_len = 0;
   std::vector<SampledToken> logprobs;
+  // SamplingParams::prompt_logprobs: entry p scores prompt token p (p >= 1), written as the
+  // steps computing position p - 1 are collected (again, to the same values, after a
+  // preemption); entry 0 holds the first token unscored.
+  std::vector<PromptLogprob> prompt_logprobs;
   bool stopped_by_string = false;
   StopReason stop_reason;  // GenerationResult::stop_reason
   // min_tokens: the tokens a row may sample until that many are out (all but EOS and the
@@ -288,6 +292,16 @@ void Engine::check_request(GenerationRequest& request) const {
   if (p.temperature < 0) throw Error("temperature must be non-negative");
   if (p.top_p <= 0 || p.top_p > 1) throw Error("top_p must be in (0, 1]");
   if (p.min_p < 0 || p.min_p > 1) throw Error("min_p must be in [0, 1]");
+  if (p.prompt_logprobs) {
+    if (*p.prompt_logprobs < 0 || *p.prompt_logprobs > kMaxPromptLogprobs)
+      throw Error("prompt_logprobs must be in [0, " + std::to_string(kMaxPromptLogprobs) + "]");
+    if (p.max_tokens == 0)  // finished at submit, before any prefill could score the prompt
+      throw Error("'prompt_logprobs' needs max_tokens of at least 1");
+    if (!backend_->scores_every_row())
+      throw Error("'prompt_logprobs' is not supported on the " + backend_->name() +
+                  " backend (it keeps the logits of sampled rows only; the cpu backend "
+                  "computes them)");
+  }
 }
 
 SeqId Engine::submit(GenerationRequest request, Callback on_done, TokenCallback on_token) {
@@ -321,6 +335,10 @@ SeqId Engine::submit(GenerationRequest request, Callback on_done, TokenCallback 
   for (const auto& s : p.stop) a->max_stop_len = std::max(a->max_stop_len, s.size());
   if (p.min_tokens > 0) a->min_tokens_mask = min_tokens_mask(request.model, p);
   if (p.constraint) a->matcher = p.constraint->start();
+  if (p.prompt_logprobs) {
+    a->prompt_logprobs.resize(static_cast<size_t>(prompt_len));
+    a->prompt_logprobs[0].token = a->seq.tokens[0];
+  }
   stats_.prompt_tokens += prompt_len;
 
   Active& ref = *a;
@@ -483,6 +501,7 @@ void Engine::finish(Active& a) {
   r.finish = a.seq.finish;
   if (r.finish == FinishReason::kStop) r.stop_reason = std::move(a.stop_reason);
   r.logprobs = std::move(a.logprobs);
+  r.prompt_logprobs = std::move(a.prompt_logprobs);
   r.num_preemptions = a.seq.num_preemptions;
   r.cached_tokens = a.seq.num_cached_prompt;
   r.index = a.index;
@@ -537,6 +556,7 @@ StepInput Engine::build_step(const StepPlan& plan) const {
     batch.tokens.insert(batch.tokens.end(), first, first + c.num_tokens);
     for (int32_t i = 0; i < c.num_tokens; ++i) batch.positions.push_back(seq.num_computed + i);
     batch.chunks.push_back(std::move(chunk));
+    if (seq.params.prompt_logprobs) add_prompt_scoring(seq, batch.chunks.size() - 1, in);
     if (c.samples) {
       // The tokens up to this chunk's end: a placeholder for the token sampled here follows.
       const std::span<const TokenId> all =
@@ -550,6 +570,35 @@ StepInput Engine::build_step(const StepPlan& plan) const {
     }
   }
   return in;
+}
+
+void Engine::add_prompt_scoring(const Sequence& seq, size_t chunk, StepInput& in) {
+  SeqChunk& c = in.batch.chunks[chunk];
+  // Position p's logits score prompt token p + 1: positions up to prompt_len - 2.
+  const int32_t scored = std::clamp(seq.prompt_len - 1 - c.num_cached, 0, c.num_tokens);
+  if (scored == 0) return;
+  c.all_logits = true;
+  const auto first = seq.tokens.begin() + c.num_cached + 1;
+  in.scoring.push_back({.chunk = chunk,
+                        .next = std::vector<TokenId>(first, first + scored),
+                        .top = *seq.params.prompt_logprobs});
+}
+
+void Engine::collect_prompt_logprobs(const InFlight& step) {
+  if (step.scoring_seqs.empty()) return;
+  std::vector<std::vector<PromptLogprob>> scored = backend_->take_prompt_logprobs();
+  if (scored.size() != step.scoring_seqs.size())
+    throw Error("internal: the backend scored " + std::to_string(scored.size()) + " chunks of " +
+                std::to_string(step.scoring_seqs.size()));
+  for (size_t s = 0; s < scored.size(); ++s) {
+    auto it = active_.find(step.scoring_seqs[s].first);
+    if (it == active_.end()) continue;  // cancelled meanwhile
+    std::vector<PromptLogprob>& out = it->second->prompt_logprobs;
+    // Position p's row scores token p + 1.
+    const auto first = static_cast<size_t>(step.scoring_seqs[s].second) + 1;
+    for (size_t i = 0; i < scored[s].size() && first + i < out.size(); ++i)
+      out[first + i] = std::move(scored[s][i]);
+  }
 }
 
 void Engine::move_kv(const StepPlan& plan) {
@@ -634,6 +683,10 @@ void Engine::launch_step(const StepPlan& plan) {
   f.num_tokens = in.batch.num_tokens();
   f.row_seqs.reserve(in.rows.size());
   for (const SampleRow& row : in.rows) f.row_seqs.push_back(row.seq);
+  for (const PromptScoring& p : in.scoring) {
+    const SeqChunk& c = in.batch.chunks[p.chunk];
+    f.scoring_seqs.emplace_back(c.seq, c.num_cached);
+  }
   // The observer sees the batch after the step; the backend takes its own copy of it.
   if (!step_observers_.empty()) {
     f.observed = in.batch;
@@ -654,6 +707,7 @@ std::vector<SampledToken> Engine::collect_step() {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - wait0).count();
   retired_.clear();  // nothing in flight reads them now
   const InFlight& f = *in_flight_;
+  collect_prompt_logprobs(f);
   if (sampled.size() != f.row_seqs.size())
     throw Error("internal: the backend returned " + std::to_string(sampled.size()) +
                 " tokens for " + std::to_string(f.row_seqs.size()) + " rows");

@@ -264,6 +264,9 @@ class Engine {
     IterationSample cost;
     ForwardBatch observed;  // for the step observer
     bool device_draws = false;
+    // The sequence of each StepInput::scoring entry and the position its first row scores from
+    // (its prompt_logprobs entries start there).
+    std::vector<std::pair<SeqId, int32_t>> scoring_seqs;
     // Token masks of the constrained rows: the backend reads them until the step is collected.
     std::vector<std::shared_ptr<const TokenMask>> masks;
   };
@@ -276,6 +279,11 @@ class Engine {
   std::vector<uint64_t> min_tokens_mask(ModelId model, const SamplingParams& p) const;
   void init_kv_and_scheduler();
   StepInput build_step(const StepPlan& plan) const;
+  // prompt_logprobs: the prompt positions chunk `chunk` of `seq` computes whose next token is a
+  // prompt token scored into `in` (and the chunk marked all_logits); nothing without them.
+  static void add_prompt_scoring(const Sequence& seq, size_t chunk, StepInput& in);
+  // Writes the collected step's prompt logprobs into their requests.
+  void collect_prompt_logprobs(const InFlight& step);
   void move_kv(const StepPlan& plan);  // BROS checkpoints, page copies and restores
   void launch_step(const StepPlan& plan);
   // Waits for the step in flight and writes its tokens into their sequences.

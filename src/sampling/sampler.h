@@ -55,4 +55,8 @@ SampledToken sample_token(std::span<const float> logits, const SamplingParams& p
                           uint64_t seed, int64_t step, const TokenHistory& history = {},
                           const uint64_t* allowed = nullptr);
 
+// vLLM's prompt logprob of `token` in a logits row: its log-softmax (the float sample_token
+// reports as a logprob for that row), its rank and the `top` most likely tokens.
+PromptLogprob score_token(std::span<const float> logits, TokenId token, int32_t top);
+
 }  // namespace blend

@@ -88,7 +88,10 @@ bool SchedulerCore::fits_peak_memory(const Sequence& candidate, bool only_realti
 SchedulerCore::Admission SchedulerCore::admit(Sequence* seq, int32_t& n, StepPlan& plan,
                                               bool alone) {
   const size_t copies_before = plan.copies.size();
-  if (kv_.cache() && seq->block_table.empty() && !kv_.reuse_cached_prefix(seq, plan))
+  // A request scoring its prompt (prompt_logprobs) needs every prompt row computed: it takes
+  // no cached prefix (vLLM skips reading the cache for them too); what it computes is cached.
+  if (kv_.cache() && seq->block_table.empty() && !seq->params.prompt_logprobs &&
+      !kv_.reuse_cached_prefix(seq, plan))
     return Admission::kWaitsForPrefix;
   const int32_t cached = seq->num_computed;
   n = std::min(seq->num_uncomputed(), n);

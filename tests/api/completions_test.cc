@@ -140,9 +140,11 @@ TEST_F(CompletionsTest, EchoPrependsThePromptText) {
   EXPECT_NO_THROW(parse(Endpoint::kCompletions, big.dump()));
   big["n"] = 128;
   EXPECT_EQ(refusal(Endpoint::kCompletions, big.dump()).first, "echo");
-  // vLLM's echo with logprobs returns the prompt's logprobs too: not computed, so refused.
-  EXPECT_EQ(refusal(Endpoint::kCompletions, R"({"prompt":"x","echo":true,"logprobs":1})").first,
-            "echo");
+  // echo with logprobs scores the prompt (prompt_logprobs_test.cc), not streamed.
+  EXPECT_EQ(
+      refusal(Endpoint::kCompletions, R"({"prompt":"x","echo":true,"logprobs":1,"stream":true})")
+          .first,
+      "echo");
   EXPECT_EQ(refusal(Endpoint::kChatCompletions,
                     R"({"messages":[{"role":"user","content":"Hi"}],"echo":true})")
                 .first,

@@ -358,8 +358,10 @@ TEST_F(OpenAiTest, EveryFieldIsImplementedHarmlessOrRefused) {
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","best_of":3})"), "best_of");
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","n":3,"best_of":2})"), "best_of");
   EXPECT_EQ(parse(Endpoint::kCompletions, R"({"prompt":"x","n":2,"best_of":2})").n, 2);
-  // echo is implemented (tests/api/completions_test.cc) but not with the prompt's logprobs.
-  EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","echo":true,"logprobs":1})"),
+  // echo is implemented (tests/api/completions_test.cc), with logprobs too but not streamed
+  // (tests/api/prompt_logprobs_test.cc).
+  EXPECT_EQ(error_param(Endpoint::kCompletions,
+                        R"({"prompt":"x","echo":true,"logprobs":1,"stream":true})"),
             "echo");
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","suffix":"end"})"), "suffix");
   EXPECT_EQ(error_param(Endpoint::kCompletions, R"({"prompt":"x","guided_choice":["a","b"]})"),

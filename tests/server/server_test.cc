@@ -368,6 +368,54 @@ TEST_F(ServerTest, VllmOutputFieldsStreamedAndNot) {
 
 // Streamed chunks carry the logprobs of their tokens (OpenAI sends them in stream chunks too):
 // concatenated, they are the non-streamed response's, token for token.
+// prompt_logprobs over HTTP (issue 54): chat's beside the choices, completions' in the choice;
+// echo with logprobs starts the choice's logprobs with the prompt's, the same numbers; the
+// bound and a stream refused with a 400 naming the field.
+TEST_F(ServerTest, PromptLogprobsAndEchoWithLogprobs) {
+  auto server = start(options());
+  auto c = client(*server);
+  int status = 0;
+  json body = {
+      {"model", "tiny"},      {"max_tokens", 2}, {"temperature", 0}, {"prompt", "Once upon a time"},
+      {"prompt_logprobs", 2}, {"echo", true},    {"logprobs", 1}};
+  const json out = post(c, "/v1/completions", body, &status);
+  ASSERT_EQ(status, 200) << out.dump();
+  const json& choice = out["choices"][0];
+  const json& prompt = choice["prompt_logprobs"];
+  const int64_t n = out["usage"]["prompt_tokens"];
+  ASSERT_EQ(static_cast<int64_t>(prompt.size()), n);
+  EXPECT_TRUE(prompt[0].is_null());
+  const json& lp = choice["logprobs"];
+  ASSERT_EQ(static_cast<int64_t>(lp["tokens"].size()), n + 2);
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  for (int64_t i = 1; i < n; ++i) {
+    EXPECT_GE(prompt[i].size(), 2u);  // the token and its top 2 (it may be one of them)
+    EXPECT_LE(prompt[i].size(), 3u);
+    bool found = false;  // the echoed token's logprob is its prompt_logprobs entry's
+    for (const auto& [id, entry] : prompt[i].items())
+      found |=
+          entry["logprob"] == lp["token_logprobs"][i] && entry["decoded_token"] == lp["tokens"][i];
+    EXPECT_TRUE(found) << i;
+  }
+  EXPECT_EQ(choice["text"].get<std::string>().rfind("Once upon a time", 0), 0u);
+
+  json chat = {{"model", "tiny"},
+               {"max_tokens", 1},
+               {"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+               {"prompt_logprobs", 0}};
+  const json reply = post(c, "/v1/chat/completions", chat, &status);
+  ASSERT_EQ(status, 200);
+  ASSERT_EQ(reply["prompt_logprobs"].size(), reply["usage"]["prompt_tokens"].get<size_t>());
+  EXPECT_EQ(reply["prompt_logprobs"][1].size(), 1u);  // k = 0: the token alone
+  chat["prompt_logprobs"] = 21;
+  EXPECT_EQ(post(c, "/v1/chat/completions", chat, &status)["error"]["param"], "prompt_logprobs");
+  EXPECT_EQ(status, 400);
+  chat["prompt_logprobs"] = 1;
+  chat["stream"] = true;
+  EXPECT_EQ(post(c, "/v1/chat/completions", chat, &status)["error"]["param"], "prompt_logprobs");
+  EXPECT_EQ(status, 400);
+}
+
 TEST_F(ServerTest, StreamedLogprobsAreTheNonStreamedOnes) {
   auto server = start(options());
   auto c = client(*server);

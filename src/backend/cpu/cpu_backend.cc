@@ -78,6 +78,7 @@ class CpuBackendImpl final : public CpuBackend {
   int64_t kv_memory_budget() const override { return kv_budget_; }
   void allocate_kv(int64_t num_pages) override;
   void forward(const ForwardBatch& batch, std::span<float> logits) override;
+  bool scores_every_row() const override { return true; }
   void forward_layers(const ForwardBatch& batch, int64_t first, int64_t last,
                       std::span<const float> hidden_in, std::span<float> hidden_out,
                       std::span<float> logits) override;
@@ -686,13 +687,15 @@ void CpuBackendImpl::StepOps::swiglu() {
 void CpuBackendImpl::StepOps::head() {
   if (!hidden_out.empty()) std::memcpy(hidden_out.data(), x, m * h * 4);
   // Final norm and lm_head only for the last token of each chunk that wants logits (every row
-  // when `all_rows`); logit row i is the i-th such row, and runs of them share a head.
+  // of an all_logits chunk, and of every chunk when `all_rows`); logit row i is the i-th such
+  // row, and runs of them share a head.
   std::vector<int64_t> rows;
   std::vector<RowRun> logit_runs;
   for (const SeqChunk& c : batch.chunks) {
-    if (!all_rows && !c.wants_logits) continue;
+    const bool every = all_rows || c.all_logits;
+    if (!every && !c.wants_logits) continue;
     const int64_t end = c.token_offset + c.num_tokens;
-    for (int64_t row = all_rows ? c.token_offset : end - 1; row < end; ++row) {
+    for (int64_t row = every ? c.token_offset : end - 1; row < end; ++row) {
       const auto i = static_cast<int64_t>(rows.size());
       rows.push_back(row);
       if (!logit_runs.empty() && chain(logit_runs.back()).head == b.blocks_.chains[c.model].head)
