@@ -298,8 +298,10 @@ Tokenizer Tokenizer::load(const std::filesystem::path& tokenizer_json,
   // Metaspace pre-tokenizer and decoders.
   impl->sentencepiece =
       !sentencepiece_features(j).empty() || flag(model, "byte_fallback", false, where, "model.");
+  // An empty prefix or suffix (Qwen3's files write "") adds nothing: the same as none.
   for (const char* unsupported : {"continuing_subword_prefix", "end_of_word_suffix", "dropout"})
-    if (model.contains(unsupported) && !model[unsupported].is_null())
+    if (model.contains(unsupported) && !model[unsupported].is_null() &&
+        model[unsupported] != json(""))
       throw Error(where + ": model." + unsupported + " is not supported");
   if (impl->sentencepiece) impl->load_sentencepiece_model(model, where);
   impl->ignore_merges = flag(model, "ignore_merges", false, where, "model.");
