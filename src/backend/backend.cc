@@ -235,6 +235,10 @@ void Backend::compute_scoring_step() {
       scored_[s][i] = score_token(logits_row(first_row[p.chunk] + i), p.next[i], p.top);
     }
   }
+  // A scoring step's logits are every prompt row's (up to the step's token budget times the
+  // vocabulary: 512 MB for 1,024 rows of a 128K vocabulary); a sampling step needs one row a
+  // sequence. Give the buffer back rather than keep it for the server's life.
+  if (logits_.size() > (rows.size() + 1) * vocab * 4) std::vector<float>().swap(logits_);
 }
 
 void Backend::synchronize() {

@@ -96,6 +96,120 @@ class HeadEnd {
   bool ended_ = false;
 };
 
+// Finds the end of a chunked body (RFC 9112 §7.1: chunk-size [; extensions] CRLF, data CRLF,
+// ..., a last chunk of size 0, trailer fields, an empty line) in bytes fed in order, each looked
+// at once however the body is split. It only finds where the body ends: httplib decodes it again
+// on the worker (and answers a malformed one), so anything unexpected just stops the scan.
+class ChunkedEnd {
+ public:
+  // How many of p[0, n) belong to the body: all n when it has not ended (or the scan failed).
+  size_t feed(const char* p, size_t n) {
+    for (size_t i = 0; i < n && state_ != State::kDone && state_ != State::kFailed; ++i) {
+      const char c = p[i];
+      switch (state_) {
+        case State::kSize:
+          if (const int d = hex_digit(c); d >= 0) {
+            if (++digits_ > 15) return fail(n);
+            left_ = left_ * 16 + static_cast<uint64_t>(d);
+          } else if (digits_ == 0) {
+            return fail(n);
+          } else if (c == ';' || c == ' ' || c == '\t') {
+            state_ = State::kExtension;
+          } else if (c == '\r') {
+            state_ = State::kSizeLf;
+          } else if (c == '\n') {
+            size_line_ended();
+          } else {
+            return fail(n);
+          }
+          break;
+        case State::kExtension:
+          if (c == '\r') state_ = State::kSizeLf;
+          if (c == '\n') size_line_ended();
+          break;
+        case State::kSizeLf:
+          if (c != '\n') return fail(n);
+          size_line_ended();
+          break;
+        case State::kData: {
+          const size_t take = static_cast<size_t>(std::min<uint64_t>(left_, n - i));
+          left_ -= take;
+          i += take - 1;
+          if (left_ == 0) state_ = State::kDataCr;
+          break;
+        }
+        case State::kDataCr:
+          if (c == '\r') {
+            state_ = State::kDataLf;
+          } else if (c == '\n') {
+            next_chunk();
+          } else {
+            return fail(n);
+          }
+          break;
+        case State::kDataLf:
+          if (c != '\n') return fail(n);
+          next_chunk();
+          break;
+        case State::kTrailerStart:
+          if (c == '\n') return done(i);
+          state_ = c == '\r' ? State::kFinalLf : State::kTrailerLine;
+          break;
+        case State::kTrailerLine:
+          if (c == '\n') state_ = State::kTrailerStart;
+          break;
+        case State::kFinalLf:
+          if (c != '\n') return fail(n);
+          return done(i);
+        case State::kDone:
+        case State::kFailed:
+          break;
+      }
+    }
+    return n;
+  }
+  bool ended() const { return state_ == State::kDone; }
+  bool failed() const { return state_ == State::kFailed; }
+
+ private:
+  enum class State {
+    kSize,
+    kExtension,
+    kSizeLf,
+    kData,
+    kDataCr,
+    kDataLf,
+    kTrailerStart,
+    kTrailerLine,
+    kFinalLf,
+    kDone,
+    kFailed
+  };
+  static int hex_digit(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  }
+  void size_line_ended() { state_ = left_ == 0 ? State::kTrailerStart : State::kData; }
+  void next_chunk() {
+    state_ = State::kSize;
+    digits_ = 0;
+  }
+  size_t fail(size_t n) {
+    state_ = State::kFailed;
+    return n;
+  }
+  size_t done(size_t i) {
+    state_ = State::kDone;
+    return i + 1;
+  }
+
+  State state_ = State::kSize;
+  uint64_t left_ = 0;
+  int digits_ = 0;
+};
+
 // One connection's byte stream, kept for all its requests (so that bytes of a pipelined request
 // read ahead with the one before it stay here), with the request deadlines of ConnectionLimits.
 class ConnectionStream final : public httplib::Stream {
@@ -269,14 +383,28 @@ bool same_name(std::string_view a, std::string_view b) {
          });
 }
 
-// The body length the poller reads for a request with this head before a worker takes it: its
-// Content-Length when that is the one framing the head announces. 0 when there is no body or a
-// worker reads it: chunked (its end is only known by parsing it), Expect: 100-continue (the
-// client waits for our answer before sending it), a repeated or malformed Content-Length
-// (httplib answers those).
-size_t body_to_collect(std::string_view head) {
+std::string_view trimmed(std::string_view value) {
+  while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
+  while (!value.empty() && (value.back() == ' ' || value.back() == '\t' || value.back() == '\r'))
+    value.remove_suffix(1);
+  return value;
+}
+
+// How the body the poller reads for a request with this head before a worker takes it is framed.
+struct BodyFraming {
+  size_t length = 0;     // by its Content-Length
+  bool chunked = false;  // Transfer-Encoding: chunked, its end found by ChunkedEnd
+  bool any() const { return length > 0 || chunked; }
+};
+
+// The body the poller reads before a worker takes the request: one framed by the one
+// Content-Length, or by `Transfer-Encoding: chunked` alone. None when there is no body or a worker
+// reads it: Expect: 100-continue (the client waits for our answer before sending it), other
+// transfer codings, both framings at once, a repeated or malformed header (httplib answers those).
+BodyFraming body_to_collect(std::string_view head) {
   size_t length = 0;
-  int lengths = 0;
+  int lengths = 0, encodings = 0;
+  bool chunked = false;
   for (size_t at = head.find('\n'); at != std::string_view::npos && at + 1 < head.size();) {
     const size_t start = at + 1;
     at = head.find('\n', start);
@@ -285,22 +413,25 @@ size_t body_to_collect(std::string_view head) {
     const size_t colon = line.find(':');
     if (colon == std::string_view::npos) continue;
     const std::string_view name = line.substr(0, colon);
-    if (same_name(name, "transfer-encoding") || same_name(name, "expect")) return 0;
+    const std::string_view value = trimmed(line.substr(colon + 1));
+    if (same_name(name, "expect")) return {};
+    if (same_name(name, "transfer-encoding")) {
+      chunked = same_name(value, "chunked");
+      ++encodings;
+      continue;
+    }
     if (!same_name(name, "content-length")) continue;
-    std::string_view value = line.substr(colon + 1);
-    while (!value.empty() && (value.front() == ' ' || value.front() == '\t'))
-      value.remove_prefix(1);
-    while (!value.empty() && (value.back() == ' ' || value.back() == '\t' || value.back() == '\r'))
-      value.remove_suffix(1);
-    if (value.empty() || value.size() > 18) return 0;
+    if (value.empty() || value.size() > 18) return {};
     length = 0;
     for (const char c : value) {
-      if (c < '0' || c > '9') return 0;
+      if (c < '0' || c > '9') return {};
       length = length * 10 + static_cast<size_t>(c - '0');
     }
     ++lengths;
   }
-  return lengths == 1 ? length : 0;
+  if (encodings == 0 && lengths == 1) return {.length = length};
+  if (encodings == 1 && lengths == 0 && chunked) return {.chunked = true};
+  return {};
 }
 
 using RequestProcessor = std::function<bool(httplib::Stream&, bool close_connection, bool& closed)>;
@@ -346,8 +477,11 @@ struct ParkedConnection {
   HeadEnd head_end;       // over `received`
   size_t head_bytes = 0;  // once the head ended: its length in `received`
   // The body the poller reads before a worker takes the request (body_to_collect), and what
-  // ConnectionLimits::body_budget holds for it.
+  // ConnectionLimits::body_budget holds for it. A chunked body's length is unknown until
+  // chunked_end finds its end: its bytes so far are reserved as they arrive.
   size_t body_bytes = 0, body_reserved = 0;
+  bool chunked = false;
+  ChunkedEnd chunked_end;
 };
 
 // httplib's task queue for accepted connections, which it hands over one closure each (that
@@ -434,6 +568,8 @@ class ConnectionQueue final : public httplib::TaskQueue {
     c.received.clear();
     c.head_end.reset();
     c.head_bytes = c.body_bytes = c.body_reserved = 0;
+    c.chunked = false;
+    c.chunked_end = ChunkedEnd();
     park_locked(std::move(c));
   }
 
@@ -480,9 +616,11 @@ class ConnectionQueue final : public httplib::TaskQueue {
     if (it == parked_.end()) return;
     ParkedConnection& c = it->second;
     for (;;) {
-      const size_t want = std::min(
-          scratch_.size(), c.head_end.ended() ? c.head_bytes + c.body_bytes - c.received.size()
-                                              : kMaxPolledHead - c.received.size());
+      const size_t want =
+          c.chunked ? scratch_.size()
+                    : std::min(scratch_.size(),
+                               c.head_end.ended() ? c.head_bytes + c.body_bytes - c.received.size()
+                                                  : kMaxPolledHead - c.received.size());
       const ssize_t n = ::recv(fd, scratch_.data(), want, MSG_DONTWAIT);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
@@ -492,8 +630,9 @@ class ConnectionQueue final : public httplib::TaskQueue {
         c.first_byte = Clock::now();
       }
       c.received.append(scratch_.data(), static_cast<size_t>(n));
+      size_t in_head = 0;
       if (!c.head_end.ended()) {
-        const size_t in_head = c.head_end.feed(scratch_.data(), static_cast<size_t>(n));
+        in_head = c.head_end.feed(scratch_.data(), static_cast<size_t>(n));
         if (!c.head_end.ended()) {
           if (c.received.size() >= kMaxPolledHead) return dispatch_locked(fd);
           continue;
@@ -501,7 +640,12 @@ class ConnectionQueue final : public httplib::TaskQueue {
         c.head_bytes = c.received.size() - static_cast<size_t>(n) + in_head;
         if (!collect_body_locked(c)) return dispatch_locked(fd);
       }
-      if (c.received.size() >= c.head_bytes + c.body_bytes) return dispatch_locked(fd);
+      if (c.chunked) {
+        if (!collect_chunks_locked(c, scratch_.data() + in_head, static_cast<size_t>(n) - in_head))
+          return dispatch_locked(fd);
+      } else if (c.received.size() >= c.head_bytes + c.body_bytes) {
+        return dispatch_locked(fd);
+      }
       // A short read took all the socket held: what comes later is a new edge, which wakes the
       // poller again (a second recv only to hear EAGAIN doubled the calls of a trickled head).
       if (static_cast<size_t>(n) < want) return;
@@ -511,14 +655,32 @@ class ConnectionQueue final : public httplib::TaskQueue {
   // Whether the poller reads the body of the request whose head `c` holds before a worker takes
   // it: a body announced by its Content-Length within ConnectionLimits::collect_body_bytes, and
   // held in the body budget (else the handler reads it, or refuses it: 413, 503).
+  // A chunked body is read while its bytes so far (framing included: a bound on what it decodes
+  // to) stay within collect_body_bytes and the budget.
   bool collect_body_locked(ParkedConnection& c) {
-    const size_t n = body_to_collect(std::string_view(c.received).substr(0, c.head_bytes));
-    if (n == 0 || n > limits_.collect_body_bytes || limits_.body_budget == nullptr ||
-        !limits_.body_budget->reserve(n))
+    const BodyFraming framing =
+        body_to_collect(std::string_view(c.received).substr(0, c.head_bytes));
+    if (!framing.any() || limits_.collect_body_bytes == 0 || limits_.body_budget == nullptr)
       return false;
+    if (framing.chunked) {
+      c.chunked = true;
+      return true;
+    }
+    const size_t n = framing.length;
+    if (n > limits_.collect_body_bytes || !limits_.body_budget->reserve(n)) return false;
     c.body_bytes = c.body_reserved = n;
     c.received.reserve(c.head_bytes + n);
     return true;
+  }
+
+  // The bytes of a chunked body just read, p[0, n) (what follows its end belongs to the next
+  // request). False when the poller is done with it: it ended, or a worker reads (or refuses)
+  // the rest — malformed, past collect_body_bytes, or past the budget.
+  bool collect_chunks_locked(ParkedConnection& c, const char* p, size_t n) {
+    const size_t in_body = c.chunked_end.feed(p, n);
+    if (c.chunked_end.failed() || !limits_.body_budget->reserve(in_body)) return false;
+    c.body_reserved += in_body;
+    return !c.chunked_end.ended() && c.received.size() - c.head_bytes <= limits_.collect_body_bytes;
   }
 
   void dispatch_locked(int fd) {

@@ -10,8 +10,8 @@
 //       * has a per-read timeout only, so a client sending one header line every 3 s held a
 //         thread forever (slowloris). Here a request's head must arrive within
 //         ConnectionLimits::head_timeout_s and the whole request within request_timeout_s;
-//         past either the client gets a 408 and the connection is closed (a body of known
-//         length waits off the threads, as heads do: ConnectionLimits::collect_body_bytes);
+//         past either the client gets a 408 and the connection is closed (a body, of known
+//         length or chunked, waits off the threads, as heads do: collect_body_bytes);
 //       * cannot be told to close a connection whose body a handler left unread (a body
 //         refused as too large): close_connection_after_response() does.
 //   - Bounds on connections, and threads for requests only: httplib gives each accepted
@@ -44,12 +44,13 @@ struct ConnectionLimits {
   // client address; 0 = no bound.
   int max_connections = 0;
   int max_connections_per_ip = 0;
-  // A body announced by a Content-Length of at most collect_body_bytes is read before a thread
-  // takes its request, by the thread that waits for heads, into memory held in *body_budget
-  // (the handler takes that over: take_body_reservation). So a client trickling its body holds
-  // a connection until request_timeout_s, not a thread: a few of them held every
-  // --threads-http thread and left /health waiting. Chunked bodies, longer ones and those past
-  // the budget are read (or refused) by the handler on its thread. 0 or no budget: none.
+  // A body of at most collect_body_bytes, announced by a Content-Length or sent chunked (its
+  // wire bytes counted), is read before a thread takes its request, by the thread that waits
+  // for heads, into memory held in *body_budget (the handler takes that over:
+  // take_body_reservation). So a client trickling its body holds a connection until
+  // request_timeout_s, not a thread: a few of them held every --threads-http thread and left
+  // /health waiting. Longer bodies, those past the budget, other transfer codings and
+  // Expect: 100-continue are read (or refused) by the handler on its thread. 0 or no budget: none.
   BodyBudget* body_budget = nullptr;
   size_t collect_body_bytes = 0;
 };

@@ -266,22 +266,26 @@ TEST_F(HttpLimits, HealthAnswersWhileSlowAndIdleClientsOutnumberTheThreads) {
   for (int fd : idle) ::close(fd);
 }
 
-// Issue 54: a request's body was read on its connection thread, so clients trickling their
-// bodies held the threads for up to --http-request-timeout (120 s) and /health waited behind
-// them. A body of known length now waits off the threads, as heads do: with 2 threads and 3
-// tricklers /health answers at once, each trickler is answered once its body is whole, and one
-// that never finishes gets its 408 at --http-request-timeout.
-TEST_F(HttpLimits, ClientsTricklingTheirBodiesHoldNoThread) {
-  ServerOptions o = options();
+// Regression (issue 54): bodies trickled in held the threads for up to --http-request-timeout
+// (120 s) and /health waited behind them. A body, of known length or chunked, now waits off the
+// threads, as heads do: with 2 threads and 3 tricklers /health answers at once, each trickler is
+// answered once its body is whole, and one that never finishes gets its 408 at
+// --http-request-timeout. (The chunked case failed before: /health waited for the tricklers.)
+void expect_trickled_bodies_hold_no_thread(const ServerOptions& options, bool chunked) {
+  ServerOptions o = options;
   o.http_threads = 2;
   o.http_head_timeout_s = 1;
   o.http_request_timeout_s = 4;
-  auto server = start(o);
-  const std::string body = R"({"model": "tiny", "prompt": "Hello world"})" + std::string(6, ' ');
+  auto server = std::make_unique<Server>(o);
+  server->start();
+  const std::string json = R"({"model": "tiny", "prompt": "Hello world"})" + std::string(6, ' ');
+  const std::string body =
+      chunked ? chunk(json.substr(0, 20)) + chunk(json.substr(20)) + "0\r\n\r\n" : json;
   const std::string head =
       "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: "
-      "close\r\nContent-Length: " +
-      std::to_string(body.size()) + "\r\n\r\n";
+      "close\r\n" +
+      (chunked ? std::string("Transfer-Encoding: chunked\r\n\r\n")
+               : "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n");
   std::vector<int> slow;
   for (int i = 0; i < 3; ++i) {
     slow.push_back(connect_to(server->port()));
@@ -290,7 +294,7 @@ TEST_F(HttpLimits, ClientsTricklingTheirBodiesHoldNoThread) {
   const int never_done = connect_to(server->port());
   ASSERT_TRUE(send_all(never_done, head + body.substr(0, 1)));
   const auto start_time = Clock::now();
-  for (size_t i = 1; i < body.size(); ++i) {  // a byte every 50 ms each: 2.4 s in all
+  for (size_t i = 1; i < body.size(); ++i) {  // a byte every 50 ms each: 2.4 s (chunked 2.9 s)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     for (int fd : slow) ASSERT_TRUE(send_all(fd, body.substr(i, 1)));
     if (i % 16 == 8) {
@@ -312,6 +316,49 @@ TEST_F(HttpLimits, ClientsTricklingTheirBodiesHoldNoThread) {
   EXPECT_GT(seconds, 3.0);
   EXPECT_LT(seconds, 6.0);
   ::close(never_done);
+}
+
+TEST_F(HttpLimits, ClientsTricklingTheirBodiesHoldNoThread) {
+  expect_trickled_bodies_hold_no_thread(options(), /*chunked=*/false);
+}
+
+TEST_F(HttpLimits, ClientsTricklingChunkedBodiesHoldNoThread) {
+  expect_trickled_bodies_hold_no_thread(options(), /*chunked=*/true);
+}
+
+// Statuses of the responses in `got`, in order.
+std::vector<std::string> statuses_of(const std::string& got) {
+  std::vector<std::string> statuses;
+  for (size_t at = got.find("HTTP/1.1 "); at != std::string::npos;
+       at = got.find("HTTP/1.1 ", at + 1))
+    statuses.push_back(got.substr(at + 9, 3));
+  return statuses;
+}
+
+// The poller finds a chunked body's end through chunk extensions and leaves the request
+// pipelined after it for the next answer; a malformed chunked body goes to httplib, which
+// refuses it (400), and the server stays healthy.
+TEST_F(HttpLimits, ChunkedBodiesWithExtensionsThenAPipelinedRequest) {
+  auto server = start(options());
+  const std::string json = R"({"model": "tiny", "prompt": "Hello world"})";
+  const std::string first =
+      "5;name=value\r\n" + json.substr(0, 5) + "\r\n" + chunk(json.substr(5)) + "0\r\n\r\n";
+  const std::string second = chunk(json) + "0\r\n\r\n";
+  const std::string head =
+      "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Transfer-Encoding: chunked\r\n";
+  const int fd = connect_to(server->port());
+  ASSERT_TRUE(send_all(fd, head + "\r\n" + first + head + "Connection: close\r\n\r\n" + second));
+  const std::string got = receive(fd);
+  ::close(fd);
+  EXPECT_EQ(statuses_of(got), (std::vector<std::string>{"200", "200"})) << got;
+
+  const int bad = connect_to(server->port());
+  ASSERT_TRUE(send_all(bad, head + "\r\nzz\r\n{}\r\n0\r\n\r\n"));
+  const std::string refused = receive(bad);
+  ::close(bad);
+  EXPECT_EQ(refused.rfind("HTTP/1.1 400", 0), 0u) << refused.substr(0, 200);
+  EXPECT_EQ(health_status(server->port()), 200);
 }
 
 // A connected loopback socket from the client address `from` (any 127.x.y.z reaches the server).
@@ -395,11 +442,7 @@ TEST_F(HttpLimits, PipelinedRequestsAreAnsweredInOrder) {
   const std::string got = receive(fd);
   ::close(fd);
   EXPECT_LT(std::chrono::duration<double>(Clock::now() - start_time).count(), 3.0);
-  std::vector<std::string> statuses;
-  for (size_t at = got.find("HTTP/1.1 "); at != std::string::npos;
-       at = got.find("HTTP/1.1 ", at + 1))
-    statuses.push_back(got.substr(at + 9, 3));
-  EXPECT_EQ(statuses, (std::vector<std::string>{"200", "200", "200", "200", "404"})) << got;
+  EXPECT_EQ(statuses_of(got), (std::vector<std::string>{"200", "200", "200", "200", "404"})) << got;
   const size_t tokens = got.find("\"tokens\"");
   const size_t models = got.find("\"object\":\"list\"");
   EXPECT_TRUE(tokens != std::string::npos && models != std::string::npos && tokens < models);

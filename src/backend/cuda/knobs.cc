@@ -16,10 +16,13 @@ namespace {
 class KnobSource {
  public:
   explicit KnobSource(const std::map<std::string, std::string>& flags) : flags_(flags) {
-    for (const auto& [name, value] : flags)
+    // Not a structured binding: clang 14 (CI's) cannot capture one in the lambda.
+    for (const auto& flag : flags) {
+      const std::string& name = flag.first;
       if (std::none_of(knob_specs().begin(), knob_specs().end(),
                        [&](const KnobSpec& s) { return name == s.name; }))
         throw Error("--cuda-" + name + ": no such cuda backend knob");
+    }
   }
 
   std::string value(const char* name, const char* fallback) const {
