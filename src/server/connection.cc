@@ -658,10 +658,19 @@ class ConnectionQueue final : public httplib::TaskQueue {
   // A chunked body is read while its bytes so far (framing included: a bound on what it decodes
   // to) stay within collect_body_bytes and the budget.
   bool collect_body_locked(ParkedConnection& c) {
-    const BodyFraming framing =
-        body_to_collect(std::string_view(c.received).substr(0, c.head_bytes));
+    const std::string_view head = std::string_view(c.received).substr(0, c.head_bytes);
+    const BodyFraming framing = body_to_collect(head);
     if (!framing.any() || limits_.collect_body_bytes == 0 || limits_.body_budget == nullptr)
       return false;
+    if (limits_.route_reads_body) {
+      // The request line: METHOD SP target SP version; the path is the target up to its query.
+      const size_t sp1 = head.find(' '), sp2 = head.find(' ', sp1 + 1);
+      if (sp1 == std::string_view::npos || sp2 == std::string_view::npos) return false;
+      const std::string_view target = head.substr(sp1 + 1, sp2 - sp1 - 1);
+      if (!limits_.route_reads_body(std::string(head.substr(0, sp1)),
+                                    std::string(target.substr(0, target.find('?')))))
+        return false;
+    }
     if (framing.chunked) {
       c.chunked = true;
       return true;

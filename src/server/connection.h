@@ -53,6 +53,10 @@ struct ConnectionLimits {
   // Expect: 100-continue are read (or refused) by the handler on its thread. 0 or no budget: none.
   BodyBudget* body_budget = nullptr;
   size_t collect_body_bytes = 0;
+  // Whether a route reads the body of a request with this method and path (no query): the
+  // poller collects only such bodies. Others go to a thread at once, to be refused unread (a
+  // 404 for a body no route takes). Unset: every body.
+  std::function<bool(const std::string& method, const std::string& path)> route_reads_body;
 };
 
 class ConnectionQueue;

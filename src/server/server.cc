@@ -263,12 +263,16 @@ Server::Impl::Impl(const ServerOptions& o) : options(o) {
   // Streams hold a thread each for their whole life: allow many.
   http.set_worker_threads(static_cast<size_t>(options.http_threads));
   http.set_payload_max_length(options.max_body_bytes);
-  http.set_connection_limits({.head_timeout_s = options.http_head_timeout_s,
-                              .request_timeout_s = options.http_request_timeout_s,
-                              .max_connections = max_connections(options.max_connections),
-                              .max_connections_per_ip = options.max_connections_per_ip,
-                              .body_budget = &body_budget,
-                              .collect_body_bytes = options.max_body_bytes});
+  http.set_connection_limits(
+      {.head_timeout_s = options.http_head_timeout_s,
+       .request_timeout_s = options.http_request_timeout_s,
+       .max_connections = max_connections(options.max_connections),
+       .max_connections_per_ip = options.max_connections_per_ip,
+       .body_budget = &body_budget,
+       .collect_body_bytes = options.max_body_bytes,
+       .route_reads_body = [this](const std::string& method, const std::string& path) {
+         return route_reads_body(method, path);
+       }});
   // httplib's default sets SO_REUSEPORT: a second server on a busy port then bound it too and
   // the kernel spread requests over both. SO_REUSEADDR alone still refuses a port in use.
   http.set_socket_options([](socket_t fd) {
@@ -357,12 +361,15 @@ void Server::Impl::send_no_route(const httplib::Request& req, httplib::Response&
   send_error(res, 405, req.method + " is not allowed on " + req.path + " (use " + allow + ")");
 }
 
+bool Server::Impl::route_reads_body(const std::string& method, const std::string& path) const {
+  std::string allow;
+  return (method == "POST" || method == "DELETE") && has_route(method, path, &allow);
+}
+
 bool Server::Impl::refuse_body_before_reading(const httplib::Request& req, httplib::Response& res) {
   const size_t announced = announced_body_bytes(req);
   if (announced == 0) return false;
-  std::string allow;
-  const bool reads_body =
-      (req.method == "POST" || req.method == "DELETE") && has_route(req.method, req.path, &allow);
+  const bool reads_body = route_reads_body(req.method, req.path);
   if (reads_body && (announced <= options.max_body_bytes || announced == SIZE_MAX)) return false;
   // Whatever is answered, the body stays unread: the connection cannot carry another request.
   HttpServer::close_connection_after_response(res);

@@ -174,6 +174,8 @@ struct Server::Impl {
   std::vector<std::pair<std::regex, std::string>> known_routes;  // (path pattern, method)
   // Whether `method` is registered on `path`; else the methods that are ("" for none).
   bool has_route(const std::string& method, const std::string& path, std::string* allow) const;
+  // A POST or DELETE with a route: the requests whose body is read (else refused unread).
+  bool route_reads_body(const std::string& method, const std::string& path) const;
   // The 404 or 405 (with Allow) for a request no route takes.
   void send_no_route(const httplib::Request& req, httplib::Response& res);
   // Before routing: a body no route will read, or announced past the limit, is refused
