@@ -278,9 +278,9 @@ void expect_trickled_bodies_hold_no_thread(const ServerOptions& options, bool ch
   o.http_request_timeout_s = 4;
   auto server = std::make_unique<Server>(o);
   server->start();
-  const std::string json = R"({"model": "tiny", "prompt": "Hello world"})" + std::string(6, ' ');
+  const std::string payload = R"({"model": "tiny", "prompt": "Hello world"})" + std::string(6, ' ');
   const std::string body =
-      chunked ? chunk(json.substr(0, 20)) + chunk(json.substr(20)) + "0\r\n\r\n" : json;
+      chunked ? chunk(payload.substr(0, 20)) + chunk(payload.substr(20)) + "0\r\n\r\n" : payload;
   const std::string head =
       "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: "
       "close\r\n" +
@@ -340,10 +340,10 @@ std::vector<std::string> statuses_of(const std::string& got) {
 // refuses it (400), and the server stays healthy.
 TEST_F(HttpLimits, ChunkedBodiesWithExtensionsThenAPipelinedRequest) {
   auto server = start(options());
-  const std::string json = R"({"model": "tiny", "prompt": "Hello world"})";
+  const std::string payload = R"({"model": "tiny", "prompt": "Hello world"})";
   const std::string first =
-      "5;name=value\r\n" + json.substr(0, 5) + "\r\n" + chunk(json.substr(5)) + "0\r\n\r\n";
-  const std::string second = chunk(json) + "0\r\n\r\n";
+      "5;name=value\r\n" + payload.substr(0, 5) + "\r\n" + chunk(payload.substr(5)) + "0\r\n\r\n";
+  const std::string second = chunk(payload) + "0\r\n\r\n";
   const std::string head =
       "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
       "Transfer-Encoding: chunked\r\n";
