@@ -139,31 +139,34 @@ def in_parallel(n, fn):
     for t in ts: t.join()
     return out
 
+def health_while_trickling(socks, piece, every_s):
+    # /health asked once while each socket gets `piece` every `every_s` seconds (up to 60 s).
+    t0 = time.time()
+    answered = []
+    probe = threading.Thread(target=lambda: answered.append(alive()[1]))
+    probe.start()
+    while probe.is_alive() and time.time() - t0 < 60:
+        for s in socks:
+            try:
+                s.sendall(piece)
+            except OSError:
+                pass
+        probe.join(every_s)
+    return f"/health in {answered[0]:.1f}s" if answered else "/health timed out"
+
 def slowloris(n=40):
     socks = []
     for _ in range(n):
         s = connect()
         s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
         socks.append(s)
-    t0 = time.time()
-    answered = []
-    def health():
-        answered.append(alive()[1])
-    probe = threading.Thread(target=health)
-    probe.start()
-    while probe.is_alive() and time.time() - t0 < 60:
-        for s in socks:
-            try:
-                s.sendall(b"X-Slow: 1\r\n")
-            except OSError:
-                pass
-        probe.join(3)
+    health = health_while_trickling(socks, b"X-Slow: 1\r\n", 3)
     statuses = []
     for s in socks:
         s.settimeout(15)
         statuses.append(status_of(read_all(s)))
         s.close()
-    return statuses + [f"/health in {answered[0]:.1f}s" if answered else "/health timed out"]
+    return statuses + [health]
 
 def slow_bodies(n=40):
     # Half chunked, half by Content-Length: each sends a byte of its body a second and never ends.
@@ -173,20 +176,10 @@ def slow_bodies(n=40):
         framing = "Transfer-Encoding: chunked\r\n\r\n100\r\n" if i % 2 == 0 else "Content-Length: 256\r\n\r\n"
         s.sendall(f"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{framing}{{".encode())
         socks.append(s)
-    t0 = time.time()
-    answered = []
-    probe = threading.Thread(target=lambda: answered.append(alive()[1]))
-    probe.start()
-    while probe.is_alive() and time.time() - t0 < 60:
-        for s in socks:
-            try:
-                s.sendall(b" ")
-            except OSError:
-                pass
-        probe.join(1)
+    health = health_while_trickling(socks, b" ", 1)
     for s in socks:
         s.close()
-    return [f"/health in {answered[0]:.1f}s" if answered else "/health timed out"]
+    return [health]
 
 def pipelined():
     s = connect()
