@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <numbers>
@@ -699,6 +700,51 @@ TEST(CpuBackend, PortableAttentionKernel) {
   check_against_reference(model("gemma2"), 1e-5, true);  // the portable kernel's soft-capping
   check_batch_invariance(model("gemma2"));
   cpu::set_force_portable_kernels(false);
+}
+
+// A row's output depends only on the keys it attends to, even where a later key of its chunk is
+// NaN: a kernel that weights the keys a row must not see by 0 gets 0 * NaN = NaN, and the
+// prefix cache then hands that K/V of the clean prefix to other requests (issue 54: a healthy
+// request failed with NaN logits after a poisoned one shared its first token). Position 1's
+// input state is NaN; position 0's output, after every layer, must equal the one computed alone.
+// 20 positions, so the first key block is a full f32 page (the portable kernel reads it in place).
+void check_causal_under_nan(bool portable) {
+  cpu::set_force_portable_kernels(portable);
+  const TestModel& m = model("llama");
+  const int64_t h = m.config.hidden_size, n = 20;
+  auto backend = make_backend(m, /*deterministic=*/true);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> states(n * h);
+  for (float& v : states) v = normal(rng);
+  std::fill_n(states.begin() + h, h, std::numeric_limits<float>::quiet_NaN());
+  auto run = [&](int64_t tokens, PageId page) {
+    ForwardBatch batch;
+    SeqChunk c;
+    c.seq = page;
+    c.num_tokens = static_cast<int32_t>(tokens);
+    c.block_table = {page, page + 1};
+    batch.chunks.push_back(c);
+    for (int64_t i = 0; i < tokens; ++i) {
+      batch.tokens.push_back(0);
+      batch.positions.push_back(static_cast<int32_t>(i));
+    }
+    std::vector<float> out(tokens * h);
+    backend->forward_layers(batch, 0, m.config.num_layers,
+                            std::span<const float>(states.data(), tokens * h), out, {});
+    return out;
+  };
+  const std::vector<float> with_nan = run(n, 0);
+  const std::vector<float> alone = run(1, 2);
+  cpu::set_force_portable_kernels(false);
+  EXPECT_TRUE(std::isnan(with_nan[h])) << "position 1 is not NaN: the test does not test";
+  EXPECT_TRUE(Bitwise({with_nan.begin(), with_nan.begin() + h}, alone))
+      << (portable ? "portable" : "default") << " kernel";
+}
+
+TEST(CpuBackend, ALaterNanKeyNeverReachesAnEarlierRow) {
+  check_causal_under_nan(/*portable=*/true);
+  check_causal_under_nan(/*portable=*/false);
 }
 
 TEST(CpuBackend, KvBytesPerPageAndCopyPage) {

@@ -292,16 +292,18 @@ void run_item_portable(const ForwardBatch& batch, const AttentionItem& it, const
         if (j < ja || j > jb) p[j] = 0.0f;
         sum += p[j];
       }
-      // All 16 keys, the ones outside [ja, jb] at weight 0 (every value row of the block is
-      // finite: read from a full page or zero-filled), so each output element stays in a
-      // register across the block instead of a load and a store per key.
+      // Only the row's own keys [ja, jb] touch its output: a key it must not see is skipped,
+      // not weighted 0, since 0 * inf or 0 * NaN is NaN. (A full block read in place holds the
+      // chunk's later positions; weighting them 0 let a NaN at position 1 make position 0's
+      // output NaN, and the prefix cache then gave that K/V to a healthy request sharing
+      // position 0: issue 54.) Each output element stays in a register across the block.
       float* o = &s.o[r * d];
       int64_t i = 0;
       for (; i + 8 <= d; i += 8) {
         Floats8 acc, vj;
         std::memcpy(&acc, o + i, sizeof acc);
         acc *= alpha;
-        for (int j = 0; j < kBlock; ++j) {
+        for (int64_t j = ja; j <= jb; ++j) {
           std::memcpy(&vj, v + j * d + i, sizeof vj);
           acc += p[j] * vj;
         }
@@ -309,7 +311,7 @@ void run_item_portable(const ForwardBatch& batch, const AttentionItem& it, const
       }
       for (; i < d; ++i) {
         float acc = o[i] * alpha;
-        for (int j = 0; j < kBlock; ++j) acc += p[j] * v[j * d + i];
+        for (int64_t j = ja; j <= jb; ++j) acc += p[j] * v[j * d + i];
         o[i] = acc;
       }
       s.l[r] = s.l[r] * alpha + sum;
