@@ -18,7 +18,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 seconds=${1:-}
 [[ "$seconds" =~ ^[1-9][0-9]*$ ]] || die "usage: bench/fuzz.sh SECONDS [HARNESS...]"
 shift
-all=(safetensors config gguf tokenizer_json bpe jinja openai_request batch_lines http_request json_schema)
+all=(safetensors config gguf tokenizer_json bpe jinja openai_request batch_lines http_request http_framing json_schema)
 harnesses=("$@")
 ((${#harnesses[@]})) || harnesses=("${all[@]}")
 for h in "${harnesses[@]}"; do

@@ -9,7 +9,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -22,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "server/http_framing.h"
 #include "server/request_body.h"
 
 namespace blend {
@@ -72,143 +72,6 @@ int milliseconds_until(Clock::time_point t) {
   const auto ms = std::chrono::ceil<std::chrono::milliseconds>(t - Clock::now()).count();
   return static_cast<int>(std::clamp<long long>(ms, 0, 1 << 30));
 }
-
-// Finds the end of a request head, its first empty line (CRLF CRLF, or LF LF as httplib also
-// takes), in bytes fed in order: each byte is looked at once, however the head is split.
-class HeadEnd {
- public:
-  // How many of p[0, n) belong to the head: all n when it has not ended yet.
-  size_t feed(const char* p, size_t n) {
-    for (size_t i = 0; i < n; ++i) {
-      last_ = (last_ << 8) | static_cast<unsigned char>(p[i]);
-      if ((last_ & 0xFFFFFFFFu) == 0x0D0A0D0Au || (last_ & 0xFFFFu) == 0x0A0Au) {
-        ended_ = true;
-        return i + 1;
-      }
-    }
-    return n;
-  }
-  bool ended() const { return ended_; }
-  void reset() { *this = HeadEnd(); }
-
- private:
-  uint32_t last_ = 0;
-  bool ended_ = false;
-};
-
-// Finds the end of a chunked body (RFC 9112 §7.1: chunk-size [; extensions] CRLF, data CRLF,
-// ..., a last chunk of size 0, trailer fields, an empty line) in bytes fed in order, each looked
-// at once however the body is split. It only finds where the body ends: httplib decodes it again
-// on the worker (and answers a malformed one), so anything unexpected just stops the scan.
-class ChunkedEnd {
- public:
-  // How many of p[0, n) belong to the body: all n when it has not ended (or the scan failed).
-  size_t feed(const char* p, size_t n) {
-    for (size_t i = 0; i < n && state_ != State::kDone && state_ != State::kFailed; ++i) {
-      const char c = p[i];
-      switch (state_) {
-        case State::kSize:
-          if (const int d = hex_digit(c); d >= 0) {
-            if (++digits_ > 15) return fail(n);
-            left_ = left_ * 16 + static_cast<uint64_t>(d);
-          } else if (digits_ == 0) {
-            return fail(n);
-          } else if (c == ';' || c == ' ' || c == '\t') {
-            state_ = State::kExtension;
-          } else if (c == '\r') {
-            state_ = State::kSizeLf;
-          } else if (c == '\n') {
-            size_line_ended();
-          } else {
-            return fail(n);
-          }
-          break;
-        case State::kExtension:
-          if (c == '\r') state_ = State::kSizeLf;
-          if (c == '\n') size_line_ended();
-          break;
-        case State::kSizeLf:
-          if (c != '\n') return fail(n);
-          size_line_ended();
-          break;
-        case State::kData: {
-          const size_t take = static_cast<size_t>(std::min<uint64_t>(left_, n - i));
-          left_ -= take;
-          i += take - 1;
-          if (left_ == 0) state_ = State::kDataCr;
-          break;
-        }
-        case State::kDataCr:
-          if (c == '\r') {
-            state_ = State::kDataLf;
-          } else if (c == '\n') {
-            next_chunk();
-          } else {
-            return fail(n);
-          }
-          break;
-        case State::kDataLf:
-          if (c != '\n') return fail(n);
-          next_chunk();
-          break;
-        case State::kTrailerStart:
-          if (c == '\n') return done(i);
-          state_ = c == '\r' ? State::kFinalLf : State::kTrailerLine;
-          break;
-        case State::kTrailerLine:
-          if (c == '\n') state_ = State::kTrailerStart;
-          break;
-        case State::kFinalLf:
-          if (c != '\n') return fail(n);
-          return done(i);
-        case State::kDone:
-        case State::kFailed:
-          break;
-      }
-    }
-    return n;
-  }
-  bool ended() const { return state_ == State::kDone; }
-  bool failed() const { return state_ == State::kFailed; }
-
- private:
-  enum class State {
-    kSize,
-    kExtension,
-    kSizeLf,
-    kData,
-    kDataCr,
-    kDataLf,
-    kTrailerStart,
-    kTrailerLine,
-    kFinalLf,
-    kDone,
-    kFailed
-  };
-  static int hex_digit(char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  }
-  void size_line_ended() { state_ = left_ == 0 ? State::kTrailerStart : State::kData; }
-  void next_chunk() {
-    state_ = State::kSize;
-    digits_ = 0;
-  }
-  size_t fail(size_t n) {
-    state_ = State::kFailed;
-    return n;
-  }
-  size_t done(size_t i) {
-    state_ = State::kDone;
-    return i + 1;
-  }
-
-  State state_ = State::kSize;
-  uint64_t left_ = 0;
-  int digits_ = 0;
-};
 
 // One connection's byte stream, kept for all its requests (so that bytes of a pipelined request
 // read ahead with the one before it stay here), with the request deadlines of ConnectionLimits.
@@ -376,63 +239,6 @@ void send_too_many_connections(int fd, const std::string& why) {
 // Heads longer than this go to a worker unfinished, which reads the rest under the head's
 // deadline (httplib takes heads of any length).
 constexpr size_t kMaxPolledHead = 32 * 1024;
-
-bool same_name(std::string_view a, std::string_view b) {
-  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
-           return std::tolower(static_cast<unsigned char>(x)) == y;
-         });
-}
-
-std::string_view trimmed(std::string_view value) {
-  while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
-  while (!value.empty() && (value.back() == ' ' || value.back() == '\t' || value.back() == '\r'))
-    value.remove_suffix(1);
-  return value;
-}
-
-// How the body the poller reads for a request with this head before a worker takes it is framed.
-struct BodyFraming {
-  size_t length = 0;     // by its Content-Length
-  bool chunked = false;  // Transfer-Encoding: chunked, its end found by ChunkedEnd
-  bool any() const { return length > 0 || chunked; }
-};
-
-// The body the poller reads before a worker takes the request: one framed by the one
-// Content-Length, or by `Transfer-Encoding: chunked` alone. None when there is no body or a worker
-// reads it: Expect: 100-continue (the client waits for our answer before sending it), other
-// transfer codings, both framings at once, a repeated or malformed header (httplib answers those).
-BodyFraming body_to_collect(std::string_view head) {
-  size_t length = 0;
-  int lengths = 0, encodings = 0;
-  bool chunked = false;
-  for (size_t at = head.find('\n'); at != std::string_view::npos && at + 1 < head.size();) {
-    const size_t start = at + 1;
-    at = head.find('\n', start);
-    const std::string_view line =
-        head.substr(start, at == std::string_view::npos ? std::string_view::npos : at - start);
-    const size_t colon = line.find(':');
-    if (colon == std::string_view::npos) continue;
-    const std::string_view name = line.substr(0, colon);
-    const std::string_view value = trimmed(line.substr(colon + 1));
-    if (same_name(name, "expect")) return {};
-    if (same_name(name, "transfer-encoding")) {
-      chunked = same_name(value, "chunked");
-      ++encodings;
-      continue;
-    }
-    if (!same_name(name, "content-length")) continue;
-    if (value.empty() || value.size() > 18) return {};
-    length = 0;
-    for (const char c : value) {
-      if (c < '0' || c > '9') return {};
-      length = length * 10 + static_cast<size_t>(c - '0');
-    }
-    ++lengths;
-  }
-  if (encodings == 0 && lengths == 1) return {.length = length};
-  if (encodings == 1 && lengths == 0 && chunked) return {.chunked = true};
-  return {};
-}
 
 using RequestProcessor = std::function<bool(httplib::Stream&, bool close_connection, bool& closed)>;
 
