@@ -13,6 +13,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
@@ -106,6 +107,18 @@ struct WeightStats {
   int32_t unique_blocks = 0;   // distinct blocks in memory
 };
 
+// What a backend's passes cost per operation of the layer sequence (embed, norm, qkv, rope_kv,
+// attention, o_proj, gate_up, act, down, lm_head), summed over layers and steps since the
+// backend's last reset: the cpu backend times every pass, the cuda backend when op timing is
+// on (GPU event time); the simulator reports none. What `blend batch --stats` writes, so that no
+// command needs to know which backend it runs.
+struct OpStatistics {
+  std::vector<std::pair<std::string, double>> seconds;  // per operation, in layer order
+  int64_t steps = 0;
+  int64_t tokens = 0;        // 0 where the backend does not count them
+  int64_t thread_steps = 0;  // each step's host threads, summed (0: not counted)
+};
+
 // A chain assembled from the blocks of the models a backend holds (BlockLLM: a chain is data):
 // the embedding and head of `base`, and layer i's attention from model attention[i] and FFN
 // from model ffn[i]. The chain ends after its last block, where the head reads the residual
@@ -128,6 +141,7 @@ class Backend {
   // All share config()'s architecture, so one KV cache serves them all.
   virtual int32_t num_models() const { return 1; }
   virtual WeightStats weight_stats() const { return {}; }
+  virtual OpStatistics op_statistics() const { return {}; }
   // Adds `spec` as a model of its own and returns its id (num_models() before the call, for
   // SeqChunk::model); it holds no weights of its own and no prefix cache knows it. Throws
   // blend::Error for an unknown model id or a malformed spec, and on a backend that runs each

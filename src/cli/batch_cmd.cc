@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "api/batch_file.h"
-#include "backend/cpu/cpu_backend.h"
+#include "backend/backend.h"
 #include "blocks/adaptive.h"
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
@@ -139,10 +139,15 @@ void run_batch(const BatchArgs& given) {
   stats["policy"] = args.job.policy;
   stats["deterministic"] = args.engine.deterministic;
   stats["threads"] = args.engine.threads;
-  if (const auto* cpu = dynamic_cast<const CpuBackend*>(&engine.backend());
-      cpu && cpu->op_times().steps > 0)  // below --threads when CoreShare lowered passes
-    stats["pass_threads_mean"] = static_cast<double>(cpu->op_times().thread_steps) /
-                                 static_cast<double>(cpu->op_times().steps);
+  const OpStatistics ops = engine.backend().op_statistics();
+  if (ops.steps > 0 && ops.thread_steps > 0)  // below --threads when CoreShare lowered passes
+    stats["pass_threads_mean"] =
+        static_cast<double>(ops.thread_steps) / static_cast<double>(ops.steps);
+  if (ops.steps > 0) {
+    nlohmann::json seconds = nlohmann::json::object();
+    for (const auto& [op, s] : ops.seconds) seconds[op] = s;
+    stats["op_seconds"] = std::move(seconds);
+  }
   if (!args.quiet)
     std::fprintf(stderr,
                  "blend batch: %lld requests (%lld failed, %lld already done), %lld in + %lld out "

@@ -221,8 +221,7 @@ void run_profile(const ProfileArgs& args) {
   if (!args.out.empty()) write_hardware_profile(args, *backend, config, po, steps);
 #ifdef BLEND_HAVE_CUDA
   if (!args.nano.empty()) {
-    auto& cuda_backend = dynamic_cast<CudaBackend&>(*backend);
-    const cuda::NanoProfile nano = cuda_backend.measure_nano_profile(std::max(args.reps, 5));
+    const cuda::NanoProfile nano = measure_nano_profile(*backend, std::max(args.reps, 5));
     write_json(args.nano, cuda::nano_profile_to_json(nano));
     std::printf(
         "nano-batch profile: %zu GEMM and %zu attention SM counts (steps of %d of %d), "

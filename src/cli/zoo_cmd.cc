@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "backend/cpu/cpu_backend.h"
 #include "blocks/adaptive.h"
 #include "blocks/equivalence.h"
 #include "blocks/stitch.h"
@@ -48,8 +49,7 @@ void run_analyze(const AnalyzeArgs& a) {
   options.threads = a.threads;
   options.kv_memory_gb = 0.5;
   Engine engine(folders, options);
-  auto* backend = dynamic_cast<CpuBackend*>(&engine.backend());
-  if (!backend) throw Error("zoo analyze needs the cpu backend");
+  CpuBackend* backend = &cpu_backend_for(engine.backend(), "zoo analyze");
   if (!engine.models_share_tokenizer())
     throw Error(
         "zoo analyze: the models' tokenizers differ; calibration text would mean "
@@ -140,9 +140,8 @@ void run_stitch(const StitchArgs& a) {
   options.threads = a.threads;
   options.kv_memory_gb = 0.25;
   Engine head(a.head, options), tail(a.tail, options);
-  auto* head_backend = dynamic_cast<CpuBackend*>(&head.backend());
-  auto* tail_backend = dynamic_cast<CpuBackend*>(&tail.backend());
-  if (!head_backend || !tail_backend) throw Error("zoo stitch needs the cpu backend");
+  CpuBackend* head_backend = &cpu_backend_for(head.backend(), "zoo stitch");
+  CpuBackend* tail_backend = &cpu_backend_for(tail.backend(), "zoo stitch");
   const TensorStore tail_weights = TensorStore::open_dir(a.tail);
   // Even-numbered prompts train the block, odd-numbered ones evaluate it (held out).
   std::vector<std::vector<TokenId>> train, held_out;

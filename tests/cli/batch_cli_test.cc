@@ -184,6 +184,19 @@ TEST_F(BatchCli, CompletionsChatAndBadLines) {
   EXPECT_EQ(stats["requests"], 6);
   EXPECT_EQ(stats["failed"], 3);
   EXPECT_GT(stats["throughput_tokens_per_s"].get<double>(), 0.0);
+  // The backend's op statistics, through Backend::op_statistics (the cpu backend times every
+  // pass): every operation of the layer sequence, the passes' threads at least 1.
+  ASSERT_TRUE(stats.contains("op_seconds"));
+  double op_total = 0;
+  for (const char* op : {"embed", "norm", "qkv", "rope_kv", "attention", "o_proj", "gate_up", "act",
+                         "down", "lm_head"}) {
+    ASSERT_TRUE(stats["op_seconds"].contains(op)) << op;
+    EXPECT_GE(stats["op_seconds"][op].get<double>(), 0.0) << op;
+    op_total += stats["op_seconds"][op].get<double>();
+  }
+  EXPECT_GT(op_total, 0.0);
+  EXPECT_LT(op_total, stats["wall_seconds"].get<double>());
+  EXPECT_GE(stats["pass_threads_mean"].get<double>(), 1.0);
 
   // Rerunning with the same output skips everything already there.
   const auto again = testing::run_command(

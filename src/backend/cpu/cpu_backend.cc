@@ -99,6 +99,7 @@ class CpuBackendImpl final : public CpuBackend {
 
   const CpuOpTimes& op_times() const override { return times_; }
   void reset_op_times() override { times_ = {}; }
+  OpStatistics op_statistics() const override;
   DType compute_dtype() const override { return compute_; }
   std::string gemm_info() const override;
   ModelId add_chain(const ChainSpec& spec) override;
@@ -280,6 +281,23 @@ void CpuBackendImpl::allocate_kv(int64_t num_pages) {
   if (kv_.num_pages() > 0) throw Error("cpu backend: the KV cache is allocated already");
   kv_ = cpu::KvCache(config_.num_layers, config_.num_kv_heads, config_.head_dim, kv_.page_size(),
                      num_pages, compute_);
+}
+
+OpStatistics CpuBackendImpl::op_statistics() const {
+  const CpuOpTimes& t = times_;
+  return {.seconds = {{"embed", t.embed},
+                      {"norm", t.norm},
+                      {"qkv", t.qkv},
+                      {"rope_kv", t.rope_kv},
+                      {"attention", t.attention},
+                      {"o_proj", t.o_proj},
+                      {"gate_up", t.gate_up},
+                      {"act", t.act},
+                      {"down", t.down},
+                      {"lm_head", t.lm_head}},
+          .steps = t.steps,
+          .tokens = t.tokens,
+          .thread_steps = t.thread_steps};
 }
 
 std::string CpuBackendImpl::gemm_info() const {
@@ -769,6 +787,12 @@ std::unique_ptr<CpuBackend> make_cpu_backend(const ModelConfig& config, const Te
                                              const BackendOptions& options, CpuGemmLib f32_gemm) {
   const TensorStore* one[] = {&weights};
   return make_cpu_backend(config, one, options, f32_gemm);
+}
+
+CpuBackend& cpu_backend_for(Backend& backend, const std::string& needs) {
+  auto* cpu = dynamic_cast<CpuBackend*>(&backend);
+  if (!cpu) throw Error(needs + " needs the cpu backend (this is " + backend.name() + ")");
+  return *cpu;
 }
 
 std::unique_ptr<Backend> make_cpu_backend(const ModelConfig& config, const TensorStore& weights,

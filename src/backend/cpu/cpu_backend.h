@@ -115,4 +115,9 @@ std::unique_ptr<CpuBackend> make_cpu_backend(const ModelConfig& config,
                                              const BackendOptions& options, CpuGemmLib f32_gemm,
                                              std::span<const LoraAdapter* const> adapters = {});
 
+// `backend` as the cpu backend, for what only it offers (forward_layers, chains, the block
+// analyses of blocks/); throws blend::Error "<needs> needs the cpu backend (this is NAME)"
+// when it is another.
+CpuBackend& cpu_backend_for(Backend& backend, const std::string& needs);
+
 }  // namespace blend

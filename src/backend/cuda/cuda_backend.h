@@ -60,6 +60,11 @@ class CudaBackend : public Backend {
   virtual cuda::NanoProfile measure_nano_profile(int reps) = 0;
 };
 
+// `backend`'s nano-batch profile (CudaBackend::measure_nano_profile) for a caller that holds it
+// as a Backend, e.g. from make_backend; throws blend::Error naming the backend it is when that
+// is not the cuda backend.
+cuda::NanoProfile measure_nano_profile(Backend& backend, int reps);
+
 // Whether a CUDA device can be used; when not, `why` says what the runtime answered (no
 // driver, no device).
 bool cuda_device_available(std::string* why = nullptr);

@@ -53,6 +53,7 @@ class CudaBackendImpl final : public CudaBackend {
   void set_op_timing(bool on) override { timing_ = on; }
   const CudaOpTimes& op_times() const override { return times_; }
   void reset_op_times() override { times_ = {}; }
+  OpStatistics op_statistics() const override;
   const CudaGraphStats& graph_stats() const override { return graph_stats_; }
   cuda::NanoProfile measure_nano_profile(int reps) override;
   void copy_page(PageId src, PageId dst) override;
