@@ -31,7 +31,7 @@ while IFS= read -r run; do
     IFS='|' read -r name tbflags rates <<<"$tb"
     # shellcheck disable=SC2086
     "$BLEND" simulate-serve --json --duration "${DURATION:-600}" --seed "${SEED:-1}" \
-      --policy "${POLICIES:-hybrid,fcfs,prefill-first}" --rt-rate "$rates" $tbflags $flags |
+      --scheduler "${POLICIES:-hybrid,fcfs,prefill-first}" --rt-rate "$rates" $tbflags $flags |
       python3 -c 'import json,sys; [print(json.dumps(dict(json.loads(l), run=sys.argv[1], testbed=sys.argv[2]))) for l in sys.stdin]' \
         "$label" "$name" >>"$out"
   done

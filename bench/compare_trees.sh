@@ -84,13 +84,16 @@ run_both() {  # NAME CMD... (the binary is BLEND, new-only flags EXTRA; outputs 
   done
 }
 
+# The scheduler flag of a binary: --scheduler, or --policy before session 44 renamed it there.
+scheduler_flag() { "$1" simulate-serve --help 2>/dev/null | grep -q -- '--scheduler' && echo --scheduler || echo --policy; }
+
 run_both batch '$BLEND batch --model model --input requests.jsonl --output $OUTFILE --deterministic --threads 2 $EXTRA'
 run_both batch_blend '$BLEND batch --model model --input requests.jsonl --output $OUTFILE --deterministic --threads 2 --policy blend $EXTRA'
 run_both batch_preempt '$BLEND batch --model model --input requests.jsonl --output $OUTFILE --deterministic --threads 2 --kv-memory 0.0004 --max-batch-tokens 64 $EXTRA'
 run_both simulate '$BLEND simulate --workload workload.jsonl --policy blend,dfs,dfs@sequential,random,fcfs --json'
 run_both simulate_sampled '$BLEND simulate --workload workload.jsonl --policy blend,dfs --sample-fraction 0.05 --json'
 run_both simulate_dp '$BLEND simulate --workload workload.jsonl --policy blend,dfs --dp 3 --json'
-run_both simulate_serve '$BLEND simulate-serve --policy hybrid,fcfs,round-robin,prefill-first --rt-rate 1,3 --duration 120 --be-batch 256 --traces "$TRACES" --json'
+run_both simulate_serve '$BLEND simulate-serve $(scheduler_flag $BLEND) hybrid,fcfs,round-robin,prefill-first --rt-rate 1,3 --duration 120 --be-batch 256 --traces "$TRACES" --json'
 run_both plan '$BLEND plan --input workload.jsonl --model-shape llama-3-8b --hardware a100-80g --explain'
 
 python3 - "$WORK" <<'PY'

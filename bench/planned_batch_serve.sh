@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# BlendServe and BROS in one process (issue 24): Batch API jobs on `blend serve --policy hybrid`
+# BlendServe and BROS in one process (issue 24): Batch API jobs on `blend serve --scheduler hybrid`
 # with real-time traffic beside them, the batch planner on (--batch-policy blend) and off
 # (--batch-policy fcfs: every line queued at once in file order, as before the planner).
 #
@@ -65,7 +65,7 @@ PY
 one_run() {
   local policy=$1 run=$2 data="$WORK/data-$1-$2"
   rm -rf "$data"
-  "$BLEND" serve --model model --port 0 --policy hybrid --batch-policy "$policy" \
+  "$BLEND" serve --model model --port 0 --scheduler hybrid --batch-policy "$policy" \
     --kv-memory "$KV_GB" --threads "$THREADS" --quiet --data-dir "$data" 2>"serve-$policy-$run.log" &
   local server=$!
   local port=""
@@ -75,7 +75,7 @@ one_run() {
     sleep 0.1
   done
   [[ -n $port ]] || { echo "the server did not start" >&2; kill "$server"; exit 1; }
-  "$BLEND" bench serve --url "http://127.0.0.1:$port" --policy hybrid --rt-rate "$RT_RATE" \
+  "$BLEND" bench serve --url "http://127.0.0.1:$port" --scheduler hybrid --rt-rate "$RT_RATE" \
     --duration "$DURATION" --be-batch 0 --length-scale "$LENGTH_SCALE" --seed "$run" --json \
     >"rt-$policy-$run.json" 2>"rt-$policy-$run.log" &
   local rt=$!

@@ -27,7 +27,7 @@
 # DTYPE (bf16), KIND (mix | full | lora), TENANTS (20), LAYERS ("0 1 2 3"), RANK (8), TARGETS
 # (q_proj,v_proj), RATES ("0.5 1 2"), DURATION (60), LENGTH_SCALE (0.25), ZIPF (1), THREADS (2),
 # KV_GB (2), DEPLOYMENTS ("zoo ps per-model"), SERVE_ARGS (more flags for every server, e.g.
-# "--policy fcfs"; the default policy is hybrid), THRESHOLD (0.98, zoo-adaptive), SCALE (1: the
+# "--scheduler fcfs"; the default scheduler is hybrid), THRESHOLD (0.98, zoo-adaptive), SCALE (1: the
 # full fine-tunes' `derive --scale`), INIT_ARGS (more `model init` flags for the base, e.g.
 # --untie-embeddings, which zoo-adaptive needs: a random tied head makes every block equivalent).
 set -euo pipefail
@@ -117,7 +117,7 @@ for deployment in $DEPLOYMENTS; do
   route=()
   for entry in "${ports[@]:1}"; do route+=(--model-port "$entry"); done
   for rate in $RATES; do
-    "$BLEND" bench serve --url "http://127.0.0.1:$main_port" --policy "$deployment" \
+    "$BLEND" bench serve --url "http://127.0.0.1:$main_port" --scheduler "$deployment" \
       --models "$(IFS=,; echo "${tenants[*]}")" --zipf "$ZIPF" ${route[@]+"${route[@]}"} \
       --rt-rate "$rate" --duration "$DURATION" --be-batch 0 --length-scale "$LENGTH_SCALE" \
       --max-in-flight 256 --seed 1 --json >"$OUT_DIR/load.json" 2>"$OUT_DIR/load-$deployment-$rate.log" ||

@@ -4,7 +4,7 @@ blend's engine, for one nano-batch combination at a time (bench/gpu/online_run.s
 combination's BLEND_CUDA_* environment and calls this once per combination, then --report).
 
 One call (a combination, its label given by --combo):
- 1. `blend serve --backend B --policy fcfs` on the model folder, on a free port.
+ 1. `blend serve --backend B --scheduler fcfs` on the model folder, on a free port.
  2. Per --rates rate: `blend bench serve --url` with Poisson arrivals of ShareGPT-like requests
     (the repository's data/traces lengths, prompts longer than --max-context skipped) for
     --duration seconds and no best-effort jobs; its JSON (normalized latency = a request's
@@ -74,7 +74,7 @@ def serve_and_bench(a, out):
     port = free_port()
     data_dir = os.path.join(out, f"serve-data-{tag}")
     cmd = [a.blend, "serve", "--backend", a.backend, "--model", a.model, "--port", str(port),
-           "--policy", "fcfs", "--max-batch-tokens", str(a.budget), "--max-running",
+           "--scheduler", "fcfs", "--max-batch-tokens", str(a.budget), "--max-running",
            str(a.max_running), "--data-dir", data_dir, "--quiet"]
     if a.threads:
         cmd += ["--threads", str(a.threads)]
@@ -86,7 +86,7 @@ def serve_and_bench(a, out):
             for rate in a.rates:
                 def bench(rate=rate):
                     c = [a.blend, "bench", "serve", "--url", f"http://127.0.0.1:{port}",
-                         "--policy", "fcfs", "--duration", str(a.duration), "--rt-rate",
+                         "--scheduler", "fcfs", "--duration", str(a.duration), "--rt-rate",
                          str(rate), "--be-batch", "0", "--json", "--max-in-flight",
                          str(a.max_in_flight), "--max-context", str(a.max_context), "--seed",
                          str(a.seed), "--drain-timeout", str(a.drain_timeout), "--plot",

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One run on the lent GPU machine for NanoFlow's online experiment (issue 29, Fig. 11/12) and
 # its per-step resource use (Fig. 14): for each COMBOS combination (run_lib.sh's run_combo),
-# bench/gpu/online.py serves the 8B folder with `blend serve --backend cuda --policy fcfs`,
+# bench/gpu/online.py serves the 8B folder with `blend serve --backend cuda --scheduler fcfs`,
 # loads it with `blend bench serve` at each RATES rate (Poisson arrivals, ShareGPT-like lengths
 # from data/traces, DURATION seconds each), then runs `blend batch --step-timings` on
 # TIMELINE_WORK; --report writes $OUT/online.md (normalized latency against rate, the steps'

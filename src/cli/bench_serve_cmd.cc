@@ -89,7 +89,7 @@ void run(BenchServeArgs& args) {
   if (lo.be_batch_requests < 0) throw Error("--be-batch must be >= 0");
   if (!(lo.ttft_slo > 0) || !(lo.tpot_slo > 0)) throw Error("--ttft-slo/--tpot-slo must be > 0");
   const std::vector<std::string> policies = split_list(args.policies);
-  if (policies.empty()) throw Error("--policy names no policy");
+  if (policies.empty()) throw Error("--scheduler names no scheduler");
   lo.models = split_list(args.models);
   for (const std::string& mp : args.model_ports) {
     const size_t eq = mp.find('=');
@@ -107,7 +107,7 @@ void run(BenchServeArgs& args) {
     throw Error("--model-port needs --url: the servers it names are started outside");
   if (!args.url.empty()) {
     if (args.policy_given && policies.size() > 1)
-      throw Error("--url targets one running server: give --policy at most one label");
+      throw Error("--url targets one running server: give --scheduler at most one label");
     std::tie(lo.host, lo.port) = online::parse_url(args.url);
     online::check_loopback(lo.host);
   } else {
@@ -207,9 +207,10 @@ void register_bench_command(CLI::App& app) {
   cmd->add_option("--model", a->model, "Model folder (the server is started in-process)");
   cmd->add_option("--url", a->url,
                   "A running server to load instead, http://127.0.0.1:PORT (loopback only)");
-  cmd->add_option("--policy", a->policies,
+  cmd->add_option("--scheduler", a->policies,
                   "Comma-separated: " + scheduler_policy_list() + " (with --url: one label)")
       ->capture_default_str();
+  refuse_policy_flag(cmd);
   cmd->add_option("--duration", a->duration, "Seconds of RT arrivals and BE jobs")
       ->capture_default_str();
   cmd->add_option("--rt-rate", a->rt_rate, "RT requests per second (Poisson)")
@@ -245,7 +246,7 @@ void register_bench_command(CLI::App& app) {
       ->capture_default_str();
   add_hybrid_flags(cmd, a->engine.scheduler.hybrid);
   cmd->add_option("--profile", a->profile,
-                  "A `blend profile` file: its iteration model drives --policy hybrid (without "
+                  "A `blend profile` file: its iteration model drives --scheduler hybrid (without "
                   "one the model is fitted from the steps served)");
   cmd->add_option("--kv-layout", a->kv_layout,
                   "As `blend serve --kv-layout`: bidirectional, unidirectional, or auto "
@@ -265,7 +266,7 @@ void register_bench_command(CLI::App& app) {
                   "Write a PNG of the latency CDFs per class and policy (RT TTFT and "
                   "end-to-end, BE batch jobs) here; its numbers go to the same name with .dat");
   cmd->callback([a, cmd] {
-    a->policy_given = cmd->count("--policy") > 0;
+    a->policy_given = cmd->count("--scheduler") > 0;
     run(*a);
   });
   register_bench_soak_command(*bench);

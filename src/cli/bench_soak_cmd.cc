@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/engine_flags.h"
 #include "core/error.h"
 #include "harness/load_generator.h"
 #include "harness/soak.h"
@@ -39,7 +40,7 @@ struct SoakArgs {
   int threads = 0;
   double kv_memory_gb = 0;
   int http_threads = 0;  // 0 = clients + 64
-  std::string policy;    // the server's --policy; empty = its default
+  std::string policy;    // the server's --scheduler; empty = its default
   bool json = false;
   online::SoakOptions soak;
 };
@@ -86,7 +87,7 @@ class ServerProcess {
         "--http-head-timeout",
         std::to_string(args.soak.head_timeout_s)};
     if (args.threads > 0) argv.insert(argv.end(), {"--threads", std::to_string(args.threads)});
-    if (!args.policy.empty()) argv.insert(argv.end(), {"--policy", args.policy});
+    if (!args.policy.empty()) argv.insert(argv.end(), {"--scheduler", args.policy});
     if (args.kv_memory_gb > 0)
       argv.insert(argv.end(), {"--kv-memory", std::to_string(args.kv_memory_gb)});
     std::vector<char*> cargv;
@@ -251,8 +252,9 @@ void register_bench_soak_command(CLI::App& bench) {
   cmd->add_option("--seed", a->soak.seed, "Prompts, lengths and hang-ups")->capture_default_str();
   cmd->add_option("--threads", a->threads, "Server compute threads (default: all)");
   cmd->add_option("--kv-memory", a->kv_memory_gb, "Server KV cache size in GB");
-  cmd->add_option("--policy", a->policy,
-                  "The server's scheduling policy (`blend serve --policy`; default: its own)");
+  cmd->add_option("--scheduler", a->policy,
+                  "The server's scheduler (`blend serve --scheduler`; default: its own)");
+  refuse_policy_flag(cmd);
   cmd->add_option("--threads-http", a->http_threads,
                   "Server connections at once (default: clients + 64)");
   cmd->add_option("--hostile-clients", a->soak.hostile_clients,

@@ -210,17 +210,17 @@ void add_engine_flags(CLI::App* cmd, EngineOptions& o) {
 
 void add_hybrid_flags(CLI::App* cmd, HybridOptions& h) {
   cmd->add_option("--hybrid-initial-batch", h.initial_batch,
-                  "--policy hybrid: start (and floor) of the adaptive batch size, in requests; "
+                  "--scheduler hybrid: start (and floor) of the adaptive batch size, in requests; "
                   "it grows by --hybrid-batch-step after each iteration with no real-time "
                   "request at risk, up to --max-running, and halves on a predicted miss")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   cmd->add_option("--hybrid-batch-step", h.batch_step,
-                  "--policy hybrid: growth of the batch size per calm iteration")
+                  "--scheduler hybrid: growth of the batch size per calm iteration")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
   cmd->add_option("--hybrid-overdue-after", h.overdue_after_slos,
-                  "--policy hybrid: a prompt that missed its TTFT target runs first once it is "
+                  "--scheduler hybrid: a prompt that missed its TTFT target runs first once it is "
                   "this many targets late, bounding waits under sustained overload (default 0: "
                   "it yields to on-time requests for ever, BROS's order)")
       ->check(CLI::Range(0.0, 1e6))
@@ -229,7 +229,7 @@ void add_hybrid_flags(CLI::App* cmd, HybridOptions& h) {
   const std::map<std::string, Preempt> preempt = {
       {"auto", Preempt::kAuto}, {"on", Preempt::kOn}, {"off", Preempt::kOff}};
   cmd->add_flag("--hybrid-preempt-be-pages{on}", h.preempt_be_pages,
-                "--policy hybrid: whether the pages of running best-effort sequences count as "
+                "--scheduler hybrid: whether the pages of running best-effort sequences count as "
                 "room for a real-time request, which then shares one (bidirectional KV) or "
                 "drops its holder (Alg. 1 as BROS publishes it): auto (the default) when a "
                 "dropped sequence's KV swaps out to --kv-host-memory / --kv-disk, on (the flag "
@@ -277,8 +277,20 @@ SchedulerPolicy parse_scheduler_policy(const std::string& name) {
   const auto& names = scheduler_policy_names();
   const auto it = names.find(name);
   if (it == names.end())
-    throw Error("unknown policy '" + name + "' (" + scheduler_policy_list() + ")");
+    throw Error("unknown scheduler '" + name + "' (" + scheduler_policy_list() + ")");
   return it->second;
+}
+
+void refuse_policy_flag(CLI::App* cmd, const std::string& also) {
+  const std::string command = cmd->get_name();
+  cmd->add_option_function<std::string>(
+         "--policy",
+         [command, also](const std::string& value) {
+           throw Error("--policy " + value + ": " + command + " picks its scheduler with " +
+                       "--scheduler (" + scheduler_policy_list() + ")" + also +
+                       "; --policy is a plan order, on blend batch, plan and simulate");
+         })
+      ->group("");  // hidden from --help
 }
 
 bool bidirectional_kv_for(const std::string& layout, SchedulerPolicy policy) {

@@ -49,12 +49,17 @@ void add_hybrid_flags(CLI::App* cmd, HybridOptions& hybrid);
 // BROS's iteration model (§4.1) from a `blend profile` file (serve --profile).
 IterationCostModel read_iteration_model(const std::string& path);
 
-// "hybrid" | "fcfs" | "round-robin" | "prefill-first" (the names --policy takes).
+// "hybrid" | "fcfs" | "round-robin" | "prefill-first" (the names --scheduler takes).
 const std::map<std::string, SchedulerPolicy>& scheduler_policy_names();
 // Those names, comma-separated (for help and error texts).
 std::string scheduler_policy_list();
 // Throws blend::Error naming the policy when it is not one of them.
 SchedulerPolicy parse_scheduler_policy(const std::string& name);
+// `--policy` means one thing, a plan order (blend batch, plan, simulate); the commands that
+// pick a scheduler instead (serve, simulate-serve, bench serve, bench soak) take --scheduler
+// and refuse --policy with this, naming --scheduler (and `also`, e.g. serve's --batch-policy),
+// so that a command line written for the old meaning fails instead of meaning another thing.
+void refuse_policy_flag(CLI::App* cmd, const std::string& also = "");
 
 // --kv-layout: "bidirectional", "unidirectional", or "auto" (bidirectional with the hybrid
 // policy, as BROS; unidirectional for its baselines).

@@ -141,14 +141,15 @@ void register_serve_command(CLI::App& app) {
   auto adaptive = std::make_shared<AdaptiveFlags>();
   add_adaptive_flags(cmd, *adaptive, o->engine);
   o->engine.scheduler.policy = SchedulerPolicy::kHybrid;
-  cmd->add_option("--policy", o->engine.scheduler.policy,
+  cmd->add_option("--scheduler", o->engine.scheduler.policy,
                   "Scheduling of real-time and best-effort requests: hybrid (BROS), fcfs, "
                   "round-robin, prefill-first (vLLM before chunked prefill) (default hybrid)")
       ->transform(CLI::CheckedTransformer(scheduler_policy_names(), CLI::ignore_case));
+  refuse_policy_flag(cmd, ", and the Batch API's plan order with --batch-policy");
   add_hybrid_flags(cmd, o->engine.scheduler.hybrid);
   auto profile = std::make_shared<std::string>();
   cmd->add_option("--profile", *profile,
-                  "A `blend profile` file: its iteration model drives --policy hybrid (without one "
+                  "A `blend profile` file: its iteration model drives --scheduler hybrid (without one "
                   "the model is fitted from the steps served), its hardware fit the batch "
                   "planner's cost model (without one: a built-in CPU estimate)");
   cmd->add_option("--ttft-slo", o->engine.ttft_slo,
@@ -178,7 +179,7 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--kv-layout", *layout,
                   "KV pages shared by a real-time and a best-effort request from opposite ends "
                   "(BROS §5): bidirectional, unidirectional, or auto (bidirectional with "
-                  "--policy hybrid, as BROS; unidirectional for its baselines)")
+                  "--scheduler hybrid, as BROS; unidirectional for its baselines)")
       ->check(CLI::IsMember({"auto", "bidirectional", "unidirectional"}))
       ->capture_default_str();
   cmd->callback([o, profile, layout, dtype, adaptive, positional, names, chat_template] {

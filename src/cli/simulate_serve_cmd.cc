@@ -158,8 +158,9 @@ void register_simulate_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--model-shape", a->model_shape, "Model shape preset")->capture_default_str();
   cmd->add_option("--tp", a->tensor_parallel, "Tensor-parallel degree")->capture_default_str();
-  cmd->add_option("--policy", a->policies, "Comma-separated: " + scheduler_policy_list())
+  cmd->add_option("--scheduler", a->policies, "Comma-separated: " + scheduler_policy_list())
       ->capture_default_str();
+  refuse_policy_flag(cmd);
   cmd->add_option("--kv-layout", a->kv_layout,
                   "auto (bidirectional for hybrid), bidirectional, unidirectional")
       ->check(CLI::IsMember({"auto", "bidirectional", "unidirectional"}))

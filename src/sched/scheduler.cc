@@ -150,7 +150,7 @@ void SchedulerCore::abort(Sequence* seq) {
     waiting_.erase(it);
 }
 
-// The FCFS pass (sched/policy.h): what --policy fcfs runs, and what the other policies fall
+// The FCFS pass (sched/policy.h): what --scheduler fcfs runs, and what the other policies fall
 // back on.
 void schedule_fcfs(SchedulerCore& core, StepPlan& plan, int32_t& budget,
                    const std::function<bool(const Sequence&)>& eligible, bool admit_waiting) {

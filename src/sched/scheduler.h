@@ -7,7 +7,7 @@
 // preempted (its pages freed, recomputed later) — never dropped.
 //
 // Split three ways (issue 24): the engine-facing Scheduler (below) is a SchedulerCore plus one
-// SchedulingPolicy per --policy (sched/policy.h: who runs, in which order); every page
+// SchedulingPolicy per --scheduler (sched/policy.h: who runs, in which order); every page
 // mechanic below is the KvManager's (kv/kv_manager.h).
 //
 // With a RadixCache (prefix caching on), a sequence starts from the longest cached prefix of its

@@ -78,7 +78,7 @@ struct ServerOptions {
   // pace of a BlendServe plan of the job (prefix tree, dual scanner; as `blend batch --policy
   // blend`), "dfs" or "random" in those plans' orders, "fcfs" all at once in file order (no
   // planner). Jobs run one after another: the next one starts when the one before has handed
-  // out all its lines. Real-time requests keep their priority (--policy hybrid) either way.
+  // out all its lines. Real-time requests keep their priority (--scheduler hybrid) either way.
   std::string batch_policy = "blend";
   // A planned job's output-length sampling pass (BlendServe §5.1): this fraction of its lines
   // without ignore_eos runs first, their lengths estimate the others'; before that the planner

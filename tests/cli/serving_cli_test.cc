@@ -53,7 +53,7 @@ TEST_F(ServingCli, BenchServePrintsOneJsonObjectPerPolicyWithItsKvLayout) {
                              "' --duration 2 --rt-rate 4 --be-batch 6 --threads 1 "
                              "--kv-memory 0.01 --seed 2 --json --traces '" +
                              traces() + "'";
-  auto r = testing::run_command(blend(common + " --policy hybrid,fcfs 2>/dev/null"));
+  auto r = testing::run_command(blend(common + " --scheduler hybrid,fcfs 2>/dev/null"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto got = lines(r.output);
   ASSERT_EQ(got.size(), 2u) << r.output;
@@ -73,7 +73,7 @@ TEST_F(ServingCli, BenchServePrintsOneJsonObjectPerPolicyWithItsKvLayout) {
 
   // --plot: the latency CDFs per class and policy (issue 25), a series each in the .dat file.
   const auto png = *dir_ / "bench.png";
-  r = testing::run_command(blend(common + " --policy hybrid --plot '" + png.string() + "' 2>&1"));
+  r = testing::run_command(blend(common + " --scheduler hybrid --plot '" + png.string() + "' 2>&1"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(testing::read_file(png).substr(1, 3), "PNG");
   const std::string dat = testing::read_file(*dir_ / "bench.dat");
@@ -81,7 +81,7 @@ TEST_F(ServingCli, BenchServePrintsOneJsonObjectPerPolicyWithItsKvLayout) {
   EXPECT_NE(dat.find("# hybrid RT end-to-end"), std::string::npos) << dat;
 
   r = testing::run_command(
-      blend(common + " --policy hybrid --kv-layout unidirectional 2>/dev/null"));
+      blend(common + " --scheduler hybrid --kv-layout unidirectional 2>/dev/null"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   got = lines(r.output);
   ASSERT_EQ(got.size(), 1u) << r.output;
@@ -141,7 +141,7 @@ TEST_F(ServingCli, BenchSoakHostileClientsGetCleanAnswers) {
 
 TEST_F(ServingCli, SimulateServePrintsOneJsonObjectPerRateAndPolicy) {
   const auto r = testing::run_command(
-      blend("simulate-serve --rt-rate 1,3 --duration 20 --policy hybrid,fcfs --be-batch 32 "
+      blend("simulate-serve --rt-rate 1,3 --duration 20 --scheduler hybrid,fcfs --be-batch 32 "
             "--json --traces '" +
             traces() + "'"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -161,7 +161,7 @@ TEST_F(ServingCli, SimulateServePrintsOneJsonObjectPerRateAndPolicy) {
 // cost model. Each line says which it ran, and the two differ on the same seed.
 TEST_F(ServingCli, SimulateServeFitsItsModelUnderNoiseByDefault) {
   const std::string base =
-      "simulate-serve --rt-rate 4 --duration 30 --policy hybrid --be-batch 32 "
+      "simulate-serve --rt-rate 4 --duration 30 --scheduler hybrid --be-batch 32 "
       "--seed 3 --json --traces '" +
       traces() + "'";
   const auto fit = testing::run_command(blend(base));
@@ -189,7 +189,7 @@ TEST_F(ServingCli, SimulateServeFitsItsModelUnderNoiseByDefault) {
 // swaps out); =off turns it off there too.
 TEST_F(ServingCli, SimulateServePreemptsBestEffortPagesWhenAsked) {
   const std::string base =
-      "simulate-serve --rt-rate 2 --duration 60 --policy hybrid --kv-memory 4 --json --traces '" +
+      "simulate-serve --rt-rate 2 --duration 60 --scheduler hybrid --kv-memory 4 --json --traces '" +
       traces() + "'";
   const auto off = testing::run_command(blend(base));
   const auto on = testing::run_command(blend(base + " --hybrid-preempt-be-pages"));
@@ -227,9 +227,26 @@ TEST_F(ServingCli, BadFlagsAreAnErrorNotACrash) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("sideways"), std::string::npos) << r.output;
   r = testing::run_command(blend("bench serve --model '" + model +
-                                 "' --policy best --duration 1 --traces '" + traces() + "' 2>&1"));
+                                 "' --scheduler best --duration 1 --traces '" + traces() + "' 2>&1"));
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("unknown policy 'best'"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("unknown scheduler 'best'"), std::string::npos) << r.output;
+  // --policy is a plan order (batch, plan, simulate); where it meant the scheduler it is
+  // refused naming --scheduler, so that a command line written for that meaning fails rather
+  // than being read as another (issue 55: one meaning).
+  for (const std::string& command :
+       {"serve --model '" + model + "'", "bench serve --model '" + model + "'",
+        std::string("simulate-serve"), "bench soak --model '" + model + "'"}) {
+    r = testing::run_command(blend(command + " --policy hybrid 2>&1"));
+    EXPECT_EQ(r.exit_code, 1) << command << ": " << r.output;
+    EXPECT_NE(r.output.find("blend: error: --policy hybrid: "), std::string::npos)
+        << command << ": " << r.output;
+    EXPECT_NE(r.output.find("with --scheduler (fcfs, hybrid, prefill-first, round-robin)"),
+              std::string::npos)
+        << command << ": " << r.output;
+  }
+  r = testing::run_command(blend("serve --model '" + model + "' --policy blend 2>&1"));
+  EXPECT_NE(r.output.find("the Batch API's plan order with --batch-policy"), std::string::npos)
+      << r.output;
   // The hybrid policy's batch flags, on the three commands that take them.
   const std::string with_model = " --model '" + model + "' ";
   for (const std::string& command :
