@@ -40,6 +40,10 @@
 //   local layers, 10000, unscaled; rope_theta defaults to 1e6 there), head_dim (256),
 //   num_key_value_heads (4), tie_word_embeddings (true). use_bidirectional_attention=true and
 //   attention_bias=true are refused; cache_implementation is ignored (a cache layout).
+// Gemma3ForConditionalGeneration (unwrapped_text_config): its text_config read as
+//   Gemma3ForCausalLM, with the wrapper's bos/eos ids, dtype, tie_word_embeddings and
+//   quantization keys over the text config's; vision_config and the image token fields ignored
+//   (image inputs are refused where a request could carry one).
 // Ignored on purpose (no effect on the logits of a forward pass): initializer_range, use_cache,
 //   pad_token_id, attention_dropout, resid_pdrop, embd_pdrop, pretraining_tp (splits the same
 //   matmuls into slices), transformers_version, _name_or_path, output_* / return_dict flags,
@@ -547,8 +551,64 @@ auto naming(const std::filesystem::path& path, F&& f) {
 
 }  // namespace
 
+namespace {
+
+// Gemma3ForConditionalGeneration (model_type gemma3, Gemma3Config): an image encoder beside a
+// Gemma 3 text model whose config is the nested text_config (a Gemma3TextConfig). blend serves
+// the text model: the folder reads as the Gemma3ForCausalLM text_config describes, with the
+// wrapper's own token ids and dtype (which describe the whole model) over the text config's,
+// and its image fields (vision_config, mm_tokens_per_image, boi/eoi/image_token_index) ignored:
+// they shape only image inputs, which every route refuses. The checkpoint's language-model
+// tensors are read under the text model's names (TensorStore::open_dir); image-encoder tensors
+// are refused by name (check_tensors), so a text-only checkpoint loads. nullopt: not a wrapper.
+std::optional<json> unwrapped_text_config(const json& j) {
+  const json* a = find(j, "architectures");
+  const bool named = a && a->is_array() && a->size() == 1 && (*a)[0].is_string() &&
+                     (*a)[0].get<std::string>() == "Gemma3ForConditionalGeneration";
+  const auto type = opt_string(j, "model_type");
+  if (!named && type != "gemma3") return std::nullopt;
+  if (named && type && *type != "gemma3")
+    refuse("model_type '" + *type +
+           "' disagrees with architectures ['Gemma3ForConditionalGeneration'] (expected gemma3)");
+  if (!named && a)
+    refuse("model_type 'gemma3' disagrees with architectures " + a->dump() +
+           " (expected Gemma3ForConditionalGeneration)");
+  const json* text = find(j, "text_config");
+  if (!text || !text->is_object())
+    refuse("Gemma3ForConditionalGeneration needs a 'text_config' object (its text model)");
+  json out = *text;
+  if (const auto text_type = opt_string(*text, "model_type", "text_config.");
+      text_type && *text_type != "gemma3_text")
+    refuse("text_config.model_type '" + *text_type + "' is not gemma3_text");
+  out["model_type"] = "gemma3_text";
+  // Published wrappers (google/gemma-3-4b-it) give only what differs from Gemma3TextConfig's
+  // defaults; the ones a bare Gemma3ForCausalLM config must state are these.
+  for (const auto& [key, value] : {std::pair<const char*, int64_t>{"vocab_size", 262208},
+                                   {"hidden_size", 2304},
+                                   {"intermediate_size", 9216},
+                                   {"num_hidden_layers", 26},
+                                   {"num_attention_heads", 8}})
+    if (!find(out, key)) out[key] = value;
+  for (const char* key : {"bos_token_id", "eos_token_id", "torch_dtype", "dtype",
+                          "quantization_config", "compression_config", "tie_word_embeddings"})
+    if (const json* v = find(j, key)) out[key] = *v;
+  return out;
+}
+
+}  // namespace
+
 ModelConfig ModelConfig::from_json(const json& j) {
   if (!j.is_object()) refuse("expected a JSON object");
+  if (const std::optional<json> text = unwrapped_text_config(j)) {
+    try {
+      return from_json(*text);
+    } catch (const Error& e) {  // name the nested object the field came from
+      std::string msg = e.what();
+      if (msg.rfind("config.json: ", 0) == 0 && msg.find("text_config") == std::string::npos)
+        msg = "config.json: text_config: " + msg.substr(13);
+      throw Error(msg);
+    }
+  }
   ModelConfig c;
   const Arch arch = read_architecture(j, c);
 

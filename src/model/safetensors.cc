@@ -13,6 +13,7 @@
 #include <fstream>
 #include <limits>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <tuple>
 
@@ -198,6 +199,18 @@ SafetensorsFile::~SafetensorsFile() {
   if (map_) ::munmap(map_, map_size_);
 }
 
+std::string language_model_tensor_name(const std::string& name) {
+  // transformers 4.50-4.51 saved Gemma3ForConditionalGeneration's text model as
+  // language_model.{model.*, lm_head.*}; 4.52 and later as model.language_model.* (and lm_head.*).
+  for (const std::string_view wrapped : {"language_model.", "model.language_model."})
+    if (name.starts_with(wrapped)) {
+      const std::string rest = name.substr(wrapped.size());
+      if (wrapped == "language_model.") return rest;  // model.layers..., lm_head.weight
+      return "model." + rest;
+    }
+  return name;
+}
+
 TensorStore TensorStore::open_dir(const std::filesystem::path& dir) {
   TensorStore store;
   store.dir_ = dir;
@@ -228,20 +241,27 @@ TensorStore TensorStore::open_dir(const std::filesystem::path& dir) {
   } else {
     throw Error(dir.string() + ": no model.safetensors or model.safetensors.index.json");
   }
+  std::map<std::string, const TensorView*> as_saved;
   for (const auto& shard : shard_names) {
     store.files_.push_back(SafetensorsFile::open(dir / shard));
     for (const auto& [name, view] : store.files_.back()->tensors()) {
-      if (!store.tensors_.emplace(name, &view).second)
+      if (!as_saved.emplace(name, &view).second)
         throw Error(dir.string() + ": tensor '" + name + "' appears in more than one shard");
     }
   }
   if (!weight_map.is_null()) {
     for (const auto& [tensor, shard] : weight_map.items()) {
-      auto it = store.tensors_.find(tensor);
-      if (it == store.tensors_.end() || it->second->file->filename() != shard.get<std::string>())
+      auto it = as_saved.find(tensor);
+      if (it == as_saved.end() || it->second->file->filename() != shard.get<std::string>())
         throw Error(index_path.string() + ": tensor '" + tensor + "' is not in " +
                     shard.get<std::string>());
     }
+  }
+  for (const auto& [name, view] : as_saved) {
+    const std::string text_name = language_model_tensor_name(name);
+    if (!store.tensors_.emplace(text_name, view).second)
+      throw Error(dir.string() + ": tensor '" + text_name + "' is saved twice (as '" + name +
+                  "' and under the text model's name)");
   }
   return store;
 }

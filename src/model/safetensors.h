@@ -56,8 +56,16 @@ class SafetensorsFile {
 
 // All tensors of a model folder: DIR/model.safetensors, or the shards listed in
 // DIR/model.safetensors.index.json ("weight_map": tensor -> file).
+// The name a text model's tensor has in a checkpoint of that model alone: a multimodal wrapper's
+// language model (Gemma3ForConditionalGeneration's language_model.model.* and
+// language_model.lm_head.*, or model.language_model.* in transformers 4.52 and later) reads as
+// model.* and lm_head.*; every other name is itself.
+std::string language_model_tensor_name(const std::string& name);
+
 class TensorStore {
  public:
+  // The tensors of a model folder (model.safetensors, or the shards its index names), under
+  // language_model_tensor_name's names; a tensor saved under both names is refused.
   static TensorStore open_dir(const std::filesystem::path& dir);
 
   bool contains(const std::string& name) const { return tensors_.count(name) != 0; }

@@ -78,12 +78,20 @@ DType check_tensors(const ModelConfig& config, const TensorStore& store) {
     for (const TensorSpec& spec : specs) used.insert(spec.name);
     for (const auto& [name, view] : store.tensors())
       // (RoPE's inverse frequencies, which old checkpoints saved and transformers ignores)
-      if (!used.count(name) && !name.ends_with(".rotary_emb.inv_freq"))
+      if (!used.count(name) && !name.ends_with(".rotary_emb.inv_freq")) {
+        for (const char* image : {"vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                                  "model.multi_modal_projector."})
+          if (name.starts_with(image))
+            throw Error(view->file->string() + ": tensor '" + name +
+                        "' belongs to the image encoder, which blend does not serve; the text "
+                        "part of a multimodal model loads from a checkpoint of its language model "
+                        "alone");
         throw Error(view->file->string() + ": tensor '" + name + "' is not used by " +
                     config.architecture + " as config.json describes it (" +
                     std::to_string(config.num_layers) +
                     " layers); a checkpoint of another model or config is refused rather than run "
                     "without it");
+      }
   }
   for (const auto& spec : specs) {
     const TensorView& t = store.get(spec.name, spec.shape);

@@ -1,6 +1,7 @@
 // Gemma 2 / Gemma 3 config.json as transformers reads it (model/config_json.cc read_gemma).
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -136,6 +137,86 @@ TEST(GemmaConfig, Gemma3ReadsThePatternLocalRopeAndHeadNorms) {
   json scaled = gemma3_1b_config();
   scaled["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 8.0}};
   EXPECT_EQ(ModelConfig::from_json(scaled).rope_scaling.type, "linear");
+}
+
+// google/gemma-3-4b-it's config.json as published: a Gemma3ForConditionalGeneration whose
+// text_config states only what differs from Gemma3TextConfig's defaults.
+json gemma3_4b_wrapper_config() {
+  return json::parse(R"({
+    "architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255999,
+    "eoi_token_index": 256000, "eos_token_id": [1, 106], "image_token_index": 262144,
+    "initializer_range": 0.02, "mm_tokens_per_image": 256, "model_type": "gemma3",
+    "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                    "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                    "sliding_window": 1024},
+    "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0",
+    "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+                      "model_type": "siglip_vision_model", "num_attention_heads": 16,
+                      "num_hidden_layers": 27, "patch_size": 14, "vision_use_head": false}})");
+}
+
+// Issue 56: the text part of a Gemma3ForConditionalGeneration folder is the Gemma3ForCausalLM
+// its text_config describes, with Gemma3TextConfig's defaults for what it leaves out and the
+// wrapper's EOS ids and dtype.
+TEST(GemmaConfig, Gemma3ConditionalGenerationReadsItsTextConfig) {
+  const ModelConfig c = ModelConfig::from_json(gemma3_4b_wrapper_config());
+  EXPECT_EQ(c.architecture, "Gemma3ForCausalLM");
+  EXPECT_EQ(c.model_type, "gemma3_text");
+  EXPECT_EQ(c.hidden_size, 2560);
+  EXPECT_EQ(c.intermediate_size, 10240);
+  EXPECT_EQ(c.num_layers, 34);
+  EXPECT_EQ(c.num_heads, 8);  // Gemma3TextConfig's defaults from here on
+  EXPECT_EQ(c.num_kv_heads, 4);
+  EXPECT_EQ(c.head_dim, 256);
+  EXPECT_EQ(c.vocab_size, 262208);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_EQ(c.gemma.sliding_window, 1024);
+  EXPECT_EQ(c.gemma.query_pre_attn_scalar, 256);
+  EXPECT_EQ(c.rope_scaling.type, "linear");
+  EXPECT_EQ(c.rope_scaling.factor, 8.0);
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int32_t>{1, 106}));
+  // The wrapper's dtype describes the whole checkpoint: it wins over the text config's.
+  json f32 = gemma3_4b_wrapper_config();
+  f32["torch_dtype"] = "float32";
+  f32["text_config"]["torch_dtype"] = "bfloat16";
+  EXPECT_EQ(ModelConfig::from_json(f32).dtype, DType::kF32);
+  // The same text model written as a Gemma3ForCausalLM config reads the same.
+  json text = gemma3_4b_wrapper_config()["text_config"];
+  text["architectures"] = {"Gemma3ForCausalLM"};
+  for (const char* key : {"vocab_size", "num_attention_heads"}) text.erase(key);
+  text["vocab_size"] = 262208;
+  text["num_attention_heads"] = 8;
+  text["eos_token_id"] = {1, 106};
+  text["torch_dtype"] = "bfloat16";
+  const ModelConfig direct = ModelConfig::from_json(text);
+  EXPECT_EQ(direct.gemma, c.gemma);
+  EXPECT_EQ(direct.num_parameters(), c.num_parameters());
+  EXPECT_EQ(direct.rope_theta, c.rope_theta);
+
+  // What it cannot be: no text model, another text model, a disagreeing pair of names; and a
+  // text_config field refused as a bare config's would be, naming text_config.
+  json no_text = gemma3_4b_wrapper_config();
+  no_text.erase("text_config");
+  EXPECT_NE(error_of(no_text).find("needs a 'text_config' object"), std::string::npos)
+      << error_of(no_text);
+  json other = gemma3_4b_wrapper_config();
+  other["text_config"]["model_type"] = "gemma2";
+  EXPECT_NE(error_of(other).find("text_config.model_type 'gemma2' is not gemma3_text"),
+            std::string::npos)
+      << error_of(other);
+  json disagreeing = gemma3_4b_wrapper_config();
+  disagreeing["model_type"] = "paligemma";
+  EXPECT_NE(error_of(disagreeing).find("model_type 'paligemma' disagrees"), std::string::npos)
+      << error_of(disagreeing);
+  json bias = gemma3_4b_wrapper_config();
+  bias["text_config"]["attention_bias"] = true;
+  EXPECT_NE(error_of(bias).find("config.json: text_config: "), std::string::npos) << error_of(bias);
+  EXPECT_NE(error_of(bias).find("attention_bias"), std::string::npos) << error_of(bias);
+  json quantized = gemma3_4b_wrapper_config();
+  quantized["quantization_config"] = {{"quant_method", "bitsandbytes"}};
+  EXPECT_NE(error_of(quantized).find("quantization_config"), std::string::npos)
+      << error_of(quantized);
 }
 
 TEST(GemmaConfig, WhatGemmaNeedsAndIsNotImplementedIsRefusedByName) {

@@ -1,8 +1,16 @@
 #include "model/weights.h"
 
+#include <cstring>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <vector>
+
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "model/safetensors.h"
 #include "test_models.h"
 
 namespace blend {
@@ -144,6 +152,84 @@ TEST(CheckTensors, ATensorTheConfigDoesNotUseIsRefusedByName) {
       check_error(gemma_as_llama, gemma.store).find("feedforward_layernorm.weight' is not used"),
       std::string::npos)
       << check_error(gemma_as_llama, gemma.store);
+}
+
+// A copy of `m`'s folder as a Gemma3ForConditionalGeneration checkpoint of its text model alone:
+// config.json nested under text_config, every tensor saved under `prefix`'s name (transformers
+// 4.50's language_model.model.*, or 4.52's model.language_model.*), plus `extra` tensors.
+void write_wrapped(const testing::TestModel& m, const std::filesystem::path& dir,
+                   const std::string& layout, const std::vector<std::string>& extra = {}) {
+  std::filesystem::create_directories(dir);
+  nlohmann::json text = nlohmann::json::parse(testing::read_file(m.dir / "config.json"));
+  text.erase("architectures");
+  const nlohmann::json wrapper = {{"architectures", {"Gemma3ForConditionalGeneration"}},
+                                  {"model_type", "gemma3"},
+                                  {"text_config", text},
+                                  {"vision_config", {{"model_type", "siglip_vision_model"}}},
+                                  {"mm_tokens_per_image", 256}};
+  testing::write_file(dir / "config.json", wrapper.dump());
+  std::vector<TensorToWrite> tensors;
+  auto copy = [](const TensorView* v) {
+    return [v](size_t offset, std::span<std::byte> out) {
+      std::memcpy(out.data(), v->data + offset, out.size());
+    };
+  };
+  for (const auto& [name, view] : m.store.tensors()) {
+    std::string saved = name;
+    if (layout == "4.50")
+      saved = "language_model." + name;  // language_model.model.*, language_model.lm_head.*
+    else if (name.starts_with("model."))
+      saved = "model.language_model." + name.substr(6);
+    tensors.push_back({saved, view->dtype, view->shape, copy(view)});
+  }
+  const TensorView* norm = &m.store.get("model.norm.weight");
+  for (const std::string& name : extra)
+    tensors.push_back({name, norm->dtype, norm->shape, copy(norm)});
+  write_safetensors(dir / "model.safetensors", tensors);
+}
+
+// Issue 56: the text part of a Gemma3ForConditionalGeneration folder is its Gemma 3 text model,
+// read under the text model's names in both layouts transformers writes: the same config and
+// the same bytes for every tensor the forward pass binds as the Gemma3ForCausalLM folder.
+TEST(TensorStore, AMultimodalWrappersTextModelLoadsAsTheTextModel) {
+  const auto& m = test_model("gemma3", DType::kF32);
+  testing::TempDir tmp;
+  for (const std::string layout : {"4.50", "4.52"}) {
+    const auto dir = tmp / ("wrapped-" + layout);
+    write_wrapped(m, dir, layout);
+    const ModelConfig config = ModelConfig::from_dir(dir);
+    EXPECT_EQ(config.architecture, "Gemma3ForCausalLM") << layout;
+    EXPECT_EQ(config.gemma, m.config.gemma) << layout;
+    EXPECT_EQ(config.num_parameters(), m.config.num_parameters()) << layout;
+    const TensorStore store = TensorStore::open_dir(dir);
+    EXPECT_EQ(check_tensors(config, store), DType::kF32) << layout;
+    for (const TensorSpec& spec : llama_tensor_specs(config)) {
+      const TensorView& got = store.get(spec.name, spec.shape);
+      const TensorView& want = m.store.get(spec.name);
+      ASSERT_EQ(got.nbytes, want.nbytes) << spec.name;
+      EXPECT_EQ(std::memcmp(got.data, want.data, got.nbytes), 0) << layout << " " << spec.name;
+    }
+  }
+  // The image encoder is not served: a checkpoint that holds it is refused naming its tensor.
+  const auto with_vision = tmp / "with-vision";
+  write_wrapped(m, with_vision, "4.52", {"model.vision_tower.vision_model.post_layernorm.weight"});
+  const std::string error =
+      check_error(ModelConfig::from_dir(with_vision), TensorStore::open_dir(with_vision));
+  EXPECT_NE(error.find("'model.vision_tower.vision_model.post_layernorm.weight' belongs to the "
+                       "image encoder"),
+            std::string::npos)
+      << error;
+  // One tensor under both names is ambiguous: refused, not one of them picked.
+  const auto twice = tmp / "twice";
+  write_wrapped(m, twice, "4.52", {"model.norm.weight"});
+  try {
+    TensorStore::open_dir(twice);
+    ADD_FAILURE() << "a tensor saved twice was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor 'model.norm.weight' is saved twice"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
