@@ -93,6 +93,7 @@ class ConnectionStream final : public httplib::Stream {
   ConnectionStream& operator=(const ConnectionStream&) = delete;
 
   size_t take_body_reservation() { return std::exchange(body_reserved_, 0); }
+  const ConnectionLimits& limits() const { return limits_; }
   void release_body_reservation() {
     if (body_reserved_ > 0) limits_.body_budget->release(std::exchange(body_reserved_, 0));
   }
@@ -196,7 +197,8 @@ class ConnectionStream final : public httplib::Stream {
 // The connection this thread serves (handlers run on their connection's thread).
 thread_local ConnectionStream* current_connection = nullptr;
 
-void send_request_timeout(int fd) {
+void send_request_timeout(int fd, const ConnectionLimits& limits) {
+  if (limits.on_own_answer) limits.on_own_answer(408);
   static const std::string body =
       R"({"error":{"message":"the request did not arrive in time","type":"invalid_request_error","param":null,"code":null}})";
   const std::string response =
@@ -222,7 +224,8 @@ void linger_and_drop_input(int fd) {
 
 // A refused connection's answer: whatever it sent so far is read first, so that closing does
 // not reset the connection (and drop the answer) over unread bytes.
-void send_too_many_connections(int fd, const std::string& why) {
+void send_too_many_connections(int fd, const std::string& why, const ConnectionLimits& limits) {
+  if (limits.on_own_answer) limits.on_own_answer(503);
   char buf[16 * 1024];
   while (::recv(fd, buf, sizeof buf, MSG_DONTWAIT) > 0) {
   }
@@ -252,7 +255,7 @@ bool serve_requests(ConnectionStream& stream, size_t& left, const RequestProcess
     const bool ok = process(stream, /*close_connection=*/left == 1, closed);
     stream.release_body_reservation();  // a route that reads no body did not take it
     if (stream.timed_out()) {
-      if (!stream.wrote_anything()) send_request_timeout(stream.socket());
+      if (!stream.wrote_anything()) send_request_timeout(stream.socket(), stream.limits());
       return false;
     }
     if (stream.close_requested()) {
@@ -357,7 +360,7 @@ class ConnectionQueue final : public httplib::TaskQueue {
     if (!refused.empty() || stopping_) {
       if (per_ip_[c.ip] == 0) per_ip_.erase(c.ip);
       lock.unlock();
-      if (!refused.empty()) send_too_many_connections(fd, refused);
+      if (!refused.empty()) send_too_many_connections(fd, refused, limits_);
       ::close(fd);
       return;
     }
@@ -519,7 +522,7 @@ class ConnectionQueue final : public httplib::TaskQueue {
     }
     for (const int fd : expired) {
       ParkedConnection c = unpark_locked(fd);
-      if (c.head_started) send_request_timeout(fd);
+      if (c.head_started) send_request_timeout(fd, limits_);
       close_locked(c);
     }
   }

@@ -57,6 +57,11 @@ struct ConnectionLimits {
   // poller collects only such bodies. Others go to a thread at once, to be refused unread (a
   // 404 for a body no route takes). Unset: every body.
   std::function<bool(const std::string& method, const std::string& path)> route_reads_body;
+  // Called with the status of each answer the connection layer gives by itself, before any
+  // route sees a request: 503 to a connection past a bound, 408 to a request past a deadline
+  // (the server counts them with the routes' errors in /metrics). Called on the accepting,
+  // polling or serving thread; unset: not reported.
+  std::function<void(int http_status)> on_own_answer;
 };
 
 class ConnectionQueue;

@@ -45,7 +45,9 @@ class Metrics {
   // submitted when the planner lets it go), prefill = first scheduled to first token,
   // inference = first scheduled to finished. A moment never reached skips what needs it.
   void on_request_times(const RequestTimes& times);
-  void on_error(int http_status);  // a request rejected before it reached the engine
+  // A request rejected before it reached the engine, by a route or by the connection layer
+  // itself (503 past a connection bound, 408 past a deadline).
+  void on_error(int http_status);
   // Requests of class `c` queued or running in the engine now.
   int64_t in_engine(RequestClass c) const;
 

@@ -263,16 +263,17 @@ Server::Impl::Impl(const ServerOptions& o) : options(o) {
   // Streams hold a thread each for their whole life: allow many.
   http.set_worker_threads(static_cast<size_t>(options.http_threads));
   http.set_payload_max_length(options.max_body_bytes);
-  http.set_connection_limits(
-      {.head_timeout_s = options.http_head_timeout_s,
-       .request_timeout_s = options.http_request_timeout_s,
-       .max_connections = max_connections(options.max_connections),
-       .max_connections_per_ip = options.max_connections_per_ip,
-       .body_budget = &body_budget,
-       .collect_body_bytes = options.max_body_bytes,
-       .route_reads_body = [this](const std::string& method, const std::string& path) {
-         return route_reads_body(method, path);
-       }});
+  http.set_connection_limits({.head_timeout_s = options.http_head_timeout_s,
+                              .request_timeout_s = options.http_request_timeout_s,
+                              .max_connections = max_connections(options.max_connections),
+                              .max_connections_per_ip = options.max_connections_per_ip,
+                              .body_budget = &body_budget,
+                              .collect_body_bytes = options.max_body_bytes,
+                              .route_reads_body =
+                                  [this](const std::string& method, const std::string& path) {
+                                    return route_reads_body(method, path);
+                                  },
+                              .on_own_answer = [this](int status) { metrics.on_error(status); }});
   // httplib's default sets SO_REUSEPORT: a second server on a busy port then bound it too and
   // the kernel spread requests over both. SO_REUSEADDR alone still refuses a port in use.
   http.set_socket_options([](socket_t fd) {

@@ -120,6 +120,17 @@ int health_status(int port) {
   return got.rfind("HTTP/1.1 ", 0) == 0 ? std::stoi(got.substr(9, 3)) : -1;
 }
 
+// /metrics' count of answers with `status` (blend:request_errors_total), -1 when it has none.
+int64_t errors_counted(int port, int status) {
+  const int fd = connect_to(port);
+  send_all(fd, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  const std::string got = receive(fd);
+  ::close(fd);
+  const std::string key = "blend:request_errors_total{status=\"" + std::to_string(status) + "\"} ";
+  const size_t at = got.find(key);
+  return at == std::string::npos ? -1 : std::stoll(got.substr(at + key.size()));
+}
+
 // The JSON body of a raw response (after its head).
 json body_of(const std::string& response) {
   const size_t at = response.find("\r\n\r\n");
@@ -231,6 +242,8 @@ TEST_F(HttpLimits, ARequestThatTricklesInGets408) {
   const auto health_start = Clock::now();
   EXPECT_EQ(health_status(server->port()), 200);
   EXPECT_LT(std::chrono::duration<double>(Clock::now() - health_start).count(), 2.0);
+  // The connection layer's own answers count in /metrics as the routes' errors do.
+  EXPECT_GE(errors_counted(server->port(), 408), 1);
 }
 
 // Issue 54: a connection held a pool thread for its whole life, so idle keep-alive connections
@@ -421,6 +434,8 @@ TEST_F(HttpLimits, ConnectionsPastTheBoundsGet503AtOnce) {
     }
     EXPECT_TRUE(served) << "a closed connection did not make room";
     ::close(held[1]);
+    // Each refused connection counts in /metrics (it was seen by no route).
+    EXPECT_GE(errors_counted(server->port(), 503), per_ip ? 1 : 2);
   }
 }
 
