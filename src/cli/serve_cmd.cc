@@ -148,10 +148,11 @@ void register_serve_command(CLI::App& app) {
   refuse_policy_flag(cmd, ", and the Batch API's plan order with --batch-policy");
   add_hybrid_flags(cmd, o->engine.scheduler.hybrid);
   auto profile = std::make_shared<std::string>();
-  cmd->add_option("--profile", *profile,
-                  "A `blend profile` file: its iteration model drives --scheduler hybrid (without one "
-                  "the model is fitted from the steps served), its hardware fit the batch "
-                  "planner's cost model (without one: a built-in CPU estimate)");
+  cmd->add_option(
+      "--profile", *profile,
+      "A `blend profile` file: its iteration model drives --scheduler hybrid (without one "
+      "the model is fitted from the steps served), its hardware fit the batch "
+      "planner's cost model (without one: a built-in CPU estimate)");
   cmd->add_option("--ttft-slo", o->engine.ttft_slo,
                   "Default time-to-first-token target of real-time requests, seconds (0.4)");
   cmd->add_option("--tpot-slo", o->engine.tpot_slo,

@@ -73,7 +73,8 @@ TEST_F(ServingCli, BenchServePrintsOneJsonObjectPerPolicyWithItsKvLayout) {
 
   // --plot: the latency CDFs per class and policy (issue 25), a series each in the .dat file.
   const auto png = *dir_ / "bench.png";
-  r = testing::run_command(blend(common + " --scheduler hybrid --plot '" + png.string() + "' 2>&1"));
+  r = testing::run_command(
+      blend(common + " --scheduler hybrid --plot '" + png.string() + "' 2>&1"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(testing::read_file(png).substr(1, 3), "PNG");
   const std::string dat = testing::read_file(*dir_ / "bench.dat");
@@ -189,7 +190,8 @@ TEST_F(ServingCli, SimulateServeFitsItsModelUnderNoiseByDefault) {
 // swaps out); =off turns it off there too.
 TEST_F(ServingCli, SimulateServePreemptsBestEffortPagesWhenAsked) {
   const std::string base =
-      "simulate-serve --rt-rate 2 --duration 60 --scheduler hybrid --kv-memory 4 --json --traces '" +
+      "simulate-serve --rt-rate 2 --duration 60 --scheduler hybrid --kv-memory 4 --json --traces "
+      "'" +
       traces() + "'";
   const auto off = testing::run_command(blend(base));
   const auto on = testing::run_command(blend(base + " --hybrid-preempt-be-pages"));
@@ -227,7 +229,8 @@ TEST_F(ServingCli, BadFlagsAreAnErrorNotACrash) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("sideways"), std::string::npos) << r.output;
   r = testing::run_command(blend("bench serve --model '" + model +
-                                 "' --scheduler best --duration 1 --traces '" + traces() + "' 2>&1"));
+                                 "' --scheduler best --duration 1 --traces '" + traces() +
+                                 "' 2>&1"));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("unknown scheduler 'best'"), std::string::npos) << r.output;
   // --policy is a plan order (batch, plan, simulate); where it meant the scheduler it is
