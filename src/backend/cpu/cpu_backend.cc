@@ -21,6 +21,7 @@
 #include "backend/cpu/memory.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/threads.h"
+#include "backend/layer_op_seconds.h"
 #include "backend/llama_forward.h"
 #include "core/error.h"
 #include "model/lora.h"
@@ -99,7 +100,12 @@ class CpuBackendImpl final : public CpuBackend {
 
   const CpuOpTimes& op_times() const override { return times_; }
   void reset_op_times() override { times_ = {}; }
-  OpStatistics op_statistics() const override;
+  OpStatistics op_statistics() const override {
+    return {.seconds = layer_op_seconds(times_, 1.0),
+            .steps = times_.steps,
+            .tokens = times_.tokens,
+            .thread_steps = times_.thread_steps};
+  }
   DType compute_dtype() const override { return compute_; }
   std::string gemm_info() const override;
   ModelId add_chain(const ChainSpec& spec) override;
@@ -281,23 +287,6 @@ void CpuBackendImpl::allocate_kv(int64_t num_pages) {
   if (kv_.num_pages() > 0) throw Error("cpu backend: the KV cache is allocated already");
   kv_ = cpu::KvCache(config_.num_layers, config_.num_kv_heads, config_.head_dim, kv_.page_size(),
                      num_pages, compute_);
-}
-
-OpStatistics CpuBackendImpl::op_statistics() const {
-  const CpuOpTimes& t = times_;
-  return {.seconds = {{"embed", t.embed},
-                      {"norm", t.norm},
-                      {"qkv", t.qkv},
-                      {"rope_kv", t.rope_kv},
-                      {"attention", t.attention},
-                      {"o_proj", t.o_proj},
-                      {"gate_up", t.gate_up},
-                      {"act", t.act},
-                      {"down", t.down},
-                      {"lm_head", t.lm_head}},
-          .steps = t.steps,
-          .tokens = t.tokens,
-          .thread_steps = t.thread_steps};
 }
 
 std::string CpuBackendImpl::gemm_info() const {

@@ -323,22 +323,6 @@ void CudaBackendImpl::collect_op_times() {
   events_used_ = 0;
 }
 
-OpStatistics CudaBackendImpl::op_statistics() const {
-  const CudaOpTimes& t = times_;
-  const auto s = [](double ms) { return ms / 1e3; };  // CudaOpTimes holds milliseconds
-  return {.seconds = {{"embed", s(t.embed)},
-                      {"norm", s(t.norm)},
-                      {"qkv", s(t.qkv)},
-                      {"rope_kv", s(t.rope_kv)},
-                      {"attention", s(t.attention)},
-                      {"o_proj", s(t.o_proj)},
-                      {"gate_up", s(t.gate_up)},
-                      {"act", s(t.act)},
-                      {"down", s(t.down)},
-                      {"lm_head", s(t.lm_head)}},
-          .steps = t.steps};
-}
-
 void CudaBackendImpl::gemm(cublasHandle_t blas, const void* x, int64_t m, const DeviceBuffer& w,
                            int64_t n, int64_t k, void* y, bool accumulate, Elem y_elem) {
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
@@ -810,13 +794,6 @@ std::unique_ptr<CudaBackend> make_cuda_backend(const ModelConfig& config,
                                                const TensorStore& weights,
                                                const BackendOptions& options) {
   return std::make_unique<cuda::CudaBackendImpl>(config, weights, options);
-}
-
-cuda::NanoProfile measure_nano_profile(Backend& backend, int reps) {
-  auto* cuda_backend = dynamic_cast<CudaBackend*>(&backend);
-  if (!cuda_backend)
-    throw Error("the nano-batch profile needs the cuda backend (this is " + backend.name() + ")");
-  return cuda_backend->measure_nano_profile(reps);
 }
 
 }  // namespace blend

@@ -23,6 +23,7 @@
 #include "backend/cuda/nano_split.h"
 #include "backend/cuda/pinned_memory.h"
 #include "backend/cuda/sm_partition.h"
+#include "backend/layer_op_seconds.h"
 #include "backend/llama_forward.h"
 #include "model/weights.h"
 
@@ -53,7 +54,9 @@ class CudaBackendImpl final : public CudaBackend {
   void set_op_timing(bool on) override { timing_ = on; }
   const CudaOpTimes& op_times() const override { return times_; }
   void reset_op_times() override { times_ = {}; }
-  OpStatistics op_statistics() const override;
+  OpStatistics op_statistics() const override {  // CudaOpTimes holds milliseconds
+    return {.seconds = layer_op_seconds(times_, 1e-3), .steps = times_.steps};
+  }
   const CudaGraphStats& graph_stats() const override { return graph_stats_; }
   cuda::NanoProfile measure_nano_profile(int reps) override;
   void copy_page(PageId src, PageId dst) override;

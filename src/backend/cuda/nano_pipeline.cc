@@ -262,3 +262,14 @@ NanoProfile CudaBackendImpl::measure_nano_profile(int reps) {
 }
 
 }  // namespace blend::cuda
+
+namespace blend {
+
+cuda::NanoProfile measure_nano_profile(Backend& backend, int reps) {
+  auto* cuda_backend = dynamic_cast<CudaBackend*>(&backend);
+  if (!cuda_backend)
+    throw Error("the nano-batch profile needs the cuda backend (this is " + backend.name() + ")");
+  return cuda_backend->measure_nano_profile(reps);
+}
+
+}  // namespace blend
