@@ -38,6 +38,7 @@
 #include "../bench_util.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/kernels.h"
+#include "backend/layer_op_seconds.h"
 #include "core/error.h"
 #include "model/safetensors.h"
 #include "sampling/sampler.h"
@@ -107,17 +108,10 @@ json measure_bounds() {
 
 json op_json(const CudaOpTimes& t, int64_t steps) {
   const double k = 1.0 / static_cast<double>(std::max<int64_t>(1, steps));
-  return {{"embed_ms", t.embed * k},
-          {"norm_ms", t.norm * k},
-          {"qkv_ms", t.qkv * k},
-          {"rope_kv_ms", t.rope_kv * k},
-          {"attention_ms", t.attention * k},
-          {"o_proj_ms", t.o_proj * k},
-          {"gate_up_ms", t.gate_up * k},
-          {"act_ms", t.act * k},
-          {"down_ms", t.down * k},
-          {"lm_head_ms", t.lm_head * k},
-          {"total_ms", t.total() * k}};
+  json j;
+  for (const auto& [op, ms] : layer_op_seconds(t, k)) j[op + "_ms"] = ms;  // ms per step
+  j["total_ms"] = t.total() * k;
+  return j;
 }
 
 // Times draw_rows on `rows` model-like rows (normal(-4, 3) logits, six high ones) of `vocab`
