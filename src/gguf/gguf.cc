@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <set>
 #include <type_traits>
 
 #include "core/error.h"
+#include "gguf/quant.h"
 
 namespace blend {
 
@@ -250,7 +252,15 @@ GgufFile read_gguf(const std::filesystem::path& path) {
     t.type = r.get<uint32_t>();
     t.offset = r.get<uint64_t>();
     if (t.offset % g.alignment != 0) r.fail("tensor '" + t.name + "' offset is not aligned");
-    t.nbytes = numel * ggml_type_size(t.type);  // 0 for types this reader does not size
+    // Sized for every type with a known block layout (quant.h); 0 for the others, which a
+    // reader of the data refuses by name.
+    if (const std::optional<GgmlBlockLayout> layout = ggml_block_layout(t.type)) {
+      if (t.ne[0] % layout->block_elems != 0)
+        r.fail("tensor '" + t.name + "': rows of " + std::to_string(t.ne[0]) +
+               " elements are not whole " + layout->name + " blocks of " +
+               std::to_string(layout->block_elems));
+      t.nbytes = numel / layout->block_elems * layout->block_bytes;
+    }
     g.tensors.push_back(std::move(t));
   }
   g.data_offset = gguf_align_up(r.pos(), g.alignment);

@@ -41,8 +41,24 @@ enum class GgufType : uint32_t {
   kFloat64 = 12,
 };
 
-// The ggml tensor types export_gguf writes (ggml_type numbering).
-enum class GgmlType : uint32_t { kF32 = 0, kF16 = 1, kBF16 = 30 };
+// The ggml tensor types this code reads (ggml.h enum ggml_type numbering; the block-quantized
+// ones are laid out in gguf/quant.h). export_gguf writes F32, F16, BF16 and, quantized, Q8_0,
+// Q4_K and Q6_K.
+enum class GgmlType : uint32_t {
+  kF32 = 0,
+  kF16 = 1,
+  kQ4_0 = 2,
+  kQ4_1 = 3,
+  kQ5_0 = 6,
+  kQ5_1 = 7,
+  kQ8_0 = 8,
+  kQ2_K = 10,
+  kQ3_K = 11,
+  kQ4_K = 12,
+  kQ5_K = 13,
+  kQ6_K = 14,
+  kBF16 = 30,
+};
 
 // llama_ftype values for general.file_type.
 enum class GgufFileType : uint32_t { kAllF32 = 0, kMostlyF16 = 1, kMostlyBF16 = 32 };
@@ -87,7 +103,7 @@ struct GgufTensorInfo {
   std::vector<uint64_t> ne;  // ggml order: ne[0] is the innermost (contiguous) dimension
   uint32_t type = 0;         // ggml_type
   uint64_t offset = 0;       // relative to GgufFile::data_offset
-  uint64_t nbytes = 0;       // for F32/F16/BF16; 0 for types this reader does not size
+  uint64_t nbytes = 0;       // for every type of quant.h's ggml_block_layout; else 0
 };
 
 // The header of a GGUF file: metadata in file order and tensor infos. Tensor data stays on disk
@@ -106,9 +122,9 @@ struct GgufFile {
   const GgufTensorInfo* tensor(const std::string& name) const;
 };
 
-// Reads and checks the header (magic, version 2 or 3, counts, string lengths, that every F32/F16/
-// BF16 tensor lies inside the file at an aligned offset). A bad or truncated file is a
-// blend::Error naming it.
+// Reads and checks the header (magic, version 2 or 3, counts, string lengths, that every tensor
+// of a known type lies inside the file at an aligned offset, in whole blocks). A bad or truncated
+// file is a blend::Error naming it.
 GgufFile read_gguf(const std::filesystem::path& path);
 
 }  // namespace blend

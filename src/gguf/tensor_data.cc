@@ -91,6 +91,8 @@ void store_element(std::byte* p, GgmlType t, float v) {
       std::memcpy(p, &h, 2);
       return;
     }
+    default:  // block types are quantized a row at a time, never element by element
+      throw Error("gguf: element-wise store of a block-quantized type");
   }
 }
 

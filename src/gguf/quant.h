@@ -1,0 +1,51 @@
+// ggml's block-quantized tensor types (ggml-common.h block_q4_0 ... block_q6_K): their layouts,
+// dequantization following ggml's reference dequantize_row_* (ggml-quants.c) operation by
+// operation, and the reference quantizers of Q8_0 and Q4_0.
+//
+// Layouts (little-endian, ggml_fp16_t = IEEE half):
+//   Q4_0  32 elems, 18 B: f16 d; u8 qs[16]          x = d * ((q & 15) - 8)
+//   Q4_1  32 elems, 20 B: f16 d, m; u8 qs[16]        x = d * (q & 15) + m
+//   Q5_0  32 elems, 22 B: f16 d; u8 qh[4]; qs[16]    x = d * (q5 - 16)
+//   Q5_1  32 elems, 24 B: f16 d, m; u8 qh[4]; qs[16] x = d * q5 + m
+//   Q8_0  32 elems, 34 B: f16 d; i8 qs[32]           x = d * q
+//   Q2_K 256 elems, 84 B; Q3_K 256, 110 B; Q4_K 256, 144 B; Q5_K 256, 176 B; Q6_K 256, 210 B
+//   (the K-quants' super-block scales and 6-bit packed sub-block scales/mins as ggml packs them).
+// In the 32-element types, byte j of qs holds element j in its low nibble and element j + 16 in
+// its high nibble.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+#include "gguf/gguf.h"
+
+namespace blend {
+
+// How a type stores a row: `block_elems` elements in `block_bytes` bytes (1 and 4 for F32, 1 and
+// 2 for F16/BF16). A row of n elements (n a multiple of block_elems) takes
+// n / block_elems * block_bytes bytes.
+struct GgmlBlockLayout {
+  uint32_t block_elems = 1;
+  uint32_t block_bytes = 4;
+  const char* name = "F32";  // ggml_type_name: "Q4_K", "BF16", ...
+};
+
+// The layout of ggml type `type`, or nullopt for a type this code cannot read.
+std::optional<GgmlBlockLayout> ggml_block_layout(uint32_t type);
+
+// A printable name for any ggml type number ("Q4_K", "IQ2_XS", "type 99"), for error messages.
+const char* ggml_type_display_name(uint32_t type);
+
+// Dequantizes `n` elements (a multiple of the type's block_elems) of type `type` from `src` into
+// `dst`, producing exactly the floats ggml's dequantize_row_* (and, for F16/BF16/F32, its
+// conversions) produce. `type` must have a layout (ggml_block_layout); throws blend::Error
+// otherwise or when n is not a whole number of blocks.
+void dequantize_row(uint32_t type, const void* src, float* dst, int64_t n);
+
+// ggml's reference quantizers quantize_row_q8_0_ref and quantize_row_q4_0_ref: `n` floats (a
+// multiple of 32) into blocks written at `dst`. Throws blend::Error for any other type (the
+// K-quant quantizers are not written yet).
+void quantize_row(uint32_t type, const float* src, void* dst, int64_t n);
+
+}  // namespace blend
