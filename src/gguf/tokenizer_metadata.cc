@@ -18,16 +18,6 @@ using nlohmann::json;
 
 namespace {
 
-// The Split regexes of the tokenizers llama.cpp knows by these pre-tokenizer names.
-constexpr std::string_view kLlama3Regex =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
-    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-constexpr std::string_view kQwen2Regex =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
-    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-
-enum class TokenType : int32_t { kNormal = 1, kControl = 3, kUserDefined = 4, kUnused = 5 };
-
 bool looks_special(const std::string& t) {
   auto starts = [&](std::string_view p) { return t.size() >= p.size() && t.starts_with(p); };
   auto ends = [&](std::string_view p) { return t.size() >= p.size() && t.ends_with(p); };
@@ -123,7 +113,7 @@ std::vector<std::pair<std::string, int64_t>> add_vocabulary(KvBuffer& kv, const 
                                                             const std::string& pre, int64_t n) {
   // Tokens in id order.
   std::vector<std::string> tokens(static_cast<size_t>(n));
-  std::vector<int32_t> types(static_cast<size_t>(n), static_cast<int32_t>(TokenType::kUnused));
+  std::vector<int32_t> types(static_cast<size_t>(n), static_cast<int32_t>(GgufTokenType::kUnused));
   std::vector<bool> filled(static_cast<size_t>(n), false);
   auto check_id = [&](int64_t id, const std::string& what) {
     if (id < 0 || id >= n)
@@ -139,7 +129,7 @@ std::vector<std::pair<std::string, int64_t>> add_vocabulary(KvBuffer& kv, const 
     const int64_t id = idj.get<int64_t>();
     check_id(id, "token '" + text + "'");
     tokens[id] = text;
-    types[id] = static_cast<int32_t>(TokenType::kNormal);
+    types[id] = static_cast<int32_t>(GgufTokenType::kNormal);
     filled[id] = true;
   }
   // Added tokens: id -> content (first one wins, as the converter's lookup does).
@@ -155,10 +145,10 @@ std::vector<std::pair<std::string, int64_t>> add_vocabulary(KvBuffer& kv, const 
       added.emplace_back(content, id);
       const bool special = a.value("special", false);
       if (special || looks_special(content)) {
-        types[id] = static_cast<int32_t>(TokenType::kControl);
+        types[id] = static_cast<int32_t>(GgufTokenType::kControl);
       } else {
         content = replace_all(content, "\xE2\x96\x81", " ");  // pre-normalized user-defined spaces
-        types[id] = static_cast<int32_t>(TokenType::kUserDefined);
+        types[id] = static_cast<int32_t>(GgufTokenType::kUserDefined);
       }
       tokens[id] = content;
       filled[id] = true;

@@ -6,7 +6,9 @@
 // export_gguf; not a public interface.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -14,6 +16,25 @@
 #include "model/config.h"
 
 namespace blend::gguf_internal {
+
+// The Split regexes of the tokenizers llama.cpp knows by the pre-tokenizer names "llama-bpe"
+// (Llama 3) and "qwen2" (Qwen2 and Qwen3): the same but for Llama 3's digit groups of 1 to 3.
+inline constexpr std::string_view kLlama3Regex =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+inline constexpr std::string_view kQwen2Regex =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
+// tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
+enum class GgufTokenType : int32_t {
+  kNormal = 1,
+  kUnknown = 2,
+  kControl = 3,
+  kUserDefined = 4,
+  kUnused = 5,
+  kByte = 6,
+};
 
 // A JSON file of the model folder; a missing or invalid one is a blend::Error naming it.
 nlohmann::json read_json(const std::filesystem::path& path);
