@@ -173,7 +173,8 @@ void run_batch(const BatchArgs& given) {
 void register_batch_command(CLI::App& app) {
   auto args = std::make_shared<BatchArgs>();
   CLI::App* cmd = app.add_subcommand("batch", "Run an OpenAI Batch API JSONL file offline");
-  cmd->add_option("--model", args->model, "Model folder (the first model, with --zoo)");
+  cmd->add_option("--model", args->model, "Model folder or GGUF file (the first model, with --zoo)")
+      ->transform(model_source_transform());
   cmd->add_option("--zoo", args->zoo,
                   "Serve every model folder in this folder too, in one engine; a line's "
                   "body.model picks one by folder name (fine-tunes of one architecture)");

@@ -204,7 +204,9 @@ void register_bench_command(CLI::App& app) {
   CLI::App* cmd = bench->add_subcommand(
       "serve",
       "BROS online experiment over HTTP: Poisson RT streams + Batch API BE jobs, per policy");
-  cmd->add_option("--model", a->model, "Model folder (the server is started in-process)");
+  cmd->add_option("--model", a->model,
+                  "Model folder or GGUF file (the server is started in-process)")
+      ->transform(model_source_transform());
   cmd->add_option("--url", a->url,
                   "A running server to load instead, http://127.0.0.1:PORT (loopback only)");
   cmd->add_option("--scheduler", a->policies,

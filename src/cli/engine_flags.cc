@@ -9,6 +9,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -18,6 +19,7 @@
 #include "backend/cuda/knobs.h"
 #endif
 #include "core/error.h"
+#include "gguf/import.h"
 
 namespace blend::cli {
 
@@ -134,6 +136,20 @@ void add_cuda_knob_flags([[maybe_unused]] CLI::App* cmd,
         ->group("CUDA backend (--backend cuda)");
   }
 #endif
+}
+
+CLI::Validator model_source_transform() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        try {
+          const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+          value = resolve_model_source(value, threads).string();
+          return "";
+        } catch (const std::exception& e) {
+          return e.what();
+        }
+      },
+      "", "GGUF import");
 }
 
 void add_engine_flags(CLI::App* cmd, EngineOptions& o) {

@@ -17,6 +17,12 @@ namespace blend::cli {
 
 void add_engine_flags(CLI::App* cmd, EngineOptions& options);
 
+// What every `--model` option applies to its value: a GGUF file (or a folder holding one and no
+// config.json) becomes the model folder it is imported into once (gguf/import.h's
+// resolve_model_source); a model folder stays itself. A file that cannot be imported is the
+// option's error, naming what in it is not supported.
+CLI::Validator model_source_transform();
+
 // The cuda backend's knobs as flags --cuda-NAME VALUE (backend/cuda/knobs.h), in --help's "CUDA
 // backend" group, into `knobs` by name. Nothing in a build without the cuda backend.
 void add_cuda_knob_flags(CLI::App* cmd, std::map<std::string, std::string>& knobs);

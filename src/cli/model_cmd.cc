@@ -1,14 +1,18 @@
 // blend model init | derive | info | export-gguf
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <thread>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/engine_flags.h"
 #include "core/error.h"
 #include "gguf/export.h"
+#include "gguf/import.h"
 #include "model/derive.h"
 #include "model/lora.h"
 #include "model/presets.h"
@@ -147,6 +151,22 @@ void run_export_gguf(const ExportGgufArgs& a) {
               static_cast<double>(s.file_bytes) / (1024.0 * 1024.0));
 }
 
+struct ImportGgufArgs {
+  std::string gguf;
+  std::string out;
+  int threads = 0;  // 0: all
+};
+
+void run_import_gguf(const ImportGgufArgs& a) {
+  const int threads = a.threads > 0
+                          ? a.threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const GgufImportSummary s = import_gguf(a.gguf, a.out, threads);
+  std::printf("wrote %s: %s (GGUF %s), %zu tensors of %s, as %s\n", a.out.c_str(),
+              s.architecture.c_str(), s.gguf_architecture.c_str(), s.tensor_count,
+              s.source_types.c_str(), std::string(dtype_name(s.dtype)).c_str());
+}
+
 struct DeriveArgs {
   std::string base, out;
   bool full = false, lora = false;
@@ -253,7 +273,9 @@ void register_model_commands(CLI::App& app) {
 
   auto info_dir = std::make_shared<std::string>();
   CLI::App* info = model->add_subcommand("info", "Load a model folder, check it, print a summary");
-  info->add_option("--model", *info_dir, "Model folder")->required();
+  info->add_option("--model", *info_dir, "Model folder or GGUF file")
+      ->transform(model_source_transform())
+      ->required();
   info->callback([info_dir] { run_info(*info_dir); });
 
   auto gguf_args = std::make_shared<ExportGgufArgs>();
@@ -267,6 +289,17 @@ void register_model_commands(CLI::App& app) {
                    "general.name (default: the model folder's name); llama.cpp keys some "
                    "tokenizer quirks on it (a name with \"phi3\" wants Phi-3's own tokens)");
   gguf->callback([gguf_args] { run_export_gguf(*gguf_args); });
-}
+
+  auto import_args = std::make_shared<ImportGgufArgs>();
+  CLI::App* import = model->add_subcommand(
+      "import-gguf",
+      "Write the model folder a GGUF file stands for (what --model FILE.gguf reads, cached)");
+  import->add_option("--model", import_args->gguf, "GGUF file")->required();
+  import->add_option("--out", import_args->out, "Output folder (must not exist)")->required();
+  import->add_option("--threads", import_args->threads, "Threads (default: all)")
+      ->check(CLI::Range(0, 65536));
+  import->callback([import_args] { run_import_gguf(*import_args);
+});
+}  // namespace blend::cli
 
 }  // namespace blend::cli

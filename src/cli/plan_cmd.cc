@@ -16,6 +16,7 @@
 #include "api/json_limits.h"
 #include "api/openai.h"
 #include "cli/commands.h"
+#include "cli/engine_flags.h"
 #include "core/error.h"
 #include "cost/cost_model.h"
 #include "model/config.h"
@@ -334,7 +335,9 @@ void register_plan_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "plan", "Order a Batch API input file with the BlendServe planner and explain the order");
   cmd->add_option("--input", args->input, "Batch input JSONL")->required();
-  cmd->add_option("--model", args->model_dir, "Model folder (tokenizer, template and shapes)");
+  cmd->add_option("--model", args->model_dir,
+                  "Model folder or GGUF file (tokenizer, template and shapes)")
+      ->transform(model_source_transform());
   cmd->add_option("--model-shape", args->model_shape,
                   "Shape preset (llama-3-8b, llama-3-70b, qwen2.5-72b, opt-13b, ...) when prompts "
                   "are token ids");

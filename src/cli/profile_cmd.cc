@@ -238,7 +238,9 @@ void register_profile_command(CLI::App& app) {
   auto args = std::make_shared<ProfileArgs>();
   CLI::App* cmd = app.add_subcommand(
       "profile", "Time this machine's forward passes and write a cost-model hardware profile");
-  cmd->add_option("--model", args->model, "Model folder")->required();
+  cmd->add_option("--model", args->model, "Model folder or GGUF file")
+      ->transform(model_source_transform())
+      ->required();
   cmd->add_option("--out", args->out, "Profile JSON to write (required unless --nano)");
   std::vector<std::string> kinds;  // the real backends of this build
   for (const std::string& k : backend_kinds())

@@ -57,7 +57,8 @@ void set_chat_template(const std::string& value, ServerOptions& o) {
 void register_serve_command(CLI::App& app) {
   auto o = std::make_shared<ServerOptions>();
   CLI::App* cmd = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API");
-  cmd->add_option("--model", o->model, "Model folder (the first model, with --zoo)");
+  cmd->add_option("--model", o->model, "Model folder or GGUF file (the first model, with --zoo)")
+      ->transform(model_source_transform());
   auto positional = std::make_shared<std::filesystem::path>();
   cmd->add_option("MODEL", *positional, "The model folder, as vLLM's `serve MODEL` (or --model)");
   cmd->add_option("--zoo", o->zoo,

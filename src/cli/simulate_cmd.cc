@@ -387,7 +387,8 @@ void register_simulate_command(CLI::App& app) {
                   "The planner's view of the machine, when it differs from the --hardware that "
                   "times the steps (a real run planned with an older profile, say)");
   cmd->add_option("--model-shape", args->model_shape, "Model shape preset (llama-3-8b, ...)");
-  cmd->add_option("--model", args->model_dir, "Take the shape from this model folder");
+  cmd->add_option("--model", args->model_dir, "Take the shape from this model folder or GGUF file")
+      ->transform(model_source_transform());
   cmd->add_option("--tp", args->tensor_parallel, "Tensor-parallel degree");
   cmd->add_option("--workload", args->workload, "Batch JSONL with token-id prompts")->required();
   cmd->add_option("--policy", args->policies,

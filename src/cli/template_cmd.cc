@@ -14,6 +14,7 @@
 #include "api/json_limits.h"
 #include "api/openai.h"
 #include "cli/commands.h"
+#include "cli/engine_flags.h"
 #include "core/error.h"
 #include "text/chat_template.h"
 
@@ -55,7 +56,9 @@ void run_template(const TemplateArgs& a) {
 void register_template_command(CLI::App& app) {
   auto args = std::make_shared<TemplateArgs>();
   CLI::App* cmd = app.add_subcommand("template", "Render the chat template for messages on stdin");
-  cmd->add_option("--model", args->model, "Model folder (tokenizer_config.json)")->required();
+  cmd->add_option("--model", args->model, "Model folder or GGUF file (tokenizer_config.json)")
+      ->transform(model_source_transform())
+      ->required();
   cmd->add_flag("--no-generation-prompt", args->no_generation_prompt,
                 "Do not ask the template for the assistant header");
   cmd->callback([args] { run_template(*args); });

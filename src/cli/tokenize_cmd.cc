@@ -9,6 +9,7 @@
 
 #include "api/json_limits.h"
 #include "cli/commands.h"
+#include "cli/engine_flags.h"
 #include "core/error.h"
 #include "text/tokenizer.h"
 
@@ -63,7 +64,9 @@ void run_tokenize(const TokenizeArgs& a) {
 void register_tokenize_command(CLI::App& app) {
   auto args = std::make_shared<TokenizeArgs>();
   CLI::App* cmd = app.add_subcommand("tokenize", "Text on stdin -> JSON token ids (or back)");
-  cmd->add_option("--model", args->model, "Model folder (tokenizer.json)")->required();
+  cmd->add_option("--model", args->model, "Model folder or GGUF file (tokenizer.json)")
+      ->transform(model_source_transform())
+      ->required();
   cmd->add_flag("--add-bos", args->add_bos, "Prepend the BOS token");
   cmd->add_flag("--decode", args->decode, "Read a JSON array of ids and print the text");
   cmd->add_flag("--no-special", args->no_special, "Treat special-token text as plain text");
