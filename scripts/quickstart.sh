@@ -57,7 +57,11 @@ print("stats:", ", ".join(f"{k} {stats[k]:.4g}" if isinstance(stats[k], float) e
 PY
 cat <<EOF
 
-== next: serve the same model over the OpenAI API
+== next: the same model as a quantized GGUF file (llama.cpp's format), run from the file
+  build/blend model quantize --model $model --out $model-Q8_0.gguf --type Q8_0
+  build/blend batch --model $model-Q8_0.gguf --input examples/requests.jsonl --output q8.jsonl
+
+== or serve the same model over the OpenAI API
   build/blend serve --model $model --port 8000 &
   curl -s localhost:8000/v1/chat/completions -H 'Content-Type: application/json' \\
     -d '{"model": "smollm-135m", "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 16}'

@@ -12,6 +12,7 @@
 #include "cli/engine_flags.h"
 #include "core/error.h"
 #include "gguf/export.h"
+#include "gguf/gguf.h"
 #include "gguf/import.h"
 #include "model/derive.h"
 #include "model/lora.h"
@@ -148,6 +149,26 @@ void run_export_gguf(const ExportGgufArgs& a) {
   std::printf("wrote %s: GGUF v3, architecture %s, %zu tensors, %zu metadata keys, %s, %.1f MiB\n",
               a.out.c_str(), s.architecture.c_str(), s.tensor_count, s.metadata_count,
               std::string(dtype_name(s.dtype)).c_str(),
+              static_cast<double>(s.file_bytes) / (1024.0 * 1024.0));
+}
+
+struct QuantizeArgs {
+  std::string model;
+  std::string out;
+  std::string type;
+};
+
+void run_quantize(const QuantizeArgs& a) {
+  GgufExportOptions options;
+  if (a.type == "Q8_0") {
+    options.quantization = GgmlType::kQ8_0;
+  } else {
+    throw Error("--type " + a.type +
+                ": not supported (Q8_0; Q4_K_M needs the K-quant quantizers, not written yet)");
+  }
+  const GgufExportSummary s = export_gguf(a.model, a.out, options);
+  std::printf("wrote %s: GGUF v3, architecture %s, %zu tensors, matrices %s, %.1f MiB\n",
+              a.out.c_str(), s.architecture.c_str(), s.tensor_count, s.matrix_type.c_str(),
               static_cast<double>(s.file_bytes) / (1024.0 * 1024.0));
 }
 
@@ -289,6 +310,14 @@ void register_model_commands(CLI::App& app) {
                    "general.name (default: the model folder's name); llama.cpp keys some "
                    "tokenizer quirks on it (a name with \"phi3\" wants Phi-3's own tokens)");
   gguf->callback([gguf_args] { run_export_gguf(*gguf_args); });
+
+  auto quantize_args = std::make_shared<QuantizeArgs>();
+  CLI::App* quantize = model->add_subcommand(
+      "quantize", "Write a model folder as a quantized GGUF file (llama-quantize's types)");
+  quantize->add_option("--model", quantize_args->model, "Model folder")->required();
+  quantize->add_option("--out", quantize_args->out, "Output .gguf file")->required();
+  quantize->add_option("--type", quantize_args->type, "Q8_0")->required();
+  quantize->callback([quantize_args] { run_quantize(*quantize_args); });
 
   auto import_args = std::make_shared<ImportGgufArgs>();
   CLI::App* import = model->add_subcommand(

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "gguf/gguf.h"
+#include "gguf/quant.h"
 #include "gguf/tensor_data.h"
 #include "gguf/tokenizer_metadata.h"
 #include "gguf/writer.h"
@@ -66,6 +67,10 @@ void put_gemma_metadata(KvBuffer& kv, const std::string& arch, const ModelConfig
 GgufExportSummary export_gguf(const std::filesystem::path& model_dir,
                               const std::filesystem::path& out_file,
                               const GgufExportOptions& options) {
+  if (options.quantization && *options.quantization != GgmlType::kQ8_0)
+    throw Error(std::string("gguf: quantizing to ") +
+                ggml_type_display_name(static_cast<uint32_t>(*options.quantization)) +
+                " is not supported yet (Q8_0)");
   const ModelConfig config = ModelConfig::from_dir(model_dir);
   const json raw_config = read_json(model_dir / "config.json");
   const TensorStore store = TensorStore::open_dir(model_dir);
@@ -145,7 +150,7 @@ GgufExportSummary export_gguf(const std::filesystem::path& model_dir,
     t.shape = spec.shape;
     t.source = &store.get(spec.name, spec.shape);
     const bool one_d = spec.shape.size() <= 1 || t.name.ends_with("_norm.weight");
-    t.type = one_d ? GgmlType::kF32 : ggml_type_of(dtype);
+    t.type = one_d ? GgmlType::kF32 : options.quantization.value_or(ggml_type_of(dtype));
     if (gemma && spec.kind == TensorSpec::Kind::kNorm) {
       // llama.cpp multiplies by the stored weight: Gemma's (1 + w), as its converter writes it.
       t.values.resize(static_cast<size_t>(t.source->numel()));
@@ -163,7 +168,13 @@ GgufExportSummary export_gguf(const std::filesystem::path& model_dir,
   }
   uint64_t offset = 0;
   for (auto& t : plan) {
-    t.nbytes = static_cast<uint64_t>(t.numel()) * ggml_type_size(t.type);
+    const GgmlBlockLayout layout = *ggml_block_layout(static_cast<uint32_t>(t.type));
+    const int64_t cols = t.shape.empty() ? 1 : t.shape.back();
+    if (cols % layout.block_elems != 0)
+      throw Error("gguf: " + t.name + " has rows of " + std::to_string(cols) +
+                  " elements, not whole " + layout.name + " blocks of " +
+                  std::to_string(layout.block_elems));
+    t.nbytes = static_cast<uint64_t>(t.numel()) / layout.block_elems * layout.block_bytes;
     t.offset = offset;
     offset = gguf_align_up(offset + t.nbytes, kGgufAlignment);
   }
@@ -197,7 +208,9 @@ GgufExportSummary export_gguf(const std::filesystem::path& model_dir,
     kv.put_u32(arch + ".attention.key_length", static_cast<uint32_t>(config.head_dim));
     kv.put_u32(arch + ".attention.value_length", static_cast<uint32_t>(config.head_dim));
   }
-  kv.put_u32("general.file_type", static_cast<uint32_t>(file_type_of(dtype)));
+  kv.put_u32("general.file_type", options.quantization
+                                      ? static_cast<uint32_t>(GgufFileType::kMostlyQ8_0)
+                                      : static_cast<uint32_t>(file_type_of(dtype)));
   if (gemma) put_gemma_metadata(kv, arch, config);
   if (phi3) {
     kv.put_u32(arch + ".rope.dimension_count", static_cast<uint32_t>(config.rotary_dim()));
@@ -257,7 +270,9 @@ GgufExportSummary export_gguf(const std::filesystem::path& model_dir,
     std::filesystem::remove(tmp, ec);
     throw;
   }
-  return {arch, dtype, plan.size(), kv.count(), file_bytes};
+  const GgmlType matrix_type = options.quantization.value_or(ggml_type_of(dtype));
+  return {arch,        dtype,      ggml_type_display_name(static_cast<uint32_t>(matrix_type)),
+          plan.size(), kv.count(), file_bytes};
 }
 
 }  // namespace blend

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "gguf/gguf.h"
 #include "model/config.h"
 
 namespace blend {
@@ -44,11 +45,16 @@ namespace blend {
 struct GgufExportOptions {
   std::optional<DType> dtype;  // matrices; unset: the checkpoint's dtype
   std::string name;            // general.name; empty: the model folder's name
+  // Every matrix quantized to this block type instead (`blend model quantize`): Q8_0 is the only
+  // one written yet (as llama-quantize's Q8_0: every 2-D tensor Q8_0 with ggml's reference
+  // quantizer, 1-D tensors F32). A matrix whose rows are not whole blocks is a blend::Error.
+  std::optional<GgmlType> quantization;
 };
 
 struct GgufExportSummary {
   std::string architecture;  // "llama" | "qwen2"
   DType dtype = DType::kBF16;
+  std::string matrix_type;  // "BF16", "Q8_0", ...
   size_t tensor_count = 0;
   size_t metadata_count = 0;
   uint64_t file_bytes = 0;

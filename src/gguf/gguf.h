@@ -61,7 +61,12 @@ enum class GgmlType : uint32_t {
 };
 
 // llama_ftype values for general.file_type.
-enum class GgufFileType : uint32_t { kAllF32 = 0, kMostlyF16 = 1, kMostlyBF16 = 32 };
+enum class GgufFileType : uint32_t {
+  kAllF32 = 0,
+  kMostlyF16 = 1,
+  kMostlyQ8_0 = 7,
+  kMostlyBF16 = 32
+};
 
 constexpr uint32_t kGgufMagic = 0x46554747;  // "GGUF" read as a little-endian u32
 constexpr uint32_t kGgufVersion = 3;

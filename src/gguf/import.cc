@@ -556,7 +556,8 @@ GgufImportSummary import_gguf(const fs::path& gguf_file, const fs::path& out_dir
     s.info = &info;
     const std::optional<GgmlBlockLayout> layout = ggml_block_layout(info.type);
     if (!layout)
-      meta.fail("tensor '" + info.name + "' has type " + ggml_type_display_name(info.type) +
+      meta.fail("tensor '" + info.name + "' has ggml type " + std::to_string(info.type) + " (" +
+                ggml_type_display_name(info.type) + ")" +
                 ", which blend cannot read (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, " +
                 "Q3_K, Q4_K, Q5_K, Q6_K)");
     s.layout = *layout;
@@ -657,6 +658,15 @@ GgufImportSummary import_gguf(const fs::path& gguf_file, const fs::path& out_dir
 
   std::error_code ec;
   if (fs::exists(out_dir, ec)) throw Error(out_dir.string() + ": already exists");
+  // A 4.9 GB Q4_K_M file of an 8B model is 32 GB as f32: refuse before writing what cannot fit.
+  uint64_t bytes = 0;
+  for (const SourceTensor& t : tensors) bytes += static_cast<uint64_t>(t.numel()) * es;
+  const fs::path parent = out_dir.has_parent_path() ? out_dir.parent_path() : fs::path(".");
+  if (const fs::space_info space = fs::space(parent, ec);
+      !ec && space.available < bytes + (64u << 20))
+    throw Error(out_dir.string() + ": the imported model needs " + std::to_string(bytes >> 20) +
+                " MiB of " + std::string(dtype_name(dtype)) + " weights, more than the " +
+                std::to_string(space.available >> 20) + " MiB free there");
   const fs::path tmp = out_dir.string() + ".tmp" + std::to_string(::getpid());
   fs::remove_all(tmp, ec);
   try {

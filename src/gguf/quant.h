@@ -1,6 +1,6 @@
 // ggml's block-quantized tensor types (ggml-common.h block_q4_0 ... block_q6_K): their layouts,
 // dequantization following ggml's reference dequantize_row_* (ggml-quants.c) operation by
-// operation, and the reference quantizers of Q8_0 and Q4_0.
+// operation, and the reference quantizers of Q8_0, Q4_0, Q4_K, Q5_K and Q6_K.
 //
 // Layouts (little-endian, ggml_fp16_t = IEEE half):
 //   Q4_0  32 elems, 18 B: f16 d; u8 qs[16]          x = d * ((q & 15) - 8)
@@ -28,13 +28,14 @@ namespace blend {
 struct GgmlBlockLayout {
   uint32_t block_elems = 1;
   uint32_t block_bytes = 4;
-  const char* name = "F32";  // ggml_type_name: "Q4_K", "BF16", ...
+  const char* name = "F32";  // gguf-py's spelling: "Q4_K", "BF16" (ggml_type_name: "q4_K")
 };
 
 // The layout of ggml type `type`, or nullopt for a type this code cannot read.
 std::optional<GgmlBlockLayout> ggml_block_layout(uint32_t type);
 
-// A printable name for any ggml type number ("Q4_K", "IQ2_XS", "type 99"), for error messages.
+// A printable name for any ggml type number ("Q4_K", "IQ2_XS"; "unknown" for a number ggml does
+// not assign), for error messages.
 const char* ggml_type_display_name(uint32_t type);
 
 // Dequantizes `n` elements (a multiple of the type's block_elems) of type `type` from `src` into
@@ -43,9 +44,9 @@ const char* ggml_type_display_name(uint32_t type);
 // otherwise or when n is not a whole number of blocks.
 void dequantize_row(uint32_t type, const void* src, float* dst, int64_t n);
 
-// ggml's reference quantizers quantize_row_q8_0_ref and quantize_row_q4_0_ref: `n` floats (a
-// multiple of 32) into blocks written at `dst`. Throws blend::Error for any other type (the
-// K-quant quantizers are not written yet).
+// ggml's reference quantizers quantize_row_{q8_0,q4_0,q4_K,q5_K,q6_K}_ref, byte for byte: `n`
+// floats (a multiple of the type's block_elems) into blocks written at `dst`. Throws blend::Error
+// for any other type or a partial block.
 void quantize_row(uint32_t type, const float* src, void* dst, int64_t n);
 
 }  // namespace blend

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "gguf/export.h"
+#include "gguf/quant.h"
 
 namespace blend {
 
@@ -115,7 +116,37 @@ void release_pages(const TensorView& v) {
   if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
+namespace {
+
+// A block-quantized tensor: each row (after the q/k permutation) converted to f32 and quantized
+// with ggml's reference quantizer.
+void write_quantized(OutFile& out, const PlannedTensor& t) {
+  const int64_t rows = t.shape.size() > 1 ? t.shape[0] : 1;
+  const int64_t cols = t.numel() / rows;
+  const GgmlBlockLayout layout = *ggml_block_layout(static_cast<uint32_t>(t.type));
+  std::vector<float> row(static_cast<size_t>(cols));
+  std::vector<std::byte> q(static_cast<size_t>(cols) / layout.block_elems * layout.block_bytes);
+  for (int64_t r = 0; r < rows; ++r) {
+    if (t.source) {
+      const int64_t sr =
+          t.permute_heads > 0 ? gguf_permuted_source_row(r, t.permute_heads, rows) : r;
+      const size_t ss = dtype_size(t.source->dtype);
+      for (int64_t c = 0; c < cols; ++c)
+        row[static_cast<size_t>(c)] =
+            load_element(t.source->data + static_cast<size_t>(sr * cols + c) * ss, t.source->dtype);
+    } else {
+      std::copy_n(t.values.begin() + r * cols, cols, row.begin());
+    }
+    quantize_row(static_cast<uint32_t>(t.type), row.data(), q.data(), cols);
+    out.write(q.data(), q.size());
+  }
+}
+
+}  // namespace
+
 void write_tensor_data(OutFile& out, const PlannedTensor& t) {
+  if (ggml_block_layout(static_cast<uint32_t>(t.type))->block_elems > 1)
+    return write_quantized(out, t);
   const size_t ds = ggml_type_size(t.type);
   constexpr size_t kChunkBytes = 8u << 20;
   std::vector<std::byte> buf;

@@ -337,6 +337,45 @@ TEST(GgufImport, QuantizedMatricesDequantizeToF32ExactlyAndUnpermuted) {
     ASSERT_EQ(e.at(i), orig.get("model.embed_tokens.weight").at(i)) << i;
 }
 
+// `blend model quantize --type Q8_0`: every matrix Q8_0 (rows permuted for llama before they
+// are quantized), which the import reads back as each HF row quantized and dequantized.
+TEST(GgufImport, Q8_0ExportReadsBackAsEachRowQuantized) {
+  testing::TempDir dir;
+  const ModelConfig c = *find_model_preset("tiny");
+  write_random_model(c, dir / "m", init_options());
+  GgufExportOptions options;
+  options.quantization = GgmlType::kQ8_0;
+  const GgufExportSummary s = export_gguf(dir / "m", dir / "q8.gguf", options);
+  EXPECT_EQ(s.matrix_type, "Q8_0");
+  const GgufFile g = read_gguf(dir / "q8.gguf");
+  EXPECT_EQ(g.at("general.file_type").u, 7u);  // LLAMA_FTYPE_MOSTLY_Q8_0
+  for (const GgufTensorInfo& t : g.tensors)
+    EXPECT_EQ(t.type, t.ne.size() == 2 ? static_cast<uint32_t>(GgmlType::kQ8_0) : 0u) << t.name;
+  EXPECT_EQ(import_gguf(dir / "q8.gguf", dir / "back").dtype, DType::kF32);
+  const TensorStore orig = TensorStore::open_dir(dir / "m"),
+                    back = TensorStore::open_dir(dir / "back");
+  for (const char* name :
+       {"model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight",
+        "model.layers.0.mlp.down_proj.weight", "model.embed_tokens.weight"}) {
+    const TensorView& o = orig.get(name);
+    const TensorView& b = back.get(name);
+    const int64_t cols = o.shape[1], rows = std::min<int64_t>(o.shape[0], 256);
+    std::vector<float> row(static_cast<size_t>(cols)), want(static_cast<size_t>(cols));
+    std::vector<uint8_t> q(static_cast<size_t>(cols / 32 * 34));
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t k = 0; k < cols; ++k) row[static_cast<size_t>(k)] = o.at(r * cols + k);
+      quantize_row(static_cast<uint32_t>(GgmlType::kQ8_0), row.data(), q.data(), cols);
+      dequantize_row(static_cast<uint32_t>(GgmlType::kQ8_0), q.data(), want.data(), cols);
+      ASSERT_EQ(std::memcmp(b.data + r * cols * 4, want.data(), static_cast<size_t>(cols) * 4), 0)
+          << name << " row " << r;
+    }
+  }
+  // Q4_K_M is not written yet: refused, no file.
+  options.quantization = GgmlType::kQ4_K;
+  EXPECT_THROW(export_gguf(dir / "m", dir / "q4.gguf", options), Error);
+  EXPECT_FALSE(fs::exists(dir / "q4.gguf"));
+}
+
 // ---- what is refused -----------------------------------------------------------------------
 
 class GgufImportRefusals : public ::testing::Test {
