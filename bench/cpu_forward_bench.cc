@@ -11,7 +11,9 @@
 //   cpu_forward_bench --model DIR ...
 // A preset is generated into $TMPDIR/blend-bench-PRESET-DTYPE once and reused.
 //   options: --gemm-only, --no-gemm (only the bound: the model's GEMM kind at 512 and 1024
-//   rows), --modes default,deterministic, --f32-gemm onednn|openblas
+//   rows), --modes default,deterministic, --f32-gemm onednn|openblas, --q8-kernel
+//   avx512-vnni|avx-vnni|avx2|portable (a Q8_0 model, e.g. a `blend model import-gguf` folder:
+//   the int8 kernel to run at most)
 //   {"kind":"overlap", ...}  with --overlap P:S:C (issue 8: NanoFlow §4.3 carried to the CPU):
 //                            a compute-heavy step (P prefill tokens) and a memory-heavy one (S
 //                            decodes at C cached tokens each), one after the other on all the
@@ -36,6 +38,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/q8_gemm.h"
 #include "bench_util.h"
 #include "core/error.h"
 #include "model/presets.h"
@@ -475,10 +478,23 @@ int run(int argc, char** argv) {
       o.overlap_prefill = v[0];
       o.overlap_seqs = v[1];
       o.overlap_context = v[2];
-    } else if (a == "--f32-gemm")
+    } else if (a == "--f32-gemm") {
       o.f32_gemm = value() == "openblas" ? CpuGemmLib::kOpenBlas : CpuGemmLib::kOneDnn;
-    else
+    } else if (a == "--q8-kernel") {  // Q8_0 models: cap the int8 kernel (the AVX2 path here)
+      const std::string k = value();
+      bool found = false;
+      for (const cpu::Q8Kernel kernel : {cpu::Q8Kernel::kAvx512Vnni, cpu::Q8Kernel::kAvxVnni,
+                                         cpu::Q8Kernel::kAvx2, cpu::Q8Kernel::kPortable})
+        if (cpu::q8_kernel_name(kernel) == k) {
+          cpu::cap_q8_kernel(kernel);
+          found = true;
+        }
+      if (!found) throw Error("--q8-kernel: avx512-vnni, avx-vnni, avx2 or portable, not " + k);
+      if (cpu::q8_kernel_name(cpu::best_q8_kernel()) != k)
+        throw Error("--q8-kernel " + k + ": this CPU does not run it");
+    } else {
       throw Error("unknown argument " + a);
+    }
   }
   const int threads = o.threads > 0 ? o.threads : omp_get_num_procs();
   omp_set_num_threads(threads);
@@ -505,7 +521,7 @@ int run(int argc, char** argv) {
   }
   const ModelConfig config = ModelConfig::from_dir(dir);
   const TensorStore store = TensorStore::open_dir(dir);
-  const DType dtype = check_tensors(config, store);
+  const DType dtype = check_tensors(config, store, QuantizedWeights::kAllowMatrices);
   emit({{"kind", "machine"},
         {"cpu", cpu_model_name()},
         {"threads", threads},

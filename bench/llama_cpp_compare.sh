@@ -15,7 +15,8 @@
 #      batched-bench's S) and the ratio.
 # Knobs (environment): BLEND (default build/blend), MODELS_DIR (models), OUT_DIR
 # (build/llama_cpp_compare/P), THREADS (2), PP (128), TG (128), N_REQ (256), NPL (default per
-# preset), DTYPES ("bf16 f16"), CTX (batched-bench -c; default max(NPL) * (PP + TG) + 512),
+# preset), DTYPES ("bf16 f16"; q8_0 adds `blend model quantize --type Q8_0`'s file, which both
+# engines then run), CTX (batched-bench -c; default max(NPL) * (PP + TG) + 512),
 # BLEND_BATCH_ARGS (extra flags for blend batch).
 # Only bash and python3 (standard library) are used; bench/lib.sh has the shared parts.
 set -euo pipefail
@@ -61,7 +62,11 @@ for dtype in $DTYPES; do
   gguf=$OUT_DIR/$PRESET-$dtype.gguf
   if [[ ! -f "$gguf" || "$MODEL_DIR/config.json" -nt "$gguf" ]]; then
     echo "== exporting $gguf"
-    "$BLEND" model export-gguf --model "$MODEL_DIR" --out "$gguf" --dtype "$dtype"
+    if [[ $dtype == q8_0 ]]; then
+      "$BLEND" model quantize --model "$MODEL_DIR" --out "$gguf" --type Q8_0
+    else
+      "$BLEND" model export-gguf --model "$MODEL_DIR" --out "$gguf" --dtype "$dtype"
+    fi
   fi
   jsonl=$OUT_DIR/batched-bench-$dtype.jsonl
   cmd=("$BENCH_BIN" -m "$gguf" -c "$CTX" -b 2048 -ub 512 -npp "$PP" -ntg "$TG" -npl "$NPL"
@@ -86,19 +91,28 @@ EOF
   BEST_LINE[$dtype]=$summary
 done
 
-BLEND_TPS=""
-if "$BLEND" batch --help >/dev/null 2>&1; then
-  req=$OUT_DIR/requests.jsonl
-  # Distinct prompts (the first token differs), like batched-bench without -pps: no prefix is
-  # shared, so no request gets its prompt from the cache.
-  write_requests "$req" "$N_REQ" "$PP" "$TG" 120000
+# blend runs the model folder (its bf16 weights, what bf16 and f16 are compared with) and, when
+# DTYPES holds q8_0, the very Q8_0 file llama.cpp ran.
+declare -A BLEND_TPS
+run_blend() {  # run_blend KEY MODEL
+  local req=$OUT_DIR/requests.jsonl
+  [[ -f $req ]] || write_requests "$req" "$N_REQ" "$PP" "$TG" 120000
   rm -f "$OUT_DIR/out.jsonl" "$OUT_DIR/stats.json"
   read -r -a extra <<<"${BLEND_BATCH_ARGS:-}"
-  cmd=("$BLEND" batch --model "$MODEL_DIR" --input "$req" --output "$OUT_DIR/out.jsonl"
+  cmd=("$BLEND" batch --model "$2" --input "$req" --output "$OUT_DIR/out.jsonl"
     --stats "$OUT_DIR/stats.json" --threads "$THREADS" "${extra[@]}")
   echo "== ${cmd[*]}"
   "${cmd[@]}"
-  BLEND_TPS=$(stats_field "$OUT_DIR/stats.json" throughput_tokens_per_s %.2f)
+  BLEND_TPS[$1]=$(stats_field "$OUT_DIR/stats.json" throughput_tokens_per_s %.2f)
+}
+if "$BLEND" batch --help >/dev/null 2>&1; then
+  for dtype in $DTYPES; do
+    if [[ $dtype == q8_0 ]]; then
+      run_blend q8_0 "$OUT_DIR/$PRESET-q8_0.gguf"
+    elif [[ -z ${BLEND_TPS[folder]:-} ]]; then
+      run_blend folder "$MODEL_DIR"
+    fi
+  done
 else
   echo "== '$BLEND batch' is not available: llama.cpp numbers only"
 fi
@@ -108,10 +122,15 @@ echo "== $PRESET, PP=$PP TG=$TG, $THREADS threads (total tokens/s = (prompt + ge
 for dtype in $DTYPES; do
   echo "llama.cpp $dtype: best S = ${BEST_LINE[$dtype]}"
 done
-if [[ -n "$BLEND_TPS" ]]; then
-  echo "blend batch ($N_REQ requests): $BLEND_TPS tokens/s"
-  for dtype in $DTYPES; do
-    python3 -c 'import sys; print("blend / llama.cpp %s = %.3f" % (sys.argv[1], float(sys.argv[2]) / float(sys.argv[3])))' \
-      "$dtype" "$BLEND_TPS" "${BEST_S[$dtype]}"
-  done
-fi
+for key in "${!BLEND_TPS[@]}"; do
+  what="the model folder"
+  [[ $key == q8_0 ]] && what="the Q8_0 file"
+  echo "blend batch ($N_REQ requests, $what): ${BLEND_TPS[$key]} tokens/s"
+done
+for dtype in $DTYPES; do
+  key=folder
+  [[ $dtype == q8_0 ]] && key=q8_0
+  [[ -n ${BLEND_TPS[$key]:-} ]] || continue
+  python3 -c 'import sys; print("blend / llama.cpp %s = %.3f" % (sys.argv[1], float(sys.argv[2]) / float(sys.argv[3])))' \
+    "$dtype" "${BLEND_TPS[$key]}" "${BEST_S[$dtype]}"
+done

@@ -19,7 +19,10 @@
 # docs/BENCHMARKS.md, "blend against llama.cpp, logits": what it does and how it was built);
 # this script neither fetches nor builds llama.cpp. Knobs: BLEND (default build/blend), WORK
 # (a scratch dir), THREADS (2), TOKENS (64 generated tokens per prompt), CTX (4096: llama-logits'
-# n_ctx, which blend batch gets as --max-model-len, so that both take the same longrope factors).
+# n_ctx, which blend batch gets as --max-model-len, so that both take the same longrope factors),
+# DTYPES ("f32 bf16"; q8_0 adds the preset's f32 weights quantized by `blend model quantize`,
+# blend running that GGUF file itself, against llama.cpp on the same file; llama-logits reads
+# LLAMA_UBATCH as its n_ubatch, which the q8_0 rows use for llama.cpp's own spread).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BLEND=${BLEND:-$ROOT/build/blend}
@@ -28,6 +31,7 @@ WORK=${WORK:-$(mktemp -d)}
 THREADS=${THREADS:-2}
 TOKENS=${TOKENS:-64}
 CTX=${CTX:-4096}
+DTYPES=${DTYPES:-f32 bf16}
 PRESETS=("$@")
 [[ ${#PRESETS[@]} -gt 0 ]] || PRESETS=(tiny tiny-qwen3 tiny-qwen2 tiny-phi3 smollm-135m:6 qwen3-0.6b:4
   qwen2.5-0.5b:4 phi4-mini:4 llama-3.2-1b:4)
@@ -41,7 +45,7 @@ echo "blend $("$BLEND" --version 2>/dev/null || echo '?'); llama-logits: $LLAMA_
 # compare.py BLEND_OUT.jsonl PROMPTS.json GGUF [REF_GGUF]: queries llama.cpp, prints one line.
 compare() {
   python3 - "$@" "$LLAMA_LOGITS" "$THREADS" <<'PY'
-import json, subprocess, sys, statistics
+import json, os, subprocess, sys, statistics
 out, prompts_file, gguf, ref_gguf, prog, threads = sys.argv[1:7]
 prompts = json.load(open(prompts_file))
 queries, blend_lp, blend_top1 = [], [], []
@@ -59,9 +63,10 @@ for line in open(out):
     blend_lp.append([[t[k] for k in sorted(t)] for t in tops])
     blend_top1.append(gen)
 
-def ask(model):
+def ask(model, env=None):
     p = subprocess.run([prog, model, threads], input="\n".join(json.dumps(q) for q in queries),
-                       capture_output=True, text=True, check=True)
+                       capture_output=True, text=True, check=True,
+                       env=dict(os.environ, **(env or {})))
     return [json.loads(l) for l in p.stdout.splitlines() if l.strip()]
 
 def diffs(a_lp, b_lp):
@@ -75,7 +80,14 @@ line = f"positions {n}  top-1 agree {agree}/{n}  |d logprob| max {max(d):.2e} me
 if ref_gguf != "-":
     ref = ask(ref_gguf)
     dr = diffs([a["logprobs"] for a in ref], [a["logprobs"] for a in ans])
-    line += f"  (llama.cpp bf16 vs its f32: max {max(dr):.2e} median {statistics.median(dr):.2e})"
+    kind = "q8_0" if ".q8_0." in gguf else "bf16"
+    line += f"  (llama.cpp {kind} vs its f32: max {max(dr):.2e} median {statistics.median(dr):.2e})"
+    if kind == "q8_0":
+        # llama.cpp against itself: one token a ubatch (how it generates) vs the whole sequence
+        # in one; its int8 roundings flip apart as blend's do (docs/BENCHMARKS.md).
+        du = diffs([a["logprobs"] for a in ask(gguf, {"LLAMA_UBATCH": "1"})],
+                   [a["logprobs"] for a in ans])
+        line += f"  (llama.cpp q8_0 n_ubatch 1 vs its default: max {max(du):.2e} median {statistics.median(du):.2e})"
 print(line)
 PY
 }
@@ -87,15 +99,29 @@ for spec in "${PRESETS[@]}"; do
   # llama.cpp's gemma2 has no output head of its own (it always reads token_embd): tied there.
   untie=--untie-embeddings
   [[ $preset == *gemma2* ]] && untie=""
-  for dtype in f32 bf16; do
+  for dtype in $DTYPES; do
     dir=$WORK/$preset-$dtype
+    [[ $dtype == q8_0 ]] && dir=$WORK/$preset-f32
     [[ -d $dir ]] || "$BLEND" model init --preset "$preset" $layers $untie \
-      --dtype "$dtype" --seed 5 --out "$dir" >/dev/null
+      --dtype "${dtype/q8_0/f32}" --seed 5 --out "$dir" >/dev/null
     # (A general.name with "phi3" in it makes llama.cpp look up Phi-3's own "</s>", which the
     # Llama-3 tokenizer the presets carry lacks: the files get a neutral name.)
-    "$BLEND" model export-gguf --model "$dir" --out "$dir.gguf" --dtype "$dtype" \
-      --name blend-parity >/dev/null
     ref=-
+    model=$dir
+    if [[ $dtype == q8_0 ]]; then
+      # The very same Q8_0 file for both engines: blend runs it with its int8 kernels; the
+      # yardstick is llama.cpp's Q8_0 against its own f32 on the unquantized weights.
+      gguf=$dir.q8_0.gguf
+      "$BLEND" model quantize --model "$dir" --out "$gguf" --type Q8_0 --name blend-parity >/dev/null
+      "$BLEND" model export-gguf --model "$dir" --out "$dir.f32.gguf" --dtype f32 \
+        --name blend-parity >/dev/null
+      ref=$dir.f32.gguf
+      model=$gguf
+    else
+      gguf=$dir.gguf
+      "$BLEND" model export-gguf --model "$dir" --out "$gguf" --dtype "$dtype" \
+        --name blend-parity >/dev/null
+    fi
     if [[ $dtype == bf16 ]]; then
       "$BLEND" model export-gguf --model "$dir" --out "$dir.f32.gguf" --dtype f32 \
         --name blend-parity >/dev/null
@@ -111,9 +137,9 @@ for spec in "${PRESETS[@]}"; do
     done
     printf '%s' "${prompts%,}]" >"$WORK/prompts.json"
     rm -f "$WORK/out.jsonl"
-    "$BLEND" batch --model "$dir" --input "$WORK/in.jsonl" --output "$WORK/out.jsonl" \
+    "$BLEND" batch --model "$model" --input "$WORK/in.jsonl" --output "$WORK/out.jsonl" \
       --deterministic --threads "$THREADS" --max-model-len "$CTX" --quiet
     printf '%-16s %-5s ' "$spec" "$dtype"
-    compare "$WORK/out.jsonl" "$WORK/prompts.json" "$dir.gguf" "$ref"
+    compare "$WORK/out.jsonl" "$WORK/prompts.json" "$gguf" "$ref"
   done
 done

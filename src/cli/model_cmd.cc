@@ -107,7 +107,7 @@ void run_init(const InitArgs& a) {
 void run_info(const std::string& dir) {
   const ModelConfig config = ModelConfig::from_dir(dir);
   const TensorStore store = TensorStore::open_dir(dir);
-  const DType dtype = check_tensors(config, store);
+  const DType dtype = check_tensors(config, store, QuantizedWeights::kAllowMatrices);
   // The tokenizer too: a folder whose tokenizer blend cannot run (SentencePiece-style,
   // Metaspace) must fail here, not pass `model info` and fail at the first request.
   const Tokenizer tokenizer = Tokenizer::from_dir(dir);
@@ -156,6 +156,7 @@ struct QuantizeArgs {
   std::string model;
   std::string out;
   std::string type;
+  std::string name;
 };
 
 void run_quantize(const QuantizeArgs& a) {
@@ -166,6 +167,7 @@ void run_quantize(const QuantizeArgs& a) {
     throw Error("--type " + a.type +
                 ": not supported (Q8_0; Q4_K_M needs the K-quant quantizers, not written yet)");
   }
+  options.name = a.name;
   const GgufExportSummary s = export_gguf(a.model, a.out, options);
   std::printf("wrote %s: GGUF v3, architecture %s, %zu tensors, matrices %s, %.1f MiB\n",
               a.out.c_str(), s.architecture.c_str(), s.tensor_count, s.matrix_type.c_str(),
@@ -317,6 +319,8 @@ void register_model_commands(CLI::App& app) {
   quantize->add_option("--model", quantize_args->model, "Model folder")->required();
   quantize->add_option("--out", quantize_args->out, "Output .gguf file")->required();
   quantize->add_option("--type", quantize_args->type, "Q8_0")->required();
+  quantize->add_option("--name", quantize_args->name,
+                       "general.name (default: the model folder's name), as export-gguf's");
   quantize->callback([quantize_args] { run_quantize(*quantize_args); });
 
   auto import_args = std::make_shared<ImportGgufArgs>();

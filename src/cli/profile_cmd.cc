@@ -196,7 +196,7 @@ void run_profile(const ProfileArgs& args) {
   if (!args.refit.empty()) return refit_profile(args, steps);
   const ModelConfig config = ModelConfig::from_dir(args.model);
   const TensorStore weights = TensorStore::open_dir(args.model);
-  check_tensors(config, weights);
+  check_tensors(config, weights, QuantizedWeights::kAllowMatrices);
   ProfileOptions po;
   po.reps = args.reps;
   if (!args.dense_scan) po.dense_scan_anchors.clear();

@@ -1,11 +1,38 @@
 #include "core/dtype.h"
 
 #include <cstring>
+#include <string>
+
+#include "core/error.h"
 
 namespace blend {
 
 size_t dtype_size(DType t) {
-  return t == DType::kF32 ? 4 : 2;
+  switch (t) {
+    case DType::kF32:
+      return 4;
+    case DType::kBF16:
+    case DType::kF16:
+      return 2;
+    case DType::kQ8_0:
+      break;
+  }
+  throw Error("dtype " + std::string(dtype_name(t)) + " is a block type: it has no element size");
+}
+
+bool is_block_type(DType t) {
+  return t == DType::kQ8_0;
+}
+
+uint64_t tensor_bytes(DType t, const std::vector<int64_t>& shape) {
+  uint64_t n = 1;
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  if (!is_block_type(t)) return n * dtype_size(t);
+  const int64_t cols = shape.empty() ? 1 : shape.back();
+  if (cols % kQ8_0BlockElems != 0)
+    throw Error("a " + std::string(dtype_name(t)) + " tensor's rows hold whole blocks of " +
+                std::to_string(kQ8_0BlockElems) + " elements, not " + std::to_string(cols));
+  return n / kQ8_0BlockElems * kQ8_0BlockBytes;
 }
 
 std::string_view dtype_name(DType t) {
@@ -16,6 +43,8 @@ std::string_view dtype_name(DType t) {
       return "BF16";
     case DType::kF16:
       return "F16";
+    case DType::kQ8_0:
+      return "Q8_0";
   }
   return "?";
 }
@@ -71,6 +100,24 @@ uint16_t f32_to_f16(float f) {
   }
   uint32_t r = abs + 0xfffu + ((abs >> 13) & 1u) - (uint32_t(127 - 15) << 23);
   return sign | static_cast<uint16_t>(r >> 13);
+}
+
+float q8_0_element(const std::byte* row, int64_t i) {
+  const std::byte* block = row + i / kQ8_0BlockElems * kQ8_0BlockBytes;
+  uint16_t d;
+  std::memcpy(&d, block, 2);
+  return f16_to_f32(d) * static_cast<float>(static_cast<int8_t>(block[2 + i % kQ8_0BlockElems]));
+}
+
+void dequantize_q8_0_row(const std::byte* row, int64_t cols, float* out) {
+  for (int64_t b = 0; b < cols / kQ8_0BlockElems; ++b) {
+    const std::byte* block = row + b * kQ8_0BlockBytes;
+    uint16_t h;
+    std::memcpy(&h, block, 2);
+    const float d = f16_to_f32(h);
+    for (int64_t j = 0; j < kQ8_0BlockElems; ++j)
+      out[b * kQ8_0BlockElems + j] = d * static_cast<float>(static_cast<int8_t>(block[2 + j]));
+  }
 }
 
 }  // namespace blend

@@ -38,6 +38,8 @@ GgufFileType file_type_of(DType d) {
       return GgufFileType::kMostlyF16;
     case DType::kBF16:
       return GgufFileType::kMostlyBF16;
+    case DType::kQ8_0:
+      return GgufFileType::kMostlyQ8_0;
   }
   return GgufFileType::kAllF32;
 }

@@ -32,6 +32,8 @@ GgmlType ggml_type_of(DType d) {
       return GgmlType::kF16;
     case DType::kBF16:
       return GgmlType::kBF16;
+    case DType::kQ8_0:
+      return GgmlType::kQ8_0;
   }
   return GgmlType::kF32;
 }

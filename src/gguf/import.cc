@@ -39,7 +39,7 @@ namespace fs = std::filesystem;
 namespace {
 
 // Bumped whenever what import_gguf writes changes, so older imports in the cache are not reused.
-constexpr int kImportVersion = 1;
+constexpr int kImportVersion = 2;  // 2: Q8_0 matrices kept as Q8_0
 
 // ---- metadata ------------------------------------------------------------------------------
 
@@ -622,9 +622,14 @@ GgufImportSummary import_gguf(const fs::path& gguf_file, const fs::path& out_dir
 
   // One dtype for the folder: the matrices' own when all share BF16 or F16 (and the 1-D tensors
   // fit it exactly), else f32, which holds every dequantized value exactly.
+  // Q8_0 matrices stay Q8_0 (the cpu backend's int8 kernels run them); other block types are
+  // dequantized.
+  auto kept_quantized = [](const SourceTensor& t) {
+    return t.shape.size() == 2 && t.info->type == static_cast<uint32_t>(GgmlType::kQ8_0);
+  };
   std::set<uint32_t> matrix_types;
   for (const SourceTensor& t : tensors)
-    if (t.shape.size() > 1) matrix_types.insert(t.info->type);
+    if (t.shape.size() > 1 && !kept_quantized(t)) matrix_types.insert(t.info->type);
   DType dtype = DType::kF32;
   if (matrix_types == std::set<uint32_t>{static_cast<uint32_t>(GgmlType::kBF16)})
     dtype = DType::kBF16;
@@ -642,6 +647,21 @@ GgufImportSummary import_gguf(const fs::path& gguf_file, const fs::path& out_dir
     w.name = t.hf_name;
     w.dtype = dtype;
     w.shape = t.shape;
+    if (kept_quantized(t)) {  // the GGUF rows' bytes, in Hugging Face row order
+      w.dtype = DType::kQ8_0;
+      w.fill = [&t](size_t offset, std::span<std::byte> out) {
+        const size_t row = t.row_bytes();
+        for (size_t done = 0; done < out.size();) {
+          const size_t at = offset + done, r = at / row, c = at % row;
+          const size_t src = t.source_row.empty() ? r : static_cast<size_t>(t.source_row[r]);
+          const size_t take = std::min(out.size() - done, row - c);
+          std::memcpy(out.data() + done, t.data + src * row + c, take);
+          done += take;
+        }
+      };
+      writes.push_back(std::move(w));
+      continue;
+    }
     w.fill = [&t, dtype, es](size_t offset, std::span<std::byte> out) {
       const int64_t first = static_cast<int64_t>(offset / es);
       const int64_t last = static_cast<int64_t>((offset + out.size() + es - 1) / es);
@@ -660,7 +680,9 @@ GgufImportSummary import_gguf(const fs::path& gguf_file, const fs::path& out_dir
   if (fs::exists(out_dir, ec)) throw Error(out_dir.string() + ": already exists");
   // A 4.9 GB Q4_K_M file of an 8B model is 32 GB as f32: refuse before writing what cannot fit.
   uint64_t bytes = 0;
-  for (const SourceTensor& t : tensors) bytes += static_cast<uint64_t>(t.numel()) * es;
+  for (const SourceTensor& t : tensors)
+    bytes += kept_quantized(t) ? tensor_bytes(DType::kQ8_0, t.shape)
+                               : static_cast<uint64_t>(t.numel()) * es;
   const fs::path parent = out_dir.has_parent_path() ? out_dir.parent_path() : fs::path(".");
   if (const fs::space_info space = fs::space(parent, ec);
       !ec && space.available < bytes + (64u << 20))

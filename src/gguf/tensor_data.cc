@@ -73,6 +73,8 @@ float load_element(const std::byte* p, DType t) {
       std::memcpy(&h, p, 2);
       return f16_to_f32(h);
     }
+    case DType::kQ8_0:  // a block type: check_tensors refuses it before an export reads one
+      throw Error("GGUF export reads f32, bf16 or f16 tensors, not Q8_0 blocks");
   }
   return 0;
 }

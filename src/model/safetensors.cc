@@ -13,6 +13,7 @@
 #include <fstream>
 #include <limits>
 #include <mutex>
+#include <set>
 #include <string_view>
 #include <thread>
 #include <tuple>
@@ -74,6 +75,10 @@ float TensorView::at(int64_t i) const {
       std::memcpy(&h, data + i * 2, 2);
       return f16_to_f32(h);
     }
+    case DType::kQ8_0: {
+      const int64_t cols = shape.empty() ? 1 : shape.back();
+      return q8_0_element(data + i / cols * (cols / kQ8_0BlockElems * kQ8_0BlockBytes), i % cols);
+    }
   }
   return 0.0f;
 }
@@ -123,18 +128,29 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::filesystem::pa
     bool operator<(const Range& o) const { return std::tie(begin, end) < std::tie(o.begin, o.end); }
   };
   std::vector<Range> ranges;
+  if (auto meta = header.find("__metadata__"); meta != header.end()) {
+    if (!meta->is_object()) fail(path, "__metadata__ is not an object");
+    for (const auto& [k, v] : meta->items()) {
+      if (!v.is_string()) fail(path, "__metadata__['" + k + "'] is not a string");
+      file->metadata_[k] = v.get<std::string>();
+    }
+  }
+  // Block-quantized tensors (U8 bytes of their blocks, each named in the metadata), each found.
+  std::set<std::string> block_tensors;
+  for (const auto& [key, value] : file->metadata_)
+    if (key.starts_with(kBlockDtypeKey)) {
+      const std::string name = key.substr(kBlockDtypeKey.size());
+      if (value != "Q8_0")
+        fail(path, "__metadata__['" + key + "'] is '" + value + "'; the block type read is Q8_0");
+      if (!header.contains(name))
+        fail(path, "__metadata__['" + key + "'] names no tensor of the file");
+      block_tensors.insert(name);
+    }
   for (const auto& item : header.items()) {
     // Not a structured binding: clang 14 (the fuzz build) cannot capture one in `bad` below.
     const std::string& name = item.key();
     const json& entry = item.value();
-    if (name == "__metadata__") {
-      if (!entry.is_object()) fail(path, "__metadata__ is not an object");
-      for (const auto& [k, v] : entry.items()) {
-        if (!v.is_string()) fail(path, "__metadata__['" + k + "'] is not a string");
-        file->metadata_[k] = v.get<std::string>();
-      }
-      continue;
-    }
+    if (name == "__metadata__") continue;
     auto bad = [&](const std::string& what) { fail(path, "tensor '" + name + "': " + what); };
     if (!entry.is_object()) bad("entry is not an object");
     auto dt = entry.find("dtype");
@@ -145,7 +161,11 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::filesystem::pa
     if (off == entry.end() || !off->is_array() || off->size() != 2 ||
         !(*off)[0].is_number_unsigned() || !(*off)[1].is_number_unsigned())
       bad("missing or malformed data_offsets");
-    const auto dtype = parse_dtype(dt->get<std::string>());
+    const bool block = block_tensors.count(name) > 0;
+    const auto dtype =
+        block ? std::optional<DType>(DType::kQ8_0) : parse_dtype(dt->get<std::string>());
+    if (block && dt->get<std::string>() != "U8")
+      bad("is " + dt->get<std::string>() + " but __metadata__ names it Q8_0 (stored as U8 bytes)");
     if (!dtype) bad("unsupported dtype " + dt->get<std::string>() + " (supported: BF16, F16, F32)");
 
     TensorView view;
@@ -161,13 +181,18 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::filesystem::pa
       numel *= dim;
       view.shape.push_back(static_cast<int64_t>(dim));
     }
+    if (block) {  // stored [rows, bytes of a row]; the view's shape is [rows, elements]
+      if (view.shape.size() != 2 || view.shape[1] % kQ8_0BlockBytes != 0)
+        bad("a Q8_0 tensor is stored as U8 [rows, 34 x blocks], not " + shape_string(view.shape));
+      view.shape[1] = view.shape[1] / kQ8_0BlockBytes * kQ8_0BlockElems;
+    }
     const uint64_t begin = (*off)[0].get<uint64_t>();
     const uint64_t end = (*off)[1].get<uint64_t>();
     if (begin > end) bad("data_offsets are reversed");
     if (end > data_size)
       bad("data ends at byte " + std::to_string(end) + " but the file holds only " +
           std::to_string(data_size) + " data bytes (truncated?)");
-    const uint64_t expected = numel * dtype_size(*dtype);
+    const uint64_t expected = block ? numel : numel * dtype_size(*dtype);
     if (end - begin != expected)
       bad("holds " + std::to_string(end - begin) + " bytes but shape " + shape_string(view.shape) +
           " of " + std::string(dtype_name(*dtype)) + " needs " + std::to_string(expected));
@@ -370,17 +395,25 @@ void write_chunks_in_parallel(const std::filesystem::path& tmp, const std::strin
 void write_safetensors(const std::filesystem::path& path, const std::vector<TensorToWrite>& tensors,
                        const std::map<std::string, std::string>& metadata, int threads) {
   json header = json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::map<std::string, std::string> all_metadata = metadata;
   uint64_t offset = 0;
   std::vector<uint64_t> sizes;
   for (const auto& t : tensors) {
-    uint64_t n = dtype_size(t.dtype);
-    for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
-    header[t.name] = {
-        {"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + n}}};
+    const uint64_t n = tensor_bytes(t.dtype, t.shape);
+    if (is_block_type(t.dtype)) {
+      if (t.shape.size() != 2) throw Error("tensor '" + t.name + "': a Q8_0 tensor is 2-D");
+      const std::vector<int64_t> stored = {t.shape[0], static_cast<int64_t>(n) / t.shape[0]};
+      header[t.name] = {{"dtype", "U8"}, {"shape", stored}, {"data_offsets", {offset, offset + n}}};
+      all_metadata[std::string(kBlockDtypeKey) + t.name] = std::string(dtype_name(t.dtype));
+    } else {
+      header[t.name] = {{"dtype", dtype_name(t.dtype)},
+                        {"shape", t.shape},
+                        {"data_offsets", {offset, offset + n}}};
+    }
     sizes.push_back(n);
     offset += n;
   }
+  if (!all_metadata.empty()) header["__metadata__"] = all_metadata;
   std::string header_text = header.dump();
   header_text.append((8 - header_text.size() % 8) % 8, ' ');
 

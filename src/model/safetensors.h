@@ -15,11 +15,17 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/dtype.h"
 
 namespace blend {
+
+// A Q8_0 tensor (core/dtype.h) is stored as U8 bytes of shape [rows, 34 x blocks a row], named by
+// the metadata key kBlockDtypeKey + its name with the value "Q8_0"; its view has dtype kQ8_0 and
+// shape [rows, elements]. Other readers see the bytes, never values they could take for weights.
+inline constexpr std::string_view kBlockDtypeKey = "blend.dtype.";
 
 struct TensorView {
   std::string name;

@@ -64,7 +64,8 @@ int64_t llama_tensor_count(const ModelConfig& c) {
 
 namespace blend {
 
-DType check_tensors(const ModelConfig& config, const TensorStore& store) {
+DType check_tensors(const ModelConfig& config, const TensorStore& store,
+                    QuantizedWeights quantized) {
   const int64_t expected = llama_tensor_count(config);
   const auto held = static_cast<int64_t>(store.tensors().size());
   if (expected > held)
@@ -95,6 +96,18 @@ DType check_tensors(const ModelConfig& config, const TensorStore& store) {
   }
   for (const auto& spec : specs) {
     const TensorView& t = store.get(spec.name, spec.shape);
+    if (is_block_type(t.dtype)) {
+      if (quantized == QuantizedWeights::kRefuse)
+        throw Error(t.file->string() + ": tensor '" + spec.name + "' is " +
+                    std::string(dtype_name(t.dtype)) +
+                    " (block-quantized, from a GGUF file); only the cpu backend runs quantized "
+                    "weights, and this use of the model takes f32, bf16 or f16 tensors");
+      if (spec.kind == TensorSpec::Kind::kNorm || spec.kind == TensorSpec::Kind::kBias)
+        throw Error(t.file->string() + ": tensor '" + spec.name + "' is " +
+                    std::string(dtype_name(t.dtype)) +
+                    "; norms and biases are read as floats, only matrices may be quantized");
+      continue;
+    }
     if (dtype && t.dtype != *dtype)
       throw Error(t.file->string() + ": tensor '" + spec.name + "' is " +
                   std::string(dtype_name(t.dtype)) + " but earlier tensors are " +

@@ -67,6 +67,12 @@ LlamaTensors bind_llama_tensors(const ModelConfig& config, const TensorStore& st
 // one) is refused by name: running without it would be another model. The tensor count is
 // compared first, so a config that claims more layers than the checkpoint holds is refused
 // before its tensor list is built.
-DType check_tensors(const ModelConfig& config, const TensorStore& store);
+//
+// Block-quantized matrices (Q8_0, from a GGUF file) are refused by name unless `quantized` is
+// kAllowMatrices, where the embedding and the linear layers may be Q8_0 while the rest share
+// one float dtype, which is returned. Only the cpu backend runs them.
+enum class QuantizedWeights { kRefuse, kAllowMatrices };
+DType check_tensors(const ModelConfig& config, const TensorStore& store,
+                    QuantizedWeights quantized = QuantizedWeights::kRefuse);
 
 }  // namespace blend

@@ -163,7 +163,8 @@ void check_compute_dtype(const std::string& asked, const Engine& engine, const s
   const DType compute = engine.compute_dtype();
   if (compute == (asked == "bf16" ? DType::kBF16 : DType::kF32)) return;
   const TensorStore weights = TensorStore::open_dir(model_dir);
-  const DType checkpoint = check_tensors(ModelConfig::from_dir(model_dir), weights);
+  const DType checkpoint =
+      check_tensors(ModelConfig::from_dir(model_dir), weights, QuantizedWeights::kAllowMatrices);
   throw Error(
       "--dtype " + asked + ": the " + backend + " backend computes this " +
       std::string(dtype_name(checkpoint)) + " checkpoint in " + std::string(dtype_name(compute)) +

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -306,7 +308,9 @@ TEST(GgufImport, QuantizedMatricesDequantizeToF32ExactlyAndUnpermuted) {
             ? "model.layers.1.mlp.gate_proj.weight"
             : std::string("model.layers.1.self_attn.") + name[5] + "_proj.weight";
     const TensorView& v = q.get(hf);
-    ASSERT_EQ(v.dtype, DType::kF32);
+    // Q8_0 stays Q8_0 (the cpu backend's int8 kernels run it), the others are f32.
+    ASSERT_EQ(v.dtype,
+              t.type == static_cast<uint32_t>(GgmlType::kQ8_0) ? DType::kQ8_0 : DType::kF32);
     const int64_t cols = static_cast<int64_t>(t.ne[0]), rows = static_cast<int64_t>(t.ne[1]);
     const GgmlBlockLayout layout = *ggml_block_layout(t.type);
     const size_t row_bytes = static_cast<size_t>(cols) / layout.block_elems * layout.block_bytes;
@@ -317,7 +321,9 @@ TEST(GgufImport, QuantizedMatricesDequantizeToF32ExactlyAndUnpermuted) {
     for (int64_t p = 0; p < rows; ++p) {
       dequantize_row(t.type, t.bytes.data() + p * row_bytes, row.data(), cols);
       const int64_t r = permuted ? gguf_permuted_source_row(p, heads, rows) : p;
-      ASSERT_EQ(std::memcmp(v.data + r * cols * 4, row.data(), static_cast<size_t>(cols) * 4), 0)
+      std::vector<float> got(static_cast<size_t>(cols));
+      for (int64_t k = 0; k < cols; ++k) got[static_cast<size_t>(k)] = v.at(r * cols + k);
+      ASSERT_EQ(std::memcmp(got.data(), row.data(), static_cast<size_t>(cols) * 4), 0)
           << hf << " row " << r;
       for (int64_t k = 0; k < cols; ++k)
         err = std::max<double>(err, std::abs(row[k] - orig.get(hf).at(r * cols + k)));
@@ -359,6 +365,7 @@ TEST(GgufImport, Q8_0ExportReadsBackAsEachRowQuantized) {
         "model.layers.0.mlp.down_proj.weight", "model.embed_tokens.weight"}) {
     const TensorView& o = orig.get(name);
     const TensorView& b = back.get(name);
+    EXPECT_EQ(b.dtype, DType::kQ8_0) << name;  // kept as the file's blocks
     const int64_t cols = o.shape[1], rows = std::min<int64_t>(o.shape[0], 256);
     std::vector<float> row(static_cast<size_t>(cols)), want(static_cast<size_t>(cols));
     std::vector<uint8_t> q(static_cast<size_t>(cols / 32 * 34));
@@ -366,8 +373,11 @@ TEST(GgufImport, Q8_0ExportReadsBackAsEachRowQuantized) {
       for (int64_t k = 0; k < cols; ++k) row[static_cast<size_t>(k)] = o.at(r * cols + k);
       quantize_row(static_cast<uint32_t>(GgmlType::kQ8_0), row.data(), q.data(), cols);
       dequantize_row(static_cast<uint32_t>(GgmlType::kQ8_0), q.data(), want.data(), cols);
-      ASSERT_EQ(std::memcmp(b.data + r * cols * 4, want.data(), static_cast<size_t>(cols) * 4), 0)
+      for (int64_t k = 0; k < cols; ++k) row[static_cast<size_t>(k)] = b.at(r * cols + k);
+      ASSERT_EQ(std::memcmp(row.data(), want.data(), static_cast<size_t>(cols) * 4), 0)
           << name << " row " << r;
+      // The stored bytes are the quantizer's own block bytes (scale first, then the values).
+      ASSERT_EQ(std::memcmp(b.data + r * q.size(), q.data(), q.size()), 0) << name << " row " << r;
     }
   }
   // Q4_K_M is not written yet: refused, no file.
@@ -539,6 +549,62 @@ TEST(GgufCli, BatchOnAGgufFileMatchesItsFolder) {
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("bad.gguf"), std::string::npos) << bad.output;
   EXPECT_FALSE(fs::exists(dir / "bad"));
+}
+
+// A Q8_0 file (`blend model quantize`) runs on the int8 kernels: in --deterministic mode a line's
+// tokens and log-probabilities are the same alone or beside others, and its first token's
+// log-probabilities are near the f32 folder's it was quantized from.
+TEST(GgufCli, AQ8_0FileIsBatchInvariantAndNearItsFolder) {
+  const fs::path blend = BLEND_BINARY;
+  if (!fs::exists(blend)) GTEST_SKIP() << "blend binary not built: " << blend;
+  testing::TempDir dir;
+  ModelConfig c = *find_model_preset("tiny");
+  c.tie_word_embeddings = false;  // an lm_head of its own: logits not peaked at the input token
+  write_random_model(c, dir / "m", init_options(DType::kF32));
+  GgufExportOptions q8;
+  q8.quantization = GgmlType::kQ8_0;
+  export_gguf(dir / "m", dir / "m.q8.gguf", q8);
+  auto line = [](const std::string& id, int first) {
+    std::string ids;
+    for (int k = 0; k < 12; ++k) ids += (k ? "," : "") + std::to_string(first + 37 * k);
+    return R"({"custom_id":")" + id +
+           R"(","method":"POST","url":"/v1/completions","body":{"model":"m","prompt":[)" + ids +
+           R"(],"max_tokens":6,"ignore_eos":true,"temperature":0,"logprobs":5}})" + "\n";
+  };
+  testing::write_file(dir / "three.jsonl", line("a", 100) + line("b", 5000) + line("c", 90000));
+  testing::write_file(dir / "one.jsonl", line("b", 5000));
+  const std::string env = "BLEND_GGUF_CACHE=" + (dir / "cache").string() + " ";
+  auto run = [&](const std::string& model, const std::string& input) {
+    const fs::path out = dir / (model + "." + input + ".out");
+    const auto r =
+        testing::run_command(env + blend.string() + " batch --deterministic --model " +
+                             (dir / model).string() + " --input " + (dir / input).string() +
+                             " --output " + out.string() + " --threads 2 --quiet 2>&1");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    std::map<std::string, json> by_id;
+    std::istringstream in(testing::read_file(out));
+    for (std::string l; std::getline(in, l);)
+      if (!l.empty()) {
+        const json j = json::parse(l);
+        by_id[j["custom_id"]] = j["response"]["body"]["choices"][0]["logprobs"];
+      }
+    return by_id;
+  };
+  const auto three = run("m.q8.gguf", "three.jsonl");
+  const auto one = run("m.q8.gguf", "one.jsonl");
+  const auto f32 = run("m", "one.jsonl");
+  ASSERT_EQ(three.size(), 3u);
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(three.at("b"), one.at("b"));  // tokens, log-probabilities, top-5: every bit
+  const json& q = one.at("b")["top_logprobs"][0];
+  const json& f = f32.at("b")["top_logprobs"][0];
+  int shared = 0;
+  for (const auto& [token, lp] : f.items())
+    if (q.contains(token)) {
+      ++shared;
+      EXPECT_NEAR(q[token].get<double>(), lp.get<double>(), 0.05) << token;
+    }
+  EXPECT_GE(shared, 3);
 }
 
 }  // namespace

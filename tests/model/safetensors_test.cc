@@ -119,6 +119,72 @@ TEST(Safetensors, WriteThenReadEveryDtype) {
   EXPECT_EQ(header_len % 8, 0u);
 }
 
+// A Q8_0 tensor is U8 bytes [rows, 34 x blocks] named Q8_0 in the metadata; it reads back as a
+// [rows, values] view of dtype Q8_0 whose elements are d * q. Anything inconsistent is refused.
+TEST(Safetensors, Q8_0TensorsAreU8BytesNamedInTheMetadata) {
+  testing::TempDir dir;
+  const auto path = dir / "model.safetensors";
+  // Two rows of two blocks: block b of row r has scale (r + 1) * 0.5 and values e - 16.
+  auto q8 = [](size_t offset, std::span<std::byte> out) {
+    for (size_t i = 0; i < out.size(); ++i) {
+      const size_t at = offset + i, block = at / 34, byte = at % 34;
+      const uint16_t h = f32_to_f16(static_cast<float>(block / 2 + 1) * 0.5f);
+      out[i] = byte < 2 ? static_cast<std::byte>(h >> (8 * byte))
+                        : static_cast<std::byte>(int8_t(byte - 2 - 16));
+    }
+  };
+  write_safetensors(path, {{"w", DType::kQ8_0, {2, 64}, q8}, iota_tensor("n", DType::kF32, {3})},
+                    {{"format", "pt"}});
+  const nlohmann::json header = [&] {
+    const std::string bytes = testing::read_file(path);
+    uint64_t len;
+    std::memcpy(&len, bytes.data(), 8);
+    return nlohmann::json::parse(bytes.substr(8, len));
+  }();
+  EXPECT_EQ(header["w"]["dtype"], "U8");
+  EXPECT_EQ(header["w"]["shape"], nlohmann::json({2, 68}));
+  EXPECT_EQ(header["__metadata__"]["blend.dtype.w"], "Q8_0");
+  EXPECT_EQ(header["__metadata__"]["format"], "pt");
+  auto file = SafetensorsFile::open(path);
+  const TensorView& w = file->tensors().at("w");
+  EXPECT_EQ(w.dtype, DType::kQ8_0);
+  EXPECT_EQ(w.shape, (std::vector<int64_t>{2, 64}));
+  EXPECT_EQ(w.nbytes, 136u);
+  EXPECT_EQ(w.at(0), -8.0f);        // row 0, block 0: 0.5 * -16
+  EXPECT_EQ(w.at(33), 0.5f * -15);  // row 0, block 1, value 1
+  EXPECT_EQ(w.at(64 + 31), 15.0f);  // row 1: scale 1.0, value 15
+  EXPECT_EQ(tensor_bytes(DType::kQ8_0, {2, 64}), 136u);
+  EXPECT_THROW(dtype_size(DType::kQ8_0), Error);
+
+  struct Case {
+    const char* what;
+    std::function<void(nlohmann::json&)> edit;
+    const char* expect;
+  };
+  const std::vector<Case> cases = {
+      {"another block type", [](auto& h) { h["__metadata__"]["blend.dtype.w"] = "Q4_K"; },
+       "block type read is Q8_0"},
+      {"a tensor that is not there",
+       [](auto& h) { h["__metadata__"]["blend.dtype.missing"] = "Q8_0"; }, "names no tensor"},
+      {"a float tensor named Q8_0", [](auto& h) { h["__metadata__"]["blend.dtype.n"] = "Q8_0"; },
+       "stored as U8"},
+      {"rows not whole blocks",
+       [](auto& h) {
+         h["w"]["shape"] = {8, 17};
+       },
+       "34 x blocks"},
+      {"U8 without the key", [](auto& h) { h["__metadata__"].erase("blend.dtype.w"); },
+       "unsupported dtype U8"},
+  };
+  const std::string good = testing::read_file(path);
+  for (const Case& c : cases) {
+    testing::write_file(path, good);
+    patch_header(path, c.edit);
+    const std::string msg = error_of([&] { SafetensorsFile::open(path); });
+    EXPECT_NE(msg.find(c.expect), std::string::npos) << c.what << ": " << msg;
+  }
+}
+
 TEST(Safetensors, TruncatedFileNamesFileAndTensor) {
   testing::TempDir dir;
   const auto path = dir / "model.safetensors";

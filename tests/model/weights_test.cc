@@ -154,6 +154,39 @@ TEST(CheckTensors, ATensorTheConfigDoesNotUseIsRefusedByName) {
       << check_error(gemma_as_llama, gemma.store);
 }
 
+// Q8_0 matrices (a GGUF import) are refused where only floats are read and allowed for the cpu
+// backend's uses.
+TEST(CheckTensors, Q8_0MatricesAreRefusedUnlessAllowedAndNeverAsNorms) {
+  const auto& base = test_model("base", DType::kF32);
+  testing::TempDir dir;
+  std::vector<TensorToWrite> tensors;
+  std::vector<std::byte> q8_bytes;
+  const std::string q8_name = "model.layers.0.mlp.down_proj.weight";
+  for (const auto& [name, view] : base.store.tensors()) {
+    TensorToWrite t{name, view->dtype, view->shape, nullptr};
+    if (name == q8_name) {
+      t.dtype = DType::kQ8_0;
+      q8_bytes.assign(tensor_bytes(DType::kQ8_0, view->shape), std::byte{0});
+      t.fill = [&q8_bytes](size_t offset, std::span<std::byte> out) {
+        std::memcpy(out.data(), q8_bytes.data() + offset, out.size());
+      };
+    } else {
+      const TensorView* v = view;
+      t.fill = [v](size_t offset, std::span<std::byte> out) {
+        std::memcpy(out.data(), v->data + offset, out.size());
+      };
+    }
+    tensors.push_back(std::move(t));
+  }
+  write_safetensors(dir / "model.safetensors", tensors);
+  const TensorStore store = TensorStore::open_dir(dir.path());
+  ASSERT_EQ(store.get(q8_name).dtype, DType::kQ8_0);
+  const std::string refused = check_error(base.config, store);
+  EXPECT_NE(refused.find(q8_name + "' is Q8_0"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("only the cpu backend"), std::string::npos) << refused;
+  EXPECT_EQ(check_tensors(base.config, store, QuantizedWeights::kAllowMatrices), DType::kF32);
+}
+
 // A copy of `m`'s folder as a Gemma3ForConditionalGeneration checkpoint of its text model alone:
 // config.json nested under text_config, every tensor saved under `prefix`'s name (transformers
 // 4.50's language_model.model.*, or 4.52's model.language_model.*), plus `extra` tensors.

@@ -241,12 +241,13 @@ std::unique_ptr<LoraDelta> BlockLoader::lora(const std::vector<LoraAdapter::Fact
   return delta;
 }
 
-// The embedding rows stay exact: bf16 as stored, f16 widened to f32.
+// The embedding rows stay exact: bf16 as stored, f16 and Q8_0 widened to f32 (a lookup reads
+// one row a token, so a quantized table gains nothing but costs a dequantization a row).
 std::unique_ptr<Embedding> BlockLoader::make_embedding(const TensorView& embed) const {
   auto e = std::make_unique<Embedding>();
   e->dtype = file_dtype_ == DType::kBF16 ? DType::kBF16 : DType::kF32;
   e->rows.resize(embed.numel() * dtype_size(e->dtype));
-  if (file_dtype_ == e->dtype) {
+  if (embed.dtype == e->dtype) {
     std::memcpy(e->rows.data(), embed.data, e->rows.size());
   } else {
     auto* out = reinterpret_cast<float*>(e->rows.data());

@@ -219,9 +219,9 @@ const ModelConfig& validated(const ModelConfig& config) {
 // The checkpoints' dtype: every model's tensors checked against `config`, all in one dtype.
 DType checked_dtype(const ModelConfig& config, std::span<const TensorStore* const> stores) {
   if (stores.empty()) throw Error("cpu backend: no model weights");
-  const DType dtype = check_tensors(config, *stores[0]);
+  const DType dtype = check_tensors(config, *stores[0], QuantizedWeights::kAllowMatrices);
   for (size_t i = 1; i < stores.size(); ++i) {
-    const DType other = check_tensors(config, *stores[i]);
+    const DType other = check_tensors(config, *stores[i], QuantizedWeights::kAllowMatrices);
     if (other != dtype)
       throw Error("cpu backend: model " + std::to_string(i) + "'s checkpoint is " +
                   std::string(dtype_name(other)) + ", model 0's " + std::string(dtype_name(dtype)) +
@@ -290,6 +290,8 @@ void CpuBackendImpl::allocate_kv(int64_t num_pages) {
 }
 
 std::string CpuBackendImpl::gemm_info() const {
+  const std::string head = blocks_.heads[0]->lm_head->impl();
+  if (head.starts_with("q8_0")) return head + " (int8 activations a 32-value block)";
   std::string s = gemm_.options().lib == cpu::GemmLib::kOpenBlas ? "openblas" : "onednn";
   s += compute_ == DType::kF32 ? " f32 " : " bf16 ";
   s += blocks_.ffns.empty() ? blocks_.heads[0]->lm_head->impl() : blocks_.ffns[0]->gate_up->impl();

@@ -63,6 +63,8 @@ float element(const TensorView& t, int64_t i) {
       std::memcpy(&h, t.data + i * 2, 2);
       return f16_to_f32(h);
     }
+    case DType::kQ8_0:
+      return t.at(i);  // a Q8_0 part of a fused layer whose other parts are not Q8_0
   }
   return 0.0f;
 }
@@ -240,6 +242,8 @@ Linear::Linear(GemmContext& ctx, const std::vector<const TensorView*>& parts,
                   ", expected [*, " + std::to_string(k_) + "]");
     n_ += p->shape[0];
   }
+  const bool q8 = std::all_of(parts.begin(), parts.end(),
+                              [](const TensorView* p) { return p->dtype == DType::kQ8_0; });
   if (!bias_parts.empty()) {
     bias_.reserve(n_);
     for (size_t i = 0; i < bias_parts.size(); ++i) {
@@ -248,6 +252,11 @@ Linear::Linear(GemmContext& ctx, const std::vector<const TensorView*>& parts,
         throw Error("cpu gemm: bias '" + b.name + "' does not match its weight");
       for (int64_t j = 0; j < b.numel(); ++j) bias_.push_back(element(b, j));
     }
+  }
+
+  if (q8) {  // kept quantized: the int8 kernels (q8_gemm.h) instead of oneDNN
+    q8_ = std::make_unique<Q8Matrix>(parts);
+    return;
   }
 
   // The stacked [n][k] weight in the compute dtype, rows converted in parallel.
@@ -309,6 +318,7 @@ GemmContext::Kernel& Linear::tile_kernel(const Slice& s) const {
 }
 
 std::string Linear::impl() const {
+  if (q8_) return "q8_0 " + q8_kernel_name(best_q8_kernel());
   if (ctx_.options().lib == GemmLib::kOpenBlas) return "openblas";
   const Slice& s = slices_.front();
   // The kernel a one-row call runs: the row-tile kernel in deterministic mode.
@@ -404,6 +414,11 @@ void Linear::run_tiles(int64_t tiles, const void* x, float* y, bool accumulate) 
 
 void Linear::forward(const void* x, int64_t m, float* y, bool accumulate) {
   if (m <= 0) return;
+  if (q8_) {  // each row alone through one fixed sequence: batch invariant in every mode
+    q8_->forward(x, ctx_.options().compute, m, bias_.empty() ? nullptr : bias_.data(), y,
+                 accumulate);
+    return;
+  }
   if (ctx_.options().lib == GemmLib::kOpenBlas) openblas_set_num_threads(1);
   const int64_t tile = ctx_.options().row_tile;
   if (tile <= 0) {
