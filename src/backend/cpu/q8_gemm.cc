@@ -360,7 +360,9 @@ void Q8Matrix::forward(const void* x, DType x_dtype, int64_t m, const float* bia
   int8_t* const xq = xr.q.data();
   uint8_t* const xu = xr.u.data();
   float* const xd = xr.d.data();
-#pragma omp parallel for schedule(static)
+  // A decode step's few rows are quantized on this thread: a parallel region of its own would
+  // cost more than the rows (one region a layer's GEMV already, at ~100 us each).
+#pragma omp parallel for schedule(static) if (m * k_ > 32768)
   for (int64_t i = 0; i < m; ++i) {
     std::vector<float> row;
     const float* xf = static_cast<const float*>(x) + i * k_;
