@@ -8,6 +8,7 @@
 #include <cstring>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -62,7 +63,9 @@ void group_portable(const XRows& x, int64_t i0, int mr, const int8_t* wq, const 
 // GCC 12 reads the self-initialised _mm512_undefined_* inside the AVX-512 intrinsics as
 // uninitialised (a false positive of the header, not of this code).
 #pragma GCC diagnostic push
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #define BLEND_Q8_AVX2 __attribute__((target("avx2,fma")))
 #define BLEND_Q8_AVXVNNI __attribute__((target("avx2,fma,avxvnni")))
@@ -228,9 +231,13 @@ bool cpu_runs(Q8Kernel k) {
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
              __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma");
-    case Q8Kernel::kAvxVnni:
-      return __builtin_cpu_supports("avxvnni") && __builtin_cpu_supports("avx2") &&
-             __builtin_cpu_supports("fma");
+    case Q8Kernel::kAvxVnni: {
+      // CPUID leaf 7, sub-leaf 1, EAX bit 4 (clang 14's __builtin_cpu_supports has no
+      // "avxvnni"); the AVX2 check covers the OS saving the ymm registers.
+      unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+      const bool vnni = __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 4));
+      return vnni && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    }
     case Q8Kernel::kAvx2:
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     case Q8Kernel::kPortable:
