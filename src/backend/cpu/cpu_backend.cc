@@ -404,6 +404,9 @@ void CpuBackendImpl::embed(const ForwardBatch& batch, const std::vector<RowRun>&
       const int64_t row = batch.tokens[t];
       if (e.dtype == DType::kF32) {
         std::memcpy(x + t * h, e.rows.data() + row * h * 4, h * 4);
+      } else if (e.dtype == DType::kQ8_0) {
+        dequantize_q8_0_row(e.rows.data() + row * (h / kQ8_0BlockElems * kQ8_0BlockBytes), h,
+                            x + t * h);
       } else {
         const auto* in = reinterpret_cast<const uint16_t*>(e.rows.data()) + row * h;
         for (int64_t i = 0; i < h; ++i) x[t * h + i] = bf16_to_f32(in[i]);
