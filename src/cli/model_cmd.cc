@@ -112,7 +112,11 @@ void run_info(const std::string& dir) {
   // Metaspace) must fail here, not pass `model info` and fail at the first request.
   const Tokenizer tokenizer = Tokenizer::from_dir(dir);
   uint64_t bytes = 0;
-  for (const auto& [name, view] : store.tensors()) bytes += view->nbytes;
+  int64_t q8_0 = 0;
+  for (const auto& [name, view] : store.tensors()) {
+    bytes += view->nbytes;
+    q8_0 += view->dtype == DType::kQ8_0;
+  }
   nlohmann::json info = {
       {"architecture", config.architecture},
       {"hidden_size", config.hidden_size},
@@ -128,7 +132,8 @@ void run_info(const std::string& dir) {
       {"non_embedding_parameters", config.num_parameters() - embedding_parameters(config)},
       {"tensors", store.tensors().size()},
       {"weight_bytes", bytes},
-      {"dtype", dtype_name(dtype)},
+      {"dtype", dtype_name(dtype)},  // of the float tensors; Q8_0 matrices counted below
+      {"q8_0_tensors", q8_0},
       {"eos_token_ids", config.eos_token_ids},
       {"tokenizer_vocab_size", tokenizer.vocab_size()}};
   std::printf("%s\n", info.dump(2).c_str());

@@ -27,6 +27,7 @@ TEST(ModelCli, InitThenInfo) {
   EXPECT_EQ(info["hidden_size"], 64);
   EXPECT_EQ(info["num_layers"], 2);
   EXPECT_EQ(info["dtype"], "BF16");
+  EXPECT_EQ(info["q8_0_tensors"], 0);
   EXPECT_EQ(info["vocab_size"], 128256);
   EXPECT_EQ(info["tokenizer_vocab_size"], 128256);
   // Where the parameters are (issue 25): the tiny preset's untied embedding and lm_head are

@@ -605,6 +605,13 @@ TEST(GgufCli, AQ8_0FileIsBatchInvariantAndNearItsFolder) {
       EXPECT_NEAR(q[token].get<double>(), lp.get<double>(), 0.05) << token;
     }
   EXPECT_GE(shared, 3);
+  // `model info` counts the Q8_0 matrices: 7 a layer, the embedding and the untied lm_head.
+  const auto info = testing::run_command(env + blend.string() + " model info --model " +
+                                         (dir / "m.q8.gguf").string());
+  ASSERT_EQ(info.exit_code, 0) << info.output;
+  const json j = json::parse(info.output);
+  EXPECT_EQ(j["q8_0_tensors"], 7 * c.num_layers + 2);
+  EXPECT_EQ(j["dtype"], "F32");
 }
 
 }  // namespace
