@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
 #include "model/lora.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
@@ -176,6 +177,44 @@ TEST(Lora, AdaptedAndBaseRowsShareABatchBitForBit) {
   EXPECT_EQ(rows[2], alone_base);
   EXPECT_EQ(rows[1], alone_tenant);
   EXPECT_NE(rows[1], rows[0]);
+}
+
+// An adapter on a Q8_0 matrix (a GGUF import's) is refused by name: not checked yet.
+TEST(Lora, AnAdapterOnAQ8_0MatrixIsRefusedByName) {
+  const testing::TestModel& base = testing::test_model("base", DType::kBF16);
+  testing::TempDir dir;
+  derive_lora(base.dir.path(), dir / "adapter",
+              {.seed = 9, .rank = 8, .alpha = 16, .targets = parse_lora_targets("all-linear")});
+  const auto adapter = LoraAdapter::open(dir / "adapter", base.config);
+  const std::string quantized = "model.layers.0.mlp.down_proj.weight";
+  std::vector<std::byte> q8(tensor_bytes(DType::kQ8_0, base.store.get(quantized).shape));
+  std::vector<TensorToWrite> tensors;
+  for (const auto& [name, view] : base.store.tensors()) {
+    const TensorView* v = view;
+    TensorToWrite t{name, v->dtype, v->shape, [v](size_t offset, std::span<std::byte> out) {
+                      std::memcpy(out.data(), v->data + offset, out.size());
+                    }};
+    if (name == quantized) {
+      t.dtype = DType::kQ8_0;
+      t.fill = [&q8](size_t offset, std::span<std::byte> out) {
+        std::memcpy(out.data(), q8.data() + offset, out.size());
+      };
+    }
+    tensors.push_back(std::move(t));
+  }
+  std::filesystem::create_directories(dir / "model");
+  write_safetensors(dir / "model" / "model.safetensors", tensors);
+  const TensorStore store = TensorStore::open_dir(dir / "model");
+  const TensorStore* stores[] = {&store};
+  const LoraAdapter* adapters[] = {adapter.get()};
+  try {
+    make_cpu_backend(base.config, stores, options(true), CpuGemmLib::kOneDnn, adapters);
+    FAIL() << "an adapter on a Q8_0 matrix loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(quantized), std::string::npos) << e.what();
+  }
+  // Without the adapter the same weights load (the Q8_0 matrix on the int8 kernels).
+  EXPECT_NO_THROW(make_cpu_backend(base.config, store, options(true), CpuGemmLib::kOneDnn));
 }
 
 // An adapter tenant holds only its factors: the base's blocks and packed weights are shared.

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/error.h"
 #include "model/weights.h"
 
 namespace blend::cpu {
@@ -212,6 +213,10 @@ std::unique_ptr<LoraDelta> BlockLoader::lora(const std::vector<LoraAdapter::Fact
   for (const LoraAdapter::Factors& f : factors)
     if (f) a.push_back(f.a);
   if (a.empty()) return nullptr;
+  for (const TensorView* w : weights)
+    if (w->dtype == DType::kQ8_0)
+      throw Error("cpu backend: a LoRA adapter on '" + w->name +
+                  "', a Q8_0 matrix: adapters on quantized weights are not checked yet");
   const int64_t rank = adapter->rank(), cols = rank * static_cast<int64_t>(a.size());
   int64_t n = 0;
   for (const TensorView* w : weights) n += w->shape[0];

@@ -290,11 +290,12 @@ void CpuBackendImpl::allocate_kv(int64_t num_pages) {
 }
 
 std::string CpuBackendImpl::gemm_info() const {
-  const std::string head = blocks_.heads[0]->lm_head->impl();
-  if (head.starts_with("q8_0")) return head + " (int8 activations a 32-value block)";
+  const std::string impl =
+      blocks_.ffns.empty() ? blocks_.heads[0]->lm_head->impl() : blocks_.ffns[0]->gate_up->impl();
+  if (impl.starts_with("q8_0")) return impl + " (int8 activations a 32-value block)";
   std::string s = gemm_.options().lib == cpu::GemmLib::kOpenBlas ? "openblas" : "onednn";
   s += compute_ == DType::kF32 ? " f32 " : " bf16 ";
-  s += blocks_.ffns.empty() ? blocks_.heads[0]->lm_head->impl() : blocks_.ffns[0]->gate_up->impl();
+  s += impl;
   if (gemm_.options().row_tile > 0) s += ", row tile " + std::to_string(gemm_.options().row_tile);
   return s;
 }

@@ -359,9 +359,12 @@ void Q8Matrix::forward(const void* x, DType x_dtype, int64_t m, const float* bia
   if (x_dtype != DType::kF32 && x_dtype != DType::kBF16)
     throw Error("cpu gemm: Q8_0 layers take f32 or bf16 activations");
   const int64_t blocks = k_ / kBlock;
+  const Q8Kernel which = best_q8_kernel();
+  // The u8 copy only for the VNNI kernels, which read it instead of q.
+  const bool unsigned_rows = which == Q8Kernel::kAvx512Vnni || which == Q8Kernel::kAvxVnni;
   thread_local QuantizedRows xr;
   xr.q.resize(static_cast<size_t>(m * k_));
-  xr.u.resize(static_cast<size_t>(m * k_));
+  xr.u.resize(unsigned_rows ? static_cast<size_t>(m * k_) : 0);
   xr.d.resize(static_cast<size_t>(m * blocks));
   // (Pointers, not xr: inside the parallel loops xr would be each OpenMP thread's own.)
   int8_t* const xq = xr.q.data();
@@ -380,10 +383,11 @@ void Q8Matrix::forward(const void* x, DType x_dtype, int64_t m, const float* bia
       xf = row.data();
     }
     quantize_row_q8(xf, k_, xq + i * k_, xd + i * blocks);
-    for (int64_t j = i * k_; j < (i + 1) * k_; ++j)
-      xu[j] = static_cast<uint8_t>(static_cast<int32_t>(xq[j]) + 128);
+    if (unsigned_rows)
+      for (int64_t j = i * k_; j < (i + 1) * k_; ++j)
+        xu[j] = static_cast<uint8_t>(static_cast<int32_t>(xq[j]) + 128);
   }
-  const GroupKernel kernel = kernel_for(best_q8_kernel());
+  const GroupKernel kernel = kernel_for(which);
   const XRows rows{xq, xu, xd, k_, blocks};
   const auto* q = reinterpret_cast<const int8_t*>(quants_.get());
   const auto* d = reinterpret_cast<const float*>(scales_.get());
