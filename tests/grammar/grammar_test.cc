@@ -489,9 +489,10 @@ TEST(TokenMaskTest, GrammarCacheIsBoundedByBytes) {
       values.push_back("v" + std::to_string(k) + "-" + std::to_string(i));
     return json{{"enum", values}};
   };
-  const size_t one =
-      std::dynamic_pointer_cast<const CompiledGrammar>(grammars.json_schema(schema(0)))
-          ->memory_bytes();
+  const auto first =
+      std::dynamic_pointer_cast<const CompiledGrammar>(grammars.json_schema(schema(0)));
+  ASSERT_NE(first, nullptr);
+  const size_t one = first->memory_bytes();
   ASSERT_GT(one, size_t{100000});  // a grammar of this size is worth bounding
   const size_t bound = 4 * one;
   grammars.set_max_cache_bytes(bound);
