@@ -137,6 +137,19 @@ TEST_F(Q8Kernels, EveryKernelMatchesTheReferenceAndTheOthersBitForBit) {
   }
 }
 
+// A cap never selects a kernel this CPU lacks: the kernels are not nested (Zen 4 has AVX-512
+// VNNI but not AVX-VNNI, and capping at AVX-VNNI there ran it: SIGILL).
+TEST_F(Q8Kernels, ACapSelectsAKernelThisCpuRunsAtOrBelowIt) {
+  for (const Q8Kernel cap :
+       {Q8Kernel::kAvx512Vnni, Q8Kernel::kAvxVnni, Q8Kernel::kAvx2, Q8Kernel::kPortable}) {
+    cap_q8_kernel(cap);
+    const Q8Kernel k = best_q8_kernel();
+    EXPECT_TRUE(q8_kernel_runs_here(k)) << q8_kernel_name(cap) << " -> " << q8_kernel_name(k);
+    EXPECT_GE(static_cast<int>(k), static_cast<int>(cap)) << q8_kernel_name(cap);
+  }
+  EXPECT_TRUE(q8_kernel_runs_here(Q8Kernel::kPortable));
+}
+
 TEST_F(Q8Kernels, ARowsOutputDoesNotDependOnItsBatch) {
   std::mt19937 rng(11);
   const Q8Tensor w(40, 64, rng);

@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -258,13 +259,19 @@ struct QuantizedRows {
 
 }  // namespace
 
+bool q8_kernel_runs_here(Q8Kernel k) {
+  return cpu_runs(k);
+}
+
 Q8Kernel best_q8_kernel() {
-  static const Q8Kernel best = [] {
-    for (Q8Kernel k : {Q8Kernel::kAvx512Vnni, Q8Kernel::kAvxVnni, Q8Kernel::kAvx2})
-      if (cpu_runs(k)) return k;
-    return Q8Kernel::kPortable;
-  }();
-  return std::max(best, static_cast<Q8Kernel>(g_cap.load(std::memory_order_relaxed)));
+  // The kernels are not nested by CPU: Zen 4 runs AVX-512 VNNI but not AVX-VNNI. So a cap
+  // picks the best kernel at or below it that this CPU runs, never the cap itself unchecked.
+  static const std::array<bool, 4> runs = {cpu_runs(Q8Kernel::kAvx512Vnni),
+                                           cpu_runs(Q8Kernel::kAvxVnni), cpu_runs(Q8Kernel::kAvx2),
+                                           true};
+  for (int k = g_cap.load(std::memory_order_relaxed); k < 3; ++k)
+    if (runs[static_cast<size_t>(k)]) return static_cast<Q8Kernel>(k);
+  return Q8Kernel::kPortable;
 }
 
 void cap_q8_kernel(Q8Kernel cap) {

@@ -34,8 +34,9 @@ namespace blend::cpu {
 // The kernels, best first. The CPU decides at run time (__builtin_cpu_supports); tests may cap
 // the choice to check the kernels against each other.
 enum class Q8Kernel { kAvx512Vnni, kAvxVnni, kAvx2, kPortable };
-Q8Kernel best_q8_kernel();         // the best this CPU runs, within the cap
-void cap_q8_kernel(Q8Kernel cap);  // tests: use at most `cap` (kAvx512Vnni lifts the cap)
+Q8Kernel best_q8_kernel();             // the best this CPU runs at or below the cap
+bool q8_kernel_runs_here(Q8Kernel k);  // this CPU has the instructions `k` uses
+void cap_q8_kernel(Q8Kernel cap);      // tests: use at most `cap` (kAvx512Vnni lifts the cap)
 std::string q8_kernel_name(Q8Kernel k);
 
 class Q8Matrix {
