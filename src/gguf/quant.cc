@@ -247,9 +247,9 @@ void quantize_q8_0(const float* x, uint8_t* b) {
     b[2 + j] = static_cast<uint8_t>(truncate_to_int8(std::round(x[j] * id)));
 }
 
-// Q4_0: the element of largest magnitude, with its sign, becomes level 0 (-8 * d); the others
-// round to nearest (truncation of x / d + 8.5), the top level 16 clamped to 15.
-void quantize_q4_0(const float* x, uint8_t* b) {
+// The first of a block's 32 elements of largest magnitude, with its sign (Q4_0's and Q5_0's
+// scale is it over minus their lowest level).
+float signed_absmax32(const float* x) {
   float amax = 0.0f, max = 0.0f;
   for (int j = 0; j < 32; ++j) {
     if (amax < std::fabs(x[j])) {
@@ -257,7 +257,13 @@ void quantize_q4_0(const float* x, uint8_t* b) {
       max = x[j];
     }
   }
-  const float d = max / -8.0f;
+  return max;
+}
+
+// Q4_0: the element of largest magnitude, with its sign, becomes level 0 (-8 * d); the others
+// round to nearest (truncation of x / d + 8.5), the top level 16 clamped to 15.
+void quantize_q4_0(const float* x, uint8_t* b) {
+  const float d = signed_absmax32(x) / -8.0f;
   const float id = d != 0.0f ? 1.0f / d : 0.0f;
   store_half(b, d);
   for (int j = 0; j < 16; ++j) {
@@ -265,6 +271,24 @@ void quantize_q4_0(const float* x, uint8_t* b) {
     const int hi = std::min(15, static_cast<int>(truncate_to_int8(x[j + 16] * id + 8.5f)));
     b[2 + j] = static_cast<uint8_t>(lo | (hi << 4));
   }
+}
+
+// Q5_0: as Q4_0 with 32 levels: the element of largest magnitude, with its sign, becomes level 0
+// (-16 * d); the others round to nearest (truncation of x / d + 16.5), the top level 32 clamped
+// to 31. The low four bits go to qs as Q4_0 packs them, the fifth bit of element j to bit j of qh.
+void quantize_q5_0(const float* x, uint8_t* b) {
+  const float d = signed_absmax32(x) / -16.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  store_half(b, d);
+  uint32_t qh = 0;
+  for (int j = 0; j < 16; ++j) {
+    const int lo = std::min(31, static_cast<int>(truncate_to_int8(x[j] * id + 16.5f)));
+    const int hi = std::min(31, static_cast<int>(truncate_to_int8(x[j + 16] * id + 16.5f)));
+    b[6 + j] = static_cast<uint8_t>((lo & 0xF) | ((hi & 0xF) << 4));
+    qh |= static_cast<uint32_t>((lo >> 4) & 1) << j;
+    qh |= static_cast<uint32_t>((hi >> 4) & 1) << (j + 16);
+  }
+  std::memcpy(b + 2, &qh, 4);  // little-endian, as ggml's memcpy of its uint32_t
 }
 
 // ggml's make_qkx2_quants for one 32-element sub-block, without the mean-absolute-error option
@@ -523,7 +547,7 @@ constexpr TypeCodec kCodecs[] = {
     {GgmlType::kBF16, {1, 2, "BF16"}, dequantize_bf16, nullptr},
     {GgmlType::kQ4_0, {32, 18, "Q4_0"}, dequantize_q4_0, quantize_q4_0},
     {GgmlType::kQ4_1, {32, 20, "Q4_1"}, dequantize_q4_1, nullptr},
-    {GgmlType::kQ5_0, {32, 22, "Q5_0"}, dequantize_q5<false>, nullptr},
+    {GgmlType::kQ5_0, {32, 22, "Q5_0"}, dequantize_q5<false>, quantize_q5_0},
     {GgmlType::kQ5_1, {32, 24, "Q5_1"}, dequantize_q5<true>, nullptr},
     {GgmlType::kQ8_0, {32, 34, "Q8_0"}, dequantize_q8_0, quantize_q8_0},
     {GgmlType::kQ2_K, {256, 84, "Q2_K"}, dequantize_q2_k, nullptr},
@@ -588,7 +612,7 @@ void quantize_row(uint32_t type, const float* src, void* dst, int64_t n) {
   const TypeCodec* codec = find_codec(type);
   if (!codec || !codec->quantize_block)
     throw Error("gguf: cannot quantize to " + describe_type(type) +
-                " (supported: Q8_0, Q4_0, Q4_K, Q5_K, Q6_K)");
+                " (supported: Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K)");
   const int64_t blocks = whole_blocks(codec->layout, n);
   uint8_t* b = static_cast<uint8_t*>(dst);
   for (int64_t i = 0; i < blocks; ++i) {

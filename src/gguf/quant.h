@@ -1,6 +1,6 @@
 // ggml's block-quantized tensor types (ggml-common.h block_q4_0 ... block_q6_K): their layouts,
 // dequantization following ggml's reference dequantize_row_* (ggml-quants.c) operation by
-// operation, and the reference quantizers of Q8_0, Q4_0, Q4_K, Q5_K and Q6_K.
+// operation, and the reference quantizers of Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K.
 //
 // Layouts (little-endian, ggml_fp16_t = IEEE half):
 //   Q4_0  32 elems, 18 B: f16 d; u8 qs[16]          x = d * ((q & 15) - 8)
@@ -44,7 +44,7 @@ const char* ggml_type_display_name(uint32_t type);
 // otherwise or when n is not a whole number of blocks.
 void dequantize_row(uint32_t type, const void* src, float* dst, int64_t n);
 
-// ggml's reference quantizers quantize_row_{q8_0,q4_0,q4_K,q5_K,q6_K}_ref, byte for byte: `n`
+// ggml's reference quantizers quantize_row_{q8_0,q4_0,q5_0,q4_K,q5_K,q6_K}_ref, byte for byte: `n`
 // floats (a multiple of the type's block_elems) into blocks written at `dst`. Throws blend::Error
 // for any other type or a partial block.
 void quantize_row(uint32_t type, const float* src, void* dst, int64_t n);

@@ -142,8 +142,8 @@ uint64_t hash_bytes(const std::vector<uint8_t>& b) {
 const GgmlType kBlockTypes[] = {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1,
                                 GgmlType::kQ8_0, GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K,
                                 GgmlType::kQ5_K, GgmlType::kQ6_K};
-const GgmlType kQuantizable[] = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K,
-                                 GgmlType::kQ6_K};
+const GgmlType kQuantizable[] = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ5_0,
+                                 GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
 
 TEST(GgmlQuant, LayoutsAndNamesAreGgmls) {
   struct Want {
@@ -522,11 +522,10 @@ TEST(GgmlQuant, QuantizeMatchesGgmlGolden) {
   };
   // These values came from ggml's reference quantize_row_*_ref (ggml-quants.c, llama.cpp) run on
   // the same quantize_input().
-  const Golden golden[] = {{GgmlType::kQ8_0, 0x6c3801c31e94b5f5ull},
-                           {GgmlType::kQ4_0, 0x44030ed5c9846044ull},
-                           {GgmlType::kQ4_K, 0x0d4892f324a016bbull},
-                           {GgmlType::kQ5_K, 0x6df14df010ad43d3ull},
-                           {GgmlType::kQ6_K, 0x90b3614febe8a95bull}};
+  const Golden golden[] = {
+      {GgmlType::kQ8_0, 0x6c3801c31e94b5f5ull}, {GgmlType::kQ4_0, 0x44030ed5c9846044ull},
+      {GgmlType::kQ5_0, 0x89f2a15544dfec15ull}, {GgmlType::kQ4_K, 0x0d4892f324a016bbull},
+      {GgmlType::kQ5_K, 0x6df14df010ad43d3ull}, {GgmlType::kQ6_K, 0x90b3614febe8a95bull}};
   const std::vector<float> x = quantize_input();
   for (const Golden& g : golden)
     EXPECT_EQ(hash_bytes(quantize(g.type, x)), g.hash) << layout_of(g.type).name;
@@ -547,6 +546,7 @@ TEST(GgmlQuant, QuantizeRoundTripsWithinTheTypesBound) {
       {GgmlType::kQ8_0, 32, 127, 0.5f + 127.0f / 2048 + 1e-3f},
       // Rounding to the nearest step, but the far side's +8 clamps to +7: a whole step.
       {GgmlType::kQ4_0, 32, 8, 1.0f + 8.0f / 2048 + 1e-3f},
+      {GgmlType::kQ5_0, 32, 16, 1.0f + 16.0f / 2048 + 1e-3f},  // the same with 32 levels
       // The least-squares fits trade the extremes for the bulk and the 6-bit scales round;
       // ggml's own output stays near one step (measured <= 1.15 on gaussian and uniform data).
       {GgmlType::kQ4_K, 32, 15, 1.5f},
@@ -585,6 +585,9 @@ TEST(GgmlQuant, AllZeroBlocksQuantizeToZeroScales) {
         // pair); every other byte of every type is 0.
         uint8_t want = 0;
         if (type == GgmlType::kQ4_0) want = i - at == 1 ? 0x80 : i - at >= 2 ? 0x88 : 0;
+        // Q5_0 likewise stores 0 as level 16: low nibbles 0, every fifth bit (qh) set.
+        if (type == GgmlType::kQ5_0)
+          want = i - at == 1 ? 0x80 : i - at >= 2 && i - at < 6 ? 0xFF : 0;
         EXPECT_EQ(q[i], want) << l.name << " byte " << i - at;
       }
     }
@@ -602,6 +605,31 @@ TEST(GgmlQuant, ExtremeElementSetsTheScale) {
   EXPECT_EQ(f16_to_f32(h), 0.5f);
   EXPECT_EQ(q[2 + 7] & 0xF, 0);  // -4 / 0.5 + 8 = 0
   EXPECT_EQ(q[2] & 0xF, 8);      // 0 -> 8
+  // Q5_0: the largest magnitude is level 0 = -16 * d; the level past the other end (32)
+  // clamps to 31; the fifth bit of element j is bit j of qh (bytes 2..5), its low four bits a
+  // nibble of qs (bytes 6..21: element j low, j + 16 high).
+  std::vector<float> five(32, 0.0f);
+  five[3] = 8.0f;    // d = -0.5
+  five[20] = -8.0f;  // 16 + 16.5 -> 32 -> 31: decodes to -7.5
+  five[21] = 1.3f;   // -2.6 + 16.5 -> 13: decodes to 1.5
+  q = quantize(GgmlType::kQ5_0, five);
+  std::memcpy(&h, q.data(), 2);
+  EXPECT_EQ(f16_to_f32(h), -0.5f);
+  uint32_t qh;
+  std::memcpy(&qh, q.data() + 2, 4);
+  EXPECT_EQ(q[6 + 3] & 0xF, 0);  // level 0
+  EXPECT_EQ((qh >> 3) & 1, 0u);
+  EXPECT_EQ(q[6 + 0] & 0xF, 0);  // 0 -> level 16: nibble 0, fifth bit set
+  EXPECT_EQ(qh & 1, 1u);
+  EXPECT_EQ(q[6 + 4] >> 4, 15);  // element 20 = 16 + 4: level 31
+  EXPECT_EQ((qh >> 20) & 1, 1u);
+  EXPECT_EQ(q[6 + 5] >> 4, 13);  // element 21: level 13, fifth bit clear
+  EXPECT_EQ((qh >> 21) & 1, 0u);
+  const std::vector<float> back = dequantize(GgmlType::kQ5_0, q);
+  EXPECT_EQ(back[3], 8.0f);
+  EXPECT_EQ(back[20], -7.5f);
+  EXPECT_EQ(back[21], 1.5f);
+  EXPECT_EQ(back[0], 0.0f);
   // Q8_0: max |x| is 127 * d; halves round away from zero (not to even).
   one[7] = 127.0f;
   one[20] = -63.5f;
