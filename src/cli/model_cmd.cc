@@ -166,16 +166,16 @@ struct QuantizeArgs {
 
 void run_quantize(const QuantizeArgs& a) {
   GgufExportOptions options;
-  if (a.type == "Q8_0") {
-    options.quantization = GgmlType::kQ8_0;
-  } else {
-    throw Error("--type " + a.type +
-                ": not supported (Q8_0; Q4_K_M needs the K-quant quantizers, not written yet)");
-  }
+  options.quantization = parse_quant_preset(a.type);
+  if (!options.quantization)
+    throw Error("--type " + a.type + ": not supported (Q8_0, Q4_K_M; llama-quantize's names)");
   options.name = a.name;
   const GgufExportSummary s = export_gguf(a.model, a.out, options);
-  std::printf("wrote %s: GGUF v3, architecture %s, %zu tensors, matrices %s, %.1f MiB\n",
-              a.out.c_str(), s.architecture.c_str(), s.tensor_count, s.matrix_type.c_str(),
+  std::string types;
+  for (const auto& [type, n] : s.type_counts)
+    types += (types.empty() ? "" : ", ") + std::to_string(n) + " " + type;
+  std::printf("wrote %s: GGUF v3, architecture %s, %s, %zu tensors (%s), %.1f MiB\n", a.out.c_str(),
+              s.architecture.c_str(), s.matrix_type.c_str(), s.tensor_count, types.c_str(),
               static_cast<double>(s.file_bytes) / (1024.0 * 1024.0));
 }
 
@@ -323,7 +323,7 @@ void register_model_commands(CLI::App& app) {
       "quantize", "Write a model folder as a quantized GGUF file (llama-quantize's types)");
   quantize->add_option("--model", quantize_args->model, "Model folder")->required();
   quantize->add_option("--out", quantize_args->out, "Output .gguf file")->required();
-  quantize->add_option("--type", quantize_args->type, "Q8_0")->required();
+  quantize->add_option("--type", quantize_args->type, "Q8_0 | Q4_K_M")->required();
   quantize->add_option("--name", quantize_args->name,
                        "general.name (default: the model folder's name), as export-gguf's");
   quantize->callback([quantize_args] { run_quantize(*quantize_args); });

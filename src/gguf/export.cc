@@ -1,5 +1,6 @@
 #include "gguf/export.h"
 
+#include <map>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -10,6 +11,7 @@
 #include "core/error.h"
 #include "gguf/gguf.h"
 #include "gguf/quant.h"
+#include "gguf/quant_recipe.h"
 #include "gguf/tensor_data.h"
 #include "gguf/tokenizer_metadata.h"
 #include "gguf/writer.h"
@@ -69,10 +71,6 @@ void put_gemma_metadata(KvBuffer& kv, const std::string& arch, const ModelConfig
 GgufExportSummary export_gguf(const std::filesystem::path& model_dir,
                               const std::filesystem::path& out_file,
                               const GgufExportOptions& options) {
-  if (options.quantization && *options.quantization != GgmlType::kQ8_0)
-    throw Error(std::string("gguf: quantizing to ") +
-                ggml_type_display_name(static_cast<uint32_t>(*options.quantization)) +
-                " is not supported yet (Q8_0)");
   const ModelConfig config = ModelConfig::from_dir(model_dir);
   const json raw_config = read_json(model_dir / "config.json");
   const TensorStore store = TensorStore::open_dir(model_dir);
@@ -152,7 +150,7 @@ GgufExportSummary export_gguf(const std::filesystem::path& model_dir,
     t.shape = spec.shape;
     t.source = &store.get(spec.name, spec.shape);
     const bool one_d = spec.shape.size() <= 1 || t.name.ends_with("_norm.weight");
-    t.type = one_d ? GgmlType::kF32 : options.quantization.value_or(ggml_type_of(dtype));
+    t.type = one_d ? GgmlType::kF32 : ggml_type_of(dtype);
     if (gemma && spec.kind == TensorSpec::Kind::kNorm) {
       // llama.cpp multiplies by the stored weight: Gemma's (1 + w), as its converter writes it.
       t.values.resize(static_cast<size_t>(t.source->numel()));
@@ -167,6 +165,15 @@ GgufExportSummary export_gguf(const std::filesystem::path& model_dir,
         t.permute_heads = config.num_kv_heads;
     }
     plan.push_back(std::move(t));
+  }
+  if (options.quantization) {
+    std::vector<QuantTensor> tensors;
+    for (const PlannedTensor& t : plan)
+      tensors.push_back({t.name, std::vector<int64_t>(t.shape.rbegin(), t.shape.rend()), t.type});
+    const std::vector<GgmlType> types = llama_quantize_types(
+        *options.quantization, {arch, config.num_layers, config.num_heads, config.num_kv_heads},
+        tensors);
+    for (size_t i = 0; i < plan.size(); ++i) plan[i].type = types[i];
   }
   uint64_t offset = 0;
   for (auto& t : plan) {
@@ -210,9 +217,10 @@ GgufExportSummary export_gguf(const std::filesystem::path& model_dir,
     kv.put_u32(arch + ".attention.key_length", static_cast<uint32_t>(config.head_dim));
     kv.put_u32(arch + ".attention.value_length", static_cast<uint32_t>(config.head_dim));
   }
-  kv.put_u32("general.file_type", options.quantization
-                                      ? static_cast<uint32_t>(GgufFileType::kMostlyQ8_0)
-                                      : static_cast<uint32_t>(file_type_of(dtype)));
+  kv.put_u32(
+      "general.file_type",
+      static_cast<uint32_t>(options.quantization ? quant_preset_file_type(*options.quantization)
+                                                 : file_type_of(dtype)));
   if (gemma) put_gemma_metadata(kv, arch, config);
   if (phi3) {
     kv.put_u32(arch + ".rope.dimension_count", static_cast<uint32_t>(config.rotary_dim()));
@@ -272,9 +280,20 @@ GgufExportSummary export_gguf(const std::filesystem::path& model_dir,
     std::filesystem::remove(tmp, ec);
     throw;
   }
-  const GgmlType matrix_type = options.quantization.value_or(ggml_type_of(dtype));
-  return {arch,        dtype,      ggml_type_display_name(static_cast<uint32_t>(matrix_type)),
-          plan.size(), kv.count(), file_bytes};
+  GgufExportSummary summary;
+  summary.architecture = arch;
+  summary.dtype = dtype;
+  summary.matrix_type = options.quantization
+                            ? quant_preset_name(*options.quantization)
+                            : ggml_type_display_name(static_cast<uint32_t>(ggml_type_of(dtype)));
+  std::map<uint32_t, size_t> counts;
+  for (const PlannedTensor& t : plan) ++counts[static_cast<uint32_t>(t.type)];
+  for (const auto& [type, n] : counts)
+    summary.type_counts.emplace_back(ggml_type_display_name(type), n);
+  summary.tensor_count = plan.size();
+  summary.metadata_count = kv.count();
+  summary.file_bytes = file_bytes;
+  return summary;
 }
 
 }  // namespace blend

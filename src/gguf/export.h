@@ -34,10 +34,12 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
 #include "gguf/gguf.h"
+#include "gguf/quant_recipe.h"
 #include "model/config.h"
 
 namespace blend {
@@ -45,16 +47,18 @@ namespace blend {
 struct GgufExportOptions {
   std::optional<DType> dtype;  // matrices; unset: the checkpoint's dtype
   std::string name;            // general.name; empty: the model folder's name
-  // Every matrix quantized to this block type instead (`blend model quantize`): Q8_0 is the only
-  // one written yet (as llama-quantize's Q8_0: every 2-D tensor Q8_0 with ggml's reference
-  // quantizer, 1-D tensors F32). A matrix whose rows are not whole blocks is a blend::Error.
-  std::optional<GgmlType> quantization;
+  // The matrices quantized as llama-quantize's preset would (`blend model quantize`): each
+  // tensor's type from llama_quantize_types (gguf/quant_recipe.h), its blocks from ggml's
+  // reference quantizers; 1-D tensors stay F32.
+  std::optional<QuantPreset> quantization;
 };
 
 struct GgufExportSummary {
   std::string architecture;  // "llama" | "qwen2"
   DType dtype = DType::kBF16;
-  std::string matrix_type;  // "BF16", "Q8_0", ...
+  std::string matrix_type;  // "BF16", "Q8_0", "Q4_K_M", ...
+  // How many tensors of each ggml type the file holds ("Q4_K" -> 12), in type-number order.
+  std::vector<std::pair<std::string, size_t>> type_counts;
   size_t tensor_count = 0;
   size_t metadata_count = 0;
   uint64_t file_bytes = 0;

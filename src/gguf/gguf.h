@@ -65,6 +65,7 @@ enum class GgufFileType : uint32_t {
   kAllF32 = 0,
   kMostlyF16 = 1,
   kMostlyQ8_0 = 7,
+  kMostlyQ4_K_M = 15,
   kMostlyBF16 = 32
 };
 

@@ -350,7 +350,7 @@ TEST(GgufImport, Q8_0ExportReadsBackAsEachRowQuantized) {
   const ModelConfig c = *find_model_preset("tiny");
   write_random_model(c, dir / "m", init_options());
   GgufExportOptions options;
-  options.quantization = GgmlType::kQ8_0;
+  options.quantization = QuantPreset::kQ8_0;
   const GgufExportSummary s = export_gguf(dir / "m", dir / "q8.gguf", options);
   EXPECT_EQ(s.matrix_type, "Q8_0");
   const GgufFile g = read_gguf(dir / "q8.gguf");
@@ -380,10 +380,66 @@ TEST(GgufImport, Q8_0ExportReadsBackAsEachRowQuantized) {
       ASSERT_EQ(std::memcmp(b.data + r * q.size(), q.data(), q.size()), 0) << name << " row " << r;
     }
   }
-  // Q4_K_M is not written yet: refused, no file.
-  options.quantization = GgmlType::kQ4_K;
-  EXPECT_THROW(export_gguf(dir / "m", dir / "q4.gguf", options), Error);
-  EXPECT_FALSE(fs::exists(dir / "q4.gguf"));
+}
+
+// `blend model quantize --type Q4_K_M` on the tiny model with 256-wide FFN rows: llama-quantize's
+// choice per tensor (its rows of 64 are not whole 256-blocks, so Q4_K falls back to Q5_0 and
+// Q6_K to Q8_0, except ffn_down's 256-wide rows), which the import reads back as each HF row
+// quantized with that type and dequantized.
+TEST(GgufImport, Q4_K_MExportPicksLlamaQuantizesTypesAndReadsBack) {
+  testing::TempDir dir;
+  ModelConfig c = *find_model_preset("tiny");
+  c.intermediate_size = 256;
+  write_random_model(c, dir / "m", init_options());
+  GgufExportOptions options;
+  options.quantization = QuantPreset::kQ4_K_M;
+  const GgufExportSummary s = export_gguf(dir / "m", dir / "q4.gguf", options);
+  EXPECT_EQ(s.matrix_type, "Q4_K_M");
+  const GgufFile g = read_gguf(dir / "q4.gguf");
+  EXPECT_EQ(g.at("general.file_type").u, 15u);  // LLAMA_FTYPE_MOSTLY_Q4_K_M
+  // Two layers: llama.cpp's use_more_bits picks layer 1 (the last eighth), not layer 0.
+  const std::map<std::string, GgmlType> want = {
+      {"token_embd.weight", GgmlType::kQ5_0},     {"output.weight", GgmlType::kQ8_0},
+      {"blk.0.attn_q.weight", GgmlType::kQ5_0},   {"blk.1.attn_k.weight", GgmlType::kQ5_0},
+      {"blk.0.attn_v.weight", GgmlType::kQ5_0},   {"blk.1.attn_v.weight", GgmlType::kQ8_0},
+      {"blk.0.ffn_down.weight", GgmlType::kQ4_K}, {"blk.1.ffn_down.weight", GgmlType::kQ6_K},
+      {"blk.1.ffn_up.weight", GgmlType::kQ5_0},   {"blk.0.attn_norm.weight", GgmlType::kF32}};
+  size_t seen = 0;
+  for (const GgufTensorInfo& t : g.tensors) {
+    if (t.ne.size() == 1) {
+      EXPECT_EQ(t.type, 0u) << t.name;
+    }
+    if (auto it = want.find(t.name); it != want.end()) {
+      EXPECT_EQ(t.type, static_cast<uint32_t>(it->second)) << t.name;
+      ++seen;
+    }
+  }
+  EXPECT_EQ(seen, want.size());
+  import_gguf(dir / "q4.gguf", dir / "back");
+  const TensorStore orig = TensorStore::open_dir(dir / "m"),
+                    back = TensorStore::open_dir(dir / "back");
+  const std::pair<const char*, GgmlType> checks[] = {
+      {"model.layers.0.self_attn.q_proj.weight", GgmlType::kQ5_0},
+      {"model.layers.1.self_attn.v_proj.weight", GgmlType::kQ8_0},
+      {"model.layers.0.mlp.down_proj.weight", GgmlType::kQ4_K},
+      {"model.layers.1.mlp.down_proj.weight", GgmlType::kQ6_K},
+      {"model.embed_tokens.weight", GgmlType::kQ5_0}};
+  for (const auto& [name, type] : checks) {
+    const TensorView& o = orig.get(name);
+    const TensorView& b = back.get(name);
+    const int64_t cols = o.shape[1], rows = std::min<int64_t>(o.shape[0], 256);
+    const GgmlBlockLayout layout = *ggml_block_layout(static_cast<uint32_t>(type));
+    std::vector<float> row(static_cast<size_t>(cols)), want_row(static_cast<size_t>(cols));
+    std::vector<uint8_t> q(static_cast<size_t>(cols / layout.block_elems * layout.block_bytes));
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t k = 0; k < cols; ++k) row[static_cast<size_t>(k)] = o.at(r * cols + k);
+      quantize_row(static_cast<uint32_t>(type), row.data(), q.data(), cols);
+      dequantize_row(static_cast<uint32_t>(type), q.data(), want_row.data(), cols);
+      for (int64_t k = 0; k < cols; ++k) row[static_cast<size_t>(k)] = b.at(r * cols + k);
+      ASSERT_EQ(std::memcmp(row.data(), want_row.data(), static_cast<size_t>(cols) * 4), 0)
+          << name << " row " << r;
+    }
+  }
 }
 
 // ---- what is refused -----------------------------------------------------------------------
@@ -551,19 +607,19 @@ TEST(GgufCli, BatchOnAGgufFileMatchesItsFolder) {
   EXPECT_FALSE(fs::exists(dir / "bad"));
 }
 
-// A Q8_0 file (`blend model quantize`) runs on the int8 kernels: in --deterministic mode a line's
-// tokens and log-probabilities are the same alone or beside others, and its first token's
-// log-probabilities are near the f32 folder's it was quantized from.
-TEST(GgufCli, AQ8_0FileIsBatchInvariantAndNearItsFolder) {
+// A quantized file (`blend model quantize`) runs: in --deterministic mode a line's tokens and
+// log-probabilities are the same alone or beside others, and its first token's
+// log-probabilities are near the f32 folder's it was quantized from. Q8_0 runs on the int8
+// kernels; Q4_K_M (on this model's 64-wide rows mostly Q5_0 and Q8_0, ffn_down Q4_K / Q6_K) is
+// dequantized at import.
+TEST(GgufCli, QuantizedFilesAreBatchInvariantAndNearTheirFolder) {
   const fs::path blend = BLEND_BINARY;
   if (!fs::exists(blend)) GTEST_SKIP() << "blend binary not built: " << blend;
   testing::TempDir dir;
   ModelConfig c = *find_model_preset("tiny");
   c.tie_word_embeddings = false;  // an lm_head of its own: logits not peaked at the input token
+  c.intermediate_size = 256;      // ffn_down's rows whole K-quant blocks
   write_random_model(c, dir / "m", init_options(DType::kF32));
-  GgufExportOptions q8;
-  q8.quantization = GgmlType::kQ8_0;
-  export_gguf(dir / "m", dir / "m.q8.gguf", q8);
   auto line = [](const std::string& id, int first) {
     std::string ids;
     for (int k = 0; k < 12; ++k) ids += (k ? "," : "") + std::to_string(first + 37 * k);
@@ -590,21 +646,37 @@ TEST(GgufCli, AQ8_0FileIsBatchInvariantAndNearItsFolder) {
       }
     return by_id;
   };
-  const auto three = run("m.q8.gguf", "three.jsonl");
-  const auto one = run("m.q8.gguf", "one.jsonl");
   const auto f32 = run("m", "one.jsonl");
-  ASSERT_EQ(three.size(), 3u);
-  ASSERT_EQ(one.size(), 1u);
-  EXPECT_EQ(three.at("b"), one.at("b"));  // tokens, log-probabilities, top-5: every bit
-  const json& q = one.at("b")["top_logprobs"][0];
-  const json& f = f32.at("b")["top_logprobs"][0];
-  int shared = 0;
-  for (const auto& [token, lp] : f.items())
-    if (q.contains(token)) {
-      ++shared;
-      EXPECT_NEAR(q[token].get<double>(), lp.get<double>(), 0.05) << token;
-    }
-  EXPECT_GE(shared, 3);
+  ASSERT_EQ(f32.size(), 1u);
+  struct Case {
+    QuantPreset preset;
+    const char* file;
+    double tolerance;  // |delta logprob| of the first token's top 5 against f32
+  };
+  // Q8_0: ~2^-8 relative error a weight; Q4_K_M's 5-bit Q5_0 rows ~4x that.
+  for (const Case& k : {Case{QuantPreset::kQ8_0, "m.q8.gguf", 0.05},
+                        Case{QuantPreset::kQ4_K_M, "m.q4km.gguf", 0.2}}) {
+    SCOPED_TRACE(k.file);
+    GgufExportOptions options;
+    options.quantization = k.preset;
+    export_gguf(dir / "m", dir / k.file, options);
+    const auto three = run(k.file, "three.jsonl");
+    const auto one = run(k.file, "one.jsonl");
+    ASSERT_EQ(three.size(), 3u);
+    ASSERT_EQ(one.size(), 1u);
+    EXPECT_EQ(three.at("b"), one.at("b"));  // tokens, log-probabilities, top-5: every bit
+    const json& q = one.at("b")["top_logprobs"][0];
+    const json& f = f32.at("b")["top_logprobs"][0];
+    int shared = 0;
+    double worst = 0;
+    for (const auto& [token, lp] : f.items())
+      if (q.contains(token)) {
+        ++shared;
+        worst = std::max(worst, std::fabs(q[token].get<double>() - lp.get<double>()));
+      }
+    EXPECT_GE(shared, 3);
+    EXPECT_LE(worst, k.tolerance);  // measured: 0.012 (Q8_0), 0.072 (Q4_K_M)
+  }
   // `model info` counts the Q8_0 matrices: 7 a layer, the embedding and the untied lm_head.
   const auto info = testing::run_command(env + blend.string() + " model info --model " +
                                          (dir / "m.q8.gguf").string());
