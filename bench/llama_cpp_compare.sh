@@ -15,8 +15,8 @@
 #      batched-bench's S) and the ratio.
 # Knobs (environment): BLEND (default build/blend), MODELS_DIR (models), OUT_DIR
 # (build/llama_cpp_compare/P), THREADS (2), PP (128), TG (128), N_REQ (256), NPL (default per
-# preset), DTYPES ("bf16 f16"; q8_0 adds `blend model quantize --type Q8_0`'s file, which both
-# engines then run), CTX (batched-bench -c; default max(NPL) * (PP + TG) + 512),
+# preset), DTYPES ("bf16 f16"; q8_0 and q4_k_m add `blend model quantize --type Q8_0|Q4_K_M`'s
+# file, which both engines then run), CTX (batched-bench -c; default max(NPL) * (PP + TG) + 512),
 # BLEND_BATCH_ARGS (extra flags for blend batch).
 # Only bash and python3 (standard library) are used; bench/lib.sh has the shared parts.
 set -euo pipefail
@@ -57,13 +57,14 @@ if [[ ! -f "$MODEL_DIR/config.json" ]]; then
   "$BLEND" model init --preset "$PRESET" --out "$MODEL_DIR"
 fi
 
+is_quantized() { [[ $1 == q8_0 || $1 == q4_k_m ]]; }
 declare -A BEST_S BEST_LINE
 for dtype in $DTYPES; do
   gguf=$OUT_DIR/$PRESET-$dtype.gguf
   if [[ ! -f "$gguf" || "$MODEL_DIR/config.json" -nt "$gguf" ]]; then
     echo "== exporting $gguf"
-    if [[ $dtype == q8_0 ]]; then
-      "$BLEND" model quantize --model "$MODEL_DIR" --out "$gguf" --type Q8_0
+    if is_quantized "$dtype"; then
+      "$BLEND" model quantize --model "$MODEL_DIR" --out "$gguf" --type "${dtype^^}"
     else
       "$BLEND" model export-gguf --model "$MODEL_DIR" --out "$gguf" --dtype "$dtype"
     fi
@@ -91,8 +92,8 @@ EOF
   BEST_LINE[$dtype]=$summary
 done
 
-# blend runs the model folder (its bf16 weights, what bf16 and f16 are compared with) and, when
-# DTYPES holds q8_0, the very Q8_0 file llama.cpp ran.
+# blend runs the model folder (its bf16 weights, what bf16 and f16 are compared with) and, for
+# each quantized type in DTYPES, the very file llama.cpp ran.
 declare -A BLEND_TPS
 run_blend() {  # run_blend KEY MODEL
   local req=$OUT_DIR/requests.jsonl
@@ -107,8 +108,8 @@ run_blend() {  # run_blend KEY MODEL
 }
 if "$BLEND" batch --help >/dev/null 2>&1; then
   for dtype in $DTYPES; do
-    if [[ $dtype == q8_0 ]]; then
-      run_blend q8_0 "$OUT_DIR/$PRESET-q8_0.gguf"
+    if is_quantized "$dtype"; then
+      run_blend "$dtype" "$OUT_DIR/$PRESET-$dtype.gguf"
     elif [[ -z ${BLEND_TPS[folder]:-} ]]; then
       run_blend folder "$MODEL_DIR"
     fi
@@ -124,12 +125,12 @@ for dtype in $DTYPES; do
 done
 for key in "${!BLEND_TPS[@]}"; do
   what="the model folder"
-  [[ $key == q8_0 ]] && what="the Q8_0 file"
+  is_quantized "$key" && what="the ${key^^} file"
   echo "blend batch ($N_REQ requests, $what): ${BLEND_TPS[$key]} tokens/s"
 done
 for dtype in $DTYPES; do
   key=folder
-  [[ $dtype == q8_0 ]] && key=q8_0
+  is_quantized "$dtype" && key=$dtype
   [[ -n ${BLEND_TPS[$key]:-} ]] || continue
   python3 -c 'import sys; print("blend / llama.cpp %s = %.3f" % (sys.argv[1], float(sys.argv[2]) / float(sys.argv[3])))' \
     "$dtype" "${BLEND_TPS[$key]}" "${BEST_S[$dtype]}"

@@ -20,9 +20,10 @@
 # this script neither fetches nor builds llama.cpp. Knobs: BLEND (default build/blend), WORK
 # (a scratch dir), THREADS (2), TOKENS (64 generated tokens per prompt), CTX (4096: llama-logits'
 # n_ctx, which blend batch gets as --max-model-len, so that both take the same longrope factors),
-# DTYPES ("f32 bf16"; q8_0 adds the preset's f32 weights quantized by `blend model quantize`,
-# blend running that GGUF file itself, against llama.cpp on the same file; llama-logits reads
-# LLAMA_UBATCH as its n_ubatch, which the q8_0 rows use for llama.cpp's own spread).
+# DTYPES ("f32 bf16"; q8_0 and q4_k_m add the preset's f32 weights quantized by `blend model
+# quantize --type Q8_0|Q4_K_M`, blend running that GGUF file itself, against llama.cpp on the
+# same file; llama-logits reads LLAMA_UBATCH as its n_ubatch, which the quantized rows use for
+# llama.cpp's own spread).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BLEND=${BLEND:-$ROOT/build/blend}
@@ -80,14 +81,14 @@ line = f"positions {n}  top-1 agree {agree}/{n}  |d logprob| max {max(d):.2e} me
 if ref_gguf != "-":
     ref = ask(ref_gguf)
     dr = diffs([a["logprobs"] for a in ref], [a["logprobs"] for a in ans])
-    kind = "q8_0" if ".q8_0." in gguf else "bf16"
+    kind = next((k for k in ("q8_0", "q4_k_m") if f".{k}." in gguf), "bf16")
     line += f"  (llama.cpp {kind} vs its f32: max {max(dr):.2e} median {statistics.median(dr):.2e})"
-    if kind == "q8_0":
+    if kind != "bf16":
         # llama.cpp against itself: one token a ubatch (how it generates) vs the whole sequence
         # in one; its int8 roundings flip apart as blend's do (docs/BENCHMARKS.md).
         du = diffs([a["logprobs"] for a in ask(gguf, {"LLAMA_UBATCH": "1"})],
                    [a["logprobs"] for a in ans])
-        line += f"  (llama.cpp q8_0 n_ubatch 1 vs its default: max {max(du):.2e} median {statistics.median(du):.2e})"
+        line += f"  (llama.cpp {kind} n_ubatch 1 vs its default: max {max(du):.2e} median {statistics.median(du):.2e})"
 print(line)
 PY
 }
@@ -101,18 +102,23 @@ for spec in "${PRESETS[@]}"; do
   [[ $preset == *gemma2* ]] && untie=""
   for dtype in $DTYPES; do
     dir=$WORK/$preset-$dtype
-    [[ $dtype == q8_0 ]] && dir=$WORK/$preset-f32
+    quantized=false
+    [[ $dtype == q8_0 || $dtype == q4_k_m ]] && quantized=true
+    $quantized && dir=$WORK/$preset-f32
+    init_dtype=$dtype
+    $quantized && init_dtype=f32
     [[ -d $dir ]] || "$BLEND" model init --preset "$preset" $layers $untie \
-      --dtype "${dtype/q8_0/f32}" --seed 5 --out "$dir" >/dev/null
+      --dtype "$init_dtype" --seed 5 --out "$dir" >/dev/null
     # (A general.name with "phi3" in it makes llama.cpp look up Phi-3's own "</s>", which the
     # Llama-3 tokenizer the presets carry lacks: the files get a neutral name.)
     ref=-
     model=$dir
-    if [[ $dtype == q8_0 ]]; then
-      # The very same Q8_0 file for both engines: blend runs it with its int8 kernels; the
-      # yardstick is llama.cpp's Q8_0 against its own f32 on the unquantized weights.
-      gguf=$dir.q8_0.gguf
-      "$BLEND" model quantize --model "$dir" --out "$gguf" --type Q8_0 --name blend-parity >/dev/null
+    if $quantized; then
+      # The very same quantized file for both engines; the yardstick is llama.cpp's quantized
+      # file against its own f32 on the unquantized weights.
+      gguf=$dir.$dtype.gguf
+      "$BLEND" model quantize --model "$dir" --out "$gguf" --type "${dtype^^}" \
+        --name blend-parity >/dev/null
       "$BLEND" model export-gguf --model "$dir" --out "$dir.f32.gguf" --dtype f32 \
         --name blend-parity >/dev/null
       ref=$dir.f32.gguf

@@ -57,7 +57,8 @@ print("stats:", ", ".join(f"{k} {stats[k]:.4g}" if isinstance(stats[k], float) e
 PY
 cat <<EOF
 
-== next: the same model as a quantized GGUF file (llama.cpp's format), run from the file
+== next: the same model as a quantized GGUF file (llama.cpp's format, the bytes llama-quantize
+   writes; --type Q4_K_M too), run from the file
   build/blend model quantize --model $model --out $model-Q8_0.gguf --type Q8_0
   build/blend batch --model $model-Q8_0.gguf --input examples/requests.jsonl --output q8.jsonl
 
