@@ -653,7 +653,7 @@ TEST(GgufCli, QuantizedFilesAreBatchInvariantAndNearTheirFolder) {
     const char* file;
     double tolerance;  // |delta logprob| of the first token's top 5 against f32
   };
-  // Q8_0: ~2^-8 relative error a weight; Q4_K_M's 5-bit Q5_0 rows ~4x that.
+  // Q8_0: ~2^-8 relative error a weight; Q4_K_M's Q5_0 rows have an 8x coarser step.
   for (const Case& k : {Case{QuantPreset::kQ8_0, "m.q8.gguf", 0.05},
                         Case{QuantPreset::kQ4_K_M, "m.q4km.gguf", 0.2}}) {
     SCOPED_TRACE(k.file);

@@ -69,8 +69,7 @@ TEST(QuantRecipe, ATiedEmbeddingIsQuantizedAsTheOutput) {
   const auto tensors = llama_tensors(2, 256, 512, /*tied=*/true);
   const auto types = llama_quantize_types(QuantPreset::kQ4_K_M, {"llama", 2, 4, 2}, tensors);
   EXPECT_EQ(type_of(tensors, types, "token_embd.weight"), kQ6K);
-  // The output's rows not whole 256-blocks: Q8_0 (not the Q6_K -> Q8_0 fallback's warning path,
-  // the output's own rule; the result is the same type).
+  // The output's rows not whole 256-blocks: Q8_0.
   const auto narrow = llama_tensors(2, 576, 1536, /*tied=*/true);
   const auto narrow_types = llama_quantize_types(QuantPreset::kQ4_K_M, {"llama", 2, 9, 3}, narrow);
   EXPECT_EQ(type_of(narrow, narrow_types, "token_embd.weight"), kQ8_0);

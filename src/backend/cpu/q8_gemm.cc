@@ -225,7 +225,16 @@ GroupKernel kernel_for(Q8Kernel k) {
   return group_portable;
 }
 
-bool cpu_runs(Q8Kernel k) {
+// Rows of x quantized, reused across calls (one forward at a time on the calling thread).
+struct QuantizedRows {
+  std::vector<int8_t> q;
+  std::vector<uint8_t> u;
+  std::vector<float> d;
+};
+
+}  // namespace
+
+bool q8_kernel_runs_here(Q8Kernel k) {
 #if defined(__x86_64__)
   switch (k) {
     case Q8Kernel::kAvx512Vnni:
@@ -250,27 +259,14 @@ bool cpu_runs(Q8Kernel k) {
 #endif
 }
 
-// Rows of x quantized, reused across calls (one forward at a time on the calling thread).
-struct QuantizedRows {
-  std::vector<int8_t> q;
-  std::vector<uint8_t> u;
-  std::vector<float> d;
-};
-
-}  // namespace
-
-bool q8_kernel_runs_here(Q8Kernel k) {
-  return cpu_runs(k);
-}
-
 Q8Kernel best_q8_kernel() {
   // The kernels are not nested by CPU: Zen 4 runs AVX-512 VNNI but not AVX-VNNI. So a cap
   // picks the best kernel at or below it that this CPU runs, never the cap itself unchecked.
-  static const std::array<bool, 4> runs = {cpu_runs(Q8Kernel::kAvx512Vnni),
-                                           cpu_runs(Q8Kernel::kAvxVnni), cpu_runs(Q8Kernel::kAvx2),
-                                           true};
-  for (int k = g_cap.load(std::memory_order_relaxed); k < 3; ++k)
-    if (runs[static_cast<size_t>(k)]) return static_cast<Q8Kernel>(k);
+  static const std::array<bool, 3> runs = {q8_kernel_runs_here(Q8Kernel::kAvx512Vnni),
+                                           q8_kernel_runs_here(Q8Kernel::kAvxVnni),
+                                           q8_kernel_runs_here(Q8Kernel::kAvx2)};
+  for (size_t k = static_cast<size_t>(g_cap.load(std::memory_order_relaxed)); k < runs.size(); ++k)
+    if (runs[k]) return static_cast<Q8Kernel>(k);
   return Q8Kernel::kPortable;
 }
 
