@@ -122,9 +122,6 @@ void Metrics::on_finished(RequestClass c, bool had_first_token, const char* fini
   PerClass& p = of(c);
   --(had_first_token ? p.running : p.waiting);
   bump(p.finished, std::string(finish_reason));
-  // As the engine counts them: the prompt once a token came, every output token.
-  if (output_tokens > 0) p.unstepped_prompt_tokens += prompt_tokens;
-  p.unstepped_output_tokens += output_tokens;
   p.e2e.observe(e2e_seconds);
   if (output_tokens > 1) p.tpot.observe(tpot_seconds);
   p.prompt_tokens.observe(static_cast<double>(prompt_tokens));
@@ -162,10 +159,15 @@ void Metrics::on_step(const EngineStats& stats) {
   const double tokens = static_cast<double>(stats.batch_tokens - engine_.batch_tokens);
   for (int64_t i = 0; i < steps; ++i) step_tokens_.observe(tokens / static_cast<double>(steps));
   engine_ = stats;
-  for (PerClass& p : classes_) p.unstepped_prompt_tokens = p.unstepped_output_tokens = 0;
   samples_.emplace_back(now, stats.prompt_tokens + stats.output_tokens);
   while (samples_.size() > 2 && now - samples_.front().first > std::chrono::seconds(10))
     samples_.pop_front();
+}
+
+void Metrics::on_engine_tokens(const EngineStats& stats) {
+  std::lock_guard lock(mu_);
+  engine_.prompt_tokens_by_class = stats.prompt_tokens_by_class;
+  engine_.output_tokens_by_class = stats.output_tokens_by_class;
 }
 
 void Metrics::set_batch_lines_pending(int64_t lines) {
@@ -210,14 +212,12 @@ std::string Metrics::render() const {
        "Prompt tokens prefilled (counted at a request's first token, cancelled ones included).");
   for (size_t i = 0; i < 2; ++i)
     line("blend:prompt_tokens_total", cls(i),
-         static_cast<double>(engine_.prompt_tokens_by_class[i] +
-                             classes_[i].unstepped_prompt_tokens));
+         static_cast<double>(engine_.prompt_tokens_by_class[i]));
   help("blend:generation_tokens_total", "counter",
        "Output tokens, counted in the step that generates them (cancelled requests' included).");
   for (size_t i = 0; i < 2; ++i)
     line("blend:generation_tokens_total", cls(i),
-         static_cast<double>(engine_.output_tokens_by_class[i] +
-                             classes_[i].unstepped_output_tokens));
+         static_cast<double>(engine_.output_tokens_by_class[i]));
 
   // One histogram's samples, its labels (a class, or none) before each bucket's `le`.
   auto samples = [&](const std::string& name, const std::string& labels, const Histogram& h) {

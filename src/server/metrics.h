@@ -30,10 +30,8 @@ class Metrics {
   void set_names(std::string model_name, std::vector<std::string> prefixes);
 
   // A request's life: queued in the engine, its first token, its end (finished or not). The
-  // token counters come from the engine's steps (on_step): a request counted at its end left
-  // them flat while it ran and never counted a cancelled one's tokens. A request finishes
-  // inside a step, before on_step reports that step, so on_finished holds its tokens until
-  // then: /metrics read right after the answer already counts them.
+  // token counters come from the engine (on_step, on_engine_tokens): a request counted at its
+  // end left them flat while it ran and never counted a cancelled one's tokens.
   void on_queued(RequestClass c);
   void on_first_token(RequestClass c, double ttft_seconds);
   void on_finished(RequestClass c, bool had_first_token, const char* finish_reason,
@@ -53,6 +51,10 @@ class Metrics {
 
   // Called by the engine thread after each step: the engine's counters now.
   void on_step(const EngineStats& stats);
+  // The engine's token counters alone, taken on the engine thread as a request finishes
+  // (inside a step, before on_step reports it): /metrics read right after the answer already
+  // counts its tokens, each once.
+  void on_engine_tokens(const EngineStats& stats);
   // Batch API lines a planned job still holds back (not yet handed to the engine).
   void set_batch_lines_pending(int64_t lines);
 
@@ -69,8 +71,6 @@ class Metrics {
   struct PerClass {
     int64_t waiting = 0, running = 0;
     int64_t cancelled = 0;
-    // Tokens of requests finished in the step on_step has not reported yet (see on_finished).
-    int64_t unstepped_prompt_tokens = 0, unstepped_output_tokens = 0;
     std::vector<std::pair<std::string, int64_t>> finished;  // by finish reason
     Histogram ttft, tpot, e2e, decode, queue, prefill, inference, prompt_tokens, generation_tokens;
   };

@@ -249,7 +249,10 @@ Server::Impl::Impl(const ServerOptions& o) : options(o) {
     batch_step_tokens = engine->max_batch_tokens();
   }
   store = std::make_unique<BatchStore>(options.data_dir);
-  engine->add_finish_observer([this](const RequestTimes& t) { metrics.on_request_times(t); });
+  engine->add_finish_observer([this, e = engine.get()](const RequestTimes& t) {
+    metrics.on_request_times(t);
+    metrics.on_engine_tokens(e->stats());
+  });
   loop = std::make_unique<EngineLoop>(
       std::move(engine),
       [this](const Engine& e) {
