@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/quant.h"
 
 namespace blend {
 
@@ -15,13 +16,54 @@ size_t dtype_size(DType t) {
     case DType::kF16:
       return 2;
     case DType::kQ8_0:
+    case DType::kQ5_0:
+    case DType::kQ4_K:
+    case DType::kQ6_K:
       break;
   }
   throw Error("dtype " + std::string(dtype_name(t)) + " is a block type: it has no element size");
 }
 
 bool is_block_type(DType t) {
-  return t == DType::kQ8_0;
+  return t == DType::kQ8_0 || t == DType::kQ5_0 || t == DType::kQ4_K || t == DType::kQ6_K;
+}
+
+GgmlType ggml_type_of(DType t) {
+  switch (t) {
+    case DType::kQ8_0:
+      return GgmlType::kQ8_0;
+    case DType::kQ5_0:
+      return GgmlType::kQ5_0;
+    case DType::kQ4_K:
+      return GgmlType::kQ4_K;
+    case DType::kQ6_K:
+      return GgmlType::kQ6_K;
+    case DType::kF32:
+      return GgmlType::kF32;
+    case DType::kF16:
+      return GgmlType::kF16;
+    case DType::kBF16:
+      return GgmlType::kBF16;
+  }
+  return GgmlType::kF32;
+}
+
+int64_t block_elems(DType t) {
+  return is_block_type(t) ? ggml_block_layout(static_cast<uint32_t>(ggml_type_of(t)))->block_elems
+                          : 1;
+}
+
+int64_t block_bytes(DType t) {
+  return is_block_type(t) ? ggml_block_layout(static_cast<uint32_t>(ggml_type_of(t)))->block_bytes
+                          : static_cast<int64_t>(dtype_size(t));
+}
+
+int64_t row_bytes(DType t, int64_t cols) {
+  const int64_t elems = block_elems(t);
+  if (cols % elems != 0)
+    throw Error("a " + std::string(dtype_name(t)) + " tensor's rows hold whole blocks of " +
+                std::to_string(elems) + " elements, not " + std::to_string(cols));
+  return cols / elems * block_bytes(t);
 }
 
 uint64_t tensor_bytes(DType t, const std::vector<int64_t>& shape) {
@@ -29,10 +71,8 @@ uint64_t tensor_bytes(DType t, const std::vector<int64_t>& shape) {
   for (int64_t d : shape) n *= static_cast<uint64_t>(d);
   if (!is_block_type(t)) return n * dtype_size(t);
   const int64_t cols = shape.empty() ? 1 : shape.back();
-  if (cols % kQ8_0BlockElems != 0)
-    throw Error("a " + std::string(dtype_name(t)) + " tensor's rows hold whole blocks of " +
-                std::to_string(kQ8_0BlockElems) + " elements, not " + std::to_string(cols));
-  return n / kQ8_0BlockElems * kQ8_0BlockBytes;
+  if (cols == 0) return 0;
+  return n / static_cast<uint64_t>(cols) * static_cast<uint64_t>(row_bytes(t, cols));
 }
 
 std::string_view dtype_name(DType t) {
@@ -45,6 +85,12 @@ std::string_view dtype_name(DType t) {
       return "F16";
     case DType::kQ8_0:
       return "Q8_0";
+    case DType::kQ5_0:
+      return "Q5_0";
+    case DType::kQ4_K:
+      return "Q4_K";
+    case DType::kQ6_K:
+      return "Q6_K";
   }
   return "?";
 }
@@ -53,6 +99,12 @@ std::optional<DType> parse_dtype(std::string_view name) {
   if (name == "F32") return DType::kF32;
   if (name == "BF16") return DType::kBF16;
   if (name == "F16") return DType::kF16;
+  return std::nullopt;
+}
+
+std::optional<DType> parse_block_dtype(std::string_view name) {
+  for (DType t : {DType::kQ8_0, DType::kQ5_0, DType::kQ4_K, DType::kQ6_K})
+    if (name == dtype_name(t)) return t;
   return std::nullopt;
 }
 
@@ -102,22 +154,16 @@ uint16_t f32_to_f16(float f) {
   return sign | static_cast<uint16_t>(r >> 13);
 }
 
-float q8_0_element(const std::byte* row, int64_t i) {
-  const std::byte* block = row + i / kQ8_0BlockElems * kQ8_0BlockBytes;
-  uint16_t d;
-  std::memcpy(&d, block, 2);
-  return f16_to_f32(d) * static_cast<float>(static_cast<int8_t>(block[2 + i % kQ8_0BlockElems]));
+float block_row_element(DType t, const std::byte* row, int64_t i) {
+  const int64_t elems = block_elems(t);
+  float block[256];  // the largest block (the K-quants' 256)
+  dequantize_row(static_cast<uint32_t>(ggml_type_of(t)), row + i / elems * block_bytes(t), block,
+                 elems);
+  return block[i % elems];
 }
 
-void dequantize_q8_0_row(const std::byte* row, int64_t cols, float* out) {
-  for (int64_t b = 0; b < cols / kQ8_0BlockElems; ++b) {
-    const std::byte* block = row + b * kQ8_0BlockBytes;
-    uint16_t h;
-    std::memcpy(&h, block, 2);
-    const float d = f16_to_f32(h);
-    for (int64_t j = 0; j < kQ8_0BlockElems; ++j)
-      out[b * kQ8_0BlockElems + j] = d * static_cast<float>(static_cast<int8_t>(block[2 + j]));
-  }
+void dequantize_block_row(DType t, const std::byte* row, int64_t cols, float* out) {
+  dequantize_row(static_cast<uint32_t>(ggml_type_of(t)), row, out, cols);
 }
 
 }  // namespace blend

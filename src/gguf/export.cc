@@ -9,8 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/quant.h"
 #include "gguf/gguf.h"
-#include "gguf/quant.h"
 #include "gguf/quant_recipe.h"
 #include "gguf/tensor_data.h"
 #include "gguf/tokenizer_metadata.h"
@@ -42,6 +42,10 @@ GgufFileType file_type_of(DType d) {
       return GgufFileType::kMostlyBF16;
     case DType::kQ8_0:
       return GgufFileType::kMostlyQ8_0;
+    case DType::kQ5_0:  // a folder's float dtype is never a block type
+    case DType::kQ4_K:
+    case DType::kQ6_K:
+      break;
   }
   return GgufFileType::kAllF32;
 }

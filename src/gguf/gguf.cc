@@ -8,7 +8,7 @@
 #include <type_traits>
 
 #include "core/error.h"
-#include "gguf/quant.h"
+#include "core/quant.h"
 
 namespace blend {
 
@@ -22,20 +22,6 @@ size_t ggml_type_size(uint32_t ggml_type) {
     default:
       return 0;
   }
-}
-
-GgmlType ggml_type_of(DType d) {
-  switch (d) {
-    case DType::kF32:
-      return GgmlType::kF32;
-    case DType::kF16:
-      return GgmlType::kF16;
-    case DType::kBF16:
-      return GgmlType::kBF16;
-    case DType::kQ8_0:
-      return GgmlType::kQ8_0;
-  }
-  return GgmlType::kF32;
 }
 
 size_t GgufValue::array_size() const {

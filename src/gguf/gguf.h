@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/quant.h"
 
 namespace blend {
 
@@ -39,25 +40,6 @@ enum class GgufType : uint32_t {
   kUint64 = 10,
   kInt64 = 11,
   kFloat64 = 12,
-};
-
-// The ggml tensor types this code reads (ggml.h enum ggml_type numbering; the block-quantized
-// ones are laid out in gguf/quant.h). export_gguf writes F32, F16, BF16 and, quantized, Q8_0,
-// Q4_K and Q6_K.
-enum class GgmlType : uint32_t {
-  kF32 = 0,
-  kF16 = 1,
-  kQ4_0 = 2,
-  kQ4_1 = 3,
-  kQ5_0 = 6,
-  kQ5_1 = 7,
-  kQ8_0 = 8,
-  kQ2_K = 10,
-  kQ3_K = 11,
-  kQ4_K = 12,
-  kQ5_K = 13,
-  kQ6_K = 14,
-  kBF16 = 30,
 };
 
 // llama_ftype values for general.file_type.
@@ -79,8 +61,7 @@ size_t ggml_type_size(uint32_t ggml_type);
 inline size_t ggml_type_size(GgmlType t) {
   return ggml_type_size(static_cast<uint32_t>(t));
 }
-// The ggml tensor type of a checkpoint dtype.
-GgmlType ggml_type_of(DType d);
+// The ggml tensor type of a checkpoint dtype: core/dtype.h ggml_type_of.
 
 // n rounded up to a multiple of `alignment`.
 inline uint64_t gguf_align_up(uint64_t n, uint64_t alignment) {

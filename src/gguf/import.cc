@@ -21,9 +21,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/quant.h"
 #include "gguf/export.h"
 #include "gguf/gguf.h"
-#include "gguf/quant.h"
 #include "gguf/tensor_data.h"
 #include "gguf/tokenizer_metadata.h"
 #include "model/config.h"
@@ -39,7 +39,7 @@ namespace fs = std::filesystem;
 namespace {
 
 // Bumped whenever what import_gguf writes changes, so older imports in the cache are not reused.
-constexpr int kImportVersion = 2;  // 2: Q8_0 matrices kept as Q8_0
+constexpr int kImportVersion = 3;  // 2: Q8_0 matrices kept as Q8_0; 3: Q5_0, Q4_K, Q6_K too
 
 // ---- metadata ------------------------------------------------------------------------------
 
@@ -622,11 +622,15 @@ GgufImportSummary import_gguf(const fs::path& gguf_file, const fs::path& out_dir
 
   // One dtype for the folder: the matrices' own when all share BF16 or F16 (and the 1-D tensors
   // fit it exactly), else f32, which holds every dequantized value exactly.
-  // Q8_0 matrices stay Q8_0 (the cpu backend's int8 kernels run them); other block types are
-  // dequantized.
-  auto kept_quantized = [](const SourceTensor& t) {
-    return t.shape.size() == 2 && t.info->type == static_cast<uint32_t>(GgmlType::kQ8_0);
+  // Q8_0, Q5_0, Q4_K and Q6_K matrices (Q8_0 and Q4_K_M files) stay as they are: the cpu
+  // backend's integer kernels run them. Other block types are dequantized.
+  auto kept_type = [](const SourceTensor& t) -> std::optional<DType> {
+    if (t.shape.size() != 2) return std::nullopt;
+    for (DType d : {DType::kQ8_0, DType::kQ5_0, DType::kQ4_K, DType::kQ6_K})
+      if (t.info->type == static_cast<uint32_t>(ggml_type_of(d))) return d;
+    return std::nullopt;
   };
+  auto kept_quantized = [&](const SourceTensor& t) { return kept_type(t).has_value(); };
   std::set<uint32_t> matrix_types;
   for (const SourceTensor& t : tensors)
     if (t.shape.size() > 1 && !kept_quantized(t)) matrix_types.insert(t.info->type);
@@ -648,7 +652,7 @@ GgufImportSummary import_gguf(const fs::path& gguf_file, const fs::path& out_dir
     w.dtype = dtype;
     w.shape = t.shape;
     if (kept_quantized(t)) {  // the GGUF rows' bytes, in Hugging Face row order
-      w.dtype = DType::kQ8_0;
+      w.dtype = *kept_type(t);
       w.fill = [&t](size_t offset, std::span<std::byte> out) {
         const size_t row = t.row_bytes();
         for (size_t done = 0; done < out.size();) {
@@ -681,7 +685,7 @@ GgufImportSummary import_gguf(const fs::path& gguf_file, const fs::path& out_dir
   // A 4.9 GB Q4_K_M file of an 8B model is 32 GB as f32: refuse before writing what cannot fit.
   uint64_t bytes = 0;
   for (const SourceTensor& t : tensors)
-    bytes += kept_quantized(t) ? tensor_bytes(DType::kQ8_0, t.shape)
+    bytes += kept_quantized(t) ? tensor_bytes(*kept_type(t), t.shape)
                                : static_cast<uint64_t>(t.numel()) * es;
   const fs::path parent = out_dir.has_parent_path() ? out_dir.parent_path() : fs::path(".");
   if (const fs::space_info space = fs::space(parent, ec);

@@ -3,7 +3,7 @@
 #include <cctype>
 
 #include "core/error.h"
-#include "gguf/quant.h"
+#include "core/quant.h"
 
 namespace blend {
 

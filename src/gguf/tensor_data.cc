@@ -10,8 +10,8 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/quant.h"
 #include "gguf/export.h"
-#include "gguf/quant.h"
 
 namespace blend {
 
@@ -75,7 +75,11 @@ float load_element(const std::byte* p, DType t) {
       return f16_to_f32(h);
     }
     case DType::kQ8_0:  // a block type: check_tensors refuses it before an export reads one
-      throw Error("GGUF export reads f32, bf16 or f16 tensors, not Q8_0 blocks");
+    case DType::kQ5_0:
+    case DType::kQ4_K:
+    case DType::kQ6_K:
+      throw Error("GGUF export reads f32, bf16 or f16 tensors, not " + std::string(dtype_name(t)) +
+                  " blocks");
   }
   return 0;
 }

@@ -12,6 +12,7 @@
 #include <exception>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <set>
 #include <string_view>
@@ -75,9 +76,12 @@ float TensorView::at(int64_t i) const {
       std::memcpy(&h, data + i * 2, 2);
       return f16_to_f32(h);
     }
-    case DType::kQ8_0: {
+    case DType::kQ8_0:
+    case DType::kQ5_0:
+    case DType::kQ4_K:
+    case DType::kQ6_K: {
       const int64_t cols = shape.empty() ? 1 : shape.back();
-      return q8_0_element(data + i / cols * (cols / kQ8_0BlockElems * kQ8_0BlockBytes), i % cols);
+      return block_row_element(dtype, data + i / cols * row_bytes(dtype, cols), i % cols);
     }
   }
   return 0.0f;
@@ -136,15 +140,17 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::filesystem::pa
     }
   }
   // Block-quantized tensors (U8 bytes of their blocks, each named in the metadata), each found.
-  std::set<std::string> block_tensors;
+  std::map<std::string, DType> block_tensors;
   for (const auto& [key, value] : file->metadata_)
     if (key.starts_with(kBlockDtypeKey)) {
       const std::string name = key.substr(kBlockDtypeKey.size());
-      if (value != "Q8_0")
-        fail(path, "__metadata__['" + key + "'] is '" + value + "'; the block type read is Q8_0");
+      const std::optional<DType> block = parse_block_dtype(value);
+      if (!block)
+        fail(path, "__metadata__['" + key + "'] is '" + value +
+                       "'; the block types read are Q8_0, Q5_0, Q4_K and Q6_K");
       if (!header.contains(name))
         fail(path, "__metadata__['" + key + "'] names no tensor of the file");
-      block_tensors.insert(name);
+      block_tensors[name] = *block;
     }
   for (const auto& item : header.items()) {
     // Not a structured binding: clang 14 (the fuzz build) cannot capture one in `bad` below.
@@ -161,11 +167,13 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::filesystem::pa
     if (off == entry.end() || !off->is_array() || off->size() != 2 ||
         !(*off)[0].is_number_unsigned() || !(*off)[1].is_number_unsigned())
       bad("missing or malformed data_offsets");
-    const bool block = block_tensors.count(name) > 0;
+    const auto found = block_tensors.find(name);
+    const bool block = found != block_tensors.end();
     const auto dtype =
-        block ? std::optional<DType>(DType::kQ8_0) : parse_dtype(dt->get<std::string>());
+        block ? std::optional<DType>(found->second) : parse_dtype(dt->get<std::string>());
     if (block && dt->get<std::string>() != "U8")
-      bad("is " + dt->get<std::string>() + " but __metadata__ names it Q8_0 (stored as U8 bytes)");
+      bad("is " + dt->get<std::string>() + " but __metadata__ names it " +
+          std::string(dtype_name(*dtype)) + " (stored as U8 bytes)");
     if (!dtype) bad("unsupported dtype " + dt->get<std::string>() + " (supported: BF16, F16, F32)");
 
     TensorView view;
@@ -182,9 +190,11 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::filesystem::pa
       view.shape.push_back(static_cast<int64_t>(dim));
     }
     if (block) {  // stored [rows, bytes of a row]; the view's shape is [rows, elements]
-      if (view.shape.size() != 2 || view.shape[1] % kQ8_0BlockBytes != 0)
-        bad("a Q8_0 tensor is stored as U8 [rows, 34 x blocks], not " + shape_string(view.shape));
-      view.shape[1] = view.shape[1] / kQ8_0BlockBytes * kQ8_0BlockElems;
+      const int64_t bytes = block_bytes(*dtype);
+      if (view.shape.size() != 2 || view.shape[1] % bytes != 0)
+        bad("a " + std::string(dtype_name(*dtype)) + " tensor is stored as U8 [rows, " +
+            std::to_string(bytes) + " x blocks], not " + shape_string(view.shape));
+      view.shape[1] = view.shape[1] / bytes * block_elems(*dtype);
     }
     const uint64_t begin = (*off)[0].get<uint64_t>();
     const uint64_t end = (*off)[1].get<uint64_t>();
@@ -401,7 +411,8 @@ void write_safetensors(const std::filesystem::path& path, const std::vector<Tens
   for (const auto& t : tensors) {
     const uint64_t n = tensor_bytes(t.dtype, t.shape);
     if (is_block_type(t.dtype)) {
-      if (t.shape.size() != 2) throw Error("tensor '" + t.name + "': a Q8_0 tensor is 2-D");
+      if (t.shape.size() != 2)
+        throw Error("tensor '" + t.name + "': a block-quantized tensor is 2-D");
       const std::vector<int64_t> stored = {t.shape[0], static_cast<int64_t>(n) / t.shape[0]};
       header[t.name] = {{"dtype", "U8"}, {"shape", stored}, {"data_offsets", {offset, offset + n}}};
       all_metadata[std::string(kBlockDtypeKey) + t.name] = std::string(dtype_name(t.dtype));

@@ -22,9 +22,9 @@
 
 namespace blend {
 
-// A Q8_0 tensor (core/dtype.h) is stored as U8 bytes of shape [rows, 34 x blocks a row], named by
-// the metadata key kBlockDtypeKey + its name with the value "Q8_0"; its view has dtype kQ8_0 and
-// shape [rows, elements]. Other readers see the bytes, never values they could take for weights.
+// A block-quantized tensor (Q8_0, Q5_0, Q4_K, Q6_K: core/dtype.h) is stored as U8 bytes of shape
+// [rows, block bytes x blocks a row], named by the metadata key kBlockDtypeKey + its name with
+// the type's ggml name as value ("Q4_K"); its view has that dtype and shape [rows, elements]. Other readers see the bytes, never values they could take for weights.
 inline constexpr std::string_view kBlockDtypeKey = "blend.dtype.";
 
 struct TensorView {

@@ -16,9 +16,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/quant.h"
 #include "gguf/export.h"
 #include "gguf/gguf.h"
-#include "gguf/quant.h"
 #include "gguf_file_util.h"
 #include "model/config.h"
 #include "model/presets.h"
@@ -276,7 +276,7 @@ void quantize_layers(testing::GgufContents& g, TypeOf type_of) {
   }
 }
 
-TEST(GgufImport, QuantizedMatricesDequantizeToF32ExactlyAndUnpermuted) {
+TEST(GgufImport, QuantizedMatricesKeptOrDequantizedToF32ExactlyAndUnpermuted) {
   testing::TempDir dir;
   const ModelConfig c = wide_config();
   write_random_model(c, dir / "m", init_options());
@@ -308,9 +308,13 @@ TEST(GgufImport, QuantizedMatricesDequantizeToF32ExactlyAndUnpermuted) {
             ? "model.layers.1.mlp.gate_proj.weight"
             : std::string("model.layers.1.self_attn.") + name[5] + "_proj.weight";
     const TensorView& v = q.get(hf);
-    // Q8_0 stays Q8_0 (the cpu backend's int8 kernels run it), the others are f32.
-    ASSERT_EQ(v.dtype,
-              t.type == static_cast<uint32_t>(GgmlType::kQ8_0) ? DType::kQ8_0 : DType::kF32);
+    // Q8_0, Q4_K and Q6_K stay as they are (the cpu backend's integer kernels run them), the
+    // others are f32.
+    const bool kept = t.type == static_cast<uint32_t>(GgmlType::kQ8_0) ||
+                      t.type == static_cast<uint32_t>(GgmlType::kQ4_K) ||
+                      t.type == static_cast<uint32_t>(GgmlType::kQ6_K);
+    ASSERT_EQ(v.dtype, kept ? *parse_block_dtype(ggml_type_display_name(t.type)) : DType::kF32)
+        << hf;
     const int64_t cols = static_cast<int64_t>(t.ne[0]), rows = static_cast<int64_t>(t.ne[1]);
     const GgmlBlockLayout layout = *ggml_block_layout(t.type);
     const size_t row_bytes = static_cast<size_t>(cols) / layout.block_elems * layout.block_bytes;

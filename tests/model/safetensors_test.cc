@@ -162,8 +162,11 @@ TEST(Safetensors, Q8_0TensorsAreU8BytesNamedInTheMetadata) {
     const char* expect;
   };
   const std::vector<Case> cases = {
-      {"another block type", [](auto& h) { h["__metadata__"]["blend.dtype.w"] = "Q4_K"; },
-       "block type read is Q8_0"},
+      {"a block type not read", [](auto& h) { h["__metadata__"]["blend.dtype.w"] = "Q5_K"; },
+       "the block types read are Q8_0, Q5_0, Q4_K and Q6_K"},
+      {"another block type's row bytes",
+       [](auto& h) { h["__metadata__"]["blend.dtype.w"] = "Q4_K"; },
+       "a Q4_K tensor is stored as U8 [rows, 144 x blocks]"},
       {"a tensor that is not there",
        [](auto& h) { h["__metadata__"]["blend.dtype.missing"] = "Q8_0"; }, "names no tensor"},
       {"a float tensor named Q8_0", [](auto& h) { h["__metadata__"]["blend.dtype.n"] = "Q8_0"; },

@@ -214,9 +214,10 @@ std::unique_ptr<LoraDelta> BlockLoader::lora(const std::vector<LoraAdapter::Fact
     if (f) a.push_back(f.a);
   if (a.empty()) return nullptr;
   for (const TensorView* w : weights)
-    if (w->dtype == DType::kQ8_0)
-      throw Error("cpu backend: a LoRA adapter on '" + w->name +
-                  "', a Q8_0 matrix: adapters on quantized weights are not checked yet");
+    if (is_block_type(w->dtype))
+      throw Error("cpu backend: a LoRA adapter on '" + w->name + "', a " +
+                  std::string(dtype_name(w->dtype)) +
+                  " matrix: adapters on quantized weights are not checked yet");
   const int64_t rank = adapter->rank(), cols = rank * static_cast<int64_t>(a.size());
   int64_t n = 0;
   for (const TensorView* w : weights) n += w->shape[0];
@@ -246,12 +247,13 @@ std::unique_ptr<LoraDelta> BlockLoader::lora(const std::vector<LoraAdapter::Fact
   return delta;
 }
 
-// The embedding rows stay exact: bf16 and Q8_0 as stored (a Q8_0 row is dequantized when a
-// token looks it up: Llama 3's 128K x 2048 table is 278 MB so, 1 GB as f32), f16 widened to f32.
+// The embedding rows stay exact: bf16 and block types as stored (a Q8_0 or Q6_K row is
+// dequantized when a token looks it up: Llama 3's 128K x 2048 table is 278 MB as Q8_0, 1 GB as
+// f32), f16 widened to f32.
 std::unique_ptr<Embedding> BlockLoader::make_embedding(const TensorView& embed) const {
   auto e = std::make_unique<Embedding>();
-  if (embed.dtype == DType::kQ8_0) {
-    e->dtype = DType::kQ8_0;
+  if (is_block_type(embed.dtype)) {
+    e->dtype = embed.dtype;
     e->rows.assign(embed.data, embed.data + embed.nbytes);
     return e;
   }

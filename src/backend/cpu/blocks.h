@@ -22,7 +22,7 @@
 namespace blend::cpu {
 
 struct Embedding {
-  DType dtype = DType::kF32;  // kBF16 for bf16 checkpoints, kQ8_0 for Q8_0 ones, else f32
+  DType dtype = DType::kF32;  // kBF16 for bf16 checkpoints, a block type as stored, else f32
   std::vector<std::byte> rows;
 };
 

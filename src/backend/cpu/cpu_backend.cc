@@ -292,7 +292,8 @@ void CpuBackendImpl::allocate_kv(int64_t num_pages) {
 std::string CpuBackendImpl::gemm_info() const {
   const std::string impl =
       blocks_.ffns.empty() ? blocks_.heads[0]->lm_head->impl() : blocks_.ffns[0]->gate_up->impl();
-  if (impl.starts_with("q8_0")) return impl + " (int8 activations a 32-value block)";
+  if (impl.starts_with("q8_0") || impl.starts_with("k-quant"))
+    return impl + " (int8 activations a 32-value block)";
   std::string s = gemm_.options().lib == cpu::GemmLib::kOpenBlas ? "openblas" : "onednn";
   s += compute_ == DType::kF32 ? " f32 " : " bf16 ";
   s += impl;
@@ -405,9 +406,8 @@ void CpuBackendImpl::embed(const ForwardBatch& batch, const std::vector<RowRun>&
       const int64_t row = batch.tokens[t];
       if (e.dtype == DType::kF32) {
         std::memcpy(x + t * h, e.rows.data() + row * h * 4, h * 4);
-      } else if (e.dtype == DType::kQ8_0) {
-        dequantize_q8_0_row(e.rows.data() + row * (h / kQ8_0BlockElems * kQ8_0BlockBytes), h,
-                            x + t * h);
+      } else if (is_block_type(e.dtype)) {
+        dequantize_block_row(e.dtype, e.rows.data() + row * row_bytes(e.dtype, h), h, x + t * h);
       } else {
         const auto* in = reinterpret_cast<const uint16_t*>(e.rows.data()) + row * h;
         for (int64_t i = 0; i < h; ++i) x[t * h + i] = bf16_to_f32(in[i]);

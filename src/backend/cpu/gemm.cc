@@ -63,8 +63,11 @@ float element(const TensorView& t, int64_t i) {
       std::memcpy(&h, t.data + i * 2, 2);
       return f16_to_f32(h);
     }
-    case DType::kQ8_0:
-      return t.at(i);  // a Q8_0 part of a fused layer whose other parts are not Q8_0
+    case DType::kQ8_0:  // biases only: block-type matrices are converted a row at a time
+    case DType::kQ5_0:
+    case DType::kQ4_K:
+    case DType::kQ6_K:
+      return t.at(i);
   }
   return 0.0f;
 }
@@ -75,8 +78,15 @@ void convert(const TensorView& t, int64_t first, int64_t count, DType to, std::b
     std::memcpy(out, t.data + first * dtype_size(to), count * dtype_size(to));
     return;
   }
+  std::vector<float> row;  // a block-type row dequantized whole (first, count: one row)
+  if (is_block_type(t.dtype)) {
+    const int64_t cols = t.shape.back();
+    row.resize(static_cast<size_t>(count));
+    dequantize_block_row(t.dtype, t.data + first / cols * row_bytes(t.dtype, cols), count,
+                         row.data());
+  }
   for (int64_t i = 0; i < count; ++i) {
-    const float v = element(t, first + i);
+    const float v = row.empty() ? element(t, first + i) : row[static_cast<size_t>(i)];
     if (to == DType::kF32) {
       std::memcpy(out + i * 4, &v, 4);
     } else {
@@ -258,6 +268,10 @@ Linear::Linear(GemmContext& ctx, const std::vector<const TensorView*>& parts,
     q8_ = std::make_unique<Q8Matrix>(parts);
     return;
   }
+  if (KQuantMatrix::takes(parts)) {  // a Q4_K_M file's types: kquant_gemm.h
+    kquant_ = std::make_unique<KQuantMatrix>(parts);
+    return;
+  }
 
   // The stacked [n][k] weight in the compute dtype, rows converted in parallel.
   const DType dt = ctx_.options().compute;
@@ -319,6 +333,7 @@ GemmContext::Kernel& Linear::tile_kernel(const Slice& s) const {
 
 std::string Linear::impl() const {
   if (q8_) return "q8_0 " + q8_kernel_name(best_q8_kernel());
+  if (kquant_) return "k-quant " + q8_kernel_name(best_q8_kernel());
   if (ctx_.options().lib == GemmLib::kOpenBlas) return "openblas";
   const Slice& s = slices_.front();
   // The kernel a one-row call runs: the row-tile kernel in deterministic mode.
@@ -417,6 +432,11 @@ void Linear::forward(const void* x, int64_t m, float* y, bool accumulate) {
   if (q8_) {  // each row alone through one fixed sequence: batch invariant in every mode
     q8_->forward(x, ctx_.options().compute, m, bias_.empty() ? nullptr : bias_.data(), y,
                  accumulate);
+    return;
+  }
+  if (kquant_) {  // the same for a Q4_K_M file's types
+    kquant_->forward(x, ctx_.options().compute, m, bias_.empty() ? nullptr : bias_.data(), y,
+                     accumulate);
     return;
   }
   if (ctx_.options().lib == GemmLib::kOpenBlas) openblas_set_num_threads(1);

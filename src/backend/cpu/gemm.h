@@ -28,6 +28,7 @@
 #include <dnnl.hpp>
 
 #include "backend/cpu/memory.h"
+#include "backend/cpu/kquant_gemm.h"
 #include "backend/cpu/q8_gemm.h"
 #include "core/dtype.h"
 
@@ -102,8 +103,9 @@ class Linear {
   // Stacks the [n_i, k] weight matrices `parts` along the output dimension (fused Q/K/V or
   // gate/up) and packs them; `bias_parts` is empty or holds one [n_i] bias per part. Tensors may
   // be F32, BF16 or F16; they are converted to the context's compute dtype. Q8_0 parts stay
-  // quantized and run the int8 kernels of q8_gemm.h when every part is Q8_0; beside parts of
-  // another type (a Q4_K_M file's fallbacks) they are dequantized like the rest.
+  // quantized and run the int8 kernels of q8_gemm.h when every part is Q8_0; a Q4_K_M file's
+  // Q4_K, Q6_K and Q5_0 parts (Q8_0 beside them) run those of kquant_gemm.h when
+  // KQuantMatrix::takes them; any other mix is dequantized to the compute dtype.
   Linear(GemmContext& ctx, const std::vector<const TensorView*>& parts,
          const std::vector<const TensorView*>& bias_parts = {});
 
@@ -142,7 +144,8 @@ class Linear {
   // last one may be narrower), as many as a multiple of the threads at load.
   std::vector<Slice> slices_;
   int64_t max_slice_ = 0;
-  std::unique_ptr<Q8Matrix> q8_;  // Q8_0 weights (then no slices), or null
+  std::unique_ptr<Q8Matrix> q8_;          // Q8_0 weights (then no slices), or null
+  std::unique_ptr<KQuantMatrix> kquant_;  // Q4_K / Q6_K / Q5_0 weights (then no slices), or null
   std::vector<float> plain_;      // OpenBLAS: weights [n][k] f32
   std::vector<float> bias_;       // [n] or empty
 };

@@ -18,9 +18,26 @@
 #include <cstdint>
 #include <optional>
 
-#include "gguf/gguf.h"
-
 namespace blend {
+
+// The ggml tensor types this code reads (ggml.h enum ggml_type numbering; the block-quantized
+// ones are laid out above). export_gguf (gguf/) writes F32, F16, BF16 and, quantized, Q8_0,
+// Q4_K and Q6_K.
+enum class GgmlType : uint32_t {
+  kF32 = 0,
+  kF16 = 1,
+  kQ4_0 = 2,
+  kQ4_1 = 3,
+  kQ5_0 = 6,
+  kQ5_1 = 7,
+  kQ8_0 = 8,
+  kQ2_K = 10,
+  kQ3_K = 11,
+  kQ4_K = 12,
+  kQ5_K = 13,
+  kQ6_K = 14,
+  kBF16 = 30,
+};
 
 // How a type stores a row: `block_elems` elements in `block_bytes` bytes (1 and 4 for F32, 1 and
 // 2 for F16/BF16). A row of n elements (n a multiple of block_elems) takes
@@ -37,6 +54,10 @@ std::optional<GgmlBlockLayout> ggml_block_layout(uint32_t type);
 // A printable name for any ggml type number ("Q4_K", "IQ2_XS"; "unknown" for a number ggml does
 // not assign), for error messages.
 const char* ggml_type_display_name(uint32_t type);
+
+// The 6-bit scale and min of sub-block j (of 8) of a Q4_K / Q5_K super-block, from its 12 packed
+// scale bytes (the bytes after d and dmin), as ggml's get_scale_min_k4.
+void unpack_q4_k_scale_min(int j, const uint8_t* packed, uint8_t& scale, uint8_t& min);
 
 // Dequantizes `n` elements (a multiple of the type's block_elems) of type `type` from `src` into
 // `dst`, producing exactly the floats ggml's dequantize_row_* (and, for F16/BF16/F32, its

@@ -1,4 +1,4 @@
-#include "gguf/quant.h"
+#include "core/quant.h"
 
 #include <algorithm>
 #include <bit>
@@ -141,20 +141,7 @@ void dequantize_q3_k(const uint8_t* b, float* y) {
   }
 }
 
-// The 6-bit scale and min of sub-block j (of 8) in a Q4_K / Q5_K super-block's 12 packed bytes:
-// for j < 4 the low 6 bits of bytes j and j + 4; for j >= 4 the nibbles of byte j + 4, topped by
-// the spare two high bits of bytes j - 4 (scale) and j (min).
-void unpack_scale_min(int j, const uint8_t* packed, uint8_t& scale, uint8_t& min) {
-  if (j < 4) {
-    scale = packed[j] & 63;
-    min = packed[j + 4] & 63;
-  } else {
-    scale = static_cast<uint8_t>((packed[j + 4] & 0xF) | ((packed[j - 4] >> 6) << 4));
-    min = static_cast<uint8_t>((packed[j + 4] >> 4) | ((packed[j] >> 6) << 4));
-  }
-}
-
-// The inverse of unpack_scale_min, OR-ing into zeroed bytes (scale, min <= 63).
+// The inverse of unpack_q4_k_scale_min, OR-ing into zeroed bytes (scale, min <= 63).
 void pack_scale_min(int j, uint8_t scale, uint8_t min, uint8_t* packed) {
   if (j < 4) {
     packed[j] |= scale;
@@ -177,9 +164,9 @@ void dequantize_q45_k(const uint8_t* b, float* y) {
   const uint8_t* q = b + (kHasHighBits ? 48 : 16);
   for (int sub = 0; sub < 8; sub += 2, q += 32) {
     uint8_t sc, mn;
-    unpack_scale_min(sub, packed, sc, mn);
+    unpack_q4_k_scale_min(sub, packed, sc, mn);
     const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(mn);
-    unpack_scale_min(sub + 1, packed, sc, mn);
+    unpack_q4_k_scale_min(sub + 1, packed, sc, mn);
     const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(mn);
     for (int l = 0; l < 32; ++l) {
       const int high = kHasHighBits && ((qh[l] >> sub) & 1) ? 16 : 0;
@@ -441,7 +428,7 @@ void quantize_scales_and_levels_k(const float* x, int nmax, float rmin, int nste
   store_half(b + 2, max_min / 63.f);
   for (int j = 0; j < 8; ++j) {
     uint8_t sc, mn;
-    unpack_scale_min(j, packed, sc, mn);
+    unpack_q4_k_scale_min(j, packed, sc, mn);
     const float d = load_half(b) * static_cast<float>(sc);
     if (d == 0) continue;
     const float dm = load_half(b + 2) * static_cast<float>(mn);
@@ -576,6 +563,19 @@ int64_t whole_blocks(const GgmlBlockLayout& layout, int64_t n) {
 }
 
 }  // namespace
+
+// The 6-bit scale and min of sub-block j (of 8) in a Q4_K / Q5_K super-block's 12 packed bytes:
+// for j < 4 the low 6 bits of bytes j and j + 4; for j >= 4 the nibbles of byte j + 4, topped by
+// the spare two high bits of bytes j - 4 (scale) and j (min).
+void unpack_q4_k_scale_min(int j, const uint8_t* packed, uint8_t& scale, uint8_t& min) {
+  if (j < 4) {
+    scale = packed[j] & 63;
+    min = packed[j + 4] & 63;
+  } else {
+    scale = static_cast<uint8_t>((packed[j + 4] & 0xF) | ((packed[j - 4] >> 6) << 4));
+    min = static_cast<uint8_t>((packed[j + 4] >> 4) | ((packed[j] >> 6) << 4));
+  }
+}
 
 std::optional<GgmlBlockLayout> ggml_block_layout(uint32_t type) {
   if (const TypeCodec* codec = find_codec(type)) return codec->layout;

@@ -1,4 +1,4 @@
-#include "gguf/quant.h"
+#include "core/quant.h"
 
 #include <algorithm>
 #include <bit>

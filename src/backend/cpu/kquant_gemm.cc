@@ -1,0 +1,761 @@
+#include "backend/cpu/kquant_gemm.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "backend/cpu/q8_gemm.h"
+#include "core/error.h"
+#include "core/quant.h"
+#include "model/safetensors.h"
+
+namespace blend::cpu {
+namespace {
+
+constexpr int64_t kGroup = 16;   // weight rows interleaved together
+constexpr int64_t kXBlock = 32;  // x's quantization block (one d_x)
+constexpr int64_t kSub16 = 16;   // Q6_K's and the byte groups' sub-block
+constexpr int64_t kSuper = 256;  // a K-quant super-block
+constexpr int kMaxRows = 4;      // rows of x a kernel call takes at once
+
+// A group's bytes, per 256 values (Q4_K, Q6_K) or per 16 (the byte groups), 16 rows each:
+//   Q4_K: levels as nibbles, 8 blocks of 32 values x 4 chunks of 64 bytes (chunk t's byte
+//         r * 4 + e: value t * 8 + e of row r in the low nibble, t * 8 + 4 + e in the high one);
+//         then sc[8][16] and m[8][16] (u8), d[16] and dmin[16] (f16, as the file has them).
+//   Q6_K: per 16 values two 64-byte nibble registers (register u: chunk u's low 4 bits in the
+//         low nibbles, chunk u + 2's in the high ones; chunk c's byte r * 4 + e is value
+//         c * 4 + e of row r) and one 64-byte register of the high 2 bits (chunk c's at bits
+//         2c, 2c + 1); then sc[16][16] (i8) and d[16] (f16).
+//   bytes (Q5_0, Q8_0): per 16 values 4 chunks of 64 bytes of levels, then S[16] (f32).
+constexpr int64_t kQ4KSuperBytes = 2048 + 128 + 128 + 32 + 32;
+constexpr int64_t kQ6KSubBytes = 192;
+constexpr int64_t kQ6KSuperBytes = 16 * kQ6KSubBytes + 256 + 32;
+constexpr int64_t kByteSubBytes = 256 + 64;
+
+bool kept_type(DType t) {
+  return t == DType::kQ4_K || t == DType::kQ6_K || t == DType::kQ5_0 || t == DType::kQ8_0;
+}
+
+uint16_t half_bits(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return h;
+}
+
+// One row of a kept type: a level a value and its sub-block numbers.
+struct DecodedRow {
+  std::vector<uint8_t> levels;
+  std::vector<uint8_t> sc, mn;    // Q4_K: per 32; Q6_K: sc per 16 (i8 bits)
+  std::vector<uint16_t> d, dmin;  // Q4_K, Q6_K: per 256 (f16 bits)
+  std::vector<float> scale;       // bytes: S per 16
+  float offset_ratio = 0;         // bytes: O / S
+};
+
+void decode_row(DType t, const std::byte* row, int64_t k, DecodedRow& out) {
+  out.levels.resize(static_cast<size_t>(k));
+  uint8_t* q = out.levels.data();
+  const auto* b = reinterpret_cast<const uint8_t*>(row);
+  if (t == DType::kQ4_K) {
+    out.sc.resize(static_cast<size_t>(k / 32));
+    out.mn.resize(static_cast<size_t>(k / 32));
+    out.d.resize(static_cast<size_t>(k / kSuper));
+    out.dmin.resize(static_cast<size_t>(k / kSuper));
+    for (int64_t sb = 0; sb < k / kSuper; ++sb, b += 144) {
+      out.d[static_cast<size_t>(sb)] = half_bits(b);
+      out.dmin[static_cast<size_t>(sb)] = half_bits(b + 2);
+      for (int j = 0; j < 8; ++j)
+        unpack_q4_k_scale_min(j, b + 4, out.sc[static_cast<size_t>(sb * 8 + j)],
+                              out.mn[static_cast<size_t>(sb * 8 + j)]);
+      // Each 32 bytes of qs: sub-block 2p in the low nibbles, 2p + 1 in the high ones.
+      for (int p = 0; p < 4; ++p)
+        for (int l = 0; l < 32; ++l) {
+          const uint8_t byte = b[16 + p * 32 + l];
+          q[sb * kSuper + p * 64 + l] = byte & 0xF;
+          q[sb * kSuper + p * 64 + 32 + l] = byte >> 4;
+        }
+    }
+    return;
+  }
+  if (t == DType::kQ6_K) {
+    out.sc.resize(static_cast<size_t>(k / kSub16));
+    out.d.resize(static_cast<size_t>(k / kSuper));
+    for (int64_t sb = 0; sb < k / kSuper; ++sb, b += 210) {
+      out.d[static_cast<size_t>(sb)] = half_bits(b + 208);
+      std::memcpy(out.sc.data() + sb * 16, b + 192, 16);
+      for (int h = 0; h < 2; ++h) {
+        const uint8_t* ql = b + h * 64;
+        const uint8_t* qh = b + 128 + h * 32;
+        uint8_t* y = q + sb * kSuper + h * 128;
+        for (int l = 0; l < 32; ++l) {
+          y[l] = static_cast<uint8_t>((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4));
+          y[l + 32] = static_cast<uint8_t>((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4));
+          y[l + 64] = static_cast<uint8_t>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+          y[l + 96] = static_cast<uint8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+        }
+      }
+    }
+    return;
+  }
+  out.scale.resize(static_cast<size_t>(k / kSub16));
+  const bool q5 = t == DType::kQ5_0;
+  out.offset_ratio = q5 ? 16 : 128;
+  for (int64_t blk = 0; blk < k / 32; ++blk, b += q5 ? 22 : 34) {
+    const float d = f16_to_f32(half_bits(b));
+    out.scale[static_cast<size_t>(blk * 2)] = out.scale[static_cast<size_t>(blk * 2 + 1)] = d;
+    if (q5) {
+      uint32_t qh;
+      std::memcpy(&qh, b + 2, 4);
+      for (int j = 0; j < 16; ++j) {
+        q[blk * 32 + j] = static_cast<uint8_t>((b[6 + j] & 0xF) | (((qh >> j) << 4) & 0x10));
+        q[blk * 32 + 16 + j] = static_cast<uint8_t>((b[6 + j] >> 4) | ((qh >> (j + 12)) & 0x10));
+      }
+    } else {
+      for (int j = 0; j < 32; ++j)
+        q[blk * 32 + j] =
+            static_cast<uint8_t>(static_cast<int32_t>(static_cast<int8_t>(b[2 + j])) + 128);
+    }
+  }
+}
+
+// Writes lane `lane` of a group from its decoded row.
+void pack_lane(KQuantFormat f, const DecodedRow& row, int64_t k, int64_t lane, uint8_t* out) {
+  const uint8_t* q = row.levels.data();
+  if (f == KQuantFormat::kQ4K) {
+    for (int64_t sb = 0; sb < k / kSuper; ++sb) {
+      uint8_t* s = out + sb * kQ4KSuperBytes;
+      for (int64_t v = 0; v < kSuper; ++v) {
+        const int64_t blk = v / 32, t = v % 32 / 8, e = v % 8;
+        s[(blk * 4 + t) * 64 + lane * 4 + e % 4] |=
+            static_cast<uint8_t>(q[sb * kSuper + v] << (e < 4 ? 0 : 4));
+      }
+      for (int64_t j = 0; j < 8; ++j) {
+        s[2048 + j * kGroup + lane] = row.sc[static_cast<size_t>(sb * 8 + j)];
+        s[2176 + j * kGroup + lane] = row.mn[static_cast<size_t>(sb * 8 + j)];
+      }
+      std::memcpy(s + 2304 + lane * 2, &row.d[static_cast<size_t>(sb)], 2);
+      std::memcpy(s + 2336 + lane * 2, &row.dmin[static_cast<size_t>(sb)], 2);
+    }
+    return;
+  }
+  if (f == KQuantFormat::kQ6K) {
+    for (int64_t sb = 0; sb < k / kSuper; ++sb) {
+      uint8_t* s = out + sb * kQ6KSuperBytes;
+      for (int64_t v = 0; v < kSuper; ++v) {
+        const int64_t j = v / 16, c = v % 16 / 4, e = v % 4;
+        const uint8_t level = q[sb * kSuper + v];
+        uint8_t* sub = s + j * kQ6KSubBytes;
+        sub[(c % 2) * 64 + lane * 4 + e] |= static_cast<uint8_t>((level & 0xF) << (c < 2 ? 0 : 4));
+        sub[128 + lane * 4 + e] |= static_cast<uint8_t>((level >> 4) << (2 * c));
+      }
+      for (int64_t j = 0; j < 16; ++j)
+        s[16 * kQ6KSubBytes + j * kGroup + lane] = row.sc[static_cast<size_t>(sb * 16 + j)];
+      std::memcpy(s + 16 * kQ6KSubBytes + 256 + lane * 2, &row.d[static_cast<size_t>(sb)], 2);
+    }
+    return;
+  }
+  for (int64_t j = 0; j < k / kSub16; ++j) {
+    uint8_t* s = out + j * kByteSubBytes;
+    for (int64_t v = 0; v < kSub16; ++v) s[(v / 4) * 64 + lane * 4 + v % 4] = q[j * kSub16 + v];
+    std::memcpy(s + 256 + lane * 4, &row.scale[static_cast<size_t>(j)], 4);
+  }
+}
+
+// Rows of x quantized: q the int8 values, d the scales (per 32), s16 / s32 the sums of q per 16
+// and per 32 values (exact integers as floats).
+struct XRows {
+  const int8_t* q;
+  const float* d;
+  const float* s16;
+  const float* s32;
+  int64_t k;
+};
+
+// Rows [i0, i0 + mr) of x against one group's bytes: out[i * 16 + r].
+using GroupKernel = void (*)(const XRows& x, int64_t i0, int mr, const uint8_t* w, float ratio,
+                             float* out);
+
+// The portable kernels: the same operations, one output at a time. S d_x and O d_x are products
+// of f32 values, as the vector kernels form them.
+void q4k_portable(const XRows& x, int64_t i0, int mr, const uint8_t* w, float /*ratio*/,
+                  float* out) {
+  const int64_t blocks = x.k / 32;
+  for (int i = 0; i < mr; ++i) {
+    const int8_t* xq = x.q + (i0 + i) * x.k;
+    for (int64_t r = 0; r < kGroup; ++r) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* s = w + b / 8 * kQ4KSuperBytes;
+        const int64_t j = b % 8;
+        int32_t dot = 0;
+        for (int64_t t = 0; t < 4; ++t)
+          for (int64_t e = 0; e < 4; ++e) {
+            const uint8_t byte = s[(j * 4 + t) * 64 + r * 4 + e];
+            dot += int32_t{byte & 0xF} * xq[b * 32 + t * 8 + e];
+            dot += int32_t{byte >> 4} * xq[b * 32 + t * 8 + 4 + e];
+          }
+        const float d = f16_to_f32(half_bits(s + 2304 + r * 2));
+        const float dmin = f16_to_f32(half_bits(s + 2336 + r * 2));
+        const float scale = d * static_cast<float>(s[2048 + j * kGroup + r]);
+        const float offset = dmin * static_cast<float>(s[2176 + j * kGroup + r]);
+        const float dx = x.d[(i0 + i) * blocks + b];
+        acc = std::fma(static_cast<float>(dot), scale * dx, acc);
+        acc = std::fma(-x.s32[(i0 + i) * blocks + b], offset * dx, acc);
+      }
+      out[i * kGroup + r] = acc;
+    }
+  }
+}
+
+void q6k_portable(const XRows& x, int64_t i0, int mr, const uint8_t* w, float /*ratio*/,
+                  float* out) {
+  const int64_t subs = x.k / kSub16, blocks = x.k / kXBlock;
+  for (int i = 0; i < mr; ++i) {
+    const int8_t* xq = x.q + (i0 + i) * x.k;
+    for (int64_t r = 0; r < kGroup; ++r) {
+      float acc = 0.0f;
+      for (int64_t j = 0; j < subs; ++j) {
+        const uint8_t* s = w + j / 16 * kQ6KSuperBytes;
+        const uint8_t* sub = s + j % 16 * kQ6KSubBytes;
+        int32_t dot = 0;
+        for (int64_t c = 0; c < 4; ++c)
+          for (int64_t e = 0; e < 4; ++e) {
+            const uint8_t nib = sub[(c % 2) * 64 + r * 4 + e];
+            const int level =
+                (c < 2 ? nib & 0xF : nib >> 4) | (((sub[128 + r * 4 + e] >> (2 * c)) & 3) << 4);
+            dot += level * xq[j * 16 + c * 4 + e];
+          }
+        const float d = f16_to_f32(half_bits(s + 16 * kQ6KSubBytes + 256 + r * 2));
+        const auto sc = static_cast<int8_t>(s[16 * kQ6KSubBytes + j % 16 * kGroup + r]);
+        const float scale = d * static_cast<float>(sc);
+        const float dx = x.d[(i0 + i) * blocks + j / 2];
+        acc = std::fma(static_cast<float>(dot), scale * dx, acc);
+        acc = std::fma(-x.s16[(i0 + i) * subs + j], (scale * 32.0f) * dx, acc);
+      }
+      out[i * kGroup + r] = acc;
+    }
+  }
+}
+
+void bytes_portable(const XRows& x, int64_t i0, int mr, const uint8_t* w, float ratio, float* out) {
+  const int64_t subs = x.k / kSub16, blocks = x.k / kXBlock;
+  for (int i = 0; i < mr; ++i) {
+    const int8_t* xq = x.q + (i0 + i) * x.k;
+    for (int64_t r = 0; r < kGroup; ++r) {
+      float acc = 0.0f;
+      for (int64_t j = 0; j < subs; ++j) {
+        const uint8_t* sub = w + j * kByteSubBytes;
+        int32_t dot = 0;
+        for (int64_t t = 0; t < 4; ++t)
+          for (int64_t e = 0; e < 4; ++e)
+            dot += int32_t{sub[t * 64 + r * 4 + e]} * xq[j * 16 + t * 4 + e];
+        float scale;
+        std::memcpy(&scale, sub + 256 + r * 4, 4);
+        const float dx = x.d[(i0 + i) * blocks + j / 2];
+        acc = std::fma(static_cast<float>(dot), scale * dx, acc);
+        acc = std::fma(-x.s16[(i0 + i) * subs + j], (scale * ratio) * dx, acc);
+      }
+      out[i * kGroup + r] = acc;
+    }
+  }
+}
+
+#if defined(__x86_64__)
+#pragma GCC diagnostic push
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#define BLEND_KQ_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define BLEND_KQ_AVX512VNNI \
+  __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512dq,avx512vnni")))
+
+inline int32_t load4(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// ---- AVX-512 VNNI: a 64-byte chunk is one register, 16 rows x 4 values.
+
+// Sixteen u8 / i8 numbers (one a row) as f32, and sixteen f16.
+BLEND_KQ_AVX512VNNI inline __m512 u8x16(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(
+      _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+BLEND_KQ_AVX512VNNI inline __m512 i8x16(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(
+      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+BLEND_KQ_AVX512VNNI inline __m512 f16x16(const uint8_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+template <int MR>
+BLEND_KQ_AVX512VNNI void q4k_avx512(const XRows& x, int64_t i0, const uint8_t* w, float* out) {
+  const int64_t blocks = x.k / 32;
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  __m512 acc[MR];
+  for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t sb = 0; sb < blocks / 8; ++sb) {
+    const uint8_t* s = w + sb * kQ4KSuperBytes;
+    const __m512 d = f16x16(s + 2304), dmin = f16x16(s + 2336);
+    for (int64_t j = 0; j < 8; ++j) {
+      const int64_t b = sb * 8 + j;
+      __m512i dot[MR];
+      for (int i = 0; i < MR; ++i) dot[i] = _mm512_setzero_si512();
+      for (int64_t t = 0; t < 4; ++t) {
+        const __m512i v = _mm512_loadu_si512(s + (j * 4 + t) * 64);
+        const __m512i lo = _mm512_and_si512(v, low);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        for (int i = 0; i < MR; ++i) {
+          const int8_t* xq = x.q + (i0 + i) * x.k + b * 32 + t * 8;
+          dot[i] = _mm512_dpbusd_epi32(dot[i], lo, _mm512_set1_epi32(load4(xq)));
+          dot[i] = _mm512_dpbusd_epi32(dot[i], hi, _mm512_set1_epi32(load4(xq + 4)));
+        }
+      }
+      const __m512 scale = _mm512_mul_ps(d, u8x16(s + 2048 + j * kGroup));
+      const __m512 offset = _mm512_mul_ps(dmin, u8x16(s + 2176 + j * kGroup));
+      for (int i = 0; i < MR; ++i) {
+        const __m512 dx = _mm512_set1_ps(x.d[(i0 + i) * blocks + b]);
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i]), _mm512_mul_ps(scale, dx), acc[i]);
+        acc[i] = _mm512_fnmadd_ps(_mm512_set1_ps(x.s32[(i0 + i) * blocks + b]),
+                                  _mm512_mul_ps(offset, dx), acc[i]);
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i) _mm512_storeu_ps(out + i * kGroup, acc[i]);
+}
+
+template <int MR>
+BLEND_KQ_AVX512VNNI void q6k_avx512(const XRows& x, int64_t i0, const uint8_t* w, float* out) {
+  const int64_t subs = x.k / kSub16, blocks = x.k / kXBlock;
+  const __m512i low = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
+  const __m512 c32 = _mm512_set1_ps(32.0f);
+  __m512 acc[MR];
+  for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t sb = 0; sb < subs / 16; ++sb) {
+    const uint8_t* s = w + sb * kQ6KSuperBytes;
+    const __m512 d = f16x16(s + 16 * kQ6KSubBytes + 256);
+    for (int64_t js = 0; js < 16; ++js) {
+      const int64_t j = sb * 16 + js;
+      const uint8_t* sub = s + js * kQ6KSubBytes;
+      const __m512i n0 = _mm512_loadu_si512(sub), n1 = _mm512_loadu_si512(sub + 64);
+      const __m512i hb = _mm512_loadu_si512(sub + 128);
+      // Chunk c: its low 4 bits from a nibble register, bits 2c, 2c + 1 of hb moved to 4, 5.
+      const __m512i level[4] = {_mm512_or_si512(_mm512_and_si512(n0, low),
+                                                _mm512_and_si512(_mm512_slli_epi16(hb, 4), top)),
+                                _mm512_or_si512(_mm512_and_si512(n1, low),
+                                                _mm512_and_si512(_mm512_slli_epi16(hb, 2), top)),
+                                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n0, 4), low),
+                                                _mm512_and_si512(hb, top)),
+                                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n1, 4), low),
+                                                _mm512_and_si512(_mm512_srli_epi16(hb, 2), top))};
+      __m512i dot[MR];
+      for (int i = 0; i < MR; ++i) dot[i] = _mm512_setzero_si512();
+      for (int64_t c = 0; c < 4; ++c)
+        for (int i = 0; i < MR; ++i)
+          dot[i] = _mm512_dpbusd_epi32(
+              dot[i], level[c], _mm512_set1_epi32(load4(x.q + (i0 + i) * x.k + j * 16 + c * 4)));
+      const __m512 scale = _mm512_mul_ps(d, i8x16(s + 16 * kQ6KSubBytes + js * kGroup));
+      const __m512 offset = _mm512_mul_ps(scale, c32);
+      for (int i = 0; i < MR; ++i) {
+        const __m512 dx = _mm512_set1_ps(x.d[(i0 + i) * blocks + j / 2]);
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i]), _mm512_mul_ps(scale, dx), acc[i]);
+        acc[i] = _mm512_fnmadd_ps(_mm512_set1_ps(x.s16[(i0 + i) * subs + j]),
+                                  _mm512_mul_ps(offset, dx), acc[i]);
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i) _mm512_storeu_ps(out + i * kGroup, acc[i]);
+}
+
+template <int MR>
+BLEND_KQ_AVX512VNNI void bytes_avx512(const XRows& x, int64_t i0, const uint8_t* w, float ratio,
+                                      float* out) {
+  const int64_t subs = x.k / kSub16, blocks = x.k / kXBlock;
+  const __m512 c = _mm512_set1_ps(ratio);
+  __m512 acc[MR];
+  for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < subs; ++j) {
+    const uint8_t* sub = w + j * kByteSubBytes;
+    __m512i dot[MR];
+    for (int i = 0; i < MR; ++i) dot[i] = _mm512_setzero_si512();
+    for (int64_t t = 0; t < 4; ++t) {
+      const __m512i v = _mm512_loadu_si512(sub + t * 64);
+      for (int i = 0; i < MR; ++i)
+        dot[i] = _mm512_dpbusd_epi32(
+            dot[i], v, _mm512_set1_epi32(load4(x.q + (i0 + i) * x.k + j * 16 + t * 4)));
+    }
+    const __m512 scale = _mm512_loadu_ps(sub + 256);
+    const __m512 offset = _mm512_mul_ps(scale, c);
+    for (int i = 0; i < MR; ++i) {
+      const __m512 dx = _mm512_set1_ps(x.d[(i0 + i) * blocks + j / 2]);
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i]), _mm512_mul_ps(scale, dx), acc[i]);
+      acc[i] = _mm512_fnmadd_ps(_mm512_set1_ps(x.s16[(i0 + i) * subs + j]),
+                                _mm512_mul_ps(offset, dx), acc[i]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) _mm512_storeu_ps(out + i * kGroup, acc[i]);
+}
+
+// ---- AVX2: a chunk is two registers (rows 0-7, 8-15); u8 levels x s8 values by maddubs, whose
+// pair sums stay within int16 for levels up to 63 (a Q8_0 group's, up to 255, are split as
+// (l & 127) + 128 (l >> 7)), then madd by ones.
+
+BLEND_KQ_AVX2 inline __m256i dot4(__m256i levels, __m256i xb) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(levels, xb), _mm256_set1_epi16(1));
+}
+BLEND_KQ_AVX2 inline __m256 u8x8(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(
+      _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+BLEND_KQ_AVX2 inline __m256 i8x8(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(
+      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+BLEND_KQ_AVX2 inline __m256 f16x8(const uint8_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+BLEND_KQ_AVX2 inline __m256i load32(const uint8_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+
+// The per-sub-block float step of every 256-bit kernel: acc += dot (S d_x) - sum (O d_x).
+#define BLEND_KQ_ACC_256(SCALE, OFFSET, DX_INDEX, SUM)                                       \
+  for (int i = 0; i < MR; ++i) {                                                             \
+    const __m256 dx = _mm256_set1_ps(x.d[(i0 + i) * blocks + (DX_INDEX)]);                   \
+    const __m256 sum = _mm256_set1_ps(SUM);                                                  \
+    acc[i][h] =                                                                              \
+        _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i][h]), _mm256_mul_ps(SCALE, dx), acc[i][h]); \
+    acc[i][h] = _mm256_fnmadd_ps(sum, _mm256_mul_ps(OFFSET, dx), acc[i][h]);                 \
+  }
+
+template <int MR>
+BLEND_KQ_AVX2 void q4k_avx2(const XRows& x, int64_t i0, const uint8_t* w, float* out) {
+  const int64_t blocks = x.k / 32;
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  __m256 acc[MR][2];
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  for (int64_t sb = 0; sb < blocks / 8; ++sb) {
+    const uint8_t* s = w + sb * kQ4KSuperBytes;
+    for (int64_t j = 0; j < 8; ++j) {
+      const int64_t b = sb * 8 + j;
+      __m256i dot[MR][2];
+      for (int i = 0; i < MR; ++i) dot[i][0] = dot[i][1] = _mm256_setzero_si256();
+      for (int64_t t = 0; t < 4; ++t)
+        for (int h = 0; h < 2; ++h) {
+          const __m256i v = load32(s + (j * 4 + t) * 64 + h * 32);
+          const __m256i lo = _mm256_and_si256(v, low);
+          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+          for (int i = 0; i < MR; ++i) {
+            const int8_t* xq = x.q + (i0 + i) * x.k + b * 32 + t * 8;
+            dot[i][h] = _mm256_add_epi32(dot[i][h], dot4(lo, _mm256_set1_epi32(load4(xq))));
+            dot[i][h] = _mm256_add_epi32(dot[i][h], dot4(hi, _mm256_set1_epi32(load4(xq + 4))));
+          }
+        }
+      for (int h = 0; h < 2; ++h) {
+        const __m256 scale =
+            _mm256_mul_ps(f16x8(s + 2304 + h * 16), u8x8(s + 2048 + j * kGroup + h * 8));
+        const __m256 offset =
+            _mm256_mul_ps(f16x8(s + 2336 + h * 16), u8x8(s + 2176 + j * kGroup + h * 8));
+        BLEND_KQ_ACC_256(scale, offset, b, x.s32[(i0 + i) * blocks + b])
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    _mm256_storeu_ps(out + i * kGroup, acc[i][0]);
+    _mm256_storeu_ps(out + i * kGroup + 8, acc[i][1]);
+  }
+}
+
+template <int MR>
+BLEND_KQ_AVX2 void q6k_avx2(const XRows& x, int64_t i0, const uint8_t* w, float* out) {
+  const int64_t subs = x.k / kSub16, blocks = x.k / kXBlock;
+  const __m256i low = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
+  const __m256 c32 = _mm256_set1_ps(32.0f);
+  __m256 acc[MR][2];
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  for (int64_t sb = 0; sb < subs / 16; ++sb) {
+    const uint8_t* s = w + sb * kQ6KSuperBytes;
+    for (int64_t js = 0; js < 16; ++js) {
+      const int64_t j = sb * 16 + js;
+      const uint8_t* sub = s + js * kQ6KSubBytes;
+      __m256i dot[MR][2];
+      for (int i = 0; i < MR; ++i) dot[i][0] = dot[i][1] = _mm256_setzero_si256();
+      for (int h = 0; h < 2; ++h) {
+        const __m256i n0 = load32(sub + h * 32), n1 = load32(sub + 64 + h * 32);
+        const __m256i hb = load32(sub + 128 + h * 32);
+        const __m256i level[4] = {_mm256_or_si256(_mm256_and_si256(n0, low),
+                                                  _mm256_and_si256(_mm256_slli_epi16(hb, 4), top)),
+                                  _mm256_or_si256(_mm256_and_si256(n1, low),
+                                                  _mm256_and_si256(_mm256_slli_epi16(hb, 2), top)),
+                                  _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(n0, 4), low),
+                                                  _mm256_and_si256(hb, top)),
+                                  _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(n1, 4), low),
+                                                  _mm256_and_si256(_mm256_srli_epi16(hb, 2), top))};
+        for (int64_t c = 0; c < 4; ++c)
+          for (int i = 0; i < MR; ++i)
+            dot[i][h] = _mm256_add_epi32(
+                dot[i][h],
+                dot4(level[c], _mm256_set1_epi32(load4(x.q + (i0 + i) * x.k + j * 16 + c * 4))));
+      }
+      for (int h = 0; h < 2; ++h) {
+        const __m256 scale = _mm256_mul_ps(f16x8(s + 16 * kQ6KSubBytes + 256 + h * 16),
+                                           i8x8(s + 16 * kQ6KSubBytes + js * kGroup + h * 8));
+        const __m256 offset = _mm256_mul_ps(scale, c32);
+        BLEND_KQ_ACC_256(scale, offset, j / 2, x.s16[(i0 + i) * subs + j])
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    _mm256_storeu_ps(out + i * kGroup, acc[i][0]);
+    _mm256_storeu_ps(out + i * kGroup + 8, acc[i][1]);
+  }
+}
+
+template <int MR, bool kWide>
+BLEND_KQ_AVX2 void bytes_avx2(const XRows& x, int64_t i0, const uint8_t* w, float ratio,
+                              float* out) {
+  const int64_t subs = x.k / kSub16, blocks = x.k / kXBlock;
+  const __m256i seven = _mm256_set1_epi8(0x7F), one = _mm256_set1_epi8(1);
+  const __m256 c = _mm256_set1_ps(ratio);
+  __m256 acc[MR][2];
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < subs; ++j) {
+    const uint8_t* sub = w + j * kByteSubBytes;
+    __m256i dot[MR][2];
+    for (int i = 0; i < MR; ++i) dot[i][0] = dot[i][1] = _mm256_setzero_si256();
+    for (int64_t t = 0; t < 4; ++t)
+      for (int h = 0; h < 2; ++h) {
+        const __m256i v = load32(sub + t * 64 + h * 32);
+        for (int i = 0; i < MR; ++i) {
+          const __m256i xb = _mm256_set1_epi32(load4(x.q + (i0 + i) * x.k + j * 16 + t * 4));
+          if constexpr (kWide) {
+            const __m256i high = _mm256_and_si256(_mm256_srli_epi16(v, 7), one);
+            const __m256i part = _mm256_add_epi32(dot4(_mm256_and_si256(v, seven), xb),
+                                                  _mm256_slli_epi32(dot4(high, xb), 7));
+            dot[i][h] = _mm256_add_epi32(dot[i][h], part);
+          } else {
+            dot[i][h] = _mm256_add_epi32(dot[i][h], dot4(v, xb));
+          }
+        }
+      }
+    for (int h = 0; h < 2; ++h) {
+      const __m256 scale = _mm256_loadu_ps(reinterpret_cast<const float*>(sub + 256) + h * 8);
+      const __m256 offset = _mm256_mul_ps(scale, c);
+      BLEND_KQ_ACC_256(scale, offset, j / 2, x.s16[(i0 + i) * subs + j])
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    _mm256_storeu_ps(out + i * kGroup, acc[i][0]);
+    _mm256_storeu_ps(out + i * kGroup + 8, acc[i][1]);
+  }
+}
+#undef BLEND_KQ_ACC_256
+#pragma GCC diagnostic pop
+
+// mr rows as calls of the fixed-size kernels (an output's operations never depend on mr).
+#define BLEND_KQ_BY_ROWS(NAME, CALL)                                                         \
+  void NAME(const XRows& x, int64_t i0, int mr, const uint8_t* w, float ratio, float* out) { \
+    (void)ratio;                                                                             \
+    switch (mr) {                                                                            \
+      case 4:                                                                                \
+        return CALL(4);                                                                      \
+      case 3:                                                                                \
+        return CALL(3);                                                                      \
+      case 2:                                                                                \
+        return CALL(2);                                                                      \
+      default:                                                                               \
+        return CALL(1);                                                                      \
+    }                                                                                        \
+  }
+#define BLEND_KQ_Q4K512(R) q4k_avx512<R>(x, i0, w, out)
+#define BLEND_KQ_Q6K512(R) q6k_avx512<R>(x, i0, w, out)
+#define BLEND_KQ_BYTE512(R) bytes_avx512<R>(x, i0, w, ratio, out)
+#define BLEND_KQ_Q4K2(R) q4k_avx2<R>(x, i0, w, out)
+#define BLEND_KQ_Q6K2(R) q6k_avx2<R>(x, i0, w, out)
+#define BLEND_KQ_BYTE2(R) bytes_avx2<R, false>(x, i0, w, ratio, out)
+#define BLEND_KQ_WIDE2(R) bytes_avx2<R, true>(x, i0, w, ratio, out)
+BLEND_KQ_BY_ROWS(q4k_avx512_rows, BLEND_KQ_Q4K512)
+BLEND_KQ_BY_ROWS(q6k_avx512_rows, BLEND_KQ_Q6K512)
+BLEND_KQ_BY_ROWS(bytes_avx512_rows, BLEND_KQ_BYTE512)
+BLEND_KQ_BY_ROWS(q4k_avx2_rows, BLEND_KQ_Q4K2)
+BLEND_KQ_BY_ROWS(q6k_avx2_rows, BLEND_KQ_Q6K2)
+BLEND_KQ_BY_ROWS(bytes_avx2_rows, BLEND_KQ_BYTE2)
+BLEND_KQ_BY_ROWS(wide_avx2_rows, BLEND_KQ_WIDE2)
+#undef BLEND_KQ_BY_ROWS
+#undef BLEND_KQ_Q4K512
+#undef BLEND_KQ_Q6K512
+#undef BLEND_KQ_BYTE512
+#undef BLEND_KQ_Q4K2
+#undef BLEND_KQ_Q6K2
+#undef BLEND_KQ_BYTE2
+#undef BLEND_KQ_WIDE2
+#endif
+
+GroupKernel kernel_for(Q8Kernel k, KQuantFormat f, bool wide) {
+#if defined(__x86_64__)
+  switch (k) {
+    case Q8Kernel::kAvx512Vnni:
+      return f == KQuantFormat::kQ4K   ? q4k_avx512_rows
+             : f == KQuantFormat::kQ6K ? q6k_avx512_rows
+                                       : bytes_avx512_rows;
+    case Q8Kernel::kAvxVnni:  // the AVX2 kernels (the same bits; no 256-bit VNNI variant yet)
+    case Q8Kernel::kAvx2:
+      return f == KQuantFormat::kQ4K   ? q4k_avx2_rows
+             : f == KQuantFormat::kQ6K ? q6k_avx2_rows
+             : wide                    ? wide_avx2_rows
+                                       : bytes_avx2_rows;
+    case Q8Kernel::kPortable:
+      break;
+  }
+#else
+  (void)k;
+  (void)wide;
+#endif
+  return f == KQuantFormat::kQ4K   ? q4k_portable
+         : f == KQuantFormat::kQ6K ? q6k_portable
+                                   : bytes_portable;
+}
+
+int64_t group_bytes(KQuantFormat f, int64_t k) {
+  switch (f) {
+    case KQuantFormat::kQ4K:
+      return k / kSuper * kQ4KSuperBytes;
+    case KQuantFormat::kQ6K:
+      return k / kSuper * kQ6KSuperBytes;
+    case KQuantFormat::kBytes:
+      break;
+  }
+  return k / kSub16 * kByteSubBytes;
+}
+
+struct QuantizedRows {
+  std::vector<int8_t> q;
+  std::vector<float> d, s16, s32;
+};
+
+}  // namespace
+
+bool KQuantMatrix::takes(const std::vector<const TensorView*>& parts) {
+  if (parts.empty()) return false;
+  bool any_k = false;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const TensorView* p = parts[i];
+    if (!kept_type(p->dtype) || p->shape.size() != 2 || p->shape[1] != parts[0]->shape[1])
+      return false;
+    if (i + 1 < parts.size() && p->shape[0] % kGroup != 0) return false;
+    any_k = any_k || p->dtype != DType::kQ8_0;
+  }
+  return any_k;  // each type's rows are whole blocks of it (32 or 256 values): k fits x's 32
+}
+
+KQuantMatrix::KQuantMatrix(const std::vector<const TensorView*>& parts) {
+  if (!takes(parts)) throw Error("cpu gemm: these weights are not Q4_K / Q6_K / Q5_0 matrices");
+  k_ = parts[0]->shape[1];
+  for (const TensorView* p : parts) n_ += p->shape[0];
+  struct Source {
+    const TensorView* part;
+    int64_t row;
+  };
+  std::vector<Source> source;
+  for (const TensorView* p : parts)
+    for (int64_t r = 0; r < p->shape[0]; ++r) source.push_back({p, r});
+  const int64_t groups = (n_ + kGroup - 1) / kGroup;
+  size_t total = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    const DType t = source[static_cast<size_t>(g * kGroup)].part->dtype;
+    Group& gr = groups_.emplace_back();
+    gr.format = t == DType::kQ4_K   ? KQuantFormat::kQ4K
+                : t == DType::kQ6_K ? KQuantFormat::kQ6K
+                                    : KQuantFormat::kBytes;
+    gr.wide = t == DType::kQ8_0;
+    gr.offset_ratio = t == DType::kQ5_0 ? 16.0f : 128.0f;
+    gr.offset = total;
+    total += static_cast<size_t>(group_bytes(gr.format, k_));
+  }
+  data_ = allocate_buffer(total);
+  bytes_ = total;
+  auto* data = reinterpret_cast<uint8_t*>(data_.get());
+  std::memset(data, 0, total);  // padding rows: zero levels and scales
+#pragma omp parallel for schedule(static)
+  for (int64_t g = 0; g < groups; ++g) {
+    const Group& gr = groups_[static_cast<size_t>(g)];
+    DecodedRow row;
+    for (int64_t lane = 0; lane < kGroup && g * kGroup + lane < n_; ++lane) {
+      const Source& s = source[static_cast<size_t>(g * kGroup + lane)];
+      const DType t = s.part->dtype;
+      decode_row(t, s.part->data + s.row * row_bytes(t, k_), k_, row);
+      pack_lane(gr.format, row, k_, lane, data + gr.offset);
+    }
+  }
+}
+
+void KQuantMatrix::forward(const void* x, DType x_dtype, int64_t m, const float* bias, float* y,
+                           bool accumulate) const {
+  if (m <= 0) return;
+  if (x_dtype != DType::kF32 && x_dtype != DType::kBF16)
+    throw Error("cpu gemm: quantized layers take f32 or bf16 activations");
+  const int64_t blocks = k_ / kXBlock, subs = k_ / kSub16;
+  thread_local QuantizedRows xr;
+  xr.q.resize(static_cast<size_t>(m * k_));
+  xr.d.resize(static_cast<size_t>(m * blocks));
+  xr.s16.resize(static_cast<size_t>(m * subs));
+  xr.s32.resize(static_cast<size_t>(m * blocks));
+  // (Pointers, not xr: inside the parallel loops xr would be each OpenMP thread's own.)
+  int8_t* const xq = xr.q.data();
+  float* const xd = xr.d.data();
+  float* const s16 = xr.s16.data();
+  float* const s32 = xr.s32.data();
+#pragma omp parallel for schedule(static) if (m * k_ > 32768)
+  for (int64_t i = 0; i < m; ++i) {
+    std::vector<float> row;
+    const float* xf = static_cast<const float*>(x) + i * k_;
+    if (x_dtype == DType::kBF16) {
+      row.resize(static_cast<size_t>(k_));
+      const auto* h = static_cast<const uint16_t*>(x) + i * k_;
+      for (int64_t j = 0; j < k_; ++j) row[static_cast<size_t>(j)] = bf16_to_f32(h[j]);
+      xf = row.data();
+    }
+    quantize_row_q8(xf, k_, xq + i * k_, xd + i * blocks);
+    for (int64_t j = 0; j < subs; ++j) {
+      int32_t sum = 0;
+      for (int64_t e = 0; e < kSub16; ++e) sum += xq[i * k_ + j * kSub16 + e];
+      s16[i * subs + j] = static_cast<float>(sum);
+    }
+    for (int64_t b = 0; b < blocks; ++b)
+      s32[i * blocks + b] = s16[i * subs + 2 * b] + s16[i * subs + 2 * b + 1];
+  }
+  const Q8Kernel which = best_q8_kernel();
+  const XRows rows{xq, xd, s16, s32, k_};
+  const auto* data = reinterpret_cast<const uint8_t*>(data_.get());
+  const int64_t groups = static_cast<int64_t>(groups_.size());
+  // A group's 16 weight rows stay in L1/L2 while every row of x streams past.
+#pragma omp parallel for schedule(static)
+  for (int64_t g = 0; g < groups; ++g) {
+    const Group& gr = groups_[static_cast<size_t>(g)];
+    const GroupKernel kernel = kernel_for(which, gr.format, gr.wide);
+    const int64_t j0 = g * kGroup;
+    const int64_t cols = std::min(kGroup, n_ - j0);
+    float out[kMaxRows * kGroup];
+    for (int64_t i0 = 0; i0 < m; i0 += kMaxRows) {
+      const int mr = static_cast<int>(std::min<int64_t>(kMaxRows, m - i0));
+      kernel(rows, i0, mr, data + gr.offset, gr.offset_ratio, out);
+      for (int i = 0; i < mr; ++i) {
+        float* yr = y + (i0 + i) * n_ + j0;
+        for (int64_t c = 0; c < cols; ++c) {
+          const float v = bias ? out[i * kGroup + c] + bias[j0 + c] : out[i * kGroup + c];
+          yr[c] = accumulate ? yr[c] + v : v;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace blend::cpu
