@@ -12,8 +12,8 @@
 // A preset is generated into $TMPDIR/blend-bench-PRESET-DTYPE once and reused.
 //   options: --gemm-only, --no-gemm (only the bound: the model's GEMM kind at 512 and 1024
 //   rows), --modes default,deterministic, --f32-gemm onednn|openblas, --q8-kernel
-//   avx512-vnni|avx-vnni|avx2|portable (a Q8_0 model, e.g. a `blend model import-gguf` folder:
-//   the int8 kernel to run at most)
+//   avx512-vnni|avx-vnni|avx2|portable (a Q8_0 or Q4_K_M model, e.g. a `blend model import-gguf`
+//   folder: the integer kernel to run at most)
 //   {"kind":"overlap", ...}  with --overlap P:S:C (issue 8: NanoFlow §4.3 carried to the CPU):
 //                            a compute-heavy step (P prefill tokens) and a memory-heavy one (S
 //                            decodes at C cached tokens each), one after the other on all the
@@ -480,7 +480,7 @@ int run(int argc, char** argv) {
       o.overlap_context = v[2];
     } else if (a == "--f32-gemm") {
       o.f32_gemm = value() == "openblas" ? CpuGemmLib::kOpenBlas : CpuGemmLib::kOneDnn;
-    } else if (a == "--q8-kernel") {  // Q8_0 models: cap the int8 kernel (the AVX2 path here)
+    } else if (a == "--q8-kernel") {  // Q8_0 / Q4_K_M models: cap the integer kernels (the AVX2 path here)
       const std::string k = value();
       bool found = false;
       for (const cpu::Q8Kernel kernel : {cpu::Q8Kernel::kAvx512Vnni, cpu::Q8Kernel::kAvxVnni,

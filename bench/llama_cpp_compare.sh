@@ -96,7 +96,7 @@ done
 # each quantized type in DTYPES, the very file llama.cpp ran.
 declare -A BLEND_TPS
 run_blend() {  # run_blend KEY MODEL
-  local req=$OUT_DIR/requests.jsonl
+  local req=$OUT_DIR/requests-$N_REQ-$PP-$TG.jsonl  # named by its shape: a stale file never stands in
   [[ -f $req ]] || write_requests "$req" "$N_REQ" "$PP" "$TG" 120000
   rm -f "$OUT_DIR/out.jsonl" "$OUT_DIR/stats.json"
   read -r -a extra <<<"${BLEND_BATCH_ARGS:-}"

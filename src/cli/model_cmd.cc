@@ -113,9 +113,14 @@ void run_info(const std::string& dir) {
   const Tokenizer tokenizer = Tokenizer::from_dir(dir);
   uint64_t bytes = 0;
   int64_t q8_0 = 0;
+  nlohmann::json block_tensors = nlohmann::json::object();  // by type: {"Q4_K": 168, ...}
   for (const auto& [name, view] : store.tensors()) {
     bytes += view->nbytes;
     q8_0 += view->dtype == DType::kQ8_0;
+    if (is_block_type(view->dtype)) {
+      const std::string type(dtype_name(view->dtype));
+      block_tensors[type] = block_tensors.value(type, 0) + 1;
+    }
   }
   nlohmann::json info = {
       {"architecture", config.architecture},
@@ -132,8 +137,9 @@ void run_info(const std::string& dir) {
       {"non_embedding_parameters", config.num_parameters() - embedding_parameters(config)},
       {"tensors", store.tensors().size()},
       {"weight_bytes", bytes},
-      {"dtype", dtype_name(dtype)},  // of the float tensors; Q8_0 matrices counted below
+      {"dtype", dtype_name(dtype)},  // of the float tensors; block-type matrices counted below
       {"q8_0_tensors", q8_0},
+      {"block_tensors", block_tensors},
       {"eos_token_ids", config.eos_token_ids},
       {"tokenizer_vocab_size", tokenizer.vocab_size()}};
   std::printf("%s\n", info.dump(2).c_str());

@@ -614,8 +614,8 @@ TEST(GgufCli, BatchOnAGgufFileMatchesItsFolder) {
 // A quantized file (`blend model quantize`) runs: in --deterministic mode a line's tokens and
 // log-probabilities are the same alone or beside others, and its first token's
 // log-probabilities are near the f32 folder's it was quantized from. Q8_0 runs on the int8
-// kernels; Q4_K_M (on this model's 64-wide rows mostly Q5_0 and Q8_0, ffn_down Q4_K / Q6_K) is
-// dequantized at import.
+// kernels of q8_gemm.h; Q4_K_M (on this model's 64-wide rows mostly Q5_0 and Q8_0, ffn_down
+// Q4_K / Q6_K) on those of kquant_gemm.h, its blocks kept as the file has them.
 TEST(GgufCli, QuantizedFilesAreBatchInvariantAndNearTheirFolder) {
   const fs::path blend = BLEND_BINARY;
   if (!fs::exists(blend)) GTEST_SKIP() << "blend binary not built: " << blend;
@@ -687,7 +687,14 @@ TEST(GgufCli, QuantizedFilesAreBatchInvariantAndNearTheirFolder) {
   ASSERT_EQ(info.exit_code, 0) << info.output;
   const json j = json::parse(info.output);
   EXPECT_EQ(j["q8_0_tensors"], 7 * c.num_layers + 2);
+  EXPECT_EQ(j["block_tensors"], json({{"Q8_0", 7 * c.num_layers + 2}}));
   EXPECT_EQ(j["dtype"], "F32");
+  // The Q4_K_M file's folder keeps each of its four block types.
+  const auto q4 = testing::run_command(env + blend.string() + " model info --model " +
+                                       (dir / "m.q4km.gguf").string());
+  ASSERT_EQ(q4.exit_code, 0) << q4.output;
+  const json types = json::parse(q4.output)["block_tensors"];
+  for (const char* t : {"Q4_K", "Q6_K", "Q5_0", "Q8_0"}) EXPECT_TRUE(types.contains(t)) << types;
 }
 
 }  // namespace

@@ -32,10 +32,14 @@ constexpr int kMaxRows = 4;      // rows of x a kernel call takes at once
 //         low nibbles, chunk u + 2's in the high ones; chunk c's byte r * 4 + e is value
 //         c * 4 + e of row r) and one 64-byte register of the high 2 bits (chunk c's at bits
 //         2c, 2c + 1); then sc[16][16] (i8) and d[16] (f16).
-//   bytes (Q5_0, Q8_0): per 16 values 4 chunks of 64 bytes of levels, then S[16] (f32).
+//   Q5_0: per 32 values four 64-byte nibble registers (register u: chunk u's low 4 bits in the
+//         low nibbles, chunk u + 4's in the high ones), one 64-byte register of the fifth bits
+//         (chunk c's at bit c), then S[16] (f32: d).
+//   bytes (Q8_0): per 16 values 4 chunks of 64 bytes of levels, then S[16] (f32).
 constexpr int64_t kQ4KSuperBytes = 2048 + 128 + 128 + 32 + 32;
 constexpr int64_t kQ6KSubBytes = 192;
 constexpr int64_t kQ6KSuperBytes = 16 * kQ6KSubBytes + 256 + 32;
+constexpr int64_t kQ50BlockBytes = 256 + 64 + 64;
 constexpr int64_t kByteSubBytes = 256 + 64;
 
 bool kept_type(DType t) {
@@ -159,6 +163,19 @@ void pack_lane(KQuantFormat f, const DecodedRow& row, int64_t k, int64_t lane, u
     }
     return;
   }
+  if (f == KQuantFormat::kQ50) {
+    for (int64_t b = 0; b < k / 32; ++b) {
+      uint8_t* s = out + b * kQ50BlockBytes;
+      for (int64_t v = 0; v < 32; ++v) {
+        const int64_t c = v / 4, e = v % 4;
+        const uint8_t level = q[b * 32 + v];
+        s[(c % 4) * 64 + lane * 4 + e] |= static_cast<uint8_t>((level & 0xF) << (c < 4 ? 0 : 4));
+        s[256 + lane * 4 + e] |= static_cast<uint8_t>(((level >> 4) & 1) << c);
+      }
+      std::memcpy(s + 320 + lane * 4, &row.scale[static_cast<size_t>(b * 2)], 4);
+    }
+    return;
+  }
   for (int64_t j = 0; j < k / kSub16; ++j) {
     uint8_t* s = out + j * kByteSubBytes;
     for (int64_t v = 0; v < kSub16; ++v) s[(v / 4) * 64 + lane * 4 + v % 4] = q[j * kSub16 + v];
@@ -236,6 +253,34 @@ void q6k_portable(const XRows& x, int64_t i0, int mr, const uint8_t* w, float /*
         const float dx = x.d[(i0 + i) * blocks + j / 2];
         acc = std::fma(static_cast<float>(dot), scale * dx, acc);
         acc = std::fma(-x.s16[(i0 + i) * subs + j], (scale * 32.0f) * dx, acc);
+      }
+      out[i * kGroup + r] = acc;
+    }
+  }
+}
+
+void q50_portable(const XRows& x, int64_t i0, int mr, const uint8_t* w, float /*ratio*/,
+                  float* out) {
+  const int64_t blocks = x.k / kXBlock;
+  for (int i = 0; i < mr; ++i) {
+    const int8_t* xq = x.q + (i0 + i) * x.k;
+    for (int64_t r = 0; r < kGroup; ++r) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* blk = w + b * kQ50BlockBytes;
+        int32_t dot = 0;
+        for (int64_t c = 0; c < 8; ++c)
+          for (int64_t e = 0; e < 4; ++e) {
+            const uint8_t nib = blk[(c % 4) * 64 + r * 4 + e];
+            const int level =
+                (c < 4 ? nib & 0xF : nib >> 4) | (((blk[256 + r * 4 + e] >> c) & 1) << 4);
+            dot += level * xq[b * 32 + c * 4 + e];
+          }
+        float scale;
+        std::memcpy(&scale, blk + 320 + r * 4, 4);
+        const float dx = x.d[(i0 + i) * blocks + b];
+        acc = std::fma(static_cast<float>(dot), scale * dx, acc);
+        acc = std::fma(-x.s32[(i0 + i) * blocks + b], (scale * 16.0f) * dx, acc);
       }
       out[i * kGroup + r] = acc;
     }
@@ -370,6 +415,53 @@ BLEND_KQ_AVX512VNNI void q6k_avx512(const XRows& x, int64_t i0, const uint8_t* w
         acc[i] = _mm512_fnmadd_ps(_mm512_set1_ps(x.s16[(i0 + i) * subs + j]),
                                   _mm512_mul_ps(offset, dx), acc[i]);
       }
+    }
+  }
+  for (int i = 0; i < MR; ++i) _mm512_storeu_ps(out + i * kGroup, acc[i]);
+}
+
+template <int MR>
+BLEND_KQ_AVX512VNNI void q50_avx512(const XRows& x, int64_t i0, const uint8_t* w, float* out) {
+  const int64_t blocks = x.k / kXBlock;
+  const __m512i low = _mm512_set1_epi8(0x0F), fifth = _mm512_set1_epi8(0x10);
+  const __m512 c16 = _mm512_set1_ps(16.0f);
+  __m512 acc[MR];
+  for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* blk = w + b * kQ50BlockBytes;
+    const __m512i n0 = _mm512_loadu_si512(blk), n1 = _mm512_loadu_si512(blk + 64);
+    const __m512i n2 = _mm512_loadu_si512(blk + 128), n3 = _mm512_loadu_si512(blk + 192);
+    const __m512i p = _mm512_loadu_si512(blk + 256);
+    // Chunk c: its low 4 bits from a nibble register, bit c of p moved to bit 4.
+    const __m512i level[8] = {_mm512_or_si512(_mm512_and_si512(n0, low),
+                                              _mm512_and_si512(_mm512_slli_epi16(p, 4), fifth)),
+                              _mm512_or_si512(_mm512_and_si512(n1, low),
+                                              _mm512_and_si512(_mm512_slli_epi16(p, 3), fifth)),
+                              _mm512_or_si512(_mm512_and_si512(n2, low),
+                                              _mm512_and_si512(_mm512_slli_epi16(p, 2), fifth)),
+                              _mm512_or_si512(_mm512_and_si512(n3, low),
+                                              _mm512_and_si512(_mm512_slli_epi16(p, 1), fifth)),
+                              _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n0, 4), low),
+                                              _mm512_and_si512(p, fifth)),
+                              _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n1, 4), low),
+                                              _mm512_and_si512(_mm512_srli_epi16(p, 1), fifth)),
+                              _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n2, 4), low),
+                                              _mm512_and_si512(_mm512_srli_epi16(p, 2), fifth)),
+                              _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n3, 4), low),
+                                              _mm512_and_si512(_mm512_srli_epi16(p, 3), fifth))};
+    __m512i dot[MR];
+    for (int i = 0; i < MR; ++i) dot[i] = _mm512_setzero_si512();
+    for (int64_t c = 0; c < 8; ++c)
+      for (int i = 0; i < MR; ++i)
+        dot[i] = _mm512_dpbusd_epi32(
+            dot[i], level[c], _mm512_set1_epi32(load4(x.q + (i0 + i) * x.k + b * 32 + c * 4)));
+    const __m512 scale = _mm512_loadu_ps(blk + 320);
+    const __m512 offset = _mm512_mul_ps(scale, c16);
+    for (int i = 0; i < MR; ++i) {
+      const __m512 dx = _mm512_set1_ps(x.d[(i0 + i) * blocks + b]);
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i]), _mm512_mul_ps(scale, dx), acc[i]);
+      acc[i] = _mm512_fnmadd_ps(_mm512_set1_ps(x.s32[(i0 + i) * blocks + b]),
+                                _mm512_mul_ps(offset, dx), acc[i]);
     }
   }
   for (int i = 0; i < MR; ++i) _mm512_storeu_ps(out + i * kGroup, acc[i]);
@@ -519,6 +611,55 @@ BLEND_KQ_AVX2 void q6k_avx2(const XRows& x, int64_t i0, const uint8_t* w, float*
   }
 }
 
+template <int MR>
+BLEND_KQ_AVX2 void q50_avx2(const XRows& x, int64_t i0, const uint8_t* w, float* out) {
+  const int64_t blocks = x.k / kXBlock;
+  const __m256i low = _mm256_set1_epi8(0x0F), fifth = _mm256_set1_epi8(0x10);
+  const __m256 c16 = _mm256_set1_ps(16.0f);
+  __m256 acc[MR][2];
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* blk = w + b * kQ50BlockBytes;
+    __m256i dot[MR][2];
+    for (int i = 0; i < MR; ++i) dot[i][0] = dot[i][1] = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      const __m256i n0 = load32(blk + h * 32), n1 = load32(blk + 64 + h * 32);
+      const __m256i n2 = load32(blk + 128 + h * 32), n3 = load32(blk + 192 + h * 32);
+      const __m256i p = load32(blk + 256 + h * 32);
+      const __m256i level[8] = {_mm256_or_si256(_mm256_and_si256(n0, low),
+                                                _mm256_and_si256(_mm256_slli_epi16(p, 4), fifth)),
+                                _mm256_or_si256(_mm256_and_si256(n1, low),
+                                                _mm256_and_si256(_mm256_slli_epi16(p, 3), fifth)),
+                                _mm256_or_si256(_mm256_and_si256(n2, low),
+                                                _mm256_and_si256(_mm256_slli_epi16(p, 2), fifth)),
+                                _mm256_or_si256(_mm256_and_si256(n3, low),
+                                                _mm256_and_si256(_mm256_slli_epi16(p, 1), fifth)),
+                                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(n0, 4), low),
+                                                _mm256_and_si256(p, fifth)),
+                                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(n1, 4), low),
+                                                _mm256_and_si256(_mm256_srli_epi16(p, 1), fifth)),
+                                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(n2, 4), low),
+                                                _mm256_and_si256(_mm256_srli_epi16(p, 2), fifth)),
+                                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(n3, 4), low),
+                                                _mm256_and_si256(_mm256_srli_epi16(p, 3), fifth))};
+      for (int64_t c = 0; c < 8; ++c)
+        for (int i = 0; i < MR; ++i)
+          dot[i][h] = _mm256_add_epi32(
+              dot[i][h],
+              dot4(level[c], _mm256_set1_epi32(load4(x.q + (i0 + i) * x.k + b * 32 + c * 4))));
+    }
+    for (int h = 0; h < 2; ++h) {
+      const __m256 scale = _mm256_loadu_ps(reinterpret_cast<const float*>(blk + 320) + h * 8);
+      const __m256 offset = _mm256_mul_ps(scale, c16);
+      BLEND_KQ_ACC_256(scale, offset, b, x.s32[(i0 + i) * blocks + b])
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    _mm256_storeu_ps(out + i * kGroup, acc[i][0]);
+    _mm256_storeu_ps(out + i * kGroup + 8, acc[i][1]);
+  }
+}
+
 template <int MR, bool kWide>
 BLEND_KQ_AVX2 void bytes_avx2(const XRows& x, int64_t i0, const uint8_t* w, float ratio,
                               float* out) {
@@ -577,24 +718,30 @@ BLEND_KQ_AVX2 void bytes_avx2(const XRows& x, int64_t i0, const uint8_t* w, floa
   }
 #define BLEND_KQ_Q4K512(R) q4k_avx512<R>(x, i0, w, out)
 #define BLEND_KQ_Q6K512(R) q6k_avx512<R>(x, i0, w, out)
+#define BLEND_KQ_Q50512(R) q50_avx512<R>(x, i0, w, out)
 #define BLEND_KQ_BYTE512(R) bytes_avx512<R>(x, i0, w, ratio, out)
 #define BLEND_KQ_Q4K2(R) q4k_avx2<R>(x, i0, w, out)
 #define BLEND_KQ_Q6K2(R) q6k_avx2<R>(x, i0, w, out)
+#define BLEND_KQ_Q502(R) q50_avx2<R>(x, i0, w, out)
 #define BLEND_KQ_BYTE2(R) bytes_avx2<R, false>(x, i0, w, ratio, out)
 #define BLEND_KQ_WIDE2(R) bytes_avx2<R, true>(x, i0, w, ratio, out)
 BLEND_KQ_BY_ROWS(q4k_avx512_rows, BLEND_KQ_Q4K512)
 BLEND_KQ_BY_ROWS(q6k_avx512_rows, BLEND_KQ_Q6K512)
+BLEND_KQ_BY_ROWS(q50_avx512_rows, BLEND_KQ_Q50512)
 BLEND_KQ_BY_ROWS(bytes_avx512_rows, BLEND_KQ_BYTE512)
 BLEND_KQ_BY_ROWS(q4k_avx2_rows, BLEND_KQ_Q4K2)
 BLEND_KQ_BY_ROWS(q6k_avx2_rows, BLEND_KQ_Q6K2)
+BLEND_KQ_BY_ROWS(q50_avx2_rows, BLEND_KQ_Q502)
 BLEND_KQ_BY_ROWS(bytes_avx2_rows, BLEND_KQ_BYTE2)
 BLEND_KQ_BY_ROWS(wide_avx2_rows, BLEND_KQ_WIDE2)
 #undef BLEND_KQ_BY_ROWS
 #undef BLEND_KQ_Q4K512
 #undef BLEND_KQ_Q6K512
+#undef BLEND_KQ_Q50512
 #undef BLEND_KQ_BYTE512
 #undef BLEND_KQ_Q4K2
 #undef BLEND_KQ_Q6K2
+#undef BLEND_KQ_Q502
 #undef BLEND_KQ_BYTE2
 #undef BLEND_KQ_WIDE2
 #endif
@@ -605,11 +752,13 @@ GroupKernel kernel_for(Q8Kernel k, KQuantFormat f, bool wide) {
     case Q8Kernel::kAvx512Vnni:
       return f == KQuantFormat::kQ4K   ? q4k_avx512_rows
              : f == KQuantFormat::kQ6K ? q6k_avx512_rows
+             : f == KQuantFormat::kQ50 ? q50_avx512_rows
                                        : bytes_avx512_rows;
     case Q8Kernel::kAvxVnni:  // the AVX2 kernels (the same bits; no 256-bit VNNI variant yet)
     case Q8Kernel::kAvx2:
       return f == KQuantFormat::kQ4K   ? q4k_avx2_rows
              : f == KQuantFormat::kQ6K ? q6k_avx2_rows
+             : f == KQuantFormat::kQ50 ? q50_avx2_rows
              : wide                    ? wide_avx2_rows
                                        : bytes_avx2_rows;
     case Q8Kernel::kPortable:
@@ -621,6 +770,7 @@ GroupKernel kernel_for(Q8Kernel k, KQuantFormat f, bool wide) {
 #endif
   return f == KQuantFormat::kQ4K   ? q4k_portable
          : f == KQuantFormat::kQ6K ? q6k_portable
+         : f == KQuantFormat::kQ50 ? q50_portable
                                    : bytes_portable;
 }
 
@@ -630,6 +780,8 @@ int64_t group_bytes(KQuantFormat f, int64_t k) {
       return k / kSuper * kQ4KSuperBytes;
     case KQuantFormat::kQ6K:
       return k / kSuper * kQ6KSuperBytes;
+    case KQuantFormat::kQ50:
+      return k / 32 * kQ50BlockBytes;
     case KQuantFormat::kBytes:
       break;
   }
@@ -674,6 +826,7 @@ KQuantMatrix::KQuantMatrix(const std::vector<const TensorView*>& parts) {
     Group& gr = groups_.emplace_back();
     gr.format = t == DType::kQ4_K   ? KQuantFormat::kQ4K
                 : t == DType::kQ6_K ? KQuantFormat::kQ6K
+                : t == DType::kQ5_0 ? KQuantFormat::kQ50
                                     : KQuantFormat::kBytes;
     gr.wide = t == DType::kQ8_0;
     gr.offset_ratio = t == DType::kQ5_0 ? 16.0f : 128.0f;

@@ -14,8 +14,9 @@
 // holds four values of each of 16 rows. A Q4_K group keeps its levels as nibbles and the file's
 // own numbers (6-bit sc and m per 32 values, f16 d and dmin per 256), S and O formed as the
 // kernel goes; a Q6_K group its 6-bit levels (a nibble and two bits), i8 sc per 16 and f16 d per
-// 256, O = 32 S; Q5_0 and Q8_0 a byte a level and S per 16 values as f32, O = 16 S or 128 S.
-// Bytes a weight: Q4_K 0.58, Q6_K 0.82 (the file's 0.56 and 0.82), Q5_0 and Q8_0 1.25 (0.69, 1.06).
+// 256, O = 32 S; a Q5_0 group its 5-bit levels (a nibble and a bit) and S = d per 32 values as
+// f32, O = 16 S; a Q8_0 group a byte a level and S per 16 values as f32, O = 128 S. Bytes a
+// weight: Q4_K 0.58, Q6_K 0.82, Q5_0 0.75, Q8_0 1.25 (the file's 0.56, 0.82, 0.69, 1.06).
 //
 // Batch invariance: each output element is one fixed sequence of operations (per sub-block,
 // acc = fma(dot, S d_x, acc), then acc = fma(-sum, O d_x, acc), in order) whatever the number of
@@ -37,7 +38,7 @@ struct TensorView;
 namespace blend::cpu {
 
 // How a group of 16 rows keeps its levels and scales (kquant_gemm.cc has the byte layouts).
-enum class KQuantFormat { kQ4K, kQ6K, kBytes };
+enum class KQuantFormat { kQ4K, kQ6K, kQ50, kBytes };
 
 class KQuantMatrix {
  public:
