@@ -61,7 +61,8 @@ size_t ggml_type_size(uint32_t ggml_type);
 inline size_t ggml_type_size(GgmlType t) {
   return ggml_type_size(static_cast<uint32_t>(t));
 }
-// The ggml tensor type of a checkpoint dtype: core/dtype.h ggml_type_of.
+// (The ggml tensor type of a checkpoint dtype is core/dtype.h's ggml_type_of; the tensor types
+// themselves, GgmlType, are core/quant.h's.)
 
 // n rounded up to a multiple of `alignment`.
 inline uint64_t gguf_align_up(uint64_t n, uint64_t alignment) {

@@ -21,10 +21,11 @@
 //    config.json's eos_token_id.
 //  - tensors under their Hugging Face names and shapes, Llama's q/k rows permuted back to the
 //    rotate-half layout, of types F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K,
-//    Q5_K, Q6_K (quant.h's dequantize_row, equal to ggml's): kept as bf16 when every matrix is
-//    BF16, as f16 when every matrix is F16, else dequantized to f32 (exactly the values ggml
-//    dequantizes). A tensor of another type is refused with its name and type, a tensor the model
-//    does not use by its name.
+//    Q5_K, Q6_K: Q8_0, Q5_0, Q4_K and Q6_K matrices kept as their blocks (core/dtype.h's block
+//    types, run by the cpu backend's integer kernels); the rest kept as bf16 when every other
+//    matrix is BF16, as f16 when every one is F16, else dequantized to f32 (core/quant.h's
+//    dequantize_row: exactly the values ggml dequantizes). A tensor of another type is refused
+//    with its name and type, a tensor the model does not use by its name.
 // The folder is written under a temporary name and renamed into place, so a failed import
 // leaves nothing half-written.
 #pragma once

@@ -68,9 +68,10 @@ LlamaTensors bind_llama_tensors(const ModelConfig& config, const TensorStore& st
 // compared first, so a config that claims more layers than the checkpoint holds is refused
 // before its tensor list is built.
 //
-// Block-quantized matrices (Q8_0, from a GGUF file) are refused by name unless `quantized` is
-// kAllowMatrices, where the embedding and the linear layers may be Q8_0 while the rest share
-// one float dtype, which is returned. Only the cpu backend runs them.
+// Block-quantized matrices (Q8_0, Q5_0, Q4_K, Q6_K, from a GGUF file) are refused by name
+// unless `quantized` is kAllowMatrices, where the embedding and the linear layers may be of
+// those types while the rest share one float dtype, which is returned. Only the cpu backend
+// runs them.
 enum class QuantizedWeights { kRefuse, kAllowMatrices };
 DType check_tensors(const ModelConfig& config, const TensorStore& store,
                     QuantizedWeights quantized = QuantizedWeights::kRefuse);
