@@ -480,7 +480,7 @@ int run(int argc, char** argv) {
       o.overlap_context = v[2];
     } else if (a == "--f32-gemm") {
       o.f32_gemm = value() == "openblas" ? CpuGemmLib::kOpenBlas : CpuGemmLib::kOneDnn;
-    } else if (a == "--q8-kernel") {  // Q8_0 / Q4_K_M models: cap the integer kernels (the AVX2 path here)
+    } else if (a == "--q8-kernel") {  // Q8_0 / Q4_K_M: cap the integer kernels
       const std::string k = value();
       bool found = false;
       for (const cpu::Q8Kernel kernel : {cpu::Q8Kernel::kAvx512Vnni, cpu::Q8Kernel::kAvxVnni,

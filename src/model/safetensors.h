@@ -24,7 +24,8 @@ namespace blend {
 
 // A block-quantized tensor (Q8_0, Q5_0, Q4_K, Q6_K: core/dtype.h) is stored as U8 bytes of shape
 // [rows, block bytes x blocks a row], named by the metadata key kBlockDtypeKey + its name with
-// the type's ggml name as value ("Q4_K"); its view has that dtype and shape [rows, elements]. Other readers see the bytes, never values they could take for weights.
+// the type's ggml name as value ("Q4_K"); its view has that dtype and shape [rows, elements].
+// Other readers see the bytes, never values they could take for weights.
 inline constexpr std::string_view kBlockDtypeKey = "blend.dtype.";
 
 struct TensorView {

@@ -27,8 +27,8 @@
 
 #include <dnnl.hpp>
 
-#include "backend/cpu/memory.h"
 #include "backend/cpu/kquant_gemm.h"
+#include "backend/cpu/memory.h"
 #include "backend/cpu/q8_gemm.h"
 #include "core/dtype.h"
 
@@ -146,8 +146,8 @@ class Linear {
   int64_t max_slice_ = 0;
   std::unique_ptr<Q8Matrix> q8_;          // Q8_0 weights (then no slices), or null
   std::unique_ptr<KQuantMatrix> kquant_;  // Q4_K / Q6_K / Q5_0 weights (then no slices), or null
-  std::vector<float> plain_;      // OpenBLAS: weights [n][k] f32
-  std::vector<float> bias_;       // [n] or empty
+  std::vector<float> plain_;              // OpenBLAS: weights [n][k] f32
+  std::vector<float> bias_;               // [n] or empty
 };
 
 }  // namespace blend::cpu
