@@ -120,6 +120,61 @@ TEST_F(KQuantKernels, EveryKernelMatchesTheReferenceAndTheOthersBitForBit) {
   }
 }
 
+// Every level at its largest and every x value at +-127: the AVX2 kernels add several u8 x s8
+// pair sums in int16 before widening, which holds only within the bounds each type's levels
+// give (Q4_K 15, Q5_0 31, Q6_K 63); a sum past 32767 would wrap and miss the reference by far.
+struct ExtremeTensor {
+  std::vector<std::byte> bytes;
+  TensorView view;
+  ExtremeTensor(DType t, int64_t n, int64_t k) {
+    const int64_t rb = row_bytes(t, k), block = block_bytes(t);
+    bytes.assign(static_cast<size_t>(n * rb), std::byte{0xFF});
+    const uint16_t one = f32_to_f16(1.0f), zero = 0;
+    for (int64_t b = 0; b < n * rb / block; ++b) {
+      std::byte* p = bytes.data() + b * block;
+      if (t == DType::kQ4_K) {  // d 1, dmin 0, every 6-bit scale 63 and min 0
+        std::memcpy(p, &one, 2);
+        std::memcpy(p + 2, &zero, 2);
+        for (int j = 0; j < 4; ++j) p[8 + j] = std::byte{0};
+        for (int j = 0; j < 4; ++j) p[12 + j] = std::byte{0x0F};
+      } else if (t == DType::kQ5_0) {
+        std::memcpy(p, &one, 2);
+      } else {  // Q6_K: every scale 127, d 1
+        for (int j = 0; j < 16; ++j) p[192 + j] = std::byte{127};
+        std::memcpy(p + 208, &one, 2);
+      }
+    }
+    view.name = std::string(dtype_name(t));
+    view.dtype = t;
+    view.shape = {n, k};
+    view.data = bytes.data();
+    view.nbytes = bytes.size();
+  }
+};
+
+TEST_F(KQuantKernels, LargestLevelsAndValuesStayExactOnEveryKernel) {
+  const int64_t k = 256;
+  const ExtremeTensor q4(DType::kQ4_K, 16, k), q5(DType::kQ5_0, 16, k), q6(DType::kQ6_K, 16, k);
+  std::vector<float> row(static_cast<size_t>(k));
+  dequantize_block_row(DType::kQ4_K, q4.view.data, k, row.data());
+  ASSERT_EQ(row[0], 63.0f * 15.0f);  // the block is what it claims: levels 15, scale 63
+  const std::vector<const TensorView*> parts = {&q4.view, &q5.view, &q6.view};
+  const KQuantMatrix matrix(parts);
+  std::vector<float> x(static_cast<size_t>(2 * k), 1.0f);
+  std::fill(x.begin() + k, x.end(), -1.0f);
+  const std::vector<double> want = reference(x, 2, parts);
+  cap_q8_kernel(Q8Kernel::kPortable);
+  const std::vector<float> portable = run(matrix, x, 2);
+  for (size_t i = 0; i < want.size(); ++i)
+    ASSERT_NEAR(portable[i], want[i], 1e-5 * std::fabs(want[i])) << i;
+  for (const Q8Kernel kernel : {Q8Kernel::kAvx2, Q8Kernel::kAvx512Vnni}) {
+    cap_q8_kernel(kernel);
+    if (best_q8_kernel() != kernel) continue;
+    const std::vector<float> y = run(matrix, x, 2);
+    ASSERT_EQ(0, std::memcmp(y.data(), portable.data(), y.size() * 4)) << q8_kernel_name(kernel);
+  }
+}
+
 TEST_F(KQuantKernels, ARowsOutputDoesNotDependOnItsBatch) {
   std::mt19937 rng(11);
   const QuantTensor w(DType::kQ4_K, 48, 256, rng), v(DType::kQ6_K, 24, 256, rng);

@@ -531,15 +531,17 @@ BLEND_KQ_AVX2 inline __m256i load32(const uint8_t* p) {
 template <int MR>
 BLEND_KQ_AVX2 void q4k_avx2(const XRows& x, int64_t i0, const uint8_t* w, float* out) {
   const int64_t blocks = x.k / 32;
-  const __m256i low = _mm256_set1_epi8(0x0F);
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   __m256 acc[MR][2];
   for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
   for (int64_t sb = 0; sb < blocks / 8; ++sb) {
     const uint8_t* s = w + sb * kQ4KSuperBytes;
     for (int64_t j = 0; j < 8; ++j) {
       const int64_t b = sb * 8 + j;
-      __m256i dot[MR][2];
-      for (int i = 0; i < MR; ++i) dot[i][0] = dot[i][1] = _mm256_setzero_si256();
+      // The block's eight pair sums a lane add up in int16 before one madd: each is at most
+      // 2 x 15 x 127 = 3810 in magnitude, eight at most 30480.
+      __m256i sum16[MR][2];
+      for (int i = 0; i < MR; ++i) sum16[i][0] = sum16[i][1] = _mm256_setzero_si256();
       for (int64_t t = 0; t < 4; ++t)
         for (int h = 0; h < 2; ++h) {
           const __m256i v = load32(s + (j * 4 + t) * 64 + h * 32);
@@ -547,10 +549,15 @@ BLEND_KQ_AVX2 void q4k_avx2(const XRows& x, int64_t i0, const uint8_t* w, float*
           const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
           for (int i = 0; i < MR; ++i) {
             const int8_t* xq = x.q + (i0 + i) * x.k + b * 32 + t * 8;
-            dot[i][h] = _mm256_add_epi32(dot[i][h], dot4(lo, _mm256_set1_epi32(load4(xq))));
-            dot[i][h] = _mm256_add_epi32(dot[i][h], dot4(hi, _mm256_set1_epi32(load4(xq + 4))));
+            sum16[i][h] = _mm256_add_epi16(sum16[i][h],
+                                           _mm256_maddubs_epi16(lo, _mm256_set1_epi32(load4(xq))));
+            sum16[i][h] = _mm256_add_epi16(
+                sum16[i][h], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load4(xq + 4))));
           }
         }
+      __m256i dot[MR][2];
+      for (int i = 0; i < MR; ++i)
+        for (int h = 0; h < 2; ++h) dot[i][h] = _mm256_madd_epi16(sum16[i][h], ones);
       for (int h = 0; h < 2; ++h) {
         const __m256 scale =
             _mm256_mul_ps(f16x8(s + 2304 + h * 16), u8x8(s + 2048 + j * kGroup + h * 8));
@@ -615,6 +622,7 @@ template <int MR>
 BLEND_KQ_AVX2 void q50_avx2(const XRows& x, int64_t i0, const uint8_t* w, float* out) {
   const int64_t blocks = x.k / kXBlock;
   const __m256i low = _mm256_set1_epi8(0x0F), fifth = _mm256_set1_epi8(0x10);
+  const __m256i ones = _mm256_set1_epi16(1);
   const __m256 c16 = _mm256_set1_ps(16.0f);
   __m256 acc[MR][2];
   for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
@@ -642,11 +650,17 @@ BLEND_KQ_AVX2 void q50_avx2(const XRows& x, int64_t i0, const uint8_t* w, float*
                                                 _mm256_and_si256(_mm256_srli_epi16(p, 2), fifth)),
                                 _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(n3, 4), low),
                                                 _mm256_and_si256(_mm256_srli_epi16(p, 3), fifth))};
-      for (int64_t c = 0; c < 8; ++c)
-        for (int i = 0; i < MR; ++i)
-          dot[i][h] = _mm256_add_epi32(
-              dot[i][h],
-              dot4(level[c], _mm256_set1_epi32(load4(x.q + (i0 + i) * x.k + b * 32 + c * 4))));
+      // Four pair sums a lane add up in int16 before a madd: each at most 2 x 31 x 127 = 7874
+      // in magnitude, four at most 31496.
+      for (int64_t half = 0; half < 2; ++half)
+        for (int i = 0; i < MR; ++i) {
+          __m256i sum16 = _mm256_setzero_si256();
+          for (int64_t c = half * 4; c < half * 4 + 4; ++c)
+            sum16 = _mm256_add_epi16(
+                sum16, _mm256_maddubs_epi16(level[c], _mm256_set1_epi32(load4(x.q + (i0 + i) * x.k +
+                                                                              b * 32 + c * 4))));
+          dot[i][h] = _mm256_add_epi32(dot[i][h], _mm256_madd_epi16(sum16, ones));
+        }
     }
     for (int h = 0; h < 2; ++h) {
       const __m256 scale = _mm256_loadu_ps(reinterpret_cast<const float*>(blk + 320) + h * 8);
