@@ -196,9 +196,11 @@ void run_import_gguf(const ImportGgufArgs& a) {
                           ? a.threads
                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const GgufImportSummary s = import_gguf(a.gguf, a.out, threads);
-  std::printf("wrote %s: %s (GGUF %s), %zu tensors of %s, as %s\n", a.out.c_str(),
+  const std::string kept =
+      s.kept_block_types.empty() ? "" : " (" + s.kept_block_types + " matrices kept as blocks)";
+  std::printf("wrote %s: %s (GGUF %s), %zu tensors of %s, as %s%s\n", a.out.c_str(),
               s.architecture.c_str(), s.gguf_architecture.c_str(), s.tensor_count,
-              s.source_types.c_str(), std::string(dtype_name(s.dtype)).c_str());
+              s.source_types.c_str(), std::string(dtype_name(s.dtype)).c_str(), kept.c_str());
 }
 
 struct DeriveArgs {

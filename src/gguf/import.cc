@@ -707,7 +707,12 @@ GgufImportSummary import_gguf(const fs::path& gguf_file, const fs::path& out_dir
     fs::remove_all(tmp, ec);
     throw;
   }
-  return {arch.gguf, arch.hf, dtype, types_summary(tensors), tensors.size()};
+  std::set<std::string> kept;  // the block types the folder keeps, by name
+  for (const SourceTensor& t : tensors)
+    if (kept_quantized(t)) kept.insert(std::string(dtype_name(*kept_type(t))));
+  std::string kept_types;
+  for (const std::string& k : kept) kept_types += (kept_types.empty() ? "" : ", ") + k;
+  return {arch.gguf, arch.hf, dtype, types_summary(tensors), tensors.size(), kept_types};
 }
 
 std::optional<fs::path> gguf_model_file(const fs::path& path) {

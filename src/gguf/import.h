@@ -42,9 +42,11 @@ namespace blend {
 struct GgufImportSummary {
   std::string gguf_architecture;  // "llama" | "qwen2" | "qwen3"
   std::string architecture;       // config.json's, e.g. "LlamaForCausalLM"
-  DType dtype = DType::kF32;      // of the written safetensors
+  DType dtype = DType::kF32;      // of the written safetensors' float tensors
   std::string source_types;       // the file's tensor types with counts: "Q4_K x98, Q6_K x13"
   size_t tensor_count = 0;
+  // The block types whose matrices the folder keeps as blocks: "Q4_K, Q6_K"; empty if none.
+  std::string kept_block_types;
 };
 
 // Writes the model folder of `gguf_file` at `out_dir` (which must not exist). `threads` fill the

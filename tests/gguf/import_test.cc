@@ -295,6 +295,7 @@ TEST(GgufImport, QuantizedMatricesKeptOrDequantizedToF32ExactlyAndUnpermuted) {
   const GgufImportSummary s = import_gguf(dir / "q.gguf", dir / "q", 2);
   EXPECT_EQ(s.dtype, DType::kF32);
   EXPECT_NE(s.source_types.find("Q4_K x"), std::string::npos) << s.source_types;
+  EXPECT_EQ(s.kept_block_types, "Q4_K, Q6_K, Q8_0");  // Q4_0 and Q5_K are dequantized
   const TensorStore q = TensorStore::open_dir(dir / "q");
   const TensorStore orig = TensorStore::open_dir(dir / "m");
   // Each HF tensor equals its GGUF blocks dequantized, HF row r from GGUF row p where the
