@@ -10,178 +10,17 @@
 #include <immintrin.h>
 #endif
 
+#include "backend/cpu/kquant_layout.h"
 #include "backend/cpu/q8_gemm.h"
 #include "core/error.h"
-#include "core/quant.h"
 #include "model/safetensors.h"
 
 namespace blend::cpu {
 namespace {
 
-constexpr int64_t kGroup = 16;   // weight rows interleaved together
-constexpr int64_t kXBlock = 32;  // x's quantization block (one d_x)
-constexpr int64_t kSub16 = 16;   // Q6_K's and the byte groups' sub-block
-constexpr int64_t kSuper = 256;  // a K-quant super-block
-constexpr int kMaxRows = 4;      // rows of x a kernel call takes at once
+using namespace kquant;  // the layout's constants
 
-// A group's bytes, per 256 values (Q4_K, Q6_K) or per 16 (the byte groups), 16 rows each:
-//   Q4_K: levels as nibbles, 8 blocks of 32 values x 4 chunks of 64 bytes (chunk t's byte
-//         r * 4 + e: value t * 8 + e of row r in the low nibble, t * 8 + 4 + e in the high one);
-//         then sc[8][16] and m[8][16] (u8), d[16] and dmin[16] (f16, as the file has them).
-//   Q6_K: per 16 values two 64-byte nibble registers (register u: chunk u's low 4 bits in the
-//         low nibbles, chunk u + 2's in the high ones; chunk c's byte r * 4 + e is value
-//         c * 4 + e of row r) and one 64-byte register of the high 2 bits (chunk c's at bits
-//         2c, 2c + 1); then sc[16][16] (i8) and d[16] (f16).
-//   Q5_0: per 32 values four 64-byte nibble registers (register u: chunk u's low 4 bits in the
-//         low nibbles, chunk u + 4's in the high ones), one 64-byte register of the fifth bits
-//         (chunk c's at bit c), then S[16] (f32: d).
-//   bytes (Q8_0): per 16 values 4 chunks of 64 bytes of levels, then S[16] (f32).
-constexpr int64_t kQ4KSuperBytes = 2048 + 128 + 128 + 32 + 32;
-constexpr int64_t kQ6KSubBytes = 192;
-constexpr int64_t kQ6KSuperBytes = 16 * kQ6KSubBytes + 256 + 32;
-constexpr int64_t kQ50BlockBytes = 256 + 64 + 64;
-constexpr int64_t kByteSubBytes = 256 + 64;
-
-bool kept_type(DType t) {
-  return t == DType::kQ4_K || t == DType::kQ6_K || t == DType::kQ5_0 || t == DType::kQ8_0;
-}
-
-uint16_t half_bits(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return h;
-}
-
-// One row of a kept type: a level a value and its sub-block numbers.
-struct DecodedRow {
-  std::vector<uint8_t> levels;
-  std::vector<uint8_t> sc, mn;    // Q4_K: per 32; Q6_K: sc per 16 (i8 bits)
-  std::vector<uint16_t> d, dmin;  // Q4_K, Q6_K: per 256 (f16 bits)
-  std::vector<float> scale;       // bytes: S per 16
-  float offset_ratio = 0;         // bytes: O / S
-};
-
-void decode_row(DType t, const std::byte* row, int64_t k, DecodedRow& out) {
-  out.levels.resize(static_cast<size_t>(k));
-  uint8_t* q = out.levels.data();
-  const auto* b = reinterpret_cast<const uint8_t*>(row);
-  if (t == DType::kQ4_K) {
-    out.sc.resize(static_cast<size_t>(k / 32));
-    out.mn.resize(static_cast<size_t>(k / 32));
-    out.d.resize(static_cast<size_t>(k / kSuper));
-    out.dmin.resize(static_cast<size_t>(k / kSuper));
-    for (int64_t sb = 0; sb < k / kSuper; ++sb, b += 144) {
-      out.d[static_cast<size_t>(sb)] = half_bits(b);
-      out.dmin[static_cast<size_t>(sb)] = half_bits(b + 2);
-      for (int j = 0; j < 8; ++j)
-        unpack_q4_k_scale_min(j, b + 4, out.sc[static_cast<size_t>(sb * 8 + j)],
-                              out.mn[static_cast<size_t>(sb * 8 + j)]);
-      // Each 32 bytes of qs: sub-block 2p in the low nibbles, 2p + 1 in the high ones.
-      for (int p = 0; p < 4; ++p)
-        for (int l = 0; l < 32; ++l) {
-          const uint8_t byte = b[16 + p * 32 + l];
-          q[sb * kSuper + p * 64 + l] = byte & 0xF;
-          q[sb * kSuper + p * 64 + 32 + l] = byte >> 4;
-        }
-    }
-    return;
-  }
-  if (t == DType::kQ6_K) {
-    out.sc.resize(static_cast<size_t>(k / kSub16));
-    out.d.resize(static_cast<size_t>(k / kSuper));
-    for (int64_t sb = 0; sb < k / kSuper; ++sb, b += 210) {
-      out.d[static_cast<size_t>(sb)] = half_bits(b + 208);
-      std::memcpy(out.sc.data() + sb * 16, b + 192, 16);
-      for (int h = 0; h < 2; ++h) {
-        const uint8_t* ql = b + h * 64;
-        const uint8_t* qh = b + 128 + h * 32;
-        uint8_t* y = q + sb * kSuper + h * 128;
-        for (int l = 0; l < 32; ++l) {
-          y[l] = static_cast<uint8_t>((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4));
-          y[l + 32] = static_cast<uint8_t>((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4));
-          y[l + 64] = static_cast<uint8_t>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
-          y[l + 96] = static_cast<uint8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
-        }
-      }
-    }
-    return;
-  }
-  out.scale.resize(static_cast<size_t>(k / kSub16));
-  const bool q5 = t == DType::kQ5_0;
-  out.offset_ratio = q5 ? 16 : 128;
-  for (int64_t blk = 0; blk < k / 32; ++blk, b += q5 ? 22 : 34) {
-    const float d = f16_to_f32(half_bits(b));
-    out.scale[static_cast<size_t>(blk * 2)] = out.scale[static_cast<size_t>(blk * 2 + 1)] = d;
-    if (q5) {
-      uint32_t qh;
-      std::memcpy(&qh, b + 2, 4);
-      for (int j = 0; j < 16; ++j) {
-        q[blk * 32 + j] = static_cast<uint8_t>((b[6 + j] & 0xF) | (((qh >> j) << 4) & 0x10));
-        q[blk * 32 + 16 + j] = static_cast<uint8_t>((b[6 + j] >> 4) | ((qh >> (j + 12)) & 0x10));
-      }
-    } else {
-      for (int j = 0; j < 32; ++j)
-        q[blk * 32 + j] =
-            static_cast<uint8_t>(static_cast<int32_t>(static_cast<int8_t>(b[2 + j])) + 128);
-    }
-  }
-}
-
-// Writes lane `lane` of a group from its decoded row.
-void pack_lane(KQuantFormat f, const DecodedRow& row, int64_t k, int64_t lane, uint8_t* out) {
-  const uint8_t* q = row.levels.data();
-  if (f == KQuantFormat::kQ4K) {
-    for (int64_t sb = 0; sb < k / kSuper; ++sb) {
-      uint8_t* s = out + sb * kQ4KSuperBytes;
-      for (int64_t v = 0; v < kSuper; ++v) {
-        const int64_t blk = v / 32, t = v % 32 / 8, e = v % 8;
-        s[(blk * 4 + t) * 64 + lane * 4 + e % 4] |=
-            static_cast<uint8_t>(q[sb * kSuper + v] << (e < 4 ? 0 : 4));
-      }
-      for (int64_t j = 0; j < 8; ++j) {
-        s[2048 + j * kGroup + lane] = row.sc[static_cast<size_t>(sb * 8 + j)];
-        s[2176 + j * kGroup + lane] = row.mn[static_cast<size_t>(sb * 8 + j)];
-      }
-      std::memcpy(s + 2304 + lane * 2, &row.d[static_cast<size_t>(sb)], 2);
-      std::memcpy(s + 2336 + lane * 2, &row.dmin[static_cast<size_t>(sb)], 2);
-    }
-    return;
-  }
-  if (f == KQuantFormat::kQ6K) {
-    for (int64_t sb = 0; sb < k / kSuper; ++sb) {
-      uint8_t* s = out + sb * kQ6KSuperBytes;
-      for (int64_t v = 0; v < kSuper; ++v) {
-        const int64_t j = v / 16, c = v % 16 / 4, e = v % 4;
-        const uint8_t level = q[sb * kSuper + v];
-        uint8_t* sub = s + j * kQ6KSubBytes;
-        sub[(c % 2) * 64 + lane * 4 + e] |= static_cast<uint8_t>((level & 0xF) << (c < 2 ? 0 : 4));
-        sub[128 + lane * 4 + e] |= static_cast<uint8_t>((level >> 4) << (2 * c));
-      }
-      for (int64_t j = 0; j < 16; ++j)
-        s[16 * kQ6KSubBytes + j * kGroup + lane] = row.sc[static_cast<size_t>(sb * 16 + j)];
-      std::memcpy(s + 16 * kQ6KSubBytes + 256 + lane * 2, &row.d[static_cast<size_t>(sb)], 2);
-    }
-    return;
-  }
-  if (f == KQuantFormat::kQ50) {
-    for (int64_t b = 0; b < k / 32; ++b) {
-      uint8_t* s = out + b * kQ50BlockBytes;
-      for (int64_t v = 0; v < 32; ++v) {
-        const int64_t c = v / 4, e = v % 4;
-        const uint8_t level = q[b * 32 + v];
-        s[(c % 4) * 64 + lane * 4 + e] |= static_cast<uint8_t>((level & 0xF) << (c < 4 ? 0 : 4));
-        s[256 + lane * 4 + e] |= static_cast<uint8_t>(((level >> 4) & 1) << c);
-      }
-      std::memcpy(s + 320 + lane * 4, &row.scale[static_cast<size_t>(b * 2)], 4);
-    }
-    return;
-  }
-  for (int64_t j = 0; j < k / kSub16; ++j) {
-    uint8_t* s = out + j * kByteSubBytes;
-    for (int64_t v = 0; v < kSub16; ++v) s[(v / 4) * 64 + lane * 4 + v % 4] = q[j * kSub16 + v];
-    std::memcpy(s + 256 + lane * 4, &row.scale[static_cast<size_t>(j)], 4);
-  }
-}
+constexpr int kMaxRows = 4;  // rows of x a kernel call takes at once
 
 // Rows of x quantized: q the int8 values, d the scales (per 32), s16 / s32 the sums of q per 16
 // and per 32 values (exact integers as floats).
@@ -788,20 +627,6 @@ GroupKernel kernel_for(Q8Kernel k, KQuantFormat f, bool wide) {
                                    : bytes_portable;
 }
 
-int64_t group_bytes(KQuantFormat f, int64_t k) {
-  switch (f) {
-    case KQuantFormat::kQ4K:
-      return k / kSuper * kQ4KSuperBytes;
-    case KQuantFormat::kQ6K:
-      return k / kSuper * kQ6KSuperBytes;
-    case KQuantFormat::kQ50:
-      return k / 32 * kQ50BlockBytes;
-    case KQuantFormat::kBytes:
-      break;
-  }
-  return k / kSub16 * kByteSubBytes;
-}
-
 struct QuantizedRows {
   std::vector<int8_t> q;
   std::vector<float> d, s16, s32;
@@ -882,15 +707,7 @@ void KQuantMatrix::forward(const void* x, DType x_dtype, int64_t m, const float*
   float* const s32 = xr.s32.data();
 #pragma omp parallel for schedule(static) if (m * k_ > 32768)
   for (int64_t i = 0; i < m; ++i) {
-    std::vector<float> row;
-    const float* xf = static_cast<const float*>(x) + i * k_;
-    if (x_dtype == DType::kBF16) {
-      row.resize(static_cast<size_t>(k_));
-      const auto* h = static_cast<const uint16_t*>(x) + i * k_;
-      for (int64_t j = 0; j < k_; ++j) row[static_cast<size_t>(j)] = bf16_to_f32(h[j]);
-      xf = row.data();
-    }
-    quantize_row_q8(xf, k_, xq + i * k_, xd + i * blocks);
+    quantize_x_row(x, x_dtype, i, k_, xq + i * k_, xd + i * blocks);
     for (int64_t j = 0; j < subs; ++j) {
       int32_t sum = 0;
       for (int64_t e = 0; e < kSub16; ++e) sum += xq[i * k_ + j * kSub16 + e];
@@ -914,13 +731,7 @@ void KQuantMatrix::forward(const void* x, DType x_dtype, int64_t m, const float*
     for (int64_t i0 = 0; i0 < m; i0 += kMaxRows) {
       const int mr = static_cast<int>(std::min<int64_t>(kMaxRows, m - i0));
       kernel(rows, i0, mr, data + gr.offset, gr.offset_ratio, out);
-      for (int i = 0; i < mr; ++i) {
-        float* yr = y + (i0 + i) * n_ + j0;
-        for (int64_t c = 0; c < cols; ++c) {
-          const float v = bias ? out[i * kGroup + c] + bias[j0 + c] : out[i * kGroup + c];
-          yr[c] = accumulate ? yr[c] + v : v;
-        }
-      }
+      store_group_outputs(out, i0, mr, j0, cols, n_, bias, y, accumulate);
     }
   }
 }

@@ -37,7 +37,7 @@ struct TensorView;
 
 namespace blend::cpu {
 
-// How a group of 16 rows keeps its levels and scales (kquant_gemm.cc has the byte layouts).
+// How a group of 16 rows keeps its levels and scales (kquant_layout.h has the byte layouts).
 enum class KQuantFormat { kQ4K, kQ6K, kQ50, kBytes };
 
 class KQuantMatrix {

@@ -303,6 +303,25 @@ void quantize_row_q8(const float* x, int64_t k, int8_t* q, float* d) {
   }
 }
 
+void quantize_x_row(const void* x, DType x_dtype, int64_t i, int64_t k, int8_t* q, float* d) {
+  if (x_dtype == DType::kF32) return quantize_row_q8(static_cast<const float*>(x) + i * k, k, q, d);
+  std::vector<float> row(static_cast<size_t>(k));
+  const auto* h = static_cast<const uint16_t*>(x) + i * k;
+  for (int64_t j = 0; j < k; ++j) row[static_cast<size_t>(j)] = bf16_to_f32(h[j]);
+  quantize_row_q8(row.data(), k, q, d);
+}
+
+void store_group_outputs(const float* out, int64_t i0, int mr, int64_t j0, int64_t cols, int64_t n,
+                         const float* bias, float* y, bool accumulate) {
+  for (int i = 0; i < mr; ++i) {
+    float* yr = y + (i0 + i) * n + j0;
+    for (int64_t c = 0; c < cols; ++c) {
+      const float v = bias ? out[i * kGroup + c] + bias[j0 + c] : out[i * kGroup + c];
+      yr[c] = accumulate ? yr[c] + v : v;
+    }
+  }
+}
+
 Q8Matrix::Q8Matrix(const std::vector<const TensorView*>& parts) {
   if (parts.empty()) throw Error("cpu gemm: a linear layer needs a weight");
   k_ = parts[0]->shape.at(1);
@@ -377,15 +396,7 @@ void Q8Matrix::forward(const void* x, DType x_dtype, int64_t m, const float* bia
   // cost more than the rows (one region a layer's GEMV already, at ~100 us each).
 #pragma omp parallel for schedule(static) if (m * k_ > 32768)
   for (int64_t i = 0; i < m; ++i) {
-    std::vector<float> row;
-    const float* xf = static_cast<const float*>(x) + i * k_;
-    if (x_dtype == DType::kBF16) {
-      row.resize(static_cast<size_t>(k_));
-      const auto* h = static_cast<const uint16_t*>(x) + i * k_;
-      for (int64_t j = 0; j < k_; ++j) row[static_cast<size_t>(j)] = bf16_to_f32(h[j]);
-      xf = row.data();
-    }
-    quantize_row_q8(xf, k_, xq + i * k_, xd + i * blocks);
+    quantize_x_row(x, x_dtype, i, k_, xq + i * k_, xd + i * blocks);
     if (unsigned_rows)
       for (int64_t j = i * k_; j < (i + 1) * k_; ++j)
         xu[j] = static_cast<uint8_t>(static_cast<int32_t>(xq[j]) + 128);
@@ -405,13 +416,7 @@ void Q8Matrix::forward(const void* x, DType x_dtype, int64_t m, const float* bia
     for (int64_t i0 = 0; i0 < m; i0 += kMaxRows) {
       const int mr = static_cast<int>(std::min<int64_t>(kMaxRows, m - i0));
       kernel(rows, i0, mr, q + cell * kBlock, d + cell, sum + cell, out);
-      for (int i = 0; i < mr; ++i) {
-        float* yr = y + (i0 + i) * n_ + j0;
-        for (int64_t c = 0; c < cols; ++c) {
-          const float v = bias ? out[i * kGroup + c] + bias[j0 + c] : out[i * kGroup + c];
-          yr[c] = accumulate ? yr[c] + v : v;
-        }
-      }
+      store_group_outputs(out, i0, mr, j0, cols, n_, bias, y, accumulate);
     }
   }
 }

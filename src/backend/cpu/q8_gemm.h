@@ -67,4 +67,14 @@ class Q8Matrix {
 // exactly an f16 value). For the kernel and its tests.
 void quantize_row_q8(const float* x, int64_t k, int8_t* q, float* d);
 
+// Row i of x (rows of k values, f32 or bf16) quantized by quantize_row_q8 into q (k values) and
+// d (k / 32 scales): how both quantized layers (this one, kquant_gemm.h) read activations.
+void quantize_x_row(const void* x, DType x_dtype, int64_t i, int64_t k, int8_t* q, float* d);
+
+// A kernel's output for rows [i0, i0 + mr) of x and one 16-row weight group (out[i * 16 + c])
+// into y's rows (n columns) at columns [j0, j0 + cols), plus bias[j0 + c] unless null, added to
+// y when `accumulate`.
+void store_group_outputs(const float* out, int64_t i0, int mr, int64_t j0, int64_t cols, int64_t n,
+                         const float* bias, float* y, bool accumulate);
+
 }  // namespace blend::cpu
